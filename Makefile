@@ -1,0 +1,135 @@
+# sta -- Sliding Tile Attention runtime.
+#   make            library, CLI, Lua module, C tests (and CUDA kernels when
+#                   nvcc is on the PATH)
+#   make test       every CPU test: C (cmocka) and Lua (busted)
+#   make test-gpu   GPU tests on a machine with a CUDA device
+#   make bench      CPU benchmark (bench-gpu: the GPU one)
+#   make sanitize   the CPU suite under ASan + UBSan
+# Everything is overridable: make CC=clang CFLAGS=... LUA_INCDIR=... NVCC=
+
+CC        ?= cc
+NVCC      ?= $(shell command -v nvcc 2>/dev/null)
+PKG_CONFIG ?= pkg-config
+PREFIX    ?= /usr/local
+BUILD     ?= build
+LUA       ?= lua5.4
+LUA_VERSION ?= 5.4
+LUA_INCDIR ?= $(shell $(PKG_CONFIG) --cflags-only-I lua5.4 2>/dev/null | sed 's/^-I//;s/ .*//')
+LUA_LIBDIR ?= $(PREFIX)/lib/lua/$(LUA_VERSION)
+LUA_SHAREDIR ?= $(PREFIX)/share/lua/$(LUA_VERSION)
+CJSON_CFLAGS ?= $(shell $(PKG_CONFIG) --cflags libcjson 2>/dev/null || echo -I/usr/include/cjson)
+CJSON_LIBS ?= -lcjson
+BLAS_CFLAGS ?= $(shell $(PKG_CONFIG) --cflags openblas 2>/dev/null)
+BLAS_LIBS ?= -lopenblas
+ARCHFLAGS ?= -march=native
+OPT       ?= -O2
+WARN      ?= -Wall -Wextra -Wshadow -Wmissing-prototypes -Wstrict-prototypes
+CFLAGS    ?= $(OPT) $(ARCHFLAGS) -g
+STA_CFLAGS = -std=c11 -D_GNU_SOURCE -fPIC -fopenmp $(WARN) -Icore \
+             $(CJSON_CFLAGS) $(BLAS_CFLAGS) $(EXTRA_CFLAGS)
+LDFLAGS   ?=
+LIBS       = $(CJSON_LIBS) $(BLAS_LIBS) -fopenmp -lm -lpthread -ldl
+
+CUDA_HOME ?= $(patsubst %/bin/nvcc,%,$(NVCC))
+NVCCFLAGS ?= -O3 -gencode=arch=compute_90a,code=sm_90a -std=c++17 \
+             -Xcompiler -fPIC -Icore -lineinfo --expt-relaxed-constexpr
+CORE_SRC   = $(sort $(wildcard core/*.c))
+CORE_OBJ   = $(CORE_SRC:%.c=$(BUILD)/obj/%.o)
+CU_SRC     = $(sort $(wildcard kernels/*.cu))
+ifneq ($(strip $(NVCC)),)
+ifneq ($(strip $(CU_SRC)),)
+WITH_CUDA  = 1
+STA_CFLAGS += -DSTA_WITH_CUDA
+CU_OBJ     = $(CU_SRC:%.cu=$(BUILD)/obj/%.o)
+LIBS      += -L$(CUDA_HOME)/lib64 -lcudart_static -lrt -lstdc++
+endif
+endif
+TEST_SRC   = $(sort $(wildcard spec/test_*.c))
+TEST_BIN   = $(TEST_SRC:spec/%.c=$(BUILD)/test/%)
+LUA_CSRC   = $(sort $(wildcard lua/*.c))
+LUA_MOD    = $(BUILD)/lua/sta/core.so
+TOOLS      = $(BUILD)/sta-run
+BENCH_SRC  = $(sort $(wildcard bench/*.c))
+BENCH_BIN  = $(BENCH_SRC:bench/%.c=$(BUILD)/bench/%)
+
+.PHONY: all lib tests test test-c test-lua test-gpu bench bench-gpu \
+        sanitize fuzz repl example install clean
+all: lib $(TOOLS) $(if $(LUA_CSRC),$(LUA_MOD)) $(TEST_BIN) $(BENCH_BIN)
+lib: $(BUILD)/libsta.a $(BUILD)/libsta.so
+
+$(BUILD)/obj/core/%.o: core/%.c core/sta.h core/internal.h
+	@mkdir -p $(@D)
+	$(CC) $(CFLAGS) $(STA_CFLAGS) -c $< -o $@
+
+$(BUILD)/obj/kernels/%.o: kernels/%.cu $(wildcard kernels/*.h kernels/*.cuh) core/sta.h core/internal.h
+	@mkdir -p $(@D)
+	$(NVCC) $(NVCCFLAGS) -c $< -o $@
+
+$(BUILD)/libsta.a: $(CORE_OBJ) $(CU_OBJ)
+	@rm -f $@
+	ar rcs $@ $^
+
+$(BUILD)/libsta.so: $(CORE_OBJ) $(CU_OBJ)
+	$(CC) -shared -o $@ $^ $(LDFLAGS) $(LIBS)
+
+$(BUILD)/sta-run: scripts/sta-run.c $(BUILD)/libsta.a
+	$(CC) $(CFLAGS) $(STA_CFLAGS) $< -o $@ $(BUILD)/libsta.a $(LDFLAGS) $(LIBS)
+
+# The Lua C module: -shared -fPIC, no -llua (the interpreter provides it).
+$(LUA_MOD): $(LUA_CSRC) $(wildcard lua/*.h) $(BUILD)/libsta.a
+	@mkdir -p $(@D)
+	$(CC) $(CFLAGS) $(STA_CFLAGS) -I$(LUA_INCDIR) -shared $(LUA_CSRC) \
+	  -o $@ $(BUILD)/libsta.a $(LDFLAGS) $(LIBS)
+
+$(BUILD)/test/%: spec/%.c $(wildcard spec/*.h) $(BUILD)/libsta.a
+	@mkdir -p $(@D)
+	$(CC) $(CFLAGS) $(STA_CFLAGS) -Ispec $< -o $@ $(BUILD)/libsta.a \
+	  -lcmocka $(LDFLAGS) $(LIBS)
+
+$(BUILD)/bench/%: bench/%.c $(BUILD)/libsta.a
+	@mkdir -p $(@D)
+	$(CC) $(CFLAGS) $(STA_CFLAGS) $< -o $@ $(BUILD)/libsta.a $(LDFLAGS) $(LIBS)
+
+test: all
+	@BUILD=$(BUILD) LUA=$(LUA) scripts/run-tests
+
+test-c: all
+	@BUILD=$(BUILD) STA_TESTS=c scripts/run-tests
+
+test-lua: all
+	@BUILD=$(BUILD) LUA=$(LUA) STA_TESTS=lua scripts/run-tests
+
+test-gpu: all
+	@BUILD=$(BUILD) scripts/test-gpu
+
+bench: all
+	@BUILD=$(BUILD) scripts/bench-cpu
+
+bench-gpu: all
+	@BUILD=$(BUILD) scripts/bench-gpu
+
+sanitize:
+	@scripts/sanitize
+
+fuzz:
+	@scripts/fuzz
+
+repl: all
+	@BUILD=$(BUILD) scripts/sta-repl
+
+example: all
+	@BUILD=$(BUILD) scripts/run-example
+
+install: all
+	install -d $(DESTDIR)$(PREFIX)/include $(DESTDIR)$(PREFIX)/lib \
+	  $(DESTDIR)$(PREFIX)/bin $(DESTDIR)$(LUA_LIBDIR)/sta \
+	  $(DESTDIR)$(LUA_SHAREDIR)/sta
+	install -m 644 core/sta.h $(DESTDIR)$(PREFIX)/include/
+	install -m 644 $(BUILD)/libsta.a $(BUILD)/libsta.so $(DESTDIR)$(PREFIX)/lib/
+	install -m 755 $(TOOLS) $(DESTDIR)$(PREFIX)/bin/
+	if [ -f $(LUA_MOD) ]; then install -m 755 $(LUA_MOD) $(DESTDIR)$(LUA_LIBDIR)/sta/; fi
+	if [ -d lua/sta ]; then install -m 644 lua/sta/*.lua $(DESTDIR)$(LUA_SHAREDIR)/sta/; fi
+	if [ -f lua/sta.lua ]; then install -m 644 lua/sta.lua $(DESTDIR)$(LUA_SHAREDIR)/; fi
+
+clean:
+	rm -rf $(BUILD)

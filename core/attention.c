@@ -1,0 +1,194 @@
+/*
+** attention.c -- the STA forward entry points: every check of STA.md
+** sections 1-4 on the arguments, then dispatch to the tensors' backend.
+*/
+#include <math.h>
+#include <stdlib.h>
+
+#include "internal.h"
+
+static const char *ARG[4] = {"q", "k", "v", "out"};
+
+static sta_status check_tensor4(const sta_tensor *t, const char *name,
+                                sta_layout layout, sta_bshd *o) {
+  sta_status rc = sta_tensor_bshd(t, layout, name, o);
+  if (rc != STA_OK) return rc;
+  if (o->d > 1 && o->sd != 1)
+    return sta_error(STA_ERR_SHAPE,
+                     "%s: the head dimension must be contiguous (stride 1), got stride %lld",
+                     name, (long long)o->sd);
+  return STA_OK;
+}
+
+sta_status sta_attn_resolve(const sta_attention_desc *desc,
+                            const sta_tensor *q, const sta_tensor *k,
+                            const sta_tensor *v, const sta_tensor *out,
+                            const sta_tensor *lse, sta_attn_params *p) {
+  const sta_tensor *t[4] = {q, k, v, out};
+  sta_bshd b[4];
+  sta_status rc;
+  if (!desc) return sta_error(STA_ERR_ARGUMENT, "desc: expected a descriptor, got NULL");
+  if (desc->layout != STA_BSHD && desc->layout != STA_BHSD)
+    return sta_error(STA_ERR_ARGUMENT, "layout: expected STA_BSHD (0) or STA_BHSD (1), got %d",
+                     (int)desc->layout);
+  for (int i = 0; i < 4; i++)
+    if ((rc = check_tensor4(t[i], ARG[i], desc->layout, &b[i])) != STA_OK) return rc;
+  for (int i = 1; i < 4; i++) {
+    if (b[i].b != b[0].b || b[i].s != b[0].s || b[i].h != b[0].h || b[i].d != b[0].d)
+      return sta_error(STA_ERR_SHAPE,
+                       "%s: shape [B=%lld, S=%lld, heads=%lld, D=%lld] differs from "
+                       "q's [B=%lld, S=%lld, heads=%lld, D=%lld]",
+                       ARG[i], (long long)b[i].b, (long long)b[i].s, (long long)b[i].h,
+                       (long long)b[i].d, (long long)b[0].b, (long long)b[0].s,
+                       (long long)b[0].h, (long long)b[0].d);
+    if (t[i]->dtype != q->dtype)
+      return sta_error(STA_ERR_DTYPE, "%s: dtype %s differs from q's %s", ARG[i],
+                       sta_dtype_name(t[i]->dtype), sta_dtype_name(q->dtype));
+    if (t[i]->storage->device != q->storage->device)
+      return sta_error(STA_ERR_ARGUMENT, "%s: on %s while q is on %s", ARG[i],
+                       t[i]->storage->device == STA_CPU ? "cpu" : "cuda",
+                       q->storage->device == STA_CPU ? "cpu" : "cuda");
+  }
+  if (b[0].b < 1 || b[0].h < 1 || b[0].d < 1)
+    return sta_error(STA_ERR_SHAPE,
+                     "q: batch, heads and D must be >= 1, got B=%lld heads=%lld D=%lld",
+                     (long long)b[0].b, (long long)b[0].h, (long long)b[0].d);
+  if ((rc = sta_geometry_check(&desc->geom, b[0].s)) != STA_OK) return rc;
+  if (desc->n_windows != 1 && desc->n_windows != b[0].h)
+    return sta_error(STA_ERR_WINDOW, "n_windows: expected 1 or heads (%lld), got %d",
+                     (long long)b[0].h, (int)desc->n_windows);
+  if (!desc->windows) return sta_error(STA_ERR_WINDOW, "windows: expected an array, got NULL");
+  for (int32_t i = 0; i < desc->n_windows; i++)
+    if ((rc = sta_window_check(&desc->geom, desc->windows + 3 * i)) != STA_OK) {
+      if (desc->n_windows > 1) {
+        char msg[512];
+        snprintf(msg, sizeof msg, "head %d: %s", (int)i, sta_last_error());
+        return sta_error(rc, "%s", msg);
+      }
+      return rc;
+    }
+  if (isnan(desc->scale) || isinf(desc->scale))
+    return sta_error(STA_ERR_ARGUMENT, "scale: expected a finite value, got %g",
+                     (double)desc->scale);
+  if (lse) {
+    if (lse->dtype != STA_F32)
+      return sta_error(STA_ERR_DTYPE, "lse: expected f32, got %s", sta_dtype_name(lse->dtype));
+    if (lse->ndim != 3 || lse->shape[0] != b[0].b || lse->shape[1] != b[0].h ||
+        lse->shape[2] != b[0].s)
+      return sta_error(STA_ERR_SHAPE, "lse: expected shape [B=%lld, heads=%lld, S=%lld]",
+                       (long long)b[0].b, (long long)b[0].h, (long long)b[0].s);
+    if (lse->storage->device != q->storage->device)
+      return sta_error(STA_ERR_ARGUMENT, "lse: on a different device than q");
+  }
+  if (q->storage->device != STA_CPU && !sta_backend_available(q->storage->device))
+    return sta_error(STA_ERR_BACKEND, "st attn not supported");
+  int32_t *w = sta_malloc(sizeof(int32_t) * 3 * (size_t)b[0].h);
+  if (!w) return sta_error(STA_ERR_NOMEM, "out of host memory (windows)");
+  for (int64_t h = 0; h < b[0].h; h++)
+    for (int i = 0; i < 3; i++)
+      w[3 * h + i] = desc->windows[(desc->n_windows == 1 ? 0 : 3 * h) + i];
+
+  memset(p, 0, sizeof *p);
+  p->q = sta_tensor_data(q); p->k = sta_tensor_data(k); p->v = sta_tensor_data(v);
+  p->o = sta_tensor_data(out);
+  p->dtype = q->dtype;
+  p->batch = b[0].b; p->seq_len = b[0].s; p->heads = b[0].h; p->head_dim = b[0].d;
+  p->q_sb = b[0].sb; p->q_ss = b[0].ss; p->q_sh = b[0].sh;
+  p->k_sb = b[1].sb; p->k_ss = b[1].ss; p->k_sh = b[1].sh;
+  p->v_sb = b[2].sb; p->v_ss = b[2].ss; p->v_sh = b[2].sh;
+  p->o_sb = b[3].sb; p->o_ss = b[3].ss; p->o_sh = b[3].sh;
+  if (lse) {
+    p->lse = sta_tensor_data(lse);
+    p->lse_sb = lse->stride[0]; p->lse_sh = lse->stride[1]; p->lse_ss = lse->stride[2];
+  }
+  for (int i = 0; i < 3; i++) { p->canvas[i] = desc->geom.canvas[i]; p->tile[i] = desc->geom.tile[i]; }
+  sta_geometry_grid(&desc->geom, p->grid);
+  p->video_len = sta_geometry_video_tokens(&desc->geom);
+  p->text_len = sta_geometry_text_len(&desc->geom, b[0].s);
+  p->windows = w;
+  p->scale = desc->scale > 0 ? desc->scale : (float)(1.0 / sqrt((double)b[0].d));
+  return STA_OK;
+}
+
+sta_status sta_attention_forward(const sta_attention_desc *desc,
+                                 const sta_tensor *q, const sta_tensor *k,
+                                 const sta_tensor *v, sta_tensor *out,
+                                 sta_tensor *lse) {
+  sta_attn_params p;
+  sta_status rc = sta_attn_resolve(desc, q, k, v, out, lse, &p);
+  if (rc != STA_OK) return rc;
+  rc = sta_backend_get(q->storage->device)->attention(&p);
+  free((void *)p.windows);
+  return rc;
+}
+
+sta_status sta_attention_reference(const sta_attention_desc *desc,
+                                   const sta_tensor *q, const sta_tensor *k,
+                                   const sta_tensor *v, sta_tensor *out,
+                                   sta_tensor *lse) {
+  if (q && q->storage->device != STA_CPU)
+    return sta_error(STA_ERR_ARGUMENT, "q: the reference runs on host tensors only");
+  sta_attn_params p;
+  sta_status rc = sta_attn_resolve(desc, q, k, v, out, lse, &p);
+  if (rc != STA_OK) return rc;
+  rc = sta_cpu_attention_reference(&p);
+  free((void *)p.windows);
+  return rc;
+}
+
+/* Sum over the query tiles of one axis of (query tokens * key tokens). */
+static double axis_pairs(int32_t c_tok, int32_t tile, int32_t k) {
+  int32_t c = (c_tok + tile - 1) / tile, s, n;
+  double sum = 0;
+  for (int32_t q = 0; q < c; q++) {
+    if (sta_window_range(q, k, c, &s, &n) != STA_OK) return 0;
+    int32_t qt = q == c - 1 ? c_tok - q * tile : tile;
+    int32_t hi = (s + n) * tile < c_tok ? (s + n) * tile : c_tok;
+    sum += (double)qt * (double)(hi - s * tile);
+  }
+  return sum;
+}
+
+double sta_attention_flops(const sta_attention_desc *desc, int64_t batch,
+                           int64_t seq_len, int64_t heads, int64_t head_dim) {
+  if (!desc || !desc->windows || heads < 1) return 0;
+  const sta_geometry *g = &desc->geom;
+  int64_t v = sta_geometry_video_tokens(g), tl = sta_geometry_text_len(g, seq_len);
+  double total = 0;
+  for (int64_t h = 0; h < heads; h++) {
+    const int32_t *w = desc->windows + (desc->n_windows == 1 ? 0 : 3 * h);
+    double pairs = 1;
+    for (int i = 0; i < 3; i++) pairs *= axis_pairs(g->canvas[i], g->tile[i], w[i]);
+    pairs += (double)v * (double)tl;                          /* video -> text */
+    pairs += (double)(seq_len - v) * (double)(v + tl);        /* text queries */
+    total += pairs;
+  }
+  return 4.0 * (double)head_dim * (double)batch * total;
+}
+
+sta_status sta_head_diff(const sta_tensor *a, const sta_tensor *b,
+                         sta_layout layout, float *l1, float *l2) {
+  sta_bshd x, y;
+  sta_status rc;
+  if ((rc = check_tensor4(a, "a", layout, &x)) != STA_OK) return rc;
+  if ((rc = check_tensor4(b, "b", layout, &y)) != STA_OK) return rc;
+  if (x.b != y.b || x.s != y.s || x.h != y.h || x.d != y.d)
+    return sta_error(STA_ERR_SHAPE, "b: shape differs from a's");
+  if (a->dtype != b->dtype)
+    return sta_error(STA_ERR_DTYPE, "b: dtype %s differs from a's %s",
+                     sta_dtype_name(b->dtype), sta_dtype_name(a->dtype));
+  if (a->storage->device != b->storage->device)
+    return sta_error(STA_ERR_ARGUMENT, "b: on a different device than a");
+  if (!l1 || !l2) return sta_error(STA_ERR_ARGUMENT, "l1, l2: expected arrays, got NULL");
+  sta_attn_params p;
+  memset(&p, 0, sizeof p);
+  p.q = sta_tensor_data(a);
+  p.o = sta_tensor_data(b);
+  p.dtype = a->dtype;
+  p.batch = x.b; p.seq_len = x.s; p.heads = x.h; p.head_dim = x.d;
+  p.q_sb = x.sb; p.q_ss = x.ss; p.q_sh = x.sh;
+  p.o_sb = y.sb; p.o_ss = y.ss; p.o_sh = y.sh;
+  if (a->storage->device != STA_CPU && !sta_backend_available(a->storage->device))
+    return sta_error(STA_ERR_BACKEND, "st attn not supported");
+  return sta_backend_get(a->storage->device)->head_diff(&p, l1, l2);
+}

@@ -1,0 +1,114 @@
+/*
+** backend.c -- the backend table (CPU always; CUDA when compiled in and a
+** device answers the probe), threads, streams, device byte accounting.
+*/
+#include <omp.h>
+#include <stdlib.h>
+
+#include "internal.h"
+
+static int32_t n_threads = 0;
+static _Thread_local void *cuda_stream = NULL;
+static _Atomic int64_t dev_in_use = 0, dev_peak = 0;
+
+static int32_t cpu_probe(const char **why) {
+  if (why) *why = "host";
+  return 1;
+}
+
+static sta_status cpu_alloc(void **p, size_t n) {
+  *p = sta_malloc(n);
+  return *p ? STA_OK : sta_error(STA_ERR_NOMEM, "out of host memory: %zu bytes", n);
+}
+
+static sta_status cpu_memcpy(void *dst, sta_device dd, const void *src,
+                             sta_device sd, size_t n) {
+  (void)dd; (void)sd;
+  memcpy(dst, src, n);
+  return STA_OK;
+}
+
+static sta_status cpu_sync(void) { return STA_OK; }
+
+static const sta_backend_ops cpu_ops = {
+  "cpu", cpu_probe, cpu_alloc, free, cpu_memcpy, NULL, NULL, NULL,
+  sta_cpu_attention, sta_cpu_head_diff, cpu_sync};
+
+#ifdef STA_WITH_CUDA
+static int cuda_state = -1; /* -1 unprobed, 0 no, 1 yes */
+static const char *cuda_why = "not probed";
+#endif
+
+const sta_backend_ops *sta_backend_get(sta_device device) {
+  if (device == STA_CPU) return &cpu_ops;
+#ifdef STA_WITH_CUDA
+  if (device == STA_CUDA) return sta_cuda_backend();
+#endif
+  return NULL;
+}
+
+#ifdef STA_WITH_CUDA
+static void cuda_probe_once(void) {
+  if (cuda_state >= 0) return;
+  #pragma omp critical(sta_cuda_probe)
+  if (cuda_state < 0) {
+    const char *why = "unknown";
+    const sta_backend_ops *b = sta_cuda_backend();
+    int ok = b && b->probe(&why);
+    cuda_why = why;
+    cuda_state = ok ? 1 : 0;
+  }
+}
+#endif
+
+int32_t sta_backend_available(sta_device device) {
+  if (device == STA_CPU) return 1;
+#ifdef STA_WITH_CUDA
+  if (device == STA_CUDA) {
+    if (getenv("STA_DISABLE_CUDA")) return 0;
+    cuda_probe_once();
+    return cuda_state == 1;
+  }
+#endif
+  return 0;
+}
+
+const char *sta_backend_describe(sta_device device) {
+  if (device == STA_CPU) return "cpu: OpenMP + OpenBLAS";
+#ifdef STA_WITH_CUDA
+  if (device == STA_CUDA) {
+    if (getenv("STA_DISABLE_CUDA")) return "cuda: disabled by STA_DISABLE_CUDA";
+    cuda_probe_once();
+    return cuda_why;
+  }
+  return "unknown device";
+#else
+  return device == STA_CUDA ? "cuda: not compiled in (nvcc was not found at build time)"
+                            : "unknown device";
+#endif
+}
+
+void sta_set_num_threads(int32_t n) { n_threads = n > 0 ? n : 0; }
+
+int32_t sta_get_num_threads(void) {
+  return n_threads > 0 ? n_threads : omp_get_max_threads();
+}
+
+void sta_cuda_set_stream(void *stream) { cuda_stream = stream; }
+void *sta_cuda_get_stream(void) { return cuda_stream; }
+
+sta_status sta_cuda_synchronize(void) {
+  if (!sta_backend_available(STA_CUDA))
+    return sta_error(STA_ERR_BACKEND, "st attn not supported");
+  return sta_backend_get(STA_CUDA)->synchronize();
+}
+
+void sta_device_account(int64_t delta) {
+  int64_t now = (dev_in_use += delta), peak = dev_peak;
+  while (now > peak && !__atomic_compare_exchange_n(&dev_peak, &peak, now, 0,
+                                                    __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE)) {}
+}
+
+int64_t sta_device_bytes_in_use(void) { return dev_in_use; }
+int64_t sta_device_bytes_peak(void) { return dev_peak; }
+void sta_device_reset_peak(void) { dev_peak = dev_in_use; }

@@ -1,0 +1,508 @@
+/*
+** sta.h -- Sliding Tile Attention runtime, the one public header.
+**
+** The contract (tiling, windows, text tokens, strategies, contexts, search,
+** error messages) is spec/STA.md.  Every call that can fail returns an
+** sta_status; on failure a message naming the argument and the value is left
+** for sta_last_error() (thread-local), and -- unless a function says
+** otherwise -- nothing is changed: outputs, handles and the context stack are
+** as they were.  The library never aborts, exits, prints or longjmps.
+**
+** Keep preprocessor lines out of the declaration block between the
+** STA_DECLS markers: lua/sta/ffi.lua feeds that block to ffi.cdef.
+*/
+#ifndef STA_H
+#define STA_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define STA_VERSION_MAJOR 0
+#define STA_VERSION_MINOR 1
+#define STA_VERSION_PATCH 0
+
+/* STA_DECLS_BEGIN */
+
+/*
+** {======================================================================
+** Status codes and errors
+** =======================================================================
+** Codes are stable and grouped by hundreds; sta_status_group() maps a code
+** to its group (100, 200, ...).
+*/
+typedef enum sta_status {
+  STA_OK = 0,
+  /* 1xx: the caller passed a bad argument */
+  STA_ERR_ARGUMENT = 100,     /* generic bad argument */
+  STA_ERR_SHAPE = 101,        /* tensor shape or stride */
+  STA_ERR_DTYPE = 102,        /* tensor element type */
+  STA_ERR_WINDOW = 103,       /* window, tile or canvas */
+  STA_ERR_KEY = 104,          /* a (step, layer, head) a strategy lacks */
+  /* 2xx: the runtime state does not allow the call */
+  STA_ERR_STATE = 200,        /* no live context, pop out of order, ... */
+  STA_ERR_NO_BATCH = 201,     /* "forward_batch cannot be None" */
+  STA_ERR_NO_STRATEGY = 202,  /* "mask_strategy cannot be None ..." */
+  STA_ERR_NO_STEP0 = 203,     /* "mask_strategy[0] cannot be None ..." */
+  STA_ERR_STA_PARAM = 204,    /* "Invalid STA_param" */
+  /* 3xx: valid request the runtime cannot serve */
+  STA_ERR_UNSUPPORTED = 300,
+  STA_ERR_SEQ_LEN = 301,      /* "seq_len N not supported for STA" */
+  STA_ERR_BACKEND = 302,      /* "st attn not supported" */
+  /* 4xx: out of memory */
+  STA_ERR_NOMEM = 400,        /* host memory */
+  STA_ERR_DEVICE_NOMEM = 401, /* device memory */
+  /* 5xx: the device (driver, runtime, kernel launch) failed */
+  STA_ERR_DEVICE = 500,
+  /* 6xx: files and the environment */
+  STA_ERR_IO = 600,           /* open, read or write failed */
+  STA_ERR_FORMAT = 601,       /* malformed or truncated file */
+  STA_ERR_ENV = 602           /* "STA_ATTENTION_CONFIG is not set" */
+} sta_status;
+
+/* The message of the last failed call on this thread ("" if none). */
+const char *sta_last_error(void);
+/* The status of the last failed call on this thread (STA_OK if none). */
+sta_status sta_last_status(void);
+/* Forget the last error. */
+void sta_clear_error(void);
+/* Constant name of a status, e.g. "STA_ERR_SHAPE". */
+const char *sta_status_name(sta_status s);
+/* The hundreds group of a status: 0, 100, 200, ... */
+int32_t sta_status_group(sta_status s);
+/* Library version string, e.g. "0.1.0". */
+const char *sta_version(void);
+/* Free memory that sta handed to the caller (strings from *_to_json...). */
+void sta_free(void *p);
+
+/* }====================================================================== */
+
+/*
+** {======================================================================
+** Tensors
+** =======================================================================
+** Up to 4-D, element strides (int64), f32/f16/bf16, host or CUDA memory.
+** A tensor is a view onto a reference-counted storage: views share the
+** storage and keep it alive, so handles can be destroyed in any order.
+*/
+typedef enum sta_dtype { STA_F32 = 0, STA_F16 = 1, STA_BF16 = 2 } sta_dtype;
+typedef enum sta_device { STA_CPU = 0, STA_CUDA = 1 } sta_device;
+
+typedef struct sta_tensor sta_tensor;
+
+/* New contiguous (row-major) tensor, uninitialised.  ndim 1..4, each size
+** >= 0.  On error *out is untouched. */
+sta_status sta_tensor_create(sta_tensor **out, sta_dtype dtype,
+                             sta_device device, int32_t ndim,
+                             const int64_t *shape);
+/* Wrap caller memory (not freed by sta).  strides NULL = contiguous.  The
+** memory must stay valid while any view of it exists. */
+sta_status sta_tensor_wrap(sta_tensor **out, void *data, sta_dtype dtype,
+                           sta_device device, int32_t ndim,
+                           const int64_t *shape, const int64_t *strides);
+/* A view of base's storage: offset (elements, relative to base's first
+** element), shape and strides (elements).  Every addressed element must lie
+** inside the storage. */
+sta_status sta_tensor_view(sta_tensor **out, const sta_tensor *base,
+                           int64_t offset, int32_t ndim,
+                           const int64_t *shape, const int64_t *strides);
+/* A view with dimensions reordered: new dim i is old dim perm[i]. */
+sta_status sta_tensor_permute(sta_tensor **out, const sta_tensor *base,
+                              const int32_t *perm);
+/* A view of [start, start+len) along dim. */
+sta_status sta_tensor_narrow(sta_tensor **out, const sta_tensor *base,
+                             int32_t dim, int64_t start, int64_t len);
+/* Release a handle (NULL is fine).  Storage goes when its last view goes. */
+void sta_tensor_destroy(sta_tensor *t);
+
+sta_dtype sta_tensor_dtype(const sta_tensor *t);
+sta_device sta_tensor_device(const sta_tensor *t);
+int32_t sta_tensor_ndim(const sta_tensor *t);
+int64_t sta_tensor_size(const sta_tensor *t, int32_t dim);   /* -1: bad dim */
+int64_t sta_tensor_stride(const sta_tensor *t, int32_t dim); /* elements */
+int64_t sta_tensor_numel(const sta_tensor *t);
+/* Address of element 0 (host or device pointer). */
+void *sta_tensor_data(const sta_tensor *t);
+int32_t sta_tensor_is_contiguous(const sta_tensor *t);
+/* Bytes of one element of dtype. */
+size_t sta_dtype_size(sta_dtype dtype);
+/* "f32", "f16", "bf16"; sta_dtype_parse returns STA_ERR_DTYPE otherwise. */
+const char *sta_dtype_name(sta_dtype dtype);
+sta_status sta_dtype_parse(const char *name, sta_dtype *out);
+
+/* Copy src into dst elementwise: same shape, any strides, any dtypes
+** (converted, round-to-nearest-even), any devices.  On error dst is
+** unchanged. */
+sta_status sta_tensor_copy(sta_tensor *dst, const sta_tensor *src);
+/* New contiguous tensor holding src converted to dtype on device. */
+sta_status sta_tensor_to(sta_tensor **out, const sta_tensor *src,
+                         sta_dtype dtype, sta_device device);
+/* Fill with normal(mean, std) draws from a counter-based generator: the
+** same seed gives the same values on every machine and thread count. */
+sta_status sta_tensor_randn(sta_tensor *t, uint64_t seed, double mean,
+                            double std);
+/* Fill with one value. */
+sta_status sta_tensor_fill(sta_tensor *t, double value);
+/* Read or write one element of a host tensor (index has ndim entries). */
+sta_status sta_tensor_get(const sta_tensor *t, const int64_t *index,
+                          double *value);
+sta_status sta_tensor_set(sta_tensor *t, const int64_t *index, double value);
+/* Max |a-b| and ||a-b|| / ||b|| over all elements (same shape, any device
+** or dtype; computed in double on the host). */
+sta_status sta_tensor_compare(const sta_tensor *a, const sta_tensor *b,
+                              double *max_abs, double *rel_l2);
+
+/* }====================================================================== */
+
+/*
+** {======================================================================
+** Files: .npy and .safetensors
+** =======================================================================
+** Readers take untrusted files: a truncated or malformed file returns
+** STA_ERR_FORMAT with a message naming the file and the problem.
+** .npy: '<f4', '<f2' read and written; bf16 is written as '<u2' holding the
+** raw bf16 bits with dtype given explicitly when read back (see README).
+*/
+/* Load an .npy file into a new host tensor.  as_bf16: interpret '<u2'
+** arrays as raw bf16 bits (otherwise '<u2' is refused). */
+sta_status sta_npy_load(sta_tensor **out, const char *path, int32_t as_bf16);
+/* Save a host or device tensor (any strides) to .npy. */
+sta_status sta_npy_save(const sta_tensor *t, const char *path);
+
+typedef struct sta_safetensors sta_safetensors;
+/* Open and validate a .safetensors file (header parsed with cJSON; every
+** entry's offsets checked against the file size). */
+sta_status sta_safetensors_open(sta_safetensors **out, const char *path);
+void sta_safetensors_close(sta_safetensors *f);
+int32_t sta_safetensors_count(const sta_safetensors *f);
+/* Name of entry i (0..count-1), NULL when out of range. */
+const char *sta_safetensors_name(const sta_safetensors *f, int32_t i);
+/* Read entry name into a new host tensor (F32, F16 or BF16). */
+sta_status sta_safetensors_read(const sta_safetensors *f, const char *name,
+                                sta_tensor **out);
+/* Write tensors under names to path (host or device, any strides). */
+sta_status sta_safetensors_save(const char *path, int32_t n,
+                                const char *const *names,
+                                const sta_tensor *const *tensors);
+
+/* }====================================================================== */
+
+/*
+** {======================================================================
+** Geometry (STA.md sections 1-3)
+** =======================================================================
+*/
+typedef enum sta_layout {
+  STA_BSHD = 0, /* [B, S, heads, D] */
+  STA_BHSD = 1  /* [B, heads, S, D] */
+} sta_layout;
+
+typedef struct sta_geometry {
+  int32_t canvas[3]; /* T, H, W in tokens */
+  int32_t tile[3];   /* tt, th, tw; default 6, 8, 8 */
+  int64_t text_len;  /* valid text tokens; -1 = S - V */
+} sta_geometry;
+
+/* canvas T x H x W, tile 6x8x8, text_len -1. */
+void sta_geometry_init(sta_geometry *g, int32_t t, int32_t h, int32_t w);
+/* Check canvas, tile and (seq_len) text length; seq_len < V gives
+** "seq_len N not supported for STA". */
+sta_status sta_geometry_check(const sta_geometry *g, int64_t seq_len);
+/* Tile grid NT, NH, NW; video tokens V. */
+void sta_geometry_grid(const sta_geometry *g, int32_t grid[3]);
+int64_t sta_geometry_video_tokens(const sta_geometry *g);
+/* Resolved text length for a sequence of seq_len tokens. */
+int64_t sta_geometry_text_len(const sta_geometry *g, int64_t seq_len);
+/* Check one window against the grid (odd or >= axis tiles, >= 1). */
+sta_status sta_window_check(const sta_geometry *g, const int32_t window[3]);
+/* Key-tile range on one axis (STA.md section 2): q the query tile, k the
+** window, c the tiles on the axis.  Returns STA_ERR_WINDOW for bad k. */
+sta_status sta_window_range(int32_t q, int32_t k, int32_t c, int32_t *start,
+                            int32_t *count);
+/* Known FastVideo canvas for seq_len (115456 and 115200: 30x48x80,
+** 82944: 36x48x48, 69120: 18x48x80), else STA_ERR_SEQ_LEN. */
+sta_status sta_geometry_from_seq_len(sta_geometry *g, int64_t seq_len);
+/* Tiled sequence length: NT*NH*NW*tile volume (padded) + text rows. */
+int64_t sta_geometry_tiled_len(const sta_geometry *g, int64_t seq_len);
+/* FastVideo's tiled order, interop only.  in/out: 4-D in layout; tile
+** maps [.., S, ..] to [.., tiled_len, ..] (padding rows zero), untile the
+** reverse (padding ignored).  Text rows keep their order after the video. */
+sta_status sta_tensor_tile(sta_tensor *out, const sta_tensor *in,
+                           const sta_geometry *g, sta_layout layout);
+sta_status sta_tensor_untile(sta_tensor *out, const sta_tensor *in,
+                             const sta_geometry *g, sta_layout layout);
+
+/* }====================================================================== */
+
+/*
+** {======================================================================
+** STA forward (STA.md sections 2-4)
+** =======================================================================
+*/
+typedef struct sta_attention_desc {
+  sta_geometry geom;
+  sta_layout layout;      /* of q, k, v, out */
+  int32_t n_windows;      /* 1 (all heads) or heads */
+  const int32_t *windows; /* n_windows * 3 ints: Kt, Kh, Kw */
+  float scale;            /* <= 0: 1/sqrt(D) */
+} sta_attention_desc;
+
+/* out = STA(q, k, v).  q, k, v, out: 4-D in desc->layout, one shape
+** [B, S, heads, D] (or BHSD), same dtype and device, last dim contiguous.
+** lse: NULL or f32 [B, heads, S] on the same device (natural log).  Runs on
+** the backend of the tensors' device.  On error out and lse are unchanged. */
+sta_status sta_attention_forward(const sta_attention_desc *desc,
+                                 const sta_tensor *q, const sta_tensor *k,
+                                 const sta_tensor *v, sta_tensor *out,
+                                 sta_tensor *lse);
+/* Dense masked attention, the brute-force reference: the same function
+** computed one query row at a time in double.  Host tensors only; slow. */
+sta_status sta_attention_reference(const sta_attention_desc *desc,
+                                   const sta_tensor *q, const sta_tensor *k,
+                                   const sta_tensor *v, sta_tensor *out,
+                                   sta_tensor *lse);
+/* Work of a forward in FLOP (4*D per (query, key) pair, both GEMMs). */
+double sta_attention_flops(const sta_attention_desc *desc, int64_t batch,
+                           int64_t seq_len, int64_t heads, int64_t head_dim);
+/* Per-head L1 = mean|a-b| and L2 = mean((a-b)^2) over batch, rows, D, in
+** float32.  a, b: same shape in layout; l1, l2: heads floats each. */
+sta_status sta_head_diff(const sta_tensor *a, const sta_tensor *b,
+                         sta_layout layout, float *l1, float *l2);
+
+/* }====================================================================== */
+
+/*
+** {======================================================================
+** Backends
+** =======================================================================
+** The CPU backend is always there.  The CUDA backend is compiled in when
+** nvcc was found at build time and is usable when a device answers the
+** probe; any probe failure means CPU only.
+*/
+/* 1 if the backend for device can run now. */
+int32_t sta_backend_available(sta_device device);
+/* Why CUDA is unavailable (or its device name when it is). */
+const char *sta_backend_describe(sta_device device);
+/* Threads of the CPU backend (0 = OpenMP default). */
+void sta_set_num_threads(int32_t n);
+int32_t sta_get_num_threads(void);
+/* CUDA stream used by this thread's device work (NULL = default stream). */
+void sta_cuda_set_stream(void *stream);
+void *sta_cuda_get_stream(void);
+/* Wait for this thread's stream. */
+sta_status sta_cuda_synchronize(void);
+/* Device bytes held by sta tensors now, and the peak since reset. */
+int64_t sta_device_bytes_in_use(void);
+int64_t sta_device_bytes_peak(void);
+void sta_device_reset_peak(void);
+
+/* }====================================================================== */
+
+/*
+** {======================================================================
+** Mask strategies (STA.md section 5)
+** =======================================================================
+** A window for every (step, layer, head); FastVideo's JSON format
+** {"t_l_h": [Kt, Kh, Kw], ...}.
+*/
+typedef struct sta_strategy sta_strategy;
+
+sta_status sta_strategy_create(sta_strategy **out);
+void sta_strategy_destroy(sta_strategy *s);
+/* Parse FastVideo JSON; the first bad key or value is named. */
+sta_status sta_strategy_parse(sta_strategy **out, const char *json,
+                              size_t len);
+sta_status sta_strategy_load(sta_strategy **out, const char *path);
+/* The file named by STA_ATTENTION_CONFIG, else
+** SGLANG_DIFFUSION_ATTENTION_CONFIG, else FASTVIDEO_ATTENTION_CONFIG;
+** none set: STA_ERR_ENV "STA_ATTENTION_CONFIG is not set". */
+sta_status sta_strategy_load_default(sta_strategy **out);
+/* Keys sorted by (step, layer, head); *json freed with sta_free. */
+sta_status sta_strategy_to_json(const sta_strategy *s, char **json);
+sta_status sta_strategy_save(const sta_strategy *s, const char *path);
+/* One window everywhere; full (may be NULL when full_steps is 0) for
+** steps < full_steps. */
+sta_status sta_strategy_uniform(sta_strategy **out, int32_t steps,
+                                int32_t layers, int32_t heads,
+                                const int32_t window[3],
+                                const int32_t full[3], int32_t full_steps);
+sta_status sta_strategy_set(sta_strategy *s, int32_t step, int32_t layer,
+                            int32_t head, const int32_t window[3]);
+/* Missing key: STA_ERR_KEY naming "step_layer_head". */
+sta_status sta_strategy_get(const sta_strategy *s, int32_t step,
+                            int32_t layer, int32_t head, int32_t window[3]);
+int64_t sta_strategy_count(const sta_strategy *s);
+/* 1 + the largest step, layer and head present (0s when empty). */
+void sta_strategy_extent(const sta_strategy *s, int32_t *steps,
+                         int32_t *layers, int32_t *heads);
+/* Every (step, layer, head) below the counts present, else STA_ERR_KEY
+** naming the first missing key. */
+sta_status sta_strategy_check(const sta_strategy *s, int32_t steps,
+                              int32_t layers, int32_t heads);
+/* 1 - sum(window volume) / sum(full volume), volumes in tiles clamped to
+** grid (NT, NH, NW). */
+sta_status sta_strategy_sparsity(const sta_strategy *s,
+                                 const int32_t grid[3], double *sparsity);
+/* 1 when both hold the same keys and windows. */
+int32_t sta_strategy_equal(const sta_strategy *a, const sta_strategy *b);
+
+/* }====================================================================== */
+
+/*
+** {======================================================================
+** Attention metadata: one step's [layer][head] window table (STA_param)
+** =======================================================================
+** A row with fewer windows than the model's total heads is a search row:
+** candidate windows, the full window last (STA.md section 7).
+*/
+typedef struct sta_metadata sta_metadata;
+
+sta_status sta_metadata_create(sta_metadata **out, int32_t layers);
+void sta_metadata_destroy(sta_metadata *m);
+int32_t sta_metadata_layers(const sta_metadata *m);
+/* Set row layer to n windows (n*3 ints). */
+sta_status sta_metadata_set_row(sta_metadata *m, int32_t layer, int32_t n,
+                                const int32_t *windows);
+/* Borrowed view of a row; *n = 0 for an unset row. */
+sta_status sta_metadata_row(const sta_metadata *m, int32_t layer,
+                            int32_t *n, const int32_t **windows);
+/* The table of step from a strategy, layers x heads.  s NULL:
+** STA_ERR_NO_STRATEGY; no step 0 in s: STA_ERR_NO_STEP0. */
+sta_status sta_metadata_from_strategy(sta_metadata **out,
+                                      const sta_strategy *s, int32_t step,
+                                      int32_t layers, int32_t heads);
+/* A search table: every layer's row is the candidates (full last). */
+sta_status sta_metadata_search(sta_metadata **out, int32_t layers,
+                               int32_t n_candidates,
+                               const int32_t *candidates);
+
+/* }====================================================================== */
+
+/*
+** {======================================================================
+** Forward batch and search results
+** =======================================================================
+*/
+typedef struct sta_forward_batch sta_forward_batch;
+
+sta_status sta_forward_batch_create(sta_forward_batch **out,
+                                    int32_t batch_size);
+void sta_forward_batch_destroy(sta_forward_batch *fb);
+int32_t sta_forward_batch_size(const sta_forward_batch *fb);
+/* The classifier-free-guidance negative flag. */
+void sta_forward_batch_set_negative(sta_forward_batch *fb, int32_t negative);
+int32_t sta_forward_batch_is_negative(const sta_forward_batch *fb);
+/* Search records held (positive or negative list). */
+int32_t sta_forward_batch_records(const sta_forward_batch *fb,
+                                  int32_t negative);
+/* Record, by hand or from a search-mode layer: step, layer, candidates
+** (n*3, sparse ones only), l1 and l2 [n][heads]. */
+sta_status sta_forward_batch_record(sta_forward_batch *fb, int32_t negative,
+                                    int32_t step, int32_t layer, int32_t n,
+                                    const int32_t *candidates, int32_t heads,
+                                    const float *l1, const float *l2);
+/* Write one list (positive or negative) in FastVideo's per-prompt layout:
+** {"L2_loss": {"[3, 1, 10]": [step][layer][head]}, "L1_loss": {...}}. */
+sta_status sta_forward_batch_save_search(const sta_forward_batch *fb,
+                                         int32_t negative, const char *path);
+void sta_forward_batch_clear(sta_forward_batch *fb);
+
+/* }====================================================================== */
+
+/*
+** {======================================================================
+** Forward contexts (STA.md section 6)
+** =======================================================================
+** A per-thread stack.  A context borrows its metadata and forward batch:
+** keep them alive until it is popped.
+*/
+typedef struct sta_context sta_context;
+
+/* Push; md and fb may be NULL. */
+sta_status sta_context_push(sta_context **out, int32_t step,
+                            sta_metadata *md, sta_forward_batch *fb);
+/* Pop ctx, which must be the innermost; otherwise STA_ERR_STATE and the
+** stack is unchanged. */
+sta_status sta_context_pop(sta_context *ctx);
+/* The live (innermost) context or NULL. */
+sta_context *sta_context_current(void);
+int32_t sta_context_depth(void);
+/* 1 when a live context has a forward batch. */
+int32_t sta_in_forward_pass(void);
+int32_t sta_context_step(const sta_context *ctx);
+sta_metadata *sta_context_metadata(const sta_context *ctx);
+sta_forward_batch *sta_context_batch(const sta_context *ctx);
+
+/* }====================================================================== */
+
+/*
+** {======================================================================
+** The STA layer
+** =======================================================================
+*/
+typedef struct sta_layer sta_layer;
+
+typedef struct sta_layer_desc {
+  const char *prefix;          /* module prefix (layer = prefix.split('.')
+                                  [-3]); NULL to use layer_index */
+  int32_t layer_index;         /* used when prefix is NULL */
+  int32_t local_heads;         /* heads on this rank */
+  int32_t head_dim;
+  int32_t sp_rank, sp_size;    /* sequence parallel; 0, 1 when alone */
+  sta_geometry geom;           /* canvas 0,0,0: known shape by seq_len */
+  sta_layout layout;
+  sta_device backend;
+  float scale;                 /* <= 0: 1/sqrt(head_dim) */
+  const sta_strategy *strategy; /* used when the context has no metadata;
+                                   borrowed */
+} sta_layer_desc;
+
+/* prefix "transformer.double_blocks.7.attn.impl" gives layer 7. */
+sta_status sta_layer_index_from_prefix(const char *prefix, int32_t *layer);
+sta_status sta_layer_create(sta_layer **out, const sta_layer_desc *desc);
+void sta_layer_destroy(sta_layer *l);
+int32_t sta_layer_index(const sta_layer *l);
+/* Replace the layer's (borrowed) strategy; NULL clears it. */
+void sta_layer_set_strategy(sta_layer *l, const sta_strategy *s);
+/* Run STA for the live context: its step's row for this layer, this rank's
+** global heads.  Search rows run every candidate, write the full-window
+** output and record L1/L2 into the context's forward batch.  Every check
+** runs before any work; on error out is unchanged. */
+sta_status sta_layer_forward(sta_layer *l, const sta_tensor *q,
+                             const sta_tensor *k, const sta_tensor *v,
+                             sta_tensor *out);
+
+/* }====================================================================== */
+
+/*
+** {======================================================================
+** Tuning (STA.md section 7)
+** =======================================================================
+*/
+typedef struct sta_tune_report {
+  double sparsity;          /* of the written strategy, against full */
+  int32_t n_windows;        /* distinct windows chosen (<= 16) */
+  int32_t windows[16][3];   /* in candidate order, full last */
+  int64_t counts[16];       /* (step, layer, head) entries choosing each */
+} sta_tune_report;
+
+/* Average L2 over the saved search files, full window for steps below
+** skip_steps, argmin per (step, layer, head) afterwards (ties: first
+** listed).  report may be NULL.  A malformed file: STA_ERR_FORMAT naming
+** it. */
+sta_status sta_tune(sta_strategy **out, int32_t n_files,
+                    const char *const *paths, int32_t skip_steps,
+                    const int32_t full[3], sta_tune_report *report);
+
+/* }====================================================================== */
+
+/* STA_DECLS_END */
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* STA_H */

@@ -1,0 +1,642 @@
+/*
+** tensor.c -- strided tensors over reference-counted storage, host or
+** device; conversions, fills, element access.
+*/
+#include <math.h>
+#include <stdlib.h>
+
+#include "internal.h"
+
+#define MAX_ELEMS ((int64_t)1 << 50)
+
+/* ---- dtypes ----------------------------------------------------------- */
+
+size_t sta_dtype_size(sta_dtype dtype) { return dtype == STA_F32 ? 4 : 2; }
+
+const char *sta_dtype_name(sta_dtype dtype) {
+  switch (dtype) {
+  case STA_F32: return "f32";
+  case STA_F16: return "f16";
+  case STA_BF16: return "bf16";
+  }
+  return "?";
+}
+
+static int dtype_ok(sta_dtype d) {
+  return d == STA_F32 || d == STA_F16 || d == STA_BF16;
+}
+
+sta_status sta_dtype_parse(const char *name, sta_dtype *out) {
+  static const struct { const char *n; sta_dtype d; } names[] = {
+    {"f32", STA_F32}, {"float32", STA_F32}, {"f16", STA_F16},
+    {"float16", STA_F16}, {"fp16", STA_F16}, {"bf16", STA_BF16},
+    {"bfloat16", STA_BF16}};
+  if (!name) return sta_error(STA_ERR_DTYPE, "dtype: expected a name, got NULL");
+  for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
+    if (strcmp(name, names[i].n) == 0) { *out = names[i].d; return STA_OK; }
+  return sta_error(STA_ERR_DTYPE,
+                   "dtype: unknown dtype '%s' (expected f32, f16 or bf16)",
+                   name);
+}
+
+float sta_f16_to_f32(uint16_t h) {
+  uint32_t sign = (uint32_t)(h & 0x8000u) << 16;
+  uint32_t exp = (h >> 10) & 0x1f, man = h & 0x3ffu, u;
+  if (exp == 0) {
+    if (man == 0) u = sign;
+    else { /* subnormal */
+      int e = -1;
+      do { e++; man <<= 1; } while (!(man & 0x400u));
+      u = sign | ((uint32_t)(127 - 15 - e) << 23) | ((man & 0x3ffu) << 13);
+    }
+  } else if (exp == 31) u = sign | 0x7f800000u | (man << 13);
+  else u = sign | ((exp + 127 - 15) << 23) | (man << 13);
+  float f;
+  memcpy(&f, &u, 4);
+  return f;
+}
+
+uint16_t sta_f32_to_f16(float f) {
+  uint32_t u;
+  memcpy(&u, &f, 4);
+  uint32_t sign = (u >> 16) & 0x8000u;
+  uint32_t a = u & 0x7fffffffu;
+  if (a > 0x7f800000u) return (uint16_t)(sign | 0x7e00u); /* NaN */
+  if (a >= 0x477ff000u) return (uint16_t)(sign | 0x7c00u); /* overflow->inf */
+  if (a < 0x38800000u) { /* subnormal or zero in f16 */
+    if (a < 0x33000000u) return (uint16_t)sign;
+    uint32_t e = a >> 23, m = (a & 0x7fffffu) | 0x800000u;
+    uint32_t shift = 126 - e; /* 14..24 */
+    uint32_t r = m >> shift, rem = m & ((1u << shift) - 1), half = 1u << (shift - 1);
+    if (rem > half || (rem == half && (r & 1))) r++;
+    return (uint16_t)(sign | r);
+  }
+  uint32_t r = a + 0xfffu + ((a >> 13) & 1u) - 0x38000000u; /* rebias 127->15 */
+  return (uint16_t)(sign | (r >> 13));
+}
+
+/* ---- storage ---------------------------------------------------------- */
+
+static void storage_release(sta_storage *s) {
+  if (!s) return;
+  if (__atomic_sub_fetch(&s->refs, 1, __ATOMIC_ACQ_REL) != 0) return;
+  if (s->owned && s->data) {
+    if (s->device == STA_CPU) free(s->data);
+    else {
+      const sta_backend_ops *b = sta_backend_get(s->device);
+      if (b) b->release(s->data);
+      sta_device_account(-(int64_t)s->nbytes);
+    }
+  }
+  free(s);
+}
+
+static sta_status check_device(sta_device device, const char *arg) {
+  if (device == STA_CPU) return STA_OK;
+  if (device != STA_CUDA)
+    return sta_error(STA_ERR_ARGUMENT, "%s: unknown device %d", arg, (int)device);
+  if (!sta_backend_available(STA_CUDA))
+    return sta_error(STA_ERR_BACKEND, "st attn not supported");
+  return STA_OK;
+}
+
+static sta_status check_shape(int32_t ndim, const int64_t *shape, int64_t *numel) {
+  if (ndim < 1 || ndim > STA_MAX_DIMS)
+    return sta_error(STA_ERR_SHAPE, "ndim: expected 1..4, got %d", (int)ndim);
+  if (!shape) return sta_error(STA_ERR_SHAPE, "shape: expected an array, got NULL");
+  int64_t n = 1;
+  for (int32_t i = 0; i < ndim; i++) {
+    if (shape[i] < 0)
+      return sta_error(STA_ERR_SHAPE, "shape[%d]: expected >= 0, got %lld",
+                       (int)i, (long long)shape[i]);
+    if (shape[i] > 0 && n > MAX_ELEMS / shape[i])
+      return sta_error(STA_ERR_SHAPE, "shape[%d]: %lld makes the tensor too large",
+                       (int)i, (long long)shape[i]);
+    n *= shape[i];
+  }
+  *numel = n;
+  return STA_OK;
+}
+
+static void contiguous_strides(int32_t ndim, const int64_t *shape, int64_t *st) {
+  int64_t s = 1;
+  for (int32_t i = ndim - 1; i >= 0; i--) { st[i] = s; s *= shape[i] > 0 ? shape[i] : 1; }
+}
+
+static sta_tensor *tensor_new(sta_storage *s, sta_dtype dtype, int64_t offset,
+                              int32_t ndim, const int64_t *shape,
+                              const int64_t *stride) {
+  sta_tensor *t = sta_calloc(1, sizeof *t);
+  if (!t) return NULL;
+  t->storage = s;
+  t->dtype = dtype;
+  t->offset = offset;
+  t->ndim = ndim;
+  for (int32_t i = 0; i < ndim; i++) { t->shape[i] = shape[i]; t->stride[i] = stride[i]; }
+  return t;
+}
+
+sta_status sta_tensor_create(sta_tensor **out, sta_dtype dtype,
+                             sta_device device, int32_t ndim,
+                             const int64_t *shape) {
+  int64_t numel, st[STA_MAX_DIMS];
+  sta_status rc;
+  if (!out) return sta_error(STA_ERR_ARGUMENT, "out: expected a pointer, got NULL");
+  if (!dtype_ok(dtype))
+    return sta_error(STA_ERR_DTYPE, "dtype: unknown dtype %d", (int)dtype);
+  if ((rc = check_shape(ndim, shape, &numel)) != STA_OK) return rc;
+  if ((rc = check_device(device, "device")) != STA_OK) return rc;
+  size_t nbytes = (size_t)numel * sta_dtype_size(dtype);
+  sta_storage *s = sta_calloc(1, sizeof *s);
+  if (!s) return sta_error(STA_ERR_NOMEM, "out of host memory (tensor header)");
+  s->nbytes = nbytes;
+  s->device = device;
+  s->owned = 1;
+  s->refs = 1;
+  if (device == STA_CPU) s->data = sta_malloc(nbytes);
+  else {
+    const sta_backend_ops *b = sta_backend_get(device);
+    rc = b->alloc(&s->data, nbytes ? nbytes : 1);
+    if (rc != STA_OK) { free(s); return rc; }
+    sta_device_account((int64_t)nbytes);
+  }
+  if (!s->data) {
+    free(s);
+    return sta_error(STA_ERR_NOMEM, "out of host memory: tensor of %zu bytes", nbytes);
+  }
+  contiguous_strides(ndim, shape, st);
+  sta_tensor *t = tensor_new(s, dtype, 0, ndim, shape, st);
+  if (!t) {
+    storage_release(s);
+    return sta_error(STA_ERR_NOMEM, "out of host memory (tensor header)");
+  }
+  *out = t;
+  return STA_OK;
+}
+
+/* Smallest and largest element offset a view reaches (numel > 0). */
+static void view_extent(int64_t offset, int32_t ndim, const int64_t *shape,
+                        const int64_t *stride, int64_t *lo, int64_t *hi) {
+  *lo = *hi = offset;
+  for (int32_t i = 0; i < ndim; i++) {
+    int64_t span = (shape[i] - 1) * stride[i];
+    if (span < 0) *lo += span; else *hi += span;
+  }
+}
+
+static sta_status check_strides(int32_t ndim, const int64_t *shape,
+                                const int64_t *stride) {
+  for (int32_t i = 0; i < ndim; i++) {
+    int64_t a = stride[i] < 0 ? -stride[i] : stride[i];
+    if (a > MAX_ELEMS || (shape[i] > 1 && a > MAX_ELEMS / (shape[i] - 1)))
+      return sta_error(STA_ERR_SHAPE, "strides[%d]: %lld is out of range",
+                       (int)i, (long long)stride[i]);
+  }
+  return STA_OK;
+}
+
+sta_status sta_tensor_wrap(sta_tensor **out, void *data, sta_dtype dtype,
+                           sta_device device, int32_t ndim,
+                           const int64_t *shape, const int64_t *strides) {
+  int64_t numel, st[STA_MAX_DIMS], lo = 0, hi = 0;
+  sta_status rc;
+  if (!out) return sta_error(STA_ERR_ARGUMENT, "out: expected a pointer, got NULL");
+  if (!dtype_ok(dtype))
+    return sta_error(STA_ERR_DTYPE, "dtype: unknown dtype %d", (int)dtype);
+  if ((rc = check_shape(ndim, shape, &numel)) != STA_OK) return rc;
+  if (device != STA_CPU && device != STA_CUDA)
+    return sta_error(STA_ERR_ARGUMENT, "device: unknown device %d", (int)device);
+  if (!data && numel > 0)
+    return sta_error(STA_ERR_ARGUMENT, "data: expected a pointer, got NULL");
+  if (strides) {
+    if ((rc = check_strides(ndim, shape, strides)) != STA_OK) return rc;
+    for (int32_t i = 0; i < ndim; i++) st[i] = strides[i];
+  } else contiguous_strides(ndim, shape, st);
+  if (numel > 0) view_extent(0, ndim, shape, st, &lo, &hi);
+  sta_storage *s = sta_calloc(1, sizeof *s);
+  if (!s) return sta_error(STA_ERR_NOMEM, "out of host memory (tensor header)");
+  size_t es = sta_dtype_size(dtype);
+  /* the storage starts at the lowest element the view reaches */
+  s->data = (char *)data + lo * (int64_t)es;
+  s->nbytes = numel > 0 ? (size_t)(hi - lo + 1) * es : 0;
+  s->device = device;
+  s->owned = 0;
+  s->refs = 1;
+  sta_tensor *t = tensor_new(s, dtype, -lo, ndim, shape, st);
+  if (!t) { free(s); return sta_error(STA_ERR_NOMEM, "out of host memory (tensor header)"); }
+  *out = t;
+  return STA_OK;
+}
+
+sta_status sta_tensor_view(sta_tensor **out, const sta_tensor *base,
+                           int64_t offset, int32_t ndim,
+                           const int64_t *shape, const int64_t *strides) {
+  int64_t numel, lo, hi;
+  sta_status rc;
+  if (!out) return sta_error(STA_ERR_ARGUMENT, "out: expected a pointer, got NULL");
+  if (!base) return sta_error(STA_ERR_ARGUMENT, "base: expected a tensor, got NULL");
+  if ((rc = check_shape(ndim, shape, &numel)) != STA_OK) return rc;
+  if (!strides) return sta_error(STA_ERR_SHAPE, "strides: expected an array, got NULL");
+  if ((rc = check_strides(ndim, shape, strides)) != STA_OK) return rc;
+  int64_t abs_off = base->offset + offset;
+  int64_t limit = (int64_t)(base->storage->nbytes / sta_dtype_size(base->dtype));
+  if (numel > 0) {
+    view_extent(abs_off, ndim, shape, strides, &lo, &hi);
+    if (lo < 0 || hi >= limit)
+      return sta_error(STA_ERR_SHAPE,
+                       "view: offset %lld with these shape and strides reaches "
+                       "elements %lld..%lld outside the storage of %lld",
+                       (long long)offset, (long long)lo, (long long)hi,
+                       (long long)limit);
+  }
+  sta_tensor *t = tensor_new(base->storage, base->dtype, abs_off, ndim, shape, strides);
+  if (!t) return sta_error(STA_ERR_NOMEM, "out of host memory (tensor header)");
+  __atomic_add_fetch(&base->storage->refs, 1, __ATOMIC_ACQ_REL);
+  *out = t;
+  return STA_OK;
+}
+
+sta_status sta_tensor_permute(sta_tensor **out, const sta_tensor *base,
+                              const int32_t *perm) {
+  int64_t shape[STA_MAX_DIMS], st[STA_MAX_DIMS];
+  int seen[STA_MAX_DIMS] = {0};
+  if (!base) return sta_error(STA_ERR_ARGUMENT, "base: expected a tensor, got NULL");
+  if (!perm) return sta_error(STA_ERR_ARGUMENT, "perm: expected an array, got NULL");
+  for (int32_t i = 0; i < base->ndim; i++) {
+    int32_t p = perm[i];
+    if (p < 0 || p >= base->ndim || seen[p])
+      return sta_error(STA_ERR_ARGUMENT,
+                       "perm[%d]: %d is not a permutation of 0..%d", (int)i,
+                       (int)p, (int)base->ndim - 1);
+    seen[p] = 1;
+    shape[i] = base->shape[p];
+    st[i] = base->stride[p];
+  }
+  return sta_tensor_view(out, base, 0, base->ndim, shape, st);
+}
+
+sta_status sta_tensor_narrow(sta_tensor **out, const sta_tensor *base,
+                             int32_t dim, int64_t start, int64_t len) {
+  if (!base) return sta_error(STA_ERR_ARGUMENT, "base: expected a tensor, got NULL");
+  if (dim < 0 || dim >= base->ndim)
+    return sta_error(STA_ERR_ARGUMENT, "dim: expected 0..%d, got %d",
+                     (int)base->ndim - 1, (int)dim);
+  if (start < 0 || len < 0 || start > base->shape[dim] - len)
+    return sta_error(STA_ERR_ARGUMENT,
+                     "narrow: [%lld, %lld) is outside dim %d of size %lld",
+                     (long long)start, (long long)(start + len), (int)dim,
+                     (long long)base->shape[dim]);
+  int64_t shape[STA_MAX_DIMS];
+  for (int32_t i = 0; i < base->ndim; i++) shape[i] = base->shape[i];
+  shape[dim] = len;
+  return sta_tensor_view(out, base, start * base->stride[dim], base->ndim,
+                         shape, base->stride);
+}
+
+void sta_tensor_destroy(sta_tensor *t) {
+  if (!t) return;
+  storage_release(t->storage);
+  free(t);
+}
+
+sta_dtype sta_tensor_dtype(const sta_tensor *t) { return t->dtype; }
+sta_device sta_tensor_device(const sta_tensor *t) { return t->storage->device; }
+int32_t sta_tensor_ndim(const sta_tensor *t) { return t->ndim; }
+
+int64_t sta_tensor_size(const sta_tensor *t, int32_t dim) {
+  return dim >= 0 && dim < t->ndim ? t->shape[dim] : -1;
+}
+
+int64_t sta_tensor_stride(const sta_tensor *t, int32_t dim) {
+  return dim >= 0 && dim < t->ndim ? t->stride[dim] : 0;
+}
+
+int64_t sta_tensor_numel(const sta_tensor *t) {
+  int64_t n = 1;
+  for (int32_t i = 0; i < t->ndim; i++) n *= t->shape[i];
+  return n;
+}
+
+void *sta_tensor_data(const sta_tensor *t) {
+  return (char *)t->storage->data + t->offset * (int64_t)sta_dtype_size(t->dtype);
+}
+
+int32_t sta_tensor_is_contiguous(const sta_tensor *t) {
+  int64_t s = 1;
+  for (int32_t i = t->ndim - 1; i >= 0; i--) {
+    if (t->shape[i] != 1 && t->stride[i] != s) return 0;
+    s *= t->shape[i];
+  }
+  return 1;
+}
+
+sta_status sta_tensor_bshd(const sta_tensor *t, sta_layout layout,
+                           const char *argname, sta_bshd *o) {
+  if (!t) return sta_error(STA_ERR_ARGUMENT, "%s: expected a tensor, got NULL", argname);
+  if (t->ndim != 4)
+    return sta_error(STA_ERR_SHAPE, "%s: expected a 4-D tensor, got %d-D",
+                     argname, (int)t->ndim);
+  int hs = layout == STA_BSHD ? 2 : 1, ss = layout == STA_BSHD ? 1 : 2;
+  o->b = t->shape[0]; o->sb = t->stride[0];
+  o->s = t->shape[ss]; o->ss = t->stride[ss];
+  o->h = t->shape[hs]; o->sh = t->stride[hs];
+  o->d = t->shape[3]; o->sd = t->stride[3];
+  return STA_OK;
+}
+
+/* ---- host loops --------------------------------------------------------- */
+
+/* Pad a tensor's shape/strides to 4 dims (leading 1s). */
+static void as4(const sta_tensor *t, int64_t sh[4], int64_t st[4]) {
+  int32_t pad = 4 - t->ndim;
+  for (int32_t i = 0; i < 4; i++) {
+    sh[i] = i < pad ? 1 : t->shape[i - pad];
+    st[i] = i < pad ? 0 : t->stride[i - pad];
+  }
+}
+
+static void host_copy(sta_tensor *dst, const sta_tensor *src) {
+  int64_t sh[4], ds[4], ss[4];
+  as4(dst, sh, ds);
+  as4(src, sh, ss);
+  char *d = sta_tensor_data(dst);
+  const char *s = sta_tensor_data(src);
+  size_t de = sta_dtype_size(dst->dtype), se = sta_dtype_size(src->dtype);
+  sta_dtype dt = dst->dtype, st = src->dtype;
+  int64_t outer = sh[0] * sh[1] * sh[2];
+  #pragma omp parallel for schedule(static) if (outer * sh[3] > 65536)
+  for (int64_t o = 0; o < outer; o++) {
+    int64_t i0 = o / (sh[1] * sh[2]), i1 = (o / sh[2]) % sh[1], i2 = o % sh[2];
+    char *dr = d + (i0 * ds[0] + i1 * ds[1] + i2 * ds[2]) * (int64_t)de;
+    const char *sr = s + (i0 * ss[0] + i1 * ss[1] + i2 * ss[2]) * (int64_t)se;
+    if (dt == st && ds[3] == 1 && ss[3] == 1) {
+      memcpy(dr, sr, (size_t)sh[3] * de);
+      continue;
+    }
+    for (int64_t i = 0; i < sh[3]; i++)
+      sta_store_f32(dr + i * ds[3] * (int64_t)de, dt,
+                    sta_load_f32(sr + i * ss[3] * (int64_t)se, st));
+  }
+}
+
+static int same_shape(const sta_tensor *a, const sta_tensor *b) {
+  if (a->ndim != b->ndim) return 0;
+  for (int32_t i = 0; i < a->ndim; i++) if (a->shape[i] != b->shape[i]) return 0;
+  return 1;
+}
+
+static sta_status shape_mismatch(const char *what, const sta_tensor *a,
+                                 const sta_tensor *b) {
+  char sa[96], sb[96];
+  int n = 0;
+  sa[0] = sb[0] = '\0';
+  for (int32_t i = 0; i < a->ndim; i++)
+    n += snprintf(sa + n, sizeof sa - (size_t)n, "%s%lld", i ? "x" : "", (long long)a->shape[i]);
+  n = 0;
+  for (int32_t i = 0; i < b->ndim; i++)
+    n += snprintf(sb + n, sizeof sb - (size_t)n, "%s%lld", i ? "x" : "", (long long)b->shape[i]);
+  return sta_error(STA_ERR_SHAPE, "%s: shapes differ (%s vs %s)", what, sa, sb);
+}
+
+/* New contiguous host tensor with src's shape and dtype `dt`, filled from
+** src (any device). */
+static sta_status to_host(sta_tensor **out, const sta_tensor *src, sta_dtype dt) {
+  sta_tensor *h = NULL;
+  sta_status rc = sta_tensor_create(&h, dt, STA_CPU, src->ndim, src->shape);
+  if (rc != STA_OK) return rc;
+  if (src->storage->device == STA_CPU) host_copy(h, src);
+  else {
+    const sta_backend_ops *b = sta_backend_get(src->storage->device);
+    sta_tensor *dc = NULL;
+    const sta_tensor *from = src;
+    if (!sta_tensor_is_contiguous(src) || src->dtype != dt) {
+      /* make a contiguous device copy first, or stage raw bytes */
+      if (b->copy) {
+        rc = sta_tensor_create(&dc, dt, src->storage->device, src->ndim, src->shape);
+        if (rc == STA_OK) rc = b->copy(dc, src);
+        if (rc != STA_OK) { sta_tensor_destroy(dc); sta_tensor_destroy(h); return rc; }
+        from = dc;
+      }
+    }
+    if (from == src && (!sta_tensor_is_contiguous(src) || src->dtype != dt)) {
+      /* no device copy kernel: fetch the whole span, convert on the host */
+      sta_tensor *raw = NULL, *rv = NULL;
+      int64_t n = (int64_t)(src->storage->nbytes / sta_dtype_size(src->dtype));
+      rc = sta_tensor_create(&raw, src->dtype, STA_CPU, 1, &n);
+      if (rc == STA_OK)
+        rc = b->memcpy(raw->storage->data, STA_CPU, src->storage->data,
+                       src->storage->device, src->storage->nbytes);
+      if (rc == STA_OK)
+        rc = sta_tensor_view(&rv, raw, src->offset, src->ndim, src->shape, src->stride);
+      if (rc == STA_OK) host_copy(h, rv);
+      sta_tensor_destroy(rv);
+      sta_tensor_destroy(raw);
+    } else {
+      rc = b->memcpy(sta_tensor_data(h), STA_CPU, sta_tensor_data(from),
+                     from->storage->device,
+                     (size_t)sta_tensor_numel(h) * sta_dtype_size(dt));
+    }
+    sta_tensor_destroy(dc);
+    if (rc != STA_OK) { sta_tensor_destroy(h); return rc; }
+  }
+  *out = h;
+  return STA_OK;
+}
+
+/* Write a contiguous host tensor (dst's shape and dtype) into dst. */
+static sta_status from_host(sta_tensor *dst, const sta_tensor *h) {
+  if (dst->storage->device == STA_CPU) { host_copy(dst, h); return STA_OK; }
+  const sta_backend_ops *b = sta_backend_get(dst->storage->device);
+  size_t nbytes = (size_t)sta_tensor_numel(h) * sta_dtype_size(h->dtype);
+  if (sta_tensor_is_contiguous(dst))
+    return b->memcpy(sta_tensor_data(dst), dst->storage->device,
+                     sta_tensor_data(h), STA_CPU, nbytes);
+  if (b->copy) {
+    sta_tensor *dc = NULL;
+    sta_status rc = sta_tensor_create(&dc, h->dtype, dst->storage->device, h->ndim, h->shape);
+    if (rc == STA_OK)
+      rc = b->memcpy(sta_tensor_data(dc), dst->storage->device, sta_tensor_data(h), STA_CPU, nbytes);
+    if (rc == STA_OK) rc = b->copy(dst, dc);
+    sta_tensor_destroy(dc);
+    return rc;
+  }
+  /* read-modify-write of the whole span through the host */
+  sta_tensor *raw = NULL, *rv = NULL;
+  int64_t n = (int64_t)(dst->storage->nbytes / sta_dtype_size(dst->dtype));
+  sta_status rc = sta_tensor_create(&raw, dst->dtype, STA_CPU, 1, &n);
+  if (rc == STA_OK)
+    rc = b->memcpy(raw->storage->data, STA_CPU, dst->storage->data,
+                   dst->storage->device, dst->storage->nbytes);
+  if (rc == STA_OK)
+    rc = sta_tensor_view(&rv, raw, dst->offset, dst->ndim, dst->shape, dst->stride);
+  if (rc == STA_OK) {
+    host_copy(rv, h);
+    rc = b->memcpy(dst->storage->data, dst->storage->device, raw->storage->data,
+                   STA_CPU, dst->storage->nbytes);
+  }
+  sta_tensor_destroy(rv);
+  sta_tensor_destroy(raw);
+  return rc;
+}
+
+sta_status sta_tensor_copy(sta_tensor *dst, const sta_tensor *src) {
+  if (!dst) return sta_error(STA_ERR_ARGUMENT, "dst: expected a tensor, got NULL");
+  if (!src) return sta_error(STA_ERR_ARGUMENT, "src: expected a tensor, got NULL");
+  if (!same_shape(dst, src)) return shape_mismatch("copy", dst, src);
+  sta_device dd = dst->storage->device, sd = src->storage->device;
+  if (dd == STA_CPU && sd == STA_CPU) { host_copy(dst, src); return STA_OK; }
+  if (dd == sd) {
+    const sta_backend_ops *b = sta_backend_get(dd);
+    if (b->copy) return b->copy(dst, src);
+  }
+  sta_tensor *h = NULL;
+  sta_status rc = to_host(&h, src, dst->dtype);
+  if (rc == STA_OK) rc = from_host(dst, h);
+  sta_tensor_destroy(h);
+  return rc;
+}
+
+sta_status sta_tensor_to(sta_tensor **out, const sta_tensor *src,
+                         sta_dtype dtype, sta_device device) {
+  sta_tensor *t = NULL;
+  if (!out) return sta_error(STA_ERR_ARGUMENT, "out: expected a pointer, got NULL");
+  if (!src) return sta_error(STA_ERR_ARGUMENT, "src: expected a tensor, got NULL");
+  sta_status rc = sta_tensor_create(&t, dtype, device, src->ndim, src->shape);
+  if (rc != STA_OK) return rc;
+  rc = sta_tensor_copy(t, src);
+  if (rc != STA_OK) { sta_tensor_destroy(t); return rc; }
+  *out = t;
+  return STA_OK;
+}
+
+/* ---- random numbers ------------------------------------------------------ */
+
+static uint64_t splitmix64(uint64_t x) {
+  x += 0x9e3779b97f4a7c15ull;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+  return x ^ (x >> 31);
+}
+
+double sta_randn_at(uint64_t seed, uint64_t i) {
+  uint64_t pair = i >> 1, base = splitmix64(seed) ^ (pair * 0xd1b54a32d192ed03ull);
+  uint64_t h1 = splitmix64(base), h2 = splitmix64(base ^ 0x8cb92ba72f3d8dd7ull);
+  double u1 = ((double)(h1 >> 11) + 1.0) * 0x1.0p-53; /* (0, 1] */
+  double u2 = (double)(h2 >> 11) * 0x1.0p-53;
+  double r = sqrt(-2.0 * log(u1)), a = 6.283185307179586 * u2;
+  return (i & 1) ? r * sin(a) : r * cos(a);
+}
+
+/* Apply f to every element of a host tensor, in row-major logical order. */
+static void host_fill(sta_tensor *t, uint64_t seed, double mean, double std,
+                      int random) {
+  int64_t sh[4], st[4];
+  as4(t, sh, st);
+  char *d = sta_tensor_data(t);
+  size_t es = sta_dtype_size(t->dtype);
+  int64_t outer = sh[0] * sh[1] * sh[2];
+  #pragma omp parallel for schedule(static) if (outer * sh[3] > 65536)
+  for (int64_t o = 0; o < outer; o++) {
+    int64_t i0 = o / (sh[1] * sh[2]), i1 = (o / sh[2]) % sh[1], i2 = o % sh[2];
+    char *row = d + (i0 * st[0] + i1 * st[1] + i2 * st[2]) * (int64_t)es;
+    for (int64_t i = 0; i < sh[3]; i++) {
+      double v = random ? mean + std * sta_randn_at(seed, (uint64_t)(o * sh[3] + i)) : mean;
+      sta_store_f32(row + i * st[3] * (int64_t)es, t->dtype, (float)v);
+    }
+  }
+}
+
+static sta_status fill_any(sta_tensor *t, uint64_t seed, double mean,
+                           double std, int random) {
+  if (!t) return sta_error(STA_ERR_ARGUMENT, "t: expected a tensor, got NULL");
+  if (t->storage->device == STA_CPU) {
+    host_fill(t, seed, mean, std, random);
+    return STA_OK;
+  }
+  const sta_backend_ops *b = sta_backend_get(t->storage->device);
+  if (random && b->randn) return b->randn(t, seed, mean, std);
+  if (!random && b->fill) return b->fill(t, mean);
+  sta_tensor *h = NULL;
+  sta_status rc = sta_tensor_create(&h, t->dtype, STA_CPU, t->ndim, t->shape);
+  if (rc != STA_OK) return rc;
+  host_fill(h, seed, mean, std, random);
+  rc = from_host(t, h);
+  sta_tensor_destroy(h);
+  return rc;
+}
+
+sta_status sta_tensor_randn(sta_tensor *t, uint64_t seed, double mean,
+                            double std) {
+  if (!(std >= 0) || !isfinite(std))
+    return sta_error(STA_ERR_ARGUMENT, "std: expected a finite value >= 0, got %g", std);
+  if (!isfinite(mean))
+    return sta_error(STA_ERR_ARGUMENT, "mean: expected a finite value, got %g", mean);
+  return fill_any(t, seed, mean, std, 1);
+}
+
+sta_status sta_tensor_fill(sta_tensor *t, double value) {
+  return fill_any(t, 0, value, 0, 0);
+}
+
+/* ---- element access --------------------------------------------------- */
+
+static sta_status element(const sta_tensor *t, const int64_t *index, char **p) {
+  if (!t) return sta_error(STA_ERR_ARGUMENT, "t: expected a tensor, got NULL");
+  if (t->storage->device != STA_CPU)
+    return sta_error(STA_ERR_ARGUMENT,
+                     "t: element access needs a host tensor, got a %s tensor",
+                     t->storage->device == STA_CUDA ? "cuda" : "device");
+  if (!index) return sta_error(STA_ERR_ARGUMENT, "index: expected an array, got NULL");
+  int64_t off = 0;
+  for (int32_t i = 0; i < t->ndim; i++) {
+    if (index[i] < 0 || index[i] >= t->shape[i])
+      return sta_error(STA_ERR_ARGUMENT, "index[%d]: %lld is outside 0..%lld",
+                       (int)i, (long long)index[i], (long long)t->shape[i] - 1);
+    off += index[i] * t->stride[i];
+  }
+  *p = (char *)sta_tensor_data(t) + off * (int64_t)sta_dtype_size(t->dtype);
+  return STA_OK;
+}
+
+sta_status sta_tensor_get(const sta_tensor *t, const int64_t *index,
+                          double *value) {
+  char *p;
+  sta_status rc = element(t, index, &p);
+  if (rc == STA_OK) *value = sta_load_f32(p, t->dtype);
+  return rc;
+}
+
+sta_status sta_tensor_set(sta_tensor *t, const int64_t *index, double value) {
+  char *p;
+  sta_status rc = element(t, index, &p);
+  if (rc == STA_OK) sta_store_f32(p, t->dtype, (float)value);
+  return rc;
+}
+
+sta_status sta_tensor_compare(const sta_tensor *a, const sta_tensor *b,
+                              double *max_abs, double *rel_l2) {
+  if (!a) return sta_error(STA_ERR_ARGUMENT, "a: expected a tensor, got NULL");
+  if (!b) return sta_error(STA_ERR_ARGUMENT, "b: expected a tensor, got NULL");
+  if (!same_shape(a, b)) return shape_mismatch("compare", a, b);
+  sta_tensor *ha = NULL, *hb = NULL;
+  sta_status rc = to_host(&ha, a, STA_F32);
+  if (rc == STA_OK) rc = to_host(&hb, b, STA_F32);
+  if (rc == STA_OK) {
+    const float *x = sta_tensor_data(ha), *y = sta_tensor_data(hb);
+    int64_t n = sta_tensor_numel(ha);
+    double m = 0, num = 0, den = 0;
+    int nan = 0;
+    for (int64_t i = 0; i < n; i++) {
+      double d = (double)x[i] - (double)y[i];
+      if (isnan(d)) nan = 1;
+      if (fabs(d) > m) m = fabs(d);
+      num += d * d;
+      den += (double)y[i] * y[i];
+    }
+    if (max_abs) *max_abs = nan ? NAN : m;
+    if (rel_l2) *rel_l2 = nan ? NAN : (den > 0 ? sqrt(num / den) : sqrt(num));
+  }
+  sta_tensor_destroy(ha);
+  sta_tensor_destroy(hb);
+  return rc;
+}
