@@ -52,7 +52,7 @@ TOOLS      = $(BUILD)/sta-run
 BENCH_SRC  = $(sort $(wildcard bench/*.c))
 BENCH_BIN  = $(BENCH_SRC:bench/%.c=$(BUILD)/bench/%)
 
-.PHONY: all lib tests test test-c test-lua test-gpu bench bench-gpu \
+.PHONY: all lib deps tests test test-c test-lua test-gpu bench bench-gpu \
         sanitize fuzz repl example install clean
 all: lib $(TOOLS) $(if $(LUA_CSRC),$(LUA_MOD)) $(TEST_BIN) $(BENCH_BIN)
 lib: $(BUILD)/libsta.a $(BUILD)/libsta.so
@@ -90,13 +90,20 @@ $(BUILD)/bench/%: bench/%.c $(BUILD)/libsta.a
 	@mkdir -p $(@D)
 	$(CC) $(CFLAGS) $(STA_CFLAGS) $< -o $@ $(BUILD)/libsta.a $(LDFLAGS) $(LIBS)
 
-test: all
+# test and example install missing Debian packages first, then build.
+deps:
+	@scripts/install-deps
+
+test: deps
+	@$(MAKE) --no-print-directory all >/dev/null
 	@BUILD=$(BUILD) LUA=$(LUA) scripts/run-tests
 
-test-c: all
+test-c: deps
+	@$(MAKE) --no-print-directory all >/dev/null
 	@BUILD=$(BUILD) STA_TESTS=c scripts/run-tests
 
-test-lua: all
+test-lua: deps
+	@$(MAKE) --no-print-directory all >/dev/null
 	@BUILD=$(BUILD) LUA=$(LUA) STA_TESTS=lua scripts/run-tests
 
 test-gpu: all
@@ -117,7 +124,8 @@ fuzz:
 repl: all
 	@BUILD=$(BUILD) scripts/sta-repl
 
-example: all
+example: deps
+	@$(MAKE) --no-print-directory all >/dev/null
 	@BUILD=$(BUILD) scripts/run-example
 
 install: all
