@@ -1,0 +1,108 @@
+/*
+** cpu_reference.c -- the brute-force oracle: one query row at a time, in
+** double, over the key set of STA.md sections 2-3 decided per key token from
+** coordinates (independently of the fast path's tile logic); and the
+** per-head difference used by mask search.
+*/
+#include <math.h>
+#include <omp.h>
+#include <stdlib.h>
+
+#include "internal.h"
+
+/* Is key tile kt inside the window of query tile qt on an axis of c tiles?
+** The centred form of STA.md section 2: center = clamp(q, r, c-1-r). */
+static int axis_member(int64_t qt, int64_t kt, int64_t k, int64_t c) {
+  if (k >= c) return 1;
+  int64_t r = k / 2, center = qt;
+  if (center < r) center = r;
+  if (center > c - 1 - r) center = c - 1 - r;
+  int64_t d = kt - center;
+  return d >= -r && d <= r;
+}
+
+/* Does query row s attend to key row j? */
+static int is_key(const sta_attn_params *p, const int32_t *win, int64_t s,
+                  int64_t j) {
+  int64_t vl = p->video_len;
+  if (j >= vl + p->text_len) return 0;
+  if (j >= vl || s >= vl) return 1;
+  int64_t H = p->canvas[1], W = p->canvas[2];
+  int64_t qc[3] = {s / (H * W), (s / W) % H, s % W};
+  int64_t kc[3] = {j / (H * W), (j / W) % H, j % W};
+  for (int i = 0; i < 3; i++) {
+    int64_t c = (p->canvas[i] + p->tile[i] - 1) / p->tile[i];
+    if (!axis_member(qc[i] / p->tile[i], kc[i] / p->tile[i], win[i], c)) return 0;
+  }
+  return 1;
+}
+
+sta_status sta_cpu_attention_reference(const sta_attn_params *p) {
+  int64_t S = p->seq_len, D = p->head_dim, keys = p->video_len + p->text_len;
+  int64_t rows = p->batch * p->heads * S;
+  int nt = sta_get_num_threads();
+  size_t es = sta_dtype_size(p->dtype);
+  size_t per = (size_t)(keys + D);
+  double *buf = sta_malloc(sizeof(double) * per * (size_t)nt);
+  if (!buf) return sta_error(STA_ERR_NOMEM, "out of host memory (reference buffers)");
+  #pragma omp parallel num_threads(nt)
+  {
+    int tid = omp_get_thread_num();
+    double *logit = buf + per * (size_t)tid, *acc = logit + keys;
+    #pragma omp for schedule(dynamic, 16)
+    for (int64_t r = 0; r < rows; r++) {
+      int64_t b = r / (p->heads * S), h = (r / S) % p->heads, s = r % S;
+      const int32_t *win = p->windows + 3 * h;
+      const char *q = (const char *)p->q + (b * p->q_sb + s * p->q_ss + h * p->q_sh) * (int64_t)es;
+      double m = -INFINITY;
+      for (int64_t j = 0; j < keys; j++) {
+        if (!is_key(p, win, s, j)) { logit[j] = NAN; continue; }
+        const char *k = (const char *)p->k + (b * p->k_sb + j * p->k_ss + h * p->k_sh) * (int64_t)es;
+        double dot = 0;
+        for (int64_t d = 0; d < D; d++)
+          dot += (double)sta_load_f32(q + d * es, p->dtype) * (double)sta_load_f32(k + d * es, p->dtype);
+        logit[j] = dot * (double)p->scale;
+        if (logit[j] > m) m = logit[j];
+      }
+      double l = 0;
+      for (int64_t d = 0; d < D; d++) acc[d] = 0;
+      for (int64_t j = 0; j < keys; j++) {
+        if (isnan(logit[j])) continue;
+        double e = exp(logit[j] - m);
+        l += e;
+        const char *v = (const char *)p->v + (b * p->v_sb + j * p->v_ss + h * p->v_sh) * (int64_t)es;
+        for (int64_t d = 0; d < D; d++) acc[d] += e * (double)sta_load_f32(v + d * es, p->dtype);
+      }
+      char *o = (char *)p->o + (b * p->o_sb + s * p->o_ss + h * p->o_sh) * (int64_t)es;
+      for (int64_t d = 0; d < D; d++) sta_store_f32(o + d * es, p->dtype, (float)(acc[d] / l));
+      if (p->lse) p->lse[b * p->lse_sb + h * p->lse_sh + s * p->lse_ss] = (float)(m + log(l));
+    }
+  }
+  free(buf);
+  return STA_OK;
+}
+
+sta_status sta_cpu_head_diff(const sta_attn_params *p, float *l1, float *l2) {
+  size_t es = sta_dtype_size(p->dtype);
+  double n = (double)p->batch * (double)p->seq_len * (double)p->head_dim;
+  for (int64_t h = 0; h < p->heads; h++) {
+    double s1 = 0, s2 = 0;
+    #pragma omp parallel for reduction(+ : s1, s2) schedule(static) num_threads(sta_get_num_threads())
+    for (int64_t r = 0; r < p->batch * p->seq_len; r++) {
+      int64_t b = r / p->seq_len, s = r % p->seq_len;
+      const char *a = (const char *)p->q + (b * p->q_sb + s * p->q_ss + h * p->q_sh) * (int64_t)es;
+      const char *c = (const char *)p->o + (b * p->o_sb + s * p->o_ss + h * p->o_sh) * (int64_t)es;
+      float r1 = 0, r2 = 0;
+      for (int64_t d = 0; d < p->head_dim; d++) {
+        float x = sta_load_f32(a + d * es, p->dtype) - sta_load_f32(c + d * es, p->dtype);
+        r1 += fabsf(x);
+        r2 += x * x;
+      }
+      s1 += r1;
+      s2 += r2;
+    }
+    l1[h] = n > 0 ? (float)(s1 / n) : 0.0f;
+    l2[h] = n > 0 ? (float)(s2 / n) : 0.0f;
+  }
+  return STA_OK;
+}
