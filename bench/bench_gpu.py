@@ -1,0 +1,537 @@
+#!/usr/bin/env python3
+"""bench_gpu.py -- sta's CUDA forward against what a user would otherwise run.
+
+Runs on the GPU machine (python3 there has torch).  libsta.so is called
+through ctypes: torch tensors are wrapped as sta device tensors
+(sta_tensor_wrap, STA_CUDA) and sta_attention_forward runs on them.  A
+library without the public API (the kernels-only build of
+scripts/device-prep) is called through its backend table instead.
+
+  bench_gpu.py [--lib build/libsta.so] [--check N] [--bench] [--sweep]
+               [--variants] [--reps N] [--out DIR]
+
+--check N  N fresh random geometries against a float32 torch reference of
+           the STA mask (odd canvases, partial tiles, per-head windows,
+           text, BSHD/BHSD, bf16/f16, D 64/128, LSE).
+--bench    STA.md section 8 workloads: sta vs cuDNN dense SDPA vs
+           FlexAttention with an STA block mask, same inputs, same run.
+--sweep    canvas sweep at window 3,3,3: sta vs dense.
+--variants kernel variants (STA_CUDA_VARIANT) on hunyuan-720p.
+"""
+import argparse
+import ctypes as C
+import json
+import math
+import os
+import random
+import statistics
+import sys
+import time
+
+import torch
+
+STA_F32, STA_F16, STA_BF16 = 0, 1, 2
+STA_CPU, STA_CUDA = 0, 1
+STA_BSHD, STA_BHSD = 0, 1
+DT = {torch.bfloat16: STA_BF16, torch.float16: STA_F16, torch.float32: STA_F32}
+
+
+class Geometry(C.Structure):
+    _fields_ = [("canvas", C.c_int32 * 3), ("tile", C.c_int32 * 3),
+                ("text_len", C.c_int64)]
+
+
+class Desc(C.Structure):
+    _fields_ = [("geom", Geometry), ("layout", C.c_int), ("n_windows", C.c_int32),
+                ("windows", C.POINTER(C.c_int32)), ("scale", C.c_float)]
+
+
+class Params(C.Structure):  # core/internal.h sta_attn_params
+    _fields_ = ([(n, C.c_void_p) for n in ("q", "k", "v", "o", "lse")] +
+                [("dtype", C.c_int)] +
+                [(n, C.c_int64) for n in ("batch", "seq_len", "heads", "head_dim",
+                                          "q_sb", "q_ss", "q_sh", "k_sb", "k_ss", "k_sh",
+                                          "v_sb", "v_ss", "v_sh", "o_sb", "o_ss", "o_sh",
+                                          "lse_sb", "lse_sh", "lse_ss")] +
+                [("canvas", C.c_int32 * 3), ("tile", C.c_int32 * 3), ("grid", C.c_int32 * 3),
+                 ("video_len", C.c_int64), ("text_len", C.c_int64),
+                 ("windows", C.POINTER(C.c_int32)), ("scale", C.c_float)])
+
+
+class Ops(C.Structure):  # core/internal.h sta_backend_ops
+    _fields_ = [("name", C.c_char_p)] + [(n, C.c_void_p) for n in (
+        "probe", "alloc", "release", "memcpy", "copy", "fill", "randn",
+        "attention", "head_diff", "synchronize")]
+
+
+class Sta:
+    def __init__(self, path):
+        self.lib = C.CDLL(path)
+        self.api = hasattr(self.lib, "sta_attention_forward")
+        L = self.lib
+        if self.api:
+            L.sta_tensor_wrap.argtypes = [C.POINTER(C.c_void_p), C.c_void_p, C.c_int, C.c_int,
+                                          C.c_int32, C.POINTER(C.c_int64), C.POINTER(C.c_int64)]
+            L.sta_attention_forward.argtypes = [C.POINTER(Desc)] + [C.c_void_p] * 5
+            L.sta_tensor_destroy.argtypes = [C.c_void_p]
+            L.sta_last_error.restype = C.c_char_p
+            L.sta_backend_available.argtypes = [C.c_int]
+            L.sta_backend_describe.restype = C.c_char_p
+            if not L.sta_backend_available(STA_CUDA):
+                raise SystemExit("sta: CUDA backend unavailable: %s" %
+                                 L.sta_backend_describe(STA_CUDA).decode())
+            self.describe = L.sta_backend_describe(STA_CUDA).decode()
+        else:
+            L.sta_cuda_backend.restype = C.POINTER(Ops)
+            ops = L.sta_cuda_backend().contents
+            why = C.c_char_p()
+            probe = C.CFUNCTYPE(C.c_int32, C.POINTER(C.c_char_p))(ops.probe)
+            if not probe(C.byref(why)):
+                raise SystemExit("sta: CUDA backend unavailable: %s" % why.value.decode())
+            self.describe = why.value.decode() + " (kernels-only library)"
+            self.attn = C.CFUNCTYPE(C.c_int, C.POINTER(Params))(ops.attention)
+
+    def wrap(self, t):
+        h = C.c_void_p()
+        nd = t.dim()
+        shape = (C.c_int64 * nd)(*t.shape)
+        strides = (C.c_int64 * nd)(*t.stride())
+        rc = self.lib.sta_tensor_wrap(C.byref(h), C.c_void_p(t.data_ptr()), DT[t.dtype],
+                                      STA_CUDA, nd, shape, strides)
+        if rc != 0:
+            raise RuntimeError("sta_tensor_wrap: %s" % self.lib.sta_last_error().decode())
+        return h
+
+    def forward(self, g, q, k, v, o, lse=None, layout=STA_BSHD):
+        """q, k, v, o: torch tensors in layout; g: dict geometry."""
+        wins = g["windows"]
+        if self.api:
+            w = (C.c_int32 * len(wins))(*wins)
+            d = Desc()
+            d.geom.canvas[:] = list(g["canvas"])
+            d.geom.tile[:] = list(g["tile"])
+            d.geom.text_len = g["text_len"]
+            d.layout = layout
+            d.n_windows = len(wins) // 3
+            d.windows = C.cast(w, C.POINTER(C.c_int32))
+            d.scale = g.get("scale", 0.0)
+            hs = [self.wrap(t) for t in (q, k, v, o)] + [self.wrap(lse) if lse is not None else None]
+            rc = self.lib.sta_attention_forward(C.byref(d), *hs)
+            for h in hs:
+                if h is not None:
+                    self.lib.sta_tensor_destroy(h)
+            if rc != 0:
+                raise RuntimeError("sta_attention_forward: %s" % self.lib.sta_last_error().decode())
+            return
+        # kernels-only library: fill the resolved parameters ourselves
+        p = Params()
+        bshd = (lambda t: (t.stride(0), t.stride(1), t.stride(2))) if layout == STA_BSHD else \
+               (lambda t: (t.stride(0), t.stride(2), t.stride(1)))
+        B, S, H, D = (q.shape if layout == STA_BSHD else (q.shape[0], q.shape[2], q.shape[1], q.shape[3]))
+        p.q, p.k, p.v, p.o = q.data_ptr(), k.data_ptr(), v.data_ptr(), o.data_ptr()
+        p.dtype = DT[q.dtype]
+        p.batch, p.seq_len, p.heads, p.head_dim = B, S, H, D
+        p.q_sb, p.q_ss, p.q_sh = bshd(q)
+        p.k_sb, p.k_ss, p.k_sh = bshd(k)
+        p.v_sb, p.v_ss, p.v_sh = bshd(v)
+        p.o_sb, p.o_ss, p.o_sh = bshd(o)
+        if lse is not None:
+            p.lse = lse.data_ptr()
+            p.lse_sb, p.lse_sh, p.lse_ss = lse.stride()
+        p.canvas[:] = list(g["canvas"])
+        p.tile[:] = list(g["tile"])
+        p.grid[:] = [-(-c // t) for c, t in zip(g["canvas"], g["tile"])]
+        V = g["canvas"][0] * g["canvas"][1] * g["canvas"][2]
+        p.video_len = V
+        p.text_len = g["text_len"] if g["text_len"] >= 0 else S - V
+        ww = wins if len(wins) == 3 * H else wins * H
+        w = (C.c_int32 * len(ww))(*ww)
+        p.windows = C.cast(w, C.POINTER(C.c_int32))
+        p.scale = g.get("scale", 0.0) or 1.0 / math.sqrt(D)
+        rc = self.attn(C.byref(p))
+        if rc != 0:
+            raise RuntimeError("attention: status %d" % rc)
+
+
+# ---- the STA mask, reference and flops ---------------------------------------
+
+def eff_windows(g, heads):
+    w = g["windows"]
+    return [tuple(w[3 * (h if len(w) > 3 else 0) + i] for i in range(3)) for h in range(heads)]
+
+
+def grid_of(g):
+    return [-(-c // t) for c, t in zip(g["canvas"], g["tile"])]
+
+
+def dense_mask(g, S, heads, device):
+    """[heads, S, S] bool: True where query row attends key column."""
+    T, Hc, W = g["canvas"]
+    tt, th, tw = g["tile"]
+    NT, NH, NW = grid_of(g)
+    V = T * Hc * W
+    tl = g["text_len"] if g["text_len"] >= 0 else S - V
+    idx = torch.arange(S, device=device)
+    vi = idx.clamp(max=V - 1)
+    ct = (vi // (Hc * W)) // tt, ((vi // W) % Hc) // th, (vi % W) // tw
+    isv = idx < V
+    keytext = (idx >= V) & (idx < V + tl)
+    masks = []
+    for (Kt, Kh, Kw) in eff_windows(g, heads):
+        ok = isv[:, None] & isv[None, :]
+        for ax, (K, Cn) in enumerate(((Kt, NT), (Kh, NH), (Kw, NW))):
+            Ke = min(K, Cn)
+            start = (ct[ax] - Ke // 2).clamp(min=0, max=Cn - Ke)
+            ok &= (ct[ax][None, :] >= start[:, None]) & (ct[ax][None, :] < start[:, None] + Ke)
+        ok |= isv[:, None] & keytext[None, :]
+        ok |= (~isv)[:, None] & (isv | keytext)[None, :]
+        masks.append(ok)
+    return torch.stack(masks)
+
+
+def reference(g, q, k, v, layout, scale):
+    """float32 masked attention; returns (out BSHD-shaped like q, lse [B,H,S])."""
+    if layout == STA_BSHD:
+        qh, kh, vh = (t.float().permute(0, 2, 1, 3) for t in (q, k, v))
+    else:
+        qh, kh, vh = (t.float() for t in (q, k, v))
+    B, H, S, D = qh.shape
+    m = dense_mask(g, S, H, q.device)
+    s = torch.einsum("bhqd,bhkd->bhqk", qh, kh) * scale
+    s = s.masked_fill(~m[None], float("-inf"))
+    lse = torch.logsumexp(s, dim=-1)
+    o = torch.einsum("bhqk,bhkd->bhqd", torch.softmax(s, dim=-1), vh)
+    if layout == STA_BSHD:
+        o = o.permute(0, 2, 1, 3)
+    return o, lse
+
+
+def axis_pairs(c_tok, tile, k):
+    c = -(-c_tok // tile)
+    total = 0
+    for q in range(c):
+        ke = min(k, c)
+        s = min(max(q - ke // 2, 0), c - ke)
+        qt = c_tok - q * tile if q == c - 1 else tile
+        hi = min((s + ke) * tile, c_tok)
+        total += qt * (hi - s * tile)
+    return total
+
+
+def flops(g, S, heads, D, batch=1):
+    V = g["canvas"][0] * g["canvas"][1] * g["canvas"][2]
+    tl = g["text_len"] if g["text_len"] >= 0 else S - V
+    tot = 0
+    for w in eff_windows(g, heads):
+        pairs = 1
+        for i in range(3):
+            pairs *= axis_pairs(g["canvas"][i], g["tile"][i], w[i])
+        tot += pairs + V * tl + (S - V) * (V + tl)
+    return 4.0 * D * batch * tot
+
+
+def rel_err(a, b):
+    a, b = a.float(), b.float()
+    return ((a - b).norm() / b.norm().clamp_min(1e-30)).item(), (a - b).abs().max().item()
+
+
+# ---- timing ------------------------------------------------------------------
+
+def time_ms(fn, reps, warmup=2):
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    ts = []
+    for _ in range(reps):
+        e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        e0.record()
+        fn()
+        e1.record()
+        e1.synchronize()
+        ts.append(e0.elapsed_time(e1))
+    return statistics.median(ts), ts
+
+
+# ---- check -------------------------------------------------------------------
+
+TILES = [(6, 8, 8), (2, 3, 4), (3, 4, 5), (1, 8, 8), (4, 4, 4), (2, 2, 16), (6, 8, 8)]
+
+
+def random_geometry(rng):
+    while True:
+        tile = rng.choice(TILES)
+        canvas = (rng.randint(1, 14), rng.randint(1, 20), rng.randint(1, 22))
+        if rng.random() < 0.25:  # exact tiling
+            canvas = tuple(t * rng.randint(1, 3) for t in tile)
+        V = canvas[0] * canvas[1] * canvas[2]
+        text = rng.choice([0, 0, rng.randint(1, 90), rng.randint(1, 200)])
+        pad = rng.choice([0, 0, rng.randint(1, 40)])
+        S = V + text + pad
+        if 16 <= S <= 3500:
+            break
+    grid = [-(-c // t) for c, t in zip(canvas, tile)]
+    heads = rng.randint(1, 3)
+
+    def win():
+        w = []
+        for c in grid:
+            opts = [k for k in range(1, c + 1, 2)] + [c + rng.randint(0, 3)]
+            w.append(rng.choice(opts))
+        return w
+    windows = win() if rng.random() < 0.4 else sum((win() for _ in range(heads)), [])
+    text_len = text if (pad or rng.random() < 0.5) else -1
+    return dict(canvas=canvas, tile=tile, text_len=text_len, windows=windows,
+                scale=rng.choice([0.0, 0.0, 0.07])), S, heads
+
+
+def check(sta, n, seed, log):
+    rng = random.Random(seed)
+    torch.manual_seed(seed)
+    worst = 0.0
+    fails = 0
+    for i in range(n):
+        g, S, H = random_geometry(rng)
+        B = rng.choice([1, 1, 2])
+        D = rng.choice([64, 128])
+        dt = rng.choice([torch.bfloat16, torch.float16])
+        layout = rng.choice([STA_BSHD, STA_BHSD])
+        want_lse = rng.random() < 0.6
+        shp = (B, S, H, D) if layout == STA_BSHD else (B, H, S, D)
+        if layout == STA_BHSD and rng.random() < 0.5:
+            # a permuted view of BSHD storage (strided BHSD)
+            q, k, v = (torch.randn(B, S, H, D, device="cuda", dtype=dt).permute(0, 2, 1, 3) for _ in range(3))
+        else:
+            q, k, v = (torch.randn(*shp, device="cuda", dtype=dt) for _ in range(3))
+        o = torch.full(shp, float("nan"), device="cuda", dtype=dt)
+        lse = torch.full((B, H, S), float("nan"), device="cuda") if want_lse else None
+        scale = g["scale"] or 1.0 / math.sqrt(D)
+        sta.forward(g, q, k, v, o, lse, layout)
+        torch.cuda.synchronize()
+        ro, rl = reference(g, q, k, v, layout, scale)
+        e, mx = rel_err(o, ro)
+        el = 0.0
+        if want_lse:
+            el = (lse - rl).abs().max().item()
+        bad = not (e < 1.2e-2) or torch.isnan(o.float()).any().item() or not (el < 2e-2)
+        worst = max(worst, e)
+        line = ("check %3d %s canvas=%s tile=%s text_len=%d S=%d B=%d H=%d D=%d %s %s lse=%s "
+                "win=%s rel=%.2e max=%.2e lse_err=%.2e %s" % (
+                    i, "BAD" if bad else "ok", "x".join(map(str, g["canvas"])),
+                    "x".join(map(str, g["tile"])), g["text_len"], S, B, H, D,
+                    "bf16" if dt == torch.bfloat16 else "f16",
+                    "BSHD" if layout == STA_BSHD else "BHSD", want_lse, g["windows"], e, mx, el,
+                    "FAIL" if bad else ""))
+        log(line)
+        fails += bad
+    log("check: %d geometries, %d failed, worst rel err %.3e" % (n, fails, worst))
+    return fails
+
+
+# ---- benchmarks --------------------------------------------------------------
+
+WORKLOADS = [
+    ("hunyuan-720p", (30, 48, 80), 256, (3, 3, 3)),
+    ("hunyuan-720p-full", (30, 48, 80), 256, (5, 6, 10)),
+    ("wan-720p", (18, 48, 80), 0, (3, 3, 5)),
+    ("wan-720p-3610", (18, 48, 80), 0, (3, 6, 10)),
+    ("stepvideo", (36, 48, 48), 0, (3, 3, 3)),
+]
+
+
+def flex_mask_mod(g, S):
+    T, Hc, W = g["canvas"]
+    tt, th, tw = g["tile"]
+    NT, NH, NW = grid_of(g)
+    V = T * Hc * W
+    tl = g["text_len"]
+    Kt, Kh, Kw = [min(k, c) for k, c in zip(g["windows"], (NT, NH, NW))]
+
+    def coords(i):
+        i = torch.clamp(i, max=V - 1)
+        return (i // (Hc * W)) // tt, ((i // W) % Hc) // th, (i % W) // tw
+
+    def mask_mod(b, h, q_idx, kv_idx):
+        qt, qh, qw = coords(q_idx)
+        kt, kh, kw = coords(kv_idx)
+        st = torch.clamp(qt - Kt // 2, 0, NT - Kt)
+        sh = torch.clamp(qh - Kh // 2, 0, NH - Kh)
+        sw = torch.clamp(qw - Kw // 2, 0, NW - Kw)
+        inwin = ((kt >= st) & (kt < st + Kt) & (kh >= sh) & (kh < sh + Kh) &
+                 (kw >= sw) & (kw < sw + Kw))
+        qv = q_idx < V
+        kv = kv_idx < V
+        ktext = (kv_idx >= V) & (kv_idx < V + tl)
+        return (qv & kv & inwin) | (qv & ktext) | ((~qv) & (kv | ktext))
+    return mask_mod
+
+
+def bench(sta, reps, log, results, flex=True):
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    import torch.nn.functional as F
+    if flex:
+        from torch.nn.attention.flex_attention import flex_attention, create_block_mask
+        flex_c = torch.compile(flex_attention, dynamic=False)
+    H, D = 24, 128
+    rows = []
+    for name, canvas, text, win in WORKLOADS:
+        V = canvas[0] * canvas[1] * canvas[2]
+        S = V + text
+        g = dict(canvas=canvas, tile=(6, 8, 8), text_len=text, windows=list(win))
+        torch.manual_seed(1)
+        q, k, v = (torch.randn(1, S, H, D, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+        o = torch.empty_like(q)
+        lse = torch.empty(1, H, S, device="cuda")
+        fl = flops(g, S, H, D)
+        ms, _ = time_ms(lambda: sta.forward(g, q, k, v, o), reps)
+        ms_lse, _ = time_ms(lambda: sta.forward(g, q, k, v, o, lse), max(3, reps // 3))
+        qh, kh, vh = (t.transpose(1, 2) for t in (q, k, v))
+        with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+            dense_ms, _ = time_ms(lambda: F.scaled_dot_product_attention(qh, kh, vh), max(3, reps // 4))
+        row = dict(name=name, S=S, window=win, tflop=fl / 1e12, sta_ms=ms, sta_lse_ms=ms_lse,
+                   sta_tflops=fl / ms / 1e9, dense_ms=dense_ms)
+        if flex:
+            try:
+                t0 = time.time()
+                bm = create_block_mask(flex_mask_mod(g, S), None, None, S, S, device="cuda",
+                                       BLOCK_SIZE=128, _compile=True)
+                qc, kc, vc = (t.contiguous() for t in (qh, kh, vh))
+                fo = flex_c(qc, kc, vc, block_mask=bm)
+                torch.cuda.synchronize()
+                row["flex_setup_s"] = time.time() - t0
+                row["flex_sparsity"] = bm.sparsity()
+                flex_ms, _ = time_ms(lambda: flex_c(qc, kc, vc, block_mask=bm), max(3, reps // 2))
+                row["flex_ms"] = flex_ms
+                sta.forward(g, q, k, v, o)
+                torch.cuda.synchronize()
+                e, mx = rel_err(o, fo.transpose(1, 2))
+                row["err_vs_flex_rel"], row["err_vs_flex_max"] = e, mx
+                del fo, qc, kc, vc, bm
+            except Exception as ex:  # keep the rest of the table
+                row["flex_error"] = repr(ex)[:300]
+        log("bench %s" % json.dumps(row))
+        rows.append(row)
+        del q, k, v, o, lse, qh, kh, vh
+        torch.cuda.empty_cache()
+    results["bench"] = rows
+    log("")
+    log("| workload | window | TFLOP | sta ms | sta TFLOP/s | sta+lse ms | Flex ms | vs Flex | "
+        "cuDNN dense ms | vs dense | rel err vs Flex | max abs err vs Flex |")
+    log("|---|---|---|---|---|---|---|---|---|---|---|---|")
+    for r in rows:
+        fm = r.get("flex_ms")
+        log("| %s | %s | %.2f | %.2f | %.0f | %.2f | %s | %s | %.1f | %.1fx | %s | %s |" % (
+            r["name"], ",".join(map(str, r["window"])), r["tflop"], r["sta_ms"], r["sta_tflops"],
+            r["sta_lse_ms"], "%.2f" % fm if fm else "n/a", "%.2fx" % (fm / r["sta_ms"]) if fm else "n/a",
+            r["dense_ms"], r["dense_ms"] / r["sta_ms"],
+            "%.2e" % r["err_vs_flex_rel"] if "err_vs_flex_rel" in r else "n/a",
+            "%.2e" % r["err_vs_flex_max"] if "err_vs_flex_max" in r else "n/a"))
+
+
+def sweep(sta, reps, log, results):
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    import torch.nn.functional as F
+    H, D, text = 24, 128, 256
+    rows = []
+    for canvas in [(30, 30, 52), (30, 48, 80), (30, 68, 120)]:
+        V = canvas[0] * canvas[1] * canvas[2]
+        S = V + text
+        g = dict(canvas=canvas, tile=(6, 8, 8), text_len=text, windows=[3, 3, 3])
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats()
+        base = torch.cuda.memory_allocated()
+        q, k, v = (torch.randn(1, S, H, D, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+        o = torch.empty_like(q)
+        lse = torch.empty(1, H, S, device="cuda")
+        sta.forward(g, q, k, v, o, lse)
+        torch.cuda.synchronize()
+        peak = torch.cuda.max_memory_allocated() - base
+        io_bytes = 4 * q.numel() * 2 + lse.numel() * 4
+        fl = flops(g, S, H, D)
+        ms, _ = time_ms(lambda: sta.forward(g, q, k, v, o), reps)
+        qh, kh, vh = (t.transpose(1, 2) for t in (q, k, v))
+        torch.cuda.reset_peak_memory_stats()
+        with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+            dense_ms, _ = time_ms(lambda: F.scaled_dot_product_attention(qh, kh, vh), 3, warmup=1)
+        dense_peak = torch.cuda.max_memory_allocated() - base
+        row = dict(canvas="x".join(map(str, canvas)), tokens=S, sta_ms=ms, sta_tflops=fl / ms / 1e9,
+                   dense_ms=dense_ms, speedup=dense_ms / ms, sta_peak_mib=peak / 2**20,
+                   io_mib=io_bytes / 2**20, dense_peak_mib=dense_peak / 2**20)
+        log("sweep %s" % json.dumps(row))
+        rows.append(row)
+        del q, k, v, o, lse, qh, kh, vh
+    results["sweep"] = rows
+    log("")
+    log("| canvas | tokens | sta ms | sta TFLOP/s | cuDNN dense ms | speedup | sta peak MiB (inputs+out+lse = MiB) | dense peak MiB |")
+    log("|---|---|---|---|---|---|---|---|")
+    for r in rows:
+        log("| %s | %d | %.2f | %.0f | %.1f | %.1fx | %.0f (%.0f) | %.0f |" % (
+            r["canvas"], r["tokens"], r["sta_ms"], r["sta_tflops"], r["dense_ms"], r["speedup"],
+            r["sta_peak_mib"], r["io_mib"], r["dense_peak_mib"]))
+
+
+def variants(sta, reps, log, results):
+    H, D = 24, 128
+    rows = []
+    for name, canvas, text, win in WORKLOADS[:1] + WORKLOADS[2:3]:
+        V = canvas[0] * canvas[1] * canvas[2]
+        S = V + text
+        g = dict(canvas=canvas, tile=(6, 8, 8), text_len=text, windows=list(win))
+        q, k, v = (torch.randn(1, S, H, D, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+        o = torch.empty_like(q)
+        ref = None
+        fl = flops(g, S, H, D)
+        for var in range(4):
+            os.environ["STA_CUDA_VARIANT"] = str(var)
+            ms, _ = time_ms(lambda: sta.forward(g, q, k, v, o), reps)
+            torch.cuda.synchronize()
+            if ref is None:
+                ref = o.clone()
+            e, _ = rel_err(o, ref)
+            rows.append(dict(workload=name, variant=var, ms=ms, tflops=fl / ms / 1e9, rel_vs_v0=e))
+            log("variant %s" % json.dumps(rows[-1]))
+        os.environ.pop("STA_CUDA_VARIANT", None)
+        del q, k, v, o
+    results["variants"] = rows
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--lib", default=os.path.join(os.environ.get("BUILD", "build"), "libsta.so"))
+    ap.add_argument("--check", type=int, default=0)
+    ap.add_argument("--seed", type=int, default=int(time.time()) & 0xffff)
+    ap.add_argument("--bench", action="store_true")
+    ap.add_argument("--no-flex", action="store_true")
+    ap.add_argument("--sweep", action="store_true")
+    ap.add_argument("--variants", action="store_true")
+    ap.add_argument("--reps", type=int, default=20)
+    ap.add_argument("--out", default=os.environ.get("OUT", "."))
+    a = ap.parse_args()
+    os.makedirs(a.out, exist_ok=True)
+    logf = open(os.path.join(a.out, "bench_gpu.log"), "a")
+
+    def log(s):
+        print(s, flush=True)
+        logf.write(s + "\n")
+        logf.flush()
+    sta = Sta(a.lib)
+    results = dict(gpu=torch.cuda.get_device_name(), sta=sta.describe, torch=torch.__version__,
+                   date=time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
+                   command=" ".join(sys.argv), seed=a.seed)
+    log("# %s | %s | torch %s | %s | seed %d" % (results["gpu"], sta.describe, torch.__version__,
+                                                 results["date"], a.seed))
+    fails = 0
+    if a.check:
+        fails = check(sta, a.check, a.seed, log)
+    if a.variants:
+        variants(sta, a.reps, log, results)
+    if a.bench:
+        bench(sta, a.reps, log, results, flex=not a.no_flex)
+    if a.sweep:
+        sweep(sta, max(5, a.reps // 2), log, results)
+    with open(os.path.join(a.out, "bench_gpu.json"), "w") as f:
+        json.dump(results, f, indent=1)
+    return 1 if fails else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,335 @@
+/*
+** cuda_backend.cu -- the CUDA backend table (core/internal.h): probe,
+** device memory, copies, fill, attention (sta_attention.cu), head_diff.
+** Never prints, never aborts: every failure is a status and a message.
+** randn is left to the core (host draws, one upload), so a seed gives the
+** same values on every backend bit for bit.
+*/
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "sta_cuda.h"
+
+sta_status sta_cuda_fail(cudaError_t e, const char *what) {
+  (void)cudaGetLastError(); /* clear a non-sticky error */
+  if (e == cudaErrorMemoryAllocation)
+    return sta_error(STA_ERR_DEVICE_NOMEM, "cuda: %s: out of device memory",
+                     what);
+  return sta_error(STA_ERR_DEVICE, "cuda: %s failed: %s (%s)", what,
+                   cudaGetErrorString(e), cudaGetErrorName(e));
+}
+
+namespace {
+
+/* ---- probe ---------------------------------------------------------------- */
+
+__global__ void probe_kernel(int *p) {
+  if (p) *p = 1;
+}
+
+struct Probe {
+  int ok;
+  char why[256];
+};
+
+Probe do_probe() {
+  Probe r;
+  r.ok = 0;
+  int n = 0;
+  cudaError_t e = cudaGetDeviceCount(&n);
+  if (e != cudaSuccess) {
+    (void)cudaGetLastError();
+    snprintf(r.why, sizeof r.why, "cuda: no usable driver or device (%s)",
+             cudaGetErrorString(e));
+    return r;
+  }
+  if (n < 1) {
+    snprintf(r.why, sizeof r.why, "cuda: no CUDA device");
+    return r;
+  }
+  int dev = 0;
+  cudaDeviceProp prop;
+  if ((e = cudaGetDevice(&dev)) != cudaSuccess ||
+      (e = cudaGetDeviceProperties(&prop, dev)) != cudaSuccess) {
+    (void)cudaGetLastError();
+    snprintf(r.why, sizeof r.why, "cuda: cannot query the device (%s)",
+             cudaGetErrorString(e));
+    return r;
+  }
+  if (prop.major != 9 || prop.minor != 0) {
+    snprintf(r.why, sizeof r.why,
+             "cuda: device %s is sm_%d%d; this build holds sm_90a code only",
+             prop.name, prop.major, prop.minor);
+    return r;
+  }
+  cudaFuncAttributes fa;
+  if ((e = cudaFuncGetAttributes(&fa, probe_kernel)) != cudaSuccess) {
+    (void)cudaGetLastError();
+    snprintf(r.why, sizeof r.why, "cuda: kernels do not load on %s (%s)",
+             prop.name, cudaGetErrorString(e));
+    return r;
+  }
+  r.ok = 1;
+  snprintf(r.why, sizeof r.why, "cuda: %s (sm_%d%d, %d SMs, %.0f GiB)",
+           prop.name, prop.major, prop.minor, prop.multiProcessorCount,
+           (double)prop.totalGlobalMem / (1024.0 * 1024.0 * 1024.0));
+  return r;
+}
+
+int32_t cuda_probe(const char **why) {
+  static Probe r = do_probe(); /* thread-safe once */
+  if (why) *why = r.why;
+  return r.ok;
+}
+
+/* ---- memory --------------------------------------------------------------- */
+
+sta_status cuda_alloc(void **p, size_t n) {
+  void *d = NULL;
+  cudaError_t e = cudaMalloc(&d, n ? n : 1);
+  if (e != cudaSuccess) {
+    (void)cudaGetLastError();
+    if (e == cudaErrorMemoryAllocation)
+      return sta_error(STA_ERR_DEVICE_NOMEM,
+                       "out of device memory: %zu bytes", n);
+    return sta_cuda_fail(e, "cudaMalloc");
+  }
+  *p = d;
+  return STA_OK;
+}
+
+void cuda_release(void *p) {
+  if (p) (void)cudaFree(p);
+}
+
+sta_status cuda_memcpy(void *dst, sta_device dd, const void *src,
+                       sta_device sd, size_t n) {
+  if (n == 0) return STA_OK;
+  cudaMemcpyKind kind = dd == STA_CUDA
+                            ? (sd == STA_CUDA ? cudaMemcpyDeviceToDevice
+                                              : cudaMemcpyHostToDevice)
+                            : cudaMemcpyDeviceToHost;
+  cudaStream_t s = sta_cuda_stream();
+  cudaError_t e = cudaMemcpyAsync(dst, src, n, kind, s);
+  if (e != cudaSuccess) return sta_cuda_fail(e, "cudaMemcpyAsync");
+  /* the host side may be freed or read as soon as we return */
+  if (kind != cudaMemcpyDeviceToDevice &&
+      (e = cudaStreamSynchronize(s)) != cudaSuccess)
+    return sta_cuda_fail(e, "cudaStreamSynchronize");
+  return STA_OK;
+}
+
+sta_status cuda_synchronize(void) {
+  cudaError_t e = cudaStreamSynchronize(sta_cuda_stream());
+  if (e != cudaSuccess) return sta_cuda_fail(e, "cudaStreamSynchronize");
+  return STA_OK;
+}
+
+/* ---- elementwise: copy with conversion, fill ------------------------------ */
+
+struct Strided4 {
+  void *data;
+  int dtype;
+  int64_t shape[4], stride[4];
+};
+
+Strided4 as4(const sta_tensor *t) {
+  Strided4 s;
+  int nd = t->ndim, pad = 4 - nd;
+  s.data = (char *)t->storage->data + t->offset * (int64_t)sta_dtype_size(t->dtype);
+  s.dtype = (int)t->dtype;
+  for (int i = 0; i < 4; i++) {
+    s.shape[i] = i < pad ? 1 : t->shape[i - pad];
+    s.stride[i] = i < pad ? 0 : t->stride[i - pad];
+  }
+  return s;
+}
+
+__device__ __forceinline__ float load_as_f32(const void *base, int dt,
+                                             int64_t off) {
+  if (dt == STA_F32) return ((const float *)base)[off];
+  uint16_t h = ((const uint16_t *)base)[off];
+  if (dt == STA_F16) return __half2float(__ushort_as_half(h));
+  return __uint_as_float((uint32_t)h << 16);
+}
+
+/* Same rounding as sta_f32_to_bf16 in internal.h (RNE, quiet NaN). */
+__device__ __forceinline__ uint16_t f32_to_bf16_bits(float f) {
+  uint32_t u = __float_as_uint(f);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40);
+  u += 0x7fffu + ((u >> 16) & 1u);
+  return (uint16_t)(u >> 16);
+}
+
+__device__ __forceinline__ void store_f32(void *base, int dt, int64_t off,
+                                          float v) {
+  if (dt == STA_F32)
+    ((float *)base)[off] = v;
+  else if (dt == STA_F16)
+    ((uint16_t *)base)[off] = __half_as_ushort(__float2half_rn(v));
+  else
+    ((uint16_t *)base)[off] = f32_to_bf16_bits(v);
+}
+
+__device__ __forceinline__ int64_t offset4(const Strided4 &t, int64_t i) {
+  int64_t i3 = i % t.shape[3];
+  i /= t.shape[3];
+  int64_t i2 = i % t.shape[2];
+  i /= t.shape[2];
+  int64_t i1 = i % t.shape[1];
+  int64_t i0 = i / t.shape[1];
+  return i0 * t.stride[0] + i1 * t.stride[1] + i2 * t.stride[2] +
+         i3 * t.stride[3];
+}
+
+__global__ void copy_kernel(Strided4 dst, Strided4 src, int64_t n) {
+  for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
+       i += (int64_t)gridDim.x * blockDim.x) {
+    int64_t so = offset4(src, i), d = offset4(dst, i);
+    if (dst.dtype == src.dtype && dst.dtype != STA_F32)
+      ((uint16_t *)dst.data)[d] = ((const uint16_t *)src.data)[so];
+    else
+      store_f32(dst.data, dst.dtype, d, load_as_f32(src.data, src.dtype, so));
+  }
+}
+
+__global__ void fill_kernel(Strided4 dst, int64_t n, float v) {
+  for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
+       i += (int64_t)gridDim.x * blockDim.x)
+    store_f32(dst.data, dst.dtype, offset4(dst, i), v);
+}
+
+unsigned blocks_for(int64_t n) {
+  int64_t b = (n + 255) / 256;
+  return (unsigned)(b < 65536 ? (b > 0 ? b : 1) : 65536);
+}
+
+sta_status cuda_copy(sta_tensor *dst, const sta_tensor *src) {
+  int64_t n = sta_tensor_numel(dst);
+  if (n == 0) return STA_OK;
+  copy_kernel<<<blocks_for(n), 256, 0, sta_cuda_stream()>>>(as4(dst),
+                                                            as4(src), n);
+  cudaError_t e = cudaGetLastError();
+  return e == cudaSuccess ? STA_OK : sta_cuda_fail(e, "copy kernel launch");
+}
+
+sta_status cuda_fill(sta_tensor *t, double value) {
+  int64_t n = sta_tensor_numel(t);
+  if (n == 0) return STA_OK;
+  fill_kernel<<<blocks_for(n), 256, 0, sta_cuda_stream()>>>(as4(t), n,
+                                                            (float)value);
+  cudaError_t e = cudaGetLastError();
+  return e == cudaSuccess ? STA_OK : sta_cuda_fail(e, "fill kernel launch");
+}
+
+/* ---- head_diff: per-head mean |a-b| and (a-b)^2 ---------------------------- */
+
+struct DiffArgs {
+  const void *a, *b;
+  int dtype;
+  int64_t batch, seq, heads, d;
+  int64_t a_sb, a_ss, a_sh, b_sb, b_ss, b_sh;
+  double *acc; /* [heads][2] */
+};
+
+/* grid: (row chunks, heads, batch); float partials per thread, double
+** block totals. */
+__global__ void head_diff_kernel(DiffArgs x) {
+  const int64_t h = blockIdx.y, bb = blockIdx.z;
+  const int64_t rows_per = (x.seq + gridDim.x - 1) / gridDim.x;
+  const int64_t r0 = blockIdx.x * rows_per;
+  const int64_t r1 = min(x.seq, r0 + rows_per);
+  double s1 = 0, s2 = 0;
+  float f1 = 0, f2 = 0;
+  int64_t total = (r1 - r0) * x.d;
+  for (int64_t i = threadIdx.x; i < total; i += blockDim.x) {
+    int64_t r = r0 + i / x.d, c = i % x.d;
+    float va = load_as_f32(x.a, x.dtype, bb * x.a_sb + r * x.a_ss + h * x.a_sh + c);
+    float vb = load_as_f32(x.b, x.dtype, bb * x.b_sb + r * x.b_ss + h * x.b_sh + c);
+    float df = va - vb;
+    f1 += fabsf(df);
+    f2 += df * df;
+    if ((i / blockDim.x) % 64 == 63) { s1 += f1; s2 += f2; f1 = f2 = 0; }
+  }
+  s1 += f1;
+  s2 += f2;
+  for (int o = 16; o > 0; o >>= 1) {
+    s1 += __shfl_xor_sync(0xffffffffu, s1, o);
+    s2 += __shfl_xor_sync(0xffffffffu, s2, o);
+  }
+  __shared__ double red[2][32];
+  int w = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  if (lane == 0) { red[0][w] = s1; red[1][w] = s2; }
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    double t1 = 0, t2 = 0;
+    for (int i = 0; i < (int)(blockDim.x >> 5); i++) { t1 += red[0][i]; t2 += red[1][i]; }
+    atomicAdd(&x.acc[2 * h], t1);
+    atomicAdd(&x.acc[2 * h + 1], t2);
+  }
+}
+
+sta_status cuda_head_diff(const sta_attn_params *p, float *l1, float *l2) {
+  if (p->heads == 0) return STA_OK;
+  cudaStream_t s = sta_cuda_stream();
+  size_t nb = sizeof(double) * 2 * (size_t)p->heads;
+  double *acc = NULL;
+  cudaError_t e = cudaMallocAsync((void **)&acc, nb, s);
+  if (e != cudaSuccess) return sta_cuda_fail(e, "cudaMallocAsync");
+  double *host = (double *)malloc(nb);
+  if (!host) {
+    cudaFreeAsync(acc, s);
+    return sta_error(STA_ERR_NOMEM, "head_diff: out of host memory");
+  }
+  sta_status rc = STA_OK;
+  e = cudaMemsetAsync(acc, 0, nb, s);
+  if (e == cudaSuccess && p->batch > 0 && p->seq_len > 0 && p->head_dim > 0) {
+    DiffArgs x;
+    x.a = p->q; x.b = p->o; x.dtype = (int)p->dtype;
+    x.batch = p->batch; x.seq = p->seq_len; x.heads = p->heads; x.d = p->head_dim;
+    x.a_sb = p->q_sb; x.a_ss = p->q_ss; x.a_sh = p->q_sh;
+    x.b_sb = p->o_sb; x.b_ss = p->o_ss; x.b_sh = p->o_sh;
+    x.acc = acc;
+    int64_t chunks = (p->seq_len * p->head_dim + 32767) / 32768;
+    if (chunks > 4096) chunks = 4096;
+    if (chunks > p->seq_len) chunks = p->seq_len;
+    if (chunks < 1) chunks = 1;
+    if (p->heads > 65535 || p->batch > 65535) {
+      rc = sta_error(STA_ERR_UNSUPPORTED, "head_diff: %lld heads x batch %lld too large for cuda",
+                     (long long)p->heads, (long long)p->batch);
+    } else {
+      head_diff_kernel<<<dim3((unsigned)chunks, (unsigned)p->heads, (unsigned)p->batch), 256, 0, s>>>(x);
+      e = cudaGetLastError();
+    }
+  }
+  if (rc == STA_OK && e == cudaSuccess)
+    e = cudaMemcpyAsync(host, acc, nb, cudaMemcpyDeviceToHost, s);
+  if (rc == STA_OK && e == cudaSuccess) e = cudaStreamSynchronize(s);
+  if (rc == STA_OK && e != cudaSuccess) rc = sta_cuda_fail(e, "head_diff");
+  cudaFreeAsync(acc, s);
+  if (rc == STA_OK) {
+    double n = (double)p->batch * (double)p->seq_len * (double)p->head_dim;
+    for (int64_t h = 0; h < p->heads; h++) {
+      l1[h] = n > 0 ? (float)(host[2 * h] / n) : 0.f;
+      l2[h] = n > 0 ? (float)(host[2 * h + 1] / n) : 0.f;
+    }
+  }
+  free(host);
+  return rc;
+}
+
+sta_status cuda_attention(const sta_attn_params *p) {
+  return sta_cuda_attention(p);
+}
+
+const sta_backend_ops cuda_ops = {
+    "cuda",      cuda_probe,     cuda_alloc,  cuda_release,
+    cuda_memcpy, cuda_copy,      cuda_fill,   NULL /* randn: host draws */,
+    cuda_attention, cuda_head_diff, cuda_synchronize};
+
+} /* namespace */
+
+extern "C" const sta_backend_ops *sta_cuda_backend(void) { return &cuda_ops; }

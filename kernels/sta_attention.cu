@@ -1,0 +1,595 @@
+/*
+** sta_attention.cu -- the STA forward on the GPU (STA.md sections 1-4).
+**
+** One launch covers every (query block, head, batch): blockIdx.x below
+** n_text_qblocks is a block of text query rows (dense over V + text_len
+** keys; these are the long ones, so they start first), the rest are blocks
+** of BR rows of one query tile of the STA grid.  A CTA gathers its rows by
+** coordinate straight from untiled memory (any strides: BSHD, BHSD, views),
+** so no tile/untile pass is needed, and walks the key blocks of its head's
+** window: BN keys at a time from each key tile (in the tile's (t,h,w)
+** order), then the valid text rows.  Keys past a partial border tile or
+** past text_len are zero-filled and masked.
+**
+** Tensor cores through mma.sync m16n8k16 (bf16/f16 in, f32 accumulate),
+** ldmatrix from XOR-swizzled shared memory, cp.async double buffering of K
+** and V, online softmax in the exp2 domain (FlashAttention-2 layout: each
+** warp owns 16*MT query rows).
+*/
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+
+#include "sta_cuda.h"
+
+#define STA_MAX_HEADS 1024
+
+namespace {
+
+constexpr int BN = 64; /* keys per block */
+
+struct AttnArgs {
+  const void *q, *k, *v;
+  void *o;
+  float *lse;
+  int64_t q_sb, q_ss, q_sh, k_sb, k_ss, k_sh, v_sb, v_ss, v_sh;
+  int64_t o_sb, o_ss, o_sh, lse_sb, lse_sh, lse_ss;
+  int S, V, text_len, vec;
+  int cT, cH, cW, tt, th, tw, NT, NH, NW, tile_vol;
+  int qbpt;           /* query blocks per tile */
+  int n_text_qblocks; /* blocks of text query rows */
+  float scale_log2;
+  int16_t win[3 * STA_MAX_HEADS]; /* min(K, C) per head and axis */
+};
+
+/* ---- PTX helpers -------------------------------------------------------- */
+
+__device__ __forceinline__ uint32_t smem_u32(const void *p) {
+  return (uint32_t)__cvta_generic_to_shared(p);
+}
+__device__ __forceinline__ void cp_async16(uint32_t dst, const void *src,
+                                           int nbytes) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst),
+               "l"(src), "r"(nbytes));
+}
+__device__ __forceinline__ void cp_async_commit() {
+  asm volatile("cp.async.commit_group;\n" ::);
+}
+__device__ __forceinline__ void cp_async_wait_all() {
+  asm volatile("cp.async.wait_group 0;\n" ::: "memory");
+}
+__device__ __forceinline__ void ldsm_x4(uint32_t addr, uint32_t &r0,
+                                        uint32_t &r1, uint32_t &r2,
+                                        uint32_t &r3) {
+  asm volatile(
+      "ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+      : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3)
+      : "r"(addr));
+}
+__device__ __forceinline__ void ldsm_x4_t(uint32_t addr, uint32_t &r0,
+                                          uint32_t &r1, uint32_t &r2,
+                                          uint32_t &r3) {
+  asm volatile(
+      "ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+      : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3)
+      : "r"(addr));
+}
+
+template <typename T> struct Mma;
+template <> struct Mma<__nv_bfloat16> {
+  static __device__ __forceinline__ void run(float *c, const uint32_t *a,
+                                             uint32_t b0, uint32_t b1) {
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
+                 "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+                 "{%0,%1,%2,%3};\n"
+                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0),
+                   "r"(b1));
+  }
+  static __device__ __forceinline__ uint32_t pack(float x, float y) {
+    __nv_bfloat162 h = __floats2bfloat162_rn(x, y);
+    return *reinterpret_cast<uint32_t *>(&h);
+  }
+};
+template <> struct Mma<__half> {
+  static __device__ __forceinline__ void run(float *c, const uint32_t *a,
+                                             uint32_t b0, uint32_t b1) {
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 "
+                 "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+                 "{%0,%1,%2,%3};\n"
+                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0),
+                   "r"(b1));
+  }
+  static __device__ __forceinline__ uint32_t pack(float x, float y) {
+    __half2 h = __floats2half2_rn(x, y);
+    return *reinterpret_cast<uint32_t *>(&h);
+  }
+};
+
+/* ---- which keys a CTA sees ---------------------------------------------- */
+
+struct KeyPlan {
+  int text;              /* text query block: keys [0, V + text_len) */
+  int st, sh, sw;        /* first key tile on each axis */
+  int ct, ch, cw;        /* key tiles on each axis */
+  int bpt;               /* key blocks per tile */
+  int n_tblk;            /* key blocks from tiles */
+  int nkb;               /* all key blocks */
+};
+
+__device__ __forceinline__ int axis_start(int q, int k, int c) {
+  int s = q - k / 2;
+  s = s < 0 ? 0 : s;
+  return s < c - k ? s : c - k;
+}
+
+/* Global row of key j of key block kb, or -1; *cnt = valid keys of the
+** block (they form a prefix). */
+__device__ __forceinline__ int key_row(const AttnArgs &a, const KeyPlan &p,
+                                       int kb, int j, int *cnt) {
+  if (p.text) {
+    int lim = a.V + a.text_len, r0 = kb * BN;
+    int c = lim - r0;
+    *cnt = c < BN ? c : BN;
+    return j < *cnt ? r0 + j : -1;
+  }
+  if (kb >= p.n_tblk) {
+    int r0 = (kb - p.n_tblk) * BN;
+    int c = a.text_len - r0;
+    *cnt = c < BN ? c : BN;
+    return j < *cnt ? a.V + r0 + j : -1;
+  }
+  int tl = kb / p.bpt, blk = kb - tl * p.bpt;
+  int hw = p.ch * p.cw;
+  int i0 = tl / hw, rem = tl - i0 * hw;
+  int i1 = rem / p.cw, i2 = rem - i1 * p.cw;
+  int t0 = (p.st + i0) * a.tt, h0 = (p.sh + i1) * a.th,
+      w0 = (p.sw + i2) * a.tw;
+  int et = min(a.tt, a.cT - t0), eh = min(a.th, a.cH - h0),
+      ew = min(a.tw, a.cW - w0);
+  int n = et * eh * ew - blk * BN;
+  *cnt = n < 0 ? 0 : (n < BN ? n : BN);
+  if (j >= *cnt) return -1;
+  int li = blk * BN + j, ehw = eh * ew;
+  int dt = li / ehw, r = li - dt * ehw;
+  int dh = r / ew, dw = r - dh * ew;
+  return ((t0 + dt) * a.cH + h0 + dh) * a.cW + w0 + dw;
+}
+
+/* Fill nrows x D of swizzled shared memory from the rows in rowtab (zeros
+** for -1).  vec: 16-byte cp.async; else element loads. */
+template <typename T, int D, int NTH>
+__device__ __forceinline__ void load_rows(T *s, const T *g, int64_t ss,
+                                          const int *rowtab, int nrows,
+                                          int tid, int vec) {
+  constexpr int CH = D / 8;
+  if (vec) {
+    for (int c = tid; c < nrows * CH; c += NTH) {
+      int r = c / CH, ch = c % CH, row = rowtab[r];
+      const T *src = row >= 0 ? g + (int64_t)row * ss + ch * 8 : g;
+      cp_async16(smem_u32(s + r * D + ((ch ^ (r & 7)) * 8)), src,
+                 row >= 0 ? 16 : 0);
+    }
+  } else {
+    for (int c = tid; c < nrows * CH; c += NTH) {
+      int r = c / CH, ch = c % CH, row = rowtab[r];
+      uint4 tmp = make_uint4(0, 0, 0, 0);
+      uint16_t *t16 = reinterpret_cast<uint16_t *>(&tmp);
+      if (row >= 0) {
+        const uint16_t *src = reinterpret_cast<const uint16_t *>(
+            g + (int64_t)row * ss + ch * 8);
+#pragma unroll
+        for (int e = 0; e < 8; e++) t16[e] = src[e];
+      }
+      *reinterpret_cast<uint4 *>(s + r * D + ((ch ^ (r & 7)) * 8)) = tmp;
+    }
+  }
+}
+
+/* ---- the kernel ---------------------------------------------------------- */
+
+template <typename T, int D, int MT, int NWARP, bool QREG>
+__global__ void __launch_bounds__(NWARP * 32)
+    sta_fwd_kernel(const __grid_constant__ AttnArgs a) {
+  constexpr int NTH = NWARP * 32, BR = 16 * MT * NWARP, KS = D / 16,
+                NT = BN / 8, DT = D / 8;
+  extern __shared__ __align__(128) unsigned char smem_raw[];
+  T *sQ = reinterpret_cast<T *>(smem_raw);
+  T *sK = sQ + BR * D;            /* [2][BN][D] */
+  T *sV = sK + 2 * BN * D;        /* [2][BN][D] */
+  int *rowtab = reinterpret_cast<int *>(sV + 2 * BN * D); /* [2][BN] */
+  int *qrow = rowtab + 2 * BN;                            /* [BR] */
+
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int head = blockIdx.y, b = blockIdx.z;
+  const int bx = blockIdx.x;
+
+  KeyPlan p;
+  p.text = bx < a.n_text_qblocks;
+  int qrow0 = 0, qcount = 0; /* for text: rows V + qrow0 + r */
+  int qt0 = 0, qh0 = 0, qw0 = 0, qeh = 0, qew = 0;
+  if (p.text) {
+    qrow0 = bx * BR;
+    qcount = min(BR, a.S - a.V - qrow0);
+    p.st = p.sh = p.sw = p.ct = p.ch = p.cw = p.bpt = p.n_tblk = 0;
+    p.nkb = (a.V + a.text_len + BN - 1) / BN;
+  } else {
+    int vb = bx - a.n_text_qblocks;
+    int tl = vb / a.qbpt, qb = vb - tl * a.qbpt;
+    int it = tl / (a.NH * a.NW), rem = tl - it * (a.NH * a.NW);
+    int ih = rem / a.NW, iw = rem - ih * a.NW;
+    qt0 = it * a.tt;
+    qh0 = ih * a.th;
+    qw0 = iw * a.tw;
+    int qet = min(a.tt, a.cT - qt0);
+    qeh = min(a.th, a.cH - qh0);
+    qew = min(a.tw, a.cW - qw0);
+    qrow0 = qb * BR;
+    qcount = min(BR, qet * qeh * qew - qrow0);
+    if (qcount <= 0) return;
+    p.ct = a.win[3 * head];
+    p.ch = a.win[3 * head + 1];
+    p.cw = a.win[3 * head + 2];
+    p.st = axis_start(it, p.ct, a.NT);
+    p.sh = axis_start(ih, p.ch, a.NH);
+    p.sw = axis_start(iw, p.cw, a.NW);
+    p.bpt = (a.tile_vol + BN - 1) / BN;
+    p.n_tblk = p.ct * p.ch * p.cw * p.bpt;
+    p.nkb = p.n_tblk + (a.text_len + BN - 1) / BN;
+  }
+
+  const T *gq = reinterpret_cast<const T *>(a.q) + b * a.q_sb + head * a.q_sh;
+  const T *gk = reinterpret_cast<const T *>(a.k) + b * a.k_sb + head * a.k_sh;
+  const T *gv = reinterpret_cast<const T *>(a.v) + b * a.v_sb + head * a.v_sh;
+  T *go = reinterpret_cast<T *>(a.o) + b * a.o_sb + head * a.o_sh;
+
+  /* row tables: queries, key blocks 0 and 1 */
+  for (int r = tid; r < BR; r += NTH) {
+    int row = -1;
+    if (r < qcount) {
+      if (p.text) {
+        row = a.V + qrow0 + r;
+      } else {
+        int li = qrow0 + r, ehw = qeh * qew;
+        int dt = li / ehw, rr = li - dt * ehw;
+        int dh = rr / qew, dw = rr - dh * qew;
+        row = ((qt0 + dt) * a.cH + qh0 + dh) * a.cW + qw0 + dw;
+      }
+    }
+    qrow[r] = row;
+  }
+  for (int j = tid; j < 2 * BN; j += NTH) {
+    int kb = j / BN, c;
+    rowtab[j] = kb < p.nkb ? key_row(a, p, kb, j % BN, &c) : -1;
+  }
+  __syncthreads();
+  load_rows<T, D, NTH>(sQ, gq, a.q_ss, qrow, BR, tid, a.vec);
+  cp_async_commit();
+  load_rows<T, D, NTH>(sK, gk, a.k_ss, rowtab, BN, tid, a.vec);
+  load_rows<T, D, NTH>(sV, gv, a.v_ss, rowtab, BN, tid, a.vec);
+  cp_async_commit();
+
+  const int wrow = warp * 16 * MT; /* first row of this warp */
+  float o[MT][DT][4];
+  float m[MT][2], l[MT][2];
+#pragma unroll
+  for (int mt = 0; mt < MT; mt++) {
+#pragma unroll
+    for (int dt = 0; dt < DT; dt++)
+#pragma unroll
+      for (int e = 0; e < 4; e++) o[mt][dt][e] = 0.f;
+    m[mt][0] = m[mt][1] = -INFINITY;
+    l[mt][0] = l[mt][1] = 0.f;
+  }
+  uint32_t qf[QREG ? MT : 1][QREG ? KS : 1][4];
+  if (QREG) {
+    cp_async_wait_all();
+    __syncthreads();
+#pragma unroll
+    for (int mt = 0; mt < (QREG ? MT : 1); mt++)
+#pragma unroll
+      for (int ks = 0; ks < (QREG ? KS : 1); ks++) {
+        int r = wrow + mt * 16 + (lane & 15), ch = ks * 2 + (lane >> 4);
+        ldsm_x4(smem_u32(sQ + r * D + ((ch ^ (r & 7)) * 8)), qf[mt][ks][0],
+                qf[mt][ks][1], qf[mt][ks][2], qf[mt][ks][3]);
+      }
+  }
+  const float sl2 = a.scale_log2;
+
+  for (int i = 0; i < p.nkb; i++) {
+    cp_async_wait_all();
+    __syncthreads();
+    const int stage = i & 1;
+    if (i + 1 < p.nkb) {
+      const int *rt = rowtab + ((i + 1) & 1) * BN;
+      load_rows<T, D, NTH>(sK + (stage ^ 1) * BN * D, gk, a.k_ss, rt, BN,
+                           tid, a.vec);
+      load_rows<T, D, NTH>(sV + (stage ^ 1) * BN * D, gv, a.v_ss, rt, BN,
+                           tid, a.vec);
+    }
+    cp_async_commit();
+    if (i + 2 < p.nkb) {
+      for (int j = tid; j < BN; j += NTH) {
+        int c;
+        rowtab[stage * BN + j] = key_row(a, p, i + 2, j, &c);
+      }
+    }
+    int cnt;
+    (void)key_row(a, p, i, 0, &cnt);
+    if (cnt <= 0) continue;
+
+    const T *k_s = sK + stage * BN * D;
+    const T *v_s = sV + stage * BN * D;
+    float s[MT][NT][4];
+#pragma unroll
+    for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+      for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) s[mt][nt][e] = 0.f;
+
+#pragma unroll
+    for (int ks = 0; ks < KS; ks++) {
+      uint32_t af[MT][4];
+#pragma unroll
+      for (int mt = 0; mt < MT; mt++) {
+        if (QREG) {
+#pragma unroll
+          for (int e = 0; e < 4; e++) af[mt][e] = qf[QREG ? mt : 0][QREG ? ks : 0][e];
+        } else {
+          int r = wrow + mt * 16 + (lane & 15), ch = ks * 2 + (lane >> 4);
+          ldsm_x4(smem_u32(sQ + r * D + ((ch ^ (r & 7)) * 8)), af[mt][0],
+                  af[mt][1], af[mt][2], af[mt][3]);
+        }
+      }
+#pragma unroll
+      for (int np = 0; np < NT / 2; np++) {
+        uint32_t b0, b1, b2, b3;
+        int r = np * 16 + (lane & 7) + ((lane >> 4) << 3);
+        int ch = ks * 2 + ((lane >> 3) & 1);
+        ldsm_x4(smem_u32(k_s + r * D + ((ch ^ (r & 7)) * 8)), b0, b1, b2, b3);
+#pragma unroll
+        for (int mt = 0; mt < MT; mt++) {
+          Mma<T>::run(s[mt][2 * np], af[mt], b0, b1);
+          Mma<T>::run(s[mt][2 * np + 1], af[mt], b2, b3);
+        }
+      }
+    }
+
+    if (cnt < BN) {
+#pragma unroll
+      for (int nt = 0; nt < NT; nt++) {
+        int col = nt * 8 + 2 * (lane & 3);
+#pragma unroll
+        for (int mt = 0; mt < MT; mt++) {
+          if (col >= cnt) s[mt][nt][0] = s[mt][nt][2] = -INFINITY;
+          if (col + 1 >= cnt) s[mt][nt][1] = s[mt][nt][3] = -INFINITY;
+        }
+      }
+    }
+
+    uint32_t pa[MT][BN / 16][4];
+#pragma unroll
+    for (int mt = 0; mt < MT; mt++) {
+#pragma unroll
+      for (int hr = 0; hr < 2; hr++) {
+        float mx = -INFINITY;
+#pragma unroll
+        for (int nt = 0; nt < NT; nt++)
+          mx = fmaxf(mx, fmaxf(s[mt][nt][2 * hr], s[mt][nt][2 * hr + 1]));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+        float mnew = fmaxf(m[mt][hr], mx * sl2);
+        float muse = mnew == -INFINITY ? 0.f : mnew;
+        float alpha = exp2f(m[mt][hr] - muse);
+        m[mt][hr] = mnew;
+        float sum = 0.f;
+#pragma unroll
+        for (int nt = 0; nt < NT; nt++) {
+          float p0 = exp2f(fmaf(s[mt][nt][2 * hr], sl2, -muse));
+          float p1 = exp2f(fmaf(s[mt][nt][2 * hr + 1], sl2, -muse));
+          s[mt][nt][2 * hr] = p0;
+          s[mt][nt][2 * hr + 1] = p1;
+          sum += p0 + p1;
+        }
+        l[mt][hr] = l[mt][hr] * alpha + sum;
+#pragma unroll
+        for (int dt = 0; dt < DT; dt++) {
+          o[mt][dt][2 * hr] *= alpha;
+          o[mt][dt][2 * hr + 1] *= alpha;
+        }
+      }
+#pragma unroll
+      for (int kk = 0; kk < BN / 16; kk++) {
+        pa[mt][kk][0] = Mma<T>::pack(s[mt][2 * kk][0], s[mt][2 * kk][1]);
+        pa[mt][kk][1] = Mma<T>::pack(s[mt][2 * kk][2], s[mt][2 * kk][3]);
+        pa[mt][kk][2] =
+            Mma<T>::pack(s[mt][2 * kk + 1][0], s[mt][2 * kk + 1][1]);
+        pa[mt][kk][3] =
+            Mma<T>::pack(s[mt][2 * kk + 1][2], s[mt][2 * kk + 1][3]);
+      }
+    }
+
+#pragma unroll
+    for (int kk = 0; kk < BN / 16; kk++) {
+#pragma unroll
+      for (int dp = 0; dp < D / 16; dp++) {
+        uint32_t b0, b1, b2, b3;
+        int r = kk * 16 + (lane & 7) + (((lane >> 3) & 1) << 3);
+        int ch = dp * 2 + (lane >> 4);
+        ldsm_x4_t(smem_u32(v_s + r * D + ((ch ^ (r & 7)) * 8)), b0, b1, b2,
+                  b3);
+#pragma unroll
+        for (int mt = 0; mt < MT; mt++) {
+          Mma<T>::run(o[mt][2 * dp], pa[mt][kk], b0, b1);
+          Mma<T>::run(o[mt][2 * dp + 1], pa[mt][kk], b2, b3);
+        }
+      }
+    }
+  }
+  cp_async_wait_all();
+
+  /* normalise, stage this warp's rows in its own part of sQ, store */
+  const float ln2 = 0.69314718055994530942f;
+#pragma unroll
+  for (int mt = 0; mt < MT; mt++) {
+#pragma unroll
+    for (int hr = 0; hr < 2; hr++) {
+      float sum = l[mt][hr];
+      sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+      sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+      float inv = sum > 0.f ? 1.f / sum : 0.f;
+      int r = wrow + mt * 16 + (lane >> 2) + 8 * hr;
+#pragma unroll
+      for (int dt = 0; dt < DT; dt++) {
+        uint32_t v = Mma<T>::pack(o[mt][dt][2 * hr] * inv,
+                                  o[mt][dt][2 * hr + 1] * inv);
+        *reinterpret_cast<uint32_t *>(sQ + r * D + ((dt ^ (r & 7)) * 8) +
+                                      2 * (lane & 3)) = v;
+      }
+      if (a.lse && (lane & 3) == 0) {
+        int row = qrow[r];
+        if (row >= 0)
+          a.lse[b * a.lse_sb + head * a.lse_sh + (int64_t)row * a.lse_ss] =
+              sum > 0.f ? (m[mt][hr] + log2f(sum)) * ln2 : -INFINITY;
+      }
+    }
+  }
+  __syncwarp();
+  for (int c = lane; c < 16 * MT * DT; c += 32) {
+    int r = wrow + c / DT, ch = c % DT;
+    int row = qrow[r];
+    if (row < 0) continue;
+    const T *src = sQ + r * D + ((ch ^ (r & 7)) * 8);
+    T *dst = go + (int64_t)row * a.o_ss + ch * 8;
+    if (a.vec) {
+      *reinterpret_cast<uint4 *>(dst) = *reinterpret_cast<const uint4 *>(src);
+    } else {
+      const uint16_t *s16 = reinterpret_cast<const uint16_t *>(src);
+      uint16_t *d16 = reinterpret_cast<uint16_t *>(dst);
+#pragma unroll
+      for (int e = 0; e < 8; e++) d16[e] = s16[e];
+    }
+  }
+}
+
+template <typename T, int D, int MT, int NWARP, bool QREG>
+sta_status launch(AttnArgs &a, int heads, int batch) {
+  constexpr int BR = 16 * MT * NWARP;
+  size_t smem = (size_t)(BR * D + 4 * BN * D) * sizeof(T) +
+                (size_t)(2 * BN + BR) * sizeof(int);
+  auto kern = sta_fwd_kernel<T, D, MT, NWARP, QREG>;
+  cudaError_t e = cudaFuncSetAttribute(
+      kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+  if (e != cudaSuccess) return sta_cuda_fail(e, "cudaFuncSetAttribute");
+  int NHW = a.NH * a.NW;
+  a.qbpt = (a.tile_vol + BR - 1) / BR;
+  a.n_text_qblocks = (a.S - a.V + BR - 1) / BR;
+  int64_t gx = (int64_t)a.n_text_qblocks + (int64_t)a.NT * NHW * a.qbpt;
+  if (gx <= 0) return STA_OK;
+  if (gx > 0x7fffffff || heads > 65535 || batch > 65535)
+    return sta_error(STA_ERR_UNSUPPORTED,
+                     "attention: grid too large for the CUDA backend "
+                     "(%lld query blocks, %d heads, batch %d)",
+                     (long long)gx, heads, batch);
+  dim3 grid((unsigned)gx, (unsigned)heads, (unsigned)batch);
+  kern<<<grid, NWARP * 32, smem, sta_cuda_stream()>>>(a);
+  e = cudaGetLastError();
+  if (e != cudaSuccess) return sta_cuda_fail(e, "attention kernel launch");
+  return STA_OK;
+}
+
+template <typename T>
+sta_status dispatch(AttnArgs &a, int D, int heads, int batch) {
+  if (D == 64) return launch<T, 64, 2, 4, false>(a, heads, batch);
+  switch (sta_cuda_attention_variant()) {
+  case 1: return launch<T, 128, 1, 8, true>(a, heads, batch);
+  case 2: return launch<T, 128, 2, 6, false>(a, heads, batch);
+  case 3: return launch<T, 128, 1, 12, true>(a, heads, batch);
+  default: return launch<T, 128, 2, 4, false>(a, heads, batch);
+  }
+}
+
+bool aligned16(const void *p) { return ((uintptr_t)p & 15) == 0; }
+
+} /* namespace */
+
+int sta_cuda_attention_variant(void) {
+  const char *s = getenv("STA_CUDA_VARIANT"); /* read per call: benchmarks */
+  int x = s ? atoi(s) : 0;
+  return (x >= 0 && x <= 3) ? x : 0;
+}
+
+sta_status sta_cuda_attention(const sta_attn_params *p) {
+  if (p->dtype != STA_BF16 && p->dtype != STA_F16)
+    return sta_error(STA_ERR_DTYPE,
+                     "attention: dtype %s not supported on cuda (use bf16 "
+                     "or f16)",
+                     sta_dtype_name(p->dtype));
+  if (p->head_dim != 64 && p->head_dim != 128)
+    return sta_error(STA_ERR_UNSUPPORTED,
+                     "attention: head_dim %lld not supported on cuda (64 or "
+                     "128)",
+                     (long long)p->head_dim);
+  if (p->heads > STA_MAX_HEADS)
+    return sta_error(STA_ERR_UNSUPPORTED,
+                     "attention: %lld heads exceed the CUDA backend's %d",
+                     (long long)p->heads, STA_MAX_HEADS);
+  if (p->seq_len > 0x3fffffff)
+    return sta_error(STA_ERR_UNSUPPORTED,
+                     "attention: seq_len %lld too long for the CUDA backend",
+                     (long long)p->seq_len);
+  if (p->grid[0] > 32767 || p->grid[1] > 32767 || p->grid[2] > 32767)
+    return sta_error(STA_ERR_UNSUPPORTED,
+                     "attention: tile grid %dx%dx%d too large for the CUDA "
+                     "backend",
+                     p->grid[0], p->grid[1], p->grid[2]);
+  if (p->batch == 0 || p->heads == 0 || p->seq_len == 0) return STA_OK;
+
+  /* 6 KB: off the stack; the launch copies it */
+  AttnArgs *ap = (AttnArgs *)calloc(1, sizeof(AttnArgs));
+  if (!ap) return sta_error(STA_ERR_NOMEM, "attention: out of host memory");
+  AttnArgs &x = *ap;
+  x.q = p->q;
+  x.k = p->k;
+  x.v = p->v;
+  x.o = p->o;
+  x.lse = p->lse;
+  x.q_sb = p->q_sb; x.q_ss = p->q_ss; x.q_sh = p->q_sh;
+  x.k_sb = p->k_sb; x.k_ss = p->k_ss; x.k_sh = p->k_sh;
+  x.v_sb = p->v_sb; x.v_ss = p->v_ss; x.v_sh = p->v_sh;
+  x.o_sb = p->o_sb; x.o_ss = p->o_ss; x.o_sh = p->o_sh;
+  x.lse_sb = p->lse_sb; x.lse_sh = p->lse_sh; x.lse_ss = p->lse_ss;
+  x.S = (int)p->seq_len;
+  x.V = (int)p->video_len;
+  x.text_len = (int)p->text_len;
+  x.cT = p->canvas[0]; x.cH = p->canvas[1]; x.cW = p->canvas[2];
+  x.tt = p->tile[0]; x.th = p->tile[1]; x.tw = p->tile[2];
+  x.NT = p->grid[0]; x.NH = p->grid[1]; x.NW = p->grid[2];
+  x.tile_vol = x.tt * x.th * x.tw;
+  x.scale_log2 = p->scale * 1.4426950408889634f;
+  int64_t st[] = {p->q_sb, p->q_ss, p->q_sh, p->k_sb, p->k_ss, p->k_sh,
+                  p->v_sb, p->v_ss, p->v_sh, p->o_sb, p->o_ss, p->o_sh};
+  int vec = aligned16(p->q) && aligned16(p->k) && aligned16(p->v) &&
+            aligned16(p->o);
+  for (int i = 0; i < 12; i++)
+    if (st[i] % 8) vec = 0;
+  x.vec = vec;
+  for (int64_t h = 0; h < p->heads; h++)
+    for (int ax = 0; ax < 3; ax++) {
+      int k = p->windows[3 * h + ax], c = p->grid[ax];
+      x.win[3 * h + ax] = (int16_t)(k < c ? k : c);
+    }
+  sta_status s;
+  int D = (int)p->head_dim, H = (int)p->heads, B = (int)p->batch;
+  if (p->dtype == STA_BF16)
+    s = dispatch<__nv_bfloat16>(x, D, H, B);
+  else
+    s = dispatch<__half>(x, D, H, B);
+  free(ap);
+  return s;
+}
