@@ -1,0 +1,424 @@
+/*
+** sta-run -- run Sliding Tile Attention on Q/K/V files.  See usage() below
+** (sta-run --help).  Exit status: 0 done, 1 the run failed (the library's
+** message on stderr), 2 bad options (a message naming the option).
+*/
+#include <errno.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "sta.h"
+
+#define MAX_HEADS 4096
+
+static const char *USAGE =
+"usage: sta-run --q Q --k K --v V --out OUT [options]\n"
+"\n"
+"Runs Sliding Tile Attention out = STA(q, k, v) on the CPU or a CUDA device\n"
+"and writes the output (and optionally the log-sum-exp) to files.\n"
+"\n"
+"Files.  A tensor file is either an .npy file or NAME inside a .safetensors\n"
+"file, written FILE.safetensors:NAME (':NAME' may be left out: the name is\n"
+"then given by --q-name/--k-name/--v-name/--out-name/--lse-name, default\n"
+"q, k, v, out, lse).  .npy: '<f4', '<f2', and '<u2' read as raw bf16 bits.\n"
+"  --q PATH          queries, 4-D [B, S, heads, D] (or [B, heads, S, D])\n"
+"  --k PATH          keys, same shape\n"
+"  --v PATH          values, same shape\n"
+"  --safetensors F   read q, k and v from F (the default for --q/--k/--v)\n"
+"  --q-name N, --k-name N, --v-name N   tensor names in safetensors files\n"
+"  --out PATH        output, same shape, written in q's file dtype\n"
+"                    (.npy writes bf16 as '<u2' raw bits)\n"
+"  --out-name N      output name in a .safetensors --out (default out)\n"
+"  --lse PATH        also write the log-sum-exp, f32 [B, heads, S]; when it\n"
+"                    names the same .safetensors file as --out, both go in it\n"
+"  --lse-name N      its name in a .safetensors file (default lse)\n"
+"\n"
+"Geometry.\n"
+"  --canvas T,H,W    video canvas in tokens (T*H*W <= S); without it the\n"
+"                    canvas is inferred from S for FastVideo's known shapes\n"
+"                    (115456 or 115200: 30,48,80; 82944: 36,48,48;\n"
+"                    69120: 18,48,80)\n"
+"  --tile TT,TH,TW   tile in tokens (default 6,8,8)\n"
+"  --window KT,KH,KW window in tiles, odd or >= the tiles on that axis;\n"
+"                    one per head: --window 3,3,3:1,5,7:... (required)\n"
+"  --text-len N      valid text tokens after the video (default S - T*H*W)\n"
+"  --layout L        bshd (default) or bhsd\n"
+"\n"
+"Compute.\n"
+"  --scale S         softmax scale (default 1/sqrt(D))\n"
+"  --device D        cpu (default) or cuda\n"
+"  --dtype T         compute dtype f32, f16 or bf16 (default: q's dtype)\n"
+"  --threads N       CPU threads (default: OpenMP's)\n"
+"  --reference       use the brute-force reference (cpu only; slow)\n"
+"  --quiet           print nothing on success\n"
+"  --help            this text\n"
+"\n"
+"Prints one line: shapes, window(s), time and GFLOP/s.\n"
+"\n"
+"Examples:\n"
+"  sta-run --q q.npy --k k.npy --v v.npy --out o.npy --canvas 12,16,16 \\\n"
+"          --window 3,3,3 --text-len 0\n"
+"  sta-run --safetensors qkv.safetensors --q-name q --k-name k --v-name v \\\n"
+"          --out o.safetensors --lse o.safetensors --window 3,3,3:1,5,7\n"
+"  sta-run --q a.safetensors:query --k k.npy --v v.npy --out o.npy \\\n"
+"          --canvas 30,48,80 --window 3,3,3 --device cuda --dtype bf16\n"
+"\n"
+"Exit status: 0 done, 1 the run failed, 2 bad options.\n";
+
+/* ---- option parsing ----------------------------------------------------- */
+
+typedef struct options {
+  const char *q, *k, *v, *out, *lse, *st;
+  const char *q_name, *k_name, *v_name, *out_name, *lse_name;
+  int have_canvas, have_tile, have_dtype;
+  int32_t canvas[3], tile[3];
+  int32_t n_windows, *windows;
+  int64_t text_len;
+  double scale;
+  sta_layout layout;
+  int32_t threads;
+  sta_device device;
+  sta_dtype dtype;
+  int reference, quiet;
+} options;
+
+static int bad(const char *opt, const char *val, const char *fmt, ...) {
+  va_list ap;
+  fprintf(stderr, "sta-run: %s", opt);
+  if (val) fprintf(stderr, " '%s'", val);
+  fprintf(stderr, ": ");
+  va_start(ap, fmt);
+  vfprintf(stderr, fmt, ap);
+  va_end(ap);
+  fprintf(stderr, " (see sta-run --help)\n");
+  return 2;
+}
+
+/* A full integer in [lo, hi]. */
+static int parse_i64(const char *s, int64_t lo, int64_t hi, int64_t *out) {
+  char *end;
+  errno = 0;
+  if (!*s || ((*s < '0' || *s > '9') && *s != '-' && *s != '+')) return 0;
+  long long v = strtoll(s, &end, 10);
+  if (errno || *end || v < lo || v > hi) return 0;
+  *out = v;
+  return 1;
+}
+
+/* n integers >= 1 separated by commas, from [s, e). */
+static int parse_triple(const char *s, size_t len, int32_t out[3]) {
+  char buf[96];
+  if (len == 0 || len >= sizeof buf) return 0;
+  memcpy(buf, s, len);
+  buf[len] = '\0';
+  char *p = buf;
+  for (int i = 0; i < 3; i++) {
+    char *c = strchr(p, ',');
+    if ((i < 2) != (c != NULL)) return 0;
+    if (c) *c = '\0';
+    int64_t v;
+    if (!parse_i64(p, 1, 1 << 20, &v)) return 0;
+    out[i] = (int32_t)v;
+    p = c ? c + 1 : p;
+  }
+  return 1;
+}
+
+static int parse_windows(const char *s, options *o) {
+  int32_t n = 1;
+  for (const char *p = s; *p; p++) n += *p == ':';
+  if (n > MAX_HEADS) return 0;
+  o->windows = malloc(sizeof(int32_t) * 3 * (size_t)n);
+  if (!o->windows) return 0;
+  const char *p = s;
+  for (int32_t i = 0; i < n; i++) {
+    const char *e = strchr(p, ':');
+    size_t len = e ? (size_t)(e - p) : strlen(p);
+    if (!parse_triple(p, len, o->windows + 3 * i)) return 0;
+    p = e ? e + 1 : p + len;
+  }
+  o->n_windows = n;
+  return 1;
+}
+
+static int parse_args(int argc, char **argv, options *o) {
+  memset(o, 0, sizeof *o);
+  o->q_name = "q"; o->k_name = "k"; o->v_name = "v";
+  o->out_name = "out"; o->lse_name = "lse";
+  o->text_len = -1;
+  o->layout = STA_BSHD;
+  o->device = STA_CPU;
+  for (int i = 1; i < argc; i++) {
+    char optbuf[64];
+    const char *a = argv[i], *val = NULL;
+    if (strncmp(a, "--", 2) != 0)
+      return bad(a, NULL, "unexpected argument, options start with --");
+    const char *eq = strchr(a, '=');
+    if (eq) {
+      snprintf(optbuf, sizeof optbuf, "%.*s", (int)(eq - a), a);
+      a = optbuf;
+      val = eq + 1;
+    }
+    if (!strcmp(a, "--help")) { fputs(USAGE, stdout); return -1; }
+    if (!strcmp(a, "--reference") || !strcmp(a, "--quiet")) {
+      if (val) return bad(a, val, "takes no value");
+      if (!strcmp(a, "--reference")) o->reference = 1; else o->quiet = 1;
+      continue;
+    }
+    static const char *const WITH_VALUE[] = {
+      "--q", "--k", "--v", "--out", "--lse", "--safetensors", "--q-name", "--k-name",
+      "--v-name", "--out-name", "--lse-name", "--canvas", "--tile", "--window",
+      "--text-len", "--scale", "--layout", "--threads", "--device", "--dtype", NULL};
+    int known = 0;
+    for (int j = 0; WITH_VALUE[j]; j++) known |= !strcmp(a, WITH_VALUE[j]);
+    if (!known) return bad(a, NULL, "unknown option");
+    if (!val) {
+      if (i + 1 >= argc) return bad(a, NULL, "expects a value");
+      val = argv[++i];
+    }
+    int64_t n;
+    if (!strcmp(a, "--q")) o->q = val;
+    else if (!strcmp(a, "--k")) o->k = val;
+    else if (!strcmp(a, "--v")) o->v = val;
+    else if (!strcmp(a, "--out")) o->out = val;
+    else if (!strcmp(a, "--lse")) o->lse = val;
+    else if (!strcmp(a, "--safetensors")) o->st = val;
+    else if (!strcmp(a, "--q-name")) o->q_name = val;
+    else if (!strcmp(a, "--k-name")) o->k_name = val;
+    else if (!strcmp(a, "--v-name")) o->v_name = val;
+    else if (!strcmp(a, "--out-name")) o->out_name = val;
+    else if (!strcmp(a, "--lse-name")) o->lse_name = val;
+    else if (!strcmp(a, "--canvas")) {
+      if (!parse_triple(val, strlen(val), o->canvas))
+        return bad(a, val, "expected T,H,W, three integers >= 1");
+      o->have_canvas = 1;
+    } else if (!strcmp(a, "--tile")) {
+      if (!parse_triple(val, strlen(val), o->tile))
+        return bad(a, val, "expected TT,TH,TW, three integers >= 1");
+      o->have_tile = 1;
+    } else if (!strcmp(a, "--window")) {
+      free(o->windows);
+      o->windows = NULL;
+      if (!parse_windows(val, o))
+        return bad(a, val, "expected KT,KH,KW (integers >= 1), or one such per head "
+                   "joined by ':'");
+    } else if (!strcmp(a, "--text-len")) {
+      if (!parse_i64(val, 0, INT64_MAX, &n)) return bad(a, val, "expected an integer >= 0");
+      o->text_len = n;
+    } else if (!strcmp(a, "--scale")) {
+      char *end;
+      errno = 0;
+      o->scale = strtod(val, &end);
+      if (!*val || *end || errno || !(o->scale > 0) || o->scale > 1e30)
+        return bad(a, val, "expected a number > 0");
+    } else if (!strcmp(a, "--layout")) {
+      if (!strcmp(val, "bshd")) o->layout = STA_BSHD;
+      else if (!strcmp(val, "bhsd")) o->layout = STA_BHSD;
+      else return bad(a, val, "expected bshd or bhsd");
+    } else if (!strcmp(a, "--threads")) {
+      if (!parse_i64(val, 1, 4096, &n)) return bad(a, val, "expected an integer 1..4096");
+      o->threads = (int32_t)n;
+    } else if (!strcmp(a, "--device")) {
+      if (!strcmp(val, "cpu")) o->device = STA_CPU;
+      else if (!strcmp(val, "cuda")) o->device = STA_CUDA;
+      else return bad(a, val, "expected cpu or cuda");
+    } else if (!strcmp(a, "--dtype")) {
+      if (sta_dtype_parse(val, &o->dtype) != STA_OK)
+        return bad(a, val, "expected f32, f16 or bf16");
+      o->have_dtype = 1;
+    }
+  }
+  if (!o->q && !o->st) return bad("--q", NULL, "is required (or --safetensors)");
+  if (!o->k && !o->st) return bad("--k", NULL, "is required (or --safetensors)");
+  if (!o->v && !o->st) return bad("--v", NULL, "is required (or --safetensors)");
+  if (!o->out) return bad("--out", NULL, "is required");
+  if (!o->windows) return bad("--window", NULL, "is required");
+  if (o->reference && o->device != STA_CPU)
+    return bad("--reference", NULL, "runs on the cpu only, not with --device cuda");
+  return 0;
+}
+
+/* ---- files ------------------------------------------------------------- */
+
+static int ends_with(const char *s, size_t len, const char *suffix) {
+  size_t n = strlen(suffix);
+  return len >= n && strncmp(s + len - n, suffix, n) == 0;
+}
+
+/* Split "F.safetensors[:NAME]": 1 and file/name (malloc'd file) when it
+** names a safetensors file, else 0. */
+static int split_st(const char *spec, const char *dflt, char **file, const char **name) {
+  const char *c = strrchr(spec, ':');
+  if (c && ends_with(spec, (size_t)(c - spec), ".safetensors")) {
+    *file = strndup(spec, (size_t)(c - spec));
+    *name = c + 1;
+    return 1;
+  }
+  if (ends_with(spec, strlen(spec), ".safetensors")) {
+    *file = strdup(spec);
+    *name = dflt;
+    return 1;
+  }
+  return 0;
+}
+
+static sta_status load(const char *spec, const char *dflt_name, sta_tensor **t) {
+  char *file = NULL;
+  const char *name;
+  if (!split_st(spec, dflt_name, &file, &name)) return sta_npy_load(t, spec, 1);
+  sta_safetensors *f = NULL;
+  sta_status rc = file ? sta_safetensors_open(&f, file) : STA_ERR_NOMEM;
+  if (rc == STA_OK) rc = sta_safetensors_read(f, name, t);
+  sta_safetensors_close(f);
+  free(file);
+  return rc;
+}
+
+/* Write out (and lse when given) to their files. */
+static sta_status save(const options *o, const sta_tensor *out, const sta_tensor *lse) {
+  char *fo = NULL, *fl = NULL;
+  const char *no = NULL, *nl = NULL;
+  int st_o = split_st(o->out, o->out_name, &fo, &no);
+  int st_l = lse ? split_st(o->lse, o->lse_name, &fl, &nl) : 0;
+  sta_status rc = STA_OK;
+  if (st_o && st_l && strcmp(fo, fl) == 0) {
+    const char *names[2] = {no, nl};
+    const sta_tensor *ts[2] = {out, lse};
+    rc = sta_safetensors_save(fo, 2, names, ts);
+  } else {
+    if (st_o) rc = sta_safetensors_save(fo, 1, &no, &out);
+    else rc = sta_npy_save(out, o->out);
+    if (rc == STA_OK && lse) {
+      if (st_l) rc = sta_safetensors_save(fl, 1, &nl, &lse);
+      else rc = sta_npy_save(lse, o->lse);
+    }
+  }
+  free(fo);
+  free(fl);
+  return rc;
+}
+
+/* ---- run --------------------------------------------------------------- */
+
+static double now_s(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static void shape_str(const sta_tensor *t, char *buf, size_t cap) {
+  int n = 0;
+  buf[0] = '\0';
+  for (int32_t i = 0; i < sta_tensor_ndim(t) && (size_t)n < cap; i++)
+    n += snprintf(buf + n, cap - (size_t)n, "%s%lld", i ? "x" : "",
+                  (long long)sta_tensor_size(t, i));
+}
+
+static int fail(void) {
+  fprintf(stderr, "sta-run: %s\n", sta_last_error());
+  return 1;
+}
+
+static int run(options *o) {
+  const char *spec[3] = {o->q ? o->q : o->st, o->k ? o->k : o->st, o->v ? o->v : o->st};
+  const char *names[3] = {o->q_name, o->k_name, o->v_name};
+  const char *opt[3] = {"--q", "--k", "--v"};
+  sta_tensor *in[3] = {NULL, NULL, NULL}, *dev[3] = {NULL, NULL, NULL};
+  sta_tensor *out = NULL, *lse = NULL, *hout = NULL, *hlse = NULL;
+  int rc = 1;
+  char sh[64];
+  for (int i = 0; i < 3; i++) {
+    if (load(spec[i], names[i], &in[i]) != STA_OK) { rc = fail(); goto done; }
+    if (sta_tensor_ndim(in[i]) != 4) {
+      shape_str(in[i], sh, sizeof sh);
+      fprintf(stderr, "sta-run: %s %s: expected a 4-D tensor, got shape %s\n", opt[i],
+              spec[i], sh);
+      goto done;
+    }
+  }
+  int si = o->layout == STA_BSHD ? 1 : 2, hi = o->layout == STA_BSHD ? 2 : 1;
+  int64_t B = sta_tensor_size(in[0], 0), S = sta_tensor_size(in[0], si),
+          H = sta_tensor_size(in[0], hi), D = sta_tensor_size(in[0], 3);
+
+  sta_attention_desc desc;
+  memset(&desc, 0, sizeof desc);
+  if (o->have_canvas)
+    sta_geometry_init(&desc.geom, o->canvas[0], o->canvas[1], o->canvas[2]);
+  else if (sta_geometry_from_seq_len(&desc.geom, S) != STA_OK) { rc = fail(); goto done; }
+  if (o->have_tile) memcpy(desc.geom.tile, o->tile, sizeof o->tile);
+  desc.geom.text_len = o->text_len;
+  desc.layout = o->layout;
+  desc.n_windows = o->n_windows;
+  desc.windows = o->windows;
+  desc.scale = (float)o->scale;
+  if (o->n_windows != 1 && o->n_windows != H) {
+    rc = bad("--window", NULL, "%d windows given for %lld heads (give one, or one per head)",
+             (int)o->n_windows, (long long)H);
+    goto done;
+  }
+  if (o->threads) sta_set_num_threads(o->threads);
+  sta_dtype file_dt = sta_tensor_dtype(in[0]);
+  sta_dtype dt = o->have_dtype ? o->dtype : file_dt;
+  for (int i = 0; i < 3; i++)
+    if (sta_tensor_to(&dev[i], in[i], dt, o->device) != STA_OK) { rc = fail(); goto done; }
+  int64_t oshape[4], lshape[3] = {B, H, S};
+  for (int i = 0; i < 4; i++) oshape[i] = sta_tensor_size(in[0], i);
+  if (sta_tensor_create(&out, dt, o->device, 4, oshape) != STA_OK ||
+      (o->lse && sta_tensor_create(&lse, STA_F32, o->device, 3, lshape) != STA_OK)) {
+    rc = fail();
+    goto done;
+  }
+  if (o->device == STA_CUDA && sta_cuda_synchronize() != STA_OK) { rc = fail(); goto done; }
+  double t0 = now_s();
+  sta_status st = o->reference
+                      ? sta_attention_reference(&desc, dev[0], dev[1], dev[2], out, lse)
+                      : sta_attention_forward(&desc, dev[0], dev[1], dev[2], out, lse);
+  if (st == STA_OK && o->device == STA_CUDA) st = sta_cuda_synchronize();
+  double dt_s = now_s() - t0;
+  if (st != STA_OK) { rc = fail(); goto done; }
+  if (sta_tensor_to(&hout, out, file_dt, STA_CPU) != STA_OK ||
+      (lse && sta_tensor_to(&hlse, lse, STA_F32, STA_CPU) != STA_OK) ||
+      save(o, hout, hlse) != STA_OK) {
+    rc = fail();
+    goto done;
+  }
+  if (!o->quiet) {
+    double flop = sta_attention_flops(&desc, B, S, H, D);
+    char win[64];
+    if (o->n_windows == 1)
+      snprintf(win, sizeof win, "%d,%d,%d", (int)o->windows[0], (int)o->windows[1],
+               (int)o->windows[2]);
+    else
+      snprintf(win, sizeof win, "%d per head", (int)o->n_windows);
+    shape_str(in[0], sh, sizeof sh);
+    printf("sta-run: q %s %s %s, canvas %dx%dx%d tile %dx%dx%d text %lld, window %s, "
+           "%s %s%s, %.3f ms, %.2f GFLOP/s (%.3f GFLOP)\n",
+           sh, sta_dtype_name(file_dt), o->layout == STA_BSHD ? "bshd" : "bhsd",
+           (int)desc.geom.canvas[0], (int)desc.geom.canvas[1], (int)desc.geom.canvas[2],
+           (int)desc.geom.tile[0], (int)desc.geom.tile[1], (int)desc.geom.tile[2],
+           (long long)sta_geometry_text_len(&desc.geom, S), win,
+           o->device == STA_CPU ? "cpu" : "cuda", sta_dtype_name(dt),
+           o->reference ? " reference" : "", dt_s * 1e3,
+           dt_s > 0 ? flop / dt_s * 1e-9 : 0.0, flop * 1e-9);
+  }
+  rc = 0;
+done:
+  for (int i = 0; i < 3; i++) { sta_tensor_destroy(in[i]); sta_tensor_destroy(dev[i]); }
+  sta_tensor_destroy(out);
+  sta_tensor_destroy(lse);
+  sta_tensor_destroy(hout);
+  sta_tensor_destroy(hlse);
+  return rc;
+}
+
+int main(int argc, char **argv) {
+  options o;
+  int rc = parse_args(argc, argv, &o);
+  if (rc == 0) rc = run(&o);
+  else if (rc < 0) rc = 0; /* --help */
+  free(o.windows);
+  return rc;
+}
