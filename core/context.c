@@ -1,44 +1,75 @@
-/* context.c -- Forward contexts (skeleton). */
+/*
+** context.c -- forward contexts (STA.md section 6): a per-thread stack;
+** the innermost context is the live one.  Contexts borrow their metadata
+** and forward batch.
+*/
 #include <stdlib.h>
 
 #include "internal.h"
 
-sta_status sta_context_push(sta_context **out, int32_t step, sta_metadata *md, sta_forward_batch *fb) {
-  (void)out;
-  (void)step;
-  (void)md;
-  (void)fb;
-  return sta_error(STA_ERR_UNSUPPORTED, "sta_context_push: not implemented yet");
+struct sta_context {
+  int32_t step;
+  sta_metadata *md;
+  sta_forward_batch *fb;
+};
+
+static _Thread_local sta_context **stack = NULL;
+static _Thread_local int32_t depth = 0, cap = 0;
+
+sta_status sta_context_push(sta_context **out, int32_t step,
+                            sta_metadata *md, sta_forward_batch *fb) {
+  if (!out) return sta_error(STA_ERR_ARGUMENT, "out: expected a pointer, got NULL");
+  if (step < 0) return sta_error(STA_ERR_ARGUMENT, "step: expected >= 0, got %d", (int)step);
+  if (depth >= (1 << 16))
+    return sta_error(STA_ERR_STATE, "forward context: stack too deep (%d contexts)", (int)depth);
+  if (depth == cap) {
+    int32_t ncap = cap ? cap * 2 : 8;
+    sta_context **s = sta_realloc(stack, sizeof *s * (size_t)ncap);
+    if (!s) return sta_error(STA_ERR_NOMEM, "out of host memory (forward context stack)");
+    stack = s;
+    cap = ncap;
+  }
+  sta_context *c = sta_malloc(sizeof *c);
+  if (!c) return sta_error(STA_ERR_NOMEM, "out of host memory (forward context)");
+  c->step = step;
+  c->md = md;
+  c->fb = fb;
+  stack[depth++] = c;
+  *out = c;
+  return STA_OK;
 }
 
 sta_status sta_context_pop(sta_context *ctx) {
-  (void)ctx;
-  return sta_error(STA_ERR_UNSUPPORTED, "sta_context_pop: not implemented yet");
+  if (!ctx) return sta_error(STA_ERR_ARGUMENT, "ctx: expected a context, got NULL");
+  if (depth == 0)
+    return sta_error(STA_ERR_STATE, "forward context: pop on an empty stack");
+  if (stack[depth - 1] != ctx) {
+    for (int32_t i = 0; i < depth - 1; i++)
+      if (stack[i] == ctx)
+        return sta_error(STA_ERR_STATE,
+                         "forward context: pop of a context that is not the innermost "
+                         "(it is at level %d of depth %d)", (int)i + 1, (int)depth);
+    return sta_error(STA_ERR_STATE,
+                     "forward context: pop of a context that is not on this thread's stack "
+                     "(depth %d)", (int)depth);
+  }
+  free(ctx);
+  stack[--depth] = NULL;
+  if (depth == 0) { /* nothing left behind at thread exit */
+    free(stack);
+    stack = NULL;
+    cap = 0;
+  }
+  return STA_OK;
 }
 
-sta_context *sta_context_current(void) {
-  return NULL;
-}
-
-int32_t sta_context_depth(void) {
-  return 0;
-}
+sta_context *sta_context_current(void) { return depth ? stack[depth - 1] : NULL; }
+int32_t sta_context_depth(void) { return depth; }
 
 int32_t sta_in_forward_pass(void) {
-  return 0;
+  return depth > 0 && stack[depth - 1]->fb != NULL;
 }
 
-int32_t sta_context_step(const sta_context *ctx) {
-  (void)ctx;
-  return 0;
-}
-
-sta_metadata *sta_context_metadata(const sta_context *ctx) {
-  (void)ctx;
-  return NULL;
-}
-
-sta_forward_batch *sta_context_batch(const sta_context *ctx) {
-  (void)ctx;
-  return NULL;
-}
+int32_t sta_context_step(const sta_context *ctx) { return ctx ? ctx->step : -1; }
+sta_metadata *sta_context_metadata(const sta_context *ctx) { return ctx ? ctx->md : NULL; }
+sta_forward_batch *sta_context_batch(const sta_context *ctx) { return ctx ? ctx->fb : NULL; }

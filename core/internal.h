@@ -170,6 +170,17 @@ sta_status sta_attn_resolve(const sta_attention_desc *desc,
 ** splitmix64 hash): identical on every backend. */
 double sta_randn_at(uint64_t seed, uint64_t i);
 
+/* ---- runtime (strategy.c) ----------------------------------------------- */
+
+/* Whole file into a NUL-terminated sta_malloc buffer; errors (STA_ERR_IO)
+** read "<what>: cannot open \"<path>\": <reason>". */
+sta_status sta_read_text_file(const char *path, const char *what, char **data,
+                              size_t *len);
+sta_status sta_write_text_file(const char *path, const char *what,
+                               const char *text);
+/* 1 when s has an entry for step. */
+int32_t sta_strategy_has_step(const sta_strategy *s, int32_t step);
+
 #ifdef __cplusplus
 }
 #endif

@@ -1,59 +1,225 @@
-/* search.c -- Forward batch and search results (skeleton). */
+/*
+** search.c -- the forward batch (batch size, CFG negative flag) and the
+** mask-search records it collects; saving them in FastVideo's per-prompt
+** layout {"L2_loss": {"[3, 1, 10]": [step][layer][head]}, "L1_loss": ...}.
+*/
+#include <math.h>
 #include <stdlib.h>
+
+#include <cJSON.h>
 
 #include "internal.h"
 
-sta_status sta_forward_batch_create(sta_forward_batch **out, int32_t batch_size) {
-  (void)out;
-  (void)batch_size;
-  return sta_error(STA_ERR_UNSUPPORTED, "sta_forward_batch_create: not implemented yet");
+typedef struct record {
+  int32_t step, layer, n, heads;
+  int32_t *cand; /* n*3 */
+  float *l1, *l2; /* n*heads */
+} record;
+
+typedef struct record_list {
+  record *r;
+  int32_t n, cap;
+} record_list;
+
+struct sta_forward_batch {
+  int32_t batch_size;
+  int32_t negative;
+  record_list list[2]; /* positive, negative */
+};
+
+sta_status sta_forward_batch_create(sta_forward_batch **out,
+                                    int32_t batch_size) {
+  if (!out) return sta_error(STA_ERR_ARGUMENT, "out: expected a pointer, got NULL");
+  if (batch_size < 1)
+    return sta_error(STA_ERR_ARGUMENT, "batch_size: expected >= 1, got %d", (int)batch_size);
+  sta_forward_batch *fb = sta_calloc(1, sizeof *fb);
+  if (!fb) return sta_error(STA_ERR_NOMEM, "out of host memory (forward batch)");
+  fb->batch_size = batch_size;
+  *out = fb;
+  return STA_OK;
 }
 
-void sta_forward_batch_destroy(sta_forward_batch *fb) {
-  (void)fb;
-}
-
-int32_t sta_forward_batch_size(const sta_forward_batch *fb) {
-  (void)fb;
-  return 0;
-}
-
-void sta_forward_batch_set_negative(sta_forward_batch *fb, int32_t negative) {
-  (void)fb;
-  (void)negative;
-}
-
-int32_t sta_forward_batch_is_negative(const sta_forward_batch *fb) {
-  (void)fb;
-  return 0;
-}
-
-int32_t sta_forward_batch_records(const sta_forward_batch *fb, int32_t negative) {
-  (void)fb;
-  (void)negative;
-  return 0;
-}
-
-sta_status sta_forward_batch_record(sta_forward_batch *fb, int32_t negative, int32_t step, int32_t layer, int32_t n, const int32_t *candidates, int32_t heads, const float *l1, const float *l2) {
-  (void)fb;
-  (void)negative;
-  (void)step;
-  (void)layer;
-  (void)n;
-  (void)candidates;
-  (void)heads;
-  (void)l1;
-  (void)l2;
-  return sta_error(STA_ERR_UNSUPPORTED, "sta_forward_batch_record: not implemented yet");
-}
-
-sta_status sta_forward_batch_save_search(const sta_forward_batch *fb, int32_t negative, const char *path) {
-  (void)fb;
-  (void)negative;
-  (void)path;
-  return sta_error(STA_ERR_UNSUPPORTED, "sta_forward_batch_save_search: not implemented yet");
+static void record_free(record *r) {
+  free(r->cand);
+  free(r->l1);
+  free(r->l2);
 }
 
 void sta_forward_batch_clear(sta_forward_batch *fb) {
-  (void)fb;
+  if (!fb) return;
+  for (int i = 0; i < 2; i++) {
+    for (int32_t j = 0; j < fb->list[i].n; j++) record_free(&fb->list[i].r[j]);
+    free(fb->list[i].r);
+    fb->list[i].r = NULL;
+    fb->list[i].n = fb->list[i].cap = 0;
+  }
+}
+
+void sta_forward_batch_destroy(sta_forward_batch *fb) {
+  if (!fb) return;
+  sta_forward_batch_clear(fb);
+  free(fb);
+}
+
+int32_t sta_forward_batch_size(const sta_forward_batch *fb) {
+  return fb ? fb->batch_size : 0;
+}
+
+void sta_forward_batch_set_negative(sta_forward_batch *fb, int32_t negative) {
+  if (fb) fb->negative = negative != 0;
+}
+
+int32_t sta_forward_batch_is_negative(const sta_forward_batch *fb) {
+  return fb ? fb->negative : 0;
+}
+
+int32_t sta_forward_batch_records(const sta_forward_batch *fb,
+                                  int32_t negative) {
+  return fb ? fb->list[negative != 0].n : 0;
+}
+
+sta_status sta_forward_batch_record(sta_forward_batch *fb, int32_t negative,
+                                    int32_t step, int32_t layer, int32_t n,
+                                    const int32_t *candidates, int32_t heads,
+                                    const float *l1, const float *l2) {
+  static const char AXIS[3] = {'t', 'h', 'w'};
+  if (!fb) return sta_error(STA_ERR_ARGUMENT, "forward batch: expected a batch, got NULL");
+  if (step < 0) return sta_error(STA_ERR_ARGUMENT, "step: expected >= 0, got %d", (int)step);
+  if (layer < 0) return sta_error(STA_ERR_ARGUMENT, "layer: expected >= 0, got %d", (int)layer);
+  if (n < 1 || n > 1024)
+    return sta_error(STA_ERR_ARGUMENT, "n: expected 1..1024 candidates, got %d", (int)n);
+  if (heads < 1 || heads > (1 << 20))
+    return sta_error(STA_ERR_ARGUMENT, "heads: expected 1..%d, got %d", 1 << 20, (int)heads);
+  if (!candidates) return sta_error(STA_ERR_WINDOW, "candidates: expected %d ints, got NULL", (int)(3 * n));
+  if (!l1) return sta_error(STA_ERR_ARGUMENT, "l1: expected %d floats, got NULL", (int)(n * heads));
+  if (!l2) return sta_error(STA_ERR_ARGUMENT, "l2: expected %d floats, got NULL", (int)(n * heads));
+  for (int32_t i = 0; i < n; i++)
+    for (int j = 0; j < 3; j++)
+      if (candidates[3 * i + j] < 1)
+        return sta_error(STA_ERR_WINDOW, "candidates[%d]: K%c = %d, expected >= 1", (int)i,
+                         AXIS[j], (int)candidates[3 * i + j]);
+  size_t nl = (size_t)n * (size_t)heads;
+  for (size_t i = 0; i < nl; i++) {
+    if (!isfinite(l1[i]))
+      return sta_error(STA_ERR_ARGUMENT, "l1[%d][%d]: expected a finite loss, got %g",
+                       (int)(i / (size_t)heads), (int)(i % (size_t)heads), (double)l1[i]);
+    if (!isfinite(l2[i]))
+      return sta_error(STA_ERR_ARGUMENT, "l2[%d][%d]: expected a finite loss, got %g",
+                       (int)(i / (size_t)heads), (int)(i % (size_t)heads), (double)l2[i]);
+  }
+  record_list *L = &fb->list[negative != 0];
+  if (L->n == L->cap) {
+    if (L->cap >= (1 << 28)) return sta_error(STA_ERR_NOMEM, "forward batch: too many records");
+    int32_t ncap = L->cap ? L->cap * 2 : 16;
+    record *r = sta_realloc(L->r, sizeof *r * (size_t)ncap);
+    if (!r) return sta_error(STA_ERR_NOMEM, "out of host memory (search records)");
+    L->r = r;
+    L->cap = ncap;
+  }
+  record rec = {step, layer, n, heads, NULL, NULL, NULL};
+  rec.cand = sta_malloc(sizeof(int32_t) * 3 * (size_t)n);
+  rec.l1 = sta_malloc(sizeof(float) * nl);
+  rec.l2 = sta_malloc(sizeof(float) * nl);
+  if (!rec.cand || !rec.l1 || !rec.l2) {
+    record_free(&rec);
+    return sta_error(STA_ERR_NOMEM, "out of host memory (search record)");
+  }
+  memcpy(rec.cand, candidates, sizeof(int32_t) * 3 * (size_t)n);
+  memcpy(rec.l1, l1, sizeof(float) * nl);
+  memcpy(rec.l2, l2, sizeof(float) * nl);
+  L->r[L->n++] = rec;
+  return STA_OK;
+}
+
+/* Python's str() of a list of 3 ints: "[3, 1, 10]". */
+static void candidate_key(const int32_t *c, char buf[48]) {
+  snprintf(buf, 48, "[%d, %d, %d]", (int)c[0], (int)c[1], (int)c[2]);
+}
+
+/* losses[key] = [step][layer][head] of the chosen loss (l2 or l1). */
+static cJSON *loss_object(const record_list *L, const int32_t *steps,
+                          int32_t n_steps, int use_l2) {
+  const record *r0 = &L->r[0];
+  cJSON *obj = cJSON_CreateObject();
+  if (!obj) return NULL;
+  for (int32_t c = 0; c < r0->n; c++) {
+    char key[48];
+    candidate_key(r0->cand + 3 * c, key);
+    cJSON *per_step = cJSON_AddArrayToObject(obj, key);
+    if (!per_step) goto fail;
+    for (int32_t s = 0; s < n_steps; s++) {
+      cJSON *per_layer = cJSON_CreateArray();
+      if (!per_layer || !cJSON_AddItemToArray(per_step, per_layer)) {
+        cJSON_Delete(per_layer);
+        goto fail;
+      }
+      for (int32_t i = 0; i < L->n; i++) {
+        const record *r = &L->r[i];
+        if (r->step != steps[s]) continue;
+        const float *v = (use_l2 ? r->l2 : r->l1) + (size_t)c * (size_t)r->heads;
+        cJSON *heads = cJSON_CreateArray();
+        if (!heads || !cJSON_AddItemToArray(per_layer, heads)) {
+          cJSON_Delete(heads);
+          goto fail;
+        }
+        for (int32_t h = 0; h < r->heads; h++) {
+          cJSON *num = cJSON_CreateNumber((double)v[h]);
+          if (!num || !cJSON_AddItemToArray(heads, num)) {
+            cJSON_Delete(num);
+            goto fail;
+          }
+        }
+      }
+    }
+  }
+  return obj;
+fail:
+  cJSON_Delete(obj);
+  return NULL;
+}
+
+sta_status sta_forward_batch_save_search(const sta_forward_batch *fb,
+                                         int32_t negative, const char *path) {
+  if (!fb) return sta_error(STA_ERR_ARGUMENT, "forward batch: expected a batch, got NULL");
+  if (!path) return sta_error(STA_ERR_ARGUMENT, "path: expected a file name, got NULL");
+  const record_list *L = &fb->list[negative != 0];
+  const char *which = negative ? "negative" : "positive";
+  if (L->n == 0)
+    return sta_error(STA_ERR_STATE, "search results: the %s list holds no records", which);
+  const record *r0 = &L->r[0];
+  for (int32_t i = 1; i < L->n; i++) {
+    const record *r = &L->r[i];
+    if (r->n != r0->n || memcmp(r->cand, r0->cand, sizeof(int32_t) * 3 * (size_t)r->n))
+      return sta_error(STA_ERR_ARGUMENT,
+                       "search results: record %d (step %d, layer %d) has other candidates "
+                       "than record 0", (int)i, (int)r->step, (int)r->layer);
+    if (r->heads != r0->heads)
+      return sta_error(STA_ERR_ARGUMENT,
+                       "search results: record %d (step %d, layer %d) has %d heads, record 0 "
+                       "has %d", (int)i, (int)r->step, (int)r->layer, (int)r->heads,
+                       (int)r0->heads);
+  }
+  /* steps in the order first seen */
+  int32_t *steps = sta_malloc(sizeof(int32_t) * (size_t)L->n), n_steps = 0;
+  if (!steps) return sta_error(STA_ERR_NOMEM, "out of host memory (search results)");
+  for (int32_t i = 0; i < L->n; i++) {
+    int32_t s = 0;
+    while (s < n_steps && steps[s] != L->r[i].step) s++;
+    if (s == n_steps) steps[n_steps++] = L->r[i].step;
+  }
+  cJSON *root = cJSON_CreateObject(), *l2 = NULL, *l1 = NULL;
+  char *text = NULL;
+  if (root && (l2 = loss_object(L, steps, n_steps, 1)) != NULL &&
+      cJSON_AddItemToObject(root, "L2_loss", l2)) {
+    if ((l1 = loss_object(L, steps, n_steps, 0)) != NULL &&
+        cJSON_AddItemToObject(root, "L1_loss", l1))
+      text = cJSON_PrintUnformatted(root);
+    else cJSON_Delete(l1);
+  } else cJSON_Delete(l2);
+  cJSON_Delete(root);
+  free(steps);
+  if (!text) return sta_error(STA_ERR_NOMEM, "out of host memory (search results JSON)");
+  sta_status rc = sta_write_text_file(path, "search results", text);
+  cJSON_free(text);
+  return rc;
 }
