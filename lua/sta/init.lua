@@ -1,0 +1,176 @@
+--[[
+sta -- Sliding Tile Attention for Lua 5.4:  local sta = require "sta"
+
+The C module sta.core binds core/sta.h; this file arranges it into the
+documented API (namespaces, file loading by extension, helpers).
+
+Errors follow Lua's io library: misuse raises an error whose value is the
+exact message (STA.md section 9 messages arrive verbatim, no position
+prefix); failures of the environment -- out of memory, device failures,
+missing or malformed files -- return nil, message, code (sta.status.*).
+
+Indices: tensor dimensions and element indices are 1-based; steps, layers,
+heads and tile coordinates are 0-based, as in STA.md and strategy files.
+
+  sta.tensor(shape, {dtype=, device=})     sta.randn(shape, {seed=, ...})
+  sta.zeros(shape, opts)                   sta.from_table(values, shape, opts)
+  sta.load(path [, name | {bf16=true}])    t:save(path)
+  sta.load_safetensors(path)               sta.save_safetensors(path, {name=t})
+  sta.geometry{canvas=, tile=, text_len=}  sta.attention(q, k, v, opts)
+  sta.reference(q, k, v, opts)             sta.strategy.load/parse/uniform/default
+  sta.metadata(layers) / .from_strategy / .search
+  sta.forward_batch{batch_size=, negative=}
+  local ctx <close> = sta.forward_context{step=, metadata=, batch=}
+  sta.layer{...}:forward(q, k, v [, out])  sta.tune{files=, skip_steps=, full=}
+  sta.backends()  sta.info()  sta.debug.live_tensors()
+]]
+local core = require "sta.core"
+
+local sta = {}
+for k, v in pairs(core) do sta[k] = v end
+sta.core = core
+sta._VERSION = "sta " .. core.version
+
+local function ends_with(s, suffix)
+  return s:sub(-#suffix) == suffix
+end
+
+local function sorted_keys(t)
+  local keys = {}
+  for k in pairs(t) do keys[#keys + 1] = k end
+  table.sort(keys)
+  return keys
+end
+
+--- Load a tensor from .npy or .safetensors.  For .safetensors, name picks
+-- the entry (optional when the file holds one); for .npy, name may be
+-- {bf16 = true} (or "bf16") to read '<u2' arrays as raw bf16 bits.
+function sta.load(path, name)
+  if type(path) ~= "string" then
+    error(("path: expected a string, got %s"):format(type(path)), 0)
+  end
+  if ends_with(path, ".safetensors") then
+    local all, names_or_msg, code = core.load_safetensors(path)
+    if not all then return nil, names_or_msg, code end
+    if name ~= nil then
+      local t = all[name]
+      if not t then
+        error(("name: no tensor '%s' in %s (has %s)"):format(tostring(name), path,
+          table.concat(names_or_msg, ", ")), 0)
+      end
+      return t
+    end
+    if #names_or_msg ~= 1 then
+      error(("name: %s holds %d tensors (%s); give a name"):format(path, #names_or_msg,
+        table.concat(names_or_msg, ", ")), 0)
+    end
+    return all[names_or_msg[1]]
+  end
+  local bf16 = name == "bf16" or (type(name) == "table" and name.bf16)
+  return core.npy_load(path, bf16 and true or false)
+end
+
+-- Strategies -------------------------------------------------------------
+sta.strategy = {
+  new = core.strategy_new,
+  load = core.strategy_load,
+  parse = core.strategy_parse,
+  uniform = core.strategy_uniform,
+  default = core.strategy_default,
+}
+
+--- Sparsity of a strategy's window table per (step, layer): a list of
+-- rows {step=, layer=, heads={volume...}} used by the SVG heatmap.
+function sta.strategy.volumes(s, grid)
+  local steps, layers, heads = s:extent()
+  local out = {}
+  for st = 0, steps - 1 do
+    out[st + 1] = {}
+    for l = 0, layers - 1 do
+      local row = {}
+      for h = 0, heads - 1 do
+        local ok, w = pcall(s.get, s, st, l, h)
+        if ok then
+          local v = 1
+          for a = 1, 3 do v = v * (grid and math.min(w[a], grid[a]) or w[a]) end
+          row[h + 1] = v
+        else
+          row[h + 1] = false
+        end
+      end
+      out[st + 1][l + 1] = row
+    end
+  end
+  return out
+end
+
+-- Metadata -----------------------------------------------------------------
+sta.metadata = setmetatable({
+  new = core.metadata,
+  from_strategy = core.metadata_from_strategy,
+  search = core.metadata_search,
+}, { __call = function(_, layers) return core.metadata(layers) end })
+
+-- Contexts -----------------------------------------------------------------
+
+--- Push a forward context: {step=, metadata=, batch=}, or {step=,
+-- strategy=, layers=, heads=, batch=} to build the step's metadata from a
+-- strategy.  Use as a to-be-closed value:
+--   local ctx <close> = sta.forward_context{step = 3, metadata = md, batch = fb}
+function sta.forward_context(opts)
+  if type(opts) == "table" and opts.strategy ~= nil and opts.metadata == nil then
+    local md = core.metadata_from_strategy(opts.strategy, opts.step or 0,
+      opts.layers or 1, opts.heads or 1)
+    local o = {}
+    for k, v in pairs(opts) do o[k] = v end
+    o.metadata, o.strategy = md, nil
+    opts = o
+  end
+  return core.forward_context(opts)
+end
+
+--- Run fn(ctx, ...) inside a forward context; the context is popped on
+-- return and when fn raises.
+function sta.with_context(opts, fn, ...)
+  local ctx <close> = sta.forward_context(opts)
+  return fn(ctx, ...)
+end
+
+-- Backends, debug --------------------------------------------------------------
+sta.debug = {
+  live_tensors = core.live_tensors,
+  fault_arm = core.fault_arm,
+  last_error = core.last_error,
+  context_depth = core.context_depth,
+}
+
+--- The default device: "cuda" when STA_DEVICE says so or a GPU answers,
+-- else "cpu".  STA_DEVICE=cpu forces the CPU.
+function sta.default_device()
+  local env = os.getenv("STA_DEVICE")
+  if env and env ~= "" then return env end
+  return core.backend_available("cuda") and "cuda" or "cpu"
+end
+
+--- Tensor methods written in Lua go on the shared method table.
+local tensor_methods = debug.getregistry()["sta.Tensor"].methods
+
+--- t:info() -- the one-line description without values.
+function tensor_methods.info(t)
+  return ("sta.Tensor(%s, %s, %s)"):format(t:dtype(), t:device(),
+    table.concat(t:shape(), "x"))
+end
+
+sta.sorted_keys = sorted_keys
+
+setmetatable(sta, {
+  __index = function(_, k)
+    if k == "svg" then
+      local svg = require "sta.svg"
+      rawset(sta, "svg", svg)
+      return svg
+    end
+  end,
+})
+
+return sta
