@@ -1,39 +1,257 @@
-/* layer.c -- The STA layer (skeleton). */
+/*
+** layer.c -- the STA layer: finds its row of the live context's window
+** table (or builds it from its strategy), picks this rank's global heads,
+** and runs STA; a search row runs every candidate and records L1/L2.
+*/
+#include <math.h>
 #include <stdlib.h>
 
 #include "internal.h"
 
+struct sta_layer {
+  int32_t index, local_heads, head_dim, sp_rank, sp_size;
+  int32_t auto_geom; /* canvas 0,0,0: known shape from seq_len */
+  sta_geometry geom;
+  sta_layout layout;
+  sta_device backend;
+  float scale;
+  const sta_strategy *strategy;
+};
+
+/* SGLang: int(prefix.split('.')[-3]). */
 sta_status sta_layer_index_from_prefix(const char *prefix, int32_t *layer) {
-  (void)prefix;
-  (void)layer;
-  return sta_error(STA_ERR_UNSUPPORTED, "sta_layer_index_from_prefix: not implemented yet");
+  if (!prefix) return sta_error(STA_ERR_ARGUMENT, "prefix: expected a string, got NULL");
+  if (!layer) return sta_error(STA_ERR_ARGUMENT, "layer: expected a pointer, got NULL");
+  const char *end = prefix + strlen(prefix), *dots[3];
+  int found = 0;
+  for (const char *p = end; p > prefix && found < 3;)
+    if (*--p == '.') dots[found++] = p;
+  if (found < 2)
+    return sta_error(STA_ERR_ARGUMENT,
+                     "prefix \"%s\": expected at least 3 '.'-separated parts "
+                     "(the layer is prefix.split('.')[-3])", prefix);
+  /* part -3 runs from after dots[2] (or the start) to dots[1] */
+  const char *a = found == 3 ? dots[2] + 1 : prefix, *b = dots[1];
+  int64_t v = 0;
+  int ok = a < b;
+  for (const char *p = a; ok && p < b; p++) {
+    ok = *p >= '0' && *p <= '9';
+    if (ok) v = v * 10 + (*p - '0');
+    if (v > INT32_MAX) ok = 0;
+  }
+  if (!ok)
+    return sta_error(STA_ERR_ARGUMENT,
+                     "prefix \"%s\": part -3 \"%.*s\" is not a layer number", prefix,
+                     (int)(b - a), a);
+  *layer = (int32_t)v;
+  return STA_OK;
 }
 
 sta_status sta_layer_create(sta_layer **out, const sta_layer_desc *desc) {
-  (void)out;
-  (void)desc;
-  return sta_error(STA_ERR_UNSUPPORTED, "sta_layer_create: not implemented yet");
+  sta_status rc;
+  int32_t index;
+  if (!out) return sta_error(STA_ERR_ARGUMENT, "out: expected a pointer, got NULL");
+  if (!desc) return sta_error(STA_ERR_ARGUMENT, "desc: expected a layer description, got NULL");
+  if (desc->prefix) {
+    if ((rc = sta_layer_index_from_prefix(desc->prefix, &index)) != STA_OK) return rc;
+  } else if ((index = desc->layer_index) < 0)
+    return sta_error(STA_ERR_ARGUMENT, "layer_index: expected >= 0, got %d", (int)index);
+  if (desc->local_heads < 1 || desc->local_heads > (1 << 16))
+    return sta_error(STA_ERR_ARGUMENT, "local_heads: expected 1..%d, got %d", 1 << 16,
+                     (int)desc->local_heads);
+  if (desc->head_dim < 1)
+    return sta_error(STA_ERR_ARGUMENT, "head_dim: expected >= 1, got %d", (int)desc->head_dim);
+  if (desc->sp_size < 1 || desc->sp_size > (1 << 16))
+    return sta_error(STA_ERR_ARGUMENT, "sp_size: expected 1..%d, got %d", 1 << 16,
+                     (int)desc->sp_size);
+  if (desc->sp_rank < 0 || desc->sp_rank >= desc->sp_size)
+    return sta_error(STA_ERR_ARGUMENT, "sp_rank: expected 0..%d (sp_size %d), got %d",
+                     (int)desc->sp_size - 1, (int)desc->sp_size, (int)desc->sp_rank);
+  const int32_t *c = desc->geom.canvas;
+  int auto_geom = c[0] == 0 && c[1] == 0 && c[2] == 0;
+  if (!auto_geom) {
+    int64_t tl = desc->geom.text_len > 0 ? desc->geom.text_len : 0;
+    int64_t v = (int64_t)c[0] * c[1] * c[2];
+    if (c[0] < 1 || c[1] < 1 || c[2] < 1)
+      return sta_error(STA_ERR_WINDOW,
+                       "geom: canvas %dx%dx%d (all 0 for a known shape by seq_len, else each >= 1)",
+                       (int)c[0], (int)c[1], (int)c[2]);
+    if ((rc = sta_geometry_check(&desc->geom, v + tl)) != STA_OK) return rc;
+  }
+  if (desc->layout != STA_BSHD && desc->layout != STA_BHSD)
+    return sta_error(STA_ERR_ARGUMENT, "layout: expected STA_BSHD (0) or STA_BHSD (1), got %d",
+                     (int)desc->layout);
+  if (desc->backend != STA_CPU && desc->backend != STA_CUDA)
+    return sta_error(STA_ERR_ARGUMENT, "backend: unknown device %d", (int)desc->backend);
+  if (!sta_backend_available(desc->backend))
+    return sta_error(STA_ERR_BACKEND, "st attn not supported");
+  if (!isfinite(desc->scale))
+    return sta_error(STA_ERR_ARGUMENT, "scale: expected a finite value, got %g", (double)desc->scale);
+  sta_layer *l = sta_calloc(1, sizeof *l);
+  if (!l) return sta_error(STA_ERR_NOMEM, "out of host memory (STA layer)");
+  l->index = index;
+  l->local_heads = desc->local_heads;
+  l->head_dim = desc->head_dim;
+  l->sp_rank = desc->sp_rank;
+  l->sp_size = desc->sp_size;
+  l->auto_geom = auto_geom;
+  l->geom = desc->geom;
+  l->layout = desc->layout;
+  l->backend = desc->backend;
+  l->scale = desc->scale;
+  l->strategy = desc->strategy;
+  *out = l;
+  return STA_OK;
 }
 
-void sta_layer_destroy(sta_layer *l) {
-  (void)l;
-}
+void sta_layer_destroy(sta_layer *l) { free(l); }
 
-int32_t sta_layer_index(const sta_layer *l) {
-  (void)l;
-  return 0;
-}
+int32_t sta_layer_index(const sta_layer *l) { return l ? l->index : -1; }
 
 void sta_layer_set_strategy(sta_layer *l, const sta_strategy *s) {
-  (void)l;
-  (void)s;
+  if (l) l->strategy = s;
 }
 
-sta_status sta_layer_forward(sta_layer *l, const sta_tensor *q, const sta_tensor *k, const sta_tensor *v, sta_tensor *out) {
-  (void)l;
-  (void)q;
-  (void)k;
-  (void)v;
-  (void)out;
-  return sta_error(STA_ERR_UNSUPPORTED, "sta_layer_forward: not implemented yet");
+static const char *device_name(sta_device d) { return d == STA_CPU ? "cpu" : "cuda"; }
+
+/* Heads, head dim and device of one of q, k, v, out. */
+static sta_status check_operand(const sta_layer *l, const sta_tensor *t,
+                                const char *name) {
+  sta_bshd b;
+  sta_status rc = sta_tensor_bshd(t, l->layout, name, &b);
+  if (rc != STA_OK) return rc;
+  if (b.h != l->local_heads)
+    return sta_error(STA_ERR_SHAPE, "%s: expected %d heads (local_heads), got %lld", name,
+                     (int)l->local_heads, (long long)b.h);
+  if (b.d != l->head_dim)
+    return sta_error(STA_ERR_SHAPE, "%s: expected head dim %d, got %lld", name,
+                     (int)l->head_dim, (long long)b.d);
+  if (sta_tensor_device(t) != l->backend)
+    return sta_error(STA_ERR_ARGUMENT, "%s: on %s, but the layer runs on %s", name,
+                     device_name(sta_tensor_device(t)), device_name(l->backend));
+  return STA_OK;
+}
+
+/* Every check sta_attention_forward makes, without running it. */
+static sta_status dry_check(const sta_attention_desc *d, const sta_tensor *q,
+                            const sta_tensor *k, const sta_tensor *v,
+                            const sta_tensor *out) {
+  sta_attn_params p;
+  sta_status rc = sta_attn_resolve(d, q, k, v, out, NULL, &p);
+  if (rc == STA_OK) free((void *)p.windows);
+  return rc;
+}
+
+/* Search mode: every candidate on all local heads, full (last) into out. */
+static sta_status search_forward(sta_layer *l, sta_context *ctx,
+                                 sta_attention_desc *d, int32_t n,
+                                 const int32_t *row, const sta_tensor *q,
+                                 const sta_tensor *k, const sta_tensor *v,
+                                 sta_tensor *out) {
+  sta_status rc;
+  int32_t hl = l->local_heads;
+  for (int32_t c = 0; c < n; c++) {
+    d->windows = row + 3 * c;
+    if ((rc = dry_check(d, q, k, v, out)) != STA_OK) {
+      char msg[512];
+      snprintf(msg, sizeof msg, "search candidate %d [%d, %d, %d]: %s", (int)c,
+               (int)row[3 * c], (int)row[3 * c + 1], (int)row[3 * c + 2], sta_last_error());
+      return sta_error(rc, "%s", msg);
+    }
+  }
+  sta_tensor *full = NULL, *cand = NULL;
+  size_t nl = (size_t)(n > 1 ? n - 1 : 1) * (size_t)hl;
+  float *l1 = sta_malloc(sizeof(float) * nl), *l2 = sta_malloc(sizeof(float) * nl);
+  if (!l1 || !l2) {
+    rc = sta_error(STA_ERR_NOMEM, "out of host memory (search losses)");
+    goto done;
+  }
+  if ((rc = sta_tensor_create(&full, out->dtype, l->backend, 4, out->shape)) != STA_OK) goto done;
+  if (n > 1 && (rc = sta_tensor_create(&cand, out->dtype, l->backend, 4, out->shape)) != STA_OK)
+    goto done;
+  d->windows = row + 3 * (n - 1);
+  if ((rc = sta_attention_forward(d, q, k, v, full, NULL)) != STA_OK) goto done;
+  for (int32_t c = 0; c + 1 < n; c++) {
+    d->windows = row + 3 * c;
+    if ((rc = sta_attention_forward(d, q, k, v, cand, NULL)) != STA_OK ||
+        (rc = sta_head_diff(cand, full, l->layout, l1 + (size_t)c * hl,
+                            l2 + (size_t)c * hl)) != STA_OK)
+      goto done;
+  }
+  sta_forward_batch *fb = sta_context_batch(ctx);
+  if (n > 1 &&
+      (rc = sta_forward_batch_record(fb, sta_forward_batch_is_negative(fb),
+                                     sta_context_step(ctx), l->index, n - 1, row, hl, l1,
+                                     l2)) != STA_OK)
+    goto done;
+  rc = sta_tensor_copy(out, full);
+done:
+  sta_tensor_destroy(full);
+  sta_tensor_destroy(cand);
+  free(l1);
+  free(l2);
+  return rc;
+}
+
+sta_status sta_layer_forward(sta_layer *l, const sta_tensor *q,
+                             const sta_tensor *k, const sta_tensor *v,
+                             sta_tensor *out) {
+  sta_status rc;
+  if (!l) return sta_error(STA_ERR_ARGUMENT, "layer: expected a layer, got NULL");
+  sta_context *ctx = sta_context_current();
+  if (!ctx)
+    return sta_error(STA_ERR_STATE,
+                     "STA forward called outside a forward context (no context is live)");
+  if (!sta_context_batch(ctx))
+    return sta_error(STA_ERR_NO_BATCH, "forward_batch cannot be None");
+  int32_t hl = l->local_heads, total = hl * l->sp_size, n = 0;
+  const int32_t *row = NULL;
+  int32_t *owned = NULL; /* this rank's windows, built from the strategy */
+  const sta_metadata *md = sta_context_metadata(ctx);
+  if (md) {
+    if (l->index >= sta_metadata_layers(md))
+      return sta_error(STA_ERR_STA_PARAM, "Invalid STA_param");
+    sta_metadata_row(md, l->index, &n, &row);
+    if (n == 0 || n > total) return sta_error(STA_ERR_STA_PARAM, "Invalid STA_param");
+  } else {
+    if (!l->strategy)
+      return sta_error(STA_ERR_NO_STRATEGY, "mask_strategy cannot be None for SlidingTileAttention");
+    if (!sta_strategy_has_step(l->strategy, 0))
+      return sta_error(STA_ERR_NO_STEP0, "mask_strategy[0] cannot be None for SlidingTileAttention");
+    owned = sta_malloc(sizeof(int32_t) * 3 * (size_t)hl);
+    if (!owned) return sta_error(STA_ERR_NOMEM, "out of host memory (windows)");
+    for (int32_t h = 0; h < hl; h++)
+      if ((rc = sta_strategy_get(l->strategy, sta_context_step(ctx), l->index,
+                                 l->sp_rank * hl + h, owned + 3 * h)) != STA_OK) {
+        free(owned);
+        return rc;
+      }
+    n = total;
+  }
+  /* from here on, leave through done: owned may need freeing */
+  sta_attention_desc d;
+  sta_bshd qb;
+  memset(&d, 0, sizeof d);
+  if ((rc = sta_tensor_bshd(q, l->layout, "q", &qb)) != STA_OK) goto done;
+  d.geom = l->geom;
+  if (l->auto_geom) {
+    if ((rc = sta_geometry_from_seq_len(&d.geom, qb.s)) != STA_OK) goto done;
+  } else if ((rc = sta_geometry_check(&d.geom, qb.s)) != STA_OK)
+    goto done;
+  if ((rc = check_operand(l, q, "q")) != STA_OK || (rc = check_operand(l, k, "k")) != STA_OK ||
+      (rc = check_operand(l, v, "v")) != STA_OK || (rc = check_operand(l, out, "out")) != STA_OK)
+    goto done;
+  d.layout = l->layout;
+  d.scale = l->scale;
+  if (n == total) {
+    d.n_windows = hl;
+    d.windows = owned ? owned : row + 3 * (size_t)l->sp_rank * hl;
+    rc = sta_attention_forward(&d, q, k, v, out, NULL);
+  } else {
+    d.n_windows = 1;
+    rc = search_forward(l, ctx, &d, n, row, q, k, v, out);
+  }
+done:
+  free(owned);
+  return rc;
 }
