@@ -196,6 +196,7 @@ static int32_t read_shape(lua_State *L, int idx, int64_t shape[4]) {
     shape[i] = (int64_t)lua_tointegerx(L, -1, &ok);
     if (!ok)
       misuse(L, "shape[%d]: expected an integer, got %s", i + 1, luaL_tolstring(L, -1, NULL));
+    if (shape[i] < 0) misuse(L, "shape[%d]: expected >= 0, got %I", i + 1, (lua_Integer)shape[i]);
     lua_pop(L, 1);
   }
   return (int32_t)n;
@@ -417,9 +418,12 @@ static int t_view(lua_State *L) {
     }
   } else if (!sta_tensor_is_contiguous(t)) {
     return misuse(L, "view: the tensor is not contiguous; give strides");
+  } else {
+    int64_t st = 1;
+    for (int i = nd - 1; i >= 0; i--) { strides[i] = st; st *= shape[i] > 0 ? shape[i] : 1; }
   }
   LTensor *u = push_view_ud(L);
-  sta_status rc = sta_tensor_view(&u->t, t, offset, nd, shape, have_strides ? strides : NULL);
+  sta_status rc = sta_tensor_view(&u->t, t, offset, nd, shape, strides);
   if (rc != STA_OK) return sta_fail(L, rc);
   tensor_born(L, u);
   return 1;
@@ -448,6 +452,11 @@ static int t_narrow(lua_State *L) {
   sta_tensor *t = check_tensor(L, 1);
   lua_Integer dim = luaL_checkinteger(L, 2), start = luaL_checkinteger(L, 3);
   lua_Integer len = luaL_checkinteger(L, 4);
+  if (dim < 1 || dim > sta_tensor_ndim(t))
+    return misuse(L, "dim: %I outside 1..%d", dim, (int)sta_tensor_ndim(t));
+  if (start < 1 || len < 0 || start - 1 + len > sta_tensor_size(t, (int)dim - 1))
+    return misuse(L, "narrow: [%I, %I] outside 1..%I of dim %I", start, start + len - 1,
+                  (lua_Integer)sta_tensor_size(t, (int)dim - 1), dim);
   LTensor *u = push_view_ud(L);
   sta_status rc = sta_tensor_narrow(&u->t, t, (int32_t)(dim - 1), (int64_t)(start - 1), (int64_t)len);
   if (rc != STA_OK) return sta_fail(L, rc);
@@ -462,7 +471,7 @@ static int t_select(lua_State *L) {
   int32_t nd = sta_tensor_ndim(t);
   int64_t n = sta_tensor_size(t, 0);
   if (nd < 2) return misuse(L, "select: needs a tensor of 2 or more dimensions, got %d", (int)nd);
-  if (i < 1 || i > n) return misuse(L, "index: %d outside 1..%d", (int)i, (int)n);
+  if (i < 1 || i > n) return misuse(L, "index: %I is outside 1..%I", i, (lua_Integer)n);
   int64_t shape[3], strides[3];
   for (int d = 1; d < nd; d++) {
     shape[d - 1] = sta_tensor_size(t, d);
@@ -542,6 +551,9 @@ static void read_index(lua_State *L, sta_tensor *t, int idx, int64_t ix[4]) {
   for (int i = 0; i < nd; i++) {
     lua_geti(L, idx, i + 1);
     ix[i] = (int64_t)luaL_checkinteger(L, -1) - 1;
+    if (ix[i] < 0 || ix[i] >= sta_tensor_size(t, i))
+      misuse(L, "index[%d]: %I is outside 1..%I", i + 1, (lua_Integer)(ix[i] + 1),
+             (lua_Integer)sta_tensor_size(t, i));
     lua_pop(L, 1);
   }
 }
@@ -705,6 +717,9 @@ static int t_index(lua_State *L) {
     if (sta_tensor_ndim(t) == 1) {
       int64_t ix = (int64_t)luaL_checkinteger(L, 2) - 1;
       double v;
+      if (ix < 0 || ix >= sta_tensor_size(t, 0))
+        return misuse(L, "index: %I is outside 1..%I", (lua_Integer)(ix + 1),
+                      (lua_Integer)sta_tensor_size(t, 0));
       sta_status rc = sta_tensor_get(t, &ix, &v);
       if (rc != STA_OK) return sta_fail(L, rc);
       lua_pushnumber(L, v);
