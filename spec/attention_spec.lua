@@ -1,0 +1,186 @@
+local sta = require "sta"
+local H = require "helpers"
+
+-- STA.md sections 1-4 written out naively in Lua: the third opinion.
+local function axis_range(q, k, c)
+  if k >= c then return 0, c - 1 end
+  local r = k // 2
+  local start = math.min(math.max(q - r, 0), c - k)
+  return start, start + k - 1
+end
+
+local function naive(q, k, v, canvas, tile, windows, text_len)
+  local B, S, NH, D = table.unpack(q:shape())
+  local T, Hh, W = table.unpack(canvas)
+  local V = T * Hh * W
+  local grid = {}
+  for a = 1, 3 do grid[a] = math.ceil(canvas[a] / tile[a]) end
+  local qv, kv, vv = q:totable(), k:totable(), v:totable()
+  local function at(vals, b, s, h, d) return vals[((b * S + s) * NH + h) * D + d + 1] end
+  local function coords(i) -- token -> tile coords
+    local t = i // (Hh * W); local h = (i // W) % Hh; local w = i % W
+    return { t // tile[1], h // tile[2], w // tile[3] }
+  end
+  local out = {}
+  for b = 0, B - 1 do
+    for h = 0, NH - 1 do
+      local win = windows[h + 1] or windows[1]
+      for i = 0, S - 1 do
+        local keys = {}
+        if i < V then
+          local qc = coords(i)
+          local lo, hi = {}, {}
+          for a = 1, 3 do lo[a], hi[a] = axis_range(qc[a], win[a], grid[a]) end
+          for j = 0, V - 1 do
+            local kc = coords(j)
+            local ok = true
+            for a = 1, 3 do if kc[a] < lo[a] or kc[a] > hi[a] then ok = false end end
+            if ok then keys[#keys + 1] = j end
+          end
+        else
+          for j = 0, V - 1 do keys[#keys + 1] = j end
+        end
+        for j = V, V + text_len - 1 do keys[#keys + 1] = j end
+        local scale = 1 / math.sqrt(D)
+        local logits, m = {}, -math.huge
+        for n, j in ipairs(keys) do
+          local s = 0
+          for d = 0, D - 1 do s = s + at(qv, b, i, h, d) * at(kv, b, j, h, d) end
+          logits[n] = s * scale
+          m = math.max(m, logits[n])
+        end
+        local z = 0
+        for n = 1, #logits do logits[n] = math.exp(logits[n] - m); z = z + logits[n] end
+        for d = 0, D - 1 do
+          local acc = 0
+          for n, j in ipairs(keys) do acc = acc + logits[n] * at(vv, b, j, h, d) end
+          out[((b * S + i) * NH + h) * D + d + 1] = acc / z
+        end
+      end
+    end
+  end
+  return sta.from_table(out, { B, S, NH, D })
+end
+
+local function qkv(shape, dtype)
+  return H.randn(shape, { dtype = dtype }), H.randn(shape, { dtype = dtype }),
+    H.randn(shape, { dtype = dtype })
+end
+
+describe("sta attention", function()
+  it("matches a naive Lua implementation of STA.md (partial tiles, text)", function()
+    local canvas, tile = {3, 4, 5}, {1, 2, 2} -- grid 3x2x3, partial tiles on w
+    local V, text, pad = 60, 3, 2
+    local q, k, v = qkv({1, V + text + pad, 2, 4})
+    local windows = {{1, 1, 1}, {3, 1, 3}}
+    local out = sta.attention(q, k, v, { canvas = canvas, tile = tile, window = windows, text_len = text })
+    local expect = naive(q, k, v, canvas, tile, windows, text)
+    local max_abs, rel = out:compare(expect)
+    assert.is_true(rel < 1e-5, "rel " .. rel)
+    assert.is_true(max_abs < 1e-5)
+  end)
+
+  it("agrees with the reference on random geometries, both layouts", function()
+    local cases = {
+      { canvas = {4, 6, 6}, tile = {2, 3, 3}, window = {1, 1, 1}, heads = 2, D = 16, text = 0 },
+      { canvas = {5, 7, 9}, tile = {2, 4, 4}, window = {3, 1, 3}, heads = 3, D = 8, text = 5 },
+      { canvas = {6, 8, 8}, tile = {2, 4, 4}, window = {{1, 1, 1}, {3, 3, 3}}, heads = 2, D = 32, text = 7 },
+      { canvas = {2, 3, 17}, tile = {1, 2, 4}, window = {1, 3, 3}, heads = 1, D = 64, text = 2 },
+    }
+    for _, c in ipairs(cases) do
+      for _, layout in ipairs{ "bshd", "bhsd" } do
+        local V = c.canvas[1] * c.canvas[2] * c.canvas[3]
+        local S = V + c.text + 1
+        local shape = layout == "bshd" and {2, S, c.heads, c.D} or {2, c.heads, S, c.D}
+        local q, k, v = qkv(shape)
+        local opts = { canvas = c.canvas, tile = c.tile, window = c.window, text_len = c.text, layout = layout, lse = true }
+        local out, lse = sta.attention(q, k, v, opts)
+        local ref, ref_lse = sta.reference(q, k, v, opts)
+        local _, rel = out:compare(ref)
+        assert.is_true(rel < 1e-4, ("%s %s rel %g"):format(table.concat(c.canvas, "x"), layout, rel))
+        local _, rel_lse = lse:compare(ref_lse)
+        assert.is_true(rel_lse < 1e-4)
+        assert.same({2, c.heads, S}, lse:shape())
+      end
+    end
+  end)
+
+  it("is dense attention with the full window", function()
+    local canvas, tile = {4, 4, 4}, {2, 2, 2}
+    local q, k, v = qkv({1, 64, 2, 16})
+    local full = sta.attention(q, k, v, { canvas = canvas, tile = tile, window = {2, 2, 2} })
+    local big = sta.attention(q, k, v, { canvas = canvas, tile = tile, window = {9, 9, 9} })
+    local sparse = sta.attention(q, k, v, { canvas = canvas, tile = tile, window = {1, 1, 1} })
+    local _, same = full:compare(big)
+    assert.is_true(same < 1e-6)
+    local _, differ = sparse:compare(full)
+    assert.is_true(differ > 1e-2)
+  end)
+
+  it("runs bf16 and f16 inputs close to f32", function()
+    local canvas, tile = {4, 6, 6}, {2, 3, 3}
+    local q, k, v = qkv({1, 144, 2, 32})
+    local opts = { canvas = canvas, tile = tile, window = {1, 1, 1} }
+    local ref = sta.attention(q, k, v, opts)
+    for _, dt in ipairs{ "bf16", "f16" } do
+      local out = sta.attention(q:to(dt), k:to(dt), v:to(dt), opts)
+      assert.equal(dt, out:dtype())
+      local _, rel = out:compare(ref)
+      assert.is_true(rel < (dt == "bf16" and 2e-2 or 3e-3), dt .. " rel " .. rel)
+    end
+  end)
+
+  it("writes into out= and honours scale", function()
+    local canvas = {2, 8, 8}
+    local q, k, v = qkv({1, 128, 1, 8})
+    local out = sta.tensor({1, 128, 1, 8})
+    local r = sta.attention(q, k, v, { canvas = canvas, window = {1, 1, 1}, out = out, scale = 0.01 })
+    assert.equal(out, r)
+    local ref = sta.reference(q, k, v, { canvas = canvas, window = {1, 1, 1}, scale = 0.01 })
+    local _, rel = out:compare(ref)
+    assert.is_true(rel < 1e-5)
+  end)
+
+  it("reports bad inputs exactly and leaves out unchanged", function()
+    local canvas = {4, 6, 6}
+    local q, k, v = qkv({1, 144, 2, 8})
+    local out = H.randn({1, 144, 2, 8})
+    local before = out:totable()
+    local o = { canvas = canvas, tile = {2, 2, 3}, out = out } -- grid 2x3x2
+    o.window = {1, 2, 1}
+    assert.equal("window: Kh = 2 is even and smaller than the 3 tiles on the h axis "
+      .. "(use an odd window, or >= 3 for the whole axis)", H.error_of(sta.attention, q, k, v, o))
+    o.window = {{1, 1, 1}, {1, 0, 1}}
+    assert.equal("head 1: window: Kh = 0, expected >= 1", H.error_of(sta.attention, q, k, v, o))
+    o.window = {1, 1, 1}
+    o.canvas = {8, 6, 6}
+    assert.equal("seq_len 144 not supported for STA", H.error_of(sta.attention, q, k, v, o))
+    o.canvas = canvas
+    local k2 = H.randn({1, 144, 2, 16})
+    assert.equal("k: shape [B=1, S=144, heads=2, D=16] differs from q's [B=1, S=144, heads=2, D=8]",
+      H.error_of(sta.attention, q, k2, v, o))
+    assert.equal("v: dtype bf16 differs from q's f32", H.error_of(sta.attention, q, k, v:to("bf16"), o))
+    o.layout = "sbhd"
+    assert.equal("layout: expected \"bshd\" or \"bhsd\", got 'sbhd'", H.error_of(sta.attention, q, k, v, o))
+    o.layout = nil
+    assert.equal("q: expected a tensor, got nil", H.error_of(sta.attention, nil, k, v, o))
+    -- no canvas and an unknown length
+    assert.equal("seq_len 144 not supported for STA", H.error_of(sta.attention, q, k, v, { out = out }))
+    assert.same(before, out:totable())
+  end)
+
+  it("counts FLOP as STA.md section 8 does", function()
+    local f = sta.flops{ canvas = {30, 48, 80}, text_len = 256, window = {3, 3, 3}, heads = 24, head_dim = 128 }
+    assert.is_true(math.abs(f / 1e12 - 15.40) < 0.01, f)
+  end)
+
+  it("measures per-head L1 and L2 differences", function()
+    local a = H.randn({2, 10, 3, 4})
+    local b = a:clone()
+    b:set({1, 1, 2, 1}, b:get{1, 1, 2, 1} + 0.5)
+    local l1, l2 = sta.head_diff(a, b)
+    assert.equal(0, l1[1]); assert.equal(0, l1[3])
+    assert.is_true(math.abs(l1[2] - 0.5 / 80) < 1e-6)
+    assert.is_true(math.abs(l2[2] - 0.25 / 80) < 1e-6)
+  end)
+end)
