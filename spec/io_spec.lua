@@ -1,0 +1,103 @@
+local sta = require "sta"
+local H = require "helpers"
+
+describe("sta files", function()
+  after_each(H.cleanup)
+
+  it("round-trips .npy in f32, f16 and bf16", function()
+    local x = H.randn({2, 3, 5})
+    for _, dt in ipairs{ "f32", "f16", "bf16" } do
+      local t = x:to(dt)
+      local p = H.tmp(".npy")
+      assert.is_true(t:save(p))
+      local back = assert(sta.load(p, dt == "bf16" and { bf16 = true } or nil))
+      assert.equal(dt, back:dtype())
+      assert.same({2, 3, 5}, back:shape())
+      assert.is_true(H.same_values(t, back))
+    end
+  end)
+
+  it("saves strided views as their values", function()
+    local x = H.randn({4, 6})
+    local v = x:permute{2, 1}:narrow(1, 2, 3)
+    local p = H.tmp(".npy")
+    v:save(p)
+    local back = sta.load(p)
+    assert.same({3, 4}, back:shape())
+    assert.is_true(H.same_values(v, back))
+  end)
+
+  it("returns nil, message, code for missing and malformed .npy files", function()
+    local t, msg, code = sta.load("/nonexistent/x.npy")
+    assert.is_nil(t)
+    assert.equal("/nonexistent/x.npy: cannot open: No such file or directory", msg)
+    assert.equal(sta.status.IO, code)
+    local p = H.tmp(".npy")
+    H.write(p, "\147NUMPY\1\0")
+    t, msg, code = sta.load(p)
+    assert.is_nil(t)
+    assert.equal(sta.status.FORMAT, code)
+    assert.truthy(msg:find(p, 1, true))
+    -- truncated data
+    local good = H.tmp(".npy")
+    H.randn({16, 16}):save(good)
+    local bytes = H.read(good)
+    H.write(p, bytes:sub(1, #bytes - 10))
+    t, msg, code = sta.load(p)
+    assert.is_nil(t)
+    assert.equal(sta.status.FORMAT, code)
+  end)
+
+  it("refuses '<u2' unless read as bf16", function()
+    local p = H.tmp(".npy")
+    H.randn({4}):to("bf16"):save(p)
+    local t, msg, code = sta.load(p)
+    assert.is_nil(t)
+    assert.equal(sta.status.FORMAT, code)
+    assert.truthy(msg:find("<u2", 1, true))
+    assert.equal("bf16", sta.load(p, "bf16"):dtype())
+  end)
+
+  it("round-trips .safetensors with several tensors", function()
+    local p = H.tmp(".safetensors")
+    local tensors = { q = H.randn({1, 20, 2, 8}, { dtype = "bf16" }), k = H.randn({3, 4}, { dtype = "f16" }),
+      v = H.randn({5}) }
+    assert.is_true(sta.save_safetensors(p, tensors))
+    local all, names = sta.load_safetensors(p)
+    table.sort(names)
+    assert.same({"k", "q", "v"}, names)
+    for name, t in pairs(tensors) do
+      assert.equal(t:dtype(), all[name]:dtype())
+      assert.is_true(H.same_values(t, all[name]))
+    end
+    assert.is_true(H.same_values(tensors.k, sta.load(p, "k")))
+    assert.equal("name: no tensor 'x' in " .. p .. " (has k, q, v)", H.error_of(sta.load, p, "x"))
+    assert.equal("name: " .. p .. " holds 3 tensors (k, q, v); give a name", H.error_of(sta.load, p))
+    local one = H.tmp(".safetensors")
+    tensors.v:save(one)
+    assert.is_true(H.same_values(tensors.v, sta.load(one)))
+  end)
+
+  it("returns nil, message, code for malformed .safetensors", function()
+    local p = H.tmp(".safetensors")
+    local header = '{"a":{"dtype":"F32","shape":[4],"data_offsets":[0,64]}}'
+    H.write(p, string.pack("<I8", #header) .. header .. string.rep("\0", 16))
+    local t, msg, code = sta.load_safetensors(p)
+    assert.is_nil(t)
+    assert.equal(sta.status.FORMAT, code)
+    assert.truthy(msg:find("'a'", 1, true))
+    H.write(p, string.pack("<I8", 5) .. "{nope")
+    t, msg, code = sta.load_safetensors(p)
+    assert.is_nil(t)
+    assert.equal(sta.status.FORMAT, code)
+    t, msg, code = sta.load_safetensors("/nonexistent/x.safetensors")
+    assert.is_nil(t)
+    assert.equal(sta.status.IO, code)
+  end)
+
+  it("raises for misuse of the file functions", function()
+    assert.equal("path: expected a string, got number", H.error_of(sta.load, 42))
+    assert.equal("tensors: keys must be names (strings)",
+      H.error_of(sta.save_safetensors, H.tmp(".safetensors"), { H.randn({2}) }))
+  end)
+end)
