@@ -300,10 +300,14 @@ sta_status sta_npy_save(const sta_tensor *t, const char *path) {
     n += snprintf(shp + n, sizeof shp - (size_t)n, "%s%lld", i ? ", " : "",
                   (long long)sta_tensor_size(t, i));
   if (nd == 1) snprintf(shp + n, sizeof shp - (size_t)n, ",");
-  /* 10-byte preamble + dict + spaces + '\n', a multiple of 64 */
+  /* As NumPy >= 1.23 writes it: the dict, 21 - digits(shape[0]) spaces
+  ** (room to grow the first axis in place), spaces and '\n' so that the
+  ** 10-byte preamble + header is a multiple of 64. */
   int dl = snprintf(hdr, sizeof hdr, "{'descr': '%s', 'fortran_order': False, "
                     "'shape': (%s), }", descr, shp);
-  size_t total = ((size_t)10 + (size_t)dl + 1 + 63) / 64 * 64, hlen = total - 10;
+  int digits = snprintf(NULL, 0, "%lld", (long long)sta_tensor_size(t, 0));
+  size_t grown = (size_t)dl + (size_t)(digits < 21 ? 21 - digits : 0);
+  size_t total = ((size_t)10 + grown + 1 + 63) / 64 * 64, hlen = total - 10;
   memset(hdr + dl, ' ', hlen - 1 - (size_t)dl);
   hdr[hlen - 1] = '\n';
 

@@ -275,8 +275,12 @@ sta_status sta_safetensors_open(sta_safetensors **out, const char *path) {
   uint64_t hlen = 0;
   for (int i = 7; i >= 0; i--) hlen = hlen << 8 | lenb[i];
   if (hlen > (uint64_t)(fsize - 8) || hlen > ST_MAX_HEADER || hlen < 2) {
-    rc = sta_error(STA_ERR_FORMAT, "%s: header length %llu is impossible for a file of "
-                   "%lld bytes", path, (unsigned long long)hlen, (long long)fsize);
+    if (hlen > (uint64_t)(fsize - 8) || hlen < 2)
+      rc = sta_error(STA_ERR_FORMAT, "%s: header length %llu is impossible for a file of "
+                     "%lld bytes", path, (unsigned long long)hlen, (long long)fsize);
+    else
+      rc = sta_error(STA_ERR_FORMAT, "%s: header length %llu is over the limit of %llu",
+                     path, (unsigned long long)hlen, (unsigned long long)ST_MAX_HEADER);
     sta_safetensors_close(f);
     return rc;
   }

@@ -323,6 +323,7 @@ void *sta_tensor_data(const sta_tensor *t) {
 
 int32_t sta_tensor_is_contiguous(const sta_tensor *t) {
   int64_t s = 1;
+  if (sta_tensor_numel(t) == 0) return 1; /* nothing to address */
   for (int32_t i = t->ndim - 1; i >= 0; i--) {
     if (t->shape[i] != 1 && t->stride[i] != s) return 0;
     s *= t->shape[i];
