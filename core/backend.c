@@ -9,7 +9,7 @@
 
 static int32_t n_threads = 0;
 static _Thread_local void *cuda_stream = NULL;
-static _Atomic int64_t dev_in_use = 0, dev_peak = 0;
+static int64_t dev_in_use = 0, dev_peak = 0; /* __atomic builtins (clang refuses them on _Atomic) */
 
 static int32_t cpu_probe(const char **why) {
   if (why) *why = "host";
@@ -104,11 +104,14 @@ sta_status sta_cuda_synchronize(void) {
 }
 
 void sta_device_account(int64_t delta) {
-  int64_t now = (dev_in_use += delta), peak = dev_peak;
+  int64_t now = __atomic_add_fetch(&dev_in_use, delta, __ATOMIC_ACQ_REL),
+          peak = __atomic_load_n(&dev_peak, __ATOMIC_ACQUIRE);
   while (now > peak && !__atomic_compare_exchange_n(&dev_peak, &peak, now, 0,
                                                     __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE)) {}
 }
 
-int64_t sta_device_bytes_in_use(void) { return dev_in_use; }
-int64_t sta_device_bytes_peak(void) { return dev_peak; }
-void sta_device_reset_peak(void) { dev_peak = dev_in_use; }
+int64_t sta_device_bytes_in_use(void) { return __atomic_load_n(&dev_in_use, __ATOMIC_ACQUIRE); }
+int64_t sta_device_bytes_peak(void) { return __atomic_load_n(&dev_peak, __ATOMIC_ACQUIRE); }
+void sta_device_reset_peak(void) {
+  __atomic_store_n(&dev_peak, sta_device_bytes_in_use(), __ATOMIC_RELEASE);
+}
