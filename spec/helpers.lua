@@ -66,4 +66,34 @@ function H.full_gc()
   collectgarbage("collect")
 end
 
+local function shell_quote(s)
+  return "'" .. tostring(s):gsub("'", "'\\''") .. "'"
+end
+H.quote = shell_quote
+
+--- Run a Lua 5.4 chunk in a fresh interpreter that finds sta as this one
+-- does.  env: {NAME = value or false (unset)}.  Returns output, ok.
+function H.run_lua(code, env)
+  local parts = { "env" }
+  for k, v in pairs(env or {}) do
+    if v == false then parts[#parts + 1] = "-u " .. k
+    else parts[#parts + 1] = k .. "=" .. shell_quote(v) end
+  end
+  parts[#parts + 1] = "LUA_PATH=" .. shell_quote(package.path)
+  parts[#parts + 1] = "LUA_CPATH=" .. shell_quote(package.cpath)
+  parts[#parts + 1] = "lua5.4 -e " .. shell_quote(code) .. " 2>&1"
+  local f = assert(io.popen(table.concat(parts, " ")))
+  local out = f:read("a")
+  local ok = f:close()
+  return out, ok
+end
+
+--- Run a shell command line; returns output, ok.
+function H.sh(cmd)
+  local f = assert(io.popen(cmd .. " 2>&1"))
+  local out = f:read("a")
+  local ok = f:close()
+  return out, ok
+end
+
 return H
