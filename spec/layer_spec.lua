@@ -1,0 +1,123 @@
+local sta = require "sta"
+local H = require "helpers"
+
+local canvas, tile = {4, 8, 8}, {2, 4, 4} -- grid 2x2x2, 256 video tokens
+local S = 256 + 4
+
+local function qkv(heads, D, layout)
+  local shape = layout == "bhsd" and {1, heads, S, D} or {1, S, heads, D}
+  return H.randn(shape), H.randn(shape), H.randn(shape)
+end
+
+describe("sta layers", function()
+  it("finds the layer index from the module prefix", function()
+    assert.equal(7, sta.layer_index_from_prefix("transformer.double_blocks.7.attn.impl"))
+    local l = sta.layer{ prefix = "model.blocks.12.attn.impl", heads = 2, head_dim = 8, canvas = canvas, tile = tile }
+    assert.equal(12, l:index())
+    assert.equal("sta.Layer(12)", tostring(l))
+    assert.has_error(function() sta.layer_index_from_prefix("attn") end)
+  end)
+
+  it("runs the step's windows from the context, per head", function()
+    local heads, D = 3, 16
+    local s = sta.strategy.new()
+    local wins = {{1, 1, 1}, {1, 2, 2}, {2, 2, 2}}
+    for st = 0, 1 do
+      for l = 0, 1 do
+        for h = 0, heads - 1 do s:set(st, l, h, wins[(h + st) % 3 + 1]) end
+      end
+    end
+    local layer = sta.layer{ layer = 1, heads = heads, head_dim = D, canvas = canvas, tile = tile, text_len = 4 }
+    local fb = sta.forward_batch{}
+    for step = 0, 1 do
+      local q, k, v = qkv(heads, D)
+      local md = sta.metadata.from_strategy(s, step, 2, heads)
+      local ctx <close> = sta.forward_context{ step = step, metadata = md, batch = fb }
+      local out = layer:forward(q, k, v)
+      local per_head = {}
+      for h = 0, heads - 1 do per_head[h + 1] = s:get(step, 1, h) end
+      local expect = sta.attention(q, k, v, { canvas = canvas, tile = tile, window = per_head, text_len = 4 })
+      local _, rel = out:compare(expect)
+      assert.is_true(rel < 1e-6, "rel " .. rel)
+    end
+  end)
+
+  it("falls back to its own strategy when the context has no metadata", function()
+    local s = sta.strategy.uniform{ steps = 2, layers = 1, heads = 2, window = {1, 1, 1} }
+    local layer = sta.layer{ layer = 0, heads = 2, head_dim = 8, canvas = canvas, tile = tile, strategy = s,
+      layout = "bhsd" }
+    s = nil
+    H.full_gc() -- the layer pins its strategy
+    local q, k, v = qkv(2, 8, "bhsd")
+    local ctx <close> = sta.forward_context{ step = 1, batch = sta.forward_batch{} }
+    local out = layer:forward(q, k, v)
+    local expect = sta.attention(q, k, v, { canvas = canvas, tile = tile, window = {1, 1, 1}, layout = "bhsd" })
+    local _, rel = out:compare(expect)
+    assert.is_true(rel < 1e-6)
+  end)
+
+  it("uses this rank's global heads under sequence parallelism", function()
+    local s = sta.strategy.new()
+    local wins = {{1, 1, 1}, {2, 2, 2}, {1, 2, 1}, {2, 1, 1}}
+    for h = 0, 3 do s:set(0, 0, h, wins[h + 1]) end
+    local layer = sta.layer{ layer = 0, heads = 2, head_dim = 8, sp_rank = 1, sp_size = 2, canvas = canvas,
+      tile = tile, strategy = s }
+    local q, k, v = qkv(2, 8)
+    local ctx <close> = sta.forward_context{ step = 0, batch = sta.forward_batch{} }
+    local out = layer:forward(q, k, v)
+    local expect = sta.attention(q, k, v, { canvas = canvas, tile = tile, window = {wins[3], wins[4]} })
+    local _, rel = out:compare(expect)
+    assert.is_true(rel < 1e-6)
+  end)
+
+  it("raises STA.md section 9 messages and leaves out and the stack unchanged", function()
+    local d0 = sta.context_depth()
+    local q, k, v = qkv(2, 8)
+    local out = H.randn({1, S, 2, 8})
+    local before = out:totable()
+    local layer = sta.layer{ layer = 3, heads = 2, head_dim = 8, canvas = canvas, tile = tile }
+    local function fwd() return layer:forward(q, k, v, out) end
+    assert.equal("STA forward called outside a forward context (no context is live)", H.error_of(fwd))
+    local function in_ctx(opts)
+      local ctx <close> = sta.forward_context(opts)
+      return layer:forward(q, k, v, out)
+    end
+    assert.equal("forward_batch cannot be None", H.error_of(in_ctx, { step = 0 }))
+    local fb = sta.forward_batch{}
+    assert.equal("mask_strategy cannot be None for SlidingTileAttention", H.error_of(in_ctx, { step = 0, batch = fb }))
+    layer:set_strategy(sta.strategy.parse('{"1_3_0": [1, 1, 1], "1_3_1": [1, 1, 1]}'))
+    assert.equal("mask_strategy[0] cannot be None for SlidingTileAttention",
+      H.error_of(in_ctx, { step = 1, batch = fb }))
+    assert.equal("Invalid STA_param", H.error_of(in_ctx, { step = 0, batch = fb, metadata = sta.metadata(2) }))
+    local md = sta.metadata(4)
+    assert.equal("Invalid STA_param", H.error_of(in_ctx, { step = 0, batch = fb, metadata = md }))
+    md:set_row(3, {{1, 1, 1}, {1, 1, 1}})
+    local short = H.randn({1, 100, 2, 8})
+    assert.equal("seq_len 100 not supported for STA", H.error_of(function()
+      local ctx <close> = sta.forward_context{ step = 0, batch = fb, metadata = md }
+      return layer:forward(short, short, short)
+    end))
+    local auto = sta.layer{ layer = 3, heads = 2, head_dim = 8 } -- canvas from seq_len
+    assert.equal(("seq_len %d not supported for STA"):format(S), H.error_of(function()
+      local ctx <close> = sta.forward_context{ step = 0, batch = fb, metadata = md }
+      return auto:forward(q, k, v)
+    end))
+    assert.equal("q: expected 2 heads (local_heads), got 3", H.error_of(function()
+      local ctx <close> = sta.forward_context{ step = 0, batch = fb, metadata = md }
+      local q3 = H.randn({1, S, 3, 8})
+      return layer:forward(q3, q3, q3)
+    end))
+    assert.same(before, out:totable())
+    assert.equal(d0, sta.context_depth())
+    -- and it works once everything is there
+    local ctx <close> = sta.forward_context{ step = 0, batch = fb, metadata = md }
+    layer:forward(q, k, v, out)
+    assert.are_not.same(before, out:totable())
+  end)
+
+  it("refuses the CUDA backend when no GPU answers", function()
+    if sta.backend_available("cuda") then return end
+    assert.equal("st attn not supported",
+      H.error_of(sta.layer, { layer = 0, heads = 1, head_dim = 8, backend = "cuda", canvas = canvas }))
+  end)
+end)
