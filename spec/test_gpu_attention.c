@@ -1,0 +1,361 @@
+/* test_gpu_attention.c -- the CUDA backend against the CPU: STA forward on
+** many fresh random geometries (odd canvases, partial tiles, non-default
+** tiles, border and whole-axis windows, text with padding rows, per-head
+** windows, BSHD/BHSD and strided views, batch, D 64/128, bf16/f16, LSE),
+** head_diff, device copy/fill, and the dtype refusal.  Skips cleanly when
+** no CUDA device answers.  STA_TEST_SEED fixes the seed; STA_GPU_CASES the
+** number of random geometries (default 150); STA_GPU_QUICK skips the large
+** fixed cases (for compute-sanitizer). */
+#include <math.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <cmocka.h>
+
+#include "internal.h"
+
+#define MAXH 4
+
+static uint64_t rng_state;
+
+static uint64_t rnd(void) {
+  uint64_t x = rng_state;
+  x ^= x << 13;
+  x ^= x >> 7;
+  x ^= x << 17;
+  return rng_state = x;
+}
+static int64_t rint_in(int64_t lo, int64_t hi) { /* inclusive */
+  return lo + (int64_t)(rnd() % (uint64_t)(hi - lo + 1));
+}
+
+static int gpu_setup(void **state) {
+  (void)state;
+  if (!sta_backend_available(STA_CUDA)) {
+    printf("# no CUDA backend: %s\n", sta_backend_describe(STA_CUDA));
+    return 0;
+  }
+  printf("# %s\n", sta_backend_describe(STA_CUDA));
+  return 0;
+}
+
+#define NEED_GPU()                                                    \
+  do {                                                                \
+    (void)state;                                                      \
+    if (!sta_backend_available(STA_CUDA)) skip();                     \
+  } while (0)
+
+/* A [B,S,H,D] or [B,H,S,D] device tensor of dtype whose storage is
+** contiguous in layout (order 0) or in the other layout, permuted (order
+** 1); base keeps the storage. */
+typedef struct dev4 {
+  sta_tensor *base, *view;
+} dev4;
+
+static void dev4_make(dev4 *x, sta_dtype dt, sta_device dev, sta_layout layout, int order,
+                      int64_t B, int64_t S, int64_t H, int64_t D) {
+  static const int32_t swap[4] = {0, 2, 1, 3};
+  int store_bshd = (layout == STA_BSHD) != (order == 1);
+  int64_t shape[4] = {B, store_bshd ? S : H, store_bshd ? H : S, D};
+  memset(x, 0, sizeof *x);
+  assert_int_equal(sta_tensor_create(&x->base, dt, dev, 4, shape), STA_OK);
+  if (order == 1)
+    assert_int_equal(sta_tensor_permute(&x->view, x->base, swap), STA_OK);
+  else
+    assert_int_equal(sta_tensor_narrow(&x->view, x->base, 3, 0, D), STA_OK);
+}
+
+static void dev4_free(dev4 *x) {
+  sta_tensor_destroy(x->view);
+  sta_tensor_destroy(x->base);
+}
+
+typedef struct gcase {
+  int32_t canvas[3], tile[3];
+  int64_t text, text_len, B, H, D;
+  sta_dtype dtype;
+  sta_layout layout;
+  int order, lse;
+  int32_t n_windows, windows[3 * MAXH];
+  float scale;
+  uint64_t seed;
+} gcase;
+
+static void describe(const gcase *c, char *buf, size_t n) {
+  snprintf(buf, n,
+           "canvas %dx%dx%d tile %dx%dx%d text %lld/%lld B%lld H%lld D%lld %s %s order %d "
+           "lse %d windows(%d) %d,%d,%d scale %g seed %llu",
+           c->canvas[0], c->canvas[1], c->canvas[2], c->tile[0], c->tile[1], c->tile[2],
+           (long long)c->text, (long long)c->text_len, (long long)c->B, (long long)c->H,
+           (long long)c->D, sta_dtype_name(c->dtype), c->layout == STA_BSHD ? "BSHD" : "BHSD",
+           c->order, c->lse, c->n_windows, c->windows[0], c->windows[1], c->windows[2],
+           (double)c->scale, (unsigned long long)c->seed);
+}
+
+/* GPU forward vs CPU forward on f32 copies of the same (rounded) inputs. */
+static void run_case(const gcase *c, double *worst) {
+  char what[320];
+  describe(c, what, sizeof what);
+  sta_attention_desc d;
+  memset(&d, 0, sizeof d);
+  sta_geometry_init(&d.geom, c->canvas[0], c->canvas[1], c->canvas[2]);
+  memcpy(d.geom.tile, c->tile, sizeof c->tile);
+  d.geom.text_len = c->text_len;
+  d.layout = c->layout;
+  d.n_windows = c->n_windows;
+  d.windows = c->windows;
+  d.scale = c->scale;
+  int64_t V = (int64_t)c->canvas[0] * c->canvas[1] * c->canvas[2], S = V + c->text;
+
+  /* host inputs in the device dtype (so both sides see the same values) */
+  dev4 hq, hk, hv, q, k, v, o;
+  dev4_make(&hq, c->dtype, STA_CPU, c->layout, 0, c->B, S, c->H, c->D);
+  dev4_make(&hk, c->dtype, STA_CPU, c->layout, 0, c->B, S, c->H, c->D);
+  dev4_make(&hv, c->dtype, STA_CPU, c->layout, 0, c->B, S, c->H, c->D);
+  assert_int_equal(sta_tensor_randn(hq.view, c->seed * 3 + 0, 0.0, 1.0), STA_OK);
+  assert_int_equal(sta_tensor_randn(hk.view, c->seed * 3 + 1, 0.0, 1.0), STA_OK);
+  assert_int_equal(sta_tensor_randn(hv.view, c->seed * 3 + 2, 0.3, 1.0), STA_OK);
+  dev4_make(&q, c->dtype, STA_CUDA, c->layout, c->order, c->B, S, c->H, c->D);
+  dev4_make(&k, c->dtype, STA_CUDA, c->layout, c->order, c->B, S, c->H, c->D);
+  dev4_make(&v, c->dtype, STA_CUDA, c->layout, 1 - c->order, c->B, S, c->H, c->D);
+  dev4_make(&o, c->dtype, STA_CUDA, c->layout, c->order, c->B, S, c->H, c->D);
+  assert_int_equal(sta_tensor_copy(q.view, hq.view), STA_OK);
+  assert_int_equal(sta_tensor_copy(k.view, hk.view), STA_OK);
+  assert_int_equal(sta_tensor_copy(v.view, hv.view), STA_OK);
+  assert_int_equal(sta_tensor_fill(o.base, NAN), STA_OK); /* poison */
+  sta_tensor *lse = NULL;
+  int64_t lshape[3] = {c->B, c->H, S};
+  if (c->lse) {
+    assert_int_equal(sta_tensor_create(&lse, STA_F32, STA_CUDA, 3, lshape), STA_OK);
+    assert_int_equal(sta_tensor_fill(lse, NAN), STA_OK);
+  }
+  sta_status rc = sta_attention_forward(&d, q.view, k.view, v.view, o.view, lse);
+  if (rc != STA_OK) fail_msg("%s: forward failed: %s", what, sta_last_error());
+  assert_int_equal(sta_cuda_synchronize(), STA_OK);
+
+  /* CPU on f32 copies */
+  sta_tensor *fq = NULL, *fk = NULL, *fv = NULL, *fo = NULL, *fl = NULL;
+  assert_int_equal(sta_tensor_to(&fq, hq.view, STA_F32, STA_CPU), STA_OK);
+  assert_int_equal(sta_tensor_to(&fk, hk.view, STA_F32, STA_CPU), STA_OK);
+  assert_int_equal(sta_tensor_to(&fv, hv.view, STA_F32, STA_CPU), STA_OK);
+  assert_int_equal(sta_tensor_create(&fo, STA_F32, STA_CPU, 4, fq->shape), STA_OK);
+  assert_int_equal(sta_tensor_create(&fl, STA_F32, STA_CPU, 3, lshape), STA_OK);
+  assert_int_equal(sta_attention_forward(&d, fq, fk, fv, fo, fl), STA_OK);
+
+  double mx, rel;
+  assert_int_equal(sta_tensor_compare(o.view, fo, &mx, &rel), STA_OK);
+  double tol = c->dtype == STA_BF16 ? 1e-2 : 2e-3;
+  if (!(rel < tol)) fail_msg("%s: rel L2 %g (tol %g), max %g", what, rel, tol, mx);
+  if (rel > *worst) *worst = rel;
+  if (c->lse) {
+    assert_int_equal(sta_tensor_compare(lse, fl, &mx, &rel), STA_OK);
+    if (!(mx < 1e-3)) fail_msg("%s: lse max err %g rel %g", what, mx, rel);
+  }
+  sta_tensor_destroy(fq); sta_tensor_destroy(fk); sta_tensor_destroy(fv);
+  sta_tensor_destroy(fo); sta_tensor_destroy(fl); sta_tensor_destroy(lse);
+  dev4_free(&hq); dev4_free(&hk); dev4_free(&hv);
+  dev4_free(&q); dev4_free(&k); dev4_free(&v); dev4_free(&o);
+}
+
+static void case_init(gcase *c, int32_t t, int32_t h, int32_t w) {
+  memset(c, 0, sizeof *c);
+  c->canvas[0] = t; c->canvas[1] = h; c->canvas[2] = w;
+  c->tile[0] = 6; c->tile[1] = 8; c->tile[2] = 8;
+  c->text_len = -1;
+  c->B = 1; c->H = 2; c->D = 128;
+  c->dtype = STA_BF16;
+  c->layout = STA_BSHD;
+  c->n_windows = 1;
+  c->windows[0] = c->windows[1] = c->windows[2] = 3;
+  c->lse = 1;
+  c->seed = 1;
+}
+
+/* ---- fixed cases -------------------------------------------------------- */
+
+static void test_default_tiles(void **state) {
+  NEED_GPU();
+  if (getenv("STA_GPU_QUICK")) skip(); /* sanitizer runs */
+  double worst = 0;
+  gcase c;
+  case_init(&c, 18, 24, 32); /* 3x3x4 full tiles */
+  c.text = 70; c.text_len = 50;
+  run_case(&c, &worst);
+  c.windows[0] = 1; c.windows[1] = 3; c.windows[2] = 5; c.seed = 2; c.D = 64;
+  run_case(&c, &worst);
+  c.windows[0] = 5; c.windows[1] = 5; c.windows[2] = 7; c.seed = 3; c.dtype = STA_F16;
+  run_case(&c, &worst); /* whole axes */
+  printf("# default tiles: worst rel L2 %.3e\n", worst);
+}
+
+static void test_layouts(void **state) {
+  NEED_GPU();
+  double worst = 0;
+  gcase c;
+  case_init(&c, 7, 13, 17);
+  c.tile[0] = 2; c.tile[1] = 4; c.tile[2] = 8;
+  c.text = 33;
+  for (int i = 0; i < 4; i++) {
+    c.layout = (i & 1) ? STA_BHSD : STA_BSHD;
+    c.order = i >> 1;
+    c.B = 2;
+    c.seed = 10 + i;
+    run_case(&c, &worst);
+  }
+  printf("# layouts: worst rel L2 %.3e\n", worst);
+}
+
+/* ---- random geometries --------------------------------------------------- */
+
+static const int32_t tiles[][3] = {{6, 8, 8}, {6, 8, 8}, {2, 3, 4}, {3, 4, 5},
+                                   {1, 8, 8}, {4, 4, 4}, {2, 2, 16}, {5, 3, 7}};
+
+static void random_case(gcase *c) {
+  int64_t S, V;
+  do {
+    const int32_t *t = tiles[rnd() % (sizeof tiles / sizeof tiles[0])];
+    case_init(c, (int32_t)rint_in(1, 14), (int32_t)rint_in(1, 20), (int32_t)rint_in(1, 22));
+    memcpy(c->tile, t, sizeof c->tile);
+    if (rnd() % 4 == 0)
+      for (int i = 0; i < 3; i++) c->canvas[i] = t[i] * (int32_t)rint_in(1, 3);
+    V = (int64_t)c->canvas[0] * c->canvas[1] * c->canvas[2];
+    int64_t text = rnd() % 2 ? 0 : rint_in(1, 150);
+    int64_t pad = rnd() % 3 ? 0 : rint_in(1, 40);
+    c->text = text + pad;
+    c->text_len = (pad || rnd() % 2) ? text : -1;
+    S = V + c->text;
+  } while (S < 8 || S > 3000);
+  int32_t grid[3];
+  for (int i = 0; i < 3; i++) grid[i] = (c->canvas[i] + c->tile[i] - 1) / c->tile[i];
+  c->H = rint_in(1, MAXH);
+  c->n_windows = rnd() % 2 ? 1 : (int32_t)c->H;
+  for (int h = 0; h < c->n_windows; h++)
+    for (int i = 0; i < 3; i++) {
+      int32_t k;
+      if (rnd() % 4 == 0) k = grid[i] + (int32_t)rint_in(0, 3); /* whole axis */
+      else k = 1 + 2 * (int32_t)rint_in(0, (grid[i] - 1) / 2);
+      c->windows[3 * h + i] = k;
+    }
+  c->B = rint_in(1, 2);
+  c->D = rnd() % 2 ? 64 : 128;
+  c->dtype = rnd() % 2 ? STA_BF16 : STA_F16;
+  c->layout = rnd() % 2 ? STA_BSHD : STA_BHSD;
+  c->order = (int)(rnd() % 2);
+  c->lse = (int)(rnd() % 3 != 0);
+  c->scale = rnd() % 3 ? 0.f : 0.05f;
+  c->seed = rnd() % 100000;
+}
+
+static void test_random_geometries(void **state) {
+  NEED_GPU();
+  const char *ns = getenv("STA_GPU_CASES");
+  int n = ns ? atoi(ns) : 150;
+  double worst = 0;
+  for (int i = 0; i < n; i++) {
+    gcase c;
+    random_case(&c);
+    run_case(&c, &worst);
+  }
+  printf("# %d random geometries: worst rel L2 %.3e\n", n, worst);
+}
+
+/* ---- head_diff, copy/fill, refusal ---------------------------------------- */
+
+static void test_head_diff(void **state) {
+  NEED_GPU();
+  for (int rep = 0; rep < 4; rep++) {
+    int64_t B = rint_in(1, 2), S = rint_in(1, 5000), H = rint_in(1, 5), D = rep % 2 ? 64 : 128;
+    sta_layout layout = rep < 2 ? STA_BSHD : STA_BHSD;
+    sta_dtype dt = rep == 3 ? STA_F16 : STA_BF16;
+    dev4 ha, hb, a, b;
+    dev4_make(&ha, dt, STA_CPU, layout, 0, B, S, H, D);
+    dev4_make(&hb, dt, STA_CPU, layout, 0, B, S, H, D);
+    assert_int_equal(sta_tensor_randn(ha.view, rnd(), 0.0, 1.0), STA_OK);
+    assert_int_equal(sta_tensor_randn(hb.view, rnd(), 0.1, 0.5), STA_OK);
+    dev4_make(&a, dt, STA_CUDA, layout, rep & 1, B, S, H, D);
+    dev4_make(&b, dt, STA_CUDA, layout, 0, B, S, H, D);
+    assert_int_equal(sta_tensor_copy(a.view, ha.view), STA_OK);
+    assert_int_equal(sta_tensor_copy(b.view, hb.view), STA_OK);
+    float g1[8], g2[8], c1[8], c2[8];
+    assert_int_equal(sta_head_diff(a.view, b.view, layout, g1, g2), STA_OK);
+    assert_int_equal(sta_head_diff(ha.view, hb.view, layout, c1, c2), STA_OK);
+    for (int64_t h = 0; h < H; h++) {
+      if (!(fabsf(g1[h] - c1[h]) <= 1e-4f * fabsf(c1[h]) + 1e-7f) ||
+          !(fabsf(g2[h] - c2[h]) <= 1e-4f * fabsf(c2[h]) + 1e-7f))
+        fail_msg("head_diff head %lld: gpu %g %g cpu %g %g", (long long)h, (double)g1[h],
+                 (double)g2[h], (double)c1[h], (double)c2[h]);
+    }
+    dev4_free(&ha); dev4_free(&hb); dev4_free(&a); dev4_free(&b);
+  }
+}
+
+static void test_copy_fill(void **state) {
+  NEED_GPU();
+  int64_t shape[4] = {2, 37, 3, 24};
+  sta_tensor *h = NULL, *d32 = NULL, *dbf = NULL, *back = NULL, *hbf = NULL;
+  assert_int_equal(sta_tensor_create(&h, STA_F32, STA_CPU, 4, shape), STA_OK);
+  assert_int_equal(sta_tensor_randn(h, 99, 0.0, 3.0), STA_OK);
+  /* f32 device -> strided bf16 device (conversion on the GPU) -> host */
+  assert_int_equal(sta_tensor_to(&d32, h, STA_F32, STA_CUDA), STA_OK);
+  dev4 p;
+  dev4_make(&p, STA_BF16, STA_CUDA, STA_BSHD, 1, 2, 37, 3, 24);
+  assert_int_equal(sta_tensor_copy(p.view, d32), STA_OK);
+  assert_int_equal(sta_tensor_to(&back, p.view, STA_BF16, STA_CPU), STA_OK);
+  assert_int_equal(sta_tensor_to(&hbf, h, STA_BF16, STA_CPU), STA_OK);
+  double mx, rel;
+  assert_int_equal(sta_tensor_compare(back, hbf, &mx, &rel), STA_OK);
+  assert_true(mx == 0.0); /* same rounding as the host */
+  assert_int_equal(sta_tensor_fill(p.view, 1.5), STA_OK);
+  assert_int_equal(sta_tensor_copy(back, p.view), STA_OK);
+  int64_t idx[4] = {1, 36, 2, 23};
+  double val = 0;
+  assert_int_equal(sta_tensor_get(back, idx, &val), STA_OK);
+  assert_true(val == 1.5);
+  sta_tensor_destroy(h); sta_tensor_destroy(d32); sta_tensor_destroy(dbf);
+  sta_tensor_destroy(back); sta_tensor_destroy(hbf);
+  dev4_free(&p);
+}
+
+static void test_f32_refused(void **state) {
+  NEED_GPU();
+  sta_attention_desc d;
+  memset(&d, 0, sizeof d);
+  sta_geometry_init(&d.geom, 6, 8, 8);
+  int32_t w[3] = {1, 1, 1};
+  d.n_windows = 1;
+  d.windows = w;
+  dev4 q, o;
+  dev4_make(&q, STA_F32, STA_CUDA, STA_BSHD, 0, 1, 384, 1, 64);
+  dev4_make(&o, STA_F32, STA_CUDA, STA_BSHD, 0, 1, 384, 1, 64);
+  assert_int_equal(sta_tensor_fill(q.view, 0.25), STA_OK);
+  assert_int_equal(sta_tensor_fill(o.view, 7.0), STA_OK);
+  assert_int_equal(sta_attention_forward(&d, q.view, q.view, q.view, o.view, NULL),
+                   STA_ERR_DTYPE);
+  assert_non_null(strstr(sta_last_error(), "f32"));
+  sta_tensor *h = NULL;
+  assert_int_equal(sta_tensor_to(&h, o.view, STA_F32, STA_CPU), STA_OK);
+  int64_t idx[4] = {0, 100, 0, 5};
+  double val = 0;
+  assert_int_equal(sta_tensor_get(h, idx, &val), STA_OK);
+  assert_true(val == 7.0); /* out unchanged */
+  sta_tensor_destroy(h);
+  dev4_free(&q); dev4_free(&o);
+}
+
+int main(void) {
+  const char *s = getenv("STA_TEST_SEED");
+  uint64_t seed = s ? strtoull(s, NULL, 10) : (uint64_t)time(NULL);
+  printf("# STA_TEST_SEED=%llu\n", (unsigned long long)seed);
+  rng_state = seed * 0x9e3779b97f4a7c15ull + 1;
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_copy_fill),       cmocka_unit_test(test_f32_refused),
+      cmocka_unit_test(test_default_tiles),   cmocka_unit_test(test_layouts),
+      cmocka_unit_test(test_random_geometries), cmocka_unit_test(test_head_diff),
+  };
+  return cmocka_run_group_tests(tests, gpu_setup, NULL);
+}
