@@ -149,7 +149,7 @@ static sta_status from_json(sta_strategy **out, const cJSON *root,
     }
     e->pos = s->n++;
   }
-  qsort(s->e, (size_t)s->n, sizeof *s->e, entry_cmp);
+  if (s->n > 1) qsort(s->e, (size_t)s->n, sizeof *s->e, entry_cmp); /* e NULL when empty */
   /* a repeated key: report the one whose second occurrence comes first */
   int64_t dup = -1;
   for (int64_t i = 1; i < s->n; i++)

@@ -74,11 +74,12 @@ H.quote = shell_quote
 --- Run a Lua 5.4 chunk in a fresh interpreter that finds sta as this one
 -- does.  env: {NAME = value or false (unset)}.  Returns output, ok.
 function H.run_lua(code, env)
-  local parts = { "env" }
-  for k, v in pairs(env or {}) do
+  local parts, sets = { "env" }, {}
+  for k, v in pairs(env or {}) do -- env wants every -u before the first NAME=value
     if v == false then parts[#parts + 1] = "-u " .. k
-    else parts[#parts + 1] = k .. "=" .. shell_quote(v) end
+    else sets[#sets + 1] = k .. "=" .. shell_quote(v) end
   end
+  for _, s in ipairs(sets) do parts[#parts + 1] = s end
   parts[#parts + 1] = "LUA_PATH=" .. shell_quote(package.path)
   parts[#parts + 1] = "LUA_CPATH=" .. shell_quote(package.cpath)
   parts[#parts + 1] = "lua5.4 -e " .. shell_quote(code) .. " 2>&1"
