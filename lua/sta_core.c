@@ -1891,6 +1891,14 @@ static int l_live_tensors(lua_State *L) {
   lua_pushinteger(L, live_tensors);
   return 1;
 }
+/* now() -> monotonic seconds (wall clock, for timing) */
+static int l_now(lua_State *L) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  lua_pushnumber(L, (lua_Number)ts.tv_sec + (lua_Number)ts.tv_nsec * 1e-9);
+  return 1;
+}
+
 static int l_fault_arm(lua_State *L) {
   sta_fault_arm((int64_t)luaL_checkinteger(L, 1));
   return 0;
@@ -1989,7 +1997,7 @@ static const luaL_Reg core_funcs[] = {
   {"synchronize", l_synchronize}, {"device_bytes", l_device_bytes},
   {"set_device_soft_limit", l_set_device_soft_limit},
   {"last_error", l_last_error}, {"status_name", l_status_name},
-  {"live_tensors", l_live_tensors}, {"fault_arm", l_fault_arm},
+  {"live_tensors", l_live_tensors}, {"fault_arm", l_fault_arm}, {"now", l_now},
   {NULL, NULL}};
 
 static void push_status_table(lua_State *L) {

@@ -1,0 +1,157 @@
+--[[
+pipeline.lua -- a DiT-style denoising loop on sta.
+
+Each step runs a classifier-free-guidance pair (positive and negative
+prompt) through every layer; each layer calls layer:forward inside a
+forward context for its step, with the step's windows from a mask strategy
+(uniform: full window for the first steps, sparse afterwards; or the file
+named by STA_ATTENTION_CONFIG).  The latent is updated by the guided
+prediction after each step.  Progress on stderr, one timing line per step
+on stdout, a summary at the end.
+
+  lua5.4 examples/pipeline.lua [--steps 10] [--layers 4] [--heads 4]
+      [--head-dim 64] [--canvas 12x16x16] [--tile 6x8x8] [--text 16]
+      [--window 1x1x1] [--full-steps 2] [--guidance 5] [--device auto|cpu|cuda]
+      [--dtype f32|bf16|f16] [--seed N] [--threads N] [--quiet]
+]]
+local sta = require "sta"
+local cli = require "sta.cli"
+
+local usage = [[
+usage: pipeline.lua [--steps N] [--layers N] [--heads N] [--head-dim D]
+       [--canvas TxHxW] [--tile TxHxW] [--text N] [--window KtxKhxKw]
+       [--full-steps N] [--guidance G] [--device auto|cpu|cuda] [--dtype f32|bf16|f16]
+       [--seed N] [--threads N] [--quiet]
+STA_ATTENTION_CONFIG=file.json uses that mask strategy; STA_DEVICE sets the device.]]
+
+local ok, opts = pcall(cli.parse, arg, {
+  steps = 10, layers = 4, heads = 4, head_dim = 64, canvas = "12x16x16", tile = "6x8x8",
+  text = 16, window = "1x1x1", full_steps = 2, guidance = 5.0, device = "auto", dtype = "",
+  seed = 1234, threads = 0, quiet = false,
+}, usage)
+if not ok then io.stderr:write(opts, "\n", usage, "\n") os.exit(2) end
+
+local canvas, tile = cli.triple(opts.canvas, "--canvas"), cli.triple(opts.tile, "--tile")
+local window = cli.triple(opts.window, "--window")
+local device = opts.device == "auto" and sta.default_device() or opts.device
+local dtype = opts.dtype ~= "" and opts.dtype or (device == "cpu" and "f32" or "bf16")
+if opts.threads > 0 then sta.set_num_threads(opts.threads) end
+local say = opts.quiet and function() end or function(...) io.stdout:write(string.format(...)) end
+
+local geom = sta.geometry{ canvas = canvas, tile = tile, text_len = opts.text }
+local grid = geom:grid()
+local V = geom:video_tokens()
+local S = V + opts.text
+local H, D, L = opts.heads, opts.head_dim, opts.layers
+
+-- the mask strategy
+local strategy, source
+if os.getenv("STA_ATTENTION_CONFIG") and os.getenv("STA_ATTENTION_CONFIG") ~= "" then
+  local s, msg = sta.strategy.default()
+  if not s then io.stderr:write("pipeline: ", msg, "\n") os.exit(1) end
+  strategy, source = s, os.getenv("STA_ATTENTION_CONFIG")
+  strategy:check(opts.steps, L, H) -- raises naming the first missing key
+else
+  strategy = sta.strategy.uniform{ steps = opts.steps, layers = L, heads = H, window = window,
+    full = grid, full_steps = math.min(opts.full_steps, opts.steps) }
+  source = ("uniform %s, full %s for %d steps"):format(cli.fmt_triple(window), cli.fmt_triple(grid),
+    math.min(opts.full_steps, opts.steps))
+end
+
+say("sta %s pipeline: %s on %s (%s)\n", sta.info().version, dtype, device,
+  device == "cpu" and sta.info().cpu or sta.info().cuda)
+say("  canvas %s, tile %s, grid %s, %d video + %d text tokens; %d layers x %d heads x D %d\n",
+  cli.fmt_triple(canvas), cli.fmt_triple(tile), cli.fmt_triple(grid), V, opts.text, L, H, D)
+say("  strategy: %s; sparsity %.3f\n", source, strategy:sparsity(grid))
+
+-- layers, named as a DiT names its modules (layer index from the prefix)
+local layers = {}
+for l = 0, L - 1 do
+  layers[l] = sta.layer{ prefix = ("transformer.blocks.%d.attn.impl"):format(l), heads = H, head_dim = D,
+    canvas = canvas, tile = tile, text_len = opts.text, backend = device }
+end
+
+-- latent (video rows) and the two prompts' text rows, flat [S, H, D]
+local n_video, n_text = V * H * D, opts.text * H * D
+local latent = sta.randn({ n_video }, { seed = opts.seed }):totable()
+local text_rows = {
+  pos = opts.text > 0 and sta.randn({ n_text }, { seed = opts.seed + 1 }):totable() or {},
+  neg = opts.text > 0 and sta.randn({ n_text }, { seed = opts.seed + 2 }):totable() or {},
+}
+
+local function hidden(pass)
+  local flat = table.move(latent, 1, n_video, 1, {})
+  table.move(text_rows[pass], 1, n_text, n_video + 1, flat)
+  local t = sta.from_table(flat, { 1, S, H, D }, { dtype = dtype })
+  return device == "cpu" and t or t:to(device)
+end
+
+local batch = sta.forward_batch{ batch_size = 1 }
+local flops_per_step, attn_time, total_flops, forwards = 0, 0, 0, 0
+local step_times = {}
+local bar = cli.progress(opts.steps * 2 * L, "denoising")
+local t_start = sta.now()
+
+for step = 0, opts.steps - 1 do
+  local t0 = sta.now()
+  local md = sta.metadata.from_strategy(strategy, step, L, H)
+  local preds = {}
+  for _, pass in ipairs{ "pos", "neg" } do
+    batch:negative(pass == "neg")
+    local h = hidden(pass)
+    local ctx <close> = sta.forward_context{ step = step, metadata = md, batch = batch }
+    for l = 0, L - 1 do
+      local ta = sta.now()
+      local out = layers[l]:forward(h, h, h)
+      if device ~= "cpu" then sta.synchronize() end
+      attn_time = attn_time + (sta.now() - ta)
+      local wins = md:row(l)
+      total_flops = total_flops + sta.flops{ canvas = canvas, tile = tile, text_len = opts.text, window = wins,
+        seq_len = S, heads = H, head_dim = D }
+      forwards = forwards + 1
+      h:release()
+      h = out
+      bar:update(step * 2 * L + (pass == "neg" and L or 0) + l + 1,
+        ("step %d/%d %s layer %d/%d"):format(step + 1, opts.steps, pass, l + 1, L))
+    end
+    preds[pass] = h:totable()
+    h:release()
+  end
+  -- guided prediction and an Euler-like update of the video rows
+  local pos, neg, g = preds.pos, preds.neg, opts.guidance
+  local dt = 1 / opts.steps
+  for i = 1, n_video do
+    local v = neg[i] + g * (pos[i] - neg[i])
+    latent[i] = latent[i] + dt * (v - latent[i])
+  end
+  local elapsed = sta.now() - t0
+  step_times[#step_times + 1] = elapsed
+  bar:finish()
+  say("step %2d/%d  window %-8s  sparsity %.3f  %8.1f ms\n", step + 1, opts.steps,
+    cli.fmt_triple(strategy:get(step, 0, 0)),
+    sta.strategy.uniform{ steps = 1, layers = 1, heads = 1, window = strategy:get(step, 0, 0) }:sparsity(grid),
+    elapsed * 1e3)
+end
+bar:finish()
+local total = sta.now() - t_start
+
+local sum, sq, finite = 0, 0, true
+for i = 1, n_video do
+  local x = latent[i]
+  if x ~= x or x == math.huge or x == -math.huge then finite = false end
+  sum = sum + x
+end
+local mean = sum / n_video
+for i = 1, n_video do sq = sq + (latent[i] - mean) ^ 2 end
+local sorted = table.move(step_times, 1, #step_times, 1, {})
+table.sort(sorted)
+
+say("summary: %d steps x 2 passes x %d layers = %d STA forwards in %.2f s\n", opts.steps, L, forwards, total)
+say("  median step %.1f ms; attention %.2f s (%.0f%% of the run), %.3f TFLOP, %.1f GFLOP/s\n",
+  sorted[(#sorted + 1) // 2] * 1e3, attn_time, 100 * attn_time / total, total_flops / 1e12,
+  total_flops / attn_time / 1e9)
+say("  strategy sparsity %.3f; search records %d; contexts left %d\n", strategy:sparsity(grid),
+  batch:records(false) + batch:records(true), sta.context_depth())
+say("  latent mean %.4f std %.4f, %s\n", mean, math.sqrt(sq / n_video), finite and "all finite" or "NOT FINITE")
+if not finite or sta.context_depth() ~= 0 then os.exit(1) end
+say("ok\n")

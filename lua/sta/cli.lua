@@ -1,0 +1,101 @@
+--[[
+sta.cli -- the small pieces the example scripts share: option parsing,
+"AxBxC" triples, a progress bar on stderr, tables of numbers.
+]]
+local cli = {}
+
+--- Parse argv against spec = {name = default, ...}.  Accepts --name value,
+-- --name=value, --flag (booleans) and --no-flag.  Unknown options and
+-- bad values raise a message naming the option.  Numbers are converted
+-- when the default is a number.  Returns the options table.
+function cli.parse(argv, spec, usage)
+  local opts = {}
+  for k, v in pairs(spec) do opts[k] = v end
+  local i = 1
+  while i <= #argv do
+    local a = argv[i]
+    if a == "-h" or a == "--help" then
+      io.stdout:write(usage or "", "\n")
+      os.exit(0)
+    end
+    local name, value = a:match("^%-%-([%w%-_]+)=(.*)$")
+    if not name then name = a:match("^%-%-([%w%-_]+)$") end
+    if not name then error(("%s: expected --option, got '%s'"):format(arg and arg[0] or "", a), 0) end
+    name = name:gsub("%-", "_")
+    local negated = false
+    if spec[name] == nil and name:match("^no_") and type(spec[name:sub(4)]) == "boolean" then
+      name, negated = name:sub(4), true
+    end
+    local def = spec[name]
+    if def == nil then error(("--%s: unknown option"):format(name:gsub("_", "-")), 0) end
+    if type(def) == "boolean" then
+      if value then opts[name] = value == "1" or value == "true" or value == "yes"
+      else opts[name] = not negated end
+    else
+      if not value then
+        i = i + 1
+        value = argv[i]
+        if value == nil then error(("--%s: expected a value"):format(name:gsub("_", "-")), 0) end
+      end
+      if type(def) == "number" then
+        local n = tonumber(value)
+        if not n then error(("--%s: expected a number, got '%s'"):format(name:gsub("_", "-"), value), 0) end
+        opts[name] = n
+      else
+        opts[name] = value
+      end
+    end
+    i = i + 1
+  end
+  return opts
+end
+
+--- "12x16x16" (or "12,16,16") -> {12, 16, 16}
+function cli.triple(s, what)
+  local a, b, c = tostring(s):match("^(%d+)[x,](%d+)[x,](%d+)$")
+  if not a then error(("%s: expected AxBxC, got '%s'"):format(what or "value", tostring(s)), 0) end
+  return { tonumber(a), tonumber(b), tonumber(c) }
+end
+
+function cli.fmt_triple(t) return table.concat(t, "x") end
+
+--- A progress bar on stderr (only when stderr is worth drawing on).
+function cli.progress(total, label)
+  local bar = { total = total, done = 0, label = label or "", width = 30,
+    quiet = os.getenv("STA_NO_PROGRESS") ~= nil }
+  function bar:update(done, note)
+    self.done = done
+    if self.quiet then return end
+    local filled = math.floor(self.width * done / math.max(self.total, 1) + 0.5)
+    io.stderr:write(("\r%s [%s%s] %3d%% %s\27[K"):format(self.label, ("#"):rep(filled),
+      ("."):rep(self.width - filled), math.floor(100 * done / math.max(self.total, 1) + 0.5), note or ""))
+    io.stderr:flush()
+  end
+  function bar:finish()
+    if not self.quiet then io.stderr:write("\r\27[K") io.stderr:flush() end
+  end
+  return bar
+end
+
+--- Print rows as an aligned table: header = {"a", "b"}, rows = {{..}, ..}.
+function cli.table(header, rows, out)
+  out = out or io.stdout
+  local w = {}
+  local all = { header }
+  for _, r in ipairs(rows) do all[#all + 1] = r end
+  for _, r in ipairs(all) do
+    for i, c in ipairs(r) do w[i] = math.max(w[i] or 0, #tostring(c)) end
+  end
+  for n, r in ipairs(all) do
+    local cells = {}
+    for i, c in ipairs(r) do cells[i] = ("%" .. w[i] .. "s"):format(tostring(c)) end
+    out:write(table.concat(cells, "  "), "\n")
+    if n == 1 then
+      local rule = {}
+      for i = 1, #w do rule[i] = ("-"):rep(w[i]) end
+      out:write(table.concat(rule, "  "), "\n")
+    end
+  end
+end
+
+return cli
