@@ -4,6 +4,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 
+#include <cJSON.h>
+
 #include "internal.h"
 
 static _Thread_local char err_msg[1024];
@@ -63,26 +65,44 @@ void sta_free(void *p) { free(p); }
 static _Atomic int64_t fault_at = 0; /* fail when the counter reaches it */
 static _Atomic int64_t fault_counter = 0;
 
+static _Thread_local int64_t alloc_failures = 0;
+
+static void *json_malloc(size_t n) { return sta_malloc(n); }
+
 void sta_fault_arm(int64_t n) {
+  /* From the first arm on, cJSON allocates through the hooks too, so JSON
+  ** parsing and printing fail under injection.  Only then: a host program's
+  ** own cJSON hooks are left alone in normal use.  Both allocate with
+  ** malloc and free with free, so objects made before the switch are fine. */
+  static cJSON_Hooks hooks = {json_malloc, free};
+  static _Atomic int installed = 0;
+  if (!installed++) cJSON_InitHooks(&hooks);
   fault_counter = 0;
   fault_at = n;
 }
 
 int64_t sta_fault_count(void) { return fault_counter; }
 
+int64_t sta_alloc_failures(void) { return alloc_failures; }
+
 static int fault_now(void) {
   int64_t c = ++fault_counter;
   return fault_at > 0 && c == fault_at;
 }
 
-void *sta_malloc(size_t n) { return fault_now() ? NULL : malloc(n ? n : 1); }
+static void *counted(void *p) {
+  if (!p) alloc_failures++;
+  return p;
+}
+
+void *sta_malloc(size_t n) { return counted(fault_now() ? NULL : malloc(n ? n : 1)); }
 
 void *sta_calloc(size_t count, size_t size) {
-  return fault_now() ? NULL : calloc(count ? count : 1, size ? size : 1);
+  return counted(fault_now() ? NULL : calloc(count ? count : 1, size ? size : 1));
 }
 
 void *sta_realloc(void *p, size_t n) {
-  return fault_now() ? NULL : realloc(p, n ? n : 1);
+  return counted(fault_now() ? NULL : realloc(p, n ? n : 1));
 }
 
 char *sta_strdup(const char *s) {

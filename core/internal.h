@@ -38,6 +38,10 @@ char *sta_strdup(const char *s);
 ** sta_fault_count() counts allocations since the last arm. */
 void sta_fault_arm(int64_t n);
 int64_t sta_fault_count(void);
+/* Allocations through the hooks that returned NULL on this thread so far
+** (injected or real): a parser that got NULL from cJSON compares it before
+** and after to tell "out of memory" from "malformed". */
+int64_t sta_alloc_failures(void);
 
 /* ---- tensors ---------------------------------------------------------- */
 

@@ -168,7 +168,10 @@ static sta_status parse_header(sta_safetensors *f, const char *text, size_t len,
                                int64_t data_size) {
   const char *endp = NULL;
   const char *path = f->path;
+  int64_t failed = sta_alloc_failures();
   cJSON *root = cJSON_ParseWithLengthOpts(text, len, &endp, 0);
+  if (!root && sta_alloc_failures() != failed)
+    return sta_error(STA_ERR_NOMEM, "%s: out of host memory (parsing the JSON header)", path);
   if (!root)
     return sta_error(STA_ERR_FORMAT, "%s: the header is not valid JSON (near byte %lld)",
                      path, endp ? (long long)(endp - text) : -1LL);

@@ -171,7 +171,10 @@ static sta_status from_json(sta_strategy **out, const cJSON *root,
 static sta_status parse_text(sta_strategy **out, const char *json, size_t len,
                              const char *what) {
   const char *end = NULL;
+  int64_t failed = sta_alloc_failures();
   cJSON *root = cJSON_ParseWithLengthOpts(json, len, &end, 0);
+  if (!root && sta_alloc_failures() != failed)
+    return sta_error(STA_ERR_NOMEM, "%s: out of host memory (parsing JSON)", what);
   if (!root) {
     size_t at = end && end >= json ? (size_t)(end - json) : 0;
     return sta_error(STA_ERR_FORMAT, "%s: malformed JSON at byte %zu", what, at);
