@@ -238,8 +238,11 @@ sta_status sta_tensor_view(sta_tensor **out, const sta_tensor *base,
   if ((rc = check_shape(ndim, shape, &numel)) != STA_OK) return rc;
   if (!strides) return sta_error(STA_ERR_SHAPE, "strides: expected an array, got NULL");
   if ((rc = check_strides(ndim, shape, strides)) != STA_OK) return rc;
-  int64_t abs_off = base->offset + offset;
   int64_t limit = (int64_t)(base->storage->nbytes / sta_dtype_size(base->dtype));
+  if (offset > limit || offset < -limit) /* also keeps the sum below from overflowing */
+    return sta_error(STA_ERR_SHAPE, "view: offset %lld is outside the storage of %lld",
+                     (long long)offset, (long long)limit);
+  int64_t abs_off = base->offset + offset;
   if (numel > 0) {
     view_extent(abs_off, ndim, shape, strides, &lo, &hi);
     if (lo < 0 || hi >= limit)
@@ -602,6 +605,7 @@ static sta_status element(const sta_tensor *t, const int64_t *index, char **p) {
 sta_status sta_tensor_get(const sta_tensor *t, const int64_t *index,
                           double *value) {
   char *p;
+  if (!value) return sta_error(STA_ERR_ARGUMENT, "value: expected a pointer, got NULL");
   sta_status rc = element(t, index, &p);
   if (rc == STA_OK) *value = sta_load_f32(p, t->dtype);
   return rc;
