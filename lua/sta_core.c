@@ -26,6 +26,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <dlfcn.h>
 
 #include <lauxlib.h>
 #include <lua.h>
@@ -1899,6 +1900,36 @@ static int l_now(lua_State *L) {
   return 1;
 }
 
+/* history(path): when the interpreter has GNU readline (Debian's lua5.4
+** does), read path into its history now and write it back when the state
+** closes.  Found with dlsym, so the module never links readline.  Returns
+** true when readline history is available. */
+typedef int (*history_fn)(const char *);
+static char history_path[1024];
+
+static int history_save(lua_State *L) {
+  (void)L;
+  history_fn w = (history_fn)dlsym(RTLD_DEFAULT, "write_history");
+  if (w && history_path[0]) w(history_path);
+  return 0;
+}
+
+static int l_history(lua_State *L) {
+  const char *path = luaL_checkstring(L, 1);
+  history_fn r = (history_fn)dlsym(RTLD_DEFAULT, "read_history");
+  if (!r || !dlsym(RTLD_DEFAULT, "write_history")) { lua_pushboolean(L, 0); return 1; }
+  snprintf(history_path, sizeof history_path, "%s", path);
+  r(history_path);
+  lua_newuserdatauv(L, 1, 0); /* sentinel: its __gc runs at lua_close */
+  lua_createtable(L, 0, 1);
+  lua_pushcfunction(L, history_save);
+  lua_setfield(L, -2, "__gc");
+  lua_setmetatable(L, -2);
+  lua_setfield(L, LUA_REGISTRYINDEX, "sta.history");
+  lua_pushboolean(L, 1);
+  return 1;
+}
+
 static int l_fault_arm(lua_State *L) {
   sta_fault_arm((int64_t)luaL_checkinteger(L, 1));
   return 0;
@@ -1998,6 +2029,7 @@ static const luaL_Reg core_funcs[] = {
   {"set_device_soft_limit", l_set_device_soft_limit},
   {"last_error", l_last_error}, {"status_name", l_status_name},
   {"live_tensors", l_live_tensors}, {"fault_arm", l_fault_arm}, {"now", l_now},
+  {"history", l_history},
   {NULL, NULL}};
 
 static void push_status_table(lua_State *L) {
