@@ -499,6 +499,118 @@ sta_status sta_tune(sta_strategy **out, int32_t n_files,
 
 /* }====================================================================== */
 
+/*
+** {======================================================================
+** Sequence parallelism (Ulysses; STA.md section 5)
+** =======================================================================
+** P ranks each hold V/P video tokens of ALL heads plus every text row:
+** q, k, v, out are [B, V/P + text, H, D] (or BHSD), rank r holding video
+** tokens r*V/P .. (r+1)*V/P - 1 in the untiled order; text rows are
+** replicated.  One all-to-all gives rank r the whole video for its heads
+** r*H/P .. (r+1)*H/P - 1, it runs STA with those GLOBAL heads' windows on
+** [B, V + text, H/P, D], a second all-to-all returns the video output to
+** the token split and an all-gather over heads gives every rank the text
+** output of all heads.  V % P and H % P must be 0.
+**
+** A communicator moves bytes through a transport: loopback (P ranks in one
+** process, one thread each, sharing one world) or NCCL (libnccl.so.2, or
+** $STA_NCCL_LIB, loaded at run time; CUDA memory only).  Collectives must
+** be entered by every rank of the group in the same order.
+*/
+typedef struct sta_transport {
+  const char *name;     /* "loopback", "nccl", ... */
+  uint32_t devices;     /* bit (1u << sta_device) per memory it moves */
+  void *self;           /* passed to every call */
+  int32_t (*rank)(void *self);
+  int32_t (*size)(void *self);
+  /* send: size chunks of chunk_bytes, chunk j goes to rank j; recv: chunk
+  ** j comes from rank j. */
+  sta_status (*all_to_all)(void *self, const void *send, void *recv,
+                           size_t chunk_bytes, sta_device device);
+  /* recv: size chunks, chunk j is rank j's send. */
+  sta_status (*all_gather)(void *self, const void *send, void *recv,
+                           size_t chunk_bytes, sta_device device);
+  sta_status (*barrier)(void *self);
+  void (*destroy)(void *self); /* may be NULL */
+} sta_transport;
+
+typedef struct sta_comm sta_comm;
+
+/* A communicator over a caller's transport (the table is copied; its
+** destroy runs in sta_comm_destroy).  On error t->destroy is not called. */
+sta_status sta_comm_create(sta_comm **out, const sta_transport *t);
+/* size (1..64) communicators of one in-process world, comms[r] is rank r.
+** Each rank's collectives must run on its own thread (see
+** sta_comm_loopback_run); a wait longer than $STA_DIST_TIMEOUT seconds
+** (default 300) fails.  Destroy each one.  On error none is made. */
+sta_status sta_comm_loopback(sta_comm **comms, int32_t size);
+/* NCCL rank of size ranks.  Rank 0 makes the unique id and, when size > 1,
+** writes it to id_file (atomically, by rename); the others wait for the
+** file up to $STA_DIST_TIMEOUT seconds.  device: the CUDA device to use
+** (-1 = keep the current one).  No NCCL library or no GPU: STA_ERR_BACKEND
+** saying which. */
+sta_status sta_comm_nccl(sta_comm **out, int32_t rank, int32_t size,
+                         const char *id_file, int32_t device);
+/* From the launcher's environment (scripts/sta-launch): STA_RANK (0),
+** STA_WORLD_SIZE (1), STA_LOCAL_RANK (STA_RANK; the CUDA device),
+** STA_DIST_ID_FILE (needed when the world size > 1), STA_DIST_BACKEND
+** ("nccl", the default, or "loopback" for a world of one). */
+sta_status sta_comm_from_env(sta_comm **out);
+void sta_comm_destroy(sta_comm *c);
+int32_t sta_comm_rank(const sta_comm *c);
+int32_t sta_comm_size(const sta_comm *c);
+/* The transport's name, e.g. "loopback". */
+const char *sta_comm_name(const sta_comm *c);
+sta_status sta_comm_barrier(sta_comm *c);
+/* Tensor collectives: contiguous tensors of one dtype, on a device the
+** transport moves.  all_to_all: send and recv have equal numel, a multiple
+** of the size; all_gather: recv numel = size * send numel. */
+sta_status sta_comm_all_to_all(sta_comm *c, const sta_tensor *send,
+                               sta_tensor *recv);
+sta_status sta_comm_all_gather(sta_comm *c, const sta_tensor *send,
+                               sta_tensor *recv);
+/* Run fn(arg, r, comms[r]) for every rank on its own thread and wait for
+** all.  When a rank fails the world is aborted (ranks waiting in a
+** collective return STA_ERR_STATE) and the first failing rank's status is
+** returned with its message prefixed "rank r: ". */
+typedef sta_status (*sta_rank_fn)(void *arg, int32_t rank, sta_comm *comm);
+sta_status sta_comm_loopback_run(sta_comm *const *comms, int32_t size,
+                                 sta_rank_fn fn, void *arg);
+
+/* Rank's shard of a full [B, S, H, D] tensor (canvas of g): local is
+** [B, V/size + S - V, H, D] in layout.  unshard writes a shard back into
+** full (its video rows and, all ranks holding the same, the text rows). */
+sta_status sta_sp_shard(sta_tensor *local, const sta_tensor *full,
+                        const sta_geometry *g, sta_layout layout,
+                        int32_t rank, int32_t size);
+sta_status sta_sp_unshard(sta_tensor *full, const sta_tensor *local,
+                          const sta_geometry *g, sta_layout layout,
+                          int32_t rank, int32_t size);
+/* Ulysses STA: desc as for sta_attention_forward on the whole problem
+** (global canvas and text_len; n_windows 1 or the global heads H); q, k,
+** v, out this rank's shards.  Every argument check runs before the first
+** collective; on error out is unchanged. */
+sta_status sta_sp_attention(sta_comm *c, const sta_attention_desc *desc,
+                            const sta_tensor *q, const sta_tensor *k,
+                            const sta_tensor *v, sta_tensor *out);
+
+/* An STA layer under sequence parallelism: desc as for sta_layer_create
+** with local_heads = H / size and an explicit canvas; sp_rank and sp_size
+** are taken from c (borrowed: keep it alive).  forward takes shards as
+** sta_sp_attention does and runs sta_layer_forward (live context, strategy
+** or metadata row, search mode) on this rank's global heads. */
+typedef struct sta_sp_layer sta_sp_layer;
+sta_status sta_sp_layer_create(sta_sp_layer **out, sta_comm *c,
+                               const sta_layer_desc *desc);
+void sta_sp_layer_destroy(sta_sp_layer *l);
+/* The wrapped layer (e.g. for sta_layer_set_strategy). */
+sta_layer *sta_sp_layer_base(const sta_sp_layer *l);
+sta_status sta_sp_layer_forward(sta_sp_layer *l, const sta_tensor *q,
+                                const sta_tensor *k, const sta_tensor *v,
+                                sta_tensor *out);
+
+/* }====================================================================== */
+
 /* STA_DECLS_END */
 
 #ifdef __cplusplus
