@@ -56,7 +56,10 @@ sta_status sta_geometry_check(const sta_geometry *g, int64_t seq_len) {
 
 sta_status sta_window_check(const sta_geometry *g, const int32_t window[3]) {
   int32_t grid[3];
+  sta_status rc;
   if (!window) return sta_error(STA_ERR_WINDOW, "window: expected 3 ints, got NULL");
+  /* canvas and tile first: the grid divides by the tile */
+  if ((rc = sta_geometry_check(g, INT64_MAX)) != STA_OK) return rc;
   sta_geometry_grid(g, grid);
   for (int i = 0; i < 3; i++) {
     if (window[i] < 1)
@@ -135,6 +138,9 @@ static sta_status tile_rows(sta_tensor *dst, const sta_tensor *src,
   const sta_tensor *u = to_tiled ? src : dst, *tl = to_tiled ? dst : src;
   sta_bshd bu, bt;
   sta_status rc;
+  if (layout != STA_BSHD && layout != STA_BHSD)
+    return sta_error(STA_ERR_ARGUMENT, "layout: expected STA_BSHD (0) or STA_BHSD (1), got %d",
+                     (int)layout);
   if ((rc = sta_tensor_bshd(u, layout, to_tiled ? "in" : "out", &bu)) != STA_OK) return rc;
   if ((rc = sta_tensor_bshd(tl, layout, to_tiled ? "out" : "in", &bt)) != STA_OK) return rc;
   if ((rc = sta_geometry_check(g, bu.s)) != STA_OK) return rc;
