@@ -1,0 +1,532 @@
+/* test_layer.c -- the STA layer: prefixes, creation checks, forward's
+** checks in order (nothing changed on error), sequence-parallel head
+** selection against sta_attention_forward, FastVideo strategy files, and
+** search mode. */
+#include <stdarg.h>
+#include <stddef.h>
+#include <setjmp.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+#include <cmocka.h>
+
+#include "internal.h"
+
+#define EXPECT_ERR(call, status, msg)                \
+  do {                                               \
+    assert_int_equal((call), (status));              \
+    assert_string_equal(sta_last_error(), (msg));    \
+  } while (0)
+
+static uint64_t seed_base;
+static uint64_t next_seed(void) { return seed_base++ * 0x9e3779b97f4a7c15ull + 1; }
+
+/* Canvas 6x8x24, tile 2x4x4 (grid 3x2x6), text 8 rows: small, so fast. */
+enum { T = 6, H = 8, W = 24, V = T * H * W, TEXT = 8, S = V + TEXT, D = 16 };
+
+static sta_tensor *randn4(int64_t a, int64_t b, int64_t c, int64_t d) {
+  sta_tensor *t = NULL;
+  int64_t shape[4] = {a, b, c, d};
+  assert_int_equal(sta_tensor_create(&t, STA_F32, STA_CPU, 4, shape), STA_OK);
+  assert_int_equal(sta_tensor_randn(t, next_seed(), 0.0, 1.0), STA_OK);
+  return t;
+}
+
+static sta_tensor *narrow(const sta_tensor *t, int32_t dim, int64_t start, int64_t len) {
+  sta_tensor *v = NULL;
+  assert_int_equal(sta_tensor_narrow(&v, t, dim, start, len), STA_OK);
+  return v;
+}
+
+static void assert_same(const sta_tensor *a, const sta_tensor *b, double tol) {
+  double max_abs = -1, rel = -1;
+  assert_int_equal(sta_tensor_compare(a, b, &max_abs, &rel), STA_OK);
+  if (max_abs > tol) fail_msg("tensors differ: max |a-b| = %g > %g", max_abs, tol);
+}
+
+static void geometry(sta_geometry *g) {
+  sta_geometry_init(g, T, H, W);
+  g->tile[0] = 2; g->tile[1] = 4; g->tile[2] = 4;
+}
+
+static sta_layer_desc base_desc(void) {
+  sta_layer_desc d;
+  memset(&d, 0, sizeof d);
+  d.layer_index = 0;
+  d.local_heads = 2;
+  d.head_dim = D;
+  d.sp_rank = 0;
+  d.sp_size = 1;
+  geometry(&d.geom);
+  d.layout = STA_BSHD;
+  d.backend = STA_CPU;
+  return d;
+}
+
+/* ---- prefixes and creation ------------------------------------------------ */
+
+static void test_prefix(void **state) {
+  (void)state;
+  int32_t l = -1;
+  assert_int_equal(sta_layer_index_from_prefix("transformer.double_blocks.7.attn.impl", &l), STA_OK);
+  assert_int_equal(l, 7);
+  assert_int_equal(sta_layer_index_from_prefix("12.attn.impl", &l), STA_OK);
+  assert_int_equal(l, 12);
+  assert_int_equal(sta_layer_index_from_prefix("model.blocks.0.x.y", &l), STA_OK);
+  assert_int_equal(l, 0);
+  assert_int_equal(sta_layer_index_from_prefix("a.b.39.c.d", &l), STA_OK);
+  assert_int_equal(l, 39);
+  l = 5;
+  EXPECT_ERR(sta_layer_index_from_prefix("attn.impl", &l), STA_ERR_ARGUMENT,
+             "prefix \"attn.impl\": expected at least 3 '.'-separated parts (the layer is "
+             "prefix.split('.')[-3])");
+  EXPECT_ERR(sta_layer_index_from_prefix("", &l), STA_ERR_ARGUMENT,
+             "prefix \"\": expected at least 3 '.'-separated parts (the layer is "
+             "prefix.split('.')[-3])");
+  EXPECT_ERR(sta_layer_index_from_prefix("transformer.blocks.x.attn.impl", &l), STA_ERR_ARGUMENT,
+             "prefix \"transformer.blocks.x.attn.impl\": part -3 \"x\" is not a layer number");
+  EXPECT_ERR(sta_layer_index_from_prefix("blocks.7.attn", &l), STA_ERR_ARGUMENT,
+             "prefix \"blocks.7.attn\": part -3 \"blocks\" is not a layer number");
+  EXPECT_ERR(sta_layer_index_from_prefix("a..attn.impl", &l), STA_ERR_ARGUMENT,
+             "prefix \"a..attn.impl\": part -3 \"\" is not a layer number");
+  EXPECT_ERR(sta_layer_index_from_prefix("a.-1.attn.impl", &l), STA_ERR_ARGUMENT,
+             "prefix \"a.-1.attn.impl\": part -3 \"-1\" is not a layer number");
+  EXPECT_ERR(sta_layer_index_from_prefix("a.99999999999.b.c", &l), STA_ERR_ARGUMENT,
+             "prefix \"a.99999999999.b.c\": part -3 \"99999999999\" is not a layer number");
+  EXPECT_ERR(sta_layer_index_from_prefix(NULL, &l), STA_ERR_ARGUMENT,
+             "prefix: expected a string, got NULL");
+  assert_int_equal(l, 5);
+}
+
+static void test_create_errors(void **state) {
+  (void)state;
+  sta_layer *l = NULL;
+  sta_layer_desc d = base_desc();
+  d.prefix = "transformer.blocks.3.attn.impl";
+  assert_int_equal(sta_layer_create(&l, &d), STA_OK);
+  assert_int_equal(sta_layer_index(l), 3);
+  sta_layer_destroy(l);
+  l = NULL;
+  d = base_desc();
+  d.layer_index = 5;
+  assert_int_equal(sta_layer_create(&l, &d), STA_OK);
+  assert_int_equal(sta_layer_index(l), 5);
+  sta_layer_destroy(l);
+  l = NULL;
+#define BAD(field, value, status, msg)            \
+  do {                                            \
+    d = base_desc();                              \
+    d.field = value;                              \
+    EXPECT_ERR(sta_layer_create(&l, &d), status, msg); \
+    assert_null(l);                               \
+  } while (0)
+  BAD(layer_index, -1, STA_ERR_ARGUMENT, "layer_index: expected >= 0, got -1");
+  BAD(prefix, "x.attn", STA_ERR_ARGUMENT,
+      "prefix \"x.attn\": expected at least 3 '.'-separated parts (the layer is "
+      "prefix.split('.')[-3])");
+  BAD(local_heads, 0, STA_ERR_ARGUMENT, "local_heads: expected 1..65536, got 0");
+  BAD(head_dim, 0, STA_ERR_ARGUMENT, "head_dim: expected >= 1, got 0");
+  BAD(sp_size, 0, STA_ERR_ARGUMENT, "sp_size: expected 1..65536, got 0");
+  BAD(sp_rank, 1, STA_ERR_ARGUMENT, "sp_rank: expected 0..0 (sp_size 1), got 1");
+  BAD(sp_rank, -1, STA_ERR_ARGUMENT, "sp_rank: expected 0..0 (sp_size 1), got -1");
+  BAD(geom.canvas[1], 0, STA_ERR_WINDOW,
+      "geom: canvas 6x0x24 (all 0 for a known shape by seq_len, else each >= 1)");
+  BAD(geom.tile[2], 0, STA_ERR_WINDOW, "tile: w = 0, expected 1..1048576");
+  BAD(layout, (sta_layout)7, STA_ERR_ARGUMENT, "layout: expected STA_BSHD (0) or STA_BHSD (1), got 7");
+  BAD(backend, (sta_device)9, STA_ERR_ARGUMENT, "backend: unknown device 9");
+  setenv("STA_DISABLE_CUDA", "1", 1);
+  BAD(backend, STA_CUDA, STA_ERR_BACKEND, "st attn not supported");
+  unsetenv("STA_DISABLE_CUDA");
+  if (!sta_backend_available(STA_CUDA))
+    BAD(backend, STA_CUDA, STA_ERR_BACKEND, "st attn not supported");
+  EXPECT_ERR(sta_layer_create(&l, NULL), STA_ERR_ARGUMENT,
+             "desc: expected a layer description, got NULL");
+  /* canvas 0,0,0 is allowed: the shape comes from seq_len */
+  d = base_desc();
+  d.geom.canvas[0] = d.geom.canvas[1] = d.geom.canvas[2] = 0;
+  assert_int_equal(sta_layer_create(&l, &d), STA_OK);
+  sta_layer_destroy(l);
+#undef BAD
+}
+
+/* ---- forward errors: in order, out unchanged ------------------------------ */
+
+static void test_forward_errors(void **state) {
+  (void)state;
+  sta_layer_desc d = base_desc();
+  d.layer_index = 1;
+  sta_layer *l = NULL;
+  assert_int_equal(sta_layer_create(&l, &d), STA_OK);
+  sta_tensor *q = randn4(1, S, 2, D), *k = randn4(1, S, 2, D), *v = randn4(1, S, 2, D);
+  sta_tensor *out = randn4(1, S, 2, D), *poison = NULL;
+  assert_int_equal(sta_tensor_to(&poison, out, STA_F32, STA_CPU), STA_OK);
+  sta_forward_batch *fb = NULL;
+  assert_int_equal(sta_forward_batch_create(&fb, 1), STA_OK);
+  sta_context *c = NULL;
+#define FWD_ERR(status, msg)                                            \
+  do {                                                                  \
+    EXPECT_ERR(sta_layer_forward(l, q, k, v, out), status, msg);        \
+    assert_same(out, poison, 0.0);                                      \
+  } while (0)
+  FWD_ERR(STA_ERR_STATE, "STA forward called outside a forward context (no context is live)");
+  assert_int_equal(sta_context_push(&c, 0, NULL, NULL), STA_OK);
+  FWD_ERR(STA_ERR_NO_BATCH, "forward_batch cannot be None");
+  assert_int_equal(sta_context_pop(c), STA_OK);
+  /* no metadata: the layer's strategy */
+  assert_int_equal(sta_context_push(&c, 1, NULL, fb), STA_OK);
+  FWD_ERR(STA_ERR_NO_STRATEGY, "mask_strategy cannot be None for SlidingTileAttention");
+  sta_strategy *s = NULL;
+  const char *no0 = "{\"1_1_0\": [1, 3, 3], \"1_1_1\": [3, 1, 1]}";
+  assert_int_equal(sta_strategy_parse(&s, no0, strlen(no0)), STA_OK);
+  sta_layer_set_strategy(l, s);
+  FWD_ERR(STA_ERR_NO_STEP0, "mask_strategy[0] cannot be None for SlidingTileAttention");
+  int32_t w3[3] = {3, 3, 3};
+  assert_int_equal(sta_strategy_set(s, 0, 0, 0, w3), STA_OK);
+  assert_int_equal(sta_strategy_set(s, 1, 1, 1, (int32_t[]){3, 3, 3}), STA_OK);
+  int32_t w2[3] = {2, 3, 3}; /* even and smaller than 3 tiles */
+  assert_int_equal(sta_strategy_set(s, 1, 1, 0, w2), STA_OK);
+  FWD_ERR(STA_ERR_WINDOW,
+          "head 0: window: Kt = 2 is even and smaller than the 3 tiles on the t axis (use an "
+          "odd window, or >= 3 for the whole axis)");
+  assert_int_equal(sta_context_pop(c), STA_OK);
+  assert_int_equal(sta_context_push(&c, 2, NULL, fb), STA_OK);
+  FWD_ERR(STA_ERR_KEY, "mask strategy has no window for \"2_1_0\" (step 2, layer 1, head 0)");
+  assert_int_equal(sta_context_pop(c), STA_OK);
+  /* metadata: rows checked before the tensors */
+  sta_metadata *md = NULL;
+  assert_int_equal(sta_metadata_create(&md, 1), STA_OK);
+  assert_int_equal(sta_context_push(&c, 0, md, fb), STA_OK);
+  FWD_ERR(STA_ERR_STA_PARAM, "Invalid STA_param");  /* 1 layer, index 1 */
+  assert_int_equal(sta_context_pop(c), STA_OK);
+  sta_metadata_destroy(md);
+  assert_int_equal(sta_metadata_create(&md, 2), STA_OK);
+  assert_int_equal(sta_context_push(&c, 0, md, fb), STA_OK);
+  FWD_ERR(STA_ERR_STA_PARAM, "Invalid STA_param");  /* row 1 unset */
+  int32_t three[9] = {1, 1, 1, 3, 1, 3, 3, 2, 6};
+  assert_int_equal(sta_metadata_set_row(md, 1, 3, three), STA_OK);
+  FWD_ERR(STA_ERR_STA_PARAM, "Invalid STA_param");  /* 3 windows > 2 heads */
+  int32_t two[6] = {1, 3, 3, 3, 1, 1};
+  assert_int_equal(sta_metadata_set_row(md, 1, 2, two), STA_OK);
+  /* tensors */
+  sta_tensor *shortq = narrow(q, 1, 0, V - 1), *kk = narrow(k, 1, 0, V - 1),
+             *vv = narrow(v, 1, 0, V - 1), *oo = narrow(out, 1, 0, V - 1);
+  EXPECT_ERR(sta_layer_forward(l, shortq, kk, vv, oo), STA_ERR_SEQ_LEN,
+             "seq_len 1151 not supported for STA");
+  assert_same(out, poison, 0.0);
+  sta_tensor *q1 = narrow(q, 2, 0, 1), *qd = narrow(q, 3, 0, D - 1);
+  EXPECT_ERR(sta_layer_forward(l, q1, k, v, out), STA_ERR_SHAPE,
+             "q: expected 2 heads (local_heads), got 1");
+  EXPECT_ERR(sta_layer_forward(l, q, k, v, qd), STA_ERR_SHAPE, "out: expected head dim 16, got 15");
+  EXPECT_ERR(sta_layer_forward(l, q, NULL, v, out), STA_ERR_ARGUMENT,
+             "k: expected a tensor, got NULL");
+  sta_tensor *k3 = narrow(k, 1, 0, S - 1);
+  EXPECT_ERR(sta_layer_forward(l, q, k3, v, out), STA_ERR_SHAPE,
+             "k: shape [B=1, S=1159, heads=2, D=16] differs from q's [B=1, S=1160, heads=2, D=16]");
+  sta_tensor *vh = NULL;
+  assert_int_equal(sta_tensor_to(&vh, v, STA_BF16, STA_CPU), STA_OK);
+  EXPECT_ERR(sta_layer_forward(l, q, k, vh, out), STA_ERR_DTYPE, "v: dtype bf16 differs from q's f32");
+  assert_same(out, poison, 0.0);
+  assert_int_equal(sta_context_pop(c), STA_OK);
+  /* no canvas: the known FastVideo shapes only */
+  sta_layer *la = NULL;
+  d = base_desc();
+  d.geom.canvas[0] = d.geom.canvas[1] = d.geom.canvas[2] = 0;
+  assert_int_equal(sta_layer_create(&la, &d), STA_OK);
+  assert_int_equal(sta_metadata_set_row(md, 0, 2, two), STA_OK);
+  assert_int_equal(sta_context_push(&c, 0, md, fb), STA_OK);
+  EXPECT_ERR(sta_layer_forward(la, q, k, v, out), STA_ERR_SEQ_LEN,
+             "seq_len 1160 not supported for STA");
+  assert_same(out, poison, 0.0);
+  assert_int_equal(sta_context_pop(c), STA_OK);
+  assert_int_equal(sta_forward_batch_records(fb, 0), 0);
+  assert_int_equal(sta_context_depth(), 0);
+  sta_tensor *all[] = {q, k, v, out, poison, shortq, kk, vv, oo, q1, qd, k3, vh};
+  for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) sta_tensor_destroy(all[i]);
+  sta_layer_destroy(la);
+  sta_layer_destroy(l);
+  sta_metadata_destroy(md);
+  sta_strategy_destroy(s);
+  sta_forward_batch_destroy(fb);
+#undef FWD_ERR
+}
+
+/* ---- sequence parallel: each rank runs its global heads ------------------- */
+
+enum { STEPS = 3, LAYERS = 2, HEADS = 4, SP = 2, HL = HEADS / SP };
+
+/* The 16 windows that differ on a 3x2x6 grid; each (step, layer) gets 4
+** different ones from a fresh random permutation. */
+static sta_strategy *distinct_strategy(int32_t win[STEPS][LAYERS][HEADS][3]) {
+  static const int32_t kt[2] = {1, 3}, kh[2] = {1, 2}, kw[4] = {1, 3, 5, 6};
+  int32_t all[16][3], n = 0;
+  for (int a = 0; a < 2; a++)
+    for (int b = 0; b < 2; b++)
+      for (int c = 0; c < 4; c++) { all[n][0] = kt[a]; all[n][1] = kh[b]; all[n][2] = kw[c]; n++; }
+  sta_strategy *s = NULL;
+  assert_int_equal(sta_strategy_create(&s), STA_OK);
+  for (int t = 0; t < STEPS; t++)
+    for (int l = 0; l < LAYERS; l++) {
+      for (int i = n - 1; i > 0; i--) {
+        int j = (int)(next_seed() % (uint64_t)(i + 1));
+        int32_t x[3];
+        memcpy(x, all[i], sizeof x); memcpy(all[i], all[j], sizeof x); memcpy(all[j], x, sizeof x);
+      }
+      for (int h = 0; h < HEADS; h++) {
+        memcpy(win[t][l][h], all[h], 3 * sizeof(int32_t));
+        assert_int_equal(sta_strategy_set(s, t, l, h, win[t][l][h]), STA_OK);
+      }
+    }
+  return s;
+}
+
+static void run_sp_loop(sta_layout layout, int use_metadata) {
+  int32_t win[STEPS][LAYERS][HEADS][3];
+  sta_strategy *s = distinct_strategy(win);
+  int hdim = layout == STA_BSHD ? 2 : 1;
+  sta_layer *layer[SP][LAYERS];
+  for (int r = 0; r < SP; r++)
+    for (int l = 0; l < LAYERS; l++) {
+      sta_layer_desc d = base_desc();
+      char prefix[64];
+      snprintf(prefix, sizeof prefix, "transformer.blocks.%d.attn.impl", l);
+      d.prefix = l == 0 ? prefix : NULL;
+      d.layer_index = l;
+      d.local_heads = HL;
+      d.sp_rank = r;
+      d.sp_size = SP;
+      d.layout = layout;
+      d.strategy = use_metadata ? NULL : s;
+      assert_int_equal(sta_layer_create(&layer[r][l], &d), STA_OK);
+      assert_int_equal(sta_layer_index(layer[r][l]), l);
+    }
+  sta_forward_batch *fb = NULL;
+  assert_int_equal(sta_forward_batch_create(&fb, 1), STA_OK);
+  for (int t = 0; t < STEPS; t++) {
+    sta_metadata *md = NULL;
+    if (use_metadata) assert_int_equal(sta_metadata_from_strategy(&md, s, t, LAYERS, HEADS), STA_OK);
+    sta_context *c = NULL;
+    assert_int_equal(sta_context_push(&c, t, md, fb), STA_OK);
+    for (int l = 0; l < LAYERS; l++) {
+      int64_t B = 1 + (t == 1); /* one step with batch 2 */
+      sta_tensor *q, *k, *v, *out, *want = NULL;
+      if (layout == STA_BSHD) {
+        q = randn4(B, S, HEADS, D); k = randn4(B, S, HEADS, D); v = randn4(B, S, HEADS, D);
+        out = randn4(B, S, HEADS, D);
+      } else {
+        q = randn4(B, HEADS, S, D); k = randn4(B, HEADS, S, D); v = randn4(B, HEADS, S, D);
+        out = randn4(B, HEADS, S, D);
+      }
+      assert_int_equal(sta_tensor_to(&want, out, STA_F32, STA_CPU), STA_OK);
+      sta_attention_desc ad;
+      memset(&ad, 0, sizeof ad);
+      geometry(&ad.geom);
+      ad.layout = layout;
+      ad.n_windows = HEADS;
+      ad.windows = &win[t][l][0][0];
+      assert_int_equal(sta_attention_forward(&ad, q, k, v, want, NULL), STA_OK);
+      for (int r = 0; r < SP; r++) {
+        sta_tensor *qr = narrow(q, hdim, r * HL, HL), *kr = narrow(k, hdim, r * HL, HL),
+                   *vr = narrow(v, hdim, r * HL, HL), *outr = narrow(out, hdim, r * HL, HL);
+        assert_int_equal(sta_layer_forward(layer[r][l], qr, kr, vr, outr), STA_OK);
+        sta_tensor_destroy(qr); sta_tensor_destroy(kr); sta_tensor_destroy(vr);
+        sta_tensor_destroy(outr);
+      }
+      /* each rank wrote exactly its global heads with their windows */
+      assert_same(out, want, 1e-6);
+      /* and the windows matter: the wrong rank's windows give another answer */
+      int32_t swapped[HEADS][3];
+      for (int h = 0; h < HEADS; h++) memcpy(swapped[h], win[t][l][(h + HL) % HEADS], 12);
+      ad.windows = &swapped[0][0];
+      assert_int_equal(sta_attention_forward(&ad, q, k, v, want, NULL), STA_OK);
+      double max_abs, rel;
+      assert_int_equal(sta_tensor_compare(out, want, &max_abs, &rel), STA_OK);
+      assert_true(max_abs > 1e-3);
+      sta_tensor_destroy(q); sta_tensor_destroy(k); sta_tensor_destroy(v);
+      sta_tensor_destroy(out); sta_tensor_destroy(want);
+    }
+    assert_int_equal(sta_context_pop(c), STA_OK);
+    sta_metadata_destroy(md);
+  }
+  assert_int_equal(sta_forward_batch_records(fb, 0), 0);
+  for (int r = 0; r < SP; r++)
+    for (int l = 0; l < LAYERS; l++) sta_layer_destroy(layer[r][l]);
+  sta_forward_batch_destroy(fb);
+  sta_strategy_destroy(s);
+}
+
+static void test_sp_metadata_bshd(void **state) { (void)state; run_sp_loop(STA_BSHD, 1); }
+static void test_sp_strategy_bhsd(void **state) { (void)state; run_sp_loop(STA_BHSD, 0); }
+
+/* ---- a FastVideo strategy file drives the per-head windows ------------ */
+
+static void test_fastvideo_file(void **state) {
+  (void)state;
+  /* as FastVideo writes it: json.dump of {"t_l_h": [Kt, Kh, Kw]}, any order */
+  const char *text =
+      "{\"0_0_0\": [1, 2, 3], \"0_0_1\": [3, 1, 5], \"0_0_2\": [3, 2, 6], \"0_0_3\": [1, 1, 1],\n"
+      " \"1_0_3\": [3, 3, 3], \"1_0_2\": [1, 1, 3], \"1_0_1\": [1, 5, 1], \"1_0_0\": [3, 1, 7]}";
+  const int32_t want_w[2][4][3] = {{{1, 2, 3}, {3, 1, 5}, {3, 2, 6}, {1, 1, 1}},
+                                   {{3, 1, 7}, {1, 5, 1}, {1, 1, 3}, {3, 3, 3}}};
+  char path[256];
+  snprintf(path, sizeof path, "/tmp/sta-test-layer-%d-fastvideo.json", (int)getpid());
+  FILE *f = fopen(path, "w");
+  assert_non_null(f);
+  fputs(text, f);
+  fclose(f);
+  setenv("FASTVIDEO_ATTENTION_CONFIG", path, 1);
+  unsetenv("STA_ATTENTION_CONFIG");
+  unsetenv("SGLANG_DIFFUSION_ATTENTION_CONFIG");
+  sta_strategy *s = NULL;
+  assert_int_equal(sta_strategy_load_default(&s), STA_OK);
+  unsetenv("FASTVIDEO_ATTENTION_CONFIG");
+  remove(path);
+  sta_layer_desc d = base_desc();
+  d.prefix = "transformer.blocks.0.attn.impl";
+  d.local_heads = 4;
+  d.strategy = s;
+  d.geom.text_len = 5; /* 3 padding rows after the valid text */
+  sta_layer *l = NULL;
+  assert_int_equal(sta_layer_create(&l, &d), STA_OK);
+  sta_forward_batch *fb = NULL;
+  assert_int_equal(sta_forward_batch_create(&fb, 1), STA_OK);
+  for (int t = 0; t < 2; t++) {
+    sta_tensor *q = randn4(1, S, 4, D), *k = randn4(1, S, 4, D), *v = randn4(1, S, 4, D),
+               *out = randn4(1, S, 4, D), *want = randn4(1, S, 4, D);
+    sta_attention_desc ad;
+    memset(&ad, 0, sizeof ad);
+    geometry(&ad.geom);
+    ad.geom.text_len = 5;
+    ad.layout = STA_BSHD;
+    ad.n_windows = 4;
+    ad.windows = &want_w[t][0][0];
+    assert_int_equal(sta_attention_forward(&ad, q, k, v, want, NULL), STA_OK);
+    sta_context *c = NULL;
+    assert_int_equal(sta_context_push(&c, t, NULL, fb), STA_OK);
+    assert_int_equal(sta_layer_forward(l, q, k, v, out), STA_OK);
+    assert_int_equal(sta_context_pop(c), STA_OK);
+    assert_same(out, want, 1e-6);
+    sta_tensor_destroy(q); sta_tensor_destroy(k); sta_tensor_destroy(v);
+    sta_tensor_destroy(out); sta_tensor_destroy(want);
+  }
+  sta_layer_destroy(l);
+  sta_forward_batch_destroy(fb);
+  sta_strategy_destroy(s);
+}
+
+/* ---- search mode ------------------------------------------------------------ */
+
+static void test_search_mode(void **state) {
+  (void)state;
+  int32_t cand[9] = {1, 1, 1, 3, 1, 3, 3, 2, 6}; /* full (3x2x6 grid) last */
+  sta_metadata *md = NULL;
+  assert_int_equal(sta_metadata_search(&md, 2, 3, cand), STA_OK);
+  sta_layer_desc d = base_desc();
+  d.layer_index = 1;
+  d.local_heads = 4; /* 3 candidates < 4 heads: a search row */
+  sta_layer *l = NULL;
+  assert_int_equal(sta_layer_create(&l, &d), STA_OK);
+  sta_forward_batch *fb = NULL;
+  assert_int_equal(sta_forward_batch_create(&fb, 1), STA_OK);
+  for (int neg = 0; neg < 2; neg++) {
+    sta_forward_batch_set_negative(fb, neg);
+    sta_tensor *q = randn4(1, S, 4, D), *k = randn4(1, S, 4, D), *v = randn4(1, S, 4, D),
+               *out = randn4(1, S, 4, D), *full = randn4(1, S, 4, D), *c0 = randn4(1, S, 4, D),
+               *c1 = randn4(1, S, 4, D);
+    sta_attention_desc ad;
+    memset(&ad, 0, sizeof ad);
+    geometry(&ad.geom);
+    ad.layout = STA_BSHD;
+    ad.n_windows = 1;
+    ad.windows = cand + 6;
+    assert_int_equal(sta_attention_forward(&ad, q, k, v, full, NULL), STA_OK);
+    ad.windows = cand;
+    assert_int_equal(sta_attention_forward(&ad, q, k, v, c0, NULL), STA_OK);
+    ad.windows = cand + 3;
+    assert_int_equal(sta_attention_forward(&ad, q, k, v, c1, NULL), STA_OK);
+    float l1[2][4], l2[2][4];
+    assert_int_equal(sta_head_diff(c0, full, STA_BSHD, l1[0], l2[0]), STA_OK);
+    assert_int_equal(sta_head_diff(c1, full, STA_BSHD, l1[1], l2[1]), STA_OK);
+    sta_context *c = NULL;
+    assert_int_equal(sta_context_push(&c, 4 + neg, md, fb), STA_OK);
+    assert_int_equal(sta_layer_forward(l, q, k, v, out), STA_OK);
+    assert_int_equal(sta_context_pop(c), STA_OK);
+    assert_same(out, full, 0.0); /* the trajectory stays dense */
+    assert_int_equal(sta_forward_batch_records(fb, neg), 1);
+    assert_int_equal(sta_forward_batch_records(fb, !neg), neg ? 1 : 0);
+    for (int h = 0; h < 4; h++) {
+      assert_true(l2[0][h] > l2[1][h]);
+      assert_true(l2[1][h] > 0);
+    }
+    /* the saved record holds the same losses */
+    char path[256];
+    snprintf(path, sizeof path, "/tmp/sta-test-layer-%d-search.json", (int)getpid());
+    assert_int_equal(sta_forward_batch_save_search(fb, neg, path), STA_OK);
+    char *text = NULL;
+    size_t len;
+    assert_int_equal(sta_read_text_file(path, "test", &text, &len), STA_OK);
+    remove(path);
+    char expect[256];
+    snprintf(expect, sizeof expect, "\"[1, 1, 1]\":[[[%.9g", (double)l2[0][0]);
+    /* cJSON writes the shortest exact double; compare the value instead */
+    char *at = strstr(text, "\"L2_loss\":{\"[1, 1, 1]\":[[[");
+    assert_non_null(at);
+    double got = strtod(at + strlen("\"L2_loss\":{\"[1, 1, 1]\":[[["), NULL);
+    assert_true((float)got == l2[0][0]);
+    at = strstr(text, "\"L1_loss\":{\"[1, 1, 1]\":[[[");
+    assert_non_null(at);
+    assert_non_null(strstr(text, "\"[3, 1, 3]\""));
+    assert_null(strstr(text, "\"[3, 2, 6]\"")); /* the full window is not a candidate */
+    free(text);
+    sta_tensor *all[] = {q, k, v, out, full, c0, c1};
+    for (size_t i = 0; i < 7; i++) sta_tensor_destroy(all[i]);
+  }
+  /* a bad candidate fails before any work: out and the records unchanged */
+  int32_t bad[9] = {1, 1, 1, 2, 3, 3, 3, 2, 6};
+  assert_int_equal(sta_metadata_set_row(md, 1, 3, bad), STA_OK);
+  sta_tensor *q = randn4(1, S, 4, D), *out = randn4(1, S, 4, D), *poison = NULL;
+  assert_int_equal(sta_tensor_to(&poison, out, STA_F32, STA_CPU), STA_OK);
+  sta_context *c = NULL;
+  assert_int_equal(sta_context_push(&c, 9, md, fb), STA_OK);
+  EXPECT_ERR(sta_layer_forward(l, q, q, q, out), STA_ERR_WINDOW,
+             "search candidate 1 [2, 3, 3]: window: Kt = 2 is even and smaller than the 3 "
+             "tiles on the t axis (use an odd window, or >= 3 for the whole axis)");
+  assert_same(out, poison, 0.0);
+  assert_int_equal(sta_forward_batch_records(fb, 1), 1);
+  /* an allocation failing anywhere in search mode changes nothing */
+  assert_int_equal(sta_metadata_set_row(md, 1, 3, cand), STA_OK);
+  int ok = 0;
+  for (int64_t n = 1; n < 40 && !ok; n++) {
+    sta_fault_arm(n);
+    sta_status rc = sta_layer_forward(l, q, q, q, out);
+    sta_fault_arm(0);
+    if (rc == STA_OK) { ok = 1; break; }
+    assert_int_equal(rc, STA_ERR_NOMEM);
+    assert_same(out, poison, 0.0);
+    assert_int_equal(sta_forward_batch_records(fb, 1), 1);
+  }
+  assert_true(ok);
+  assert_int_equal(sta_forward_batch_records(fb, 1), 2);
+  assert_int_equal(sta_context_pop(c), STA_OK);
+  sta_tensor_destroy(q); sta_tensor_destroy(out); sta_tensor_destroy(poison);
+  sta_layer_destroy(l);
+  sta_metadata_destroy(md);
+  sta_forward_batch_destroy(fb);
+}
+
+int main(void) {
+  seed_base = (uint64_t)time(NULL) * 1000003u + (uint64_t)getpid();
+  printf("# test_layer seed %llu\n", (unsigned long long)seed_base);
+  const struct CMUnitTest tests[] = {
+    cmocka_unit_test(test_prefix),
+    cmocka_unit_test(test_create_errors),
+    cmocka_unit_test(test_forward_errors),
+    cmocka_unit_test(test_sp_metadata_bshd),
+    cmocka_unit_test(test_sp_strategy_bhsd),
+    cmocka_unit_test(test_fastvideo_file),
+    cmocka_unit_test(test_search_mode),
+  };
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}
