@@ -179,8 +179,8 @@ function svg.strategy(s, opts)
     end
     d:rect(x0, y0, pw, ph, "none", ' stroke="#333" stroke-width="1"')
     if c == 0 then
-      d:text(x0 - 8, y0 + ph / 2, "layer", (' text-anchor="end" fill="#444" transform="rotate(-90 %.1f %.1f)"'):format(
-        x0 - 8, y0 + ph / 2))
+      d:text(x0 - 20, y0 + ph / 2, "layer", (' text-anchor="middle" fill="#444" transform="rotate(-90 %.1f %.1f)"')
+        :format(x0 - 20, y0 + ph / 2))
       d:text(x0 - 4, y0 + cell * 0.5 + 4, "0", ' text-anchor="end" font-size="9" fill="#444"')
       d:text(x0 - 4, y0 + ph - cell * 0.5 + 4, tostring(layers - 1), ' text-anchor="end" font-size="9" fill="#444"')
     end
