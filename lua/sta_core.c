@@ -22,6 +22,7 @@
 ** user value; pushed contexts are anchored in the registry until popped.
 */
 #include <stdarg.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -2049,8 +2050,18 @@ static void push_status_table(lua_State *L) {
   }
 }
 
+/* Lua dlcloses C modules when a state closes; this one must stay: the
+** OpenMP and OpenBLAS worker threads it started would run unmapped code.
+** Re-open ourselves with RTLD_NODELETE (no new load, just the flag). */
+static void pin_library(void) {
+  Dl_info info;
+  if (dladdr((void *)(uintptr_t)pin_library, &info) && info.dli_fname)
+    dlopen(info.dli_fname, RTLD_NOW | RTLD_NOLOAD | RTLD_NODELETE);
+}
+
 int luaopen_sta_core(lua_State *L);
 int luaopen_sta_core(lua_State *L) {
+  pin_library();
   new_class(L, TENSOR, tensor_meta, tensor_methods, 0);
   new_class(L, GEOMETRY, geometry_meta, geometry_methods, 0);
   new_class(L, STRATEGY, strategy_meta, strategy_methods, 1);

@@ -85,7 +85,7 @@ function H.run_lua(code, env)
   parts[#parts + 1] = "lua5.4 -e " .. shell_quote(code) .. " 2>&1"
   local f = assert(io.popen(table.concat(parts, " ")))
   local out = f:read("a")
-  local ok = f:close()
+  local ok = f:close() and true or false
   return out, ok
 end
 
@@ -93,7 +93,7 @@ end
 function H.sh(cmd)
   local f = assert(io.popen(cmd .. " 2>&1"))
   local out = f:read("a")
-  local ok = f:close()
+  local ok = f:close() and true or false
   return out, ok
 end
 

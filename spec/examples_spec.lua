@@ -1,0 +1,105 @@
+-- Runs the example scripts at tiny sizes, in fresh interpreters.
+local H = require "helpers"
+
+local function run_example(name, args, env)
+  local code = ([[
+    arg = { [0] = "examples/%s.lua", %s }
+    STA_NO_PROGRESS = true
+    dofile("examples/%s.lua")
+  ]]):format(name, args, name)
+  env = env or {}
+  env.STA_NO_PROGRESS = "1"
+  return H.run_lua(code, env)
+end
+
+local function quoted(list)
+  local out = {}
+  for i, a in ipairs(list) do out[i] = ("%q"):format(a) end
+  return table.concat(out, ", ")
+end
+
+describe("examples", function()
+  after_each(H.cleanup)
+
+  it("pipeline.lua runs a small CFG denoising loop", function()
+    local out, ok = run_example("pipeline", quoted{ "--steps", "3", "--layers", "2", "--heads", "2", "--head-dim", "16",
+      "--canvas", "4x8x8", "--tile", "2x4x4", "--text", "4", "--full-steps", "1", "--device", "cpu" },
+      { STA_ATTENTION_CONFIG = false })
+    assert.is_true(ok, out)
+    assert.truthy(out:find("step  1/3  window 2x2x2", 1, true), out)
+    assert.truthy(out:find("step  3/3  window 1x1x1", 1, true), out)
+    assert.truthy(out:find("3 steps x 2 passes x 2 layers = 12 STA forwards", 1, true), out)
+    assert.truthy(out:find("contexts left 0", 1, true))
+    assert.truthy(out:find("all finite", 1, true))
+    assert.truthy(out:match("\nok\n$"), out)
+  end)
+
+  it("pipeline.lua takes the strategy from STA_ATTENTION_CONFIG", function()
+    local sta = require "sta"
+    local p = H.tmp(".json")
+    local s = sta.strategy.uniform{ steps = 2, layers = 1, heads = 2, window = {1, 1, 1} }
+    s:set(1, 0, 1, {2, 2, 2})
+    s:save(p)
+    local args = quoted{ "--steps", "2", "--layers", "1", "--heads", "2", "--head-dim", "8", "--canvas", "4x8x8",
+      "--tile", "2x4x4", "--text", "0", "--device", "cpu" }
+    local out, ok = run_example("pipeline", args, { STA_ATTENTION_CONFIG = p })
+    assert.is_true(ok, out)
+    assert.truthy(out:find("strategy: " .. p, 1, true), out)
+    -- a strategy that lacks a step fails naming the key
+    out, ok = run_example("pipeline", quoted{ "--steps", "3", "--layers", "1", "--heads", "2", "--head-dim", "8",
+      "--canvas", "4x8x8", "--tile", "2x4x4", "--text", "0" }, { STA_ATTENTION_CONFIG = p })
+    assert.is_false(ok)
+    assert.truthy(out:find('mask strategy has no window for "2_0_0"', 1, true), out)
+  end)
+
+  it("pipeline.lua rejects unknown options", function()
+    local out, ok = run_example("pipeline", quoted{ "--stepz", "3" })
+    assert.is_false(ok)
+    assert.truthy(out:find("--stepz: unknown option", 1, true), out)
+  end)
+
+  it("mask_search.lua finds the known answer and writes strategy and pictures", function()
+    local dir = H.tmp("")
+    local out, ok = run_example("mask_search", quoted{ "--prompts", "2", "--steps", "2", "--layers", "1",
+      "--heads", "6", "--head-dim", "16", "--canvas", "3x6x6", "--tile", "1x2x2", "--out", dir })
+    assert.is_true(ok, out)
+    assert.truthy(out:find("ok: local heads chose 1x1x1, wide heads 1x3x3", 1, true), out)
+    local sta = require "sta"
+    local s = assert(sta.strategy.load(dir .. "/strategy.json"))
+    assert.same({3, 3, 3}, s:get(0, 0, 0))
+    assert.same({1, 1, 1}, s:get(1, 0, 0))
+    assert.same({1, 3, 3}, s:get(1, 0, 5))
+    for _, f in ipairs{ "strategy.svg", "tiles_head0.svg", "tiles_head5.svg", "search_1.json", "search_2.json" } do
+      assert.truthy(H.read(dir .. "/" .. f):find("%S"))
+      os.remove(dir .. "/" .. f)
+    end
+    os.remove(dir .. "/strategy.json")
+    os.remove(dir)
+  end)
+
+  it("compare.lua prints the per-head table for .npy and .safetensors inputs", function()
+    local sta = require "sta"
+    local S = 2 * 8 * 8 + 3
+    local q, k, v = H.randn({1, S, 2, 16}), H.randn({1, S, 2, 16}), H.randn({1, S, 2, 16})
+    local pq, pk, pv = H.tmp(".npy"), H.tmp(".npy"), H.tmp(".npy")
+    q:save(pq); k:save(pk); v:save(pv)
+    local common = { "--canvas", "2x8x8", "--tile", "1x4x4", "--text", "3", "--window", "1x1x1,2x2x2" }
+    local args = { "--q", pq, "--k", pk, "--v", pv }
+    for _, a in ipairs(common) do args[#args + 1] = a end
+    local out, ok = run_example("compare", quoted(args))
+    assert.is_true(ok, out)
+    assert.truthy(out:find("   0   1x1x1", 1, true), out)
+    -- head 1 runs the full window: zero error
+    assert.truthy(out:find("   1   2x2x2      0.0%%%s+0%.000e%+00%s+0%.000e%+00%s+0%.0000"), out)
+    local st = H.tmp(".safetensors")
+    sta.save_safetensors(st, { query = q, key = k, value = v })
+    args = { "--file", st, "--names", "query,key,value" }
+    for _, a in ipairs(common) do args[#args + 1] = a end
+    local out2, ok2 = run_example("compare", quoted(args))
+    assert.is_true(ok2, out2)
+    assert.equal(out:match("head.-\nall heads: relative L2 error [%d.]+"), out2:match("head.-\nall heads: relative L2 error [%d.]+"))
+    local out3, ok3 = run_example("compare", quoted{ "--q", "/nonexistent.npy", "--k", pk, "--v", pv })
+    assert.is_false(ok3)
+    assert.truthy(out3:find("compare: /nonexistent.npy: cannot open", 1, true), out3)
+  end)
+end)
