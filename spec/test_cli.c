@@ -1,0 +1,441 @@
+/* test_cli.c -- build/sta-run end to end: files written here, outputs
+** checked against sta_attention_forward called directly; --help; bad
+** options (exit 2) and failed runs (exit 1) with their messages.
+** sta-run is found as $BUILD/sta-run, else next to this binary's folder
+** (build/test/test_cli -> build/sta-run). */
+#include <stdarg.h>
+#include <stddef.h>
+#include <setjmp.h>
+#include <libgen.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+#include <cmocka.h>
+
+#include "sta.h"
+
+static char tmpdir[256], exe[1024];
+static char out_text[8192], err_text[8192];
+static uint64_t seed_counter = 9001;
+
+static const char *tpath(const char *name) {
+  static char buf[8][512];
+  static int k = 0;
+  k = (k + 1) % 8;
+  snprintf(buf[k], sizeof buf[k], "%s/%s", tmpdir, name);
+  return buf[k];
+}
+
+static void slurp(const char *path, char *buf, size_t cap) {
+  FILE *f = fopen(path, "rb");
+  size_t n = f ? fread(buf, 1, cap - 1, f) : 0;
+  buf[n] = '\0';
+  if (f) fclose(f);
+}
+
+/* Run sta-run with args (shell words, paths already quoted); exit status. */
+static int run(const char *fmt, ...) {
+  char args[4096], cmd[6000];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(args, sizeof args, fmt, ap);
+  va_end(ap);
+  snprintf(cmd, sizeof cmd, "cd '%s' && '%s' %s >'%s/stdout' 2>'%s/stderr'", tmpdir, exe,
+           args, tmpdir, tmpdir);
+  int st = system(cmd);
+  slurp(tpath("stdout"), out_text, sizeof out_text);
+  slurp(tpath("stderr"), err_text, sizeof err_text);
+  if (st == -1 || !WIFEXITED(st)) fail_msg("sta-run %s: did not exit (%d)", args, st);
+  return WEXITSTATUS(st);
+}
+
+static int group_setup(void **state) {
+  (void)state;
+  const char *b = getenv("BUILD");
+  char self[1024];
+  if (b && *b) {
+    if (b[0] == '/') snprintf(exe, sizeof exe, "%s/sta-run", b);
+    else {
+      char cwd[512];
+      if (!getcwd(cwd, sizeof cwd)) return -1;
+      snprintf(exe, sizeof exe, "%s/%s/sta-run", cwd, b);
+    }
+  }
+  if (!exe[0] || access(exe, X_OK) != 0) {
+    ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
+    if (n <= 0) return -1;
+    self[n] = '\0';
+    char *dir = dirname(self); /* build/test */
+    snprintf(exe, sizeof exe, "%s/../sta-run", dir);
+  }
+  if (access(exe, X_OK) != 0) {
+    fprintf(stderr, "test_cli: sta-run not found (%s); build it with make\n", exe);
+    return -1;
+  }
+  snprintf(tmpdir, sizeof tmpdir, "/tmp/sta-test-cli-XXXXXX");
+  return mkdtemp(tmpdir) ? 0 : -1;
+}
+
+static int group_teardown(void **state) {
+  (void)state;
+  char cmd[400];
+  snprintf(cmd, sizeof cmd, "rm -rf '%s'", tmpdir);
+  return system(cmd) == 0 ? 0 : -1;
+}
+
+/* ---- helpers ---------------------------------------------------------- */
+
+typedef struct problem {
+  sta_tensor *q, *k, *v;
+  sta_attention_desc desc;
+  int32_t windows[3 * 8];
+  int64_t b, s, h, d;
+} problem;
+
+static sta_tensor *rnd(sta_dtype dt, const int64_t shape[4]) {
+  sta_tensor *t = NULL;
+  assert_int_equal(sta_tensor_create(&t, dt, STA_CPU, 4, shape), STA_OK);
+  assert_int_equal(sta_tensor_randn(t, seed_counter++, 0.0, 1.0), STA_OK);
+  return t;
+}
+
+static void make_problem(problem *p, sta_layout layout, sta_dtype dt, int64_t b, int64_t s,
+                         int64_t h, int64_t d) {
+  memset(p, 0, sizeof *p);
+  int64_t shape[4] = {b, layout == STA_BSHD ? s : h, layout == STA_BSHD ? h : s, d};
+  p->q = rnd(dt, shape);
+  p->k = rnd(dt, shape);
+  p->v = rnd(dt, shape);
+  p->b = b; p->s = s; p->h = h; p->d = d;
+  p->desc.layout = layout;
+  p->desc.windows = p->windows;
+}
+
+static void free_problem(problem *p) {
+  sta_tensor_destroy(p->q);
+  sta_tensor_destroy(p->k);
+  sta_tensor_destroy(p->v);
+}
+
+static void save_qkv_npy(const problem *p) {
+  assert_int_equal(sta_npy_save(p->q, tpath("q.npy")), STA_OK);
+  assert_int_equal(sta_npy_save(p->k, tpath("k.npy")), STA_OK);
+  assert_int_equal(sta_npy_save(p->v, tpath("v.npy")), STA_OK);
+}
+
+/* Direct forward (or reference) on p; out in q's dtype, lse f32. */
+static void direct(const problem *p, int reference, sta_tensor **out, sta_tensor **lse) {
+  int64_t ls[3] = {p->b, p->h, p->s}, os[4];
+  for (int i = 0; i < 4; i++) os[i] = sta_tensor_size(p->q, i);
+  assert_int_equal(sta_tensor_create(out, sta_tensor_dtype(p->q), STA_CPU, 4, os), STA_OK);
+  assert_int_equal(sta_tensor_create(lse, STA_F32, STA_CPU, 3, ls), STA_OK);
+  sta_status rc = reference
+                      ? sta_attention_reference(&p->desc, p->q, p->k, p->v, *out, *lse)
+                      : sta_attention_forward(&p->desc, p->q, p->k, p->v, *out, *lse);
+  if (rc != STA_OK) fail_msg("direct forward: %s", sta_last_error());
+}
+
+static void assert_close(const sta_tensor *a, const sta_tensor *b, double tol) {
+  double m = -1, r = -1;
+  assert_int_equal(sta_tensor_ndim(a), sta_tensor_ndim(b));
+  assert_int_equal(sta_tensor_dtype(a), sta_tensor_dtype(b));
+  if (sta_tensor_compare(a, b, &m, &r) != STA_OK) fail_msg("%s", sta_last_error());
+  if (!(m <= tol)) fail_msg("max |diff| %g > %g (rel %g)", m, tol, r);
+}
+
+static sta_tensor *load_npy(const char *name) {
+  sta_tensor *t = NULL;
+  if (sta_npy_load(&t, tpath(name), 1) != STA_OK) fail_msg("%s", sta_last_error());
+  return t;
+}
+
+/* ---- runs -------------------------------------------------------------- */
+
+static void test_npy_bshd(void **state) {
+  (void)state;
+  problem p;
+  make_problem(&p, STA_BSHD, STA_F32, 2, 4 * 8 * 8 + 5, 3, 16);
+  sta_geometry_init(&p.desc.geom, 4, 8, 8);
+  int32_t t[3] = {2, 4, 4}, w[9] = {1, 1, 1, 3, 3, 3, 1, 2, 1};
+  memcpy(p.desc.geom.tile, t, sizeof t);
+  p.desc.geom.text_len = 3;
+  memcpy(p.windows, w, sizeof w);
+  p.desc.n_windows = 3;
+  save_qkv_npy(&p);
+  assert_int_equal(run("--q q.npy --k k.npy --v v.npy --out o.npy --lse l.npy --canvas 4,8,8 "
+                       "--tile 2,4,4 --window 1,1,1:3,3,3:1,2,1 --text-len 3 --threads 2"), 0);
+  assert_string_equal(err_text, "");
+  assert_non_null(strstr(out_text, "sta-run: q 2x261x3x16 f32 bshd, canvas 4x8x8 tile 2x4x4 "
+                         "text 3, window 3 per head, cpu f32, "));
+  assert_non_null(strstr(out_text, "GFLOP/s"));
+  sta_tensor *o = NULL, *l = NULL, *fo = load_npy("o.npy"), *fl = load_npy("l.npy");
+  direct(&p, 0, &o, &l);
+  assert_close(fo, o, 1e-6);
+  assert_close(fl, l, 1e-5);
+  sta_tensor_destroy(o);
+  sta_tensor_destroy(l);
+  sta_tensor_destroy(fo);
+  sta_tensor_destroy(fl);
+  /* --quiet, --scale and one window for all heads; --opt=value spelling */
+  p.desc.scale = 0.3f;
+  p.desc.n_windows = 1;
+  p.desc.geom.text_len = -1;
+  assert_int_equal(run("--q=q.npy --k k.npy --v v.npy --out o2.npy --canvas=4,8,8 --tile 2,4,4 "
+                       "--window 1,3,1 --scale 0.3 --quiet"), 0);
+  assert_string_equal(out_text, "");
+  assert_string_equal(err_text, "");
+  int32_t w1[3] = {1, 3, 1};
+  memcpy(p.windows, w1, sizeof w1);
+  fo = load_npy("o2.npy");
+  direct(&p, 0, &o, &l);
+  assert_close(fo, o, 1e-6);
+  sta_tensor_destroy(o);
+  sta_tensor_destroy(l);
+  sta_tensor_destroy(fo);
+  free_problem(&p);
+}
+
+static void test_bhsd_bf16_reference(void **state) {
+  (void)state;
+  problem p;
+  make_problem(&p, STA_BHSD, STA_BF16, 1, 3 * 5 * 7 + 2, 2, 8);
+  sta_geometry_init(&p.desc.geom, 3, 5, 7);
+  int32_t t[3] = {2, 2, 3}, w[3] = {1, 3, 3};
+  memcpy(p.desc.geom.tile, t, sizeof t);
+  memcpy(p.windows, w, sizeof w);
+  p.desc.n_windows = 1;
+  save_qkv_npy(&p); /* bf16 as '<u2' raw bits */
+  assert_int_equal(run("--q q.npy --k k.npy --v v.npy --out ob.npy --canvas 3,5,7 --tile 2,2,3 "
+                       "--window 1,3,3 --layout bhsd --reference"), 0);
+  assert_non_null(strstr(out_text, "q 1x2x107x8 bf16 bhsd"));
+  assert_non_null(strstr(out_text, "cpu bf16 reference"));
+  sta_tensor *o = NULL, *l = NULL, *fo = load_npy("ob.npy");
+  assert_int_equal(sta_tensor_dtype(fo), STA_BF16);
+  direct(&p, 1, &o, &l);
+  assert_close(fo, o, 0);
+  sta_tensor_destroy(o);
+  sta_tensor_destroy(l);
+  sta_tensor_destroy(fo);
+  /* computing in f32 from bf16 files: the output is written in bf16 */
+  assert_int_equal(run("--q q.npy --k k.npy --v v.npy --out of.npy --canvas 3,5,7 --tile 2,2,3 "
+                       "--window 1,3,3 --layout bhsd --dtype f32"), 0);
+  fo = load_npy("of.npy");
+  assert_int_equal(sta_tensor_dtype(fo), STA_BF16);
+  sta_tensor *q32 = NULL, *k32 = NULL, *v32 = NULL, *o32 = NULL, *ob = NULL;
+  assert_int_equal(sta_tensor_to(&q32, p.q, STA_F32, STA_CPU), STA_OK);
+  assert_int_equal(sta_tensor_to(&k32, p.k, STA_F32, STA_CPU), STA_OK);
+  assert_int_equal(sta_tensor_to(&v32, p.v, STA_F32, STA_CPU), STA_OK);
+  assert_int_equal(sta_tensor_to(&o32, q32, STA_F32, STA_CPU), STA_OK);
+  assert_int_equal(sta_attention_forward(&p.desc, q32, k32, v32, o32, NULL), STA_OK);
+  assert_int_equal(sta_tensor_to(&ob, o32, STA_BF16, STA_CPU), STA_OK);
+  assert_close(fo, ob, 0);
+  sta_tensor_destroy(q32);
+  sta_tensor_destroy(k32);
+  sta_tensor_destroy(v32);
+  sta_tensor_destroy(o32);
+  sta_tensor_destroy(ob);
+  sta_tensor_destroy(fo);
+  free_problem(&p);
+}
+
+static void test_safetensors(void **state) {
+  (void)state;
+  problem p;
+  make_problem(&p, STA_BSHD, STA_F16, 1, 6 * 8 * 8, 2, 16);
+  sta_geometry_init(&p.desc.geom, 6, 8, 8);
+  int32_t t[3] = {3, 4, 4}, w[3] = {1, 1, 1};
+  memcpy(p.desc.geom.tile, t, sizeof t);
+  memcpy(p.windows, w, sizeof w);
+  p.desc.n_windows = 1;
+  const char *names[4] = {"query", "key", "value", "unused"};
+  const sta_tensor *ts[4] = {p.q, p.k, p.v, p.q};
+  assert_int_equal(sta_safetensors_save(tpath("in.safetensors"), 4, names, ts), STA_OK);
+  /* --safetensors with names; out and lse into one file */
+  assert_int_equal(run("--safetensors in.safetensors --q-name query --k-name key --v-name value "
+                       "--out res.safetensors --lse res.safetensors --out-name o --lse-name l "
+                       "--canvas 6,8,8 --tile 3,4,4 --window 1,1,1 --quiet"), 0);
+  sta_safetensors *f = NULL;
+  assert_int_equal(sta_safetensors_open(&f, tpath("res.safetensors")), STA_OK);
+  assert_int_equal(sta_safetensors_count(f), 2);
+  sta_tensor *fo = NULL, *fl = NULL, *o = NULL, *l = NULL;
+  assert_int_equal(sta_safetensors_read(f, "o", &fo), STA_OK);
+  assert_int_equal(sta_safetensors_read(f, "l", &fl), STA_OK);
+  sta_safetensors_close(f);
+  direct(&p, 0, &o, &l);
+  assert_close(fo, o, 2e-3); /* f16: allow one rounding flip */
+  assert_close(fl, l, 1e-5);
+  sta_tensor_destroy(fo);
+  sta_tensor_destroy(fl);
+  /* FILE.safetensors:NAME mixed with .npy; default output name "out" */
+  assert_int_equal(sta_npy_save(p.k, tpath("k.npy")), STA_OK);
+  assert_int_equal(run("--q in.safetensors:query --k k.npy --v in.safetensors:value "
+                       "--out o.safetensors --lse l.npy --canvas 6,8,8 --tile 3,4,4 "
+                       "--window 1,1,1 --quiet"), 0);
+  assert_int_equal(sta_safetensors_open(&f, tpath("o.safetensors")), STA_OK);
+  assert_int_equal(sta_safetensors_count(f), 1);
+  assert_string_equal(sta_safetensors_name(f, 0), "out");
+  assert_int_equal(sta_safetensors_read(f, "out", &fo), STA_OK);
+  sta_safetensors_close(f);
+  fl = load_npy("l.npy");
+  assert_close(fo, o, 2e-3);
+  assert_close(fl, l, 1e-5);
+  sta_tensor_destroy(fo);
+  sta_tensor_destroy(fl);
+  /* a missing name is a failed run naming it */
+  assert_int_equal(run("--q in.safetensors:nope --k k.npy --v k.npy --out x.npy "
+                       "--canvas 6,8,8 --window 1,1,1"), 1);
+  assert_non_null(strstr(err_text, "in.safetensors: no tensor named 'nope'"));
+  sta_tensor_destroy(o);
+  sta_tensor_destroy(l);
+  free_problem(&p);
+}
+
+static void test_inferred_canvas(void **state) {
+  (void)state;
+  problem p;
+  make_problem(&p, STA_BSHD, STA_F32, 1, 69120, 1, 4); /* 18 x 48 x 80 */
+  assert_int_equal(sta_geometry_from_seq_len(&p.desc.geom, 69120), STA_OK);
+  int32_t w[3] = {1, 1, 1};
+  memcpy(p.windows, w, sizeof w);
+  p.desc.n_windows = 1;
+  save_qkv_npy(&p);
+  assert_int_equal(run("--q q.npy --k k.npy --v v.npy --out o.npy --window 1,1,1"), 0);
+  assert_non_null(strstr(out_text, "canvas 18x48x80 tile 6x8x8 text 0, window 1,1,1"));
+  sta_tensor *o = NULL, *l = NULL, *fo = load_npy("o.npy");
+  direct(&p, 0, &o, &l);
+  assert_close(fo, o, 1e-6);
+  sta_tensor_destroy(o);
+  sta_tensor_destroy(l);
+  sta_tensor_destroy(fo);
+  free_problem(&p);
+  /* an unknown length without --canvas */
+  make_problem(&p, STA_BSHD, STA_F32, 1, 300, 1, 4);
+  save_qkv_npy(&p);
+  assert_int_equal(run("--q q.npy --k k.npy --v v.npy --out o.npy --window 3,3,3"), 1);
+  assert_string_equal(err_text, "sta-run: seq_len 300 not supported for STA\n");
+  free_problem(&p);
+}
+
+static void test_help(void **state) {
+  (void)state;
+  assert_int_equal(run("--help"), 0);
+  static const char *opts[] = {
+    "--q ", "--k ", "--v ", "--out ", "--lse ", "--safetensors ", "--q-name", "--k-name",
+    "--v-name", "--out-name", "--lse-name", "--canvas ", "--tile ", "--window ", "--text-len ",
+    "--scale ", "--layout ", "--threads ", "--device ", "--dtype ", "--reference", "--quiet",
+    "--help", "bshd", "bhsd", "cuda", "bf16", "FILE.safetensors:NAME", "Example", "Exit status"};
+  for (size_t i = 0; i < sizeof opts / sizeof opts[0]; i++)
+    if (!strstr(out_text, opts[i])) fail_msg("--help does not mention '%s'", opts[i]);
+  assert_string_equal(err_text, "");
+  /* --help wins over everything else */
+  assert_int_equal(run("--q x --help"), 0);
+  assert_non_null(strstr(out_text, "usage: sta-run"));
+}
+
+static void test_bad_options(void **state) {
+  (void)state;
+  static const struct { const char *args, *msg; } cases[] = {
+    {"--bogus", "sta-run: --bogus: unknown option"},
+    {"stray", "sta-run: stray: unexpected argument, options start with --"},
+    {"--q", "sta-run: --q: expects a value"},
+    {"--canvas 1,2 --q a", "sta-run: --canvas '1,2': expected T,H,W, three integers >= 1"},
+    {"--canvas 1,2,0", "sta-run: --canvas '1,2,0': expected T,H,W"},
+    {"--canvas 1,2,3,4", "sta-run: --canvas '1,2,3,4': expected T,H,W"},
+    {"--canvas a,b,c", "sta-run: --canvas 'a,b,c': expected T,H,W"},
+    {"--tile 6,8", "sta-run: --tile '6,8': expected TT,TH,TW, three integers >= 1"},
+    {"--window 3,3", "sta-run: --window '3,3': expected KT,KH,KW (integers >= 1), or one such "
+                     "per head joined by ':'"},
+    {"--window 3,3,3:", "sta-run: --window '3,3,3:': expected KT,KH,KW"},
+    {"--window 3,3,3:1,x,1", "sta-run: --window '3,3,3:1,x,1': expected KT,KH,KW"},
+    {"--text-len -1", "sta-run: --text-len '-1': expected an integer >= 0"},
+    {"--text-len 5x", "sta-run: --text-len '5x': expected an integer >= 0"},
+    {"--scale 0", "sta-run: --scale '0': expected a number > 0"},
+    {"--scale nan", "sta-run: --scale 'nan': expected a number > 0"},
+    {"--scale ''", "sta-run: --scale '': expected a number > 0"},
+    {"--layout bsdh", "sta-run: --layout 'bsdh': expected bshd or bhsd"},
+    {"--threads 0", "sta-run: --threads '0': expected an integer 1..4096"},
+    {"--device tpu", "sta-run: --device 'tpu': expected cpu or cuda"},
+    {"--dtype f64", "sta-run: --dtype 'f64': expected f32, f16 or bf16"},
+    {"--quiet=1", "sta-run: --quiet '1': takes no value"},
+    {"--k k --v v --out o --window 3,3,3", "sta-run: --q: is required (or --safetensors)"},
+    {"--q q --v v --out o --window 3,3,3", "sta-run: --k: is required (or --safetensors)"},
+    {"--q q --k k --out o --window 3,3,3", "sta-run: --v: is required (or --safetensors)"},
+    {"--q q --k k --v v --window 3,3,3", "sta-run: --out: is required"},
+    {"--q q --k k --v v --out o", "sta-run: --window: is required"},
+    {"--q q --k k --v v --out o --window 3,3,3 --reference --device cuda",
+     "sta-run: --reference: runs on the cpu only, not with --device cuda"},
+    {"", "sta-run: --q: is required"},
+  };
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+    int rc = run("%s", cases[i].args);
+    if (rc != 2 || !strstr(err_text, cases[i].msg) || !strstr(err_text, "(see sta-run --help)"))
+      fail_msg("'%s': exit %d, stderr '%s', wanted 2 and '%s'", cases[i].args, rc, err_text,
+               cases[i].msg);
+    assert_string_equal(out_text, "");
+  }
+}
+
+static void test_failed_runs(void **state) {
+  (void)state;
+  problem p;
+  make_problem(&p, STA_BSHD, STA_F32, 1, 4 * 8 * 8, 3, 8);
+  save_qkv_npy(&p);
+  int64_t s3[3] = {4, 5, 6};
+  sta_tensor *t3 = NULL;
+  assert_int_equal(sta_tensor_create(&t3, STA_F32, STA_CPU, 3, s3), STA_OK);
+  assert_int_equal(sta_tensor_randn(t3, seed_counter++, 0, 1), STA_OK);
+  assert_int_equal(sta_npy_save(t3, tpath("three.npy")), STA_OK);
+  FILE *g = fopen(tpath("garbage.npy"), "wb");
+  assert_non_null(g);
+  fputs("definitely not numpy", g);
+  fclose(g);
+  static const struct { const char *args, *msg; int code; } cases[] = {
+    {"--q missing.npy --k k.npy --v v.npy --out fail.npy --canvas 4,8,8 --window 1,1,1",
+     "missing.npy: cannot open: No such file or directory", 1},
+    {"--q garbage.npy --k k.npy --v v.npy --out fail.npy --canvas 4,8,8 --window 1,1,1",
+     "garbage.npy: not an .npy file (bad magic string)", 1},
+    {"--q q.npy --k three.npy --v v.npy --out fail.npy --canvas 4,8,8 --window 1,1,1",
+     "sta-run: --k three.npy: expected a 4-D tensor, got shape 4x5x6", 1},
+    {"--q q.npy --k k.npy --v v.npy --out fail.npy --canvas 4,8,8 --tile 1,8,8 --window 2,1,1",
+     "sta-run: window: Kt = 2 is even and smaller than the 4 tiles on the t axis", 1},
+    {"--q q.npy --k k.npy --v v.npy --out fail.npy --canvas 4,8,8 --tile 1,8,8 --window 1,1,1:3,3,3",
+     "sta-run: --window: 2 windows given for 3 heads (give one, or one per head)", 2},
+    {"--q q.npy --k k.npy --v v.npy --out fail.npy --canvas 5,8,8 --window 1,1,1",
+     "sta-run: seq_len 256 not supported for STA", 1},
+    {"--q q.npy --k k.npy --v v.npy --out fail.npy --canvas 4,8,8 --text-len 1 --window 1,1,1",
+     "sta-run: text_len: 1 is outside 0..0", 1},
+    {"--q q.npy --k k.npy --v v.npy --out /nonexistent-dir/o.npy --canvas 4,8,8 --window 1,1,1",
+     "sta-run: /nonexistent-dir/o.npy: cannot open for writing", 1},
+  };
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+    int rc = run("%s", cases[i].args);
+    if (rc != cases[i].code || !strstr(err_text, cases[i].msg))
+      fail_msg("'%s': exit %d, stderr '%s', wanted %d and '%s'", cases[i].args, rc, err_text,
+               cases[i].code, cases[i].msg);
+  }
+  if (!sta_backend_available(STA_CUDA)) {
+    assert_int_equal(run("--q q.npy --k k.npy --v v.npy --out fail.npy --canvas 4,8,8 "
+                         "--window 1,1,1 --device cuda"), 1);
+    assert_string_equal(err_text, "sta-run: st attn not supported\n");
+  }
+  assert_int_equal(access(tpath("fail.npy"), F_OK), -1); /* no failed run wrote it */
+  sta_tensor_destroy(t3);
+  free_problem(&p);
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+    cmocka_unit_test(test_npy_bshd),
+    cmocka_unit_test(test_bhsd_bf16_reference),
+    cmocka_unit_test(test_safetensors),
+    cmocka_unit_test(test_inferred_canvas),
+    cmocka_unit_test(test_help),
+    cmocka_unit_test(test_bad_options),
+    cmocka_unit_test(test_failed_runs),
+  };
+  return cmocka_run_group_tests(tests, group_setup, group_teardown);
+}
