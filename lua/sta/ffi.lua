@@ -1,0 +1,132 @@
+--[[
+sta.ffi -- LuaJIT FFI binding of libsta.so, straight from core/sta.h.
+
+  local S = require "sta.ffi"          -- under luajit
+  S.C.sta_version()                     -- every sta_* function of sta.h
+  local q = S.randn({1, 296, 2, 64}, 1) -- helpers own their cdata (ffi.gc)
+
+The declarations between the STA_DECLS_BEGIN / STA_DECLS_END markers of
+sta.h are fed to ffi.cdef with comments stripped, so the header is the one
+source.  The header is looked for in $STA_HEADER, next to this file's
+repository (core/sta.h) and in /usr/local/include and /usr/include; the
+library in $STA_LIB, then $STA_BUILD (or $BUILD, else build)/libsta.so of
+the repository, then the system's "sta".
+Errors: helpers raise sta_last_error() (exact message, no position) for
+any failed call, as raw C calls return a status you check yourself.
+]]
+local ffi = require "ffi"
+
+local M = { ffi = ffi }
+
+local function dirname(p) return p:match("^(.*)/[^/]*$") or "." end
+local here = debug.getinfo(1, "S").source:match("^@(.*)$") or "lua/sta/ffi.lua"
+local repo = dirname(dirname(dirname(here))) -- lua/sta/ffi.lua -> repository root
+
+local function readable(p)
+  local f = p and io.open(p, "r")
+  if f then f:close() return true end
+  return false
+end
+
+local function first(cands)
+  for _, p in ipairs(cands) do if readable(p) then return p end end
+end
+
+--- The declaration block of sta.h with comments removed.
+function M.declarations(header_text)
+  local block = header_text:match("/%* STA_DECLS_BEGIN %*/(.-)/%* STA_DECLS_END %*/")
+  if not block then error("sta.h: no STA_DECLS_BEGIN/STA_DECLS_END block", 0) end
+  block = block:gsub("/%*.-%*/", " "):gsub("//[^\n]*", "")
+  if block:find("\n%s*#") then error("sta.h: preprocessor line inside the declaration block", 0) end
+  return block
+end
+
+M.header = os.getenv("STA_HEADER") or first{ repo .. "/core/sta.h", "/usr/local/include/sta.h", "/usr/include/sta.h" }
+if not M.header then error("sta.ffi: cannot find sta.h (set STA_HEADER)", 0) end
+do
+  local f = assert(io.open(M.header, "r"))
+  M.decls = M.declarations(f:read("*a"))
+  f:close()
+end
+ffi.cdef(M.decls)
+
+local build = os.getenv("STA_BUILD") or os.getenv("BUILD") or "build"
+if build:sub(1, 1) ~= "/" then build = repo .. "/" .. build end
+M.library = os.getenv("STA_LIB") or first{ build .. "/libsta.so" } or "sta"
+M.C = ffi.load(M.library)
+local C = M.C
+-- LuaJIT unloads the library when the state closes, under the feet of its
+-- OpenMP/OpenBLAS worker threads (a crash at exit): mark it RTLD_NODELETE.
+pcall(function()
+  ffi.cdef("void *dlopen(const char *file, int mode);")
+  local RTLD_NOW, RTLD_NOLOAD, RTLD_NODELETE = 2, 4, 0x1000
+  if M.library:find("/", 1, true) then ffi.C.dlopen(M.library, RTLD_NOW + RTLD_NOLOAD + RTLD_NODELETE) end
+end)
+
+--- Raise the last error when rc is not STA_OK.
+function M.check(rc)
+  rc = tonumber(rc)
+  if rc ~= 0 then error(ffi.string(C.sta_last_error()), 0) end
+end
+
+function M.last_error() return ffi.string(C.sta_last_error()), tonumber(C.sta_last_status()) end
+
+local dtypes = { f32 = C.STA_F32, f16 = C.STA_F16, bf16 = C.STA_BF16 }
+local devices = { cpu = C.STA_CPU, cuda = C.STA_CUDA }
+
+--- New contiguous tensor owned by the collector.
+function M.tensor(shape, dtype, device)
+  local dims = ffi.new("int64_t[?]", math.max(#shape, 1), shape)
+  local out = ffi.new("sta_tensor *[1]")
+  M.check(C.sta_tensor_create(out, dtypes[dtype or "f32"], devices[device or "cpu"], #shape, dims))
+  return ffi.gc(out[0], C.sta_tensor_destroy)
+end
+
+function M.randn(shape, seed, dtype)
+  local t = M.tensor(shape, dtype)
+  M.check(C.sta_tensor_randn(t, seed or 0, 0, 1))
+  return t
+end
+
+--- An sta_attention_desc from {canvas=, tile=, text_len=, window= or
+-- windows=, layout=, scale=}; keeps the window array alive in the result.
+function M.desc(o)
+  local d = ffi.new("sta_attention_desc")
+  C.sta_geometry_init(d.geom, o.canvas[1], o.canvas[2], o.canvas[3])
+  if o.tile then for i = 0, 2 do d.geom.tile[i] = o.tile[i + 1] end end
+  d.geom.text_len = o.text_len or -1
+  d.layout = o.layout == "bhsd" and C.STA_BHSD or C.STA_BSHD
+  local wins = o.windows or { o.window or { 3, 3, 3 } }
+  local flat = {}
+  for _, w in ipairs(wins) do for a = 1, 3 do flat[#flat + 1] = w[a] end end
+  local arr = ffi.new("int32_t[?]", #flat, flat)
+  d.n_windows = #wins
+  d.windows = arr
+  d.scale = o.scale or 0
+  return d, arr
+end
+
+function M.shape(t)
+  local s = {}
+  for i = 0, C.sta_tensor_ndim(t) - 1 do s[i + 1] = tonumber(C.sta_tensor_size(t, i)) end
+  return s
+end
+
+--- out = STA(q, k, v) (reference = true: the brute-force reference).
+function M.attention(q, k, v, o, reference)
+  local d, keep = M.desc(o)
+  local out = M.tensor(M.shape(q), ffi.string(C.sta_dtype_name(C.sta_tensor_dtype(q))))
+  local f = reference and C.sta_attention_reference or C.sta_attention_forward
+  M.check(f(d, q, k, v, out, nil))
+  local _ = keep
+  return out
+end
+
+--- max |a-b|, ||a-b|| / ||b||
+function M.compare(a, b)
+  local m, r = ffi.new("double[1]"), ffi.new("double[1]")
+  M.check(C.sta_tensor_compare(a, b, m, r))
+  return m[0], r[0]
+end
+
+return M

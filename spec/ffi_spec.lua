@@ -1,0 +1,49 @@
+-- LuaJIT FFI binding: busted --run=ffi (runs under luajit).
+local S = require "sta.ffi"
+local ffi = S.ffi
+local C = S.C
+
+local seed = os.time() % 100000
+
+describe("sta.ffi #ffi", function()
+  it("parses the declaration block of sta.h", function()
+    assert.truthy(S.decls:find("sta_attention_forward", 1, true))
+    assert.falsy(S.decls:find("/*", 1, true))
+    assert.equal(32, ffi.sizeof("sta_geometry"))
+    assert.equal("0.1.0", ffi.string(C.sta_version()))
+    assert.equal(101, tonumber(C.STA_ERR_SHAPE))
+    assert.equal("STA_ERR_SEQ_LEN", ffi.string(C.sta_status_name(C.STA_ERR_SEQ_LEN)))
+    assert.equal(1, tonumber(C.sta_backend_available(C.STA_CPU)))
+  end)
+
+  it("refuses a preprocessor line inside the block", function()
+    assert.has_error(function() S.declarations("/* STA_DECLS_BEGIN */\n#define X 1\n/* STA_DECLS_END */") end)
+  end)
+
+  it("runs a small STA forward that matches the reference", function()
+    local canvas, tile = {3, 8, 8}, {1, 4, 4} -- grid 3x2x2
+    local S_len = 3 * 8 * 8 + 5
+    local q = S.randn({1, S_len, 2, 32}, seed + 1)
+    local k = S.randn({1, S_len, 2, 32}, seed + 2)
+    local v = S.randn({1, S_len, 2, 32}, seed + 3)
+    local o = { canvas = canvas, tile = tile, text_len = 5, windows = {{1, 1, 1}, {3, 1, 2}} }
+    local out = S.attention(q, k, v, o)
+    local ref = S.attention(q, k, v, o, true)
+    local max_abs, rel = S.compare(out, ref)
+    assert.is_true(rel < 1e-4, rel)
+    assert.is_true(max_abs < 1e-3)
+    local dense = S.attention(q, k, v, { canvas = canvas, tile = tile, text_len = 5, window = {3, 2, 2} })
+    local _, differ = S.compare(out, dense)
+    assert.is_true(differ > 1e-3)
+  end)
+
+  it("reports errors through the status and sta_last_error", function()
+    local out = ffi.new("sta_tensor *[1]")
+    local dims = ffi.new("int64_t[5]", {1, 1, 1, 1, 1})
+    local rc = C.sta_tensor_create(out, C.STA_F32, C.STA_CPU, 5, dims)
+    assert.equal(tonumber(C.STA_ERR_SHAPE), tonumber(rc))
+    assert.equal("ndim: expected 1..4, got 5", ffi.string(C.sta_last_error()))
+    assert.is_true(out[0] == nil)
+    assert.equal("ndim: expected 1..4, got 5", select(2, pcall(S.tensor, {1, 1, 1, 1, 1})))
+  end)
+end)
