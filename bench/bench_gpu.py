@@ -16,7 +16,8 @@ scripts/device-prep) is called through its backend table instead.
 --bench    STA.md section 8 workloads: sta vs cuDNN dense SDPA vs
            FlexAttention with an STA block mask, same inputs, same run.
 --sweep    canvas sweep at window 3,3,3: sta vs dense.
---variants kernel variants (STA_CUDA_VARIANT) on hunyuan-720p.
+--variants kernel variants (STA_CUDA_VARIANT: 0 wgmma 2 warpgroups, 1 mma.sync,
+           2 wgmma 3 warpgroups) on hunyuan-720p and wan-720p.
 """
 import argparse
 import ctypes as C
@@ -480,7 +481,7 @@ def variants(sta, reps, log, results):
         o = torch.empty_like(q)
         ref = None
         fl = flops(g, S, H, D)
-        for var in range(4):
+        for var in range(3):
             os.environ["STA_CUDA_VARIANT"] = str(var)
             ms, _ = time_ms(lambda: sta.forward(g, q, k, v, o), reps)
             torch.cuda.synchronize()

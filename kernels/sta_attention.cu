@@ -24,6 +24,7 @@
 #include <stdlib.h>
 
 #include "sta_cuda.h"
+#include "wgmma.cuh"
 
 #define STA_MAX_HEADS 1024
 
@@ -38,6 +39,7 @@ struct AttnArgs {
   int64_t q_sb, q_ss, q_sh, k_sb, k_ss, k_sh, v_sb, v_ss, v_sh;
   int64_t o_sb, o_ss, o_sh, lse_sb, lse_sh, lse_ss;
   int S, V, text_len, vec;
+  int vswap; /* debug: swap LBO/SBO of the V descriptor (STA_WG_VSWAP) */
   int cT, cH, cW, tt, th, tw, NT, NH, NW, tile_vol;
   int qbpt;           /* query blocks per tile */
   int n_text_qblocks; /* blocks of text query rows */
@@ -127,10 +129,12 @@ __device__ __forceinline__ int axis_start(int q, int k, int c) {
   return s < c - k ? s : c - k;
 }
 
-/* Global row of key j of key block kb, or -1; *cnt = valid keys of the
-** block (they form a prefix). */
+/* Global row of key j of key block kb (blocks of BK keys), or -1; *cnt =
+** valid keys of the block (they form a prefix). */
+template <int BK = BN>
 __device__ __forceinline__ int key_row(const AttnArgs &a, const KeyPlan &p,
                                        int kb, int j, int *cnt) {
+  constexpr int BN = BK;
   if (p.text) {
     int lim = a.V + a.text_len, r0 = kb * BN;
     int c = lim - r0;
@@ -503,14 +507,342 @@ sta_status launch(AttnArgs &a, int heads, int batch) {
   return STA_OK;
 }
 
+
+/* ---- the sm_90a kernel: wgmma ----------------------------------------------
+** NWG warpgroups of 64 query rows each; key blocks of BW = 128 keys.
+** S = Q K^T: wgmma m64n128k16, Q and K from shared memory (K-major,
+** 128-byte swizzle).  O += P V: wgmma m64nDk16 with P from registers and V
+** from shared memory (MN-major, transposed B).  Shared tiles are stored as
+** D/64 column halves of rows x 128 bytes, 16-byte chunk c of row r at
+** c ^ (r & 7): the 128-byte swizzle atom, 1024-byte aligned. */
+
+constexpr int BW = 128; /* keys per block, wgmma kernel */
+
+/* element offset of (row r, 16-byte chunk ch) in a swizzled R-row tile */
+__device__ __forceinline__ int swz(int r, int ch, int R) {
+  return ((ch >> 3) * R + r) * 64 + (((ch & 7) ^ (r & 7)) << 3);
+}
+
+__device__ __forceinline__ uint64_t sdesc(const void *p, uint32_t lbo,
+                                          uint32_t sbo) {
+  uint32_t a = smem_u32(p);
+  return (uint64_t)((a & 0x3FFFF) >> 4) | ((uint64_t)(lbo >> 4) << 16) |
+         ((uint64_t)(sbo >> 4) << 32) | (1ull << 62);
+}
+
+__device__ __forceinline__ void fence_proxy_async() {
+  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+}
+__device__ __forceinline__ void bar_named(int id, int n) {
+  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(n) : "memory");
+}
+
+template <typename T, int D, int NTH>
+__device__ __forceinline__ void load_rows_sw(T *s, int R, const T *g,
+                                             int64_t ss, const int *rowtab,
+                                             int nrows, int tid, int vec) {
+  constexpr int CH = D / 8;
+  for (int c = tid; c < nrows * CH; c += NTH) {
+    int r = c / CH, ch = c % CH, row = rowtab[r];
+    T *dst = s + swz(r, ch, R);
+    if (vec) {
+      const T *src = row >= 0 ? g + (int64_t)row * ss + ch * 8 : g;
+      cp_async16(smem_u32(dst), src, row >= 0 ? 16 : 0);
+    } else {
+      uint4 tmp = make_uint4(0, 0, 0, 0);
+      uint16_t *t16 = reinterpret_cast<uint16_t *>(&tmp);
+      if (row >= 0) {
+        const uint16_t *src = reinterpret_cast<const uint16_t *>(
+            g + (int64_t)row * ss + ch * 8);
+#pragma unroll
+        for (int e = 0; e < 8; e++) t16[e] = src[e];
+      }
+      *reinterpret_cast<uint4 *>(dst) = tmp;
+    }
+  }
+}
+
+template <typename T, int D> struct WgOps;
+template <> struct WgOps<__nv_bfloat16, 128> {
+  static __device__ __forceinline__ void qk(float *d, uint64_t a, uint64_t b, int s) { sta_wgmma::ss_n128_bf16(d, a, b, s); }
+  static __device__ __forceinline__ void pv(float *d, const uint32_t *a, uint64_t b) { sta_wgmma::rs_n128_bf16_tb(d, a, b, 1); }
+};
+template <> struct WgOps<__nv_bfloat16, 64> {
+  static __device__ __forceinline__ void qk(float *d, uint64_t a, uint64_t b, int s) { sta_wgmma::ss_n128_bf16(d, a, b, s); }
+  static __device__ __forceinline__ void pv(float *d, const uint32_t *a, uint64_t b) { sta_wgmma::rs_n64_bf16_tb(d, a, b, 1); }
+};
+template <> struct WgOps<__half, 128> {
+  static __device__ __forceinline__ void qk(float *d, uint64_t a, uint64_t b, int s) { sta_wgmma::ss_n128_f16(d, a, b, s); }
+  static __device__ __forceinline__ void pv(float *d, const uint32_t *a, uint64_t b) { sta_wgmma::rs_n128_f16_tb(d, a, b, 1); }
+};
+template <> struct WgOps<__half, 64> {
+  static __device__ __forceinline__ void qk(float *d, uint64_t a, uint64_t b, int s) { sta_wgmma::ss_n128_f16(d, a, b, s); }
+  static __device__ __forceinline__ void pv(float *d, const uint32_t *a, uint64_t b) { sta_wgmma::rs_n64_f16_tb(d, a, b, 1); }
+};
+
+template <typename T, int D, int NWG>
+__global__ void __launch_bounds__(NWG * 128, 1)
+    sta_fwd_wgmma(const __grid_constant__ AttnArgs a) {
+  constexpr int NTH = NWG * 128, BR = 64 * NWG, KS = D / 16, NJ = BW / 8,
+                DJ = D / 8;
+  extern __shared__ unsigned char smem_raw[];
+  unsigned char *base = reinterpret_cast<unsigned char *>(
+      (reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~(uintptr_t)1023);
+  T *sQ = reinterpret_cast<T *>(base);
+  T *sK = sQ + BR * D;     /* [2][BW][D] */
+  T *sV = sK + 2 * BW * D; /* [2][BW][D] */
+  int *rowtab = reinterpret_cast<int *>(sV + 2 * BW * D); /* [2][BW] */
+  int *qrow = rowtab + 2 * BW;                            /* [BR] */
+
+  const int tid = threadIdx.x, lane = tid & 31;
+  const int wg = tid >> 7, wq = (tid >> 5) & 3; /* warpgroup, warp in it */
+  const int head = blockIdx.y, b = blockIdx.z;
+  const int bx = blockIdx.x;
+
+  KeyPlan p;
+  p.text = bx < a.n_text_qblocks;
+  int qrow0 = 0, qcount = 0;
+  int qt0 = 0, qh0 = 0, qw0 = 0, qeh = 0, qew = 0;
+  if (p.text) {
+    qrow0 = bx * BR;
+    qcount = min(BR, a.S - a.V - qrow0);
+    p.st = p.sh = p.sw = p.ct = p.ch = p.cw = p.bpt = p.n_tblk = 0;
+    p.nkb = (a.V + a.text_len + BW - 1) / BW;
+  } else {
+    int vb = bx - a.n_text_qblocks;
+    int tl = vb / a.qbpt, qb = vb - tl * a.qbpt;
+    int it = tl / (a.NH * a.NW), rem = tl - it * (a.NH * a.NW);
+    int ih = rem / a.NW, iw = rem - ih * a.NW;
+    qt0 = it * a.tt;
+    qh0 = ih * a.th;
+    qw0 = iw * a.tw;
+    int qet = min(a.tt, a.cT - qt0);
+    qeh = min(a.th, a.cH - qh0);
+    qew = min(a.tw, a.cW - qw0);
+    qrow0 = qb * BR;
+    qcount = min(BR, qet * qeh * qew - qrow0);
+    if (qcount <= 0) return;
+    p.ct = a.win[3 * head];
+    p.ch = a.win[3 * head + 1];
+    p.cw = a.win[3 * head + 2];
+    p.st = axis_start(it, p.ct, a.NT);
+    p.sh = axis_start(ih, p.ch, a.NH);
+    p.sw = axis_start(iw, p.cw, a.NW);
+    p.bpt = (a.tile_vol + BW - 1) / BW;
+    p.n_tblk = p.ct * p.ch * p.cw * p.bpt;
+    p.nkb = p.n_tblk + (a.text_len + BW - 1) / BW;
+  }
+
+  const T *gq = reinterpret_cast<const T *>(a.q) + b * a.q_sb + head * a.q_sh;
+  const T *gk = reinterpret_cast<const T *>(a.k) + b * a.k_sb + head * a.k_sh;
+  const T *gv = reinterpret_cast<const T *>(a.v) + b * a.v_sb + head * a.v_sh;
+  T *go = reinterpret_cast<T *>(a.o) + b * a.o_sb + head * a.o_sh;
+
+  for (int r = tid; r < BR; r += NTH) {
+    int row = -1;
+    if (r < qcount) {
+      if (p.text) {
+        row = a.V + qrow0 + r;
+      } else {
+        int li = qrow0 + r, ehw = qeh * qew;
+        int dt = li / ehw, rr = li - dt * ehw;
+        int dh = rr / qew, dw = rr - dh * qew;
+        row = ((qt0 + dt) * a.cH + qh0 + dh) * a.cW + qw0 + dw;
+      }
+    }
+    qrow[r] = row;
+  }
+  for (int j = tid; j < 2 * BW; j += NTH) {
+    int kb = j / BW, c;
+    rowtab[j] = kb < p.nkb ? key_row<BW>(a, p, kb, j % BW, &c) : -1;
+  }
+  __syncthreads();
+  load_rows_sw<T, D, NTH>(sQ, BR, gq, a.q_ss, qrow, BR, tid, a.vec);
+  cp_async_commit();
+  load_rows_sw<T, D, NTH>(sK, BW, gk, a.k_ss, rowtab, BW, tid, a.vec);
+  load_rows_sw<T, D, NTH>(sV, BW, gv, a.v_ss, rowtab, BW, tid, a.vec);
+  cp_async_commit();
+
+  float o[D / 2];
+#pragma unroll
+  for (int e = 0; e < D / 2; e++) o[e] = 0.f;
+  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
+  const float sl2 = a.scale_log2;
+  /* descriptors: Q rows of this warpgroup; K and V of stage 0 */
+  const uint64_t dq0 = sdesc(sQ + wg * 64 * 64, 16, 1024);
+  const uint64_t dk0 = sdesc(sK, 16, 1024);
+  const uint64_t dv0 = a.vswap ? sdesc(sV, 1024, BW * 128)
+                                : sdesc(sV, BW * 128, 1024);
+
+  for (int i = 0; i < p.nkb; i++) {
+    cp_async_wait_all();
+    fence_proxy_async();
+    __syncthreads();
+    const int stage = i & 1;
+    if (i + 1 < p.nkb) {
+      const int *rt = rowtab + ((i + 1) & 1) * BW;
+      load_rows_sw<T, D, NTH>(sK + (stage ^ 1) * BW * D, BW, gk, a.k_ss, rt,
+                              BW, tid, a.vec);
+      load_rows_sw<T, D, NTH>(sV + (stage ^ 1) * BW * D, BW, gv, a.v_ss, rt,
+                              BW, tid, a.vec);
+    }
+    cp_async_commit();
+    if (i + 2 < p.nkb) {
+      for (int j = tid; j < BW; j += NTH) {
+        int c;
+        rowtab[stage * BW + j] = key_row<BW>(a, p, i + 2, j, &c);
+      }
+    }
+    int cnt;
+    (void)key_row<BW>(a, p, i, 0, &cnt);
+    if (cnt <= 0) continue;
+
+    /* S = Q K^T (stage offsets in 16-byte units inside the descriptor) */
+    const uint64_t stage_off = (uint64_t)((stage * BW * D * 2) >> 4);
+    float s[BW / 2];
+    sta_wgmma::fence();
+#pragma unroll
+    for (int ks = 0; ks < KS; ks++) {
+      uint64_t qo = (uint64_t)((((ks >> 2) * BR * 128) + (ks & 3) * 32) >> 4);
+      uint64_t ko = (uint64_t)((((ks >> 2) * BW * 128) + (ks & 3) * 32) >> 4);
+      WgOps<T, D>::qk(s, dq0 + qo, dk0 + stage_off + ko, ks > 0);
+    }
+    sta_wgmma::commit();
+    sta_wgmma::wait<0>();
+    sta_wgmma::pin<BW / 2>(s);
+
+    if (cnt < BW) {
+#pragma unroll
+      for (int j = 0; j < NJ; j++) {
+        int col = j * 8 + 2 * (lane & 3);
+        if (col >= cnt) s[4 * j] = s[4 * j + 2] = -INFINITY;
+        if (col + 1 >= cnt) s[4 * j + 1] = s[4 * j + 3] = -INFINITY;
+      }
+    }
+    uint32_t pa[BW / 16][4];
+#pragma unroll
+    for (int hr = 0; hr < 2; hr++) {
+      float mx = -INFINITY;
+#pragma unroll
+      for (int j = 0; j < NJ; j++)
+        mx = fmaxf(mx, fmaxf(s[4 * j + 2 * hr], s[4 * j + 2 * hr + 1]));
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+      float mnew = fmaxf(m[hr], mx * sl2);
+      float muse = mnew == -INFINITY ? 0.f : mnew;
+      float alpha = exp2f(m[hr] - muse);
+      m[hr] = mnew;
+      float sum = 0.f;
+#pragma unroll
+      for (int j = 0; j < NJ; j++) {
+        float p0 = exp2f(fmaf(s[4 * j + 2 * hr], sl2, -muse));
+        float p1 = exp2f(fmaf(s[4 * j + 2 * hr + 1], sl2, -muse));
+        s[4 * j + 2 * hr] = p0;
+        s[4 * j + 2 * hr + 1] = p1;
+        sum += p0 + p1;
+      }
+      l[hr] = l[hr] * alpha + sum;
+#pragma unroll
+      for (int j = 0; j < DJ; j++) {
+        o[4 * j + 2 * hr] *= alpha;
+        o[4 * j + 2 * hr + 1] *= alpha;
+      }
+    }
+#pragma unroll
+    for (int kk = 0; kk < BW / 16; kk++) {
+      pa[kk][0] = Mma<T>::pack(s[8 * kk + 0], s[8 * kk + 1]);
+      pa[kk][1] = Mma<T>::pack(s[8 * kk + 2], s[8 * kk + 3]);
+      pa[kk][2] = Mma<T>::pack(s[8 * kk + 4], s[8 * kk + 5]);
+      pa[kk][3] = Mma<T>::pack(s[8 * kk + 6], s[8 * kk + 7]);
+    }
+
+    /* O += P V */
+    sta_wgmma::pin<D / 2>(o);
+    sta_wgmma::fence();
+#pragma unroll
+    for (int kk = 0; kk < BW / 16; kk++)
+      WgOps<T, D>::pv(o, pa[kk], dv0 + stage_off + (uint64_t)((kk * 16 * 128) >> 4));
+    sta_wgmma::commit();
+    sta_wgmma::wait<0>();
+    sta_wgmma::pin<D / 2>(o);
+  }
+  cp_async_wait_all();
+  bar_named(1 + wg, 128); /* this warpgroup's wgmma reads of sQ are over */
+
+  const float ln2 = 0.69314718055994530942f;
+#pragma unroll
+  for (int hr = 0; hr < 2; hr++) {
+    float sum = l[hr];
+    sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+    sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+    float inv = sum > 0.f ? 1.f / sum : 0.f;
+    int r = wg * 64 + wq * 16 + (lane >> 2) + 8 * hr;
+#pragma unroll
+    for (int j = 0; j < DJ; j++) {
+      uint32_t v = Mma<T>::pack(o[4 * j + 2 * hr] * inv, o[4 * j + 2 * hr + 1] * inv);
+      *reinterpret_cast<uint32_t *>(sQ + swz(r, j, BR) + 2 * (lane & 3)) = v;
+    }
+    if (a.lse && (lane & 3) == 0) {
+      int row = qrow[r];
+      if (row >= 0)
+        a.lse[b * a.lse_sb + head * a.lse_sh + (int64_t)row * a.lse_ss] =
+            sum > 0.f ? (m[hr] + log2f(sum)) * ln2 : -INFINITY;
+    }
+  }
+  __syncwarp();
+  for (int c = lane; c < 16 * DJ; c += 32) {
+    int r = wg * 64 + wq * 16 + c / DJ, ch = c % DJ;
+    int row = qrow[r];
+    if (row < 0) continue;
+    const T *src = sQ + swz(r, ch, BR);
+    T *dst = go + (int64_t)row * a.o_ss + ch * 8;
+    if (a.vec) {
+      *reinterpret_cast<uint4 *>(dst) = *reinterpret_cast<const uint4 *>(src);
+    } else {
+      const uint16_t *s16 = reinterpret_cast<const uint16_t *>(src);
+      uint16_t *d16 = reinterpret_cast<uint16_t *>(dst);
+#pragma unroll
+      for (int e = 0; e < 8; e++) d16[e] = s16[e];
+    }
+  }
+}
+
+template <typename T, int D, int NWG>
+sta_status launch_wgmma(AttnArgs &a, int heads, int batch) {
+  constexpr int BR = 64 * NWG;
+  size_t smem = 1024 + (size_t)(BR * D + 4 * BW * D) * sizeof(T) +
+                (size_t)(2 * BW + BR) * sizeof(int);
+  auto kern = sta_fwd_wgmma<T, D, NWG>;
+  cudaError_t e = cudaFuncSetAttribute(
+      kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+  if (e != cudaSuccess) return sta_cuda_fail(e, "cudaFuncSetAttribute");
+  int NHW = a.NH * a.NW;
+  a.qbpt = (a.tile_vol + BR - 1) / BR;
+  a.n_text_qblocks = (a.S - a.V + BR - 1) / BR;
+  int64_t gx = (int64_t)a.n_text_qblocks + (int64_t)a.NT * NHW * a.qbpt;
+  if (gx <= 0) return STA_OK;
+  if (gx > 0x7fffffff || heads > 65535 || batch > 65535)
+    return sta_error(STA_ERR_UNSUPPORTED,
+                     "attention: grid too large for the CUDA backend "
+                     "(%lld query blocks, %d heads, batch %d)",
+                     (long long)gx, heads, batch);
+  dim3 grid((unsigned)gx, (unsigned)heads, (unsigned)batch);
+  kern<<<grid, NWG * 128, smem, sta_cuda_stream()>>>(a);
+  e = cudaGetLastError();
+  if (e != cudaSuccess) return sta_cuda_fail(e, "attention kernel launch");
+  return STA_OK;
+}
+
 template <typename T>
 sta_status dispatch(AttnArgs &a, int D, int heads, int batch) {
-  if (D == 64) return launch<T, 64, 2, 4, false>(a, heads, batch);
-  switch (sta_cuda_attention_variant()) {
-  case 1: return launch<T, 128, 1, 8, true>(a, heads, batch);
-  case 2: return launch<T, 128, 2, 6, false>(a, heads, batch);
-  case 3: return launch<T, 128, 1, 12, true>(a, heads, batch);
-  default: return launch<T, 128, 2, 4, false>(a, heads, batch);
+  int var = sta_cuda_attention_variant();
+  if (D == 64)
+    return var == 1 ? launch<T, 64, 2, 4, false>(a, heads, batch)
+                    : launch_wgmma<T, 64, 2>(a, heads, batch);
+  switch (var) {
+  case 1: return launch<T, 128, 2, 4, false>(a, heads, batch);
+  case 2: return launch_wgmma<T, 128, 3>(a, heads, batch);
+  default: return launch_wgmma<T, 128, 2>(a, heads, batch);
   }
 }
 
@@ -521,7 +853,7 @@ bool aligned16(const void *p) { return ((uintptr_t)p & 15) == 0; }
 int sta_cuda_attention_variant(void) {
   const char *s = getenv("STA_CUDA_VARIANT"); /* read per call: benchmarks */
   int x = s ? atoi(s) : 0;
-  return (x >= 0 && x <= 3) ? x : 0;
+  return (x >= 0 && x <= 2) ? x : 0;
 }
 
 sta_status sta_cuda_attention(const sta_attn_params *p) {
@@ -579,6 +911,7 @@ sta_status sta_cuda_attention(const sta_attn_params *p) {
   for (int i = 0; i < 12; i++)
     if (st[i] % 8) vec = 0;
   x.vec = vec;
+  x.vswap = getenv("STA_WG_VSWAP") ? 1 : 0;
   for (int64_t h = 0; h < p->heads; h++)
     for (int ax = 0; ax < 3; ax++) {
       int k = p->windows[3 * h + ax], c = p->grid[ax];
