@@ -312,7 +312,9 @@ typedef struct sta_strategy sta_strategy;
 
 sta_status sta_strategy_create(sta_strategy **out);
 void sta_strategy_destroy(sta_strategy *s);
-/* Parse FastVideo JSON; the first bad key or value is named. */
+/* Parse FastVideo JSON (STA_ERR_FORMAT naming the first bad key or value:
+** keys "step_layer_head" of non-negative decimal ints, values 3 positive
+** integers, no repeated key).  On error *out is untouched. */
 sta_status sta_strategy_parse(sta_strategy **out, const char *json,
                               size_t len);
 sta_status sta_strategy_load(sta_strategy **out, const char *path);
@@ -405,7 +407,10 @@ sta_status sta_forward_batch_record(sta_forward_batch *fb, int32_t negative,
                                     const int32_t *candidates, int32_t heads,
                                     const float *l1, const float *l2);
 /* Write one list (positive or negative) in FastVideo's per-prompt layout:
-** {"L2_loss": {"[3, 1, 10]": [step][layer][head]}, "L1_loss": {...}}. */
+** {"L2_loss": {"[3, 1, 10]": [step][layer][head]}, "L1_loss": {...}},
+** steps in the order first recorded, layers in record order.  An empty
+** list is STA_ERR_STATE; records with other candidates or head counts than
+** the first are STA_ERR_ARGUMENT; on error nothing is written. */
 sta_status sta_forward_batch_save_search(const sta_forward_batch *fb,
                                          int32_t negative, const char *path);
 void sta_forward_batch_clear(sta_forward_batch *fb);
@@ -470,7 +475,9 @@ void sta_layer_set_strategy(sta_layer *l, const sta_strategy *s);
 /* Run STA for the live context: its step's row for this layer, this rank's
 ** global heads.  Search rows run every candidate, write the full-window
 ** output and record L1/L2 into the context's forward batch.  Every check
-** runs before any work; on error out is unchanged. */
+** runs before any work; on error out is unchanged.  Search records hold
+** this rank's heads, 0..local_heads-1 (the global heads when sp_size is 1):
+** each rank saves its own file. */
 sta_status sta_layer_forward(sta_layer *l, const sta_tensor *q,
                              const sta_tensor *k, const sta_tensor *v,
                              sta_tensor *out);
@@ -491,8 +498,10 @@ typedef struct sta_tune_report {
 
 /* Average L2 over the saved search files, full window for steps below
 ** skip_steps, argmin per (step, layer, head) afterwards (ties: first
-** listed).  report may be NULL.  A malformed file: STA_ERR_FORMAT naming
-** it. */
+** listed, in the first file's key order).  report may be NULL; it lists
+** at most 16 windows.  A malformed file, or one whose candidates or
+** [step][layer][head] sizes differ from the first's: STA_ERR_FORMAT naming
+** it and the bad part.  On error *out is untouched. */
 sta_status sta_tune(sta_strategy **out, int32_t n_files,
                     const char *const *paths, int32_t skip_steps,
                     const int32_t full[3], sta_tune_report *report);
