@@ -1,0 +1,242 @@
+/*
+** bench_cpu.c -- the CPU STA forward against this machine's sgemm rate and
+** against dense attention, measured in the same run.
+**   bench_cpu [--runs N] [--threads N] [--quick]
+** Prints a table: workload, ms (median), GFLOP, GFLOP/s, % of sgemm, and
+** the speedup over dense (full-window) attention on the same inputs.
+*/
+#include <cblas.h>
+#include <math.h>
+#include <omp.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "sta.h"
+
+static double now(void) {
+  struct timespec t;
+  clock_gettime(CLOCK_MONOTONIC, &t);
+  return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
+}
+
+static double cpu_now(void) {
+  struct timespec t;
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &t);
+  return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
+}
+
+static int cmp_double(const void *a, const void *b) {
+  double x = *(const double *)a, y = *(const double *)b;
+  return x < y ? -1 : x > y;
+}
+
+static double median(double *v, int n) {
+  qsort(v, (size_t)n, sizeof *v, cmp_double);
+  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+static void cpu_model(char *buf, size_t n) {
+  FILE *f = fopen("/proc/cpuinfo", "r");
+  char line[512];
+  snprintf(buf, n, "unknown cpu");
+  if (!f) return;
+  while (fgets(line, sizeof line, f))
+    if (strncmp(line, "model name", 10) == 0) {
+      char *c = strchr(line, ':');
+      if (c) {
+        c += 2;
+        c[strcspn(c, "\n")] = 0;
+        snprintf(buf, n, "%s", c);
+      }
+      break;
+    }
+  fclose(f);
+}
+
+/* GFLOP/s of C = A op(B): one GEMM with OpenBLAS on `threads` threads
+** (parallel = 0), or `threads` independent single-threaded GEMMs at once
+** in an OpenMP region, as the STA forward calls them (parallel = 1).
+** *per_cpu (may be NULL): GFLOP per CPU-second of the process. */
+static double sgemm_rate(int m, int n, int k, int transb, int threads, int parallel,
+                         double seconds, double *per_cpu) {
+  int copies = parallel ? threads : 1;
+  float *a = malloc(sizeof(float) * (size_t)m * k * copies);
+  float *b = malloc(sizeof(float) * (size_t)k * n * copies);
+  float *c = malloc(sizeof(float) * (size_t)m * n * copies);
+  if (!a || !b || !c) { free(a); free(b); free(c); return 0; }
+  for (size_t i = 0; i < (size_t)m * k * copies; i++) a[i] = (float)((i * 7919) % 1000) / 1000.0f;
+  for (size_t i = 0; i < (size_t)k * n * copies; i++) b[i] = (float)((i * 104729) % 1000) / 1000.0f;
+  memset(c, 0, sizeof(float) * (size_t)m * n * copies);
+  openblas_set_num_threads(parallel ? 1 : threads);
+  double best = 0, best_cpu = 0;
+  for (int round = 0; round < 3; round++) {
+    int reps = 1;
+    double t, ct;
+    for (;;) {
+      t = now();
+      ct = cpu_now();
+      #pragma omp parallel num_threads(copies)
+      {
+        int id = omp_get_thread_num();
+        for (int r = 0; r < reps; r++)
+          cblas_sgemm(CblasRowMajor, CblasNoTrans, transb ? CblasTrans : CblasNoTrans, m, n, k,
+                      1.0f, a + (size_t)id * m * k, k, b + (size_t)id * k * n, transb ? k : n,
+                      0.0f, c + (size_t)id * m * n, n);
+      }
+      t = now() - t;
+      ct = cpu_now() - ct;
+      if (t > seconds / 3) break;
+      reps *= 2;
+    }
+    double rate = 2.0 * m * n * k * reps * copies / t / 1e9;
+    if (rate > best) best = rate;
+    if (rate * t / ct > best_cpu) best_cpu = rate * t / ct;
+  }
+  if (per_cpu) *per_cpu = best_cpu;
+  openblas_set_num_threads(threads);
+  free(a); free(b); free(c);
+  return best;
+}
+
+typedef struct workload {
+  const char *name;
+  int32_t canvas[3];
+  int64_t text, heads, dim;
+  sta_dtype dtype;
+  int32_t window[3];
+} workload;
+
+static void desc_for(sta_attention_desc *d, const workload *w, const int32_t *window) {
+  memset(d, 0, sizeof *d);
+  sta_geometry_init(&d->geom, w->canvas[0], w->canvas[1], w->canvas[2]);
+  d->layout = STA_BSHD;
+  d->n_windows = 1;
+  d->windows = window;
+}
+
+/* Seconds of one forward; *cpu its process CPU seconds. */
+static double forward_seconds(const sta_attention_desc *d, sta_tensor *const *t, double *cpu) {
+  double s = now(), c = cpu_now();
+  if (sta_attention_forward(d, t[0], t[1], t[2], t[3], NULL) != STA_OK) {
+    fprintf(stderr, "bench_cpu: %s\n", sta_last_error());
+    exit(1);
+  }
+  *cpu = cpu_now() - c;
+  return now() - s;
+}
+
+static void loadavg(char *buf, size_t n) {
+  FILE *f = fopen("/proc/loadavg", "r");
+  snprintf(buf, n, "?");
+  if (f) {
+    if (fgets(buf, (int)n, f)) buf[strcspn(buf, "\n")] = 0;
+    fclose(f);
+  }
+}
+
+int main(int argc, char **argv) {
+  int runs = 5, threads = 0, quick = 0;
+  for (int i = 1; i < argc; i++) {
+    if (!strcmp(argv[i], "--runs") && i + 1 < argc) runs = atoi(argv[++i]);
+    else if (!strcmp(argv[i], "--threads") && i + 1 < argc) threads = atoi(argv[++i]);
+    else if (!strcmp(argv[i], "--quick")) quick = 1;
+    else {
+      fprintf(stderr, "usage: %s [--runs N] [--threads N] [--quick]\n", argv[0]);
+      return 2;
+    }
+  }
+  if (runs < 1) runs = 1;
+  if (threads > 0) sta_set_num_threads(threads);
+  threads = sta_get_num_threads();
+  char model[256];
+  cpu_model(model, sizeof model);
+  printf("# sta CPU benchmark\n");
+  printf("cpu: %s, %d threads; %s\n", model, threads, openblas_get_config());
+  char load[128];
+  loadavg(load, sizeof load);
+  printf("backend: %s; load average at the start: %s\n\n", sta_backend_describe(STA_CPU), load);
+
+  /* sgemm at the shapes of the STA work (D 64, a 384-row tile against the
+  ** 6912 window keys of the workload below) and a big square one */
+  double secs = quick ? 0.3 : 1.0;
+  struct { const char *what; int m, n, k, tb, par; } g[] = {
+    {"square 2048^3, one GEMM on all threads", 2048, 2048, 2048, 0, 0},
+    {"S = Q K^T  384x6912x64, one per thread", 384, 6912, 64, 1, 1},
+    {"O = P V    384x64x6912, one per thread", 384, 64, 6912, 0, 1},
+    {"S = Q K^T  128x512x64,  one per thread", 128, 512, 64, 1, 1},
+    {"O = P V    128x64x512,  one per thread", 128, 64, 512, 0, 1},
+  };
+  int ng = (int)(sizeof g / sizeof g[0]);
+  double best = 0;
+  printf("| sgemm (%d threads) | GFLOP/s | GFLOP per CPU-second |\n|---|---|---|\n", threads);
+  for (int i = 0; i < ng; i++) {
+    double pc, r = sgemm_rate(g[i].m, g[i].n, g[i].k, g[i].tb, threads, g[i].par, secs, &pc);
+    if (r > best) best = r;
+    printf("| %s | %.1f | %.1f |\n", g[i].what, r, pc);
+  }
+  printf("\nbest of the above: %.1f GFLOP/s\n\n", best);
+
+  workload wl[] = {
+    {"12x24x40 h8 d64 f32, text 0", {12, 24, 40}, 0, 8, 64, STA_F32, {3, 3, 3}},
+    {"12x24x40 h8 d64 f32, text 64", {12, 24, 40}, 64, 8, 64, STA_F32, {3, 3, 3}},
+    {"12x24x40 h8 d64 bf16, text 64", {12, 24, 40}, 64, 8, 64, STA_BF16, {3, 3, 3}},
+    {"12x24x40 h4 d128 bf16, text 0", {12, 24, 40}, 0, 4, 128, STA_BF16, {3, 3, 3}},
+  };
+  int nw = quick ? 2 : (int)(sizeof wl / sizeof wl[0]);
+  printf("Each round runs the square sgemm on all threads, the STA forward and the dense\n"
+         "forward back to back.  %% of sgemm = median over rounds of (rate / that round's\n"
+         "sgemm rate), by wall time and by process CPU time (GFLOP per CPU-second): load\n"
+         "from other processes cancels out of the ratios, the CPU one most.\n\n");
+  printf("| workload | window | ms (median of %d) | GFLOP | GFLOP/s | sgemm GFLOP/s (same rounds) "
+         "| %% of sgemm (wall) | %% of sgemm (CPU time) | speedup vs dense |\n", runs);
+  printf("|---|---|---|---|---|---|---|---|---|\n");
+  double *ts = malloc(sizeof(double) * (size_t)runs * 7);
+  double *td = ts + runs, *tg = td + runs, *rs = tg + runs, *rd = rs + runs, *cs = rd + runs,
+         *cd = cs + runs;
+  for (int i = 0; i < nw; i++) {
+    const workload *w = &wl[i];
+    int64_t S = (int64_t)w->canvas[0] * w->canvas[1] * w->canvas[2] + w->text;
+    int64_t shape[4] = {1, S, w->heads, w->dim};
+    sta_tensor *t[4] = {NULL, NULL, NULL, NULL};
+    for (int j = 0; j < 4; j++) {
+      if (sta_tensor_create(&t[j], w->dtype, STA_CPU, 4, shape) != STA_OK) {
+        fprintf(stderr, "bench_cpu: %s\n", sta_last_error());
+        return 1;
+      }
+      sta_tensor_randn(t[j], 100 + (uint64_t)j, 0.0, 1.0);
+    }
+    static const int32_t full[3] = {1 << 20, 1 << 20, 1 << 20};
+    sta_attention_desc ds, dd;
+    desc_for(&ds, w, w->window);
+    desc_for(&dd, w, full);
+    double fs = sta_attention_flops(&ds, 1, S, w->heads, w->dim);
+    double fd = sta_attention_flops(&dd, 1, S, w->heads, w->dim);
+    double c1, c2, gc;
+    forward_seconds(&ds, t, &c1); /* warm-up */
+    for (int r = 0; r < runs; r++) {
+      tg[r] = sgemm_rate(2048, 2048, 2048, 0, threads, 0, 0.3, &gc);
+      ts[r] = forward_seconds(&ds, t, &c1);
+      td[r] = forward_seconds(&dd, t, &c2);
+      rs[r] = fs / ts[r] / 1e9 / tg[r];
+      rd[r] = fd / td[r] / 1e9 / tg[r];
+      cs[r] = fs / c1 / 1e9 / gc;
+      cd[r] = fd / c2 / 1e9 / gc;
+    }
+    double ms = 1e3 * median(ts, runs), md = 1e3 * median(td, runs), g0 = median(tg, runs);
+    double es = median(rs, runs), ed = median(rd, runs), ecs = median(cs, runs),
+           ecd = median(cd, runs);
+    printf("| %s | %d,%d,%d | %.1f | %.1f | %.1f | %.1f | %.0f%% | %.0f%% | %.2fx |\n", w->name,
+           w->window[0], w->window[1], w->window[2], ms, fs / 1e9, fs / ms / 1e6, g0, 100 * es,
+           100 * ecs, md / ms);
+    printf("| %s | dense | %.1f | %.1f | %.1f | %.1f | %.0f%% | %.0f%% | 1.00x |\n", w->name, md,
+           fd / 1e9, fd / md / 1e6, g0, 100 * ed, 100 * ecd);
+    for (int j = 0; j < 4; j++) sta_tensor_destroy(t[j]);
+    fflush(stdout);
+  }
+  free(ts);
+  loadavg(load, sizeof load);
+  printf("\nload average at the end: %s\n", load);
+  return 0;
+}
