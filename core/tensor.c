@@ -217,7 +217,7 @@ sta_status sta_tensor_wrap(sta_tensor **out, void *data, sta_dtype dtype,
   if (!s) return sta_error(STA_ERR_NOMEM, "out of host memory (tensor header)");
   size_t es = sta_dtype_size(dtype);
   /* the storage starts at the lowest element the view reaches */
-  s->data = (char *)data + lo * (int64_t)es;
+  s->data = data ? (char *)data + lo * (int64_t)es : NULL; /* NULL: empty wrap */
   s->nbytes = numel > 0 ? (size_t)(hi - lo + 1) * es : 0;
   s->device = device;
   s->owned = 0;

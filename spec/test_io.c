@@ -50,6 +50,7 @@ static unsigned char *read_bytes(const char *path, size_t *n) {
   assert_non_null(p);
   assert_int_equal(fread(p, 1, (size_t)len, f), (size_t)len);
   fclose(f);
+  p[len] = '\0'; /* for strstr on headers */
   *n = (size_t)len;
   return p;
 }
