@@ -204,7 +204,8 @@ sta_status sta_layer_forward(sta_layer *l, const sta_tensor *q,
                      "STA forward called outside a forward context (no context is live)");
   if (!sta_context_batch(ctx))
     return sta_error(STA_ERR_NO_BATCH, "forward_batch cannot be None");
-  int32_t hl = l->local_heads, total = hl * l->sp_size, n = 0;
+  int32_t hl = l->local_heads, n = 0;
+  int64_t total = (int64_t)hl * l->sp_size;
   const int32_t *row = NULL;
   int32_t *owned = NULL; /* this rank's windows, built from the strategy */
   const sta_metadata *md = sta_context_metadata(ctx);
@@ -226,7 +227,7 @@ sta_status sta_layer_forward(sta_layer *l, const sta_tensor *q,
         free(owned);
         return rc;
       }
-    n = total;
+    n = -1; /* this rank's windows, one per local head */
   }
   /* from here on, leave through done: owned may need freeing */
   sta_attention_desc d;
@@ -243,7 +244,7 @@ sta_status sta_layer_forward(sta_layer *l, const sta_tensor *q,
     goto done;
   d.layout = l->layout;
   d.scale = l->scale;
-  if (n == total) {
+  if (n == total || n < 0) {
     d.n_windows = hl;
     d.windows = owned ? owned : row + 3 * (size_t)l->sp_rank * hl;
     rc = sta_attention_forward(&d, q, k, v, out, NULL);

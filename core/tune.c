@@ -72,13 +72,17 @@ static sta_status check_list(const tune_state *st, const cJSON *x, int d,
 static sta_status add_losses(tune_state *st, const cJSON *a, const char *path,
                              const char *key, double *sum) {
   sta_status rc;
-  if (st->dims[0] == 0) {
+  if (st->dims[0] == 0) { /* the first list sets the sizes */
+    static const char *zeros[3] = {"", "[0]", "[0][0]"};
+    static const char *what[3] = {"steps", "layers", "heads"};
     const cJSON *x = a;
-    for (int d = 0; d < 3 && cJSON_IsArray(x) && cJSON_GetArraySize(x) > 0; d++) {
-      st->dims[d] = cJSON_GetArraySize(x);
-      x = x->child;
-    }
-    if (!st->dims[0] || !st->dims[1] || !st->dims[2]) st->dims[0] = st->dims[1] = st->dims[2] = 1;
+    for (int d = 0; d < 3; d++, x = x->child)
+      if (!cJSON_IsArray(x) || (st->dims[d] = cJSON_GetArraySize(x)) < 1) {
+        st->dims[0] = st->dims[1] = st->dims[2] = 0;
+        return sta_error(STA_ERR_FORMAT,
+                         "search results \"%s\": L2_loss[\"%s\"]%s is not a non-empty list of %s",
+                         path, key, zeros[d], what[d]);
+      }
   }
   int32_t at[3] = {0, 0, 0};
   if ((rc = check_list(st, a, 0, path, key, at)) != STA_OK) return rc;
@@ -159,6 +163,17 @@ static sta_status read_file(tune_state *st, const char *path, int first) {
                      "search results \"%s\": candidate \"%s\" is not in \"%s\"", path,
                      it->string, st->first);
       goto out;
+    } else {
+      for (const cJSON *prev = l2->child; prev != it; prev = prev->next) {
+        int32_t pw[3];
+        parse_candidate(prev->string, pw);
+        if (!memcmp(pw, w, sizeof w)) {
+          rc = sta_error(STA_ERR_FORMAT,
+                         "search results \"%s\": L2_loss key \"%s\" appears twice", path,
+                         it->string);
+          goto out;
+        }
+      }
     }
   }
   if (first) {

@@ -180,7 +180,11 @@ static void test_errors(void **state) {
     {"{\"L2_loss\": {\"[3, 3, 3]\": [[[0.5, 0.1]], [[0.5]]]}}", "L2_loss[\"[3, 3, 3]\"][1][0] is not a list of 2 heads"},
     {"{\"L2_loss\": {\"[3, 3, 3]\": [[[0.5, 0.1]], [[0.5, 0.1], [0.5, 0.1]]]}}", "L2_loss[\"[3, 3, 3]\"][1] is not a list of 1 layers"},
     {"{\"L2_loss\": {\"[3, 3, 3]\": [[[0.5]]], \"[1, 1, 1]\": [[[0.5]], [[0.5]]]}}", "L2_loss[\"[1, 1, 1]\"] is not a list of 1 steps"},
-    {"{\"L2_loss\": {\"[3, 3, 3]\": 0.5}}", "L2_loss[\"[3, 3, 3]\"] is not a list of 1 steps"},
+    {"{\"L2_loss\": {\"[3, 3, 3]\": 0.5}}", "L2_loss[\"[3, 3, 3]\"] is not a non-empty list of steps"},
+    {"{\"L2_loss\": {\"[3, 3, 3]\": []}}", "L2_loss[\"[3, 3, 3]\"] is not a non-empty list of steps"},
+    {"{\"L2_loss\": {\"[3, 3, 3]\": [[]]}}", "L2_loss[\"[3, 3, 3]\"][0] is not a non-empty list of layers"},
+    {"{\"L2_loss\": {\"[3, 3, 3]\": [[[]]]}}", "L2_loss[\"[3, 3, 3]\"][0][0] is not a non-empty list of heads"},
+    {"{\"L2_loss\": {\"[3, 3, 3]\": [[0.5]]}}", "L2_loss[\"[3, 3, 3]\"][0][0] is not a non-empty list of heads"},
   };
   for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
     write_file(path_of(4), cases[i].text);
@@ -196,6 +200,8 @@ static void test_errors(void **state) {
     {"{\"L2_loss\": {\"[3, 3, 3]\": [[[0.5, 0.1]], [[0.5, 0.1]]]}}", "1 candidates, \"%s\" has 2"},
     {"{\"L2_loss\": {\"[3, 3, 3]\": [[[0.5, 0.1]], [[0.5, 0.1]]], \"[1, 1, 3]\": [[[0.9, 0.2]], [[0.3, 0.2]]]}}",
      "candidate \"[1, 1, 3]\" is not in \"%s\""},
+    {"{\"L2_loss\": {\"[3, 3, 3]\": [[[0.5, 0.1]], [[0.5, 0.1]]], \"[3,3,3]\": [[[0.9, 0.2]], [[0.3, 0.2]]]}}",
+     "L2_loss key \"[3,3,3]\" appears twice%.0s"},
     {"{\"L2_loss\": {\"[3, 3, 3]\": [[[0.5, 0.1]], [[0.5, 0.1]], [[0.5, 0.1]]], \"[1, 1, 1]\": [[[0.9, 0.2]], [[0.3, 0.2]]]}}",
      "L2_loss[\"[3, 3, 3]\"] is not a list of 2 steps as in \"%s\""},
     {"{\"L2_loss\": {\"[1, 1, 1]\": [[[0.9, 0.2]], [[0.3, 0.2, 0.1]]], \"[3, 3, 3]\": [[[0.5, 0.1]], [[0.5, 0.1]]]}}",
