@@ -602,19 +602,28 @@ static sta_status sp_run(sta_comm *c, const sta_geometry *g, sta_layout layout,
       rc = c->t.all_gather(c->t.self, (char *)sta_tensor_data(txt) + (size_t)(sp.p * tchunk) * es,
                            sta_tensor_data(txt), (size_t)tchunk * es, dev);
   }
-  /* 4. only now write out */
-  for (int32_t j = 0; j < sp.p && rc == STA_OK; j++) {
-    rc = region(&a, recv, j * chunk, layout, sp.b, sp.vr, sp.hl, sp.d);
-    if (rc == STA_OK) rc = copy_block(out, 0, j * sp.hl, a, 0, 0, sp.vr, sp.hl, layout);
-    sta_tensor_destroy(a);
-    a = NULL;
-    if (rc == STA_OK && sp.text > 0) {
-      rc = region(&a, txt, j * tchunk, layout, sp.b, sp.text, sp.hl, sp.d);
-      if (rc == STA_OK)
-        rc = copy_block(out, sp.vr, j * sp.hl, a, 0, 0, sp.text, sp.hl, layout);
-      sta_tensor_destroy(a);
-      a = NULL;
+  /* 4. only now write out: every view first, so a failure leaves out as it was */
+  if (rc == STA_OK) {
+    int32_t nv = sp.text > 0 ? 4 : 2;
+    sta_tensor **views = sta_calloc((size_t)(nv * sp.p), sizeof *views);
+    if (!views) rc = sta_error(STA_ERR_NOMEM, "out of host memory (SP output views)");
+    for (int32_t j = 0; j < sp.p && rc == STA_OK; j++) {
+      sta_tensor **w = views + nv * j;
+      rc = region(&w[0], recv, j * chunk, layout, sp.b, sp.vr, sp.hl, sp.d);
+      if (rc == STA_OK) rc = block(&w[1], out, layout, 0, sp.vr, j * sp.hl, sp.hl);
+      if (rc == STA_OK && nv == 4)
+        rc = region(&w[2], txt, j * tchunk, layout, sp.b, sp.text, sp.hl, sp.d);
+      if (rc == STA_OK && nv == 4)
+        rc = block(&w[3], out, layout, sp.vr, sp.text, j * sp.hl, sp.hl);
     }
+    for (int32_t j = 0; j < sp.p && rc == STA_OK; j++) {
+      sta_tensor **w = views + nv * j;
+      rc = sta_tensor_copy(w[1], w[0]);
+      if (rc == STA_OK && nv == 4) rc = sta_tensor_copy(w[3], w[2]);
+    }
+    if (views)
+      for (int32_t i = 0; i < nv * sp.p; i++) sta_tensor_destroy(views[i]);
+    free(views);
   }
 done:
   for (int i = 0; i < 4; i++) sta_tensor_destroy(full[i]);

@@ -1,0 +1,738 @@
+/* test_dist.c -- sequence parallelism on the CPU: loopback collectives, SP
+** attention and SP layers on P in {1, 2, 3, 4} ranks (one thread each)
+** equal to single-device sta_attention_forward on many geometries, and
+** every error path (exact messages, nothing changed, no hang). */
+#include <math.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <setjmp.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <cmocka.h>
+
+#include "internal.h"
+
+#define MAXP 4
+#define MAXH 12
+
+static uint64_t seed_base;
+
+static uint64_t next_seed(void) { return seed_base += 7919; }
+
+static void expect_error(sta_status rc, sta_status want, const char *msg) {
+  if (rc != want || strcmp(sta_last_error(), msg) != 0)
+    fail_msg("got %s \"%s\"\nwant %s \"%s\"", sta_status_name(rc), sta_last_error(),
+             sta_status_name(want), msg);
+}
+
+static sta_tensor *new4(sta_dtype dt, sta_layout layout, int64_t b, int64_t s, int64_t h,
+                        int64_t d) {
+  sta_tensor *t = NULL;
+  int64_t shape[4] = {b, layout == STA_BSHD ? s : h, layout == STA_BSHD ? h : s, d};
+  assert_int_equal(sta_tensor_create(&t, dt, STA_CPU, 4, shape), STA_OK);
+  return t;
+}
+
+static sta_tensor *randn4(sta_dtype dt, sta_layout layout, int64_t b, int64_t s, int64_t h,
+                          int64_t d) {
+  sta_tensor *t = new4(dt, layout, b, s, h, d);
+  assert_int_equal(sta_tensor_randn(t, next_seed(), 0.0, 1.0), STA_OK);
+  return t;
+}
+
+static sta_tensor *snapshot(const sta_tensor *t) {
+  sta_tensor *c = NULL;
+  assert_int_equal(sta_tensor_to(&c, t, sta_tensor_dtype(t), STA_CPU), STA_OK);
+  return c;
+}
+
+static void assert_bitwise(const sta_tensor *a, const sta_tensor *b) {
+  double mx = -1, rel = -1;
+  assert_int_equal(sta_tensor_compare(a, b, &mx, &rel), STA_OK);
+  if (!(mx == 0.0)) fail_msg("tensors differ: max |a-b| = %g", mx);
+}
+
+/* ---- loopback collectives ---------------------------------------------------- */
+
+typedef struct coll_job {
+  sta_tensor *send[MAXP], *recv[MAXP], *gsend[MAXP], *grecv[MAXP];
+  int barriers;
+} coll_job;
+
+static sta_status coll_rank(void *arg, int32_t r, sta_comm *c) {
+  coll_job *j = arg;
+  sta_status rc = sta_comm_barrier(c);
+  if (rc == STA_OK) rc = sta_comm_all_to_all(c, j->send[r], j->recv[r]);
+  if (rc == STA_OK) rc = sta_comm_all_gather(c, j->gsend[r], j->grecv[r]);
+  if (rc == STA_OK) rc = sta_comm_barrier(c);
+  return rc;
+}
+
+static void test_loopback_collectives(void **state) {
+  (void)state;
+  for (int32_t p = 1; p <= MAXP; p++) {
+    sta_comm *comms[MAXP];
+    coll_job j;
+    int64_t per = 5, n = per * p;
+    memset(&j, 0, sizeof j);
+    assert_int_equal(sta_comm_loopback(comms, p), STA_OK);
+    for (int32_t r = 0; r < p; r++) {
+      assert_int_equal(sta_comm_rank(comms[r]), r);
+      assert_int_equal(sta_comm_size(comms[r]), p);
+      assert_string_equal(sta_comm_name(comms[r]), "loopback");
+      assert_int_equal(sta_tensor_create(&j.send[r], STA_F32, STA_CPU, 1, &n), STA_OK);
+      assert_int_equal(sta_tensor_create(&j.recv[r], STA_F32, STA_CPU, 1, &n), STA_OK);
+      assert_int_equal(sta_tensor_create(&j.gsend[r], STA_F32, STA_CPU, 1, &per), STA_OK);
+      assert_int_equal(sta_tensor_create(&j.grecv[r], STA_F32, STA_CPU, 1, &n), STA_OK);
+      assert_int_equal(sta_tensor_randn(j.send[r], next_seed(), 0, 1), STA_OK);
+      assert_int_equal(sta_tensor_randn(j.gsend[r], next_seed(), 0, 1), STA_OK);
+      assert_int_equal(sta_tensor_fill(j.recv[r], NAN), STA_OK);
+      assert_int_equal(sta_tensor_fill(j.grecv[r], NAN), STA_OK);
+    }
+    assert_int_equal(sta_comm_loopback_run(comms, p, coll_rank, &j), STA_OK);
+    for (int32_t r = 0; r < p; r++) {
+      const float *recv = sta_tensor_data(j.recv[r]), *grecv = sta_tensor_data(j.grecv[r]);
+      for (int32_t s = 0; s < p; s++) {
+        const float *send = sta_tensor_data(j.send[s]), *gsend = sta_tensor_data(j.gsend[s]);
+        /* chunk s of rank r's recv is chunk r of rank s's send */
+        assert_memory_equal(recv + s * per, send + r * per, sizeof(float) * (size_t)per);
+        assert_memory_equal(grecv + s * per, gsend, sizeof(float) * (size_t)per);
+      }
+    }
+    for (int32_t r = 0; r < p; r++) {
+      sta_tensor_destroy(j.send[r]);
+      sta_tensor_destroy(j.recv[r]);
+      sta_tensor_destroy(j.gsend[r]);
+      sta_tensor_destroy(j.grecv[r]);
+      sta_comm_destroy(comms[r]);
+    }
+  }
+}
+
+/* ---- SP attention == single device --------------------------------------------- */
+
+typedef struct sp_case {
+  int32_t canvas[3], tile[3];
+  int64_t text, text_len; /* text rows; valid ones (-1: all) */
+  int64_t b, h, d;
+  sta_dtype dtype;
+  sta_layout layout;
+  int32_t n_windows;
+  int32_t windows[3 * MAXH];
+} sp_case;
+
+typedef struct sp_job {
+  sta_attention_desc desc;
+  sta_sp_layer *layers[MAXP];
+  sta_strategy *strategy;
+  int32_t step;
+  sta_tensor *q[MAXP], *k[MAXP], *v[MAXP], *o[MAXP];
+} sp_job;
+
+static sta_status sp_rank(void *arg, int32_t r, sta_comm *c) {
+  sp_job *j = arg;
+  return sta_sp_attention(c, &j->desc, j->q[r], j->k[r], j->v[r], j->o[r]);
+}
+
+static void case_desc(const sp_case *c, sta_attention_desc *d) {
+  memset(d, 0, sizeof *d);
+  sta_geometry_init(&d->geom, c->canvas[0], c->canvas[1], c->canvas[2]);
+  for (int i = 0; i < 3; i++) d->geom.tile[i] = c->tile[i];
+  d->geom.text_len = c->text_len;
+  d->layout = c->layout;
+  d->n_windows = c->n_windows;
+  d->windows = c->windows;
+}
+
+/* Shard full inputs over p ranks, run fn on every rank, compare each rank's
+** output with the shard of full_out. */
+static void run_sp(const sp_case *c, int32_t p, sp_job *j, sta_rank_fn fn,
+                   const sta_tensor *fq, const sta_tensor *fk, const sta_tensor *fv,
+                   const sta_tensor *fo, sta_comm **comms) {
+  int64_t v = (int64_t)c->canvas[0] * c->canvas[1] * c->canvas[2];
+  int64_t sl = v / p + c->text;
+  const sta_geometry *g = &j->desc.geom;
+  for (int32_t r = 0; r < p; r++) {
+    j->q[r] = new4(c->dtype, c->layout, c->b, sl, c->h, c->d);
+    j->k[r] = new4(c->dtype, c->layout, c->b, sl, c->h, c->d);
+    j->v[r] = new4(c->dtype, c->layout, c->b, sl, c->h, c->d);
+    j->o[r] = new4(c->dtype, c->layout, c->b, sl, c->h, c->d);
+    assert_int_equal(sta_sp_shard(j->q[r], fq, g, c->layout, r, p), STA_OK);
+    assert_int_equal(sta_sp_shard(j->k[r], fk, g, c->layout, r, p), STA_OK);
+    assert_int_equal(sta_sp_shard(j->v[r], fv, g, c->layout, r, p), STA_OK);
+    assert_int_equal(sta_tensor_fill(j->o[r], NAN), STA_OK);
+  }
+  sta_status rc = sta_comm_loopback_run(comms, p, fn, j);
+  if (rc != STA_OK) fail_msg("P=%d: %s", (int)p, sta_last_error());
+  sta_tensor *back = new4(c->dtype, c->layout, c->b, v + c->text, c->h, c->d);
+  for (int32_t r = 0; r < p; r++) {
+    sta_tensor *want = new4(c->dtype, c->layout, c->b, sl, c->h, c->d);
+    assert_int_equal(sta_sp_shard(want, fo, g, c->layout, r, p), STA_OK);
+    assert_bitwise(j->o[r], want);
+    assert_int_equal(sta_sp_unshard(back, j->o[r], g, c->layout, r, p), STA_OK);
+    sta_tensor_destroy(want);
+    sta_tensor_destroy(j->q[r]);
+    sta_tensor_destroy(j->k[r]);
+    sta_tensor_destroy(j->v[r]);
+    sta_tensor_destroy(j->o[r]);
+  }
+  assert_bitwise(back, fo); /* the shards cover the whole output */
+  sta_tensor_destroy(back);
+}
+
+static void check_sp(const sp_case *c) {
+  int64_t v = (int64_t)c->canvas[0] * c->canvas[1] * c->canvas[2], s = v + c->text;
+  sp_job j;
+  memset(&j, 0, sizeof j);
+  case_desc(c, &j.desc);
+  sta_tensor *fq = randn4(c->dtype, c->layout, c->b, s, c->h, c->d);
+  sta_tensor *fk = randn4(c->dtype, c->layout, c->b, s, c->h, c->d);
+  sta_tensor *fv = randn4(c->dtype, c->layout, c->b, s, c->h, c->d);
+  sta_tensor *fo = new4(c->dtype, c->layout, c->b, s, c->h, c->d);
+  assert_int_equal(sta_attention_forward(&j.desc, fq, fk, fv, fo, NULL), STA_OK);
+  int ran = 0;
+  for (int32_t p = 1; p <= MAXP; p++) {
+    if (v % p || c->h % p) continue;
+    sta_comm *comms[MAXP];
+    assert_int_equal(sta_comm_loopback(comms, p), STA_OK);
+    run_sp(c, p, &j, sp_rank, fq, fk, fv, fo, comms);
+    for (int32_t r = 0; r < p; r++) sta_comm_destroy(comms[r]);
+    ran++;
+  }
+  assert_true(ran >= 2);
+  sta_tensor_destroy(fq);
+  sta_tensor_destroy(fk);
+  sta_tensor_destroy(fv);
+  sta_tensor_destroy(fo);
+}
+
+/* Per-head windows that differ by head (odd, or full on an axis). */
+static void vary_windows(sp_case *c) {
+  int32_t grid[3];
+  sta_geometry g;
+  sta_geometry_init(&g, c->canvas[0], c->canvas[1], c->canvas[2]);
+  for (int i = 0; i < 3; i++) g.tile[i] = c->tile[i];
+  sta_geometry_grid(&g, grid);
+  c->n_windows = (int32_t)c->h;
+  for (int64_t h = 0; h < c->h; h++)
+    for (int i = 0; i < 3; i++) {
+      int32_t k = 1 + 2 * (int32_t)((h + i) % 3); /* 1, 3, 5 */
+      c->windows[3 * h + i] = k < grid[i] ? k : grid[i] + (int32_t)(h % 2);
+    }
+}
+
+static void test_sp_attention_text0(void **state) {
+  (void)state;
+  sp_case c;
+  memset(&c, 0, sizeof c);
+  c.canvas[0] = 4; c.canvas[1] = 6; c.canvas[2] = 6;   /* V = 144 */
+  c.tile[0] = 2; c.tile[1] = 3; c.tile[2] = 3;
+  c.text = 0; c.text_len = -1;
+  c.b = 1; c.h = 12; c.d = 16;                          /* P = 1, 2, 3, 4 */
+  c.dtype = STA_F32;
+  c.layout = STA_BSHD;
+  vary_windows(&c);
+  check_sp(&c);
+}
+
+static void test_sp_attention_text(void **state) {
+  (void)state;
+  sp_case c;
+  memset(&c, 0, sizeof c);
+  c.canvas[0] = 4; c.canvas[1] = 4; c.canvas[2] = 6;   /* V = 96 */
+  c.tile[0] = 2; c.tile[1] = 2; c.tile[2] = 3;
+  c.text = 9; c.text_len = 6;                          /* padding rows too */
+  c.b = 2; c.h = 4; c.d = 8;                            /* P = 1, 2, 4 */
+  c.dtype = STA_F32;
+  c.layout = STA_BSHD;
+  vary_windows(&c);
+  check_sp(&c);
+}
+
+static void test_sp_attention_odd_canvas(void **state) {
+  (void)state;
+  sp_case c;
+  memset(&c, 0, sizeof c);
+  c.canvas[0] = 3; c.canvas[1] = 5; c.canvas[2] = 7;   /* V = 105, partial tiles */
+  c.tile[0] = 2; c.tile[1] = 2; c.tile[2] = 3;
+  c.text = 5; c.text_len = -1;
+  c.b = 1; c.h = 6; c.d = 8;                            /* P = 1, 3 */
+  c.dtype = STA_F32;
+  c.layout = STA_BSHD;
+  vary_windows(&c);
+  check_sp(&c);
+}
+
+static void test_sp_attention_bhsd_bf16(void **state) {
+  (void)state;
+  sp_case c;
+  memset(&c, 0, sizeof c);
+  c.canvas[0] = 6; c.canvas[1] = 8; c.canvas[2] = 8;   /* V = 384, default tile */
+  c.tile[0] = 3; c.tile[1] = 4; c.tile[2] = 4;
+  c.text = 7; c.text_len = -1;
+  c.b = 1; c.h = 4; c.d = 32;                           /* P = 1, 2, 4 */
+  c.dtype = STA_BF16;
+  c.layout = STA_BHSD;
+  c.n_windows = 1;                                      /* one window, all heads */
+  c.windows[0] = 1; c.windows[1] = 1; c.windows[2] = 1;
+  check_sp(&c);
+}
+
+static void test_sp_attention_dense(void **state) {
+  (void)state;
+  sp_case c;
+  memset(&c, 0, sizeof c);
+  c.canvas[0] = 2; c.canvas[1] = 6; c.canvas[2] = 4;   /* V = 48 */
+  c.tile[0] = 1; c.tile[1] = 3; c.tile[2] = 2;
+  c.text = 3; c.text_len = 2;
+  c.b = 1; c.h = 6; c.d = 16;                           /* P = 1, 2, 3 */
+  c.dtype = STA_F16;
+  c.layout = STA_BSHD;
+  c.n_windows = 1;                                      /* full window */
+  c.windows[0] = 9; c.windows[1] = 9; c.windows[2] = 9;
+  check_sp(&c);
+}
+
+/* ---- SP layers ----------------------------------------------------------------- */
+
+static sta_status layer_rank(void *arg, int32_t r, sta_comm *c) {
+  sp_job *j = arg;
+  sta_forward_batch *fb = NULL;
+  sta_context *ctx = NULL;
+  (void)c;
+  sta_status rc = sta_forward_batch_create(&fb, 1);
+  if (rc == STA_OK) rc = sta_context_push(&ctx, j->step, NULL, fb);
+  if (rc == STA_OK) {
+    rc = sta_sp_layer_forward(j->layers[r], j->q[r], j->k[r], j->v[r], j->o[r]);
+    sta_status rc2 = sta_context_pop(ctx);
+    if (rc == STA_OK) rc = rc2;
+  }
+  sta_forward_batch_destroy(fb);
+  return rc;
+}
+
+static void test_sp_layer_strategy(void **state) {
+  (void)state;
+  sp_case c;
+  memset(&c, 0, sizeof c);
+  c.canvas[0] = 4; c.canvas[1] = 6; c.canvas[2] = 6;
+  c.tile[0] = 2; c.tile[1] = 3; c.tile[2] = 3;
+  c.text = 4; c.text_len = -1;
+  c.b = 1; c.h = 4; c.d = 16;
+  c.dtype = STA_F32;
+  c.layout = STA_BSHD;
+  vary_windows(&c);
+  int64_t v = 144, s = v + c.text;
+  sp_job j;
+  memset(&j, 0, sizeof j);
+  case_desc(&c, &j.desc);
+  j.step = 2;
+  /* strategy: step 2, layer 5, head h -> c.windows[h]; other steps uniform */
+  int32_t w3[3] = {3, 3, 3};
+  assert_int_equal(sta_strategy_uniform(&j.strategy, 4, 8, (int32_t)c.h, w3, NULL, 0), STA_OK);
+  for (int32_t h = 0; h < c.h; h++)
+    assert_int_equal(sta_strategy_set(j.strategy, 2, 5, h, c.windows + 3 * h), STA_OK);
+  sta_tensor *fq = randn4(c.dtype, c.layout, c.b, s, c.h, c.d);
+  sta_tensor *fk = randn4(c.dtype, c.layout, c.b, s, c.h, c.d);
+  sta_tensor *fv = randn4(c.dtype, c.layout, c.b, s, c.h, c.d);
+  sta_tensor *fo = new4(c.dtype, c.layout, c.b, s, c.h, c.d);
+  assert_int_equal(sta_attention_forward(&j.desc, fq, fk, fv, fo, NULL), STA_OK);
+  for (int32_t p = 1; p <= MAXP; p++) {
+    if (c.h % p) continue;
+    sta_comm *comms[MAXP];
+    assert_int_equal(sta_comm_loopback(comms, p), STA_OK);
+    for (int32_t r = 0; r < p; r++) {
+      sta_layer_desc ld;
+      memset(&ld, 0, sizeof ld);
+      ld.prefix = "transformer.blocks.5.attn.impl";
+      ld.local_heads = (int32_t)(c.h / p);
+      ld.head_dim = (int32_t)c.d;
+      ld.geom = j.desc.geom;
+      ld.layout = c.layout;
+      ld.backend = STA_CPU;
+      ld.strategy = j.strategy;
+      assert_int_equal(sta_sp_layer_create(&j.layers[r], comms[r], &ld), STA_OK);
+      assert_int_equal(sta_layer_index(sta_sp_layer_base(j.layers[r])), 5);
+    }
+    run_sp(&c, p, &j, layer_rank, fq, fk, fv, fo, comms);
+    for (int32_t r = 0; r < p; r++) {
+      sta_sp_layer_destroy(j.layers[r]);
+      sta_comm_destroy(comms[r]);
+    }
+  }
+  sta_strategy_destroy(j.strategy);
+  sta_tensor_destroy(fq);
+  sta_tensor_destroy(fk);
+  sta_tensor_destroy(fv);
+  sta_tensor_destroy(fo);
+}
+
+/* ---- errors ------------------------------------------------------------------------ */
+
+/* One rank's call on a world of p, failing before any collective. */
+static void sp_error_case(int32_t p, const int32_t canvas[3], int64_t text, int64_t rows,
+                          int64_t h, int32_t n_windows, const int32_t *windows,
+                          sta_status want, const char *msg) {
+  sta_comm *comms[MAXP];
+  sta_attention_desc d;
+  memset(&d, 0, sizeof d);
+  sta_geometry_init(&d.geom, canvas[0], canvas[1], canvas[2]);
+  d.geom.tile[0] = 2; d.geom.tile[1] = 2; d.geom.tile[2] = 2;
+  d.layout = STA_BSHD;
+  d.n_windows = n_windows;
+  d.windows = windows;
+  assert_int_equal(sta_comm_loopback(comms, p), STA_OK);
+  sta_tensor *q = randn4(STA_F32, STA_BSHD, 1, rows + text, h, 8);
+  sta_tensor *o = randn4(STA_F32, STA_BSHD, 1, rows + text, h, 8);
+  sta_tensor *before = snapshot(o);
+  expect_error(sta_sp_attention(comms[p - 1], &d, q, q, q, o), want, msg);
+  assert_bitwise(o, before);
+  sta_tensor_destroy(q);
+  sta_tensor_destroy(o);
+  sta_tensor_destroy(before);
+  for (int32_t r = 0; r < p; r++) sta_comm_destroy(comms[r]);
+}
+
+static void test_errors_sp_attention(void **state) {
+  (void)state;
+  const int32_t odd[3] = {3, 5, 7}, even[3] = {4, 4, 4}, big[3] = {8, 4, 4}; /* V = 105, 64, 128 */
+  int32_t w[3 * 4] = {3, 3, 3, 1, 1, 1, 3, 3, 3, 2, 1, 1};
+  sp_error_case(2, odd, 3, 52, 4, 1, w, STA_ERR_SHAPE,
+                "canvas: V = 105 video tokens (3x5x7) is not divisible by the 2 ranks");
+  sp_error_case(2, even, 3, 32, 3, 1, w, STA_ERR_SHAPE,
+                "heads: 3 heads are not divisible by the 2 ranks");
+  sp_error_case(4, even, 0, 10, 4, 1, w, STA_ERR_SEQ_LEN,
+                "q: 10 rows on rank 3, expected V/P = 16 video rows (+ text rows)");
+  sp_error_case(2, even, 3, 32, 4, 2, w, STA_ERR_WINDOW,
+                "n_windows: expected 1 or heads (4), got 2");
+  sp_error_case(2, big, 3, 64, 4, 4, w, STA_ERR_WINDOW,
+                "head 3: window: Kt = 2 is even and smaller than the 4 tiles on the t "
+                "axis (use an odd window, or >= 4 for the whole axis)");
+  /* a bad window of another rank's head is caught on every rank */
+  int32_t w2[3 * 4] = {2, 1, 1, 1, 1, 1, 3, 3, 3, 1, 1, 1};
+  sp_error_case(2, big, 3, 64, 4, 4, w2, STA_ERR_WINDOW,
+                "head 0: window: Kt = 2 is even and smaller than the 4 tiles on the t "
+                "axis (use an odd window, or >= 4 for the whole axis)");
+
+  sta_comm *comms[2];
+  assert_int_equal(sta_comm_loopback(comms, 2), STA_OK);
+  sta_attention_desc d;
+  memset(&d, 0, sizeof d);
+  sta_geometry_init(&d.geom, 4, 4, 4);
+  d.geom.tile[0] = d.geom.tile[1] = d.geom.tile[2] = 2;
+  d.n_windows = 1;
+  d.windows = w;
+  sta_tensor *q = randn4(STA_F32, STA_BSHD, 1, 35, 4, 8);
+  sta_tensor *o = randn4(STA_F32, STA_BSHD, 1, 35, 4, 8);
+  sta_tensor *o16 = randn4(STA_F16, STA_BSHD, 1, 35, 4, 8);
+  sta_tensor *o5 = randn4(STA_F32, STA_BSHD, 1, 35, 4, 5);
+  sta_tensor *before = snapshot(o);
+  expect_error(sta_sp_attention(NULL, &d, q, q, q, o), STA_ERR_ARGUMENT,
+               "comm: expected a communicator, got NULL");
+  expect_error(sta_sp_attention(comms[0], NULL, q, q, q, o), STA_ERR_ARGUMENT,
+               "desc: expected a descriptor, got NULL");
+  expect_error(sta_sp_attention(comms[0], &d, q, NULL, q, o), STA_ERR_ARGUMENT,
+               "k: expected a tensor, got NULL");
+  expect_error(sta_sp_attention(comms[0], &d, q, q, q, o16), STA_ERR_DTYPE,
+               "out: dtype f16 differs from q's f32");
+  expect_error(sta_sp_attention(comms[0], &d, q, q, q, o5), STA_ERR_SHAPE,
+               "out: shape [B=1, S=35, heads=4, D=5] differs from q's "
+               "[B=1, S=35, heads=4, D=8]");
+  d.geom.text_len = 9;
+  expect_error(sta_sp_attention(comms[1], &d, q, q, q, o), STA_ERR_ARGUMENT,
+               "text_len: 9 is outside 0..3 (seq_len 67 - 64 video tokens)");
+  d.geom.text_len = -1;
+  d.layout = (sta_layout)7;
+  expect_error(sta_sp_attention(comms[1], &d, q, q, q, o), STA_ERR_ARGUMENT,
+               "layout: expected STA_BSHD (0) or STA_BHSD (1), got 7");
+  assert_bitwise(o, before);
+  sta_tensor_destroy(q);
+  sta_tensor_destroy(o);
+  sta_tensor_destroy(o16);
+  sta_tensor_destroy(o5);
+  sta_tensor_destroy(before);
+  sta_comm_destroy(comms[0]);
+  sta_comm_destroy(comms[1]);
+}
+
+static void test_errors_shard(void **state) {
+  (void)state;
+  sta_geometry g;
+  sta_geometry_init(&g, 4, 4, 4);
+  sta_tensor *full = randn4(STA_F32, STA_BSHD, 1, 67, 2, 4);
+  sta_tensor *local = randn4(STA_F32, STA_BSHD, 1, 35, 2, 4);
+  sta_tensor *wrong = randn4(STA_F32, STA_BSHD, 1, 34, 2, 4);
+  sta_tensor *before = snapshot(local);
+  expect_error(sta_sp_shard(local, full, &g, STA_BSHD, 2, 2), STA_ERR_ARGUMENT,
+               "rank: expected 0..1, got 2");
+  expect_error(sta_sp_shard(local, full, &g, STA_BSHD, -1, 2), STA_ERR_ARGUMENT,
+               "rank: expected 0..1, got -1");
+  expect_error(sta_sp_shard(local, full, &g, STA_BSHD, 0, 0), STA_ERR_ARGUMENT,
+               "size: expected >= 1 ranks, got 0");
+  expect_error(sta_sp_shard(local, full, &g, STA_BSHD, 0, 3), STA_ERR_SHAPE,
+               "canvas: V = 64 video tokens (4x4x4) is not divisible by the 3 ranks");
+  expect_error(sta_sp_shard(wrong, full, &g, STA_BSHD, 0, 2), STA_ERR_SHAPE,
+               "local: shape [B=1, S=34, heads=2, D=4], expected [B=1, S=35 (V/P 32 + "
+               "text 3), heads=2, D=4]");
+  expect_error(sta_sp_shard(local, full, NULL, STA_BSHD, 0, 2), STA_ERR_ARGUMENT,
+               "geometry: expected a geometry, got NULL");
+  assert_bitwise(local, before);
+  sta_tensor_destroy(full);
+  sta_tensor_destroy(local);
+  sta_tensor_destroy(wrong);
+  sta_tensor_destroy(before);
+}
+
+static void test_errors_comm(void **state) {
+  (void)state;
+  sta_comm *comms[MAXP], *other[2], *c = (sta_comm *)0x1;
+  expect_error(sta_comm_loopback(comms, 0), STA_ERR_ARGUMENT, "size: expected 1..64 ranks, got 0");
+  expect_error(sta_comm_loopback(comms, 65), STA_ERR_ARGUMENT,
+               "size: expected 1..64 ranks, got 65");
+  expect_error(sta_comm_loopback(NULL, 2), STA_ERR_ARGUMENT, "comms: expected an array, got NULL");
+  expect_error(sta_comm_create(&c, NULL), STA_ERR_ARGUMENT,
+               "transport: expected a table, got NULL");
+  sta_transport t;
+  memset(&t, 0, sizeof t);
+  expect_error(sta_comm_create(&c, &t), STA_ERR_ARGUMENT,
+               "transport: rank, size, all_to_all, all_gather and barrier must all be set");
+  assert_ptr_equal(c, (sta_comm *)0x1);
+  expect_error(sta_comm_barrier(NULL), STA_ERR_ARGUMENT, "comm: expected a communicator, got NULL");
+
+  assert_int_equal(sta_comm_loopback(comms, 2), STA_OK);
+  assert_int_equal(sta_comm_loopback(other, 2), STA_OK);
+  sta_comm *mixed[2] = {comms[0], other[0]};
+  expect_error(sta_comm_loopback_run(mixed, 2, NULL, NULL), STA_ERR_ARGUMENT,
+               "fn: expected a function, got NULL");
+  expect_error(sta_comm_loopback_run(mixed, 2, coll_rank, NULL), STA_ERR_ARGUMENT,
+               "comms[1]: expected rank 1 of comms[0]'s world, got rank 0 of another world");
+  sta_comm *swapped[2] = {comms[1], comms[0]};
+  expect_error(sta_comm_loopback_run(swapped, 2, coll_rank, NULL), STA_ERR_ARGUMENT,
+               "comms[0]: expected rank 0 of comms[0]'s world, got rank 1 of it");
+  expect_error(sta_comm_loopback_run(comms, 1, coll_rank, NULL), STA_ERR_ARGUMENT,
+               "size: the world has 2 ranks, got 1");
+
+  /* tensor collectives */
+  int64_t n6 = 6, n5 = 5, n3 = 3;
+  sta_tensor *a6 = NULL, *b6 = NULL, *a5 = NULL, *b5 = NULL, *h6 = NULL, *a3 = NULL;
+  assert_int_equal(sta_tensor_create(&a6, STA_F32, STA_CPU, 1, &n6), STA_OK);
+  assert_int_equal(sta_tensor_create(&b6, STA_F32, STA_CPU, 1, &n6), STA_OK);
+  assert_int_equal(sta_tensor_create(&a5, STA_F32, STA_CPU, 1, &n5), STA_OK);
+  assert_int_equal(sta_tensor_create(&b5, STA_F32, STA_CPU, 1, &n5), STA_OK);
+  assert_int_equal(sta_tensor_create(&h6, STA_F16, STA_CPU, 1, &n6), STA_OK);
+  assert_int_equal(sta_tensor_create(&a3, STA_F32, STA_CPU, 1, &n3), STA_OK);
+  assert_int_equal(sta_tensor_randn(b6, next_seed(), 0, 1), STA_OK);
+  sta_tensor *before = snapshot(b6);
+  expect_error(sta_comm_all_to_all(comms[0], a5, b5), STA_ERR_SHAPE,
+               "send: 5 elements are not divisible by the 2 ranks");
+  expect_error(sta_comm_all_to_all(comms[0], a6, b5), STA_ERR_SHAPE,
+               "recv: 5 elements, expected send's 6");
+  expect_error(sta_comm_all_to_all(comms[0], h6, b6), STA_ERR_DTYPE,
+               "recv: dtype f32 differs from send's f16");
+  expect_error(sta_comm_all_gather(comms[0], a6, b6), STA_ERR_SHAPE,
+               "recv: 6 elements, expected 2 ranks x 6");
+  expect_error(sta_comm_all_gather(comms[0], NULL, b6), STA_ERR_ARGUMENT,
+               "send: expected a tensor, got NULL");
+  sta_tensor *strided = NULL;
+  int64_t st = 2;
+  assert_int_equal(sta_tensor_view(&strided, b6, 0, 1, &n3, &st), STA_OK);
+  expect_error(sta_comm_all_gather(comms[0], a3, strided), STA_ERR_SHAPE,
+               "recv: expected a contiguous tensor");
+  assert_bitwise(b6, before);
+
+  sta_tensor_destroy(strided);
+  sta_tensor_destroy(before);
+  sta_tensor_destroy(a6);
+  sta_tensor_destroy(b6);
+  sta_tensor_destroy(a5);
+  sta_tensor_destroy(b5);
+  sta_tensor_destroy(h6);
+  sta_tensor_destroy(a3);
+  for (int r = 0; r < 2; r++) {
+    sta_comm_destroy(comms[r]);
+    sta_comm_destroy(other[r]);
+  }
+}
+
+/* A failing rank aborts the others (no hang); the world is usable after. */
+static sta_status fail_rank1(void *arg, int32_t r, sta_comm *c) {
+  (void)arg;
+  if (r == 1) return sta_error(STA_ERR_KEY, "made up failure on rank 1");
+  sta_status rc = sta_comm_barrier(c);
+  if (rc == STA_OK) rc = sta_comm_barrier(c);
+  return rc;
+}
+
+static sta_status barrier_rank(void *arg, int32_t r, sta_comm *c) {
+  (void)arg; (void)r;
+  return sta_comm_barrier(c);
+}
+
+static void test_loopback_abort_and_timeout(void **state) {
+  (void)state;
+  sta_comm *comms[3];
+  assert_int_equal(sta_comm_loopback(comms, 3), STA_OK);
+  expect_error(sta_comm_loopback_run(comms, 3, fail_rank1, NULL), STA_ERR_KEY,
+               "rank 1: made up failure on rank 1");
+  assert_int_equal(sta_comm_loopback_run(comms, 3, barrier_rank, NULL), STA_OK);
+  /* one rank alone in a barrier times out instead of hanging */
+  setenv("STA_DIST_TIMEOUT", "0.2", 1);
+  expect_error(sta_comm_barrier(comms[2]), STA_ERR_STATE,
+               "loopback rank 2: waited 0.2 s for the other ranks (STA_DIST_TIMEOUT); "
+               "the world is aborted");
+  expect_error(sta_comm_barrier(comms[0]), STA_ERR_STATE,
+               "loopback rank 0: the world was aborted (another rank failed)");
+  setenv("STA_DIST_TIMEOUT", "30", 1);
+  assert_int_equal(sta_comm_loopback_run(comms, 3, barrier_rank, NULL), STA_OK);
+  for (int r = 0; r < 3; r++) sta_comm_destroy(comms[r]);
+}
+
+static void test_errors_layer(void **state) {
+  (void)state;
+  sta_comm *comms[2];
+  sta_sp_layer *l = (sta_sp_layer *)0x1;
+  assert_int_equal(sta_comm_loopback(comms, 2), STA_OK);
+  sta_layer_desc ld;
+  memset(&ld, 0, sizeof ld);
+  ld.layer_index = 0;
+  ld.local_heads = 2;
+  ld.head_dim = 8;
+  ld.layout = STA_BSHD;
+  ld.backend = STA_CPU;
+  expect_error(sta_sp_layer_create(&l, comms[0], &ld), STA_ERR_WINDOW,
+               "geom: sequence parallelism needs the canvas (0x0x0 picks a known shape by "
+               "sequence length, which a rank's shard does not have)");
+  expect_error(sta_sp_layer_create(&l, NULL, &ld), STA_ERR_ARGUMENT,
+               "comm: expected a communicator, got NULL");
+  sta_geometry_init(&ld.geom, 4, 4, 4);
+  ld.local_heads = 0;
+  expect_error(sta_sp_layer_create(&l, comms[0], &ld), STA_ERR_ARGUMENT,
+               "local_heads: expected 1..65536, got 0");
+  assert_ptr_equal(l, (sta_sp_layer *)0x1);
+  ld.local_heads = 2;
+  assert_int_equal(sta_sp_layer_create(&l, comms[1], &ld), STA_OK);
+  sta_tensor *q = randn4(STA_F32, STA_BSHD, 1, 32, 2, 8);
+  sta_tensor *o = randn4(STA_F32, STA_BSHD, 1, 32, 2, 8);
+  sta_tensor *before = snapshot(o);
+  expect_error(sta_sp_layer_forward(l, q, q, q, o), STA_ERR_SHAPE,
+               "q: expected 4 heads (local_heads 2 x 2 ranks), got 2");
+  expect_error(sta_sp_layer_forward(NULL, q, q, q, o), STA_ERR_ARGUMENT,
+               "layer: expected an SP layer, got NULL");
+  assert_bitwise(o, before);
+  sta_sp_layer_destroy(l);
+  sta_tensor_destroy(q);
+  sta_tensor_destroy(o);
+  sta_tensor_destroy(before);
+  sta_comm_destroy(comms[0]);
+  sta_comm_destroy(comms[1]);
+}
+
+/* No NCCL here: clear errors, never a crash. */
+static void test_errors_nccl_env(void **state) {
+  (void)state;
+  sta_comm *c = (sta_comm *)0x1;
+  setenv("STA_NCCL_LIB", "/nonexistent/libnccl.so.2", 1);
+  sta_status rc = sta_comm_nccl(&c, 0, 1, NULL, -1);
+  assert_int_equal(rc, STA_ERR_BACKEND);
+  const char *want = "nccl: cannot load \"/nonexistent/libnccl.so.2\" (";
+  if (strncmp(sta_last_error(), want, strlen(want)) != 0) fail_msg("got \"%s\"", sta_last_error());
+  assert_non_null(strstr(sta_last_error(), "; set STA_NCCL_LIB to the library's path"));
+  expect_error(sta_comm_nccl(&c, 2, 2, "/tmp/x", -1), STA_ERR_ARGUMENT,
+               "rank: expected 0..1, got 2");
+  expect_error(sta_comm_nccl(&c, 1, 2, NULL, -1), STA_ERR_ARGUMENT,
+               "id_file: expected a path to share the NCCL id (world size 2)");
+  expect_error(sta_comm_nccl(&c, 0, 0, NULL, -1), STA_ERR_ARGUMENT,
+               "size: expected >= 1 ranks, got 0");
+
+  setenv("STA_WORLD_SIZE", "two", 1);
+  expect_error(sta_comm_from_env(&c), STA_ERR_ENV,
+               "STA_WORLD_SIZE: expected an integer >= 1, got \"two\"");
+  setenv("STA_WORLD_SIZE", "2", 1);
+  setenv("STA_RANK", "2", 1);
+  expect_error(sta_comm_from_env(&c), STA_ERR_ENV, "STA_RANK: 2 is not below STA_WORLD_SIZE 2");
+  setenv("STA_RANK", "1", 1);
+  setenv("STA_DIST_BACKEND", "loopback", 1);
+  expect_error(sta_comm_from_env(&c), STA_ERR_ENV,
+               "STA_DIST_BACKEND: loopback joins no other process (STA_WORLD_SIZE 2); use nccl");
+  setenv("STA_DIST_BACKEND", "mpi", 1);
+  expect_error(sta_comm_from_env(&c), STA_ERR_ENV,
+               "STA_DIST_BACKEND: expected nccl or loopback, got \"mpi\"");
+  unsetenv("STA_DIST_BACKEND");
+  expect_error(sta_comm_from_env(&c), STA_ERR_ARGUMENT,
+               "id_file: expected a path to share the NCCL id (world size 2)");
+  setenv("STA_DIST_ID_FILE", "/tmp/sta-test-dist-id", 1);
+  assert_int_equal(sta_comm_from_env(&c), STA_ERR_BACKEND); /* no NCCL here */
+  unsetenv("STA_DIST_ID_FILE");
+  assert_ptr_equal(c, (sta_comm *)0x1);
+  setenv("STA_WORLD_SIZE", "1", 1);
+  setenv("STA_RANK", "0", 1);
+  setenv("STA_DIST_BACKEND", "loopback", 1);
+  assert_int_equal(sta_comm_from_env(&c), STA_OK);
+  assert_string_equal(sta_comm_name(c), "loopback");
+  assert_int_equal(sta_comm_rank(c), 0);
+  assert_int_equal(sta_comm_size(c), 1);
+  assert_int_equal(sta_comm_barrier(c), STA_OK); /* a world of one never waits */
+  sta_comm_destroy(c);
+  unsetenv("STA_WORLD_SIZE");
+  unsetenv("STA_RANK");
+  unsetenv("STA_DIST_BACKEND");
+  unsetenv("STA_NCCL_LIB");
+}
+
+/* Every allocation of an SP forward may fail: a clean error, out unchanged. */
+static void test_errors_out_of_memory(void **state) {
+  (void)state;
+  sta_comm *c;
+  assert_int_equal(sta_comm_loopback(&c, 1), STA_OK);
+  sta_attention_desc d;
+  int32_t w[3] = {3, 1, 3};
+  memset(&d, 0, sizeof d);
+  sta_geometry_init(&d.geom, 4, 4, 4);
+  d.geom.tile[0] = d.geom.tile[1] = d.geom.tile[2] = 2;
+  d.n_windows = 1;
+  d.windows = w;
+  sta_tensor *q = randn4(STA_F32, STA_BSHD, 1, 66, 2, 8);
+  sta_tensor *o = randn4(STA_F32, STA_BSHD, 1, 66, 2, 8);
+  sta_tensor *before = snapshot(o);
+  int failures = 0;
+  for (int64_t n = 1; n < 500; n++) {
+    sta_fault_arm(n);
+    sta_status rc = sta_sp_attention(c, &d, q, q, q, o);
+    sta_fault_arm(0);
+    if (rc == STA_OK) break;
+    assert_int_equal(rc, STA_ERR_NOMEM);
+    assert_bitwise(o, before);
+    failures++;
+  }
+  assert_true(failures > 10);
+  sta_comm_destroy(c);
+  sta_tensor_destroy(q);
+  sta_tensor_destroy(o);
+  sta_tensor_destroy(before);
+}
+
+int main(void) {
+  seed_base = (uint64_t)time(NULL);
+  setenv("STA_DIST_TIMEOUT", "30", 0); /* a broken test fails, never hangs */
+  printf("test_dist: seed %llu\n", (unsigned long long)seed_base);
+  const struct CMUnitTest tests[] = {
+    cmocka_unit_test(test_loopback_collectives),
+    cmocka_unit_test(test_sp_attention_text0),
+    cmocka_unit_test(test_sp_attention_text),
+    cmocka_unit_test(test_sp_attention_odd_canvas),
+    cmocka_unit_test(test_sp_attention_bhsd_bf16),
+    cmocka_unit_test(test_sp_attention_dense),
+    cmocka_unit_test(test_sp_layer_strategy),
+    cmocka_unit_test(test_errors_sp_attention),
+    cmocka_unit_test(test_errors_shard),
+    cmocka_unit_test(test_errors_comm),
+    cmocka_unit_test(test_loopback_abort_and_timeout),
+    cmocka_unit_test(test_errors_layer),
+    cmocka_unit_test(test_errors_nccl_env),
+    cmocka_unit_test(test_errors_out_of_memory),
+  };
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}
