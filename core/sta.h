@@ -430,7 +430,7 @@ typedef struct sta_context sta_context;
 sta_status sta_context_push(sta_context **out, int32_t step,
                             sta_metadata *md, sta_forward_batch *fb);
 /* Pop ctx, which must be the innermost; otherwise STA_ERR_STATE and the
-** stack is unchanged. */
+** stack is unchanged.  A popped context is freed: drop the handle. */
 sta_status sta_context_pop(sta_context *ctx);
 /* The live (innermost) context or NULL. */
 sta_context *sta_context_current(void);

@@ -336,6 +336,29 @@ static void run_sp_loop(sta_layout layout, int use_metadata) {
       }
       /* each rank wrote exactly its global heads with their windows */
       assert_same(out, want, 1e-6);
+      /* an allocation failing anywhere in a normal-mode forward changes nothing */
+      if (t == 0 && l == 0) {
+        sta_tensor *q0 = narrow(q, hdim, 0, HL), *o0 = narrow(out, hdim, 0, HL), *keep = NULL;
+        assert_int_equal(sta_tensor_to(&keep, o0, STA_F32, STA_CPU), STA_OK);
+        sta_status rc = STA_ERR_NOMEM;
+        for (int64_t n = 1; n < 64 && rc != STA_OK; n++) {
+          sta_fault_arm(n);
+          rc = sta_layer_forward(layer[0][l], q0, q0, q0, o0);
+          sta_fault_arm(0);
+          if (rc != STA_OK) {
+            assert_int_equal(rc, STA_ERR_NOMEM);
+            assert_same(o0, keep, 0.0);
+          }
+        }
+        assert_int_equal(rc, STA_OK);
+        sta_tensor *r1 = narrow(q, hdim, HL, HL), *o1 = narrow(out, hdim, HL, HL);
+        assert_int_equal(sta_layer_forward(layer[1][l], r1, r1, r1, o1), STA_OK);
+        sta_tensor_destroy(q0); sta_tensor_destroy(o0); sta_tensor_destroy(keep);
+        sta_tensor_destroy(r1); sta_tensor_destroy(o1);
+        ad.windows = &win[t][l][0][0];
+        assert_int_equal(sta_attention_forward(&ad, q, q, q, want, NULL), STA_OK);
+        assert_same(out, want, 1e-6);
+      }
       /* and the windows matter: the wrong rank's windows give another answer */
       int32_t swapped[HEADS][3];
       for (int h = 0; h < HEADS; h++) memcpy(swapped[h], win[t][l][(h + HL) % HEADS], 12);
