@@ -71,19 +71,20 @@ for l = 0, L - 1 do
     canvas = canvas, tile = tile, text_len = opts.text, backend = device }
 end
 
--- latent (video rows) and the two prompts' text rows, flat [S, H, D]
-local n_video, n_text = V * H * D, opts.text * H * D
-local latent = sta.randn({ n_video }, { seed = opts.seed }):totable()
+-- latent (video rows) and the two prompts' text rows, on the device
+local function on_device(t) return device == "cpu" and t or t:to(device) end
+local latent = on_device(sta.randn({ 1, V, H, D }, { seed = opts.seed, dtype = dtype }))
 local text_rows = {
-  pos = opts.text > 0 and sta.randn({ n_text }, { seed = opts.seed + 1 }):totable() or {},
-  neg = opts.text > 0 and sta.randn({ n_text }, { seed = opts.seed + 2 }):totable() or {},
+  pos = opts.text > 0 and on_device(sta.randn({ 1, opts.text, H, D }, { seed = opts.seed + 1, dtype = dtype })),
+  neg = opts.text > 0 and on_device(sta.randn({ 1, opts.text, H, D }, { seed = opts.seed + 2, dtype = dtype })),
 }
 
+-- the hidden sequence of one pass: latent rows, then the prompt's text rows
 local function hidden(pass)
-  local flat = table.move(latent, 1, n_video, 1, {})
-  table.move(text_rows[pass], 1, n_text, n_video + 1, flat)
-  local t = sta.from_table(flat, { 1, S, H, D }, { dtype = dtype })
-  return device == "cpu" and t or t:to(device)
+  local h = sta.tensor({ 1, S, H, D }, { dtype = dtype, device = device })
+  h:narrow(2, 1, V):copy(latent)
+  if opts.text > 0 then h:narrow(2, V + 1, opts.text):copy(text_rows[pass]) end
+  return h
 end
 
 local batch = sta.forward_batch{ batch_size = 1 }
@@ -114,16 +115,14 @@ for step = 0, opts.steps - 1 do
       bar:update(step * 2 * L + (pass == "neg" and L or 0) + l + 1,
         ("step %d/%d %s layer %d/%d"):format(step + 1, opts.steps, pass, l + 1, L))
     end
-    preds[pass] = h:totable()
-    h:release()
+    preds[pass] = h
   end
-  -- guided prediction and an Euler-like update of the video rows
-  local pos, neg, g = preds.pos, preds.neg, opts.guidance
+  -- guided prediction g*pos + (1-g)*neg, then latent += dt * (pred - latent)
+  local pred = preds.pos:axpby(1 - opts.guidance, preds.neg, opts.guidance)
   local dt = 1 / opts.steps
-  for i = 1, n_video do
-    local v = neg[i] + g * (pos[i] - neg[i])
-    latent[i] = latent[i] + dt * (v - latent[i])
-  end
+  latent:axpby(dt, pred:narrow(2, 1, V), 1 - dt)
+  preds.pos:release()
+  preds.neg:release()
   local elapsed = sta.now() - t0
   step_times[#step_times + 1] = elapsed
   bar:finish()
@@ -135,14 +134,8 @@ end
 bar:finish()
 local total = sta.now() - t_start
 
-local sum, sq, finite = 0, 0, true
-for i = 1, n_video do
-  local x = latent[i]
-  if x ~= x or x == math.huge or x == -math.huge then finite = false end
-  sum = sum + x
-end
-local mean = sum / n_video
-for i = 1, n_video do sq = sq + (latent[i] - mean) ^ 2 end
+local st = latent:stats()
+local finite = st.nonfinite == 0
 local sorted = table.move(step_times, 1, #step_times, 1, {})
 table.sort(sorted)
 
@@ -152,6 +145,6 @@ say("  median step %.1f ms; attention %.2f s (%.0f%% of the run), %.3f TFLOP, %.
   total_flops / attn_time / 1e9)
 say("  strategy sparsity %.3f; search records %d; contexts left %d\n", strategy:sparsity(grid),
   batch:records(false) + batch:records(true), sta.context_depth())
-say("  latent mean %.4f std %.4f, %s\n", mean, math.sqrt(sq / n_video), finite and "all finite" or "NOT FINITE")
+say("  latent mean %.4f std %.4f, %s\n", st.mean, st.std, finite and "all finite" or "NOT FINITE")
 if not finite or sta.context_depth() ~= 0 then os.exit(1) end
 say("ok\n")

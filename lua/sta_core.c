@@ -24,6 +24,7 @@
 #include <stdarg.h>
 #include <stdint.h>
 #include <stdio.h>
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -661,6 +662,78 @@ static int t_compare(lua_State *L) { /* a:compare(b) -> max_abs, rel_l2 */
   lua_pushnumber(L, m);
   lua_pushnumber(L, r);
   return 2;
+}
+
+/* Host f32 contiguous copy of t (a new handle), or raise/fail. */
+static sta_tensor *host_f32(lua_State *L, const sta_tensor *t, sta_status *rc) {
+  sta_tensor *h = NULL;
+  *rc = sta_tensor_to(&h, t, STA_F32, STA_CPU);
+  (void)L;
+  return h;
+}
+
+/* y:axpby(a, x, b): y = a*x + b*y elementwise (any dtype, device or
+** strides; computed in float32 on the host).  Returns y. */
+static int t_axpby(lua_State *L) {
+  sta_tensor *y = check_tensor_named(L, 1, "y");
+  float a = (float)luaL_checknumber(L, 2);
+  sta_tensor *x = check_tensor_named(L, 3, "x");
+  float b = (float)luaL_checknumber(L, 4);
+  int32_t nd = sta_tensor_ndim(y);
+  int same = nd == sta_tensor_ndim(x);
+  for (int i = 0; same && i < nd; i++) same = sta_tensor_size(x, i) == sta_tensor_size(y, i);
+  if (!same) return misuse(L, "x: shape differs from y's");
+  sta_status rc;
+  sta_tensor *hx = host_f32(L, x, &rc), *hy = NULL;
+  if (rc == STA_OK) hy = host_f32(L, y, &rc);
+  if (rc == STA_OK) {
+    float *px = sta_tensor_data(hx), *py = sta_tensor_data(hy);
+    int64_t n = sta_tensor_numel(hy);
+    for (int64_t i = 0; i < n; i++) py[i] = a * px[i] + b * py[i];
+    rc = sta_tensor_copy(y, hy);
+  }
+  sta_tensor_destroy(hx);
+  sta_tensor_destroy(hy);
+  if (rc != STA_OK) return sta_fail(L, rc);
+  lua_settop(L, 1);
+  return 1;
+}
+
+/* t:stats() -> {mean=, std=, min=, max=, nonfinite=} over all elements */
+static int t_stats(lua_State *L) {
+  sta_tensor *t = check_tensor(L, 1);
+  sta_status rc;
+  sta_tensor *h = host_f32(L, t, &rc);
+  if (rc != STA_OK) return sta_fail(L, rc);
+  const float *p = sta_tensor_data(h);
+  int64_t n = sta_tensor_numel(h), bad = 0, good = 0;
+  double sum = 0, sq = 0, lo = 0, hi = 0;
+  for (int64_t i = 0; i < n; i++) {
+    double v = p[i];
+    if (v != v || v > 3.4e38 || v < -3.4e38) { bad++; continue; }
+    if (good == 0 || v < lo) lo = v;
+    if (good == 0 || v > hi) hi = v;
+    good++;
+    sum += v;
+  }
+  double mean = good ? sum / (double)good : 0;
+  for (int64_t i = 0; i < n; i++) {
+    double v = p[i];
+    if (v == v && v <= 3.4e38 && v >= -3.4e38) sq += (v - mean) * (v - mean);
+  }
+  sta_tensor_destroy(h);
+  lua_createtable(L, 0, 5);
+  lua_pushnumber(L, mean);
+  lua_setfield(L, -2, "mean");
+  lua_pushnumber(L, good ? sqrt(sq / (double)good) : 0);
+  lua_setfield(L, -2, "std");
+  lua_pushnumber(L, lo);
+  lua_setfield(L, -2, "min");
+  lua_pushnumber(L, hi);
+  lua_setfield(L, -2, "max");
+  lua_pushinteger(L, bad);
+  lua_setfield(L, -2, "nonfinite");
+  return 1;
 }
 
 static int t_len(lua_State *L) {
@@ -1964,7 +2037,8 @@ static const luaL_Reg tensor_methods[] = {
   {"is_contiguous", t_contiguous}, {"to", t_to}, {"clone", t_clone}, {"copy", t_copy},
   {"view", t_view}, {"permute", t_permute}, {"narrow", t_narrow}, {"select", t_select},
   {"get", t_get}, {"set", t_set}, {"fill", t_fill}, {"randn", t_randn},
-  {"totable", t_totable}, {"compare", t_compare}, {"save", t_save}, {NULL, NULL}};
+  {"totable", t_totable}, {"compare", t_compare}, {"save", t_save},
+  {"axpby", t_axpby}, {"stats", t_stats}, {NULL, NULL}};
 
 static const luaL_Reg geometry_meta[] = {
   {"__index", g_index}, {"__tostring", g_tostring}, {NULL, NULL}};
