@@ -112,6 +112,9 @@ static void write_npy(const char *path, int major, const char *dict, size_t nbyt
 
 static int group_setup(void **state) {
   (void)state;
+  /* tmpfs when there is one: the mutation test writes thousands of files */
+  snprintf(tmpdir, sizeof tmpdir, "/dev/shm/sta-test-io-XXXXXX");
+  if (mkdtemp(tmpdir)) return 0;
   snprintf(tmpdir, sizeof tmpdir, "/tmp/sta-test-io-XXXXXX");
   return mkdtemp(tmpdir) ? 0 : -1;
 }
@@ -891,6 +894,93 @@ static void test_st_save_args(void **state) {
   sta_tensor_destroy(a);
 }
 
+/* ---- random mutations of valid files ------------------------------------ */
+
+static uint64_t xorshift(uint64_t *s) {
+  *s ^= *s << 13;
+  *s ^= *s >> 7;
+  *s ^= *s << 17;
+  return *s;
+}
+
+/* Mutate the first `span` bytes of a valid file many times: every load
+** either succeeds with a sane tensor or fails with a message naming the
+** file; never a crash (the sanitizer build checks the memory). */
+static void mutate_file(const char *valid, const char *path, int st, int rounds) {
+  size_t n;
+  unsigned char *f = read_bytes(valid, &n);
+  unsigned char *g = malloc(n + 16);
+  static const char alphabet[] = "{}()[],:'\" 0123456789-.eE<>fuTrueFalse\"dtypeshape\x93\\";
+  uint64_t s = 0x9e3779b97f4a7c15ull ^ (uint64_t)rounds;
+  int ok = 0, bad = 0;
+  for (int r = 0; r < rounds; r++) {
+    memcpy(g, f, n);
+    size_t len = n, span = n < 200 ? n : 200;
+    int edits = 1 + (int)(xorshift(&s) % 4);
+    for (int e = 0; e < edits; e++) {
+      size_t at = (size_t)(xorshift(&s) % span);
+      switch (xorshift(&s) % 4) {
+      case 0: g[at] = (unsigned char)xorshift(&s); break;
+      case 1: g[at] = (unsigned char)alphabet[xorshift(&s) % (sizeof alphabet - 1)]; break;
+      case 2: g[at] ^= (unsigned char)(1u << (xorshift(&s) % 8)); break;
+      default: len = at + (size_t)(xorshift(&s) % (n - at + 8)); if (len > n + 8) len = n + 8;
+      }
+    }
+    write_bytes(path, g, len);
+    if (st) {
+      sta_safetensors *h = NULL;
+      sta_status rc = sta_safetensors_open(&h, path);
+      if (rc == STA_OK) {
+        for (int32_t i = 0; i < sta_safetensors_count(h); i++) {
+          sta_tensor *t = NULL;
+          if (sta_safetensors_read(h, sta_safetensors_name(h, i), &t) == STA_OK) {
+            assert_true(sta_tensor_numel(t) >= 0);
+            sta_tensor_destroy(t);
+          } else assert_non_null(strstr(sta_last_error(), path));
+        }
+        sta_safetensors_close(h);
+        ok++;
+      } else {
+        assert_true(rc == STA_ERR_FORMAT);
+        assert_non_null(strstr(sta_last_error(), path));
+        bad++;
+      }
+    } else {
+      sta_tensor *t = NULL;
+      sta_status rc = sta_npy_load(&t, path, (int32_t)(r & 1));
+      if (rc == STA_OK) {
+        assert_true((size_t)sta_tensor_numel(t) * sta_dtype_size(sta_tensor_dtype(t)) < len);
+        sta_tensor_destroy(t);
+        ok++;
+      } else {
+        assert_true(rc == STA_ERR_FORMAT);
+        assert_non_null(strstr(sta_last_error(), path));
+        bad++;
+      }
+    }
+  }
+  printf("  %s: %d of %d mutants loaded, %d refused\n", valid, ok, rounds, bad);
+  assert_true(bad > rounds / 4); /* the mutants are mostly broken */
+  free(g);
+  free(f);
+}
+
+static void test_mutations(void **state) {
+  (void)state;
+  int64_t s1[3] = {2, 3, 4}, s2[1] = {9};
+  sta_tensor *a = rand_tensor(STA_F32, 3, s1), *b = rand_tensor(STA_BF16, 1, s2);
+  assert_int_equal(sta_npy_save(a, tpath("m1.npy")), STA_OK);
+  assert_int_equal(sta_npy_save(b, tpath("m2.npy")), STA_OK);
+  const char *names[2] = {"alpha", "beta"};
+  const sta_tensor *ts[2] = {a, b};
+  assert_int_equal(sta_safetensors_save(tpath("m.safetensors"), 2, names, ts), STA_OK);
+  mutate_file(tpath("m1.npy"), tpath("mut.npy"), 0, 2000);
+  mutate_file(tpath("m2.npy"), tpath("mut.npy"), 0, 2000);
+  mutate_file(tpath("m.safetensors"), tpath("mut.safetensors"), 1, 2000);
+  sta_tensor_destroy(a);
+  sta_tensor_destroy(b);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
     cmocka_unit_test(test_npy_roundtrip),
@@ -911,6 +1001,7 @@ int main(void) {
     cmocka_unit_test(test_st_bad_length),
     cmocka_unit_test(test_st_truncated_everywhere),
     cmocka_unit_test(test_st_save_args),
+    cmocka_unit_test(test_mutations),
   };
   return cmocka_run_group_tests(tests, group_setup, group_teardown);
 }
