@@ -11,6 +11,9 @@
 ** in base 2, O += P V (sgemm); finally normalise and store.
 */
 #include <cblas.h>
+#ifdef __AVX512F__
+#include <immintrin.h>
+#endif
 #include <math.h>
 #include <omp.h>
 #include <stdlib.h>
@@ -42,8 +45,12 @@ typedef struct plan {
 
 /* 2^x for x <= 0, branch-free so loops over it vectorise; relative error
 ** ~2e-7.  Below -126 it returns 2^-126, which only meets zero sums. */
-static inline float exp2_neg(float x) {
-  x = x < -126.0f ? -126.0f : x;
+static inline float exp2_neg(float v) {
+  /* NaN (a NaN or +Inf logit) comes back as NaN without reaching the int
+  ** conversion below, which is undefined for NaN (UBSan); selects, so the
+  ** loops still vectorise */
+  int nan = v != v;
+  float x = nan || v < -126.0f ? -126.0f : v;
   float n = (x + 12582912.0f) - 12582912.0f; /* round to nearest */
   float f = x - n;                           /* [-0.5, 0.5] */
   float y = 1.535336188319500e-4f; /* Cephes exp2f */
@@ -56,23 +63,70 @@ static inline float exp2_neg(float x) {
   int32_t bits = ((int32_t)n + 127) << 23;
   float s;
   memcpy(&s, &bits, 4);
-  return y * s;
+  return nan ? v : y * s;
 }
+
+#ifdef __AVX512F__
+/* 2^x of 16 lanes (x <= 0): the same polynomial, scalef does the exponent
+** and flushes below 2^-149 to zero. */
+static inline __m512 exp2_neg16(__m512 x) {
+  __m512 n = _mm512_roundscale_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m512 f = _mm512_sub_ps(x, n);
+  __m512 y = _mm512_set1_ps(1.535336188319500e-4f);
+  y = _mm512_fmadd_ps(y, f, _mm512_set1_ps(1.339887440266574e-3f));
+  y = _mm512_fmadd_ps(y, f, _mm512_set1_ps(9.618437357674640e-3f));
+  y = _mm512_fmadd_ps(y, f, _mm512_set1_ps(5.550332471162809e-2f));
+  y = _mm512_fmadd_ps(y, f, _mm512_set1_ps(2.402264791363012e-1f));
+  y = _mm512_fmadd_ps(y, f, _mm512_set1_ps(6.931472028550421e-1f));
+  y = _mm512_fmadd_ps(y, f, _mm512_set1_ps(1.0f));
+  return _mm512_scalef_ps(y, n);
+}
+#endif
 
 /* One softmax step on a row of n logits (base 2): update the running max
 ** *m and sum *l, overwrite the row with its weights; returns the factor the
 ** row's accumulated output must be multiplied by. */
 static float softmax_step(float *row, int64_t n, float *m, float *l) {
-  float mx = *m;
+  float mx = *m, sum = 0;
+  int64_t j = 0;
+#ifdef __AVX512F__
+  /* two accumulators each, to hide the add and max latencies */
+  __m512 m0 = _mm512_set1_ps(mx), m1 = m0;
+  for (; j + 32 <= n; j += 32) {
+    m0 = _mm512_max_ps(m0, _mm512_loadu_ps(row + j));
+    m1 = _mm512_max_ps(m1, _mm512_loadu_ps(row + j + 16));
+  }
+  for (; j < n; j += 16) {
+    __mmask16 k = n - j >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (n - j)) - 1);
+    m0 = _mm512_mask_max_ps(m0, k, m0, _mm512_maskz_loadu_ps(k, row + j));
+  }
+  mx = _mm512_reduce_max_ps(_mm512_max_ps(m0, m1));
+  __m512 vm = _mm512_set1_ps(mx), s0 = _mm512_setzero_ps(), s1 = s0;
+  for (j = 0; j + 32 <= n; j += 32) {
+    __m512 e0 = exp2_neg16(_mm512_sub_ps(_mm512_loadu_ps(row + j), vm));
+    __m512 e1 = exp2_neg16(_mm512_sub_ps(_mm512_loadu_ps(row + j + 16), vm));
+    _mm512_storeu_ps(row + j, e0);
+    _mm512_storeu_ps(row + j + 16, e1);
+    s0 = _mm512_add_ps(s0, e0);
+    s1 = _mm512_add_ps(s1, e1);
+  }
+  for (; j < n; j += 16) {
+    __mmask16 k = n - j >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (n - j)) - 1);
+    __m512 e = exp2_neg16(_mm512_sub_ps(_mm512_maskz_loadu_ps(k, row + j), vm));
+    _mm512_mask_storeu_ps(row + j, k, e);
+    s0 = _mm512_add_ps(s0, _mm512_maskz_mov_ps(k, e));
+  }
+  sum = _mm512_reduce_add_ps(_mm512_add_ps(s0, s1));
+#else
   #pragma omp simd reduction(max : mx)
-  for (int64_t j = 0; j < n; j++) mx = row[j] > mx ? row[j] : mx;
-  float sum = 0;
+  for (j = 0; j < n; j++) mx = row[j] > mx ? row[j] : mx;
   #pragma omp simd reduction(+ : sum)
-  for (int64_t j = 0; j < n; j++) {
+  for (j = 0; j < n; j++) {
     float e = exp2_neg(row[j] - mx);
     row[j] = e;
     sum += e;
   }
+#endif
   float alpha = *m == -INFINITY ? 0.0f : exp2f(*m - mx);
   *l = *l * alpha + sum;
   *m = mx;
