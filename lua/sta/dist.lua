@@ -1,0 +1,188 @@
+--[[
+sta.dist -- sequence parallelism (Ulysses) for Lua:  local dist = require "sta.dist"
+
+P ranks each hold V/P video tokens of ALL heads plus every text row:
+q, k, v are [B, V/P + text, H, D] (BSHD; or BHSD), rank r holding video
+tokens r*V/P .. (r+1)*V/P - 1.  SP attention gathers the whole video for the
+rank's heads r*H/P .. (r+1)*H/P - 1 (one all-to-all), runs STA with those
+GLOBAL heads' windows, and brings the output back to the token split.
+V % P and H % P must be 0.
+
+  dist.init()                     NCCL communicator from scripts/sta-launch's
+                                  environment (STA_RANK, STA_WORLD_SIZE, ...);
+                                  nil, message, code without NCCL or a GPU
+  dist.init{rank=, size=, id_file=, device=}
+  dist.loopback(P)                P communicators of one in-process world
+  dist.rank(), dist.size()        from the environment, without a communicator
+  comm:rank() comm:size() comm:name() comm:barrier()
+  comm:all_to_all(send, recv)     comm:all_gather(send, recv)
+  comm:attention(q, k, v, opts)   opts as sta.attention on the WHOLE problem:
+                                  canvas= (or geometry=), tile=, text_len=,
+                                  window= ({Kt,Kh,Kw} or one per global head),
+                                  layout=, scale=, out=
+  dist.run_attention(comms, qs, ks, vs, opts) -> outs   (loopback: a thread
+                                  per rank)
+  dist.shard(full, opts, rank, size) -> the rank's shard (new tensor)
+  dist.unshard(shards, opts) -> the full tensor
+  dist.layer(comm, opts)          an SP layer; opts as sta.layer but heads =
+                                  the GLOBAL heads and canvas= required
+  layer:forward(q, k, v [, out])  (reads the live forward context)
+  dist.run_layers(comms, layers, qs, ks, vs) -> outs   (replays the caller's
+                                  live context on every rank's thread)
+]]
+local core = require "sta.core"
+
+local path = assert(package.searchpath("sta.core", package.cpath))
+local open = assert(package.loadlib(path, "luaopen_sta_dist"))
+local C = open()
+
+local dist = {}
+dist.loopback = C.loopback
+
+local function geometry_of(opts)
+  if type(opts) ~= "table" then
+    error(("options: expected a table, got %s"):format(type(opts)), 0)
+  end
+  if opts.geometry ~= nil then return opts.geometry end
+  if opts.canvas == nil then
+    error("canvas: sequence parallelism needs the canvas {T, H, W} (or geometry=)", 0)
+  end
+  return core.geometry { canvas = opts.canvas, tile = opts.tile, text_len = opts.text_len }
+end
+
+-- {Kt, Kh, Kw} or a list of them -> flat list of integers.
+local function windows_of(opts)
+  local w = opts.window or { 3, 3, 3 }
+  if type(w) ~= "table" then
+    error(("window: expected {Kt, Kh, Kw} or a list per head, got %s"):format(type(w)), 0)
+  end
+  if type(w[1]) ~= "table" then return w end
+  local flat = {}
+  for i, x in ipairs(w) do
+    if type(x) ~= "table" or #x ~= 3 then
+      error(("window[%d]: expected {Kt, Kh, Kw}"):format(i), 0)
+    end
+    for a = 1, 3 do flat[#flat + 1] = x[a] end
+  end
+  return flat
+end
+
+local function like(t)
+  return core.tensor(t:shape(), { dtype = t:dtype(), device = t:device() })
+end
+
+local function env_int(name, default)
+  local s = os.getenv(name)
+  if s == nil or s == "" then return default end
+  return math.tointeger(tonumber(s)) or error(("%s: expected an integer, got \"%s\""):format(name, s), 0)
+end
+
+--- This process's rank and world size from the launcher's environment.
+function dist.rank() return env_int("STA_RANK", 0) end
+function dist.size() return env_int("STA_WORLD_SIZE", 1) end
+function dist.local_rank() return env_int("STA_LOCAL_RANK", dist.rank()) end
+
+--- A communicator: from the environment (no argument) or explicit NCCL
+-- settings {rank=, size=, id_file=, device=}.  No NCCL library, no GPU or
+-- a bad environment: nil, message, code.
+function dist.init(opts)
+  if opts == nil then return C._init() end
+  if type(opts) ~= "table" then
+    error(("options: expected a table, got %s"):format(type(opts)), 0)
+  end
+  return C._init(opts.rank or 0, opts.size or 1, opts.id_file, opts.device or -1)
+end
+
+local comm_methods = debug.getregistry()["sta.Comm"].methods
+
+--- comm:attention(q, k, v, opts) -> out: this rank's shard of the output.
+function comm_methods.attention(comm, q, k, v, opts)
+  opts = opts or {}
+  local g, w = geometry_of(opts), windows_of(opts)
+  local out = opts.out or like(q)
+  return C._attention(comm, g, w, opts.layout, opts.scale, q, k, v, out)
+end
+
+--- Run SP attention on every rank of a loopback world (one thread each).
+function dist.run_attention(comms, qs, ks, vs, opts)
+  opts = opts or {}
+  local g, w = geometry_of(opts), windows_of(opts)
+  local outs = opts.out
+  if outs == nil then
+    outs = {}
+    for r, q in ipairs(qs) do outs[r] = like(q) end
+  end
+  return C._run_attention(comms, g, w, opts.layout, opts.scale, qs, ks, vs, outs)
+end
+
+local function layout_dims(layout)
+  if layout == "bhsd" or layout == "BHSD" then return 3, 2 end
+  return 2, 3
+end
+
+--- The rank's shard of a full [B, S, H, D] tensor: its V/size video rows
+-- and every text row.
+function dist.shard(full, opts, rank, size)
+  opts = opts or {}
+  local g = geometry_of(opts)
+  local shape = full:shape()
+  local sdim = layout_dims(opts.layout)
+  local v = g:video_tokens()
+  if v % size ~= 0 then
+    error(("canvas: V = %d video tokens is not divisible by the %d ranks"):format(v, size), 0)
+  end
+  shape[sdim] = v // size + (shape[sdim] - v)
+  local t = core.tensor(shape, { dtype = full:dtype(), device = full:device() })
+  return C._shard(t, full, g, opts.layout, rank, size, false)
+end
+
+--- The full tensor from every rank's shard (shards[r + 1] is rank r's).
+function dist.unshard(shards, opts)
+  opts = opts or {}
+  local g = geometry_of(opts)
+  local size = #shards
+  local shape = shards[1]:shape()
+  local sdim = layout_dims(opts.layout)
+  local v = g:video_tokens()
+  shape[sdim] = v + (shape[sdim] - v // size)
+  local full = core.tensor(shape, { dtype = shards[1]:dtype(), device = shards[1]:device() })
+  for r = 1, size do C._shard(shards[r], full, g, opts.layout, r - 1, size, true) end
+  return full
+end
+
+local layer_methods = debug.getregistry()["sta.SPLayer"].methods
+
+--- dist.layer(comm, {prefix= or layer=, heads= (global), head_dim=, canvas=,
+-- tile=, text_len=, layout=, backend=, scale=, strategy=})
+function dist.layer(comm, opts)
+  if type(opts) ~= "table" then
+    error(("options: expected a table, got %s"):format(type(opts)), 0)
+  end
+  local size = comm:size()
+  local heads = opts.heads or 0
+  if math.type(heads) ~= "integer" or heads < 1 then
+    error(("heads: expected the global head count (an integer >= 1), got %s"):format(
+      tostring(opts.heads)), 0)
+  end
+  if heads % size ~= 0 then
+    error(("heads: %d heads are not divisible by the %d ranks"):format(heads, size), 0)
+  end
+  local o = {}
+  for k, v in pairs(opts) do o[k] = v end
+  o.heads = heads // size
+  return C._layer(comm, geometry_of(opts), opts.layout, o)
+end
+
+function layer_methods.forward(layer, q, k, v, out)
+  return layer:_forward(q, k, v, out or like(q))
+end
+
+--- Every rank's SP layer forward on a loopback world, under the caller's
+-- live forward context (replayed on each rank's thread).
+function dist.run_layers(comms, layers, qs, ks, vs)
+  local outs = {}
+  for r, q in ipairs(qs) do outs[r] = like(q) end
+  return C._run_layers(comms, layers, qs, ks, vs, outs)
+end
+
+return dist
