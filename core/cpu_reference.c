@@ -56,7 +56,9 @@ sta_status sta_cpu_attention_reference(const sta_attn_params *p) {
       const char *q = (const char *)p->q + (b * p->q_sb + s * p->q_ss + h * p->q_sh) * (int64_t)es;
       double m = -INFINITY;
       for (int64_t j = 0; j < keys; j++) {
-        if (!is_key(p, win, s, j)) { logit[j] = NAN; continue; }
+        /* -Inf marks "not a key" (a real -Inf logit has weight 0 anyway);
+        ** NaN logits must reach the sum, so NaN inputs give NaN rows */
+        if (!is_key(p, win, s, j)) { logit[j] = -INFINITY; continue; }
         const char *k = (const char *)p->k + (b * p->k_sb + j * p->k_ss + h * p->k_sh) * (int64_t)es;
         double dot = 0;
         for (int64_t d = 0; d < D; d++)
@@ -67,7 +69,7 @@ sta_status sta_cpu_attention_reference(const sta_attn_params *p) {
       double l = 0;
       for (int64_t d = 0; d < D; d++) acc[d] = 0;
       for (int64_t j = 0; j < keys; j++) {
-        if (isnan(logit[j])) continue;
+        if (logit[j] == -INFINITY) continue;
         double e = exp(logit[j] - m);
         l += e;
         const char *v = (const char *)p->v + (b * p->v_sb + j * p->v_ss + h * p->v_sh) * (int64_t)es;
