@@ -11,7 +11,7 @@ local have = sta.backend_available("cuda")
 local function random_case(rng)
   local tiles = { {6, 8, 8}, {2, 4, 4}, {3, 8, 8}, {6, 8, 8} }
   local tile = tiles[rng(#tiles)]
-  local grid = { rng(4), rng(4), rng(5) }
+  local grid = { rng(3), rng(3), rng(4) } -- keeps the CPU reference quick
   local canvas = {}
   for a = 1, 3 do canvas[a] = math.max(1, grid[a] * tile[a] - (rng(3) == 1 and rng(tile[a]) - 1 or 0)) end
   local g = sta.geometry{ canvas = canvas, tile = tile }:grid()
@@ -37,7 +37,7 @@ describe("sta on the GPU #gpu", function()
       state = (state * 6364136223846793005 + 1442695040888963407) & 0x7fffffffffffffff
       return (state >> 33) % n + 1
     end
-    for case = 1, 24 do
+    for case = 1, 16 do
       local c = random_case(rng)
       local V = c.canvas[1] * c.canvas[2] * c.canvas[3]
       local S = V + c.text + c.pad
