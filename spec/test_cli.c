@@ -427,6 +427,39 @@ static void test_failed_runs(void **state) {
   free_problem(&p);
 }
 
+/* On a machine with a CUDA device: sta-run --device cuda against the CPU
+** forward (skipped elsewhere). */
+static void test_cuda(void **state) {
+  (void)state;
+  if (!sta_backend_available(STA_CUDA)) skip();
+  problem p;
+  make_problem(&p, STA_BSHD, STA_BF16, 1, 12 * 16 * 16 + 7, 4, 128);
+  sta_geometry_init(&p.desc.geom, 12, 16, 16);
+  int32_t w[12] = {1, 1, 1, 3, 1, 1, 1, 2, 1, 3, 3, 3};
+  memcpy(p.windows, w, sizeof w);
+  p.desc.n_windows = 4;
+  save_qkv_npy(&p);
+  for (int k = 0; k < 2; k++) {
+    const char *dt = k ? "f16" : "bf16";
+    assert_int_equal(run("--q q.npy --k k.npy --v v.npy --out oc.npy --lse lc.npy "
+                         "--canvas 12,16,16 --window 1,1,1:3,1,1:1,2,1:3,3,3 --device cuda "
+                         "--dtype %s", dt), 0);
+    assert_non_null(strstr(out_text, "cuda"));
+    sta_tensor *o = NULL, *l = NULL, *fo = load_npy("oc.npy"), *fl = load_npy("lc.npy");
+    direct(&p, 0, &o, &l);
+    double m, r;
+    assert_int_equal(sta_tensor_compare(fo, o, &m, &r), STA_OK);
+    if (!(r < 0.02)) fail_msg("%s: rel L2 %g against the CPU forward", dt, r);
+    assert_int_equal(sta_tensor_compare(fl, l, &m, &r), STA_OK);
+    if (!(m < 0.05)) fail_msg("%s: lse max diff %g", dt, m);
+    sta_tensor_destroy(o);
+    sta_tensor_destroy(l);
+    sta_tensor_destroy(fo);
+    sta_tensor_destroy(fl);
+  }
+  free_problem(&p);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
     cmocka_unit_test(test_npy_bshd),
@@ -436,6 +469,7 @@ int main(void) {
     cmocka_unit_test(test_help),
     cmocka_unit_test(test_bad_options),
     cmocka_unit_test(test_failed_runs),
+    cmocka_unit_test(test_cuda),
   };
   return cmocka_run_group_tests(tests, group_setup, group_teardown);
 }
