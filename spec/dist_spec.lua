@@ -1,0 +1,220 @@
+local sta = require "sta"
+local dist = require "sta.dist"
+local H = require "helpers"
+
+-- Full problem [B, S, H, D] in layout; its shards on p ranks; SP on a
+-- loopback world; the shards of the single-device output must match.
+local function full_qkv(b, s, heads, d, layout, dtype)
+  local shape = layout == "bhsd" and { b, heads, s, d } or { b, s, heads, d }
+  local o = { dtype = dtype }
+  return H.randn(shape, o), H.randn(shape, o), H.randn(shape, o)
+end
+
+local function shards(t, opts, p)
+  local out = {}
+  for r = 1, p do out[r] = dist.shard(t, opts, r - 1, p) end
+  return out
+end
+
+local function check_sp(opts, b, text, heads, d, ps)
+  local c = opts.canvas
+  local v = c[1] * c[2] * c[3]
+  local q, k, vv = full_qkv(b, v + text, heads, d, opts.layout, opts.dtype)
+  local ref = sta.attention(q, k, vv, opts)
+  for _, p in ipairs(ps) do
+    local comms = dist.loopback(p)
+    local outs = dist.run_attention(comms, shards(q, opts, p), shards(k, opts, p),
+      shards(vv, opts, p), opts)
+    for r = 1, p do
+      local want = dist.shard(ref, opts, r - 1, p)
+      local mx = outs[r]:compare(want)
+      assert.equal(0, mx, ("P=%d rank %d: max |diff| %g"):format(p, r - 1, mx))
+    end
+    local mx = dist.unshard(outs, opts):compare(ref)
+    assert.equal(0, mx)
+  end
+end
+
+describe("sta.dist", function()
+  after_each(H.cleanup)
+
+  it("makes loopback worlds of communicators", function()
+    local comms = dist.loopback(3)
+    assert.equal(3, #comms)
+    for r = 1, 3 do
+      assert.equal(r - 1, comms[r]:rank())
+      assert.equal(3, comms[r]:size())
+      assert.equal("loopback", comms[r]:name())
+    end
+    assert.equal("sta.Comm(loopback, rank 1 of 3)", tostring(comms[2]))
+    comms[2]:release()
+    comms[2]:release() -- idempotent
+    assert.equal("sta.Comm(released)", tostring(comms[2]))
+    assert.equal("comm: released", H.error_of(comms[2].rank, comms[2]))
+    assert.equal("size: expected 1..64 ranks, got 0", H.error_of(dist.loopback, 0))
+    assert.equal("size: expected 1..64 ranks, got 65", H.error_of(dist.loopback, 65))
+  end)
+
+  it("moves data in a world of one", function()
+    local c = dist.loopback(1)[1]
+    assert.is_true(c:barrier())
+    local send = H.randn({ 6 })
+    local recv = sta.zeros({ 6 }, { value = 7 })
+    c:all_to_all(send, recv)
+    assert.is_true(H.same_values(send, recv))
+    local g = sta.zeros({ 6 }, { value = 3 })
+    c:all_gather(H.randn({ 6 }), g)
+    assert.is_false(H.same_values(g, sta.zeros({ 6 }, { value = 3 })))
+    local before = recv:clone()
+    assert.equal("send: 5 elements are not divisible by the 2 ranks",
+      H.error_of(dist.loopback(2)[1].all_to_all, dist.loopback(2)[1], H.randn({ 5 }), H.randn({ 5 })))
+    assert.equal("recv: 5 elements, expected send's 6", H.error_of(c.all_to_all, c, send, H.randn({ 5 })))
+    assert.is_true(H.same_values(recv, before))
+  end)
+
+  it("equals single-device STA with per-head windows, no text, P = 1..4", function()
+    check_sp({ canvas = { 4, 6, 6 }, tile = { 2, 3, 3 },
+      window = { { 1, 1, 1 }, { 3, 1, 3 }, { 1, 3, 1 }, { 3, 3, 3 }, { 1, 1, 3 }, { 3, 1, 1 },
+        { 1, 1, 1 }, { 3, 3, 1 }, { 1, 3, 3 }, { 3, 3, 3 }, { 1, 1, 1 }, { 3, 1, 3 } } },
+      1, 0, 12, 8, { 1, 2, 3, 4 })
+  end)
+
+  it("equals single-device STA with text rows and padding", function()
+    check_sp({ canvas = { 4, 4, 6 }, tile = { 2, 2, 3 }, text_len = 3,
+      window = { { 1, 1, 1 }, { 3, 3, 3 }, { 1, 3, 1 }, { 3, 1, 3 } } },
+      2, 6, 4, 8, { 1, 2, 4 })
+  end)
+
+  it("equals single-device STA on an odd canvas with partial tiles", function()
+    check_sp({ canvas = { 3, 5, 7 }, tile = { 2, 2, 3 }, window = { 1, 3, 1 } },
+      1, 4, 6, 8, { 1, 3 })
+  end)
+
+  it("equals single-device STA in BHSD, bf16", function()
+    check_sp({ canvas = { 2, 8, 8 }, tile = { 1, 4, 4 }, window = { 1, 1, 1 }, layout = "bhsd",
+      dtype = "bf16" }, 1, 5, 4, 16, { 1, 2, 4 })
+  end)
+
+  it("runs SP attention on one rank through comm:attention", function()
+    local opts = { canvas = { 2, 4, 4 }, tile = { 1, 2, 2 }, window = { 1, 1, 1 } }
+    local q, k, v = full_qkv(1, 32 + 2, 2, 8)
+    local c = dist.loopback(1)[1]
+    local out = c:attention(q, k, v, opts)
+    assert.equal(0, (out:compare(sta.attention(q, k, v, opts))))
+  end)
+
+  it("shards and unshards", function()
+    local opts = { canvas = { 2, 4, 4 } }
+    local full = H.randn({ 2, 32 + 3, 4, 2 })
+    local s = shards(full, opts, 4)
+    assert.same({ 2, 8 + 3, 4, 2 }, s[2]:shape())
+    assert.equal(full:get { 1, 9, 1, 1 }, s[2]:get { 1, 1, 1, 1 })  -- video row 8 is rank 1's first
+    assert.equal(full:get { 2, 33, 3, 2 }, s[4]:get { 2, 9, 3, 2 }) -- text rows on every rank
+    assert.is_true(H.same_values(dist.unshard(s, opts), full))
+    assert.equal("rank: expected 0..3, got 4", H.error_of(dist.shard, full, opts, 4, 4))
+    assert.equal("canvas: V = 32 video tokens is not divisible by the 3 ranks",
+      H.error_of(dist.shard, full, opts, 0, 3))
+  end)
+
+  it("raises the divisibility errors word for word and leaves out unchanged", function()
+    local comms = dist.loopback(2)
+    local q = H.randn({ 1, 52 + 3, 4, 8 })
+    local out = H.randn({ 1, 52 + 3, 4, 8 })
+    local before = out:clone()
+    assert.equal("canvas: V = 105 video tokens (3x5x7) is not divisible by the 2 ranks",
+      H.error_of(comms[1].attention, comms[1], q, q, q, { canvas = { 3, 5, 7 }, out = out }))
+    local q3 = H.randn({ 1, 32 + 3, 3, 8 })
+    assert.equal("heads: 3 heads are not divisible by the 2 ranks",
+      H.error_of(comms[2].attention, comms[2], q3, q3, q3, { canvas = { 4, 4, 4 } }))
+    assert.equal("n_windows: expected 1 or heads (4), got 2",
+      H.error_of(comms[1].attention, comms[1], q, q, q,
+        { canvas = { 2, 4, 13 }, window = { { 1, 1, 1 }, { 1, 1, 1 } }, out = out }))
+    assert.equal("canvas: sequence parallelism needs the canvas {T, H, W} (or geometry=)",
+      H.error_of(comms[1].attention, comms[1], q, q, q, {}))
+    assert.equal("comms: expected 1..64 communicators, got 0",
+      H.error_of(dist.run_attention, {}, {}, {}, {}, { canvas = { 4, 4, 4 } }))
+    assert.equal("q: expected 2 entries (one per rank), got 1",
+      H.error_of(dist.run_attention, comms, { q }, { q }, { q }, { canvas = { 4, 4, 4 } }))
+    assert.is_true(H.same_values(out, before))
+  end)
+
+  it("runs SP layers with a strategy, every rank its global heads", function()
+    local heads, D = 4, 8
+    local opts = { canvas = { 4, 4, 4 }, tile = { 2, 2, 2 } }
+    local wins = { { 1, 1, 1 }, { 3, 1, 1 }, { 1, 3, 1 }, { 1, 1, 3 } }
+    local s = sta.strategy.new()
+    for h = 0, heads - 1 do s:set(0, 3, h, wins[h + 1]) end
+    local q, k, v = full_qkv(1, 64 + 2, heads, D)
+    local ref = sta.attention(q, k, v, { canvas = opts.canvas, tile = opts.tile, window = wins })
+    for _, p in ipairs { 1, 2, 4 } do
+      local comms = dist.loopback(p)
+      local layers = {}
+      for r = 1, p do
+        layers[r] = dist.layer(comms[r], { prefix = "transformer.blocks.3.attn.impl", heads = heads,
+          head_dim = D, canvas = opts.canvas, tile = opts.tile, strategy = s })
+        assert.equal(3, layers[r]:index())
+      end
+      local ctx <close> = sta.forward_context { step = 0, batch = sta.forward_batch {} }
+      local outs = dist.run_layers(comms, layers, shards(q, opts, p), shards(k, opts, p),
+        shards(v, opts, p))
+      assert.equal(0, (dist.unshard(outs, opts):compare(ref)))
+    end
+    assert.equal("sta.SPLayer(3)", tostring(dist.layer(dist.loopback(1)[1],
+      { layer = 3, heads = 2, head_dim = 8, canvas = { 4, 4, 4 } })))
+  end)
+
+  it("runs an SP layer of one rank under the live context", function()
+    local opts = { canvas = { 4, 4, 4 }, tile = { 2, 2, 2 } }
+    local md = sta.metadata(2)
+    md:set_row(1, { { 1, 1, 1 }, { 3, 3, 1 } })
+    local c = dist.loopback(1)[1]
+    local layer = dist.layer(c, { layer = 1, heads = 2, head_dim = 8, canvas = opts.canvas,
+      tile = opts.tile })
+    local q, k, v = full_qkv(1, 64, 2, 8)
+    local ctx <close> = sta.forward_context { step = 0, metadata = md, batch = sta.forward_batch {} }
+    local out = layer:forward(q, k, v)
+    local ref = sta.attention(q, k, v, { canvas = opts.canvas, tile = opts.tile,
+      window = { { 1, 1, 1 }, { 3, 3, 1 } } })
+    assert.equal(0, (out:compare(ref)))
+  end)
+
+  it("checks SP layers and refuses loopback search rows", function()
+    local comms = dist.loopback(2)
+    assert.equal("heads: 3 heads are not divisible by the 2 ranks",
+      H.error_of(dist.layer, comms[1], { heads = 3, head_dim = 8, canvas = { 4, 4, 4 } }))
+    assert.equal("heads: expected the global head count (an integer >= 1), got nil",
+      H.error_of(dist.layer, comms[1], { head_dim = 8, canvas = { 4, 4, 4 } }))
+    assert.equal("canvas: sequence parallelism needs the canvas {T, H, W} (or geometry=)",
+      H.error_of(dist.layer, comms[1], { heads = 2, head_dim = 8 }))
+    local layers = {}
+    for r = 1, 2 do
+      layers[r] = dist.layer(comms[r], { layer = 0, heads = 4, head_dim = 8, canvas = { 4, 4, 4 },
+        tile = { 2, 2, 2 } })
+    end
+    local q = H.randn({ 1, 32, 4, 8 })
+    assert.equal("STA forward called outside a forward context (no context is live)",
+      H.error_of(dist.run_layers, comms, layers, { q, q }, { q, q }, { q, q }))
+    local md = sta.metadata.search(1, { { 1, 1, 1 }, { 3, 3, 3 } })
+    local ctx <close> = sta.forward_context { step = 0, metadata = md, batch = sta.forward_batch {} }
+    assert.equal("loopback: layer 0's row holds 2 candidate windows (a search row); search "
+      .. "records need one rank per process",
+      H.error_of(dist.run_layers, comms, layers, { q, q }, { q, q }, { q, q }))
+  end)
+
+  it("reports a missing NCCL or GPU as nil, message, code", function()
+    local c, msg, code = dist.init { rank = 0, size = 1 }
+    if c then -- a machine with NCCL and a GPU: a world of one
+      assert.equal("nccl", c:name())
+      assert.equal(1, c:size())
+      c:release()
+    else
+      assert.equal(sta.status.BACKEND, code)
+      assert.truthy(msg:find("^nccl: "))
+    end
+    assert.equal("id_file: expected a path to share the NCCL id (world size 2)",
+      H.error_of(dist.init, { rank = 1, size = 2 }))
+    assert.equal("rank: expected 0..1, got 2", H.error_of(dist.init, { rank = 2, size = 2 }))
+    assert.equal(0, dist.rank())
+    assert.equal(1, dist.size())
+  end)
+end)
