@@ -166,6 +166,49 @@ describe("sta tensors", function()
       H.error_of(sta.from_table, {1, 2, 3}, {3, 4}))
   end)
 
+  it("computes y = a*x + b*y and summary statistics", function()
+    local x, y = H.randn({3, 5}), H.randn({3, 5}, { dtype = "bf16" })
+    local xv, yv = x:totable(), y:totable()
+    assert.equal(y, y:axpby(2, x, -0.5))
+    local got = y:totable()
+    for i = 1, #got do
+      local want = 2 * xv[i] - 0.5 * yv[i]
+      assert.is_true(math.abs(got[i] - want) <= 1e-2 * math.max(1, math.abs(want)), i)
+    end
+    local st = x:stats()
+    local sum = 0
+    for i = 1, #xv do sum = sum + xv[i] end
+    assert.is_true(math.abs(st.mean - sum / #xv) < 1e-6)
+    assert.equal(0, st.nonfinite)
+    assert.equal("x: shape differs from y's", H.error_of(y.axpby, y, 1, H.randn({5, 3}), 1))
+  end)
+
+  it("returns nil, message, code when host memory runs out", function()
+    H.full_gc()
+    local live = sta.debug.live_tensors()
+    sta.debug.fault_arm(2) -- the tensor's data allocation
+    local t, msg, code = sta.tensor({1000, 1000})
+    sta.debug.fault_arm(0)
+    assert.is_nil(t)
+    assert.equal("out of host memory: tensor of 4000000 bytes", msg)
+    assert.equal(sta.status.NOMEM, code)
+    H.full_gc()
+    assert.equal(live, sta.debug.live_tensors())
+    assert.equal("f32", sta.tensor({2}):dtype())
+  end)
+
+  it("describes the runtime", function()
+    local info = sta.info()
+    assert.equal("0.1.0", info.version)
+    assert.equal("cpu", info.backends[1])
+    assert.is_true(info.threads >= 0)
+    assert.equal("string", type(info.cuda))
+    assert.same(info.backends, sta.backends())
+    assert.equal(101, sta.status.SHAPE)
+    assert.equal("STA_ERR_SEQ_LEN", sta.status_name(sta.status.SEQ_LEN))
+    assert.is_true(sta.now() > 0)
+  end)
+
   it("loads the module twice without harm", function()
     package.loaded["sta.core"] = nil
     local again = require "sta.core"
