@@ -4,6 +4,7 @@
 ** layout {"L2_loss": {"[3, 1, 10]": [step][layer][head]}, "L1_loss": ...}.
 */
 #include <math.h>
+#include <pthread.h>
 #include <stdlib.h>
 
 #include <cJSON.h>
@@ -25,6 +26,7 @@ struct sta_forward_batch {
   int32_t batch_size;
   int32_t negative;
   record_list list[2]; /* positive, negative */
+  pthread_mutex_t lock; /* ranks of an in-process world may share a batch */
 };
 
 sta_status sta_forward_batch_create(sta_forward_batch **out,
@@ -34,6 +36,10 @@ sta_status sta_forward_batch_create(sta_forward_batch **out,
     return sta_error(STA_ERR_ARGUMENT, "batch_size: expected >= 1, got %d", (int)batch_size);
   sta_forward_batch *fb = sta_calloc(1, sizeof *fb);
   if (!fb) return sta_error(STA_ERR_NOMEM, "out of host memory (forward batch)");
+  if (pthread_mutex_init(&fb->lock, NULL) != 0) {
+    free(fb);
+    return sta_error(STA_ERR_NOMEM, "forward batch: cannot create its lock");
+  }
   fb->batch_size = batch_size;
   *out = fb;
   return STA_OK;
@@ -45,8 +51,7 @@ static void record_free(record *r) {
   free(r->l2);
 }
 
-void sta_forward_batch_clear(sta_forward_batch *fb) {
-  if (!fb) return;
+static void clear_lists(sta_forward_batch *fb) {
   for (int i = 0; i < 2; i++) {
     for (int32_t j = 0; j < fb->list[i].n; j++) record_free(&fb->list[i].r[j]);
     free(fb->list[i].r);
@@ -55,9 +60,17 @@ void sta_forward_batch_clear(sta_forward_batch *fb) {
   }
 }
 
+void sta_forward_batch_clear(sta_forward_batch *fb) {
+  if (!fb) return;
+  pthread_mutex_lock(&fb->lock);
+  clear_lists(fb);
+  pthread_mutex_unlock(&fb->lock);
+}
+
 void sta_forward_batch_destroy(sta_forward_batch *fb) {
   if (!fb) return;
-  sta_forward_batch_clear(fb);
+  clear_lists(fb);
+  pthread_mutex_destroy(&fb->lock);
   free(fb);
 }
 
@@ -75,7 +88,12 @@ int32_t sta_forward_batch_is_negative(const sta_forward_batch *fb) {
 
 int32_t sta_forward_batch_records(const sta_forward_batch *fb,
                                   int32_t negative) {
-  return fb ? fb->list[negative != 0].n : 0;
+  if (!fb) return 0;
+  pthread_mutex_t *m = (pthread_mutex_t *)&fb->lock;
+  pthread_mutex_lock(m);
+  int32_t n = fb->list[negative != 0].n;
+  pthread_mutex_unlock(m);
+  return n;
 }
 
 sta_status sta_forward_batch_record(sta_forward_batch *fb, int32_t negative,
@@ -107,15 +125,6 @@ sta_status sta_forward_batch_record(sta_forward_batch *fb, int32_t negative,
       return sta_error(STA_ERR_ARGUMENT, "l2[%d][%d]: expected a finite loss, got %g",
                        (int)(i / (size_t)heads), (int)(i % (size_t)heads), (double)l2[i]);
   }
-  record_list *L = &fb->list[negative != 0];
-  if (L->n == L->cap) {
-    if (L->cap >= (1 << 28)) return sta_error(STA_ERR_NOMEM, "forward batch: too many records");
-    int32_t ncap = L->cap ? L->cap * 2 : 16;
-    record *r = sta_realloc(L->r, sizeof *r * (size_t)ncap);
-    if (!r) return sta_error(STA_ERR_NOMEM, "out of host memory (search records)");
-    L->r = r;
-    L->cap = ncap;
-  }
   record rec = {step, layer, n, heads, NULL, NULL, NULL};
   rec.cand = sta_malloc(sizeof(int32_t) * 3 * (size_t)n);
   rec.l1 = sta_malloc(sizeof(float) * nl);
@@ -127,8 +136,22 @@ sta_status sta_forward_batch_record(sta_forward_batch *fb, int32_t negative,
   memcpy(rec.cand, candidates, sizeof(int32_t) * 3 * (size_t)n);
   memcpy(rec.l1, l1, sizeof(float) * nl);
   memcpy(rec.l2, l2, sizeof(float) * nl);
-  L->r[L->n++] = rec;
-  return STA_OK;
+  sta_status rc = STA_OK;
+  pthread_mutex_lock(&fb->lock);
+  record_list *L = &fb->list[negative != 0];
+  if (L->n == L->cap) {
+    int32_t ncap = L->cap ? L->cap * 2 : 16;
+    record *r = L->cap >= (1 << 28) ? NULL : sta_realloc(L->r, sizeof *r * (size_t)ncap);
+    if (!r) rc = sta_error(STA_ERR_NOMEM, "out of host memory (search records)");
+    else {
+      L->r = r;
+      L->cap = ncap;
+    }
+  }
+  if (rc == STA_OK) L->r[L->n++] = rec;
+  pthread_mutex_unlock(&fb->lock);
+  if (rc != STA_OK) record_free(&rec);
+  return rc;
 }
 
 /* Python's str() of a list of 3 ints: "[3, 1, 10]". */
@@ -178,10 +201,8 @@ fail:
   return NULL;
 }
 
-sta_status sta_forward_batch_save_search(const sta_forward_batch *fb,
-                                         int32_t negative, const char *path) {
-  if (!fb) return sta_error(STA_ERR_ARGUMENT, "forward batch: expected a batch, got NULL");
-  if (!path) return sta_error(STA_ERR_ARGUMENT, "path: expected a file name, got NULL");
+/* The JSON text of one list (caller holds the lock). */
+static sta_status search_text(const sta_forward_batch *fb, int32_t negative, char **out) {
   const record_list *L = &fb->list[negative != 0];
   const char *which = negative ? "negative" : "positive";
   if (L->n == 0)
@@ -219,7 +240,21 @@ sta_status sta_forward_batch_save_search(const sta_forward_batch *fb,
   cJSON_Delete(root);
   free(steps);
   if (!text) return sta_error(STA_ERR_NOMEM, "out of host memory (search results JSON)");
-  sta_status rc = sta_write_text_file(path, "search results", text);
+  *out = text;
+  return STA_OK;
+}
+
+sta_status sta_forward_batch_save_search(const sta_forward_batch *fb,
+                                         int32_t negative, const char *path) {
+  if (!fb) return sta_error(STA_ERR_ARGUMENT, "forward batch: expected a batch, got NULL");
+  if (!path) return sta_error(STA_ERR_ARGUMENT, "path: expected a file name, got NULL");
+  pthread_mutex_t *m = (pthread_mutex_t *)&fb->lock;
+  pthread_mutex_lock(m);
+  char *text = NULL;
+  sta_status rc = search_text(fb, negative, &text);
+  pthread_mutex_unlock(m);
+  if (rc != STA_OK) return rc;
+  rc = sta_write_text_file(path, "search results", text);
   cJSON_free(text);
   return rc;
 }

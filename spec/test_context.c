@@ -265,12 +265,45 @@ static void test_batch_records_and_save(void **state) {
   assert_null(fb);
 }
 
+/* Threads of an in-process world may record into one batch at once. */
+typedef struct rec_job { sta_forward_batch *fb; int id; int ok; } rec_job;
+
+static void *record_body(void *arg) {
+  rec_job *j = arg;
+  int32_t cand[3] = {1, 1, 1 + 2 * j->id};
+  float l[2] = {0.5f + (float)j->id, 0.25f};
+  j->ok = 1;
+  for (int i = 0; i < 300; i++)
+    j->ok &= sta_forward_batch_record(j->fb, i & 1, i, j->id, 1, cand, 2, l, l) == STA_OK;
+  return NULL;
+}
+
+static void test_batch_threads(void **state) {
+  (void)state;
+  sta_forward_batch *fb = NULL;
+  assert_int_equal(sta_forward_batch_create(&fb, 1), STA_OK);
+  pthread_t th[4];
+  rec_job jobs[4];
+  for (int i = 0; i < 4; i++) {
+    jobs[i] = (rec_job){fb, i, 0};
+    assert_int_equal(pthread_create(&th[i], NULL, record_body, &jobs[i]), 0);
+  }
+  for (int i = 0; i < 4; i++) {
+    pthread_join(th[i], NULL);
+    assert_true(jobs[i].ok);
+  }
+  assert_int_equal(sta_forward_batch_records(fb, 0), 600);
+  assert_int_equal(sta_forward_batch_records(fb, 1), 600);
+  sta_forward_batch_destroy(fb);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
     cmocka_unit_test(test_push_pop),
     cmocka_unit_test(test_deep_and_faults),
     cmocka_unit_test(test_per_thread),
     cmocka_unit_test(test_batch_records_and_save),
+    cmocka_unit_test(test_batch_threads),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
