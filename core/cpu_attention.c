@@ -21,7 +21,7 @@
 #include "internal.h"
 
 #ifndef STA_CPU_QB
-#define STA_CPU_QB 128 /* query rows per work item */
+#define STA_CPU_QB 256 /* query rows per work item (a 384 tile: 2 x 192) */
 #endif
 #ifndef STA_CPU_KC
 #define STA_CPU_KC 512 /* keys per GEMM chunk */
