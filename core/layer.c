@@ -64,6 +64,10 @@ sta_status sta_layer_create(sta_layer **out, const sta_layer_desc *desc) {
   if (desc->sp_size < 1 || desc->sp_size > (1 << 16))
     return sta_error(STA_ERR_ARGUMENT, "sp_size: expected 1..%d, got %d", 1 << 16,
                      (int)desc->sp_size);
+  if ((int64_t)desc->local_heads * desc->sp_size > (1 << 20))
+    return sta_error(STA_ERR_ARGUMENT,
+                     "local_heads x sp_size: %lld heads in all, expected at most %d",
+                     (long long)desc->local_heads * desc->sp_size, 1 << 20);
   if (desc->sp_rank < 0 || desc->sp_rank >= desc->sp_size)
     return sta_error(STA_ERR_ARGUMENT, "sp_rank: expected 0..%d (sp_size %d), got %d",
                      (int)desc->sp_size - 1, (int)desc->sp_size, (int)desc->sp_rank);

@@ -131,6 +131,12 @@ static void test_create_errors(void **state) {
   BAD(head_dim, 0, STA_ERR_ARGUMENT, "head_dim: expected >= 1, got 0");
   BAD(sp_size, 0, STA_ERR_ARGUMENT, "sp_size: expected 1..65536, got 0");
   BAD(sp_rank, 1, STA_ERR_ARGUMENT, "sp_rank: expected 0..0 (sp_size 1), got 1");
+  d = base_desc();
+  d.local_heads = 65536;
+  d.sp_size = 32;
+  EXPECT_ERR(sta_layer_create(&l, &d), STA_ERR_ARGUMENT,
+             "local_heads x sp_size: 2097152 heads in all, expected at most 1048576");
+  assert_null(l);
   BAD(sp_rank, -1, STA_ERR_ARGUMENT, "sp_rank: expected 0..0 (sp_size 1), got -1");
   BAD(geom.canvas[1], 0, STA_ERR_WINDOW,
       "geom: canvas 6x0x24 (all 0 for a known shape by seq_len, else each >= 1)");
