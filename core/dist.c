@@ -117,6 +117,7 @@ sta_status sta_comm_all_gather(sta_comm *c, const sta_tensor *send, sta_tensor *
 
 typedef struct lb_world {
   pthread_mutex_t mu;
+  pthread_mutex_t compute; /* one rank computes at a time (see sp_run) */
   pthread_cond_t cv;
   int32_t size, arrived, refs, aborted;
   uint64_t gen;
@@ -224,17 +225,20 @@ static sta_status lb_all_gather(void *self, const void *send, void *recv, size_t
 
 static sta_status lb_barrier(void *self) { return lb_wait(self); }
 
+static void lb_free(lb_world *w) {
+  pthread_cond_destroy(&w->cv);
+  pthread_mutex_destroy(&w->compute);
+  pthread_mutex_destroy(&w->mu);
+  free(w);
+}
+
 static void lb_destroy(void *self) {
   lb_rank *me = self;
   lb_world *w = me->w;
   pthread_mutex_lock(&w->mu);
   int last = --w->refs == 0;
   pthread_mutex_unlock(&w->mu);
-  if (last) {
-    pthread_cond_destroy(&w->cv);
-    pthread_mutex_destroy(&w->mu);
-    free(w);
-  }
+  if (last) lb_free(w);
   free(me);
 }
 
@@ -246,6 +250,7 @@ sta_status sta_comm_loopback(sta_comm **comms, int32_t size) {
   lb_world *w = sta_calloc(1, sizeof *w);
   if (!w) return sta_error(STA_ERR_NOMEM, "out of host memory (loopback world)");
   pthread_mutex_init(&w->mu, NULL);
+  pthread_mutex_init(&w->compute, NULL);
   pthread_cond_init(&w->cv, NULL);
   w->size = size;
   sta_comm *made[MAX_LOOPBACK];
@@ -262,11 +267,7 @@ sta_status sta_comm_loopback(sta_comm **comms, int32_t size) {
     w->refs++;
   }
   if (rc != STA_OK) {
-    if (r == 0) {
-      pthread_cond_destroy(&w->cv);
-      pthread_mutex_destroy(&w->mu);
-      free(w);
-    }
+    if (r == 0) lb_free(w);
     while (r-- > 0) sta_comm_destroy(made[r]); /* the last one frees w */
     return rc;
   }
@@ -581,8 +582,14 @@ static sta_status sp_run(sta_comm *c, const sta_geometry *g, sta_layout layout,
   /* my heads of the (replicated) text rows */
   for (int i = 0; i < 3 && rc == STA_OK && sp.text > 0; i++)
     rc = copy_block(full[i], sp.v, 0, t[i], sp.vr, sp.r * sp.hl, sp.text, sp.hl, layout);
-  /* 2. attention on my heads */
-  if (rc == STA_OK) rc = job->compute(job, full[0], full[1], full[2], full[3]);
+  /* 2. attention on my heads.  Loopback ranks share this machine's cores
+  ** and the BLAS library's global settings: they compute one at a time. */
+  if (rc == STA_OK) {
+    pthread_mutex_t *turn = c->t.destroy == lb_destroy ? &((lb_rank *)c->t.self)->w->compute : NULL;
+    if (turn) pthread_mutex_lock(turn);
+    rc = job->compute(job, full[0], full[1], full[2], full[3]);
+    if (turn) pthread_mutex_unlock(turn);
+  }
   /* 3. video output back to the token split; text output gathered over heads */
   for (int32_t j = 0; j < sp.p && rc == STA_OK; j++) {
     rc = region(&a, send, j * chunk, layout, sp.b, sp.vr, sp.hl, sp.d);

@@ -1,0 +1,129 @@
+--[[
+sp_pipeline.lua -- sequence-parallel (Ulysses) STA, end to end.
+
+Every rank builds the same full q, k, v (same seeds), keeps its shard (V/P
+video rows of all heads + every text row), runs SP attention and checks its
+output shard against single-device STA on the whole problem; optionally
+times both.
+
+  under scripts/sta-launch:  one rank per process, NCCL (dist.init()):
+    scripts/sta-launch -n 2 examples/sp_pipeline.lua --device cuda --shape hunyuan
+  alone: --ranks P simulated ranks in this process (loopback, a thread each):
+    lua5.4 examples/sp_pipeline.lua --ranks 4
+
+Options: --ranks P (loopback; default 2)  --device cpu|cuda (default cpu)
+  --shape small|medium|hunyuan (default small)  --iters N (timing; 0 = none)
+  --seed S.  Exits with an error when a rank's output differs.
+]]
+local sta = require "sta"
+local dist = require "sta.dist"
+
+local args = { ranks = 2, device = "cpu", shape = "small", iters = 0, seed = os.time() % 100000 }
+do
+  local i = 1
+  while i <= #arg do
+    local k = arg[i]:match("^%-%-(.+)$")
+    if not k or args[k] == nil or arg[i + 1] == nil then
+      io.stderr:write("usage: sp_pipeline.lua [--ranks P] [--device cpu|cuda] "
+        .. "[--shape small|medium|hunyuan] [--iters N] [--seed S]\n")
+      os.exit(2)
+    end
+    args[k] = math.tointeger(tonumber(arg[i + 1])) or arg[i + 1]
+    i = i + 2
+  end
+end
+
+-- Problem shapes: canvas, tile, text rows, heads, head dim, dtype, windows
+-- cycled over the heads (global head h uses windows[h % #windows + 1]).
+local shapes = {
+  small = { canvas = { 6, 16, 16 }, tile = { 3, 8, 8 }, text = 16, heads = 8, d = 32,
+            dtype = "f32", windows = { { 1, 1, 1 }, { 3, 1, 1 }, { 1, 3, 3 }, { 3, 3, 3 } } },
+  medium = { canvas = { 18, 24, 32 }, tile = { 6, 8, 8 }, text = 64, heads = 8, d = 128,
+             dtype = "bf16", windows = { { 3, 3, 3 }, { 1, 3, 1 }, { 3, 1, 3 }, { 1, 1, 1 } } },
+  hunyuan = { canvas = { 30, 48, 80 }, tile = { 6, 8, 8 }, text = 256, heads = 24, d = 128,
+              dtype = "bf16", windows = { { 3, 3, 3 } } },
+}
+local sh = assert(shapes[args.shape], "--shape: expected small, medium or hunyuan")
+if args.device == "cpu" and sh.dtype == "bf16" then sh.dtype = "f32" end
+local now = sta.core.now or os.clock
+local function sync() if args.device == "cuda" then sta.synchronize() end end
+
+local V = sh.canvas[1] * sh.canvas[2] * sh.canvas[3]
+local S = V + sh.text
+local windows = {}
+for h = 0, sh.heads - 1 do windows[h + 1] = sh.windows[h % #sh.windows + 1] end
+local opts = { canvas = sh.canvas, tile = sh.tile, window = windows }
+
+-- the world: NCCL ranks from the launcher, else a loopback world here
+local launched = os.getenv("STA_WORLD_SIZE") ~= nil
+local comms, P
+if launched then
+  local c, msg = dist.init()
+  if not c then error("dist.init: " .. msg, 0) end
+  comms, P = { c }, c:size()
+else
+  P = args.ranks
+  comms = dist.loopback(P)
+end
+local me = launched and comms[1]:rank() or nil
+local function say(fmt, ...)
+  io.write(fmt:format(...) .. "\n")
+  io.flush()
+end
+
+local topt = { dtype = sh.dtype, device = args.device }
+local function randn(seed)
+  local o = { seed = seed }
+  for k, v in pairs(topt) do o[k] = v end
+  return sta.randn({ 1, S, sh.heads, sh.d }, o)
+end
+local q, k, v = randn(args.seed), randn(args.seed + 1), randn(args.seed + 2)
+local ref = sta.attention(q, k, v, opts)
+
+local ranks = launched and { me } or {}
+if not launched then for r = 0, P - 1 do ranks[#ranks + 1] = r end end
+local qs, ks, vs = {}, {}, {}
+for i, r in ipairs(ranks) do
+  qs[i], ks[i], vs[i] = dist.shard(q, opts, r, P), dist.shard(k, opts, r, P), dist.shard(v, opts, r, P)
+end
+
+local function sp_forward()
+  if launched then return { comms[1]:attention(qs[1], ks[1], vs[1], opts) } end
+  return dist.run_attention(comms, qs, ks, vs, opts)
+end
+
+local outs = sp_forward()
+sync()
+local tol = sh.dtype == "f32" and 1e-6 or 1e-3
+local bad = false
+for i, r in ipairs(ranks) do
+  local want = dist.shard(ref, opts, r, P)
+  local mx, rel = outs[i]:compare(want)
+  local ok = rel <= tol
+  bad = bad or not ok
+  say("sp %s P=%d rank %d %s %s: max|diff| %.3g rel %.3g %s%s", args.shape, P, r, args.device,
+    sh.dtype, mx, rel, ok and "ok" or "MISMATCH", mx == 0 and " (bitwise)" or "")
+end
+
+if args.iters > 0 then
+  local function time(fn)
+    if launched then comms[1]:barrier() end
+    sync()
+    local t0 = now()
+    for _ = 1, args.iters do fn() end
+    sync()
+    if launched then comms[1]:barrier() end
+    return (now() - t0) * 1000 / args.iters
+  end
+  local single = time(function() sta.attention(q, k, v, { canvas = opts.canvas, tile = opts.tile,
+    window = windows, out = ref }) end)
+  local sp = time(sp_forward)
+  local flops = sta.flops { canvas = sh.canvas, tile = sh.tile, window = windows,
+    batch = 1, seq_len = S, heads = sh.heads, head_dim = sh.d }
+  local msg = ("time %s P=%d %s %s: single %.2f ms, SP %.2f ms per rank (%.2fx), %.1f TFLOP/s "
+    .. "SP aggregate; %d iters"):format(args.shape, P, args.device, launched and comms[1]:name()
+    or "loopback", single, sp, single / sp, flops / (sp * 1e-3) / 1e12, args.iters)
+  if not launched or me == 0 then say("%s", msg) end
+end
+
+if bad then error("SP output differs from single-device STA", 0) end
