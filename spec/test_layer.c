@@ -545,6 +545,76 @@ static void test_search_mode(void **state) {
   sta_forward_batch_destroy(fb);
 }
 
+/* Search under sequence parallelism: each rank records its own heads into
+** its own batch; the losses are those of its global heads. */
+static void test_search_sp(void **state) {
+  (void)state;
+  int32_t cand[9] = {1, 1, 1, 3, 1, 3, 3, 2, 6};
+  sta_metadata *md = NULL;
+  assert_int_equal(sta_metadata_search(&md, 1, 3, cand), STA_OK);
+  sta_tensor *q = randn4(1, S, 6, D), *k = randn4(1, S, 6, D), *v = randn4(1, S, 6, D),
+             *full = randn4(1, S, 6, D), *c0 = randn4(1, S, 6, D), *c1 = randn4(1, S, 6, D),
+             *out = randn4(1, S, 6, D);
+  sta_attention_desc ad;
+  memset(&ad, 0, sizeof ad);
+  geometry(&ad.geom);
+  ad.n_windows = 1;
+  ad.windows = cand + 6;
+  assert_int_equal(sta_attention_forward(&ad, q, k, v, full, NULL), STA_OK);
+  ad.windows = cand;
+  assert_int_equal(sta_attention_forward(&ad, q, k, v, c0, NULL), STA_OK);
+  ad.windows = cand + 3;
+  assert_int_equal(sta_attention_forward(&ad, q, k, v, c1, NULL), STA_OK);
+  float l1[2][6], l2[2][6];
+  assert_int_equal(sta_head_diff(c0, full, STA_BSHD, l1[0], l2[0]), STA_OK);
+  assert_int_equal(sta_head_diff(c1, full, STA_BSHD, l1[1], l2[1]), STA_OK);
+  for (int r = 0; r < 2; r++) {
+    sta_layer_desc d = base_desc();
+    d.local_heads = 3;
+    d.sp_rank = r;
+    d.sp_size = 2;
+    sta_layer *l = NULL;
+    assert_int_equal(sta_layer_create(&l, &d), STA_OK);
+    sta_forward_batch *fb = NULL;
+    assert_int_equal(sta_forward_batch_create(&fb, 1), STA_OK);
+    sta_context *c = NULL;
+    assert_int_equal(sta_context_push(&c, 0, md, fb), STA_OK);
+    sta_tensor *qr = narrow(q, 2, 3 * r, 3), *kr = narrow(k, 2, 3 * r, 3),
+               *vr = narrow(v, 2, 3 * r, 3), *outr = narrow(out, 2, 3 * r, 3),
+               *fullr = narrow(full, 2, 3 * r, 3);
+    assert_int_equal(sta_layer_forward(l, qr, kr, vr, outr), STA_OK);
+    assert_int_equal(sta_context_pop(c), STA_OK);
+    assert_same(outr, fullr, 0.0);
+    char path[256];
+    snprintf(path, sizeof path, "/tmp/sta-test-layer-%d-sp%d.json", (int)getpid(), r);
+    assert_int_equal(sta_forward_batch_save_search(fb, 0, path), STA_OK);
+    char *text = NULL;
+    size_t len;
+    assert_int_equal(sta_read_text_file(path, "test", &text, &len), STA_OK);
+    remove(path);
+    /* L2 of [3, 1, 3] for this rank's 3 heads */
+    const char *key = "\"[3, 1, 3]\":[[[";
+    char *at = strstr(text, key);
+    assert_non_null(at);
+    at += strlen(key);
+    for (int h = 0; h < 3; h++) {
+      char *end;
+      double x = strtod(at, &end);
+      assert_true((float)x == l2[1][3 * r + h]);
+      at = end + 1;
+    }
+    assert_int_equal(at[-1], ']');
+    free(text);
+    sta_tensor *all[] = {qr, kr, vr, outr, fullr};
+    for (int i = 0; i < 5; i++) sta_tensor_destroy(all[i]);
+    sta_forward_batch_destroy(fb);
+    sta_layer_destroy(l);
+  }
+  sta_tensor *all[] = {q, k, v, full, c0, c1, out};
+  for (int i = 0; i < 7; i++) sta_tensor_destroy(all[i]);
+  sta_metadata_destroy(md);
+}
+
 int main(void) {
   seed_base = (uint64_t)time(NULL) * 1000003u + (uint64_t)getpid();
   printf("# test_layer seed %llu\n", (unsigned long long)seed_base);
@@ -556,6 +626,7 @@ int main(void) {
     cmocka_unit_test(test_sp_strategy_bhsd),
     cmocka_unit_test(test_fastvideo_file),
     cmocka_unit_test(test_search_mode),
+    cmocka_unit_test(test_search_sp),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
