@@ -214,19 +214,22 @@ sta_status sta_comm_nccl(sta_comm **out, int32_t rank, int32_t size, const char 
     return sta_error(STA_ERR_ARGUMENT, "device: expected -1 or a CUDA device, got %d", (int)device);
   pthread_once(&nccl_once, nccl_load);
   if (!nccl.loaded) return sta_error(STA_ERR_BACKEND, "%s", nccl.why);
+#ifdef STA_WITH_CUDA
+  /* select the device before anything (the probe too) makes a context */
+  if (device >= 0) {
+    int n = 0;
+    if (cudaGetDeviceCount(&n) == 0 && n > 0) {
+      if (device >= n)
+        return sta_error(STA_ERR_ARGUMENT, "device: %d, but %d CUDA devices are visible",
+                         (int)device, n);
+      if (cudaSetDevice(device) != 0)
+        return sta_error(STA_ERR_DEVICE, "cuda: cannot select device %d", (int)device);
+    }
+  }
+#endif
   if (!sta_backend_available(STA_CUDA))
     return sta_error(STA_ERR_BACKEND, "nccl: needs a CUDA device; %s",
                      sta_backend_describe(STA_CUDA));
-#ifdef STA_WITH_CUDA
-  if (device >= 0) {
-    int n = 0;
-    if (cudaGetDeviceCount(&n) != 0 || device >= n)
-      return sta_error(STA_ERR_ARGUMENT, "device: %d, but %d CUDA devices are visible",
-                       (int)device, n);
-    if (cudaSetDevice(device) != 0)
-      return sta_error(STA_ERR_DEVICE, "cuda: cannot select device %d", (int)device);
-  }
-#endif
   /* NVLink multicast (NVLS) stays off unless the user chose otherwise */
   setenv("NCCL_NVLS_ENABLE", "0", 0);
   nccl_id id;
