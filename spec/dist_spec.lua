@@ -217,4 +217,33 @@ describe("sta.dist", function()
     assert.equal(0, dist.rank())
     assert.equal(1, dist.size())
   end)
+
+  it("launches ranks with scripts/sta-launch", function()
+    local script = H.tmp(".lua")
+    H.write(script, [[
+      local r, n = tonumber(os.getenv("STA_RANK")), tonumber(os.getenv("STA_WORLD_SIZE"))
+      print(("rank %d of %d local %s id %s nvls %s"):format(r, n, os.getenv("STA_LOCAL_RANK"),
+        os.getenv("STA_DIST_ID_FILE"):match("nccl%.id$") and "ok" or "?", os.getenv("NCCL_NVLS_ENABLE")))
+      if arg[1] == "fail" then
+        if r == 1 then os.exit(3) end
+        os.execute("sleep 20")
+      end
+    ]])
+    local function launch(extra)
+      local p = io.popen("scripts/sta-launch -n 3 " .. script .. " " .. extra .. " 2>&1")
+      local out = p:read("a")
+      local _, _, code = p:close()
+      return out, code
+    end
+    local out, code = launch("")
+    assert.equal(0, code)
+    for r = 0, 2 do
+      assert.truthy(out:find(("[%d] rank %d of 3 local %d id ok nvls 0\n"):format(r, r, r), 1, true), out)
+    end
+    local t0 = sta.core.now()
+    out, code = launch("fail")
+    assert.equal(3, code)
+    assert.truthy(out:find("sta-launch: rank 1 failed (status 3); stopping the other ranks", 1, true), out)
+    assert.is_true(sta.core.now() - t0 < 10) -- the sleeping ranks were stopped
+  end)
 end)
