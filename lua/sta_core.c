@@ -34,10 +34,11 @@
 #include <lua.h>
 
 #include "sta.h"
+#include "sta_lua.h"
 
-#define TENSOR "sta.Tensor"
-#define GEOMETRY "sta.Geometry"
-#define STRATEGY "sta.Strategy"
+#define TENSOR STA_LUA_TENSOR
+#define GEOMETRY STA_LUA_GEOMETRY
+#define STRATEGY STA_LUA_STRATEGY
 #define METADATA "sta.Metadata"
 #define BATCH "sta.ForwardBatch"
 #define CONTEXT "sta.Context"
@@ -54,7 +55,8 @@ static uint64_t seed_counter = 0;
 /* ---- errors ------------------------------------------------------------ */
 
 /* Raise or return nil, message, code by the status group of rc. */
-static int sta_fail(lua_State *L, sta_status rc) {
+#define sta_fail sta_lua_fail
+int sta_lua_fail(lua_State *L, sta_status rc) {
   int32_t g = sta_status_group(rc);
   if (g >= 400 && rc != STA_ERR_ENV) {
     lua_pushnil(L);
@@ -67,7 +69,8 @@ static int sta_fail(lua_State *L, sta_status rc) {
 }
 
 /* A binding-level misuse error: plain message, no position. */
-static int misuse(lua_State *L, const char *fmt, ...) {
+#define misuse sta_lua_misuse
+int sta_lua_misuse(lua_State *L, const char *fmt, ...) {
   va_list ap;
   va_start(ap, fmt);
   lua_pushvfstring(L, fmt, ap);
@@ -207,7 +210,7 @@ static int32_t read_shape(lua_State *L, int idx, int64_t shape[4]) {
 
 /* ---- tensors ----------------------------------------------------------- */
 
-typedef struct { sta_tensor *t; } LTensor;
+typedef sta_lua_tensor LTensor;
 
 static LTensor *new_tensor_ud(lua_State *L) {
   LTensor *u = lua_newuserdatauv(L, sizeof *u, 1);
@@ -222,11 +225,18 @@ static void tensor_born(lua_State *L, LTensor *u) {
   if (sta_tensor_device(u->t) != STA_CPU) device_pressure(L);
 }
 
+void sta_lua_push_tensor(lua_State *L, sta_tensor *t) {
+  LTensor *u = new_tensor_ud(L);
+  u->t = t;
+  tensor_born(L, u);
+}
+
 static LTensor *check_ltensor(lua_State *L, int idx) {
   return luaL_checkudata(L, idx, TENSOR);
 }
 
-static sta_tensor *check_tensor_named(lua_State *L, int idx, const char *name) {
+#define check_tensor_named sta_lua_check_tensor
+sta_tensor *sta_lua_check_tensor(lua_State *L, int idx, const char *name) {
   LTensor *u = luaL_testudata(L, idx, TENSOR);
   if (!u) misuse(L, "%s: expected a tensor, got %s", name, luaL_typename(L, idx));
   if (!u->t) misuse(L, "%s: tensor is released", name);
@@ -912,7 +922,8 @@ static int l_save_safetensors(lua_State *L) {
 
 /* ---- geometry ------------------------------------------------------------ */
 
-static sta_geometry *check_geometry(lua_State *L, int idx) {
+#define check_geometry sta_lua_check_geometry
+sta_geometry *sta_lua_check_geometry(lua_State *L, int idx) {
   return luaL_checkudata(L, idx, GEOMETRY);
 }
 
@@ -1244,7 +1255,7 @@ static int l_head_diff(lua_State *L) {
 
 /* ---- strategies ---------------------------------------------------------- */
 
-typedef struct { sta_strategy *s; } LStrategy;
+typedef sta_lua_strategy LStrategy;
 
 static LStrategy *new_strategy_ud(lua_State *L) {
   LStrategy *u = lua_newuserdatauv(L, sizeof *u, 0);
@@ -1253,7 +1264,8 @@ static LStrategy *new_strategy_ud(lua_State *L) {
   return u;
 }
 
-static sta_strategy *check_strategy(lua_State *L, int idx) {
+#define check_strategy sta_lua_check_strategy
+sta_strategy *sta_lua_check_strategy(lua_State *L, int idx) {
   LStrategy *u = luaL_testudata(L, idx, STRATEGY);
   if (!u) misuse(L, "strategy: expected a strategy, got %s", luaL_typename(L, idx));
   if (!u->s) misuse(L, "strategy: released");
