@@ -16,6 +16,7 @@ on stdout, a summary at the end.
 ]]
 local sta = require "sta"
 local cli = require "sta.cli"
+io.stdout:setvbuf("line") -- per-step lines as they come, also into a pipe
 
 local usage = [[
 usage: pipeline.lua [--steps N] [--layers N] [--heads N] [--head-dim D]

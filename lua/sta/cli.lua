@@ -59,10 +59,17 @@ end
 
 function cli.fmt_triple(t) return table.concat(t, "x") end
 
---- A progress bar on stderr (only when stderr is worth drawing on).
+local stderr_is_tty
+local function tty()
+  if stderr_is_tty == nil then stderr_is_tty = os.execute("[ -t 2 ]") == true end
+  return stderr_is_tty
+end
+
+--- A progress bar on stderr (only when stderr is a terminal and
+-- STA_NO_PROGRESS is unset).
 function cli.progress(total, label)
   local bar = { total = total, done = 0, label = label or "", width = 30,
-    quiet = os.getenv("STA_NO_PROGRESS") ~= nil }
+    quiet = os.getenv("STA_NO_PROGRESS") ~= nil or not tty() }
   function bar:update(done, note)
     self.done = done
     if self.quiet then return end
