@@ -4,7 +4,7 @@ activations (.npy or .safetensors), printed as a table.
 
   lua5.4 examples/compare.lua --q q.npy --k k.npy --v v.npy --canvas 30x48x80 \
       [--tile 6x8x8] [--text N] [--window 3x3x3 | --window 3x3x3,1x5x7,...] \
-      [--layout bshd|bhsd] [--bf16] [--device cpu|cuda]
+      [--layout bshd|bhsd] [--bf16] [--device cpu|cuda] [--dtype f32|bf16|f16]
   lua5.4 examples/compare.lua --file acts.safetensors [--names q,k,v] ...
   lua5.4 examples/compare.lua --demo      (random activations written to .npy first)
 
@@ -17,10 +17,10 @@ local cli = require "sta.cli"
 local usage = [=[
 usage: compare.lua (--q F --k F --v F | --file F.safetensors [--names q,k,v] | --demo)
        [--canvas TxHxW] [--tile TxHxW] [--text N] [--window W[,W...]] [--layout bshd|bhsd]
-       [--bf16] [--device cpu|cuda] [--out DIR]]=]
+       [--bf16] [--device cpu|cuda] [--dtype f32|bf16|f16] [--out DIR]]=]
 local ok, opts = pcall(cli.parse, arg, {
   q = "", k = "", v = "", file = "", names = "q,k,v", canvas = "", tile = "6x8x8", text = -1,
-  window = "3x3x3", layout = "bshd", bf16 = false, device = "cpu", demo = false, out = "",
+  window = "3x3x3", layout = "bshd", bf16 = false, device = "cpu", dtype = "", demo = false, out = "",
 }, usage)
 if not ok then io.stderr:write(opts, "\n", usage, "\n") os.exit(2) end
 
@@ -67,7 +67,11 @@ else
   io.stderr:write(usage, "\n")
   os.exit(2)
 end
-if opts.device ~= "cpu" then q, k, v = q:to(opts.device), k:to(opts.device), v:to(opts.device) end
+-- the GPU backend computes bf16/f16: f32 inputs go as bf16 unless --dtype says
+local dtype = opts.dtype ~= "" and opts.dtype or (opts.device ~= "cpu" and q:dtype() == "f32" and "bf16") or q:dtype()
+if opts.device ~= "cpu" or dtype ~= q:dtype() then
+  q, k, v = q:to(dtype, opts.device), k:to(dtype, opts.device), v:to(dtype, opts.device)
+end
 
 local layout = opts.layout
 local sdim, hdim = layout == "bshd" and 2 or 3, layout == "bshd" and 3 or 2
@@ -93,6 +97,7 @@ local base = { geometry = geom, layout = layout }
 local function run(win)
   local o = { window = win }
   for kk, vv in pairs(base) do o[kk] = vv end
+  if opts.device ~= "cpu" then sta.attention(q, k, v, o) sta.synchronize() end -- warm-up
   local t0 = sta.now()
   local out = sta.attention(q, k, v, o)
   if opts.device ~= "cpu" then sta.synchronize() end
