@@ -19,58 +19,27 @@
 #include <lua.h>
 
 #include "sta.h"
+#include "sta_lua.h"
 
 #define COMM "sta.Comm"
 #define SPLAYER "sta.SPLayer"
 #define MAXRANKS 64
 
-/* the userdata layouts of sta_core.c */
-typedef struct { sta_tensor *t; } LTensor;
-typedef struct { sta_strategy *s; } LStrategy;
-
 typedef struct { sta_comm *c; } LComm;
 typedef struct { sta_sp_layer *l; } LSPLayer;
 
-static int fail(lua_State *L, sta_status rc) {
-  int32_t g = sta_status_group(rc);
-  if (g >= 400 && rc != STA_ERR_ENV) {
-    lua_pushnil(L);
-    lua_pushstring(L, sta_last_error());
-    lua_pushinteger(L, (lua_Integer)rc);
-    return 3;
-  }
-  lua_pushstring(L, sta_last_error());
-  return lua_error(L);
-}
-
-/* A binding-level misuse error: plain message, no position. */
-static int misuse(lua_State *L, const char *fmt, ...) {
-  va_list ap;
-  va_start(ap, fmt);
-  lua_pushvfstring(L, fmt, ap);
-  va_end(ap);
-  return lua_error(L);
-}
-
-static sta_tensor *tensor_at(lua_State *L, int idx, const char *name) {
-  LTensor *u = luaL_testudata(L, idx, "sta.Tensor");
-  if (!u) misuse(L, "%s: expected a tensor, got %s", name, luaL_typename(L, idx));
-  if (!u->t) misuse(L, "%s: tensor is released", name);
-  return u->t;
-}
+#define fail sta_lua_fail
+#define misuse sta_lua_misuse
+#define tensor_at sta_lua_check_tensor
 
 static sta_comm *comm_at(lua_State *L, int idx) {
   LComm *u = luaL_testudata(L, idx, COMM);
-  if (!u) misuse(L, "comm: expected a communicator, got ", luaL_typename(L, idx));
+  if (!u) misuse(L, "comm: expected a communicator, got %s", luaL_typename(L, idx));
   if (!u->c) misuse(L, "comm: released");
   return u->c;
 }
 
-static sta_geometry *geometry_at(lua_State *L, int idx) {
-  sta_geometry *g = luaL_testudata(L, idx, "sta.Geometry");
-  if (!g) misuse(L, "geometry: expected a geometry, got ", luaL_typename(L, idx));
-  return g;
-}
+#define geometry_at sta_lua_check_geometry
 
 static int layout_at(lua_State *L, int idx) {
   const char *s = luaL_optstring(L, idx, "bshd");
@@ -309,7 +278,7 @@ static int d_run_attention(lua_State *L) {
 
 static sta_sp_layer *splayer_at(lua_State *L, int idx) {
   LSPLayer *u = luaL_testudata(L, idx, SPLAYER);
-  if (!u) misuse(L, "layer: expected an SP layer, got ", luaL_typename(L, idx));
+  if (!u) misuse(L, "layer: expected an SP layer, got %s", luaL_typename(L, idx));
   if (!u->l) misuse(L, "layer: released");
   return u->l;
 }
@@ -323,12 +292,7 @@ static int y_release(lua_State *L) {
   return 0;
 }
 
-static sta_strategy *strategy_at(lua_State *L, int idx) {
-  LStrategy *u = luaL_testudata(L, idx, "sta.Strategy");
-  if (!u) misuse(L, "strategy: expected a strategy, got ", luaL_typename(L, idx));
-  if (!u->s) misuse(L, "strategy: released");
-  return u->s;
-}
+#define strategy_at sta_lua_check_strategy
 
 /* _layer(comm, geometry, layout, {prefix=, layer=, heads=, head_dim=,
 ** backend=, scale=, strategy=}) -> SP layer.  heads: per rank. */

@@ -51,6 +51,9 @@ describe("sta.dist", function()
     comms[2]:release() -- idempotent
     assert.equal("sta.Comm(released)", tostring(comms[2]))
     assert.equal("comm: released", H.error_of(comms[2].rank, comms[2]))
+    assert.equal("comm: expected a communicator, got number", H.error_of(comms[1].rank, 42))
+    assert.equal("layer: expected an SP layer, got table",
+      H.error_of(debug.getregistry()["sta.SPLayer"].methods.index, {}))
     assert.equal("size: expected 1..64 ranks, got 0", H.error_of(dist.loopback, 0))
     assert.equal("size: expected 1..64 ranks, got 65", H.error_of(dist.loopback, 65))
   end)
