@@ -447,6 +447,28 @@ static void test_fastvideo_file(void **state) {
 
 /* ---- search mode ------------------------------------------------------------ */
 
+/* What a search row {cand[0], cand[1], full} should give: the full-window
+** output into full, the two candidates' per-head losses into l1, l2
+** ([2][heads]).  c0, c1: scratch of q's shape. */
+static void expected_search(const int32_t *cand, const sta_tensor *q, const sta_tensor *k,
+                            const sta_tensor *v, sta_tensor *full, sta_tensor *c0,
+                            sta_tensor *c1, float *l1, float *l2) {
+  sta_attention_desc ad;
+  memset(&ad, 0, sizeof ad);
+  geometry(&ad.geom);
+  ad.layout = STA_BSHD;
+  ad.n_windows = 1;
+  ad.windows = cand + 6;
+  assert_int_equal(sta_attention_forward(&ad, q, k, v, full, NULL), STA_OK);
+  ad.windows = cand;
+  assert_int_equal(sta_attention_forward(&ad, q, k, v, c0, NULL), STA_OK);
+  ad.windows = cand + 3;
+  assert_int_equal(sta_attention_forward(&ad, q, k, v, c1, NULL), STA_OK);
+  int64_t heads = sta_tensor_size(q, 2);
+  assert_int_equal(sta_head_diff(c0, full, STA_BSHD, l1, l2), STA_OK);
+  assert_int_equal(sta_head_diff(c1, full, STA_BSHD, l1 + heads, l2 + heads), STA_OK);
+}
+
 static void test_search_mode(void **state) {
   (void)state;
   int32_t cand[9] = {1, 1, 1, 3, 1, 3, 3, 2, 6}; /* full (3x2x6 grid) last */
@@ -464,20 +486,8 @@ static void test_search_mode(void **state) {
     sta_tensor *q = randn4(1, S, 4, D), *k = randn4(1, S, 4, D), *v = randn4(1, S, 4, D),
                *out = randn4(1, S, 4, D), *full = randn4(1, S, 4, D), *c0 = randn4(1, S, 4, D),
                *c1 = randn4(1, S, 4, D);
-    sta_attention_desc ad;
-    memset(&ad, 0, sizeof ad);
-    geometry(&ad.geom);
-    ad.layout = STA_BSHD;
-    ad.n_windows = 1;
-    ad.windows = cand + 6;
-    assert_int_equal(sta_attention_forward(&ad, q, k, v, full, NULL), STA_OK);
-    ad.windows = cand;
-    assert_int_equal(sta_attention_forward(&ad, q, k, v, c0, NULL), STA_OK);
-    ad.windows = cand + 3;
-    assert_int_equal(sta_attention_forward(&ad, q, k, v, c1, NULL), STA_OK);
     float l1[2][4], l2[2][4];
-    assert_int_equal(sta_head_diff(c0, full, STA_BSHD, l1[0], l2[0]), STA_OK);
-    assert_int_equal(sta_head_diff(c1, full, STA_BSHD, l1[1], l2[1]), STA_OK);
+    expected_search(cand, q, k, v, full, c0, c1, &l1[0][0], &l2[0][0]);
     sta_context *c = NULL;
     assert_int_equal(sta_context_push(&c, 4 + neg, md, fb), STA_OK);
     assert_int_equal(sta_layer_forward(l, q, k, v, out), STA_OK);
@@ -555,19 +565,8 @@ static void test_search_sp(void **state) {
   sta_tensor *q = randn4(1, S, 6, D), *k = randn4(1, S, 6, D), *v = randn4(1, S, 6, D),
              *full = randn4(1, S, 6, D), *c0 = randn4(1, S, 6, D), *c1 = randn4(1, S, 6, D),
              *out = randn4(1, S, 6, D);
-  sta_attention_desc ad;
-  memset(&ad, 0, sizeof ad);
-  geometry(&ad.geom);
-  ad.n_windows = 1;
-  ad.windows = cand + 6;
-  assert_int_equal(sta_attention_forward(&ad, q, k, v, full, NULL), STA_OK);
-  ad.windows = cand;
-  assert_int_equal(sta_attention_forward(&ad, q, k, v, c0, NULL), STA_OK);
-  ad.windows = cand + 3;
-  assert_int_equal(sta_attention_forward(&ad, q, k, v, c1, NULL), STA_OK);
   float l1[2][6], l2[2][6];
-  assert_int_equal(sta_head_diff(c0, full, STA_BSHD, l1[0], l2[0]), STA_OK);
-  assert_int_equal(sta_head_diff(c1, full, STA_BSHD, l1[1], l2[1]), STA_OK);
+  expected_search(cand, q, k, v, full, c0, c1, &l1[0][0], &l2[0][0]);
   for (int r = 0; r < 2; r++) {
     sta_layer_desc d = base_desc();
     d.local_heads = 3;
