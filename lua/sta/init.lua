@@ -22,7 +22,11 @@ heads and tile coordinates are 0-based, as in STA.md and strategy files.
   sta.forward_batch{batch_size=, negative=}
   local ctx <close> = sta.forward_context{step=, metadata=, batch=}
   sta.layer{...}:forward(q, k, v [, out])  sta.tune{files=, skip_steps=, full=}
-  sta.backends()  sta.info()  sta.debug.live_tensors()
+  sta.backends()  sta.info()  sta.debug.live_tensors()  sta.now()
+  tensor methods: shape size strides dtype device ndim numel to clone copy
+    view permute narrow select get set fill randn totable compare save
+    axpby stats release;  t[i], #t, tostring(t), <close>
+  sta.svg (pictures of masks), sta.cli (example helpers), sta.ffi (LuaJIT)
 ]]
 local core = require "sta.core"
 
@@ -78,31 +82,6 @@ sta.strategy = {
   uniform = core.strategy_uniform,
   default = core.strategy_default,
 }
-
---- Sparsity of a strategy's window table per (step, layer): a list of
--- rows {step=, layer=, heads={volume...}} used by the SVG heatmap.
-function sta.strategy.volumes(s, grid)
-  local steps, layers, heads = s:extent()
-  local out = {}
-  for st = 0, steps - 1 do
-    out[st + 1] = {}
-    for l = 0, layers - 1 do
-      local row = {}
-      for h = 0, heads - 1 do
-        local ok, w = pcall(s.get, s, st, l, h)
-        if ok then
-          local v = 1
-          for a = 1, 3 do v = v * (grid and math.min(w[a], grid[a]) or w[a]) end
-          row[h + 1] = v
-        else
-          row[h + 1] = false
-        end
-      end
-      out[st + 1][l + 1] = row
-    end
-  end
-  return out
-end
 
 -- Metadata -----------------------------------------------------------------
 sta.metadata = setmetatable({
