@@ -1,13 +1,13 @@
 /*
 ** search.c -- the forward batch (batch size, CFG negative flag) and the
 ** mask-search records it collects; saving them in FastVideo's per-prompt
-** layout {"L2_loss": {"[3, 1, 10]": [step][layer][head]}, "L1_loss": ...}.
+** layout {"L2_loss": {"[3, 1, 10]": [step][layer][head]}, "L1_loss": ...},
+** written as Python's json.dump would (floats in their shortest form).
 */
 #include <math.h>
 #include <pthread.h>
+#include <stdarg.h>
 #include <stdlib.h>
-
-#include <cJSON.h>
 
 #include "internal.h"
 
@@ -154,51 +154,72 @@ sta_status sta_forward_batch_record(sta_forward_batch *fb, int32_t negative,
   return rc;
 }
 
-/* Python's str() of a list of 3 ints: "[3, 1, 10]". */
-static void candidate_key(const int32_t *c, char buf[48]) {
-  snprintf(buf, 48, "[%d, %d, %d]", (int)c[0], (int)c[1], (int)c[2]);
+/* A growing text buffer; the first failed allocation sticks. */
+typedef struct text_buf {
+  char *p;
+  size_t n, cap;
+  int failed;
+} text_buf;
+
+#if defined(__GNUC__)
+__attribute__((format(printf, 2, 3)))
+#endif
+static void put(text_buf *b, const char *fmt, ...) {
+  if (b->failed) return;
+  for (;;) {
+    va_list ap;
+    va_start(ap, fmt);
+    int k = vsnprintf(b->p + b->n, b->cap - b->n, fmt, ap);
+    va_end(ap);
+    if (k < 0) { b->failed = 1; return; }
+    if ((size_t)k < b->cap - b->n) { b->n += (size_t)k; return; }
+    size_t cap = b->cap * 2 + (size_t)k;
+    char *q = sta_realloc(b->p, cap);
+    if (!q) { b->failed = 1; return; }
+    b->p = q;
+    b->cap = cap;
+  }
 }
 
-/* losses[key] = [step][layer][head] of the chosen loss (l2 or l1). */
-static cJSON *loss_object(const record_list *L, const int32_t *steps,
-                          int32_t n_steps, int use_l2) {
+/* The shortest %g text (6 to 9 digits) that reads back as x. */
+static void shortest_float(float x, char num[32]) {
+  for (int digits = 6; digits <= 9; digits++) {
+    snprintf(num, 32, "%.*g", digits, (double)x);
+    if (strtof(num, NULL) == x) return;
+  }
+}
+
+/* "<name>": {"[3, 1, 10]": [step][layer][head], ...} of l2 or l1.  Keys
+** are Python's str() of the candidate list, numbers the shortest text that
+** reads back as the same float; separators as Python's json.dump. */
+static void put_losses(text_buf *b, const record_list *L, const int32_t *steps,
+                       int32_t n_steps, int use_l2) {
   const record *r0 = &L->r[0];
-  cJSON *obj = cJSON_CreateObject();
-  if (!obj) return NULL;
+  put(b, "\"%s\": {", use_l2 ? "L2_loss" : "L1_loss");
   for (int32_t c = 0; c < r0->n; c++) {
-    char key[48];
-    candidate_key(r0->cand + 3 * c, key);
-    cJSON *per_step = cJSON_AddArrayToObject(obj, key);
-    if (!per_step) goto fail;
+    const int32_t *w = r0->cand + 3 * c;
+    put(b, "%s\"[%d, %d, %d]\": [", c ? ", " : "", (int)w[0], (int)w[1], (int)w[2]);
     for (int32_t s = 0; s < n_steps; s++) {
-      cJSON *per_layer = cJSON_CreateArray();
-      if (!per_layer || !cJSON_AddItemToArray(per_step, per_layer)) {
-        cJSON_Delete(per_layer);
-        goto fail;
-      }
+      put(b, "%s[", s ? ", " : "");
+      int first = 1;
       for (int32_t i = 0; i < L->n; i++) {
         const record *r = &L->r[i];
         if (r->step != steps[s]) continue;
         const float *v = (use_l2 ? r->l2 : r->l1) + (size_t)c * (size_t)r->heads;
-        cJSON *heads = cJSON_CreateArray();
-        if (!heads || !cJSON_AddItemToArray(per_layer, heads)) {
-          cJSON_Delete(heads);
-          goto fail;
-        }
+        put(b, "%s[", first ? "" : ", ");
+        first = 0;
         for (int32_t h = 0; h < r->heads; h++) {
-          cJSON *num = cJSON_CreateNumber((double)v[h]);
-          if (!num || !cJSON_AddItemToArray(heads, num)) {
-            cJSON_Delete(num);
-            goto fail;
-          }
+          char num[32];
+          shortest_float(v[h], num);
+          put(b, "%s%s", h ? ", " : "", num);
         }
+        put(b, "]");
       }
+      put(b, "]");
     }
+    put(b, "]");
   }
-  return obj;
-fail:
-  cJSON_Delete(obj);
-  return NULL;
+  put(b, "}");
 }
 
 /* The JSON text of one list (caller holds the lock). */
@@ -228,18 +249,21 @@ static sta_status search_text(const sta_forward_batch *fb, int32_t negative, cha
     while (s < n_steps && steps[s] != L->r[i].step) s++;
     if (s == n_steps) steps[n_steps++] = L->r[i].step;
   }
-  cJSON *root = cJSON_CreateObject(), *l2 = NULL, *l1 = NULL;
-  char *text = NULL;
-  if (root && (l2 = loss_object(L, steps, n_steps, 1)) != NULL &&
-      cJSON_AddItemToObject(root, "L2_loss", l2)) {
-    if ((l1 = loss_object(L, steps, n_steps, 0)) != NULL &&
-        cJSON_AddItemToObject(root, "L1_loss", l1))
-      text = cJSON_PrintUnformatted(root);
-    else cJSON_Delete(l1);
-  } else cJSON_Delete(l2);
-  cJSON_Delete(root);
+  text_buf b = {NULL, 0, 0, 0};
+  b.cap = 4096 + (size_t)L->n * (size_t)r0->n * (size_t)r0->heads * 24;
+  b.p = sta_malloc(b.cap);
+  b.failed = b.p == NULL;
+  put(&b, "{");
+  put_losses(&b, L, steps, n_steps, 1);
+  put(&b, ", ");
+  put_losses(&b, L, steps, n_steps, 0);
+  put(&b, "}\n");
   free(steps);
-  if (!text) return sta_error(STA_ERR_NOMEM, "out of host memory (search results JSON)");
+  if (b.failed) {
+    free(b.p);
+    return sta_error(STA_ERR_NOMEM, "out of host memory (search results JSON)");
+  }
+  char *text = b.p;
   *out = text;
   return STA_OK;
 }
@@ -255,6 +279,6 @@ sta_status sta_forward_batch_save_search(const sta_forward_batch *fb,
   pthread_mutex_unlock(m);
   if (rc != STA_OK) return rc;
   rc = sta_write_text_file(path, "search results", text);
-  cJSON_free(text);
+  free(text);
   return rc;
 }

@@ -507,15 +507,15 @@ static void test_search_mode(void **state) {
     size_t len;
     assert_int_equal(sta_read_text_file(path, "test", &text, &len), STA_OK);
     remove(path);
-    char expect[256];
-    snprintf(expect, sizeof expect, "\"[1, 1, 1]\":[[[%.9g", (double)l2[0][0]);
-    /* cJSON writes the shortest exact double; compare the value instead */
-    char *at = strstr(text, "\"L2_loss\":{\"[1, 1, 1]\":[[[");
+    /* the first L2 is head 0's loss of [1, 1, 1], as the same float */
+    char *at = strstr(text, "\"L2_loss\": {\"[1, 1, 1]\": [[[");
     assert_non_null(at);
-    double got = strtod(at + strlen("\"L2_loss\":{\"[1, 1, 1]\":[[["), NULL);
+    double got = strtod(at + strlen("\"L2_loss\": {\"[1, 1, 1]\": [[["), NULL);
     assert_true((float)got == l2[0][0]);
-    at = strstr(text, "\"L1_loss\":{\"[1, 1, 1]\":[[[");
+    at = strstr(text, "\"L1_loss\": {\"[1, 1, 1]\": [[[");
     assert_non_null(at);
+    got = strtod(at + strlen("\"L1_loss\": {\"[1, 1, 1]\": [[["), NULL);
+    assert_true((float)got == l1[0][0]);
     assert_non_null(strstr(text, "\"[3, 1, 3]\""));
     assert_null(strstr(text, "\"[3, 2, 6]\"")); /* the full window is not a candidate */
     free(text);
@@ -592,7 +592,7 @@ static void test_search_sp(void **state) {
     assert_int_equal(sta_read_text_file(path, "test", &text, &len), STA_OK);
     remove(path);
     /* L2 of [3, 1, 3] for this rank's 3 heads */
-    const char *key = "\"[3, 1, 3]\":[[[";
+    const char *key = "\"[3, 1, 3]\": [[[";
     char *at = strstr(text, key);
     assert_non_null(at);
     at += strlen(key);
