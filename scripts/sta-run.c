@@ -68,6 +68,11 @@ static const char *USAGE =
 "\n"
 "Exit status: 0 done, 1 the run failed, 2 bad options.\n";
 
+static int ends_with(const char *s, size_t len, const char *suffix) {
+  size_t n = strlen(suffix);
+  return len >= n && strncmp(s + len - n, suffix, n) == 0;
+}
+
 /* ---- option parsing ----------------------------------------------------- */
 
 typedef struct options {
@@ -236,17 +241,14 @@ static int parse_args(int argc, char **argv, options *o) {
   if (!o->v && !o->st) return bad("--v", NULL, "is required (or --safetensors)");
   if (!o->out) return bad("--out", NULL, "is required");
   if (!o->windows) return bad("--window", NULL, "is required");
+  if (o->lse && strcmp(o->lse, o->out) == 0 && !ends_with(o->out, strlen(o->out), ".safetensors"))
+    return bad("--lse", o->lse, "is the --out file (one .npy holds one array)");
   if (o->reference && o->device != STA_CPU)
     return bad("--reference", NULL, "runs on the cpu only, not with --device cuda");
   return 0;
 }
 
 /* ---- files ------------------------------------------------------------- */
-
-static int ends_with(const char *s, size_t len, const char *suffix) {
-  size_t n = strlen(suffix);
-  return len >= n && strncmp(s + len - n, suffix, n) == 0;
-}
 
 /* Split "F.safetensors[:NAME]": 1 and file/name (malloc'd file) when it
 ** names a safetensors file, else 0. */
@@ -387,11 +389,13 @@ static int run(options *o) {
   }
   if (!o->quiet) {
     double flop = sta_attention_flops(&desc, B, S, H, D);
-    char win[64];
-    if (o->n_windows == 1)
-      snprintf(win, sizeof win, "%d,%d,%d", (int)o->windows[0], (int)o->windows[1],
-               (int)o->windows[2]);
-    else
+    char win[80];
+    size_t wl = 0;
+    for (int32_t i = 0; i < o->n_windows && wl < sizeof win; i++)
+      wl += (size_t)snprintf(win + wl, sizeof win - wl, "%s%d,%d,%d", i ? ":" : "",
+                             (int)o->windows[3 * i], (int)o->windows[3 * i + 1],
+                             (int)o->windows[3 * i + 2]);
+    if (wl >= sizeof win) /* too long for one line */
       snprintf(win, sizeof win, "%d per head", (int)o->n_windows);
     shape_str(in[0], sh, sizeof sh);
     printf("sta-run: q %s %s %s, canvas %dx%dx%d tile %dx%dx%d text %lld, window %s, "

@@ -170,7 +170,7 @@ static void test_npy_bshd(void **state) {
                        "--tile 2,4,4 --window 1,1,1:3,3,3:1,2,1 --text-len 3 --threads 2"), 0);
   assert_string_equal(err_text, "");
   assert_non_null(strstr(out_text, "sta-run: q 2x261x3x16 f32 bshd, canvas 4x8x8 tile 2x4x4 "
-                         "text 3, window 3 per head, cpu f32, "));
+                         "text 3, window 1,1,1:3,3,3:1,2,1, cpu f32, "));
   assert_non_null(strstr(out_text, "GFLOP/s"));
   sta_tensor *o = NULL, *l = NULL, *fo = load_npy("o.npy"), *fl = load_npy("l.npy");
   direct(&p, 0, &o, &l);
@@ -369,6 +369,8 @@ static void test_bad_options(void **state) {
     {"--q q --k k --v v --out o --window 3,3,3 --reference --device cuda",
      "sta-run: --reference: runs on the cpu only, not with --device cuda"},
     {"", "sta-run: --q: is required"},
+    {"--q q --k k --v v --out o.npy --lse o.npy --window 3,3,3",
+     "sta-run: --lse 'o.npy': is the --out file (one .npy holds one array)"},
   };
   for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
     int rc = run("%s", cases[i].args);
