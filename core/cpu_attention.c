@@ -201,9 +201,11 @@ static void run_item(const plan *pl, int64_t b, int64_t h, const item *it,
   }
   memset(w->o, 0, sizeof(float) * (size_t)(nb * D));
   int64_t nr = key_ranges(pl, h, it->tile, w->lo, w->hi);
-  for (int64_t r = 0; r < nr; r++)
-    for (int64_t k0 = w->lo[r]; k0 < w->hi[r]; k0 += STA_CPU_KC) {
-      int64_t nc = w->hi[r] - k0 < STA_CPU_KC ? w->hi[r] - k0 : STA_CPU_KC;
+  for (int64_t r = 0; r < nr; r++) {
+    /* equal chunks of at most KC keys: 1152 = 3 x 384, not 512+512+128 */
+    int64_t len = w->hi[r] - w->lo[r], parts = (len + STA_CPU_KC - 1) / STA_CPU_KC;
+    for (int64_t c = 0, k0 = w->lo[r]; c < parts; c++) {
+      int64_t nc = (w->hi[r] - k0) / (parts - c);
       cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)nb, (int)nc, (int)D,
                   1.0f, w->q, (int)D, pl->kf + k0 * D, (int)D, 0.0f, w->s, (int)nc);
       for (int64_t i = 0; i < nb; i++) {
@@ -215,7 +217,9 @@ static void run_item(const plan *pl, int64_t b, int64_t h, const item *it,
       }
       cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)nb, (int)D, (int)nc,
                   1.0f, w->s, (int)nc, pl->vf + k0 * D, (int)D, 1.0f, w->o, (int)D);
+      k0 += nc;
     }
+  }
   for (int64_t i = 0; i < nb; i++) {
     int64_t t = row_token(pl, it->row + i);
     float inv = 1.0f / w->l[i], *o = w->o + i * D;
