@@ -254,6 +254,20 @@ static void test_batch_records_and_save(void **state) {
   EXPECT_ERR(sta_forward_batch_save_search(fb, 0, path), STA_ERR_ARGUMENT,
              "search results: record 6 (step 3, layer 0) has other candidates than record 0");
   assert_int_equal(access(path, F_OK), -1);
+  /* allocation failures while saving: NOMEM and no file */
+  sta_forward_batch_clear(fb);
+  assert_int_equal(sta_forward_batch_record(fb, 0, 0, 0, 2, cand, HEADS, neg, neg), STA_OK);
+  int saved = 0;
+  for (int64_t k = 1; k < 10 && !saved; k++) {
+    sta_fault_arm(k);
+    sta_status rc = sta_forward_batch_save_search(fb, 0, path);
+    sta_fault_arm(0);
+    if (rc == STA_OK) { saved = 1; break; }
+    assert_int_equal(rc, STA_ERR_NOMEM);
+    assert_int_equal(access(path, F_OK), -1);
+  }
+  assert_true(saved);
+  remove(path);
   sta_forward_batch_clear(fb);
   assert_int_equal(sta_forward_batch_records(fb, 0), 0);
   assert_int_equal(sta_forward_batch_records(fb, 1), 0);

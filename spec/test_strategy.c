@@ -298,6 +298,13 @@ static void test_set_errors_unchanged(void **state) {
     sta_free(prev);
   }
   assert_true(failed);
+  /* and while writing JSON */
+  char *j = (char *)&seed;
+  sta_fault_arm(1);
+  assert_int_equal(sta_strategy_to_json(s, &j), STA_ERR_NOMEM);
+  sta_fault_arm(0);
+  assert_ptr_equal(j, (char *)&seed);
+  assert_string_equal(sta_last_error(), "out of host memory (mask strategy JSON)");
   sta_free(before);
   sta_strategy_destroy(s);
 }
