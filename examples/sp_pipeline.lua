@@ -120,8 +120,8 @@ if args.iters > 0 then
   local sp = time(sp_forward)
   local flops = sta.flops { canvas = sh.canvas, tile = sh.tile, window = windows,
     batch = 1, seq_len = S, heads = sh.heads, head_dim = sh.d }
-  local msg = ("time %s P=%d %s %s: single %.2f ms, SP %.2f ms per rank (%.2fx), %.1f TFLOP/s "
-    .. "SP aggregate; %d iters"):format(args.shape, P, args.device, launched and comms[1]:name()
+  local msg = ("time %s P=%d %s %s: single device %.2f ms, SP %.2f ms (%.2fx), %.3g TFLOP/s "
+    .. "SP; %d iters"):format(args.shape, P, args.device, launched and comms[1]:name()
     or "loopback", single, sp, single / sp, flops / (sp * 1e-3) / 1e12, args.iters)
   if not launched or me == 0 then say("%s", msg) end
 end

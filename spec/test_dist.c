@@ -3,6 +3,7 @@
 ** equal to single-device sta_attention_forward on many geometries, and
 ** every error path (exact messages, nothing changed, no hang). */
 #include <math.h>
+#include <pthread.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <setjmp.h>
@@ -370,6 +371,151 @@ static void test_sp_layer_strategy(void **state) {
   sta_tensor_destroy(fo);
 }
 
+/* ---- a caller's transport ---------------------------------------------------------- */
+
+/* Counts the collectives and delegates to a loopback communicator (raw
+** bytes wrapped as f16 tensors); fail_gather makes all-gather fail. */
+typedef struct counting {
+  sta_comm *inner;
+  int32_t a2a, gather, barrier, fail_gather, destroyed;
+} counting;
+
+static int32_t cnt_rank(void *self) { return sta_comm_rank(((counting *)self)->inner); }
+static int32_t cnt_size(void *self) { return sta_comm_size(((counting *)self)->inner); }
+
+static sta_status cnt_move(counting *c, const void *send, void *recv, size_t sbytes,
+                           size_t rbytes, int gather) {
+  sta_tensor *s = NULL, *r = NULL;
+  int64_t ns = (int64_t)(sbytes / 2), nr = (int64_t)(rbytes / 2);
+  sta_status rc = sta_tensor_wrap(&s, (void *)send, STA_F16, STA_CPU, 1, &ns, NULL);
+  if (rc == STA_OK) rc = sta_tensor_wrap(&r, recv, STA_F16, STA_CPU, 1, &nr, NULL);
+  if (rc == STA_OK)
+    rc = gather ? sta_comm_all_gather(c->inner, s, r) : sta_comm_all_to_all(c->inner, s, r);
+  sta_tensor_destroy(s);
+  sta_tensor_destroy(r);
+  return rc;
+}
+
+static sta_status cnt_a2a(void *self, const void *send, void *recv, size_t chunk, sta_device d) {
+  counting *c = self;
+  size_t n = chunk * (size_t)cnt_size(self);
+  assert_int_equal(d, STA_CPU);
+  c->a2a++;
+  return cnt_move(c, send, recv, n, n, 0);
+}
+
+static sta_status cnt_gather(void *self, const void *send, void *recv, size_t chunk,
+                             sta_device d) {
+  counting *c = self;
+  assert_int_equal(d, STA_CPU);
+  c->gather++;
+  if (c->fail_gather) return sta_error(STA_ERR_DEVICE, "fake: link down");
+  return cnt_move(c, send, recv, chunk, chunk * (size_t)cnt_size(self), 1);
+}
+
+static sta_status cnt_barrier(void *self) {
+  counting *c = self;
+  c->barrier++;
+  return sta_comm_barrier(c->inner);
+}
+
+static void cnt_destroy(void *self) { ((counting *)self)->destroyed++; }
+
+typedef struct custom_job {
+  sta_comm *comm;
+  const sta_attention_desc *desc;
+  sta_tensor *q, *o;
+  sta_status rc;
+  char msg[256];
+} custom_job;
+
+static void *custom_thread(void *p) {
+  custom_job *j = p;
+  j->rc = sta_sp_attention(j->comm, j->desc, j->q, j->q, j->q, j->o);
+  snprintf(j->msg, sizeof j->msg, "%s", j->rc == STA_OK ? "" : sta_last_error());
+  return NULL;
+}
+
+static void test_custom_transport(void **state) {
+  (void)state;
+  const int32_t p = 2;
+  sta_comm *inner[2], *comms[2];
+  counting cnt[2];
+  memset(cnt, 0, sizeof cnt);
+  assert_int_equal(sta_comm_loopback(inner, p), STA_OK);
+  for (int32_t r = 0; r < p; r++) {
+    cnt[r].inner = inner[r];
+    sta_transport t = {"counting", 1u << STA_CPU, &cnt[r], cnt_rank, cnt_size,
+                       cnt_a2a, cnt_gather, cnt_barrier, cnt_destroy};
+    assert_int_equal(sta_comm_create(&comms[r], &t), STA_OK);
+    assert_string_equal(sta_comm_name(comms[r]), "counting");
+    assert_int_equal(sta_comm_rank(comms[r]), r);
+  }
+  int32_t w[3] = {1, 3, 1};
+  for (int text = 0; text <= 5; text += 5) {
+    sta_attention_desc d;
+    memset(&d, 0, sizeof d);
+    sta_geometry_init(&d.geom, 4, 4, 6);
+    d.geom.tile[0] = 2; d.geom.tile[1] = 2; d.geom.tile[2] = 3;
+    d.n_windows = 1;
+    d.windows = w;
+    sta_tensor *full = randn4(STA_BF16, STA_BSHD, 1, 96 + text, 4, 8);
+    sta_tensor *ref = new4(STA_BF16, STA_BSHD, 1, 96 + text, 4, 8);
+    assert_int_equal(sta_attention_forward(&d, full, full, full, ref, NULL), STA_OK);
+    for (int fail = 0; fail <= (text > 0); fail++) {
+      custom_job jobs[2];
+      pthread_t th[2];
+      sta_tensor *before[2];
+      for (int32_t r = 0; r < p; r++) {
+        memset(&jobs[r], 0, sizeof jobs[r]);
+        cnt[r].a2a = cnt[r].gather = 0;
+        cnt[r].fail_gather = fail;
+        jobs[r].comm = comms[r];
+        jobs[r].desc = &d;
+        jobs[r].q = new4(STA_BF16, STA_BSHD, 1, 48 + text, 4, 8);
+        jobs[r].o = randn4(STA_BF16, STA_BSHD, 1, 48 + text, 4, 8);
+        before[r] = snapshot(jobs[r].o);
+        assert_int_equal(sta_sp_shard(jobs[r].q, full, &d.geom, STA_BSHD, r, p), STA_OK);
+        assert_int_equal(pthread_create(&th[r], NULL, custom_thread, &jobs[r]), 0);
+      }
+      for (int32_t r = 0; r < p; r++) pthread_join(th[r], NULL);
+      for (int32_t r = 0; r < p; r++) {
+        assert_int_equal(cnt[r].a2a, 2);            /* q/k/v in, video out */
+        assert_int_equal(cnt[r].gather, text > 0);  /* text out over heads */
+        if (fail) {
+          assert_int_equal(jobs[r].rc, STA_ERR_DEVICE);
+          assert_string_equal(jobs[r].msg, "fake: link down");
+          assert_bitwise(jobs[r].o, before[r]);
+        } else {
+          assert_int_equal(jobs[r].rc, STA_OK);
+          sta_tensor *want = new4(STA_BF16, STA_BSHD, 1, 48 + text, 4, 8);
+          assert_int_equal(sta_sp_shard(want, ref, &d.geom, STA_BSHD, r, p), STA_OK);
+          assert_bitwise(jobs[r].o, want);
+          sta_tensor_destroy(want);
+        }
+        sta_tensor_destroy(jobs[r].q);
+        sta_tensor_destroy(jobs[r].o);
+        sta_tensor_destroy(before[r]);
+      }
+    }
+    sta_tensor_destroy(full);
+    sta_tensor_destroy(ref);
+  }
+  /* a rank outside the size is refused */
+  counting bad = {inner[0], 0, 0, 0, 0, 0};
+  sta_transport t = {"counting", 1u << STA_CPU, &bad, cnt_size, cnt_size, cnt_a2a,
+                     cnt_gather, cnt_barrier, cnt_destroy};
+  sta_comm *c = NULL;
+  expect_error(sta_comm_create(&c, &t), STA_ERR_ARGUMENT,
+               "transport: rank 2 of size 2 is not a rank");
+  for (int32_t r = 0; r < p; r++) {
+    sta_comm_destroy(comms[r]);
+    assert_int_equal(cnt[r].destroyed, 1);
+    sta_comm_destroy(inner[r]);
+  }
+  assert_int_equal(bad.destroyed, 0);
+}
+
 /* ---- errors ------------------------------------------------------------------------ */
 
 /* One rank's call on a world of p, failing before any collective. */
@@ -726,6 +872,7 @@ int main(void) {
     cmocka_unit_test(test_sp_attention_bhsd_bf16),
     cmocka_unit_test(test_sp_attention_dense),
     cmocka_unit_test(test_sp_layer_strategy),
+    cmocka_unit_test(test_custom_transport),
     cmocka_unit_test(test_errors_sp_attention),
     cmocka_unit_test(test_errors_shard),
     cmocka_unit_test(test_errors_comm),
