@@ -106,14 +106,20 @@ for i, r in ipairs(ranks) do
 end
 
 if args.iters > 0 then
+  -- median of args.iters runs, each between barriers
   local function time(fn)
-    if launched then comms[1]:barrier() end
-    sync()
-    local t0 = now()
-    for _ = 1, args.iters do fn() end
-    sync()
-    if launched then comms[1]:barrier() end
-    return (now() - t0) * 1000 / args.iters
+    local ms = {}
+    for i = 1, args.iters do
+      if launched then comms[1]:barrier() end
+      sync()
+      local t0 = now()
+      fn()
+      sync()
+      if launched then comms[1]:barrier() end
+      ms[i] = (now() - t0) * 1000
+    end
+    table.sort(ms)
+    return ms[(#ms + 1) // 2]
   end
   local single = time(function() sta.attention(q, k, v, { canvas = opts.canvas, tile = opts.tile,
     window = windows, out = ref }) end)
@@ -121,7 +127,7 @@ if args.iters > 0 then
   local flops = sta.flops { canvas = sh.canvas, tile = sh.tile, window = windows,
     batch = 1, seq_len = S, heads = sh.heads, head_dim = sh.d }
   local msg = ("time %s P=%d %s %s: single device %.2f ms, SP %.2f ms (%.2fx), %.3g TFLOP/s "
-    .. "SP; %d iters"):format(args.shape, P, args.device, launched and comms[1]:name()
+    .. "SP; median of %d"):format(args.shape, P, args.device, launched and comms[1]:name()
     or "loopback", single, sp, single / sp, flops / (sp * 1e-3) / 1e12, args.iters)
   if not launched or me == 0 then say("%s", msg) end
 end
