@@ -249,4 +249,20 @@ describe("sta.dist", function()
     assert.truthy(out:find("sta-launch: rank 1 failed (status 3); stopping the other ranks", 1, true), out)
     assert.is_true(sta.core.now() - t0 < 10) -- the sleeping ranks were stopped
   end)
+
+  it("runs examples/sp_pipeline.lua on a loopback world", function()
+    local build = os.getenv("STA_BUILD") or os.getenv("BUILD") or "build"
+    local lua = os.getenv("LUA") or "lua5.4"
+    local cmd = ("%s -e \"package.path='lua/?.lua;lua/?/init.lua;'..package.path; "
+      .. "package.cpath='%s/lua/?.so;'..package.cpath\" examples/sp_pipeline.lua --ranks 4 "
+      .. "--seed %d 2>&1"):format(lua, build, H.seed())
+    local p = io.popen(cmd)
+    local out = p:read("a")
+    local ok = p:close()
+    assert.is_true(ok, out)
+    for r = 0, 3 do
+      assert.truthy(out:find(("sp small P=4 rank %d cpu f32: max|diff| 0 rel 0 ok (bitwise)"):format(r),
+        1, true), out)
+    end
+  end)
 end)
