@@ -1736,6 +1736,25 @@ static int c_tostring(lua_State *L) {
   return 1;
 }
 
+/* At lua_close: pop what this state pushed and never popped, innermost
+** first, so the thread's context stack keeps no pointer into a closed
+** state.  Runs from a sentinel's __gc made in luaopen (finalized last). */
+static int contexts_atclose(lua_State *L) {
+  luaL_getsubtable(L, LUA_REGISTRYINDEX, ANCHOR);
+  for (sta_context *c; (c = sta_context_current()) != NULL;) {
+    lua_pushlightuserdata(L, c);
+    if (lua_rawget(L, -2) == LUA_TNIL) break; /* not ours */
+    LContext *u = lua_touserdata(L, -1);
+    lua_pop(L, 1);
+    if (sta_context_pop(c) != STA_OK) break;
+    if (u) u->c = NULL;
+    lua_pushlightuserdata(L, c);
+    lua_pushnil(L);
+    lua_rawset(L, -3);
+  }
+  return 0;
+}
+
 static int l_current_context(lua_State *L) {
   sta_context *c = sta_context_current();
   if (!c) { lua_pushnil(L); return 1; }
@@ -2155,6 +2174,15 @@ int luaopen_sta_core(lua_State *L) {
   new_class(L, BATCH, batch_meta, batch_methods, 1);
   new_class(L, CONTEXT, context_meta, context_methods, 1);
   new_class(L, LAYER, layer_meta, layer_methods, 1);
+  if (lua_getfield(L, LUA_REGISTRYINDEX, "sta.atclose") == LUA_TNIL) {
+    lua_newuserdatauv(L, 1, 0);
+    lua_createtable(L, 0, 1);
+    lua_pushcfunction(L, contexts_atclose);
+    lua_setfield(L, -2, "__gc");
+    lua_setmetatable(L, -2);
+    lua_setfield(L, LUA_REGISTRYINDEX, "sta.atclose");
+  }
+  lua_pop(L, 1);
   luaL_newlib(L, core_funcs);
   push_status_table(L);
   lua_setfield(L, -2, "status");
