@@ -12,7 +12,9 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 #include <cmocka.h>
+#include <cJSON.h>
 
 #include "internal.h"
 
@@ -129,6 +131,8 @@ typedef struct sp_job {
   sta_attention_desc desc;
   sta_sp_layer *layers[MAXP];
   sta_strategy *strategy;
+  sta_metadata *md;                  /* layer runs: the context's table */
+  sta_forward_batch *batches[MAXP];  /* layer runs: NULL = a fresh one */
   int32_t step;
   sta_tensor *q[MAXP], *k[MAXP], *v[MAXP], *o[MAXP];
 } sp_job;
@@ -304,8 +308,8 @@ static sta_status layer_rank(void *arg, int32_t r, sta_comm *c) {
   sta_forward_batch *fb = NULL;
   sta_context *ctx = NULL;
   (void)c;
-  sta_status rc = sta_forward_batch_create(&fb, 1);
-  if (rc == STA_OK) rc = sta_context_push(&ctx, j->step, NULL, fb);
+  sta_status rc = j->batches[r] ? STA_OK : sta_forward_batch_create(&fb, 1);
+  if (rc == STA_OK) rc = sta_context_push(&ctx, j->step, j->md, j->batches[r] ? j->batches[r] : fb);
   if (rc == STA_OK) {
     rc = sta_sp_layer_forward(j->layers[r], j->q[r], j->k[r], j->v[r], j->o[r]);
     sta_status rc2 = sta_context_pop(ctx);
@@ -365,6 +369,108 @@ static void test_sp_layer_strategy(void **state) {
     }
   }
   sta_strategy_destroy(j.strategy);
+  sta_tensor_destroy(fq);
+  sta_tensor_destroy(fk);
+  sta_tensor_destroy(fv);
+  sta_tensor_destroy(fo);
+}
+
+/* The L2 list of one search file: [step 0][record 0][heads]. */
+static int32_t search_l2(const char *path, const char *cand, double *out, int32_t max) {
+  char *text = NULL;
+  size_t len = 0;
+  assert_int_equal(sta_read_text_file(path, "search", &text, &len), STA_OK);
+  cJSON *root = cJSON_Parse(text);
+  free(text);
+  assert_non_null(root);
+  cJSON *l2 = cJSON_GetObjectItem(cJSON_GetObjectItem(root, "L2_loss"), cand);
+  cJSON *heads = cJSON_GetArrayItem(cJSON_GetArrayItem(l2, 0), 0);
+  assert_non_null(heads);
+  int32_t n = cJSON_GetArraySize(heads);
+  assert_true(n <= max);
+  for (int32_t h = 0; h < n; h++) out[h] = cJSON_GetArrayItem(heads, h)->valuedouble;
+  cJSON_Delete(root);
+  return n;
+}
+
+/* Search rows under SP: each rank runs every candidate on its heads, writes
+** the full-window output and records its own heads' losses (SGLang: each
+** rank saves its local heads), equal to the single-device search's. */
+static void test_sp_layer_search(void **state) {
+  (void)state;
+  sp_case c;
+  memset(&c, 0, sizeof c);
+  c.canvas[0] = 4; c.canvas[1] = 6; c.canvas[2] = 6;
+  c.tile[0] = 2; c.tile[1] = 3; c.tile[2] = 3;
+  c.text = 3; c.text_len = -1;
+  c.b = 1; c.h = 4; c.d = 16;
+  c.dtype = STA_F32;
+  c.layout = STA_BSHD;
+  c.n_windows = 1;
+  c.windows[0] = c.windows[1] = c.windows[2] = 3; /* the full window (grid 2x2x2) */
+  int64_t s = 144 + c.text;
+  int32_t cand[9] = {1, 1, 1, 1, 3, 1, 3, 3, 3};
+  sp_job j;
+  memset(&j, 0, sizeof j);
+  case_desc(&c, &j.desc);
+  assert_int_equal(sta_metadata_search(&j.md, 3, 3, cand), STA_OK);
+  sta_tensor *fq = randn4(c.dtype, c.layout, c.b, s, c.h, c.d);
+  sta_tensor *fk = randn4(c.dtype, c.layout, c.b, s, c.h, c.d);
+  sta_tensor *fv = randn4(c.dtype, c.layout, c.b, s, c.h, c.d);
+  sta_tensor *fo = new4(c.dtype, c.layout, c.b, s, c.h, c.d);
+  /* single device: an ordinary layer over all heads */
+  sta_layer_desc ld;
+  memset(&ld, 0, sizeof ld);
+  ld.layer_index = 2;
+  ld.local_heads = (int32_t)c.h;
+  ld.head_dim = (int32_t)c.d;
+  ld.sp_size = 1;
+  ld.geom = j.desc.geom;
+  ld.layout = c.layout;
+  ld.backend = STA_CPU;
+  sta_layer *single = NULL;
+  sta_forward_batch *fb = NULL;
+  sta_context *ctx = NULL;
+  assert_int_equal(sta_layer_create(&single, &ld), STA_OK);
+  assert_int_equal(sta_forward_batch_create(&fb, 1), STA_OK);
+  assert_int_equal(sta_context_push(&ctx, 0, j.md, fb), STA_OK);
+  assert_int_equal(sta_layer_forward(single, fq, fk, fv, fo), STA_OK);
+  assert_int_equal(sta_context_pop(ctx), STA_OK);
+  char path[64];
+  snprintf(path, sizeof path, "/tmp/sta-test-dist-%d-single.json", (int)getpid());
+  assert_int_equal(sta_forward_batch_save_search(fb, 0, path), STA_OK);
+  double want[2][MAXH], got[MAXH];
+  const char *names[2] = {"[1, 1, 1]", "[1, 3, 1]"};
+  for (int k = 0; k < 2; k++) assert_int_equal(search_l2(path, names[k], want[k], MAXH), c.h);
+  remove(path);
+  for (int32_t p = 2; p <= MAXP; p += 2) {
+    sta_comm *comms[MAXP];
+    assert_int_equal(sta_comm_loopback(comms, p), STA_OK);
+    ld.local_heads = (int32_t)(c.h / p);
+    for (int32_t r = 0; r < p; r++) {
+      assert_int_equal(sta_sp_layer_create(&j.layers[r], comms[r], &ld), STA_OK);
+      assert_int_equal(sta_forward_batch_create(&j.batches[r], 1), STA_OK);
+    }
+    run_sp(&c, p, &j, layer_rank, fq, fk, fv, fo, comms);
+    for (int32_t r = 0; r < p; r++) {
+      assert_int_equal(sta_forward_batch_records(j.batches[r], 0), 1);
+      snprintf(path, sizeof path, "/tmp/sta-test-dist-%d-r%d.json", (int)getpid(), (int)r);
+      assert_int_equal(sta_forward_batch_save_search(j.batches[r], 0, path), STA_OK);
+      for (int k = 0; k < 2; k++) {
+        assert_int_equal(search_l2(path, names[k], got, MAXH), c.h / p);
+        for (int64_t h = 0; h < c.h / p; h++)
+          assert_true(got[h] == want[k][r * (c.h / p) + h]);
+      }
+      remove(path);
+      sta_forward_batch_destroy(j.batches[r]);
+      j.batches[r] = NULL;
+      sta_sp_layer_destroy(j.layers[r]);
+      sta_comm_destroy(comms[r]);
+    }
+  }
+  sta_layer_destroy(single);
+  sta_forward_batch_destroy(fb);
+  sta_metadata_destroy(j.md);
   sta_tensor_destroy(fq);
   sta_tensor_destroy(fk);
   sta_tensor_destroy(fv);
@@ -872,6 +978,7 @@ int main(void) {
     cmocka_unit_test(test_sp_attention_bhsd_bf16),
     cmocka_unit_test(test_sp_attention_dense),
     cmocka_unit_test(test_sp_layer_strategy),
+    cmocka_unit_test(test_sp_layer_search),
     cmocka_unit_test(test_custom_transport),
     cmocka_unit_test(test_errors_sp_attention),
     cmocka_unit_test(test_errors_shard),
