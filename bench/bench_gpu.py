@@ -16,8 +16,10 @@ scripts/device-prep) is called through its backend table instead.
 --bench    STA.md section 8 workloads: sta vs cuDNN dense SDPA vs
            FlexAttention with an STA block mask, same inputs, same run.
 --sweep    canvas sweep at window 3,3,3: sta vs dense.
---variants kernel variants (STA_CUDA_VARIANT: 0 wgmma 2 warpgroups, 1 mma.sync,
-           2 wgmma 3 warpgroups) on hunyuan-720p and wan-720p.
+--variants kernel variants (STA_CUDA_VARIANT: 0 warp-specialised wgmma, 3
+           stages, ping-pong; 1 mma.sync; 2 wgmma, 3 warpgroups in lockstep;
+           3 as 0 without ping-pong; 4 as 0 with 2 stages) on hunyuan-720p
+           and wan-720p.
 """
 import argparse
 import ctypes as C
@@ -264,6 +266,9 @@ def random_geometry(rng):
         canvas = (rng.randint(1, 14), rng.randint(1, 20), rng.randint(1, 22))
         if rng.random() < 0.25:  # exact tiling
             canvas = tuple(t * rng.randint(1, 3) for t in tile)
+        if rng.random() < 0.25:  # the TMA path: whole 8x8 tiles, even tt
+            tile = rng.choice([(6, 8, 8), (2, 8, 8), (4, 8, 8)])
+            canvas = (tile[0] * rng.randint(1, 3), 8 * rng.randint(1, 4), 8 * rng.randint(1, 4))
         V = canvas[0] * canvas[1] * canvas[2]
         text = rng.choice([0, 0, rng.randint(1, 90), rng.randint(1, 200)])
         pad = rng.choice([0, 0, rng.randint(1, 40)])
@@ -481,7 +486,7 @@ def variants(sta, reps, log, results):
         o = torch.empty_like(q)
         ref = None
         fl = flops(g, S, H, D)
-        for var in range(3):
+        for var in [int(x) for x in os.environ.get('STA_VARIANTS', '0,1,2,3,4').split(',')]:
             os.environ["STA_CUDA_VARIANT"] = str(var)
             ms, _ = time_ms(lambda: sta.forward(g, q, k, v, o), reps)
             torch.cuda.synchronize()

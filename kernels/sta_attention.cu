@@ -16,12 +16,15 @@
 ** and V, online softmax in the exp2 domain (FlashAttention-2 layout: each
 ** warp owns 16*MT query rows).
 */
+#include <cuda.h> /* CUtensorMap (types only: no -lcuda) */
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
+#include <cudaTypedefs.h>
 #include <cuda_runtime.h>
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "sta_cuda.h"
 #include "wgmma.cuh"
@@ -33,12 +36,17 @@ namespace {
 constexpr int BN = 64; /* keys per block */
 
 struct AttnArgs {
+  /* TMA maps of K and V: dims (D, W, H, T, heads*batch) for full 8x8 tiles */
+  CUtensorMap tmk; /* 64-byte (or more) aligned type */
+  CUtensorMap tmv;
+  int tma;       /* use them for the tile blocks of video queries */
+  int tma_bfold; /* batch folded into the heads dim (else batch 1) */
   const void *q, *k, *v;
   void *o;
   float *lse;
   int64_t q_sb, q_ss, q_sh, k_sb, k_ss, k_sh, v_sb, v_ss, v_sh;
   int64_t o_sb, o_ss, o_sh, lse_sb, lse_sh, lse_ss;
-  int S, V, text_len, vec;
+  int S, V, text_len, vec, heads;
   int vswap; /* debug: swap LBO/SBO of the V descriptor (STA_WG_VSWAP) */
   int cT, cH, cW, tt, th, tw, NT, NH, NW, tile_vol;
   int qbpt;           /* query blocks per tile */
@@ -111,6 +119,12 @@ template <> struct Mma<__half> {
     return *reinterpret_cast<uint32_t *>(&h);
   }
 };
+
+__device__ __forceinline__ float ex2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+  return y;
+}
 
 /* ---- which keys a CTA sees ---------------------------------------------- */
 
@@ -833,27 +847,472 @@ sta_status launch_wgmma(AttnArgs &a, int heads, int batch) {
   return STA_OK;
 }
 
+
+/* ---- warp-specialised sm_90a kernel ----------------------------------------
+** One producer warpgroup gathers Q and the K/V blocks with cp.async into a
+** STAGES-deep ring (full/empty mbarriers); two consumer warpgroups (64
+** query rows each) run the wgmma loop without a CTA-wide barrier, so one
+** can do its softmax while the other keeps the tensor cores busy (PP: the
+** S GEMMs of the two are also ordered in turn by named barriers). */
+
+__device__ __forceinline__ void mbar_init(uint64_t *b, int count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(smem_u32(b)),
+               "r"(count)
+               : "memory");
+}
+__device__ __forceinline__ void mbar_arrive(uint64_t *b) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(smem_u32(b))
+               : "memory");
+}
+__device__ __forceinline__ void mbar_wait(uint64_t *b, int parity) {
+  asm volatile(
+      "{\n.reg .pred P1;\nWAIT_%=:\n"
+      "mbarrier.try_wait.parity.shared::cta.b64 P1, [%0], %1;\n"
+      "@P1 bra DONE_%=;\nbra WAIT_%=;\nDONE_%=:\n}\n" ::"r"(smem_u32(b)),
+      "r"(parity)
+      : "memory");
+}
+__device__ __forceinline__ void mbar_expect_tx(uint64_t *b, int bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(
+                   smem_u32(b)),
+               "r"(bytes)
+               : "memory");
+}
+__device__ __forceinline__ void tma_load_5d(void *dst, const CUtensorMap *m,
+                                            int c0, int c1, int c2, int c3,
+                                            int c4, uint64_t *bar) {
+  asm volatile(
+      "cp.async.bulk.tensor.5d.shared::cluster.global.mbarrier::complete_tx::"
+      "bytes [%0], [%1, {%2, %3, %4, %5, %6}], [%7];\n" ::"r"(smem_u32(dst)),
+      "l"(reinterpret_cast<uint64_t>(m)), "r"(c0), "r"(c1), "r"(c2), "r"(c3),
+      "r"(c4), "r"(smem_u32(bar))
+      : "memory");
+}
+__device__ __forceinline__ void bar_arrive_named(int id, int n) {
+  asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(n) : "memory");
+}
+__device__ __forceinline__ void cp_async_wait_1() {
+  asm volatile("cp.async.wait_group 1;\n" ::: "memory");
+}
+
+/* TMA key block kb (< n_tblk): origin of its 2 t-slices of an 8x8 tile.
+** The box may run past the canvas (zero-filled there): its valid keys are
+** those inside, by position. */
+__device__ __forceinline__ void tma_block_origin(const AttnArgs &a,
+                                                 const KeyPlan &p, int kb,
+                                                 int *t0, int *h0, int *w0) {
+  int tl = kb / p.bpt, blk = kb - tl * p.bpt;
+  int hw = p.ch * p.cw;
+  int i0 = tl / hw, rem = tl - i0 * hw;
+  int i1 = rem / p.cw, i2 = rem - i1 * p.cw;
+  *t0 = (p.st + i0) * a.tt + 2 * blk;
+  *h0 = (p.sh + i1) * 8;
+  *w0 = (p.sw + i2) * 8;
+}
+
+template <typename T, int D, int STAGES, bool PP, int NPROD = 1>
+__global__ void __launch_bounds__(256 + 128 * NPROD, 1)
+    sta_fwd_ws(const __grid_constant__ AttnArgs a) {
+  constexpr int NTHR = 256 + 128 * NPROD, PTH = 128 * NPROD;
+  constexpr int BR = 128, KS = D / 16, NJ = BW / 8, DJ = D / 8;
+  extern __shared__ unsigned char smem_raw[];
+  unsigned char *base = reinterpret_cast<unsigned char *>(
+      (reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~(uintptr_t)1023);
+  T *sQ = reinterpret_cast<T *>(base);
+  T *sK = sQ + BR * D;          /* [STAGES][BW][D] */
+  T *sV = sK + STAGES * BW * D; /* [STAGES][BW][D] */
+  uint64_t *full = reinterpret_cast<uint64_t *>(sV + STAGES * BW * D);
+  uint64_t *empty = full + STAGES;
+  uint64_t *qfull = empty + STAGES;
+  int *rowtab = reinterpret_cast<int *>(qfull + 1); /* [2][BW] */
+  int *qrow = rowtab + 2 * BW;                      /* [BR] */
+
+  const int tid = threadIdx.x, lane = tid & 31;
+  const int wg = tid >> 7, wq = (tid >> 5) & 3;
+  const int head = blockIdx.y, b = blockIdx.z;
+  const int bx = blockIdx.x;
+
+  KeyPlan p;
+  p.text = bx < a.n_text_qblocks;
+  int qrow0 = 0, qcount = 0;
+  int qt0 = 0, qh0 = 0, qw0 = 0, qeh = 0, qew = 0;
+  if (p.text) {
+    qrow0 = bx * BR;
+    qcount = min(BR, a.S - a.V - qrow0);
+    p.st = p.sh = p.sw = p.ct = p.ch = p.cw = p.bpt = p.n_tblk = 0;
+    p.nkb = (a.V + a.text_len + BW - 1) / BW;
+  } else {
+    int vb = bx - a.n_text_qblocks;
+    int tl = vb / a.qbpt, qb = vb - tl * a.qbpt;
+    int it = tl / (a.NH * a.NW), rem = tl - it * (a.NH * a.NW);
+    int ih = rem / a.NW, iw = rem - ih * a.NW;
+    qt0 = it * a.tt;
+    qh0 = ih * a.th;
+    qw0 = iw * a.tw;
+    int qet = min(a.tt, a.cT - qt0);
+    qeh = min(a.th, a.cH - qh0);
+    qew = min(a.tw, a.cW - qw0);
+    qrow0 = qb * BR;
+    qcount = min(BR, qet * qeh * qew - qrow0);
+    if (qcount <= 0) return;
+    p.ct = a.win[3 * head];
+    p.ch = a.win[3 * head + 1];
+    p.cw = a.win[3 * head + 2];
+    p.st = axis_start(it, p.ct, a.NT);
+    p.sh = axis_start(ih, p.ch, a.NH);
+    p.sw = axis_start(iw, p.cw, a.NW);
+    p.bpt = (a.tile_vol + BW - 1) / BW;
+    p.n_tblk = p.ct * p.ch * p.cw * p.bpt;
+    p.nkb = p.n_tblk + (a.text_len + BW - 1) / BW;
+  }
+
+  for (int r = tid; r < BR; r += NTHR) {
+    int row = -1;
+    if (r < qcount) {
+      if (p.text) {
+        row = a.V + qrow0 + r;
+      } else {
+        int li = qrow0 + r, ehw = qeh * qew;
+        int dt = li / ehw, rr = li - dt * ehw;
+        int dh = rr / qew, dw = rr - dh * qew;
+        row = ((qt0 + dt) * a.cH + qh0 + dh) * a.cW + qw0 + dw;
+      }
+    }
+    qrow[r] = row;
+  }
+  if (tid == 0) {
+    for (int s = 0; s < STAGES; s++) {
+      mbar_init(&full[s], PTH);
+      mbar_init(&empty[s], 256);
+    }
+    mbar_init(qfull, PTH);
+  }
+  __syncthreads();
+
+  if (wg >= 2) {
+    /* ---- producer ---- */
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n");
+    const int pt = tid - 256;
+    const T *gq = reinterpret_cast<const T *>(a.q) + b * a.q_sb + head * a.q_sh;
+    const T *gk = reinterpret_cast<const T *>(a.k) + b * a.k_sb + head * a.k_sh;
+    const T *gv = reinterpret_cast<const T *>(a.v) + b * a.v_sb + head * a.v_sh;
+    load_rows_sw<T, D, PTH>(sQ, BR, gq, a.q_ss, qrow, BR, pt, a.vec);
+    cp_async_commit();
+    cp_async_wait_all();
+    fence_proxy_async();
+    mbar_arrive(qfull);
+    const bool use_tma = a.tma && !p.text;
+    for (int kb = 0; kb < p.nkb; kb++) {
+      const int s = kb % STAGES, n = kb / STAGES;
+      if (n > 0) mbar_wait(&empty[s], (n - 1) & 1);
+      if (use_tma && kb < p.n_tblk) {
+        /* one thread: 2 t-slices of an 8x8 key tile, K and V, per D/64 */
+        if (pt == 0) {
+          int t0, h0, w0;
+          tma_block_origin(a, p, kb, &t0, &h0, &w0);
+          int hb = a.tma_bfold ? b * a.heads + head : head;
+          mbar_expect_tx(&full[s], 2 * BW * D * (int)sizeof(T));
+#pragma unroll
+          for (int hf = 0; hf < D / 64; hf++) {
+            tma_load_5d(sK + s * BW * D + hf * BW * 64, &a.tmk, hf * 64, w0, h0, t0, hb, &full[s]);
+            tma_load_5d(sV + s * BW * D + hf * BW * 64, &a.tmv, hf * 64, w0, h0, t0, hb, &full[s]);
+          }
+        } else {
+          mbar_arrive(&full[s]);
+        }
+        continue;
+      }
+      int *rt = rowtab + (kb & 1) * BW;
+      int c;
+      if (pt < BW) rt[pt] = key_row<BW>(a, p, kb, pt, &c);
+      bar_named(3, PTH);
+      load_rows_sw<T, D, PTH>(sK + s * BW * D, BW, gk, a.k_ss, rt, BW, pt, a.vec);
+      load_rows_sw<T, D, PTH>(sV + s * BW * D, BW, gv, a.v_ss, rt, BW, pt, a.vec);
+      cp_async_commit();
+      if (use_tma) { /* mixed with TMA blocks: signal this block now */
+        cp_async_wait_all();
+        fence_proxy_async();
+        mbar_arrive(&full[s]);
+      } else if (kb > 0) {
+        cp_async_wait_1();
+        fence_proxy_async();
+        mbar_arrive(&full[(kb - 1) % STAGES]);
+      }
+    }
+    cp_async_wait_all();
+    fence_proxy_async();
+    if (p.nkb > 0 && !use_tma) mbar_arrive(&full[(p.nkb - 1) % STAGES]);
+    return;
+  }
+
+  /* ---- consumers ---- */
+  if (NPROD == 1)
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n");
+  else
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 216;\n");
+  T *go = reinterpret_cast<T *>(a.o) + b * a.o_sb + head * a.o_sh;
+  float o[D / 2];
+#pragma unroll
+  for (int e = 0; e < D / 2; e++) o[e] = 0.f;
+  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
+  const float sl2 = a.scale_log2;
+  const uint64_t dq0 = sdesc(sQ + wg * 64 * 64, 16, 1024);
+  const uint64_t dk0 = sdesc(sK, 16, 1024);
+  const uint64_t dv0 = sdesc(sV, BW * 128, 1024);
+  if (PP && wg == 1) bar_arrive_named(4, 256); /* WG 0 goes first */
+  mbar_wait(qfull, 0);
+
+  for (int i = 0; i < p.nkb; i++) {
+    const int stage = i % STAGES;
+    mbar_wait(&full[stage], (i / STAGES) & 1);
+    int cnt;
+    bool posmask = false; /* TMA block running past the canvas */
+    int bt0 = 0, bh0 = 0, bw0 = 0;
+    if (a.tma && !p.text && i < p.n_tblk) {
+      tma_block_origin(a, p, i, &bt0, &bh0, &bw0);
+      int nt = min(2, a.cT - bt0), nh = min(8, a.cH - bh0), nw = min(8, a.cW - bw0);
+      cnt = nt > 0 ? nt * nh * nw : 0;
+      posmask = cnt > 0 && cnt < BW;
+    } else {
+      (void)key_row<BW>(a, p, i, 0, &cnt);
+    }
+    const uint64_t stage_off = (uint64_t)((stage * BW * D * 2) >> 4);
+    float s[BW / 2];
+    if (PP) bar_named(4 + wg, 256);
+    if (cnt > 0) {
+      sta_wgmma::fence();
+#pragma unroll
+      for (int ks = 0; ks < KS; ks++) {
+        uint64_t qo = (uint64_t)((((ks >> 2) * BR * 128) + (ks & 3) * 32) >> 4);
+        uint64_t ko = (uint64_t)((((ks >> 2) * BW * 128) + (ks & 3) * 32) >> 4);
+        WgOps<T, D>::qk(s, dq0 + qo, dk0 + stage_off + ko, ks > 0);
+      }
+      sta_wgmma::commit();
+    }
+    if (PP && (wg == 0 || i + 1 < p.nkb)) bar_arrive_named(4 + (wg ^ 1), 256);
+    if (cnt > 0) {
+      sta_wgmma::wait<0>();
+      sta_wgmma::pin<BW / 2>(s);
+      if (posmask) {
+#pragma unroll
+        for (int j = 0; j < NJ; j++)
+#pragma unroll
+          for (int e = 0; e < 2; e++) {
+            int col = j * 8 + 2 * (lane & 3) + e;
+            if (bt0 + (col >> 6) >= a.cT || bh0 + ((col >> 3) & 7) >= a.cH ||
+                bw0 + (col & 7) >= a.cW)
+              s[4 * j + e] = s[4 * j + 2 + e] = -INFINITY;
+          }
+      } else if (cnt < BW) {
+#pragma unroll
+        for (int j = 0; j < NJ; j++) {
+          int col = j * 8 + 2 * (lane & 3);
+          if (col >= cnt) s[4 * j] = s[4 * j + 2] = -INFINITY;
+          if (col + 1 >= cnt) s[4 * j + 1] = s[4 * j + 3] = -INFINITY;
+        }
+      }
+      uint32_t pa[BW / 16][4];
+#pragma unroll
+      for (int hr = 0; hr < 2; hr++) {
+        float mx = -INFINITY;
+#pragma unroll
+        for (int j = 0; j < NJ; j++)
+          mx = fmaxf(mx, fmaxf(s[4 * j + 2 * hr], s[4 * j + 2 * hr + 1]));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+        float mnew = fmaxf(m[hr], mx * sl2);
+        float muse = mnew == -INFINITY ? 0.f : mnew;
+        float alpha = ex2(m[hr] - muse);
+        m[hr] = mnew;
+        float sum = 0.f;
+#pragma unroll
+        for (int j = 0; j < NJ; j++) {
+          float p0 = ex2(fmaf(s[4 * j + 2 * hr], sl2, -muse));
+          float p1 = ex2(fmaf(s[4 * j + 2 * hr + 1], sl2, -muse));
+          s[4 * j + 2 * hr] = p0;
+          s[4 * j + 2 * hr + 1] = p1;
+          sum += p0 + p1;
+        }
+        l[hr] = l[hr] * alpha + sum;
+#pragma unroll
+        for (int j = 0; j < DJ; j++) {
+          o[4 * j + 2 * hr] *= alpha;
+          o[4 * j + 2 * hr + 1] *= alpha;
+        }
+      }
+#pragma unroll
+      for (int kk = 0; kk < BW / 16; kk++) {
+        pa[kk][0] = Mma<T>::pack(s[8 * kk + 0], s[8 * kk + 1]);
+        pa[kk][1] = Mma<T>::pack(s[8 * kk + 2], s[8 * kk + 3]);
+        pa[kk][2] = Mma<T>::pack(s[8 * kk + 4], s[8 * kk + 5]);
+        pa[kk][3] = Mma<T>::pack(s[8 * kk + 6], s[8 * kk + 7]);
+      }
+      sta_wgmma::pin<D / 2>(o);
+      sta_wgmma::fence();
+#pragma unroll
+      for (int kk = 0; kk < BW / 16; kk++)
+        WgOps<T, D>::pv(o, pa[kk], dv0 + stage_off + (uint64_t)((kk * 16 * 128) >> 4));
+      sta_wgmma::commit();
+      sta_wgmma::wait<0>();
+      sta_wgmma::pin<D / 2>(o);
+    }
+    mbar_arrive(&empty[stage]);
+  }
+  bar_named(1 + wg, 128);
+
+  const float ln2 = 0.69314718055994530942f;
+#pragma unroll
+  for (int hr = 0; hr < 2; hr++) {
+    float sum = l[hr];
+    sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+    sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+    float inv = sum > 0.f ? 1.f / sum : 0.f;
+    int r = wg * 64 + wq * 16 + (lane >> 2) + 8 * hr;
+#pragma unroll
+    for (int j = 0; j < DJ; j++) {
+      uint32_t v = Mma<T>::pack(o[4 * j + 2 * hr] * inv, o[4 * j + 2 * hr + 1] * inv);
+      *reinterpret_cast<uint32_t *>(sQ + swz(r, j, BR) + 2 * (lane & 3)) = v;
+    }
+    if (a.lse && (lane & 3) == 0) {
+      int row = qrow[r];
+      if (row >= 0)
+        a.lse[b * a.lse_sb + head * a.lse_sh + (int64_t)row * a.lse_ss] =
+            sum > 0.f ? (m[hr] + log2f(sum)) * ln2 : -INFINITY;
+    }
+  }
+  __syncwarp();
+  for (int c = lane; c < 16 * DJ; c += 32) {
+    int r = wg * 64 + wq * 16 + c / DJ, ch = c % DJ;
+    int row = qrow[r];
+    if (row < 0) continue;
+    const T *src = sQ + swz(r, ch, BR);
+    T *dst = go + (int64_t)row * a.o_ss + ch * 8;
+    if (a.vec) {
+      *reinterpret_cast<uint4 *>(dst) = *reinterpret_cast<const uint4 *>(src);
+    } else {
+      const uint16_t *s16 = reinterpret_cast<const uint16_t *>(src);
+      uint16_t *d16 = reinterpret_cast<uint16_t *>(dst);
+#pragma unroll
+      for (int e = 0; e < 8; e++) d16[e] = s16[e];
+    }
+  }
+}
+
+template <typename T, int D, int STAGES, bool PP, int NPROD>
+sta_status launch_ws(AttnArgs &a, int heads, int batch) {
+  constexpr int BR = 128;
+  size_t smem = 1024 + (size_t)(BR * D + 2 * STAGES * BW * D) * sizeof(T) +
+                (2 * STAGES + 1) * sizeof(uint64_t) +
+                (size_t)(2 * BW + BR) * sizeof(int);
+  auto kern = sta_fwd_ws<T, D, STAGES, PP, NPROD>;
+  cudaError_t e = cudaFuncSetAttribute(
+      kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+  if (e != cudaSuccess) return sta_cuda_fail(e, "cudaFuncSetAttribute");
+  int NHW = a.NH * a.NW;
+  a.qbpt = (a.tile_vol + BR - 1) / BR;
+  a.n_text_qblocks = (a.S - a.V + BR - 1) / BR;
+  int64_t gx = (int64_t)a.n_text_qblocks + (int64_t)a.NT * NHW * a.qbpt;
+  if (gx <= 0) return STA_OK;
+  if (gx > 0x7fffffff || heads > 65535 || batch > 65535)
+    return sta_error(STA_ERR_UNSUPPORTED,
+                     "attention: grid too large for the CUDA backend "
+                     "(%lld query blocks, %d heads, batch %d)",
+                     (long long)gx, heads, batch);
+  dim3 grid((unsigned)gx, (unsigned)heads, (unsigned)batch);
+  kern<<<grid, 256 + 128 * NPROD, smem, sta_cuda_stream()>>>(a);
+  e = cudaGetLastError();
+  if (e != cudaSuccess) return sta_cuda_fail(e, "attention kernel launch");
+  return STA_OK;
+}
+
 template <typename T>
 sta_status dispatch(AttnArgs &a, int D, int heads, int batch) {
+  /* 0: warp-specialised wgmma, 2 producer warpgroups (TMA when it fits);
+  ** 1: mma.sync; 2: wgmma, 3 warpgroups in lockstep; 3: as 0 with one
+  ** producer warpgroup; 4: as 0 with ping-pong of the two consumers. */
   int var = sta_cuda_attention_variant();
-  if (D == 64)
-    return var == 1 ? launch<T, 64, 2, 4, false>(a, heads, batch)
-                    : launch_wgmma<T, 64, 2>(a, heads, batch);
+  if (D == 64) {
+    switch (var) {
+    case 1: return launch<T, 64, 2, 4, false>(a, heads, batch);
+    case 2: return launch_wgmma<T, 64, 3>(a, heads, batch);
+    case 3: return launch_ws<T, 64, 3, false, 1>(a, heads, batch);
+    case 4: return launch_ws<T, 64, 3, true, 2>(a, heads, batch);
+    default: return launch_ws<T, 64, 3, false, 2>(a, heads, batch);
+    }
+  }
   switch (var) {
   case 1: return launch<T, 128, 2, 4, false>(a, heads, batch);
   case 2: return launch_wgmma<T, 128, 3>(a, heads, batch);
-  default: return launch_wgmma<T, 128, 2>(a, heads, batch);
+  case 3: return launch_ws<T, 128, 3, false, 1>(a, heads, batch);
+  case 4: return launch_ws<T, 128, 3, true, 2>(a, heads, batch);
+  default: return launch_ws<T, 128, 3, false, 2>(a, heads, batch);
   }
 }
 
 bool aligned16(const void *p) { return ((uintptr_t)p & 15) == 0; }
+
+PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
+  static PFN_cuTensorMapEncodeTiled_v12000 fn = [] {
+    void *f = NULL;
+    cudaDriverEntryPointQueryResult q;
+    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &f, 12000,
+                                         cudaEnableDefault, &q) != cudaSuccess ||
+        q != cudaDriverEntryPointSuccess) {
+      (void)cudaGetLastError();
+      f = NULL;
+    }
+    return (PFN_cuTensorMapEncodeTiled_v12000)f;
+  }();
+  return fn;
+}
+
+/* K or V as (D, W, H, T, heads[*batch]) with an 8x8x2 box of 64 columns,
+** 128-byte swizzle: the layout the wgmma kernels read. */
+bool encode_tile_map(CUtensorMap *m, const void *base, const sta_attn_params *p,
+                     int64_t ss, int64_t sh, int64_t nhb) {
+  PFN_cuTensorMapEncodeTiled_v12000 enc = tensor_map_encoder();
+  if (!enc) return false;
+  cuuint64_t dims[5] = {(cuuint64_t)p->head_dim, (cuuint64_t)p->canvas[2],
+                        (cuuint64_t)p->canvas[1], (cuuint64_t)p->canvas[0],
+                        (cuuint64_t)nhb};
+  cuuint64_t strides[4] = {(cuuint64_t)ss * 2, (cuuint64_t)(ss * p->canvas[2] * 2),
+                           (cuuint64_t)(ss * p->canvas[2] * p->canvas[1] * 2),
+                           (cuuint64_t)sh * 2};
+  cuuint32_t box[5] = {64, 8, 8, 2, 1}, es[5] = {1, 1, 1, 1, 1};
+  CUresult r = enc(m, p->dtype == STA_BF16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16
+                                           : CU_TENSOR_MAP_DATA_TYPE_FLOAT16,
+                   5, const_cast<void *>(base), dims, strides, box, es,
+                   CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                   CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                   CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  return r == CUDA_SUCCESS;
+}
+
+/* TMA for the tile blocks: 8x8 tiles in h, w, an even tt (blocks of 2
+** t-slices), 16-byte strides, and batch 1 or batch folded into heads.
+** Border tiles run past the canvas: zero-filled, masked by position. */
+void setup_tma(AttnArgs &x, const sta_attn_params *p) {
+  x.tma = 0;
+  if (getenv("STA_NO_TMA") || !x.vec) return;
+  if (p->tile[1] != 8 || p->tile[2] != 8 || p->tile[0] % 2) return;
+  if (p->heads * p->batch > 0x7fffffff) return;
+  int fold_k = p->k_sb == p->heads * p->k_sh, fold_v = p->v_sb == p->heads * p->v_sh;
+  int fold = p->batch > 1;
+  if (fold && !(fold_k && fold_v)) return;
+  int64_t nhb = fold ? p->heads * p->batch : p->heads;
+  if (!encode_tile_map(&x.tmk, p->k, p, p->k_ss, p->k_sh, nhb) ||
+      !encode_tile_map(&x.tmv, p->v, p, p->v_ss, p->v_sh, nhb))
+    return;
+  x.tma = 1;
+  x.tma_bfold = fold;
+}
 
 } /* namespace */
 
 int sta_cuda_attention_variant(void) {
   const char *s = getenv("STA_CUDA_VARIANT"); /* read per call: benchmarks */
   int x = s ? atoi(s) : 0;
-  return (x >= 0 && x <= 2) ? x : 0;
+  return (x >= 0 && x <= 4) ? x : 0;
 }
 
 sta_status sta_cuda_attention(const sta_attn_params *p) {
@@ -883,7 +1342,10 @@ sta_status sta_cuda_attention(const sta_attn_params *p) {
   if (p->batch == 0 || p->heads == 0 || p->seq_len == 0) return STA_OK;
 
   /* 6 KB: off the stack; the launch copies it */
-  AttnArgs *ap = (AttnArgs *)calloc(1, sizeof(AttnArgs));
+  const size_t al = alignof(AttnArgs);
+  size_t asz = (sizeof(AttnArgs) + al - 1) & ~(al - 1);
+  AttnArgs *ap = (AttnArgs *)aligned_alloc(al, asz); /* for CUtensorMap */
+  if (ap) memset(ap, 0, asz);
   if (!ap) return sta_error(STA_ERR_NOMEM, "attention: out of host memory");
   AttnArgs &x = *ap;
   x.q = p->q;
@@ -912,6 +1374,8 @@ sta_status sta_cuda_attention(const sta_attn_params *p) {
     if (st[i] % 8) vec = 0;
   x.vec = vec;
   x.vswap = getenv("STA_WG_VSWAP") ? 1 : 0;
+  x.heads = (int)p->heads;
+  setup_tma(x, p);
   for (int64_t h = 0; h < p->heads; h++)
     for (int ax = 0; ax < 3; ax++) {
       int k = p->windows[3 * h + ax], c = p->grid[ax];
