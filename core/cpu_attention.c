@@ -68,8 +68,9 @@ static inline float exp2_neg(float v) {
 
 #ifdef __AVX512F__
 /* 2^x of 16 lanes (x <= 0): the same polynomial, scalef does the exponent
-** and flushes below 2^-149 to zero. */
+** and flushes below 2^-149 to zero; NaN stays NaN. */
 static inline __m512 exp2_neg16(__m512 x) {
+  x = _mm512_max_ps(_mm512_set1_ps(-150.0f), x); /* -Inf -> 0, NaN stays */
   __m512 n = _mm512_roundscale_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
   __m512 f = _mm512_sub_ps(x, n);
   __m512 y = _mm512_set1_ps(1.535336188319500e-4f);

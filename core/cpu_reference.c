@@ -21,15 +21,20 @@ static int axis_member(int64_t qt, int64_t kt, int64_t k, int64_t c) {
   return d >= -r && d <= r;
 }
 
-/* Does query row s attend to key row j? */
+/* Token coordinates (t, h, w) of video row s. */
+static void coords(const sta_attn_params *p, int64_t s, int64_t c[3]) {
+  int64_t H = p->canvas[1], W = p->canvas[2];
+  c[0] = s / (H * W); c[1] = (s / W) % H; c[2] = s % W;
+}
+
+/* Does query row s (coordinates qc when video) attend to key row j? */
 static int is_key(const sta_attn_params *p, const int32_t *win, int64_t s,
-                  int64_t j) {
+                  const int64_t qc[3], int64_t j) {
   int64_t vl = p->video_len;
   if (j >= vl + p->text_len) return 0;
   if (j >= vl || s >= vl) return 1;
-  int64_t H = p->canvas[1], W = p->canvas[2];
-  int64_t qc[3] = {s / (H * W), (s / W) % H, s % W};
-  int64_t kc[3] = {j / (H * W), (j / W) % H, j % W};
+  int64_t kc[3];
+  coords(p, j, kc);
   for (int i = 0; i < 3; i++) {
     int64_t c = (p->canvas[i] + p->tile[i] - 1) / p->tile[i];
     if (!axis_member(qc[i] / p->tile[i], kc[i] / p->tile[i], win[i], c)) return 0;
@@ -42,27 +47,29 @@ sta_status sta_cpu_attention_reference(const sta_attn_params *p) {
   int64_t rows = p->batch * p->heads * S;
   int nt = sta_get_num_threads();
   size_t es = sta_dtype_size(p->dtype);
-  size_t per = (size_t)(keys + D);
+  size_t per = (size_t)(keys + 2 * D);
   double *buf = sta_malloc(sizeof(double) * per * (size_t)nt);
   if (!buf) return sta_error(STA_ERR_NOMEM, "out of host memory (reference buffers)");
   #pragma omp parallel num_threads(nt)
   {
     int tid = omp_get_thread_num();
-    double *logit = buf + per * (size_t)tid, *acc = logit + keys;
+    double *logit = buf + per * (size_t)tid, *acc = logit + keys, *qd = acc + D;
     #pragma omp for schedule(dynamic, 16)
     for (int64_t r = 0; r < rows; r++) {
       int64_t b = r / (p->heads * S), h = (r / S) % p->heads, s = r % S;
       const int32_t *win = p->windows + 3 * h;
       const char *q = (const char *)p->q + (b * p->q_sb + s * p->q_ss + h * p->q_sh) * (int64_t)es;
       double m = -INFINITY;
+      int64_t qc[3] = {0, 0, 0};
+      if (s < p->video_len) coords(p, s, qc);
+      for (int64_t d = 0; d < D; d++) qd[d] = sta_load_f32(q + d * es, p->dtype);
       for (int64_t j = 0; j < keys; j++) {
         /* -Inf marks "not a key" (a real -Inf logit has weight 0 anyway);
         ** NaN logits must reach the sum, so NaN inputs give NaN rows */
-        if (!is_key(p, win, s, j)) { logit[j] = -INFINITY; continue; }
+        if (!is_key(p, win, s, qc, j)) { logit[j] = -INFINITY; continue; }
         const char *k = (const char *)p->k + (b * p->k_sb + j * p->k_ss + h * p->k_sh) * (int64_t)es;
         double dot = 0;
-        for (int64_t d = 0; d < D; d++)
-          dot += (double)sta_load_f32(q + d * es, p->dtype) * (double)sta_load_f32(k + d * es, p->dtype);
+        for (int64_t d = 0; d < D; d++) dot += qd[d] * (double)sta_load_f32(k + d * es, p->dtype);
         logit[j] = dot * (double)p->scale;
         if (logit[j] > m) m = logit[j];
       }
