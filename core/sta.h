@@ -560,10 +560,15 @@ sta_status sta_comm_loopback(sta_comm **comms, int32_t size);
 ** saying which. */
 sta_status sta_comm_nccl(sta_comm **out, int32_t rank, int32_t size,
                          const char *id_file, int32_t device);
+/* TCP rank of size ranks on this machine (127.0.0.1, a star through rank
+** 0, whose port goes through id_file as for NCCL); CPU memory only.  For
+** processes without GPUs: tests, the launcher on a CPU machine. */
+sta_status sta_comm_tcp(sta_comm **out, int32_t rank, int32_t size,
+                        const char *id_file);
 /* From the launcher's environment (scripts/sta-launch): STA_RANK (0),
 ** STA_WORLD_SIZE (1), STA_LOCAL_RANK (STA_RANK; the CUDA device),
 ** STA_DIST_ID_FILE (needed when the world size > 1), STA_DIST_BACKEND
-** ("nccl", the default, or "loopback" for a world of one). */
+** ("nccl", the default; "tcp"; or "loopback" for a world of one). */
 sta_status sta_comm_from_env(sta_comm **out);
 void sta_comm_destroy(sta_comm *c);
 int32_t sta_comm_rank(const sta_comm *c);

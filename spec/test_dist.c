@@ -622,6 +622,118 @@ static void test_custom_transport(void **state) {
   assert_int_equal(bad.destroyed, 0);
 }
 
+/* ---- TCP: ranks as threads here (as processes under scripts/sta-launch) ----------- */
+
+typedef struct tcp_job {
+  int32_t rank, size;
+  const char *id_file;
+  const sta_attention_desc *desc;
+  sta_tensor *q, *k, *v, *o;
+  sta_status rc;
+  char msg[256];
+} tcp_job;
+
+static void *tcp_thread(void *p) {
+  tcp_job *j = p;
+  sta_comm *c = NULL;
+  j->rc = sta_comm_tcp(&c, j->rank, j->size, j->id_file);
+  if (j->rc == STA_OK && (sta_comm_rank(c) != j->rank || sta_comm_size(c) != j->size))
+    j->rc = sta_error(STA_ERR_STATE, "rank/size mismatch");
+  if (j->rc == STA_OK) j->rc = sta_comm_barrier(c);
+  if (j->rc == STA_OK) j->rc = sta_sp_attention(c, j->desc, j->q, j->k, j->v, j->o);
+  if (j->rc == STA_OK) j->rc = sta_comm_barrier(c);
+  snprintf(j->msg, sizeof j->msg, "%s", j->rc == STA_OK ? "" : sta_last_error());
+  sta_comm_destroy(c);
+  return NULL;
+}
+
+static void test_tcp_transport(void **state) {
+  (void)state;
+  char id_file[64];
+  int32_t w[3 * 6] = {1, 1, 1, 3, 1, 3, 1, 3, 1, 3, 3, 3, 1, 1, 3, 3, 1, 1};
+  sta_attention_desc d;
+  memset(&d, 0, sizeof d);
+  sta_geometry_init(&d.geom, 4, 6, 6);
+  d.geom.tile[0] = 2; d.geom.tile[1] = 3; d.geom.tile[2] = 3;
+  d.n_windows = 6;
+  d.windows = w;
+  int64_t text = 5, v = 144;
+  sta_tensor *fq = randn4(STA_F32, STA_BSHD, 1, v + text, 6, 8);
+  sta_tensor *fk = randn4(STA_F32, STA_BSHD, 1, v + text, 6, 8);
+  sta_tensor *fv = randn4(STA_F32, STA_BSHD, 1, v + text, 6, 8);
+  sta_tensor *fo = new4(STA_F32, STA_BSHD, 1, v + text, 6, 8);
+  assert_int_equal(sta_attention_forward(&d, fq, fk, fv, fo, NULL), STA_OK);
+  for (int32_t p = 1; p <= 3; p++) {
+    tcp_job jobs[3];
+    pthread_t th[3];
+    snprintf(id_file, sizeof id_file, "/tmp/sta-test-dist-%d-tcp%d.id", (int)getpid(), (int)p);
+    remove(id_file);
+    for (int32_t r = 0; r < p; r++) {
+      tcp_job *j = &jobs[r];
+      memset(j, 0, sizeof *j);
+      j->rank = r; j->size = p; j->id_file = id_file; j->desc = &d;
+      j->q = new4(STA_F32, STA_BSHD, 1, v / p + text, 6, 8);
+      j->k = new4(STA_F32, STA_BSHD, 1, v / p + text, 6, 8);
+      j->v = new4(STA_F32, STA_BSHD, 1, v / p + text, 6, 8);
+      j->o = new4(STA_F32, STA_BSHD, 1, v / p + text, 6, 8);
+      assert_int_equal(sta_sp_shard(j->q, fq, &d.geom, STA_BSHD, r, p), STA_OK);
+      assert_int_equal(sta_sp_shard(j->k, fk, &d.geom, STA_BSHD, r, p), STA_OK);
+      assert_int_equal(sta_sp_shard(j->v, fv, &d.geom, STA_BSHD, r, p), STA_OK);
+      assert_int_equal(pthread_create(&th[r], NULL, tcp_thread, j), 0);
+    }
+    for (int32_t r = 0; r < p; r++) pthread_join(th[r], NULL);
+    for (int32_t r = 0; r < p; r++) {
+      tcp_job *j = &jobs[r];
+      if (j->rc != STA_OK) fail_msg("P=%d rank %d: %s", (int)p, (int)r, j->msg);
+      sta_tensor *want = new4(STA_F32, STA_BSHD, 1, v / p + text, 6, 8);
+      assert_int_equal(sta_sp_shard(want, fo, &d.geom, STA_BSHD, r, p), STA_OK);
+      assert_bitwise(j->o, want);
+      sta_tensor_destroy(want);
+      sta_tensor_destroy(j->q);
+      sta_tensor_destroy(j->k);
+      sta_tensor_destroy(j->v);
+      sta_tensor_destroy(j->o);
+    }
+    remove(id_file);
+  }
+  sta_tensor_destroy(fq);
+  sta_tensor_destroy(fk);
+  sta_tensor_destroy(fv);
+  sta_tensor_destroy(fo);
+  /* errors: arguments, no rank 0, a file that is not a TCP bootstrap */
+  sta_comm *c = (sta_comm *)0x1;
+  expect_error(sta_comm_tcp(&c, 0, 2, NULL), STA_ERR_ARGUMENT,
+               "id_file: expected a path to share the TCP port (world size 2)");
+  expect_error(sta_comm_tcp(&c, 3, 2, "/tmp/x"), STA_ERR_ARGUMENT, "rank: expected 0..1, got 3");
+  expect_error(sta_comm_tcp(&c, 0, 65, "/tmp/x"), STA_ERR_ARGUMENT,
+               "size: expected 1..64 ranks, got 65");
+  snprintf(id_file, sizeof id_file, "/tmp/sta-test-dist-%d-none.id", (int)getpid());
+  remove(id_file);
+  setenv("STA_DIST_TIMEOUT", "0.1", 1);
+  char want[256];
+  snprintf(want, sizeof want,
+           "id_file: rank 1 waited 0.1 s for \"%s\" from rank 0 (STA_DIST_TIMEOUT); "
+           "is rank 0 running?", id_file);
+  expect_error(sta_comm_tcp(&c, 1, 2, id_file), STA_ERR_IO, want);
+  FILE *f = fopen(id_file, "wb");
+  assert_non_null(f);
+  fwrite("0123456789ab", 1, 12, f);
+  fclose(f);
+  snprintf(want, sizeof want, "id_file: \"%s\" holds no sta-tcp bootstrap (an NCCL id?)", id_file);
+  expect_error(sta_comm_tcp(&c, 1, 2, id_file), STA_ERR_FORMAT, want);
+  f = fopen(id_file, "wb");
+  fwrite("01234", 1, 5, f);
+  fclose(f);
+  snprintf(want, sizeof want, "id_file: \"%s\" holds 5 bytes, expected 12", id_file);
+  expect_error(sta_comm_tcp(&c, 1, 2, id_file), STA_ERR_FORMAT, want);
+  remove(id_file);
+  expect_error(sta_comm_tcp(&c, 0, 2, id_file), STA_ERR_IO,
+               "tcp: rank 0 waited 0.1 s for rank connections (0 of 1 came; STA_DIST_TIMEOUT)");
+  remove(id_file);
+  setenv("STA_DIST_TIMEOUT", "30", 1);
+  assert_ptr_equal(c, (sta_comm *)0x1);
+}
+
 /* ---- errors ------------------------------------------------------------------------ */
 
 /* One rank's call on a world of p, failing before any collective. */
@@ -911,7 +1023,7 @@ static void test_errors_nccl_env(void **state) {
                "STA_DIST_BACKEND: loopback joins no other process (STA_WORLD_SIZE 2); use nccl");
   setenv("STA_DIST_BACKEND", "mpi", 1);
   expect_error(sta_comm_from_env(&c), STA_ERR_ENV,
-               "STA_DIST_BACKEND: expected nccl or loopback, got \"mpi\"");
+               "STA_DIST_BACKEND: expected nccl, tcp or loopback, got \"mpi\"");
   unsetenv("STA_DIST_BACKEND");
   expect_error(sta_comm_from_env(&c), STA_ERR_ARGUMENT,
                "id_file: expected a path to share the NCCL id (world size 2)");
@@ -980,6 +1092,7 @@ int main(void) {
     cmocka_unit_test(test_sp_layer_strategy),
     cmocka_unit_test(test_sp_layer_search),
     cmocka_unit_test(test_custom_transport),
+    cmocka_unit_test(test_tcp_transport),
     cmocka_unit_test(test_errors_sp_attention),
     cmocka_unit_test(test_errors_shard),
     cmocka_unit_test(test_errors_comm),
