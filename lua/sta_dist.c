@@ -95,7 +95,8 @@ static int d_loopback(lua_State *L) {
   return 1;
 }
 
-/* _init(nil) from the environment, or _init(rank, size, id_file, device) */
+/* _init(nil) from the environment, or _init(rank, size, id_file, device,
+** backend) with backend "nccl" (default) or "tcp" */
 static int d_init(lua_State *L) {
   LComm *u;
   sta_status rc;
@@ -106,8 +107,12 @@ static int d_init(lua_State *L) {
     int32_t rank = (int32_t)luaL_checkinteger(L, 1), size = (int32_t)luaL_checkinteger(L, 2);
     const char *id = luaL_optstring(L, 3, NULL);
     int32_t dev = (int32_t)luaL_optinteger(L, 4, -1);
+    const char *be = luaL_optstring(L, 5, "nccl");
+    if (strcmp(be, "nccl") != 0 && strcmp(be, "tcp") != 0)
+      return misuse(L, "backend: expected \"nccl\" or \"tcp\", got '%s'", be);
     u = push_comm(L);
-    rc = sta_comm_nccl(&u->c, rank, size, id, dev);
+    rc = strcmp(be, "tcp") == 0 ? sta_comm_tcp(&u->c, rank, size, id)
+                                : sta_comm_nccl(&u->c, rank, size, id, dev);
   }
   if (rc == STA_OK) return 1;
   /* no NCCL, no GPU, a bad environment: an expected failure */

@@ -265,4 +265,27 @@ describe("sta.dist", function()
         1, true), out)
     end
   end)
+
+  it("runs sp_pipeline as separate processes over TCP with scripts/sta-launch", function()
+    for _, n in ipairs { 4 } do
+      local p = io.popen(("STA_DIST_BACKEND=tcp scripts/sta-launch -n %d examples/sp_pipeline.lua "
+        .. "--seed %d 2>&1"):format(n, H.seed()))
+      local out = p:read("a")
+      local ok = p:close()
+      assert.is_true(ok, out)
+      for r = 0, n - 1 do
+        assert.truthy(out:find(("[%d] sp small P=%d rank %d cpu f32: max|diff| 0 rel 0 ok (bitwise)"):format(
+          r, n, r), 1, true), out)
+      end
+    end
+    local c = dist.init { backend = "tcp" } -- a world of one
+    assert.equal("sta.Comm(tcp, rank 0 of 1)", tostring(c))
+    assert.is_true(c:barrier())
+    assert.equal("backend: expected \"nccl\" or \"tcp\", got 'mpi'", H.error_of(dist.init, { backend = "mpi" }))
+    -- rank 0 cannot publish its port: an environment failure
+    local none, msg, code = dist.init { backend = "tcp", rank = 0, size = 2, id_file = "/nonexistent/dir/id" }
+    assert.is_nil(none)
+    assert.equal(sta.status.IO, code)
+    assert.truthy(msg:find("^id_file: cannot open \"/nonexistent/dir/id%.tmp%.%d+\": No such file or directory$"), msg)
+  end)
 end)

@@ -11,7 +11,7 @@ V % P and H % P must be 0.
   dist.init()                     NCCL communicator from scripts/sta-launch's
                                   environment (STA_RANK, STA_WORLD_SIZE, ...);
                                   nil, message, code without NCCL or a GPU
-  dist.init{rank=, size=, id_file=, device=}
+  dist.init{rank=, size=, id_file=, device=, backend="nccl"|"tcp"}
   dist.loopback(P)                P communicators of one in-process world
   dist.rank(), dist.size()        from the environment, without a communicator
   comm:rank() comm:size() comm:name() comm:barrier()
@@ -82,15 +82,16 @@ function dist.rank() return env_int("STA_RANK", 0) end
 function dist.size() return env_int("STA_WORLD_SIZE", 1) end
 function dist.local_rank() return env_int("STA_LOCAL_RANK", dist.rank()) end
 
---- A communicator: from the environment (no argument) or explicit NCCL
--- settings {rank=, size=, id_file=, device=}.  No NCCL library, no GPU or
--- a bad environment: nil, message, code.
+--- A communicator: from the environment (no argument) or explicit settings
+-- {rank=, size=, id_file=, device=, backend=} (backend "nccl", the default,
+-- or "tcp": CPU processes).  No NCCL library, no GPU or a bad environment:
+-- nil, message, code.
 function dist.init(opts)
   if opts == nil then return C._init() end
   if type(opts) ~= "table" then
     error(("options: expected a table, got %s"):format(type(opts)), 0)
   end
-  return C._init(opts.rank or 0, opts.size or 1, opts.id_file, opts.device or -1)
+  return C._init(opts.rank or 0, opts.size or 1, opts.id_file, opts.device or -1, opts.backend)
 end
 
 local comm_methods = debug.getregistry()["sta.Comm"].methods
