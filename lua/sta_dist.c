@@ -143,20 +143,17 @@ static int c_barrier(lua_State *L) {
   lua_pushboolean(L, 1);
   return 1;
 }
-static int c_all_to_all(lua_State *L) {
+/* comm:all_to_all(send, recv) / comm:all_gather(send, recv) -> recv */
+static int collective(lua_State *L, int gather) {
   sta_comm *c = comm_at(L, 1);
-  sta_status rc = sta_comm_all_to_all(c, tensor_at(L, 2, "send"), tensor_at(L, 3, "recv"));
+  sta_tensor *send = tensor_at(L, 2, "send"), *recv = tensor_at(L, 3, "recv");
+  sta_status rc = gather ? sta_comm_all_gather(c, send, recv) : sta_comm_all_to_all(c, send, recv);
   if (rc != STA_OK) return fail(L, rc);
   lua_settop(L, 3);
   return 1;
 }
-static int c_all_gather(lua_State *L) {
-  sta_comm *c = comm_at(L, 1);
-  sta_status rc = sta_comm_all_gather(c, tensor_at(L, 2, "send"), tensor_at(L, 3, "recv"));
-  if (rc != STA_OK) return fail(L, rc);
-  lua_settop(L, 3);
-  return 1;
-}
+static int c_all_to_all(lua_State *L) { return collective(L, 0); }
+static int c_all_gather(lua_State *L) { return collective(L, 1); }
 static int c_tostring(lua_State *L) {
   LComm *u = luaL_checkudata(L, 1, COMM);
   if (!u->c) lua_pushliteral(L, "sta.Comm(released)");
