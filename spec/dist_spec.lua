@@ -289,3 +289,43 @@ describe("sta.dist", function()
     assert.truthy(msg:find("^id_file: cannot open \"/nonexistent/dir/id%.tmp%.%d+\": No such file or directory$"), msg)
   end)
 end)
+
+describe("sta.dist on the GPU #gpu", function()
+  local have = sta.backend_available("cuda")
+
+  it("moves CUDA memory in a loopback world: SP == single-device on the GPU", function()
+    if not have then return end
+    local opts = { canvas = { 6, 16, 24 }, tile = { 6, 8, 8 }, text_len = 20,
+      window = { { 1, 1, 1 }, { 1, 3, 3 }, { 1, 1, 3 }, { 1, 3, 1 } } }
+    local shape = { 1, 2304 + 24, 4, 64 }
+    local q = H.randn(shape, { dtype = "bf16", device = "cuda" })
+    local k = H.randn(shape, { dtype = "bf16", device = "cuda" })
+    local v = H.randn(shape, { dtype = "bf16", device = "cuda" })
+    local ref = sta.attention(q, k, v, opts)
+    for _, p in ipairs { 1, 2, 4 } do
+      local comms = dist.loopback(p)
+      local outs = dist.run_attention(comms, shards(q, opts, p), shards(k, opts, p), shards(v, opts, p), opts)
+      assert.equal("cuda:0", outs[1]:device())
+      local _, rel = dist.unshard(outs, opts):compare(ref)
+      assert.is_true(rel < 1e-3, ("P=%d rel %g"):format(p, rel))
+    end
+  end)
+
+  it("runs a world of one through NCCL when libnccl is found", function()
+    if not have then return end
+    local c, msg = dist.init { rank = 0, size = 1, device = 0 }
+    if not c then
+      print("sta.dist: no NCCL world (" .. msg .. "); set STA_NCCL_LIB (scripts/test-dist-gpu finds it)")
+      return
+    end
+    assert.equal("nccl", c:name())
+    local opts = { canvas = { 6, 16, 16 }, tile = { 6, 8, 8 }, window = { 1, 1, 1 } }
+    local q = H.randn({ 1, 1536 + 8, 2, 128 }, { dtype = "bf16", device = "cuda" })
+    local out = c:attention(q, q, q, opts)
+    local _, rel = out:compare(sta.attention(q, q, q, opts))
+    assert.is_true(rel < 1e-3, "rel " .. rel)
+    assert.is_true(c:barrier())
+    assert.equal("send: on cpu, but the nccl communicator does not move cpu memory",
+      H.error_of(c.all_gather, c, H.randn({ 2 }), H.randn({ 2 })))
+  end)
+end)
