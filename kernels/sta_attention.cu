@@ -14,7 +14,12 @@
 ** Tensor cores through mma.sync m16n8k16 (bf16/f16 in, f32 accumulate),
 ** ldmatrix from XOR-swizzled shared memory, cp.async double buffering of K
 ** and V, online softmax in the exp2 domain (FlashAttention-2 layout: each
-** warp owns 16*MT query rows).
+** warp owns 16*MT query rows): the portable fallback (STA_CUDA_VARIANT=1).
+**
+** The default on sm_90a is the warp-specialised wgmma kernel further down
+** (sta_fwd_ws): producer warpgroups fill a 3-stage K/V ring (TMA 5-D tile
+** loads straight from untiled memory for 8x8 h/w tiles, else a cp.async
+** gather), two consumer warpgroups run wgmma + online softmax.
 */
 #include <cuda.h> /* CUtensorMap (types only: no -lcuda) */
 #include <cuda_bf16.h>
@@ -47,7 +52,6 @@ struct AttnArgs {
   int64_t q_sb, q_ss, q_sh, k_sb, k_ss, k_sh, v_sb, v_ss, v_sh;
   int64_t o_sb, o_ss, o_sh, lse_sb, lse_sh, lse_ss;
   int S, V, text_len, vec, heads;
-  int vswap; /* debug: swap LBO/SBO of the V descriptor (STA_WG_VSWAP) */
   int cT, cH, cW, tt, th, tw, NT, NH, NW, tile_vol;
   int qbpt;           /* query blocks per tile */
   int n_text_qblocks; /* blocks of text query rows */
@@ -594,260 +598,6 @@ template <> struct WgOps<__half, 64> {
   static __device__ __forceinline__ void pv(float *d, const uint32_t *a, uint64_t b) { sta_wgmma::rs_n64_f16_tb(d, a, b, 1); }
 };
 
-template <typename T, int D, int NWG>
-__global__ void __launch_bounds__(NWG * 128, 1)
-    sta_fwd_wgmma(const __grid_constant__ AttnArgs a) {
-  constexpr int NTH = NWG * 128, BR = 64 * NWG, KS = D / 16, NJ = BW / 8,
-                DJ = D / 8;
-  extern __shared__ unsigned char smem_raw[];
-  unsigned char *base = reinterpret_cast<unsigned char *>(
-      (reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~(uintptr_t)1023);
-  T *sQ = reinterpret_cast<T *>(base);
-  T *sK = sQ + BR * D;     /* [2][BW][D] */
-  T *sV = sK + 2 * BW * D; /* [2][BW][D] */
-  int *rowtab = reinterpret_cast<int *>(sV + 2 * BW * D); /* [2][BW] */
-  int *qrow = rowtab + 2 * BW;                            /* [BR] */
-
-  const int tid = threadIdx.x, lane = tid & 31;
-  const int wg = tid >> 7, wq = (tid >> 5) & 3; /* warpgroup, warp in it */
-  const int head = blockIdx.y, b = blockIdx.z;
-  const int bx = blockIdx.x;
-
-  KeyPlan p;
-  p.text = bx < a.n_text_qblocks;
-  int qrow0 = 0, qcount = 0;
-  int qt0 = 0, qh0 = 0, qw0 = 0, qeh = 0, qew = 0;
-  if (p.text) {
-    qrow0 = bx * BR;
-    qcount = min(BR, a.S - a.V - qrow0);
-    p.st = p.sh = p.sw = p.ct = p.ch = p.cw = p.bpt = p.n_tblk = 0;
-    p.nkb = (a.V + a.text_len + BW - 1) / BW;
-  } else {
-    int vb = bx - a.n_text_qblocks;
-    int tl = vb / a.qbpt, qb = vb - tl * a.qbpt;
-    int it = tl / (a.NH * a.NW), rem = tl - it * (a.NH * a.NW);
-    int ih = rem / a.NW, iw = rem - ih * a.NW;
-    qt0 = it * a.tt;
-    qh0 = ih * a.th;
-    qw0 = iw * a.tw;
-    int qet = min(a.tt, a.cT - qt0);
-    qeh = min(a.th, a.cH - qh0);
-    qew = min(a.tw, a.cW - qw0);
-    qrow0 = qb * BR;
-    qcount = min(BR, qet * qeh * qew - qrow0);
-    if (qcount <= 0) return;
-    p.ct = a.win[3 * head];
-    p.ch = a.win[3 * head + 1];
-    p.cw = a.win[3 * head + 2];
-    p.st = axis_start(it, p.ct, a.NT);
-    p.sh = axis_start(ih, p.ch, a.NH);
-    p.sw = axis_start(iw, p.cw, a.NW);
-    p.bpt = (a.tile_vol + BW - 1) / BW;
-    p.n_tblk = p.ct * p.ch * p.cw * p.bpt;
-    p.nkb = p.n_tblk + (a.text_len + BW - 1) / BW;
-  }
-
-  const T *gq = reinterpret_cast<const T *>(a.q) + b * a.q_sb + head * a.q_sh;
-  const T *gk = reinterpret_cast<const T *>(a.k) + b * a.k_sb + head * a.k_sh;
-  const T *gv = reinterpret_cast<const T *>(a.v) + b * a.v_sb + head * a.v_sh;
-  T *go = reinterpret_cast<T *>(a.o) + b * a.o_sb + head * a.o_sh;
-
-  for (int r = tid; r < BR; r += NTH) {
-    int row = -1;
-    if (r < qcount) {
-      if (p.text) {
-        row = a.V + qrow0 + r;
-      } else {
-        int li = qrow0 + r, ehw = qeh * qew;
-        int dt = li / ehw, rr = li - dt * ehw;
-        int dh = rr / qew, dw = rr - dh * qew;
-        row = ((qt0 + dt) * a.cH + qh0 + dh) * a.cW + qw0 + dw;
-      }
-    }
-    qrow[r] = row;
-  }
-  for (int j = tid; j < 2 * BW; j += NTH) {
-    int kb = j / BW, c;
-    rowtab[j] = kb < p.nkb ? key_row<BW>(a, p, kb, j % BW, &c) : -1;
-  }
-  __syncthreads();
-  load_rows_sw<T, D, NTH>(sQ, BR, gq, a.q_ss, qrow, BR, tid, a.vec);
-  cp_async_commit();
-  load_rows_sw<T, D, NTH>(sK, BW, gk, a.k_ss, rowtab, BW, tid, a.vec);
-  load_rows_sw<T, D, NTH>(sV, BW, gv, a.v_ss, rowtab, BW, tid, a.vec);
-  cp_async_commit();
-
-  float o[D / 2];
-#pragma unroll
-  for (int e = 0; e < D / 2; e++) o[e] = 0.f;
-  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
-  const float sl2 = a.scale_log2;
-  /* descriptors: Q rows of this warpgroup; K and V of stage 0 */
-  const uint64_t dq0 = sdesc(sQ + wg * 64 * 64, 16, 1024);
-  const uint64_t dk0 = sdesc(sK, 16, 1024);
-  const uint64_t dv0 = a.vswap ? sdesc(sV, 1024, BW * 128)
-                                : sdesc(sV, BW * 128, 1024);
-
-  for (int i = 0; i < p.nkb; i++) {
-    cp_async_wait_all();
-    fence_proxy_async();
-    __syncthreads();
-    const int stage = i & 1;
-    if (i + 1 < p.nkb) {
-      const int *rt = rowtab + ((i + 1) & 1) * BW;
-      load_rows_sw<T, D, NTH>(sK + (stage ^ 1) * BW * D, BW, gk, a.k_ss, rt,
-                              BW, tid, a.vec);
-      load_rows_sw<T, D, NTH>(sV + (stage ^ 1) * BW * D, BW, gv, a.v_ss, rt,
-                              BW, tid, a.vec);
-    }
-    cp_async_commit();
-    if (i + 2 < p.nkb) {
-      for (int j = tid; j < BW; j += NTH) {
-        int c;
-        rowtab[stage * BW + j] = key_row<BW>(a, p, i + 2, j, &c);
-      }
-    }
-    int cnt;
-    (void)key_row<BW>(a, p, i, 0, &cnt);
-    if (cnt <= 0) continue;
-
-    /* S = Q K^T (stage offsets in 16-byte units inside the descriptor) */
-    const uint64_t stage_off = (uint64_t)((stage * BW * D * 2) >> 4);
-    float s[BW / 2];
-    sta_wgmma::fence();
-#pragma unroll
-    for (int ks = 0; ks < KS; ks++) {
-      uint64_t qo = (uint64_t)((((ks >> 2) * BR * 128) + (ks & 3) * 32) >> 4);
-      uint64_t ko = (uint64_t)((((ks >> 2) * BW * 128) + (ks & 3) * 32) >> 4);
-      WgOps<T, D>::qk(s, dq0 + qo, dk0 + stage_off + ko, ks > 0);
-    }
-    sta_wgmma::commit();
-    sta_wgmma::wait<0>();
-    sta_wgmma::pin<BW / 2>(s);
-
-    if (cnt < BW) {
-#pragma unroll
-      for (int j = 0; j < NJ; j++) {
-        int col = j * 8 + 2 * (lane & 3);
-        if (col >= cnt) s[4 * j] = s[4 * j + 2] = -INFINITY;
-        if (col + 1 >= cnt) s[4 * j + 1] = s[4 * j + 3] = -INFINITY;
-      }
-    }
-    uint32_t pa[BW / 16][4];
-#pragma unroll
-    for (int hr = 0; hr < 2; hr++) {
-      float mx = -INFINITY;
-#pragma unroll
-      for (int j = 0; j < NJ; j++)
-        mx = fmaxf(mx, fmaxf(s[4 * j + 2 * hr], s[4 * j + 2 * hr + 1]));
-      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-      float mnew = fmaxf(m[hr], mx * sl2);
-      float muse = mnew == -INFINITY ? 0.f : mnew;
-      float alpha = exp2f(m[hr] - muse);
-      m[hr] = mnew;
-      float sum = 0.f;
-#pragma unroll
-      for (int j = 0; j < NJ; j++) {
-        float p0 = exp2f(fmaf(s[4 * j + 2 * hr], sl2, -muse));
-        float p1 = exp2f(fmaf(s[4 * j + 2 * hr + 1], sl2, -muse));
-        s[4 * j + 2 * hr] = p0;
-        s[4 * j + 2 * hr + 1] = p1;
-        sum += p0 + p1;
-      }
-      l[hr] = l[hr] * alpha + sum;
-#pragma unroll
-      for (int j = 0; j < DJ; j++) {
-        o[4 * j + 2 * hr] *= alpha;
-        o[4 * j + 2 * hr + 1] *= alpha;
-      }
-    }
-#pragma unroll
-    for (int kk = 0; kk < BW / 16; kk++) {
-      pa[kk][0] = Mma<T>::pack(s[8 * kk + 0], s[8 * kk + 1]);
-      pa[kk][1] = Mma<T>::pack(s[8 * kk + 2], s[8 * kk + 3]);
-      pa[kk][2] = Mma<T>::pack(s[8 * kk + 4], s[8 * kk + 5]);
-      pa[kk][3] = Mma<T>::pack(s[8 * kk + 6], s[8 * kk + 7]);
-    }
-
-    /* O += P V */
-    sta_wgmma::pin<D / 2>(o);
-    sta_wgmma::fence();
-#pragma unroll
-    for (int kk = 0; kk < BW / 16; kk++)
-      WgOps<T, D>::pv(o, pa[kk], dv0 + stage_off + (uint64_t)((kk * 16 * 128) >> 4));
-    sta_wgmma::commit();
-    sta_wgmma::wait<0>();
-    sta_wgmma::pin<D / 2>(o);
-  }
-  cp_async_wait_all();
-  bar_named(1 + wg, 128); /* this warpgroup's wgmma reads of sQ are over */
-
-  const float ln2 = 0.69314718055994530942f;
-#pragma unroll
-  for (int hr = 0; hr < 2; hr++) {
-    float sum = l[hr];
-    sum += __shfl_xor_sync(0xffffffffu, sum, 1);
-    sum += __shfl_xor_sync(0xffffffffu, sum, 2);
-    float inv = sum > 0.f ? 1.f / sum : 0.f;
-    int r = wg * 64 + wq * 16 + (lane >> 2) + 8 * hr;
-#pragma unroll
-    for (int j = 0; j < DJ; j++) {
-      uint32_t v = Mma<T>::pack(o[4 * j + 2 * hr] * inv, o[4 * j + 2 * hr + 1] * inv);
-      *reinterpret_cast<uint32_t *>(sQ + swz(r, j, BR) + 2 * (lane & 3)) = v;
-    }
-    if (a.lse && (lane & 3) == 0) {
-      int row = qrow[r];
-      if (row >= 0)
-        a.lse[b * a.lse_sb + head * a.lse_sh + (int64_t)row * a.lse_ss] =
-            sum > 0.f ? (m[hr] + log2f(sum)) * ln2 : -INFINITY;
-    }
-  }
-  __syncwarp();
-  for (int c = lane; c < 16 * DJ; c += 32) {
-    int r = wg * 64 + wq * 16 + c / DJ, ch = c % DJ;
-    int row = qrow[r];
-    if (row < 0) continue;
-    const T *src = sQ + swz(r, ch, BR);
-    T *dst = go + (int64_t)row * a.o_ss + ch * 8;
-    if (a.vec) {
-      *reinterpret_cast<uint4 *>(dst) = *reinterpret_cast<const uint4 *>(src);
-    } else {
-      const uint16_t *s16 = reinterpret_cast<const uint16_t *>(src);
-      uint16_t *d16 = reinterpret_cast<uint16_t *>(dst);
-#pragma unroll
-      for (int e = 0; e < 8; e++) d16[e] = s16[e];
-    }
-  }
-}
-
-template <typename T, int D, int NWG>
-sta_status launch_wgmma(AttnArgs &a, int heads, int batch) {
-  constexpr int BR = 64 * NWG;
-  size_t smem = 1024 + (size_t)(BR * D + 4 * BW * D) * sizeof(T) +
-                (size_t)(2 * BW + BR) * sizeof(int);
-  auto kern = sta_fwd_wgmma<T, D, NWG>;
-  cudaError_t e = cudaFuncSetAttribute(
-      kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
-  if (e != cudaSuccess) return sta_cuda_fail(e, "cudaFuncSetAttribute");
-  int NHW = a.NH * a.NW;
-  a.qbpt = (a.tile_vol + BR - 1) / BR;
-  a.n_text_qblocks = (a.S - a.V + BR - 1) / BR;
-  int64_t gx = (int64_t)a.n_text_qblocks + (int64_t)a.NT * NHW * a.qbpt;
-  if (gx <= 0) return STA_OK;
-  if (gx > 0x7fffffff || heads > 65535 || batch > 65535)
-    return sta_error(STA_ERR_UNSUPPORTED,
-                     "attention: grid too large for the CUDA backend "
-                     "(%lld query blocks, %d heads, batch %d)",
-                     (long long)gx, heads, batch);
-  dim3 grid((unsigned)gx, (unsigned)heads, (unsigned)batch);
-  kern<<<grid, NWG * 128, smem, sta_cuda_stream()>>>(a);
-  e = cudaGetLastError();
-  if (e != cudaSuccess) return sta_cuda_fail(e, "attention kernel launch");
-  return STA_OK;
-}
-
-
 /* ---- warp-specialised sm_90a kernel ----------------------------------------
 ** One producer warpgroup gathers Q and the K/V blocks with cp.async into a
 ** STAGES-deep ring (full/empty mbarriers); two consumer warpgroups (64
@@ -1228,23 +978,21 @@ sta_status launch_ws(AttnArgs &a, int heads, int batch) {
 template <typename T>
 sta_status dispatch(AttnArgs &a, int D, int heads, int batch) {
   /* 0: warp-specialised wgmma, 2 producer warpgroups (TMA when it fits);
-  ** 1: mma.sync; 2: wgmma, 3 warpgroups in lockstep; 3: as 0 with one
-  ** producer warpgroup; 4: as 0 with ping-pong of the two consumers. */
+  ** 1: mma.sync (sm_80 style); 2: as 0 with one producer warpgroup;
+  ** 3: as 0 with ping-pong of the two consumer warpgroups. */
   int var = sta_cuda_attention_variant();
   if (D == 64) {
     switch (var) {
     case 1: return launch<T, 64, 2, 4, false>(a, heads, batch);
-    case 2: return launch_wgmma<T, 64, 3>(a, heads, batch);
-    case 3: return launch_ws<T, 64, 3, false, 1>(a, heads, batch);
-    case 4: return launch_ws<T, 64, 3, true, 2>(a, heads, batch);
+    case 2: return launch_ws<T, 64, 3, false, 1>(a, heads, batch);
+    case 3: return launch_ws<T, 64, 3, true, 2>(a, heads, batch);
     default: return launch_ws<T, 64, 3, false, 2>(a, heads, batch);
     }
   }
   switch (var) {
   case 1: return launch<T, 128, 2, 4, false>(a, heads, batch);
-  case 2: return launch_wgmma<T, 128, 3>(a, heads, batch);
-  case 3: return launch_ws<T, 128, 3, false, 1>(a, heads, batch);
-  case 4: return launch_ws<T, 128, 3, true, 2>(a, heads, batch);
+  case 2: return launch_ws<T, 128, 3, false, 1>(a, heads, batch);
+  case 3: return launch_ws<T, 128, 3, true, 2>(a, heads, batch);
   default: return launch_ws<T, 128, 3, false, 2>(a, heads, batch);
   }
 }
@@ -1312,7 +1060,7 @@ void setup_tma(AttnArgs &x, const sta_attn_params *p) {
 int sta_cuda_attention_variant(void) {
   const char *s = getenv("STA_CUDA_VARIANT"); /* read per call: benchmarks */
   int x = s ? atoi(s) : 0;
-  return (x >= 0 && x <= 4) ? x : 0;
+  return (x >= 0 && x <= 3) ? x : 0;
 }
 
 sta_status sta_cuda_attention(const sta_attn_params *p) {
@@ -1373,7 +1121,6 @@ sta_status sta_cuda_attention(const sta_attn_params *p) {
   for (int i = 0; i < 12; i++)
     if (st[i] % 8) vec = 0;
   x.vec = vec;
-  x.vswap = getenv("STA_WG_VSWAP") ? 1 : 0;
   x.heads = (int)p->heads;
   setup_tma(x, p);
   for (int64_t h = 0; h < p->heads; h++)
