@@ -12,6 +12,7 @@
 
 struct sta_comm {
   sta_transport t;
+  sta_tensor *ws; /* SP workspace, kept between forwards (grown, never shrunk) */
 };
 
 #define MAX_LOOPBACK 64
@@ -42,6 +43,7 @@ sta_status sta_comm_create(sta_comm **out, const sta_transport *t) {
 void sta_comm_destroy(sta_comm *c) {
   if (!c) return;
   if (c->t.destroy) c->t.destroy(c->t.self);
+  sta_tensor_destroy(c->ws);
   free(c);
 }
 
@@ -507,6 +509,25 @@ typedef struct sp_job {
   sta_layer *layer;               /* sp layer */
 } sp_job;
 
+/* Workspace sizes in 256-byte units (aligned sub-buffers). */
+static size_t ws_round(size_t n) { return (n + 255) & ~(size_t)255; }
+
+/* At least bytes of c's workspace on dev; a failed growth keeps the old one. */
+static sta_status workspace(sta_comm *c, sta_device dev, size_t bytes, char **base) {
+  sta_tensor *w = c->ws;
+  if (!w || sta_tensor_device(w) != dev || (size_t)sta_tensor_numel(w) * 4 < bytes) {
+    int64_t n = (int64_t)(bytes / 4) + 64;
+    w = NULL;
+    sta_status rc = sta_tensor_create(&w, STA_F32, dev, 1, &n);
+    if (rc != STA_OK) return rc;
+    sta_tensor_destroy(c->ws);
+    c->ws = w;
+  }
+  /* 256-byte aligned start */
+  *base = (char *)(((uintptr_t)sta_tensor_data(w) + 255) & ~(uintptr_t)255);
+  return STA_OK;
+}
+
 static sta_status sp_run(sta_comm *c, const sta_geometry *g, sta_layout layout,
                          const sta_tensor *q, const sta_tensor *k, const sta_tensor *v,
                          sta_tensor *out, sp_job *job) {
@@ -553,11 +574,20 @@ static sta_status sp_run(sta_comm *c, const sta_geometry *g, sta_layout layout,
   sta_tensor *full[4] = {NULL, NULL, NULL, NULL}, *send = NULL, *recv = NULL, *txt = NULL;
   sta_tensor *a = NULL;
   int64_t one = 1;
+  /* every buffer lives in the communicator's workspace: no allocation (and,
+  ** on a GPU, no cudaMalloc/cudaFree) per forward once it has grown */
+  size_t fbytes = ws_round((size_t)(sp.b * sp.s * sp.hl * sp.d) * es);
+  size_t bbytes = ws_round((size_t)(nbuf ? nbuf : 1) * es);
+  size_t tbytes = ws_round((size_t)(ntext ? ntext : 1) * es);
+  char *ws = NULL;
+  rc = workspace(c, dev, 4 * fbytes + 2 * bbytes + tbytes, &ws);
   for (int i = 0; i < 4 && rc == STA_OK; i++)
-    rc = sta_tensor_create(&full[i], dt, dev, 4, fshape);
-  if (rc == STA_OK) rc = sta_tensor_create(&send, dt, dev, 1, nbuf ? &nbuf : &one);
-  if (rc == STA_OK) rc = sta_tensor_create(&recv, dt, dev, 1, nbuf ? &nbuf : &one);
-  if (rc == STA_OK) rc = sta_tensor_create(&txt, dt, dev, 1, ntext ? &ntext : &one);
+    rc = sta_tensor_wrap(&full[i], ws + (size_t)i * fbytes, dt, dev, 4, fshape, NULL);
+  ws += 4 * fbytes;
+  if (rc == STA_OK) rc = sta_tensor_wrap(&send, ws, dt, dev, 1, nbuf ? &nbuf : &one, NULL);
+  if (rc == STA_OK) rc = sta_tensor_wrap(&recv, ws + bbytes, dt, dev, 1, nbuf ? &nbuf : &one, NULL);
+  if (rc == STA_OK)
+    rc = sta_tensor_wrap(&txt, ws + 2 * bbytes, dt, dev, 1, ntext ? &ntext : &one, NULL);
   if (rc == STA_OK && job->check) rc = job->check(job, full[0], full[1], full[2], full[3]);
   if (rc != STA_OK) goto done;
 
