@@ -603,7 +603,9 @@ sta_status sta_sp_unshard(sta_tensor *full, const sta_tensor *local,
 /* Ulysses STA: desc as for sta_attention_forward on the whole problem
 ** (global canvas and text_len; n_windows 1 or the global heads H); q, k,
 ** v, out this rank's shards.  Every argument check runs before the first
-** collective; on error out is unchanged. */
+** collective; on error out is unchanged.  The buffers (the gathered q, k,
+** v, out of this rank's heads and two copies of the q/k/v shards) stay in
+** c for the next call, grown as needed, until sta_comm_destroy. */
 sta_status sta_sp_attention(sta_comm *c, const sta_attention_desc *desc,
                             const sta_tensor *q, const sta_tensor *k,
                             const sta_tensor *v, sta_tensor *out);
