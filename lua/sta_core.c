@@ -2012,17 +2012,24 @@ static int l_now(lua_State *L) {
 typedef int (*history_fn)(const char *);
 static char history_path[1024];
 
+static history_fn history_lookup(const char *name) {
+  void *p = dlsym(RTLD_DEFAULT, name);
+  history_fn f = NULL;
+  if (p) memcpy(&f, &p, sizeof f); /* POSIX: object to function pointer */
+  return f;
+}
+
 static int history_save(lua_State *L) {
   (void)L;
-  history_fn w = (history_fn)dlsym(RTLD_DEFAULT, "write_history");
+  history_fn w = history_lookup("write_history");
   if (w && history_path[0]) w(history_path);
   return 0;
 }
 
 static int l_history(lua_State *L) {
   const char *path = luaL_checkstring(L, 1);
-  history_fn r = (history_fn)dlsym(RTLD_DEFAULT, "read_history");
-  if (!r || !dlsym(RTLD_DEFAULT, "write_history")) { lua_pushboolean(L, 0); return 1; }
+  history_fn r = history_lookup("read_history");
+  if (!r || !history_lookup("write_history")) { lua_pushboolean(L, 0); return 1; }
   snprintf(history_path, sizeof history_path, "%s", path);
   r(history_path);
   lua_newuserdatauv(L, 1, 0); /* sentinel: its __gc runs at lua_close */
