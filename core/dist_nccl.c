@@ -498,5 +498,10 @@ sta_status sta_comm_from_env(sta_comm **out) {
   if (be && *be && strcmp(be, "nccl") != 0)
     return sta_error(STA_ERR_ENV, "STA_DIST_BACKEND: expected nccl, tcp or loopback, got \"%s\"",
                      be);
+#ifdef STA_WITH_CUDA
+  /* a launcher that shows each rank only its own GPU: local rank r -> device 0 */
+  int n = 0;
+  if (cudaGetDeviceCount(&n) == 0 && n > 0) local %= n;
+#endif
   return sta_comm_nccl(out, rank, size, getenv("STA_DIST_ID_FILE"), local);
 }
