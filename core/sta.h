@@ -566,7 +566,8 @@ sta_status sta_comm_nccl(sta_comm **out, int32_t rank, int32_t size,
 sta_status sta_comm_tcp(sta_comm **out, int32_t rank, int32_t size,
                         const char *id_file);
 /* From the launcher's environment (scripts/sta-launch): STA_RANK (0),
-** STA_WORLD_SIZE (1), STA_LOCAL_RANK (STA_RANK; the CUDA device),
+** STA_WORLD_SIZE (1), STA_LOCAL_RANK (STA_RANK; the CUDA device, modulo
+** the visible devices),
 ** STA_DIST_ID_FILE (needed when the world size > 1), STA_DIST_BACKEND
 ** ("nccl", the default; "tcp"; or "loopback" for a world of one). */
 sta_status sta_comm_from_env(sta_comm **out);
