@@ -133,7 +133,7 @@ static sta_status read_file(tune_state *st, const char *path, int first) {
   }
   if (first) {
     st->n_cand = n;
-    st->cand = sta_malloc(sizeof(int32_t) * 3 * (size_t)n);
+    st->cand = sta_calloc((size_t)n * 3, sizeof(int32_t)); /* find_candidate scans it all */
     if (!st->cand) { rc = sta_error(STA_ERR_NOMEM, "out of host memory (tuning)"); goto out; }
   } else if (n != st->n_cand) {
     rc = sta_error(STA_ERR_FORMAT, "search results \"%s\": %d candidates, \"%s\" has %d", path,
