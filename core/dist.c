@@ -473,15 +473,18 @@ static sta_status shard_common(sta_tensor *full, const sta_tensor *local,
                      (long long)xl.b, (long long)xl.s, (long long)xl.h, (long long)xl.d,
                      (long long)xf.b, (long long)(sp.vr + text), (long long)sp.vr,
                      (long long)text, (long long)xf.h, (long long)xf.d);
-  if (to_local) {
-    rc = copy_block((sta_tensor *)local, 0, 0, full, rank * sp.vr, 0, sp.vr, xf.h, layout);
-    if (rc == STA_OK && text > 0)
-      rc = copy_block((sta_tensor *)local, sp.vr, 0, full, sp.v, 0, text, xf.h, layout);
-  } else {
-    rc = copy_block(full, rank * sp.vr, 0, local, 0, 0, sp.vr, xf.h, layout);
-    if (rc == STA_OK && text > 0)
-      rc = copy_block(full, sp.v, 0, local, sp.vr, 0, text, xf.h, layout);
-  }
+  /* views first, copies after: a failure leaves the destination as it was */
+  sta_tensor *lv = NULL, *fv = NULL, *lt = NULL, *ft = NULL;
+  rc = block(&lv, local, layout, 0, sp.vr, 0, xf.h);
+  if (rc == STA_OK) rc = block(&fv, full, layout, rank * sp.vr, sp.vr, 0, xf.h);
+  if (rc == STA_OK && text > 0) rc = block(&lt, local, layout, sp.vr, text, 0, xf.h);
+  if (rc == STA_OK && text > 0) rc = block(&ft, full, layout, sp.v, text, 0, xf.h);
+  if (rc == STA_OK) rc = to_local ? sta_tensor_copy(lv, fv) : sta_tensor_copy(fv, lv);
+  if (rc == STA_OK && text > 0) rc = to_local ? sta_tensor_copy(lt, ft) : sta_tensor_copy(ft, lt);
+  sta_tensor_destroy(lv);
+  sta_tensor_destroy(fv);
+  sta_tensor_destroy(lt);
+  sta_tensor_destroy(ft);
   return rc;
 }
 

@@ -594,7 +594,8 @@ sta_status sta_comm_loopback_run(sta_comm *const *comms, int32_t size,
 
 /* Rank's shard of a full [B, S, H, D] tensor (canvas of g): local is
 ** [B, V/size + S - V, H, D] in layout.  unshard writes a shard back into
-** full (its video rows and, all ranks holding the same, the text rows). */
+** full (its video rows and, all ranks holding the same, the text rows).
+** On error the destination is unchanged. */
 sta_status sta_sp_shard(sta_tensor *local, const sta_tensor *full,
                         const sta_geometry *g, sta_layout layout,
                         int32_t rank, int32_t size);

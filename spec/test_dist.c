@@ -1072,6 +1072,29 @@ static void test_errors_out_of_memory(void **state) {
     failures++;
   }
   assert_true(failures > 10);
+  /* shard and unshard: the destination unchanged on every failure */
+  sta_tensor *local = randn4(STA_F32, STA_BSHD, 1, 66, 2, 8);
+  sta_tensor *lbefore = snapshot(local);
+  for (int unshard = 0; unshard <= 1; unshard++) {
+    if (unshard) assert_int_equal(sta_tensor_randn(local, next_seed(), 0, 1), STA_OK);
+    sta_tensor *dst = unshard ? q : local;
+    sta_tensor *keep = unshard ? snapshot(q) : lbefore;
+    failures = 0;
+    for (int64_t n = 1; n < 100; n++) {
+      sta_fault_arm(n);
+      sta_status rc = unshard ? sta_sp_unshard(q, local, &d.geom, STA_BSHD, 0, 1)
+                              : sta_sp_shard(local, q, &d.geom, STA_BSHD, 0, 1);
+      sta_fault_arm(0);
+      if (rc == STA_OK) break;
+      assert_int_equal(rc, STA_ERR_NOMEM);
+      assert_bitwise(dst, keep);
+      failures++;
+    }
+    assert_true(failures >= 4);
+    if (unshard) sta_tensor_destroy(keep);
+  }
+  sta_tensor_destroy(local);
+  sta_tensor_destroy(lbefore);
   sta_comm_destroy(c);
   sta_tensor_destroy(q);
   sta_tensor_destroy(o);
