@@ -579,7 +579,9 @@ const char *sta_comm_name(const sta_comm *c);
 sta_status sta_comm_barrier(sta_comm *c);
 /* Tensor collectives: contiguous tensors of one dtype, on a device the
 ** transport moves.  all_to_all: send and recv have equal numel, a multiple
-** of the size; all_gather: recv numel = size * send numel. */
+** of the size; all_gather: recv numel = size * send numel.  A bad argument
+** changes nothing; a transport that fails midway may leave recv partly
+** written. */
 sta_status sta_comm_all_to_all(sta_comm *c, const sta_tensor *send,
                                sta_tensor *recv);
 sta_status sta_comm_all_gather(sta_comm *c, const sta_tensor *send,
