@@ -317,8 +317,12 @@ sta_status sta_cpu_attention(const sta_attn_params *p) {
     free(rbuf);
     return sta_error(STA_ERR_NOMEM, "out of host memory (CPU attention buffers)");
   }
+#ifdef OPENBLAS_VERSION
+  /* the GEMMs run inside the OpenMP region: one BLAS thread each (the
+  ** pthread build would otherwise start its own pool per call) */
   int blas_threads = openblas_get_num_threads();
   openblas_set_num_threads(1);
+#endif
   #pragma omp parallel num_threads(nt)
   {
     int tid = omp_get_thread_num();
@@ -346,7 +350,9 @@ sta_status sta_cpu_attention(const sta_attn_params *p) {
       for (int64_t i = 0; i < pl.nitems; i++) run_item(&pl, b, h, &pl.items[i], &w);
     }
   }
+#ifdef OPENBLAS_VERSION
   openblas_set_num_threads(blas_threads);
+#endif
   free_plan(&pl);
   free(fbuf);
   free(rbuf);
