@@ -9,6 +9,8 @@
 ** text rows) then run in parallel: gather and pre-scale Q, and for each
 ** chunk of at most KC contiguous keys S = Q K^T (sgemm), an online softmax
 ** in base 2, O += P V (sgemm); finally normalise and store.
+** OpenBLAS's thread count is process-wide: a call sets it to 1 and restores
+** it, so forwards run at once from several caller threads may leave it 1.
 */
 #include <cblas.h>
 #ifdef __AVX512F__
