@@ -583,7 +583,7 @@ static sta_status sp_run(sta_comm *c, const sta_geometry *g, sta_layout layout,
   size_t bbytes = ws_round((size_t)(nbuf ? nbuf : 1) * es);
   size_t tbytes = ws_round((size_t)(ntext ? ntext : 1) * es);
   char *ws = NULL;
-  rc = workspace(c, dev, 4 * fbytes + 2 * bbytes + tbytes, &ws);
+  if ((rc = workspace(c, dev, 4 * fbytes + 2 * bbytes + tbytes, &ws)) != STA_OK) goto done;
   for (int i = 0; i < 4 && rc == STA_OK; i++)
     rc = sta_tensor_wrap(&full[i], ws + (size_t)i * fbytes, dt, dev, 4, fshape, NULL);
   ws += 4 * fbytes;
