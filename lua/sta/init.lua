@@ -26,7 +26,7 @@ heads and tile coordinates are 0-based, as in STA.md and strategy files.
   tensor methods: shape size strides dtype device ndim numel to clone copy
     view permute narrow select get set fill randn totable compare save
     axpby stats release;  t[i], #t, tostring(t), <close>
-  sta.svg (pictures of masks), sta.cli (example helpers), sta.ffi (LuaJIT)
+  sta.svg (pictures of masks), sta.dist (sequence parallelism), sta.cli (example helpers), sta.ffi (LuaJIT)
 ]]
 local core = require "sta.core"
 
@@ -144,10 +144,11 @@ sta.sorted_keys = sorted_keys
 
 setmetatable(sta, {
   __index = function(_, k)
-    if k == "svg" then
-      local svg = require "sta.svg"
-      rawset(sta, "svg", svg)
-      return svg
+    -- loaded on first use: pictures and sequence parallelism
+    if k == "svg" or k == "dist" then
+      local m = require("sta." .. k)
+      rawset(sta, k, m)
+      return m
     end
   end,
 })
