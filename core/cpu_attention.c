@@ -9,8 +9,9 @@
 ** text rows) then run in parallel: gather and pre-scale Q, and for each
 ** chunk of at most KC contiguous keys S = Q K^T (sgemm), an online softmax
 ** in base 2, O += P V (sgemm); finally normalise and store.
-** OpenBLAS's thread count is process-wide: a call sets it to 1 and restores
-** it, so forwards run at once from several caller threads may leave it 1.
+** OpenBLAS's thread count is process-wide: the first of any concurrent
+** forwards sets it to 1, the last one out restores it, so forwards run at
+** once from several caller threads all see single-threaded GEMMs.
 */
 #include <cblas.h>
 #ifdef __AVX512F__
@@ -291,6 +292,27 @@ static sta_status make_plan(plan *pl, const sta_attn_params *p) {
   return STA_OK;
 }
 
+#ifdef OPENBLAS_VERSION
+static int blas_users = 0, blas_saved = 1;
+#endif
+
+/* Hold OpenBLAS at one thread while any forward runs (enter 1) and restore
+** its setting when the last one leaves (enter 0). */
+static void blas_single(int enter) {
+#ifdef OPENBLAS_VERSION
+  #pragma omp critical(sta_blas_threads)
+  {
+    if (enter && blas_users++ == 0) {
+      blas_saved = openblas_get_num_threads();
+      openblas_set_num_threads(1);
+    } else if (!enter && --blas_users == 0)
+      openblas_set_num_threads(blas_saved);
+  }
+#else
+  (void)enter;
+#endif
+}
+
 static void free_plan(plan *pl) {
   free(pl->tile_off);
   free(pl->token);
@@ -319,12 +341,9 @@ sta_status sta_cpu_attention(const sta_attn_params *p) {
     free(rbuf);
     return sta_error(STA_ERR_NOMEM, "out of host memory (CPU attention buffers)");
   }
-#ifdef OPENBLAS_VERSION
   /* the GEMMs run inside the OpenMP region: one BLAS thread each (the
   ** pthread build would otherwise start its own pool per call) */
-  int blas_threads = openblas_get_num_threads();
-  openblas_set_num_threads(1);
-#endif
+  blas_single(1);
   #pragma omp parallel num_threads(nt)
   {
     int tid = omp_get_thread_num();
@@ -352,9 +371,7 @@ sta_status sta_cpu_attention(const sta_attn_params *p) {
       for (int64_t i = 0; i < pl.nitems; i++) run_item(&pl, b, h, &pl.items[i], &w);
     }
   }
-#ifdef OPENBLAS_VERSION
-  openblas_set_num_threads(blas_threads);
-#endif
+  blas_single(0);
   free_plan(&pl);
   free(fbuf);
   free(rbuf);

@@ -1,7 +1,9 @@
 /* test_attention.c -- the CPU STA forward against the brute-force
 ** reference, the reference against hand computations, flops, head diff,
 ** and every error path of sta_attention_forward / sta_attn_resolve. */
+#include <cblas.h>
 #include <math.h>
+#include <pthread.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <setjmp.h>
@@ -369,6 +371,61 @@ static void test_threads(void **state) {
   sta_set_num_threads(0);
   assert_true(sta_get_num_threads() >= 1);
   (void)before;
+}
+
+/* Forwards run at once from several caller threads give the sequential
+** result bit for bit, and OpenBLAS's thread setting is restored after. */
+typedef struct conc {
+  const sta_attention_desc *d;
+  sta_tensor *q, *k, *v, *o;
+  sta_status rc;
+} conc;
+
+static void *conc_run(void *arg) {
+  conc *c = arg;
+  for (int i = 0; i < 3 && c->rc == STA_OK; i++)
+    c->rc = sta_attention_forward(c->d, c->q, c->k, c->v, c->o, NULL);
+  return NULL;
+}
+
+static void test_concurrent_callers(void **state) {
+  (void)state;
+  sta_attention_desc d;
+  static const int32_t win[3] = {1, 3, 3};
+  memset(&d, 0, sizeof d);
+  sta_geometry_init(&d.geom, 6, 16, 24);
+  d.geom.tile[0] = 3;
+  d.n_windows = 1;
+  d.windows = win;
+  int64_t shape[4] = {1, 6 * 16 * 24 + 5, 2, 32};
+  sta_tensor *q, *k, *v, *ref, *o[4];
+  sta_tensor_create(&q, STA_F32, STA_CPU, 4, shape);
+  sta_tensor_create(&k, STA_F32, STA_CPU, 4, shape);
+  sta_tensor_create(&v, STA_F32, STA_CPU, 4, shape);
+  sta_tensor_create(&ref, STA_F32, STA_CPU, 4, shape);
+  sta_tensor_randn(q, 501, 0, 1);
+  sta_tensor_randn(k, 502, 0, 1);
+  sta_tensor_randn(v, 503, 0, 1);
+  int blas_before = openblas_get_num_threads();
+  assert_int_equal(sta_attention_forward(&d, q, k, v, ref, NULL), STA_OK);
+  assert_int_equal(openblas_get_num_threads(), blas_before);
+  pthread_t th[4];
+  conc c[4];
+  for (int i = 0; i < 4; i++) {
+    sta_tensor_create(&o[i], STA_F32, STA_CPU, 4, shape);
+    sta_tensor_fill(o[i], NAN);
+    c[i] = (conc){&d, q, k, v, o[i], STA_OK};
+    assert_int_equal(pthread_create(&th[i], NULL, conc_run, &c[i]), 0);
+  }
+  for (int i = 0; i < 4; i++) {
+    pthread_join(th[i], NULL);
+    assert_int_equal(c[i].rc, STA_OK);
+    assert_same(o[i], ref);
+    sta_tensor_destroy(o[i]);
+  }
+  assert_int_equal(openblas_get_num_threads(), blas_before);
+  sta_tensor_destroy(q); sta_tensor_destroy(k); sta_tensor_destroy(v);
+  sta_tensor_destroy(ref);
 }
 
 /* ---- the reference against hand computations --------------------------- */
@@ -926,6 +983,7 @@ int main(void) {
     cmocka_unit_test(test_dtypes),
     cmocka_unit_test(test_random_geometries),
     cmocka_unit_test(test_threads),
+    cmocka_unit_test(test_concurrent_callers),
     cmocka_unit_test(test_reference_by_hand),
     cmocka_unit_test(test_flops),
     cmocka_unit_test(test_head_diff),
