@@ -18,8 +18,9 @@ scripts/device-prep) is called through its backend table instead.
 --sweep    canvas sweep at window 3,3,3: sta vs dense.
 --variants kernel variants (STA_CUDA_VARIANT: 0 warp-specialised wgmma with
            2 producer warpgroups, TMA where it fits; 1 mma.sync; 2 as 0 with
-           one producer warpgroup; 3 as 0 with consumer ping-pong) on
-           hunyuan-720p and wan-720p.
+           one producer warpgroup; 3 as 0 with consumer ping-pong; 4, 5
+           intra-warpgroup overlap with one / two producer warpgroups) on
+           hunyuan-720p and wan-720p (STA_VARIANTS picks which).
 """
 import argparse
 import ctypes as C
@@ -556,7 +557,7 @@ def variants(sta, reps, log, results):
         o = torch.empty_like(q)
         ref = None
         fl = flops(g, S, H, D)
-        for var in [int(x) for x in os.environ.get('STA_VARIANTS', '0,1,2,3').split(',')]:
+        for var in [int(x) for x in os.environ.get('STA_VARIANTS', '0,1,2,3,4,5').split(',')]:
             os.environ["STA_CUDA_VARIANT"] = str(var)
             ms, _ = time_ms(lambda: sta.forward(g, q, k, v, o), reps)
             torch.cuda.synchronize()

@@ -660,11 +660,136 @@ __device__ __forceinline__ void tma_block_origin(const AttnArgs &a,
   *w0 = (p.sw + i2) * 8;
 }
 
-template <typename T, int D, int STAGES, bool PP, int NPROD = 1>
+/* Consumer block i: its valid keys, and for TMA blocks running past the
+** canvas the origin for the positional mask. */
+struct BlkInfo {
+  int cnt, posmask, t0, h0, w0;
+};
+
+__device__ __forceinline__ BlkInfo block_info(const AttnArgs &a,
+                                              const KeyPlan &p, int i) {
+  BlkInfo r;
+  r.posmask = 0;
+  r.t0 = r.h0 = r.w0 = 0;
+  if (a.tma && !p.text && i < p.n_tblk) {
+    tma_block_origin(a, p, i, &r.t0, &r.h0, &r.w0);
+    int nt = min(2, a.cT - r.t0), nh = min(8, a.cH - r.h0),
+        nw = min(8, a.cW - r.w0);
+    r.cnt = nt > 0 ? nt * nh * nw : 0;
+    r.posmask = r.cnt > 0 && r.cnt < BW;
+  } else {
+    (void)key_row<BW>(a, p, i, 0, &r.cnt);
+  }
+  return r;
+}
+
+/* S of a 64 x BW block (wgmma accumulator layout): -inf where no key. */
+__device__ __forceinline__ void mask_block(float *s, const BlkInfo &bi,
+                                           const AttnArgs &a, int lane) {
+  constexpr int NJ = BW / 8;
+  if (bi.posmask) {
+#pragma unroll
+    for (int j = 0; j < NJ; j++)
+#pragma unroll
+      for (int e = 0; e < 2; e++) {
+        int col = j * 8 + 2 * (lane & 3) + e;
+        if (bi.t0 + (col >> 6) >= a.cT || bi.h0 + ((col >> 3) & 7) >= a.cH ||
+            bi.w0 + (col & 7) >= a.cW)
+          s[4 * j + e] = s[4 * j + 2 + e] = -INFINITY;
+      }
+  } else if (bi.cnt < BW) {
+#pragma unroll
+    for (int j = 0; j < NJ; j++) {
+      int col = j * 8 + 2 * (lane & 3);
+      if (col >= bi.cnt) s[4 * j] = s[4 * j + 2] = -INFINITY;
+      if (col + 1 >= bi.cnt) s[4 * j + 1] = s[4 * j + 3] = -INFINITY;
+    }
+  }
+}
+
+/* Online softmax of one block in place (S -> P), exp2 domain; m, l of the
+** thread's two rows updated; alpha: the factor for the old O and l. */
+__device__ __forceinline__ void softmax_block(float *s, float *m, float *l,
+                                              float *alpha, float sl2) {
+  constexpr int NJ = BW / 8;
+#pragma unroll
+  for (int hr = 0; hr < 2; hr++) {
+    float mx = -INFINITY;
+#pragma unroll
+    for (int j = 0; j < NJ; j++)
+      mx = fmaxf(mx, fmaxf(s[4 * j + 2 * hr], s[4 * j + 2 * hr + 1]));
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+    float mnew = fmaxf(m[hr], mx * sl2);
+    float muse = mnew == -INFINITY ? 0.f : mnew;
+    alpha[hr] = ex2(m[hr] - muse);
+    m[hr] = mnew;
+    float sum = 0.f;
+#pragma unroll
+    for (int j = 0; j < NJ; j++) {
+      float p0 = ex2(fmaf(s[4 * j + 2 * hr], sl2, -muse));
+      float p1 = ex2(fmaf(s[4 * j + 2 * hr + 1], sl2, -muse));
+      s[4 * j + 2 * hr] = p0;
+      s[4 * j + 2 * hr + 1] = p1;
+      sum += p0 + p1;
+    }
+    l[hr] = l[hr] * alpha[hr] + sum;
+  }
+}
+
+template <int D>
+__device__ __forceinline__ void rescale_o(float *o, const float *alpha) {
+#pragma unroll
+  for (int j = 0; j < D / 8; j++) {
+    o[4 * j] *= alpha[0];
+    o[4 * j + 1] *= alpha[0];
+    o[4 * j + 2] *= alpha[1];
+    o[4 * j + 3] *= alpha[1];
+  }
+}
+
+/* P (accumulator layout) -> wgmma A fragments, one per 16 keys. */
+template <typename T>
+__device__ __forceinline__ void pack_p(const float *s, uint32_t (*pa)[4]) {
+#pragma unroll
+  for (int kk = 0; kk < BW / 16; kk++) {
+    pa[kk][0] = Mma<T>::pack(s[8 * kk + 0], s[8 * kk + 1]);
+    pa[kk][1] = Mma<T>::pack(s[8 * kk + 2], s[8 * kk + 3]);
+    pa[kk][2] = Mma<T>::pack(s[8 * kk + 4], s[8 * kk + 5]);
+    pa[kk][3] = Mma<T>::pack(s[8 * kk + 6], s[8 * kk + 7]);
+  }
+}
+
+/* S = Q K^T for this warpgroup's 64 rows (Q tile of 128 rows), issued and
+** committed, not waited for. */
+template <typename T, int D>
+__device__ __forceinline__ void issue_qk(float *s, uint64_t dq, uint64_t dk) {
+  sta_wgmma::fence();
+#pragma unroll
+  for (int ks = 0; ks < D / 16; ks++) {
+    uint64_t qo = (uint64_t)((((ks >> 2) * 128 * 128) + (ks & 3) * 32) >> 4);
+    uint64_t ko = (uint64_t)((((ks >> 2) * BW * 128) + (ks & 3) * 32) >> 4);
+    WgOps<T, D>::qk(s, dq + qo, dk + ko, ks > 0);
+  }
+  sta_wgmma::commit();
+}
+
+/* O += P V, issued and committed, not waited for. */
+template <typename T, int D>
+__device__ __forceinline__ void issue_pv(float *o, uint32_t (*pa)[4],
+                                         uint64_t dv) {
+  sta_wgmma::fence();
+#pragma unroll
+  for (int kk = 0; kk < BW / 16; kk++)
+    WgOps<T, D>::pv(o, pa[kk], dv + (uint64_t)((kk * 16 * 128) >> 4));
+  sta_wgmma::commit();
+}
+
+template <typename T, int D, int STAGES, bool PP, int NPROD = 1, bool OVL = false>
 __global__ void __launch_bounds__(256 + 128 * NPROD, 1)
     sta_fwd_ws(const __grid_constant__ AttnArgs a) {
   constexpr int NTHR = 256 + 128 * NPROD, PTH = 128 * NPROD;
-  constexpr int BR = 128, KS = D / 16, NJ = BW / 8, DJ = D / 8;
+  constexpr int BR = 128, DJ = D / 8;
   extern __shared__ unsigned char smem_raw[];
   unsigned char *base = reinterpret_cast<unsigned char *>(
       (reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~(uintptr_t)1023);
@@ -809,104 +934,67 @@ __global__ void __launch_bounds__(256 + 128 * NPROD, 1)
   const uint64_t dq0 = sdesc(sQ + wg * 64 * 64, 16, 1024);
   const uint64_t dk0 = sdesc(sK, 16, 1024);
   const uint64_t dv0 = sdesc(sV, BW * 128, 1024);
-  if (PP && wg == 1) bar_arrive_named(4, 256); /* WG 0 goes first */
   mbar_wait(qfull, 0);
+  float s[BW / 2];
+  uint32_t pa[BW / 16][4];
 
-  for (int i = 0; i < p.nkb; i++) {
-    const int stage = i % STAGES;
-    mbar_wait(&full[stage], (i / STAGES) & 1);
-    int cnt;
-    bool posmask = false; /* TMA block running past the canvas */
-    int bt0 = 0, bh0 = 0, bw0 = 0;
-    if (a.tma && !p.text && i < p.n_tblk) {
-      tma_block_origin(a, p, i, &bt0, &bh0, &bw0);
-      int nt = min(2, a.cT - bt0), nh = min(8, a.cH - bh0), nw = min(8, a.cW - bw0);
-      cnt = nt > 0 ? nt * nh * nw : 0;
-      posmask = cnt > 0 && cnt < BW;
-    } else {
-      (void)key_row<BW>(a, p, i, 0, &cnt);
-    }
-    const uint64_t stage_off = (uint64_t)((stage * BW * D * 2) >> 4);
-    float s[BW / 2];
-    if (PP) bar_named(4 + wg, 256);
-    if (cnt > 0) {
-      sta_wgmma::fence();
-#pragma unroll
-      for (int ks = 0; ks < KS; ks++) {
-        uint64_t qo = (uint64_t)((((ks >> 2) * BR * 128) + (ks & 3) * 32) >> 4);
-        uint64_t ko = (uint64_t)((((ks >> 2) * BW * 128) + (ks & 3) * 32) >> 4);
-        WgOps<T, D>::qk(s, dq0 + qo, dk0 + stage_off + ko, ks > 0);
+  if (!OVL) {
+    if (PP && wg == 1) bar_arrive_named(4, 256); /* WG 0 goes first */
+    for (int i = 0; i < p.nkb; i++) {
+      const int stage = i % STAGES;
+      mbar_wait(&full[stage], (i / STAGES) & 1);
+      const BlkInfo bi = block_info(a, p, i);
+      const uint64_t stage_off = (uint64_t)((stage * BW * D * 2) >> 4);
+      if (PP) bar_named(4 + wg, 256);
+      if (bi.cnt > 0) issue_qk<T, D>(s, dq0, dk0 + stage_off);
+      if (PP && (wg == 0 || i + 1 < p.nkb)) bar_arrive_named(4 + (wg ^ 1), 256);
+      if (bi.cnt > 0) {
+        sta_wgmma::wait<0>();
+        sta_wgmma::pin<BW / 2>(s);
+        mask_block(s, bi, a, lane);
+        float al[2];
+        softmax_block(s, m, l, al, sl2);
+        rescale_o<D>(o, al);
+        pack_p<T>(s, pa);
+        issue_pv<T, D>(o, pa, dv0 + stage_off);
+        sta_wgmma::wait<0>();
+        sta_wgmma::pin<D / 2>(o);
       }
-      sta_wgmma::commit();
+      mbar_arrive(&empty[stage]);
     }
-    if (PP && (wg == 0 || i + 1 < p.nkb)) bar_arrive_named(4 + (wg ^ 1), 256);
-    if (cnt > 0) {
+  } else if (p.nkb > 0) {
+    /* S(i+1) and PV(i) are issued together; the softmax of S(i+1) runs
+    ** while PV(i) is still on the tensor cores.  Blocks without keys are
+    ** computed too (all -inf: P = 0), to keep the loop free of branches
+    ** around the wgmmas. */
+    float al[2];
+    mbar_wait(&full[0], 0);
+    issue_qk<T, D>(s, dq0, dk0);
+    sta_wgmma::wait<0>();
+    sta_wgmma::pin<BW / 2>(s);
+    mask_block(s, block_info(a, p, 0), a, lane);
+    softmax_block(s, m, l, al, sl2);
+    pack_p<T>(s, pa);
+    int i = 0;
+    for (; i + 1 < p.nkb; i++) {
+      const int stage = i % STAGES, ns = (i + 1) % STAGES;
+      mbar_wait(&full[ns], ((i + 1) / STAGES) & 1);
+      const BlkInfo bn = block_info(a, p, i + 1);
+      issue_qk<T, D>(s, dq0, dk0 + (uint64_t)((ns * BW * D * 2) >> 4));
+      rescale_o<D>(o, al);
+      issue_pv<T, D>(o, pa, dv0 + (uint64_t)((stage * BW * D * 2) >> 4));
+      sta_wgmma::wait<1>();
+      mask_block(s, bn, a, lane);
+      softmax_block(s, m, l, al, sl2);
       sta_wgmma::wait<0>();
-      sta_wgmma::pin<BW / 2>(s);
-      if (posmask) {
-#pragma unroll
-        for (int j = 0; j < NJ; j++)
-#pragma unroll
-          for (int e = 0; e < 2; e++) {
-            int col = j * 8 + 2 * (lane & 3) + e;
-            if (bt0 + (col >> 6) >= a.cT || bh0 + ((col >> 3) & 7) >= a.cH ||
-                bw0 + (col & 7) >= a.cW)
-              s[4 * j + e] = s[4 * j + 2 + e] = -INFINITY;
-          }
-      } else if (cnt < BW) {
-#pragma unroll
-        for (int j = 0; j < NJ; j++) {
-          int col = j * 8 + 2 * (lane & 3);
-          if (col >= cnt) s[4 * j] = s[4 * j + 2] = -INFINITY;
-          if (col + 1 >= cnt) s[4 * j + 1] = s[4 * j + 3] = -INFINITY;
-        }
-      }
-      uint32_t pa[BW / 16][4];
-#pragma unroll
-      for (int hr = 0; hr < 2; hr++) {
-        float mx = -INFINITY;
-#pragma unroll
-        for (int j = 0; j < NJ; j++)
-          mx = fmaxf(mx, fmaxf(s[4 * j + 2 * hr], s[4 * j + 2 * hr + 1]));
-        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-        float mnew = fmaxf(m[hr], mx * sl2);
-        float muse = mnew == -INFINITY ? 0.f : mnew;
-        float alpha = ex2(m[hr] - muse);
-        m[hr] = mnew;
-        float sum = 0.f;
-#pragma unroll
-        for (int j = 0; j < NJ; j++) {
-          float p0 = ex2(fmaf(s[4 * j + 2 * hr], sl2, -muse));
-          float p1 = ex2(fmaf(s[4 * j + 2 * hr + 1], sl2, -muse));
-          s[4 * j + 2 * hr] = p0;
-          s[4 * j + 2 * hr + 1] = p1;
-          sum += p0 + p1;
-        }
-        l[hr] = l[hr] * alpha + sum;
-#pragma unroll
-        for (int j = 0; j < DJ; j++) {
-          o[4 * j + 2 * hr] *= alpha;
-          o[4 * j + 2 * hr + 1] *= alpha;
-        }
-      }
-#pragma unroll
-      for (int kk = 0; kk < BW / 16; kk++) {
-        pa[kk][0] = Mma<T>::pack(s[8 * kk + 0], s[8 * kk + 1]);
-        pa[kk][1] = Mma<T>::pack(s[8 * kk + 2], s[8 * kk + 3]);
-        pa[kk][2] = Mma<T>::pack(s[8 * kk + 4], s[8 * kk + 5]);
-        pa[kk][3] = Mma<T>::pack(s[8 * kk + 6], s[8 * kk + 7]);
-      }
-      sta_wgmma::pin<D / 2>(o);
-      sta_wgmma::fence();
-#pragma unroll
-      for (int kk = 0; kk < BW / 16; kk++)
-        WgOps<T, D>::pv(o, pa[kk], dv0 + stage_off + (uint64_t)((kk * 16 * 128) >> 4));
-      sta_wgmma::commit();
-      sta_wgmma::wait<0>();
-      sta_wgmma::pin<D / 2>(o);
+      mbar_arrive(&empty[stage]);
+      pack_p<T>(s, pa);
     }
-    mbar_arrive(&empty[stage]);
+    rescale_o<D>(o, al);
+    issue_pv<T, D>(o, pa, dv0 + (uint64_t)(((i % STAGES) * BW * D * 2) >> 4));
+    sta_wgmma::wait<0>();
+    sta_wgmma::pin<D / 2>(o);
+    mbar_arrive(&empty[i % STAGES]);
   }
   bar_named(1 + wg, 128);
 
@@ -948,13 +1036,13 @@ __global__ void __launch_bounds__(256 + 128 * NPROD, 1)
   }
 }
 
-template <typename T, int D, int STAGES, bool PP, int NPROD>
+template <typename T, int D, int STAGES, bool PP, int NPROD, bool OVL = false>
 sta_status launch_ws(AttnArgs &a, int heads, int batch) {
   constexpr int BR = 128;
   size_t smem = 1024 + (size_t)(BR * D + 2 * STAGES * BW * D) * sizeof(T) +
                 (2 * STAGES + 1) * sizeof(uint64_t) +
                 (size_t)(2 * BW + BR) * sizeof(int);
-  auto kern = sta_fwd_ws<T, D, STAGES, PP, NPROD>;
+  auto kern = sta_fwd_ws<T, D, STAGES, PP, NPROD, OVL>;
   cudaError_t e = cudaFuncSetAttribute(
       kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
   if (e != cudaSuccess) return sta_cuda_fail(e, "cudaFuncSetAttribute");
@@ -979,7 +1067,9 @@ template <typename T>
 sta_status dispatch(AttnArgs &a, int D, int heads, int batch) {
   /* 0: warp-specialised wgmma, 2 producer warpgroups (TMA when it fits);
   ** 1: mma.sync (sm_80 style); 2: as 0 with one producer warpgroup;
-  ** 3: as 0 with ping-pong of the two consumer warpgroups. */
+  ** 3: as 0 with ping-pong of the two consumer warpgroups; 4, 5: S(i+1)
+  ** issued with PV(i), softmax overlapping PV (intra-warpgroup overlap),
+  ** one / two producer warpgroups (D 128; within noise of 0 so far). */
   int var = sta_cuda_attention_variant();
   if (D == 64) {
     switch (var) {
@@ -993,6 +1083,8 @@ sta_status dispatch(AttnArgs &a, int D, int heads, int batch) {
   case 1: return launch<T, 128, 2, 4, false>(a, heads, batch);
   case 2: return launch_ws<T, 128, 3, false, 1>(a, heads, batch);
   case 3: return launch_ws<T, 128, 3, true, 2>(a, heads, batch);
+  case 4: return launch_ws<T, 128, 3, false, 1, true>(a, heads, batch);
+  case 5: return launch_ws<T, 128, 3, false, 2, true>(a, heads, batch);
   default: return launch_ws<T, 128, 3, false, 2>(a, heads, batch);
   }
 }
@@ -1060,7 +1152,7 @@ void setup_tma(AttnArgs &x, const sta_attn_params *p) {
 int sta_cuda_attention_variant(void) {
   const char *s = getenv("STA_CUDA_VARIANT"); /* read per call: benchmarks */
   int x = s ? atoi(s) : 0;
-  return (x >= 0 && x <= 3) ? x : 0;
+  return (x >= 0 && x <= 5) ? x : 0;
 }
 
 sta_status sta_cuda_attention(const sta_attn_params *p) {
