@@ -9,6 +9,34 @@
 
 static const char *ARG[4] = {"q", "k", "v", "out"};
 
+static const char *device_name(sta_device d) { return d == STA_CPU ? "cpu" : "cuda"; }
+
+/* Byte range [lo, hi] a view reaches in its storage (numel > 0). */
+static void byte_span(const sta_tensor *t, int64_t *lo, int64_t *hi) {
+  int64_t es = (int64_t)sta_dtype_size(t->dtype);
+  *lo = *hi = t->offset;
+  for (int32_t i = 0; i < t->ndim; i++) {
+    int64_t span = (t->shape[i] - 1) * t->stride[i];
+    if (span < 0) *lo += span; else *hi += span;
+  }
+  *lo *= es;
+  *hi = *hi * es + es - 1;
+}
+
+/* The forward writes w while it reads r: refuse overlapping memory. */
+static sta_status check_no_alias(const sta_tensor *w, const char *wname,
+                                 const sta_tensor *r, const char *rname) {
+  int64_t a0, a1, b0, b1;
+  if (!w || !r || w->storage != r->storage) return STA_OK;
+  if (sta_tensor_numel(w) == 0 || sta_tensor_numel(r) == 0) return STA_OK;
+  byte_span(w, &a0, &a1);
+  byte_span(r, &b0, &b1);
+  if (a0 > b1 || b0 > a1) return STA_OK;
+  return sta_error(STA_ERR_ARGUMENT,
+                   "%s: shares memory with %s (the forward writes %s while reading %s; "
+                   "use a separate tensor)", wname, rname, wname, rname);
+}
+
 static sta_status check_tensor4(const sta_tensor *t, const char *name,
                                 sta_layout layout, sta_bshd *o) {
   sta_status rc = sta_tensor_bshd(t, layout, name, o);
@@ -46,8 +74,7 @@ sta_status sta_attn_resolve(const sta_attention_desc *desc,
                        sta_dtype_name(t[i]->dtype), sta_dtype_name(q->dtype));
     if (t[i]->storage->device != q->storage->device)
       return sta_error(STA_ERR_ARGUMENT, "%s: on %s while q is on %s", ARG[i],
-                       t[i]->storage->device == STA_CPU ? "cpu" : "cuda",
-                       q->storage->device == STA_CPU ? "cpu" : "cuda");
+                       device_name(t[i]->storage->device), device_name(q->storage->device));
   }
   if (b[0].b < 1 || b[0].h < 1 || b[0].d < 1)
     return sta_error(STA_ERR_SHAPE,
@@ -74,12 +101,26 @@ sta_status sta_attn_resolve(const sta_attention_desc *desc,
     if (lse->dtype != STA_F32)
       return sta_error(STA_ERR_DTYPE, "lse: expected f32, got %s", sta_dtype_name(lse->dtype));
     if (lse->ndim != 3 || lse->shape[0] != b[0].b || lse->shape[1] != b[0].h ||
-        lse->shape[2] != b[0].s)
-      return sta_error(STA_ERR_SHAPE, "lse: expected shape [B=%lld, heads=%lld, S=%lld]",
-                       (long long)b[0].b, (long long)b[0].h, (long long)b[0].s);
+        lse->shape[2] != b[0].s) {
+      char got[96];
+      int n = 0;
+      got[0] = '\0';
+      for (int32_t i = 0; i < lse->ndim; i++)
+        n += snprintf(got + n, sizeof got - (size_t)n, "%s%lld", i ? ", " : "",
+                      (long long)lse->shape[i]);
+      return sta_error(STA_ERR_SHAPE,
+                       "lse: expected shape [B=%lld, heads=%lld, S=%lld], got [%s]",
+                       (long long)b[0].b, (long long)b[0].h, (long long)b[0].s, got);
+    }
     if (lse->storage->device != q->storage->device)
-      return sta_error(STA_ERR_ARGUMENT, "lse: on a different device than q");
+      return sta_error(STA_ERR_ARGUMENT, "lse: on %s while q is on %s",
+                       device_name(lse->storage->device), device_name(q->storage->device));
   }
+  for (int i = 0; i < 3; i++) {
+    if ((rc = check_no_alias(out, "out", t[i], ARG[i])) != STA_OK) return rc;
+    if ((rc = check_no_alias(lse, "lse", t[i], ARG[i])) != STA_OK) return rc;
+  }
+  if ((rc = check_no_alias(lse, "lse", out, "out")) != STA_OK) return rc;
   if (q->storage->device != STA_CPU && !sta_backend_available(q->storage->device))
     return sta_error(STA_ERR_BACKEND, "st attn not supported");
   int32_t *w = sta_malloc(sizeof(int32_t) * 3 * (size_t)b[0].h);

@@ -726,6 +726,46 @@ static void expect_fail(bad *x, const sta_tensor *q, const sta_tensor *k, const 
   assert_same(x->l, x->l0);
 }
 
+/* out or lse sharing memory with an input is refused; disjoint views of
+** one storage are fine. */
+static void test_errors_alias(void **state) {
+  (void)state;
+  bad x;
+  bad_init(&x);
+  expect_fail(&x, x.q, x.k, x.v, x.q, NULL, STA_ERR_ARGUMENT,
+              "out: shares memory with q (the forward writes out while reading q; "
+              "use a separate tensor)");
+  expect_fail(&x, x.q, x.k, x.v, x.v, NULL, STA_ERR_ARGUMENT,
+              "out: shares memory with v (the forward writes out while reading v; "
+              "use a separate tensor)");
+  /* q, k, v and out as four slices of one [4, 134, 2, 8] block */
+  int64_t big[4] = {4, 134, 2, 8};
+  sta_tensor *blk = NULL, *sl[4] = {NULL}, *ov = NULL;
+  assert_int_equal(sta_tensor_create(&blk, STA_F32, STA_CPU, 4, big), STA_OK);
+  sta_tensor_randn(blk, 77, 0, 1);
+  for (int i = 0; i < 4; i++)
+    assert_int_equal(sta_tensor_narrow(&sl[i], blk, 0, i, 1), STA_OK);
+  assert_int_equal(sta_attention_forward(&x.d, sl[0], sl[1], sl[2], sl[3], NULL), STA_OK);
+  double m, r;
+  assert_int_equal(sta_attention_reference(&x.d, sl[0], sl[1], sl[2], x.o, NULL), STA_OK);
+  assert_int_equal(sta_tensor_compare(sl[3], x.o, &m, &r), STA_OK);
+  assert_true(r < 1e-5);
+  /* an out that straddles k and v */
+  assert_int_equal(sta_tensor_narrow(&ov, blk, 0, 1, 1), STA_OK);
+  sta_tensor *ov2 = NULL;
+  int64_t off = 134 * 2 * 8 / 2; /* half a batch row into k */
+  int64_t shape[4] = {1, 134, 2, 8}, st[4] = {134 * 2 * 8, 16, 8, 1};
+  assert_int_equal(sta_tensor_view(&ov2, ov, off, 4, shape, st), STA_OK);
+  sta_clear_error();
+  assert_int_equal(sta_attention_forward(&x.d, sl[0], sl[1], sl[3], ov2, NULL), STA_ERR_ARGUMENT);
+  assert_non_null(strstr(sta_last_error(), "out: shares memory with k"));
+  sta_tensor_destroy(ov2);
+  sta_tensor_destroy(ov);
+  for (int i = 0; i < 4; i++) sta_tensor_destroy(sl[i]);
+  sta_tensor_destroy(blk);
+  bad_free(&x);
+}
+
 static void test_errors_arguments(void **state) {
   (void)state;
   bad x;
@@ -866,15 +906,15 @@ static void test_errors_lse(void **state) {
   assert_same(l16, l16s);
   assert_int_equal(sta_tensor_create(&l2, STA_F32, STA_CPU, 2, l2s), STA_OK);
   sta_tensor_randn(l2, 10, 0, 1);
-  expect_fail(&x, x.q, x.k, x.v, x.o, l2, STA_ERR_SHAPE, "lse: expected shape [B=1, heads=2, S=134]");
+  expect_fail(&x, x.q, x.k, x.v, x.o, l2, STA_ERR_SHAPE, "lse: expected shape [B=1, heads=2, S=134], got [2, 134]");
   assert_int_equal(sta_tensor_create(&lw, STA_F32, STA_CPU, 3, lws), STA_OK);
   sta_tensor_randn(lw, 11, 0, 1);
-  expect_fail(&x, x.q, x.k, x.v, x.o, lw, STA_ERR_SHAPE, "lse: expected shape [B=1, heads=2, S=134]");
+  expect_fail(&x, x.q, x.k, x.v, x.o, lw, STA_ERR_SHAPE, "lse: expected shape [B=1, heads=2, S=134], got [1, 134, 2]");
   /* lse on another device */
   float dummy[268];
   sta_tensor *lc = NULL;
   assert_int_equal(sta_tensor_wrap(&lc, dummy, STA_F32, STA_CUDA, 3, ls, NULL), STA_OK);
-  expect_fail(&x, x.q, x.k, x.v, x.o, lc, STA_ERR_ARGUMENT, "lse: on a different device than q");
+  expect_fail(&x, x.q, x.k, x.v, x.o, lc, STA_ERR_ARGUMENT, "lse: on cuda while q is on cpu");
   sta_tensor_destroy(lc);
   sta_tensor_destroy(l16); sta_tensor_destroy(l16s);
   sta_tensor_destroy(l2); sta_tensor_destroy(lw);
@@ -988,6 +1028,7 @@ int main(void) {
     cmocka_unit_test(test_flops),
     cmocka_unit_test(test_head_diff),
     cmocka_unit_test(test_errors_arguments),
+    cmocka_unit_test(test_errors_alias),
     cmocka_unit_test(test_errors_geometry_windows),
     cmocka_unit_test(test_errors_lse),
     cmocka_unit_test(test_errors_devices),
