@@ -525,9 +525,8 @@ sta_status launch(AttnArgs &a, int heads, int batch) {
   return STA_OK;
 }
 
-
-/* ---- the sm_90a kernel: wgmma ----------------------------------------------
-** NWG warpgroups of 64 query rows each; key blocks of BW = 128 keys.
+/* ---- sm_90a building blocks: wgmma operands -------------------------------
+** Warpgroups of 64 query rows; key blocks of BW = 128 keys.
 ** S = Q K^T: wgmma m64n128k16, Q and K from shared memory (K-major,
 ** 128-byte swizzle).  O += P V: wgmma m64nDk16 with P from registers and V
 ** from shared memory (MN-major, transposed B).  Shared tiles are stored as
@@ -599,11 +598,15 @@ template <> struct WgOps<__half, 64> {
 };
 
 /* ---- warp-specialised sm_90a kernel ----------------------------------------
-** One producer warpgroup gathers Q and the K/V blocks with cp.async into a
-** STAGES-deep ring (full/empty mbarriers); two consumer warpgroups (64
-** query rows each) run the wgmma loop without a CTA-wide barrier, so one
-** can do its softmax while the other keeps the tensor cores busy (PP: the
-** S GEMMs of the two are also ordered in turn by named barriers). */
+** NPROD producer warpgroups fill a STAGES-deep K/V ring (full/empty
+** mbarriers): one thread issues TMA 5-D tile loads (2 t-slices of an 8x8
+** tile, zero-filled past the canvas) where setup_tma allowed it, otherwise
+** all producer threads gather rows with cp.async (text keys, other tiles,
+** strides TMA cannot take).  Two consumer warpgroups (64 query rows each)
+** run the wgmma loop without a CTA-wide barrier, so one can do its softmax
+** while the other keeps the tensor cores busy.  PP: their S GEMMs also
+** take turns (named barriers).  OVL: S(i+1) is issued with PV(i) and its
+** softmax overlaps PV(i). */
 
 __device__ __forceinline__ void mbar_init(uint64_t *b, int count) {
   asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(smem_u32(b)),
