@@ -942,7 +942,7 @@ static uint64_t xorshift(uint64_t *s) {
 static void mutate_file(const char *valid, const char *path, int st, int rounds) {
   size_t n;
   unsigned char *f = read_bytes(valid, &n);
-  unsigned char *g = malloc(n + 16);
+  unsigned char *g = calloc(n + 16, 1); /* a lengthened file ends in zeros, not garbage (valgrind) */
   static const char alphabet[] = "{}()[],:'\" 0123456789-.eE<>fuTrueFalse\"dtypeshape\x93\\";
   uint64_t s = 0x9e3779b97f4a7c15ull ^ (uint64_t)rounds;
   int ok = 0, bad = 0;
