@@ -566,6 +566,8 @@ static sta_status sp_run(sta_comm *c, const sta_geometry *g, sta_layout layout,
                      (long long)x[0].b, (long long)x[0].h, (long long)x[0].d);
   if ((rc = check_moves(c, q, "q")) != STA_OK) return rc;
   if ((rc = split_local(&sp, g, &x[0], "q")) != STA_OK) return rc;
+  /* one rank holds every token and head: no data to move */
+  if (sp.p == 1) return job->compute(job, q, k, v, out);
 
   sta_device dev = sta_tensor_device(q);
   sta_dtype dt = q->dtype;

@@ -1071,7 +1071,8 @@ static void test_errors_out_of_memory(void **state) {
     assert_bitwise(o, before);
     failures++;
   }
-  assert_true(failures > 10);
+  /* one rank runs the plain forward (nothing to move): its allocations */
+  assert_true(failures >= 2);
   /* shard and unshard: the destination unchanged on every failure */
   sta_tensor *local = randn4(STA_F32, STA_BSHD, 1, 66, 2, 8);
   sta_tensor *lbefore = snapshot(local);
