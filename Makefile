@@ -5,6 +5,8 @@
 #   make test-gpu   GPU tests on a machine with a CUDA device
 #   make bench      CPU benchmark (bench-gpu: the GPU one)
 #   make sanitize   the CPU suite under ASan + UBSan
+#   make fuzz       libFuzzer targets, bounded (FUZZ_SECONDS)
+#   make valgrind   memcheck over the C tests and busted
 # Everything is overridable: make CC=clang CFLAGS=... LUA_INCDIR=... NVCC=
 
 CC        ?= cc
@@ -53,7 +55,7 @@ BENCH_SRC  = $(sort $(wildcard bench/*.c))
 BENCH_BIN  = $(BENCH_SRC:bench/%.c=$(BUILD)/bench/%)
 
 .PHONY: all lib deps tests test test-c test-lua test-gpu bench bench-gpu \
-        sanitize fuzz repl example install clean
+        sanitize fuzz valgrind repl example install clean
 all: lib $(TOOLS) $(if $(LUA_CSRC),$(LUA_MOD)) $(TEST_BIN) $(BENCH_BIN)
 lib: $(BUILD)/libsta.a $(BUILD)/libsta.so
 
@@ -120,6 +122,9 @@ sanitize:
 
 fuzz:
 	@scripts/fuzz
+
+valgrind:
+	@scripts/valgrind
 
 repl: all
 	@BUILD=$(BUILD) scripts/sta-repl
