@@ -319,6 +319,25 @@ static void test_copy_fill(void **state) {
   sta_tensor_destroy(h); sta_tensor_destroy(d32); sta_tensor_destroy(dbf);
   sta_tensor_destroy(back); sta_tensor_destroy(hbf);
   dev4_free(&p);
+  /* same dtype, permuted source: D 24 takes the 16-byte row path, D 25 the
+  ** element path; both bitwise equal to the host's permuted copy */
+  for (int64_t dd = 24; dd <= 25; dd++) {
+    int64_t s2[4] = {2, 37, 3, dd}, s3[4] = {2, 3, 37, dd};
+    int32_t perm[4] = {0, 2, 1, 3};
+    sta_tensor *hs = NULL, *ds = NULL, *dq = NULL, *dp = NULL, *hp = NULL, *hb = NULL;
+    assert_int_equal(sta_tensor_create(&hs, STA_BF16, STA_CPU, 4, s2), STA_OK);
+    assert_int_equal(sta_tensor_randn(hs, 100 + (uint64_t)dd, 0.0, 1.0), STA_OK);
+    assert_int_equal(sta_tensor_to(&ds, hs, STA_BF16, STA_CUDA), STA_OK);
+    assert_int_equal(sta_tensor_permute(&dq, ds, perm), STA_OK);
+    assert_int_equal(sta_tensor_create(&dp, STA_BF16, STA_CUDA, 4, s3), STA_OK);
+    assert_int_equal(sta_tensor_copy(dp, dq), STA_OK);
+    assert_int_equal(sta_tensor_to(&hb, dp, STA_BF16, STA_CPU), STA_OK);
+    assert_int_equal(sta_tensor_permute(&hp, hs, perm), STA_OK);
+    assert_int_equal(sta_tensor_compare(hb, hp, &mx, &rel), STA_OK);
+    assert_true(mx == 0.0);
+    sta_tensor_destroy(hs); sta_tensor_destroy(ds); sta_tensor_destroy(dq);
+    sta_tensor_destroy(dp); sta_tensor_destroy(hp); sta_tensor_destroy(hb);
+  }
 }
 
 static void test_f32_refused(void **state) {
