@@ -17,6 +17,7 @@
 #include <cmocka.h>
 
 #include "sta.h"
+#include "test_util.h"
 
 static char tmpdir[256], exe[1024];
 static char out_text[8192], err_text[8192];
@@ -76,15 +77,12 @@ static int group_setup(void **state) {
     fprintf(stderr, "test_cli: sta-run not found (%s); build it with make\n", exe);
     return -1;
   }
-  snprintf(tmpdir, sizeof tmpdir, "/tmp/sta-test-cli-XXXXXX");
-  return mkdtemp(tmpdir) ? 0 : -1;
+  return sta_test_mkdtemp(tmpdir, sizeof tmpdir, "test-cli");
 }
 
 static int group_teardown(void **state) {
   (void)state;
-  char cmd[400];
-  snprintf(cmd, sizeof cmd, "rm -rf '%s'", tmpdir);
-  return system(cmd) == 0 ? 0 : -1;
+  return sta_test_rmdir(tmpdir);
 }
 
 /* ---- helpers ---------------------------------------------------------- */

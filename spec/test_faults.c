@@ -21,6 +21,7 @@
 #include <cmocka.h>
 
 #include "internal.h"
+#include "test_util.h"
 
 static uint64_t seed;
 static char dir[64];
@@ -531,16 +532,12 @@ static int setup(void **state) {
   (void)state;
   seed = (uint64_t)time(NULL) ^ ((uint64_t)getpid() << 20);
   printf("# test_faults seed %llu\n", (unsigned long long)seed);
-  snprintf(dir, sizeof dir, "/tmp/sta-faults-XXXXXX");
-  assert_non_null(mkdtemp(dir));
-  return 0;
+  return sta_test_mkdtemp(dir, sizeof dir, "faults");
 }
 
 static int teardown(void **state) {
   (void)state;
-  char cmd[128];
-  snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
-  return system(cmd) == 0 ? 0 : -1;
+  return sta_test_rmdir(dir);
 }
 
 int main(void) {

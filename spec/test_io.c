@@ -13,6 +13,7 @@
 #include <cmocka.h>
 
 #include "internal.h"
+#include "test_util.h"
 
 static char tmpdir[256];
 
@@ -112,18 +113,13 @@ static void write_npy(const char *path, int major, const char *dict, size_t nbyt
 
 static int group_setup(void **state) {
   (void)state;
-  /* tmpfs when there is one: the mutation test writes thousands of files */
-  snprintf(tmpdir, sizeof tmpdir, "/dev/shm/sta-test-io-XXXXXX");
-  if (mkdtemp(tmpdir)) return 0;
-  snprintf(tmpdir, sizeof tmpdir, "/tmp/sta-test-io-XXXXXX");
-  return mkdtemp(tmpdir) ? 0 : -1;
+  /* tmpfs first: the mutation test writes thousands of files */
+  return sta_test_mkdtemp(tmpdir, sizeof tmpdir, "test-io");
 }
 
 static int group_teardown(void **state) {
   (void)state;
-  char cmd[400];
-  snprintf(cmd, sizeof cmd, "rm -rf '%s'", tmpdir);
-  return system(cmd) == 0 ? 0 : -1;
+  return sta_test_rmdir(tmpdir);
 }
 
 /* ---- npy: round trips ----------------------------------------------- */

@@ -1,0 +1,29 @@
+/* test_util.h -- small helpers the C tests share (header-only). */
+#ifndef STA_TEST_UTIL_H
+#define STA_TEST_UTIL_H
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* Make a fresh folder "<base>/sta-<name>-XXXXXX" in buf, trying /dev/shm
+** (tmpfs: some tests write thousands of files) and then /tmp.  0 on
+** success. */
+static inline int sta_test_mkdtemp(char *buf, size_t n, const char *name) {
+  static const char *const bases[] = {"/dev/shm", "/tmp"};
+  for (size_t i = 0; i < sizeof bases / sizeof bases[0]; i++) {
+    snprintf(buf, n, "%s/sta-%s-XXXXXX", bases[i], name);
+    if (mkdtemp(buf)) return 0;
+  }
+  return -1;
+}
+
+/* Remove a folder made by sta_test_mkdtemp and everything in it. */
+static inline int sta_test_rmdir(const char *dir) {
+  char cmd[512];
+  if (!dir[0]) return 0;
+  snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+  return system(cmd) == 0 ? 0 : -1;
+}
+
+#endif
