@@ -345,17 +345,13 @@ WORKLOADS = [
 ]
 
 
-def flex_mask_mod(g, S):
-    T, Hc, W = g["canvas"]
-    tt, th, tw = g["tile"]
+def window_mask_mod(g, coords):
+    """FlexAttention mask_mod of the STA rule (STA.md sections 2-3): coords
+    maps a token index (clamped into the video) to its tile (t, h, w)."""
     NT, NH, NW = grid_of(g)
-    V = T * Hc * W
+    V = g["canvas"][0] * g["canvas"][1] * g["canvas"][2]
     tl = g["text_len"]
     Kt, Kh, Kw = [min(k, c) for k, c in zip(g["windows"], (NT, NH, NW))]
-
-    def coords(i):
-        i = torch.clamp(i, max=V - 1)
-        return (i // (Hc * W)) // tt, ((i // W) % Hc) // th, (i % W) // tw
 
     def mask_mod(b, h, q_idx, kv_idx):
         qt, qh, qw = coords(q_idx)
@@ -370,6 +366,18 @@ def flex_mask_mod(g, S):
         ktext = (kv_idx >= V) & (kv_idx < V + tl)
         return (qv & kv & inwin) | (qv & ktext) | ((~qv) & (kv | ktext))
     return mask_mod
+
+
+def flex_mask_mod(g, S):
+    """The STA mask on untiled token indices."""
+    T, Hc, W = g["canvas"]
+    tt, th, tw = g["tile"]
+    V = T * Hc * W
+
+    def coords(i):
+        i = torch.clamp(i, max=V - 1)
+        return (i // (Hc * W)) // tt, ((i // W) % Hc) // th, (i % W) // tw
+    return window_mask_mod(g, coords)
 
 
 def tiled_perm(g, S, device):
@@ -388,30 +396,16 @@ def tiled_perm(g, S, device):
 
 
 def flex_tiled_mask_mod(g, S):
+    """The STA mask on FastVideo's tiled order."""
     tt, th, tw = g["tile"]
     NT, NH, NW = grid_of(g)
     V = g["canvas"][0] * g["canvas"][1] * g["canvas"][2]
-    tl = g["text_len"]
-    Kt, Kh, Kw = [min(k, c) for k, c in zip(g["windows"], (NT, NH, NW))]
     vol = tt * th * tw
 
     def coords(i):
         t = torch.clamp(i, max=V - 1) // vol
         return t // (NH * NW), (t // NW) % NH, t % NW
-
-    def mask_mod(b, h, q_idx, kv_idx):
-        qt, qh, qw = coords(q_idx)
-        kt, kh, kw = coords(kv_idx)
-        st = torch.clamp(qt - Kt // 2, 0, NT - Kt)
-        sh = torch.clamp(qh - Kh // 2, 0, NH - Kh)
-        sw = torch.clamp(qw - Kw // 2, 0, NW - Kw)
-        inwin = ((kt >= st) & (kt < st + Kt) & (kh >= sh) & (kh < sh + Kh) &
-                 (kw >= sw) & (kw < sw + Kw))
-        qv = q_idx < V
-        kv = kv_idx < V
-        ktext = (kv_idx >= V) & (kv_idx < V + tl)
-        return (qv & kv & inwin) | (qv & ktext) | ((~qv) & (kv | ktext))
-    return mask_mod
+    return window_mask_mod(g, coords)
 
 
 def bench(sta, reps, log, results, flex=True):
