@@ -9,16 +9,10 @@
 
 static const char *ARG[4] = {"q", "k", "v", "out"};
 
-static const char *device_name(sta_device d) { return d == STA_CPU ? "cpu" : "cuda"; }
-
 /* Byte range [lo, hi] a view reaches in its storage (numel > 0). */
 static void byte_span(const sta_tensor *t, int64_t *lo, int64_t *hi) {
   int64_t es = (int64_t)sta_dtype_size(t->dtype);
-  *lo = *hi = t->offset;
-  for (int32_t i = 0; i < t->ndim; i++) {
-    int64_t span = (t->shape[i] - 1) * t->stride[i];
-    if (span < 0) *lo += span; else *hi += span;
-  }
+  sta_tensor_extent(t, lo, hi);
   *lo *= es;
   *hi = *hi * es + es - 1;
 }
@@ -74,7 +68,7 @@ sta_status sta_attn_resolve(const sta_attention_desc *desc,
                        sta_dtype_name(t[i]->dtype), sta_dtype_name(q->dtype));
     if (t[i]->storage->device != q->storage->device)
       return sta_error(STA_ERR_ARGUMENT, "%s: on %s while q is on %s", ARG[i],
-                       device_name(t[i]->storage->device), device_name(q->storage->device));
+                       sta_device_name(t[i]->storage->device), sta_device_name(q->storage->device));
   }
   if (b[0].b < 1 || b[0].h < 1 || b[0].d < 1)
     return sta_error(STA_ERR_SHAPE,
@@ -114,7 +108,7 @@ sta_status sta_attn_resolve(const sta_attention_desc *desc,
     }
     if (lse->storage->device != q->storage->device)
       return sta_error(STA_ERR_ARGUMENT, "lse: on %s while q is on %s",
-                       device_name(lse->storage->device), device_name(q->storage->device));
+                       sta_device_name(lse->storage->device), sta_device_name(q->storage->device));
   }
   for (int i = 0; i < 3; i++) {
     if ((rc = check_no_alias(out, "out", t[i], ARG[i])) != STA_OK) return rc;

@@ -17,8 +17,6 @@ struct sta_comm {
 
 #define MAX_LOOPBACK 64
 
-static const char *dev_name(sta_device d) { return d == STA_CPU ? "cpu" : "cuda"; }
-
 /* ---- communicators -------------------------------------------------------- */
 
 sta_status sta_comm_create(sta_comm **out, const sta_transport *t) {
@@ -60,7 +58,7 @@ static sta_status check_moves(const sta_comm *c, const sta_tensor *t, const char
   sta_device d = sta_tensor_device(t);
   if (!(c->t.devices & (1u << d)))
     return sta_error(STA_ERR_ARGUMENT, "%s: on %s, but the %s communicator does not move %s memory",
-                     name, dev_name(d), c->t.name, dev_name(d));
+                     name, sta_device_name(d), c->t.name, sta_device_name(d));
   return STA_OK;
 }
 
@@ -80,7 +78,7 @@ static sta_status collective_args(const sta_comm *c, const sta_tensor *send,
                      sta_dtype_name(recv->dtype), sta_dtype_name(send->dtype));
   if (sta_tensor_device(send) != sta_tensor_device(recv))
     return sta_error(STA_ERR_ARGUMENT, "recv: on %s while send is on %s",
-                     dev_name(sta_tensor_device(recv)), dev_name(sta_tensor_device(send)));
+                     sta_device_name(sta_tensor_device(recv)), sta_device_name(sta_tensor_device(send)));
   if ((rc = check_moves(c, send, "send")) != STA_OK) return rc;
   *bytes = (size_t)sta_tensor_numel(send) * sta_dtype_size(send->dtype);
   return STA_OK;
@@ -558,7 +556,7 @@ static sta_status sp_run(sta_comm *c, const sta_geometry *g, sta_layout layout,
                        sta_dtype_name(t[i]->dtype), sta_dtype_name(q->dtype));
     if (sta_tensor_device(t[i]) != sta_tensor_device(q))
       return sta_error(STA_ERR_ARGUMENT, "%s: on %s while q is on %s", names[i],
-                       dev_name(sta_tensor_device(t[i])), dev_name(sta_tensor_device(q)));
+                       sta_device_name(sta_tensor_device(t[i])), sta_device_name(sta_tensor_device(q)));
   }
   if (x[0].b < 1 || x[0].h < 1 || x[0].d < 1)
     return sta_error(STA_ERR_SHAPE,
@@ -772,7 +770,7 @@ sta_status sta_sp_layer_create(sta_sp_layer **out, sta_comm *c, const sta_layer_
   sta_status rc;
   if (!(c->t.devices & (1u << (desc->backend == STA_CUDA ? STA_CUDA : STA_CPU))))
     return sta_error(STA_ERR_ARGUMENT, "backend: the %s communicator does not move %s memory",
-                     c->t.name, dev_name(desc->backend));
+                     c->t.name, sta_device_name(desc->backend));
   sta_sp_layer *l = sta_calloc(1, sizeof *l);
   if (!l) return sta_error(STA_ERR_NOMEM, "out of host memory (SP layer)");
   if ((rc = sta_layer_create(&l->layer, &d)) != STA_OK) {

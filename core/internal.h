@@ -71,6 +71,11 @@ typedef struct sta_bshd {
 } sta_bshd;
 sta_status sta_tensor_bshd(const sta_tensor *t, sta_layout layout,
                            const char *argname, sta_bshd *out);
+/* Smallest and largest element offset (in its storage) a tensor with
+** numel > 0 reaches. */
+void sta_tensor_extent(const sta_tensor *t, int64_t *lo, int64_t *hi);
+/* "cpu" or "cuda", for messages. */
+const char *sta_device_name(sta_device d);
 
 /* ---- numbers ---------------------------------------------------------- */
 

@@ -116,8 +116,6 @@ void sta_layer_set_strategy(sta_layer *l, const sta_strategy *s) {
   if (l) l->strategy = s;
 }
 
-static const char *device_name(sta_device d) { return d == STA_CPU ? "cpu" : "cuda"; }
-
 /* Heads, head dim and device of one of q, k, v, out. */
 static sta_status check_operand(const sta_layer *l, const sta_tensor *t,
                                 const char *name) {
@@ -132,7 +130,7 @@ static sta_status check_operand(const sta_layer *l, const sta_tensor *t,
                      (int)l->head_dim, (long long)b.d);
   if (sta_tensor_device(t) != l->backend)
     return sta_error(STA_ERR_ARGUMENT, "%s: on %s, but the layer runs on %s", name,
-                     device_name(sta_tensor_device(t)), device_name(l->backend));
+                     sta_device_name(sta_tensor_device(t)), sta_device_name(l->backend));
   return STA_OK;
 }
 

@@ -22,6 +22,8 @@ const char *sta_dtype_name(sta_dtype dtype) {
   return "?";
 }
 
+const char *sta_device_name(sta_device d) { return d == STA_CPU ? "cpu" : "cuda"; }
+
 static int dtype_ok(sta_dtype d) {
   return d == STA_F32 || d == STA_F16 || d == STA_BF16;
 }
@@ -182,6 +184,10 @@ static void view_extent(int64_t offset, int32_t ndim, const int64_t *shape,
     int64_t span = (shape[i] - 1) * stride[i];
     if (span < 0) *lo += span; else *hi += span;
   }
+}
+
+void sta_tensor_extent(const sta_tensor *t, int64_t *lo, int64_t *hi) {
+  view_extent(t->offset, t->ndim, t->shape, t->stride, lo, hi);
 }
 
 static sta_status check_strides(int32_t ndim, const int64_t *shape,
