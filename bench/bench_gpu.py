@@ -16,11 +16,11 @@ scripts/device-prep) is called through its backend table instead.
 --bench    STA.md section 8 workloads: sta vs cuDNN dense SDPA vs
            FlexAttention with an STA block mask, same inputs, same run.
 --sweep    canvas sweep at window 3,3,3: sta vs dense.
---variants kernel variants (STA_CUDA_VARIANT: 0 warp-specialised wgmma with
-           2 producer warpgroups, TMA where it fits; 1 mma.sync; 2 as 0 with
-           one producer warpgroup; 3 as 0 with consumer ping-pong; 4, 5
-           intra-warpgroup overlap with one / two producer warpgroups) on
-           hunyuan-720p and wan-720p (STA_VARIANTS picks which).
+--variants kernel variants (STA_CUDA_VARIANT, see kernels/sta_attention.cu's
+           dispatch) on the cases STA_CASES names (default hunyuan-720p,
+           wan-720p; "all": the section 8 workloads plus mixed per-head
+           windows, D 64 and fp16 at hunyuan-720p); STA_VARIANTS picks the
+           variants, the first is the reference for rel_vs_first.
 """
 import argparse
 import ctypes as C
@@ -540,25 +540,51 @@ def sweep(sta, reps, log, results):
             r["sta_peak_mib"], r["io_mib"], r["dense_peak_mib"]))
 
 
+# Issue 6's cases: the canonical workloads plus a searched-like mix of
+# per-head windows, D 64 and fp16 (each at hunyuan-720p).  STA_CASES picks
+# them by name (comma-separated), STA_VARIANTS the kernel variants.
+MIXED_WINDOWS = [(3, 3, 3), (1, 3, 3), (3, 6, 10), (1, 3, 5), (1, 1, 1), (3, 3, 5),
+                 (5, 6, 10), (3, 5, 7)]
+
+
+def variant_cases():
+    cases = []
+    for name, canvas, text, win in WORKLOADS:
+        cases.append((name, canvas, text, list(win), 24, 128, torch.bfloat16))
+    hy = WORKLOADS[0]
+    mixed = []
+    for h in range(24):
+        mixed += list(MIXED_WINDOWS[h % len(MIXED_WINDOWS)])
+    cases.append(("hunyuan-720p-mixed", hy[1], hy[2], mixed, 24, 128, torch.bfloat16))
+    cases.append(("hunyuan-720p-d64", hy[1], hy[2], list(hy[3]), 48, 64, torch.bfloat16))
+    cases.append(("hunyuan-720p-fp16", hy[1], hy[2], list(hy[3]), 24, 128, torch.float16))
+    want = os.environ.get("STA_CASES", "hunyuan-720p,wan-720p")
+    if want != "all":
+        names = want.split(",")
+        cases = [c for c in cases if c[0] in names]
+    return cases
+
+
 def variants(sta, reps, log, results):
-    H, D = 24, 128
     rows = []
-    for name, canvas, text, win in WORKLOADS[:1] + WORKLOADS[2:3]:
+    for name, canvas, text, win, H, D, dt in variant_cases():
         V = canvas[0] * canvas[1] * canvas[2]
         S = V + text
-        g = dict(canvas=canvas, tile=(6, 8, 8), text_len=text, windows=list(win))
-        q, k, v = (torch.randn(1, S, H, D, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+        g = dict(canvas=canvas, tile=(6, 8, 8), text_len=text, windows=win)
+        q, k, v = (torch.randn(1, S, H, D, device="cuda", dtype=dt) for _ in range(3))
         o = torch.empty_like(q)
         ref = None
         fl = flops(g, S, H, D)
-        for var in [int(x) for x in os.environ.get('STA_VARIANTS', '0,1,2,3,4,5').split(',')]:
+        for var in [int(x) for x in os.environ.get('STA_VARIANTS', '0,1,2,3,4').split(',')]:
             os.environ["STA_CUDA_VARIANT"] = str(var)
             ms, _ = time_ms(lambda: sta.forward(g, q, k, v, o), reps)
             torch.cuda.synchronize()
             if ref is None:
                 ref = o.clone()
             e, _ = rel_err(o, ref)
-            rows.append(dict(workload=name, variant=var, ms=ms, tflops=fl / ms / 1e9, rel_vs_v0=e))
+            rows.append(dict(workload=name, heads=H, head_dim=D, dtype=str(dt).split(".")[-1],
+                             variant=var, ms=ms, tflop=fl / 1e12, tflops=fl / ms / 1e9,
+                             rel_vs_first=e))
             log("variant %s" % json.dumps(rows[-1]))
         os.environ.pop("STA_CUDA_VARIANT", None)
         del q, k, v, o

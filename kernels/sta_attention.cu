@@ -27,6 +27,7 @@
 #include <cudaTypedefs.h>
 #include <cuda_runtime.h>
 #include <math.h>
+#include <pthread.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -41,22 +42,36 @@ namespace {
 constexpr int BN = 64; /* keys per block */
 
 struct AttnArgs {
-  /* TMA maps of K and V: dims (D, W, H, T, heads*batch) for full 8x8 tiles */
+  /* TMA maps (sm_90a kernels), each read in boxes of 64 columns with the
+  ** 128-byte swizzle.  Tile maps: 2 t-slices of an 8x8 tile of K, V or Q
+  ** straight from untiled memory; row maps: 128 consecutive rows (text
+  ** keys and queries, the keys of text queries).  Either the heads are
+  ** fused with D in dim 0 (head stride D: BSHD, any batch), or dim 4 / 2
+  ** counts heads (batch folded in when the batch stride allows, else
+  ** batch 1); tma_c0 / tma_c4 give a work item's coordinates. */
   CUtensorMap tmk; /* 64-byte (or more) aligned type */
   CUtensorMap tmv;
-  int tma;       /* use them for the tile blocks of video queries */
-  int tma_bfold; /* batch folded into the heads dim (else batch 1) */
+  CUtensorMap tmq;
+  CUtensorMap rmk, rmv, rmq;
+  int tma;       /* tile maps of K and V: the tile key blocks */
+  int tma_q;     /* tile map of Q: query blocks of 2 t-slices of a box */
+  int tma_rows;  /* row maps: text key blocks, text query blocks */
+  int tma_fused; /* dim 0 = heads*D (coordinate head*D), last dim = batch */
   const void *q, *k, *v;
   void *o;
   float *lse;
+  int *sched; /* persistent kernel: [next item, CTAs done], reset at exit */
   int64_t q_sb, q_ss, q_sh, k_sb, k_ss, k_sh, v_sb, v_ss, v_sh;
   int64_t o_sb, o_ss, o_sh, lse_sb, lse_sh, lse_ss;
-  int S, V, text_len, vec, heads;
+  int S, V, text_len, vec, heads, batch;
   int cT, cH, cW, tt, th, tw, NT, NH, NW, tile_vol;
   int qbpt;           /* query blocks per tile */
-  int n_text_qblocks; /* blocks of text query rows */
+  int n_text_qblocks; /* blocks of text query rows (per head and batch) */
+  int n_text_items;   /* batch * heads * n_text_qblocks: they come first */
+  int n_items;        /* all work items of the sm_90a kernels */
   float scale_log2;
-  int16_t win[3 * STA_MAX_HEADS]; /* min(K, C) per head and axis */
+  int16_t win[3 * STA_MAX_HEADS];  /* min(K, C) per head and axis */
+  int16_t horder[STA_MAX_HEADS];   /* heads, largest window first */
 };
 
 /* ---- PTX helpers -------------------------------------------------------- */
@@ -145,6 +160,21 @@ __device__ __forceinline__ int axis_start(int q, int k, int c) {
   int s = q - k / 2;
   s = s < 0 ? 0 : s;
   return s < c - k ? s : c - k;
+}
+
+/* The key tiles of query tile (it, ih, iw) for a head's window, in key
+** blocks of bk keys (tile blocks first, then the text). */
+__device__ __forceinline__ void window_plan(const AttnArgs &a, int head, int it,
+                                            int ih, int iw, int bk, KeyPlan *p) {
+  p->ct = a.win[3 * head];
+  p->ch = a.win[3 * head + 1];
+  p->cw = a.win[3 * head + 2];
+  p->st = axis_start(it, p->ct, a.NT);
+  p->sh = axis_start(ih, p->ch, a.NH);
+  p->sw = axis_start(iw, p->cw, a.NW);
+  p->bpt = (a.tile_vol + bk - 1) / bk;
+  p->n_tblk = p->ct * p->ch * p->cw * p->bpt;
+  p->nkb = p->n_tblk + (a.text_len + bk - 1) / bk;
 }
 
 /* Global row of key j of key block kb (blocks of BK keys), or -1; *cnt =
@@ -253,15 +283,7 @@ __global__ void __launch_bounds__(NWARP * 32)
     qrow0 = qb * BR;
     qcount = min(BR, qet * qeh * qew - qrow0);
     if (qcount <= 0) return;
-    p.ct = a.win[3 * head];
-    p.ch = a.win[3 * head + 1];
-    p.cw = a.win[3 * head + 2];
-    p.st = axis_start(it, p.ct, a.NT);
-    p.sh = axis_start(ih, p.ch, a.NH);
-    p.sw = axis_start(iw, p.cw, a.NW);
-    p.bpt = (a.tile_vol + BN - 1) / BN;
-    p.n_tblk = p.ct * p.ch * p.cw * p.bpt;
-    p.nkb = p.n_tblk + (a.text_len + BN - 1) / BN;
+    window_plan(a, head, it, ih, iw, BN, &p);
   }
 
   const T *gq = reinterpret_cast<const T *>(a.q) + b * a.q_sb + head * a.q_sh;
@@ -540,12 +562,6 @@ __device__ __forceinline__ int swz(int r, int ch, int R) {
   return ((ch >> 3) * R + r) * 64 + (((ch & 7) ^ (r & 7)) << 3);
 }
 
-__device__ __forceinline__ uint64_t sdesc(const void *p, uint32_t lbo,
-                                          uint32_t sbo) {
-  uint32_t a = smem_u32(p);
-  return (uint64_t)((a & 0x3FFFF) >> 4) | ((uint64_t)(lbo >> 4) << 16) |
-         ((uint64_t)(sbo >> 4) << 32) | (1ull << 62);
-}
 
 __device__ __forceinline__ void fence_proxy_async() {
   asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
@@ -597,16 +613,15 @@ template <> struct WgOps<__half, 64> {
   static __device__ __forceinline__ void pv(float *d, const uint32_t *a, uint64_t b) { sta_wgmma::rs_n64_f16_tb(d, a, b, 1); }
 };
 
-/* ---- warp-specialised sm_90a kernel ----------------------------------------
+/* ---- warp-specialised sm_90a kernel: building blocks -----------------------
 ** NPROD producer warpgroups fill a STAGES-deep K/V ring (full/empty
-** mbarriers): one thread issues TMA 5-D tile loads (2 t-slices of an 8x8
-** tile, zero-filled past the canvas) where setup_tma allowed it, otherwise
-** all producer threads gather rows with cp.async (text keys, other tiles,
-** strides TMA cannot take).  Two consumer warpgroups (64 query rows each)
-** run the wgmma loop without a CTA-wide barrier, so one can do its softmax
-** while the other keeps the tensor cores busy.  PP: their S GEMMs also
-** take turns (named barriers).  OVL: S(i+1) is issued with PV(i) and its
-** softmax overlaps PV(i). */
+** mbarriers): one thread issues TMA loads where setup_tma allowed them
+** (tile maps: 2 t-slices of an 8x8 tile, zero-filled past the canvas; row
+** maps: 128 consecutive rows), otherwise all producer threads gather rows
+** with cp.async (other tiles, strides TMA cannot take).  Two consumer
+** warpgroups (64 query rows each) run the wgmma loop without a CTA-wide
+** barrier.  OVL: S(i+1) is issued with PV(i) and its softmax overlaps
+** PV(i); PP: the warpgroups also take turns issuing (ping-pong). */
 
 __device__ __forceinline__ void mbar_init(uint64_t *b, int count) {
   asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(smem_u32(b)),
@@ -639,6 +654,16 @@ __device__ __forceinline__ void tma_load_5d(void *dst, const CUtensorMap *m,
       "bytes [%0], [%1, {%2, %3, %4, %5, %6}], [%7];\n" ::"r"(smem_u32(dst)),
       "l"(reinterpret_cast<uint64_t>(m)), "r"(c0), "r"(c1), "r"(c2), "r"(c3),
       "r"(c4), "r"(smem_u32(bar))
+      : "memory");
+}
+__device__ __forceinline__ void tma_load_3d(void *dst, const CUtensorMap *m,
+                                            int c0, int c1, int c2,
+                                            uint64_t *bar) {
+  asm volatile(
+      "cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::"
+      "bytes [%0], [%1, {%2, %3, %4}], [%5];\n" ::"r"(smem_u32(dst)),
+      "l"(reinterpret_cast<uint64_t>(m)), "r"(c0), "r"(c1), "r"(c2),
+      "r"(smem_u32(bar))
       : "memory");
 }
 __device__ __forceinline__ void bar_arrive_named(int id, int n) {
@@ -686,6 +711,27 @@ __device__ __forceinline__ BlkInfo block_info(const AttnArgs &a,
   return r;
 }
 
+/* The producer publishes each block's BlkInfo with its stage (written
+** before its arrive on the full barrier, read after the consumers' wait),
+** so the consumers do not redo the divisions of block_info. */
+__device__ __forceinline__ int4 pack_binfo(const BlkInfo &b) {
+  return make_int4(b.cnt | (b.posmask << 30), b.t0, b.h0, b.w0);
+}
+__device__ __forceinline__ BlkInfo get_binfo(const int4 *bi) {
+  int x, y, z, w;
+  asm volatile("ld.shared.v4.s32 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(x), "=r"(y), "=r"(z), "=r"(w)
+               : "r"(smem_u32(bi))
+               : "memory");
+  BlkInfo r;
+  r.cnt = x & 0xffff;
+  r.posmask = (x >> 30) & 1;
+  r.t0 = y;
+  r.h0 = z;
+  r.w0 = w;
+  return r;
+}
+
 /* S of a 64 x BW block (wgmma accumulator layout): -inf where no key. */
 __device__ __forceinline__ void mask_block(float *s, const BlkInfo &bi,
                                            const AttnArgs &a, int lane) {
@@ -712,6 +758,7 @@ __device__ __forceinline__ void mask_block(float *s, const BlkInfo &bi,
 
 /* Online softmax of one block in place (S -> P), exp2 domain; m, l of the
 ** thread's two rows updated; alpha: the factor for the old O and l. */
+template <bool NOEXP = false>
 __device__ __forceinline__ void softmax_block(float *s, float *m, float *l,
                                               float *alpha, float sl2) {
   constexpr int NJ = BW / 8;
@@ -730,8 +777,12 @@ __device__ __forceinline__ void softmax_block(float *s, float *m, float *l,
     float sum = 0.f;
 #pragma unroll
     for (int j = 0; j < NJ; j++) {
-      float p0 = ex2(fmaf(s[4 * j + 2 * hr], sl2, -muse));
-      float p1 = ex2(fmaf(s[4 * j + 2 * hr + 1], sl2, -muse));
+      float p0 = fmaf(s[4 * j + 2 * hr], sl2, -muse);
+      float p1 = fmaf(s[4 * j + 2 * hr + 1], sl2, -muse);
+      if (!NOEXP) {
+        p0 = ex2(p0);
+        p1 = ex2(p1);
+      }
       s[4 * j + 2 * hr] = p0;
       s[4 * j + 2 * hr + 1] = p1;
       sum += p0 + p1;
@@ -742,6 +793,9 @@ __device__ __forceinline__ void softmax_block(float *s, float *m, float *l,
 
 template <int D>
 __device__ __forceinline__ void rescale_o(float *o, const float *alpha) {
+  /* once the row maxima settle, most blocks leave them unchanged: skip the
+  ** 64 multiplies when no row of the warp moved (a warp-uniform branch) */
+  if (!__any_sync(0xffffffffu, alpha[0] != 1.f || alpha[1] != 1.f)) return;
 #pragma unroll
   for (int j = 0; j < D / 8; j++) {
     o[4 * j] *= alpha[0];
@@ -763,16 +817,29 @@ __device__ __forceinline__ void pack_p(const float *s, uint32_t (*pa)[4]) {
   }
 }
 
+/* Shared-memory descriptors as two 32-bit words: lo = start address >> 4
+** (14 bits: it never carries, shared memory < 256 KB) | LBO >> 4 << 16,
+** hi = SBO >> 4 | 128-byte swizzle.  Offsets are added to lo in 32 bits:
+** with warp-uniform inputs the compiler keeps them in uniform registers
+** (64-bit adds had cost two moves to uniform registers per wgmma). */
+__device__ __forceinline__ uint32_t sdesc_lo(const void *p, uint32_t lbo) {
+  return ((smem_u32(p) & 0x3FFFF) >> 4) | ((lbo >> 4) << 16);
+}
+constexpr uint32_t SDESC_HI = (1024 >> 4) | (1u << 30); /* SBO 1024, SW128 */
+__device__ __forceinline__ uint64_t sdesc_of(uint32_t lo) {
+  return ((uint64_t)SDESC_HI << 32) | lo;
+}
+
 /* S = Q K^T for this warpgroup's 64 rows (Q tile of 128 rows), issued and
 ** committed, not waited for. */
 template <typename T, int D>
-__device__ __forceinline__ void issue_qk(float *s, uint64_t dq, uint64_t dk) {
+__device__ __forceinline__ void issue_qk(float *s, uint32_t qlo, uint32_t klo) {
   sta_wgmma::fence();
 #pragma unroll
   for (int ks = 0; ks < D / 16; ks++) {
-    uint64_t qo = (uint64_t)((((ks >> 2) * 128 * 128) + (ks & 3) * 32) >> 4);
-    uint64_t ko = (uint64_t)((((ks >> 2) * BW * 128) + (ks & 3) * 32) >> 4);
-    WgOps<T, D>::qk(s, dq + qo, dk + ko, ks > 0);
+    uint32_t qo = (uint32_t)((((ks >> 2) * 128 * 128) + (ks & 3) * 32) >> 4);
+    uint32_t ko = (uint32_t)((((ks >> 2) * BW * 128) + (ks & 3) * 32) >> 4);
+    WgOps<T, D>::qk(s, sdesc_of(qlo + qo), sdesc_of(klo + ko), ks > 0);
   }
   sta_wgmma::commit();
 }
@@ -780,19 +847,110 @@ __device__ __forceinline__ void issue_qk(float *s, uint64_t dq, uint64_t dk) {
 /* O += P V, issued and committed, not waited for. */
 template <typename T, int D>
 __device__ __forceinline__ void issue_pv(float *o, uint32_t (*pa)[4],
-                                         uint64_t dv) {
+                                         uint32_t vlo) {
   sta_wgmma::fence();
 #pragma unroll
   for (int kk = 0; kk < BW / 16; kk++)
-    WgOps<T, D>::pv(o, pa[kk], dv + (uint64_t)((kk * 16 * 128) >> 4));
+    WgOps<T, D>::pv(o, pa[kk], sdesc_of(vlo + (uint32_t)((kk * 16 * 128) >> 4)));
   sta_wgmma::commit();
 }
 
-template <typename T, int D, int STAGES, bool PP, int NPROD = 1, bool OVL = false>
+/* ---- work items ------------------------------------------------------------
+** The sm_90a kernels number their work items longest first: the text query
+** blocks of every (batch, head) (dense over all keys), then, head by head
+** in horder (largest window first) and batch by batch, the query blocks of
+** the tiles.  A CTA takes one item (grid of n_items) or, persistent, takes
+** items until none is left. */
+
+struct Item {
+  int b, head, text;
+  int qrow0, qcount;   /* text: rows V + qrow0 + r; tile: see q_row */
+  int qt0, qh0, qw0, qet, qeh, qew;
+  KeyPlan p;
+};
+
+__device__ __forceinline__ void decode_item(const AttnArgs &a, int item,
+                                            Item &x) {
+  constexpr int BR = 128;
+  KeyPlan &p = x.p;
+  x.qt0 = x.qh0 = x.qw0 = x.qet = x.qeh = x.qew = 0;
+  if (item < a.n_text_items) {
+    int hb = item / a.n_text_qblocks, tb = item - hb * a.n_text_qblocks;
+    x.head = hb % a.heads;
+    x.b = hb / a.heads;
+    x.text = 1;
+    x.qrow0 = tb * BR;
+    x.qcount = min(BR, a.S - a.V - x.qrow0);
+    p.text = 1;
+    p.st = p.sh = p.sw = p.ct = p.ch = p.cw = p.bpt = p.n_tblk = 0;
+    p.nkb = (a.V + a.text_len + BW - 1) / BW;
+    return;
+  }
+  const int per = a.NT * a.NH * a.NW * a.qbpt;
+  int j = item - a.n_text_items;
+  int hb = j / per, vb = j - hb * per;
+  x.b = hb % a.batch;
+  x.head = a.horder[hb / a.batch];
+  x.text = 0;
+  int tl = vb / a.qbpt, qb = vb - tl * a.qbpt;
+  int it = tl / (a.NH * a.NW), rem = tl - it * (a.NH * a.NW);
+  int ih = rem / a.NW, iw = rem - ih * a.NW;
+  x.qt0 = it * a.tt;
+  x.qh0 = ih * a.th;
+  x.qw0 = iw * a.tw;
+  x.qet = min(a.tt, a.cT - x.qt0);
+  x.qeh = min(a.th, a.cH - x.qh0);
+  x.qew = min(a.tw, a.cW - x.qw0);
+  if (a.tma_q) { /* box layout: t-slices qrow0, qrow0 + 1 of the 8x8 tile */
+    x.qrow0 = 2 * qb;
+    x.qcount = max(0, min(2, x.qet - x.qrow0)) * x.qeh * x.qew;
+  } else {
+    x.qrow0 = qb * BR;
+    x.qcount = min(BR, x.qet * x.qeh * x.qew - x.qrow0);
+  }
+  p.text = 0;
+  window_plan(a, x.head, it, ih, iw, BW, &p);
+}
+
+/* Global row of query row r (< 128) of an item, or -1. */
+__device__ __forceinline__ int q_row(const AttnArgs &a, const Item &x, int r) {
+  if (x.text) return r < x.qcount ? a.V + x.qrow0 + r : -1;
+  if (a.tma_q) {
+    int dt = x.qrow0 + (r >> 6), dh = (r >> 3) & 7, dw = r & 7;
+    if (dt >= x.qet || dh >= x.qeh || dw >= x.qew) return -1;
+    return ((x.qt0 + dt) * a.cH + x.qh0 + dh) * a.cW + x.qw0 + dw;
+  }
+  if (r >= x.qcount) return -1;
+  int li = x.qrow0 + r, ehw = x.qeh * x.qew;
+  int dt = li / ehw, rr = li - dt * ehw;
+  int dh = rr / x.qew, dw = rr - dh * x.qew;
+  return ((x.qt0 + dt) * a.cH + x.qh0 + dh) * a.cW + x.qw0 + dw;
+}
+
+/* How key block kb of an item is loaded: 1 tile map, 2 row map (first row
+** *row0), 0 cp.async gather. */
+__device__ __forceinline__ int block_mode(const AttnArgs &a, const Item &x,
+                                          int kb, int *row0) {
+  if (x.text) {
+    *row0 = kb * BW;
+    return a.tma_rows ? 2 : 0;
+  }
+  if (kb < x.p.n_tblk) return a.tma ? 1 : 0;
+  *row0 = a.V + (kb - x.p.n_tblk) * BW;
+  return a.tma_rows ? 2 : 0;
+}
+
+/* ---- the sm_90a kernel -----------------------------------------------------
+** 128 query rows per item, key blocks of BW = 128 through a STAGES-deep K/V
+** ring in shared memory.  PERSIST: one CTA per SM takes items from a
+** global counter; the producer runs ahead into the next item's Q and keys
+** while the consumers write the last item's output. */
+template <typename T, int D, int STAGES, bool PP, int NPROD, bool OVL,
+          bool PERSIST, int KO = 0>
 __global__ void __launch_bounds__(256 + 128 * NPROD, 1)
     sta_fwd_ws(const __grid_constant__ AttnArgs a) {
-  constexpr int NTHR = 256 + 128 * NPROD, PTH = 128 * NPROD;
-  constexpr int BR = 128, DJ = D / 8;
+  constexpr int PTH = 128 * NPROD;
+  constexpr int BR = 128;
   extern __shared__ unsigned char smem_raw[];
   unsigned char *base = reinterpret_cast<unsigned char *>(
       (reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~(uintptr_t)1023);
@@ -801,266 +959,368 @@ __global__ void __launch_bounds__(256 + 128 * NPROD, 1)
   T *sV = sK + STAGES * BW * D; /* [STAGES][BW][D] */
   uint64_t *full = reinterpret_cast<uint64_t *>(sV + STAGES * BW * D);
   uint64_t *empty = full + STAGES;
-  uint64_t *qfull = empty + STAGES;
-  int *rowtab = reinterpret_cast<int *>(qfull + 1); /* [2][BW] */
-  int *qrow = rowtab + 2 * BW;                      /* [BR] */
+  uint64_t *qfull = empty + STAGES;  /* Q of the item loaded, sitem set */
+  uint64_t *qempty = qfull + 1;      /* consumers done with Q and sitem */
+  int4 *binfo = reinterpret_cast<int4 *>(qempty + 1); /* [STAGES]: put_binfo */
+  int *rowtab = reinterpret_cast<int *>(binfo + STAGES); /* [2][BW] */
+  int *qrow = rowtab + 2 * BW;                       /* [BR] */
+  volatile int *sitem = qrow + BR;
 
   const int tid = threadIdx.x, lane = tid & 31;
-  const int wg = tid >> 7, wq = (tid >> 5) & 3;
-  const int head = blockIdx.y, b = blockIdx.z;
-  const int bx = blockIdx.x;
+  /* warp-uniform by construction (the shuffle tells the compiler so) */
+  const int wg = __shfl_sync(0xffffffffu, tid >> 7, 0), wq = (tid >> 5) & 3;
 
-  KeyPlan p;
-  p.text = bx < a.n_text_qblocks;
-  int qrow0 = 0, qcount = 0;
-  int qt0 = 0, qh0 = 0, qw0 = 0, qeh = 0, qew = 0;
-  if (p.text) {
-    qrow0 = bx * BR;
-    qcount = min(BR, a.S - a.V - qrow0);
-    p.st = p.sh = p.sw = p.ct = p.ch = p.cw = p.bpt = p.n_tblk = 0;
-    p.nkb = (a.V + a.text_len + BW - 1) / BW;
-  } else {
-    int vb = bx - a.n_text_qblocks;
-    int tl = vb / a.qbpt, qb = vb - tl * a.qbpt;
-    int it = tl / (a.NH * a.NW), rem = tl - it * (a.NH * a.NW);
-    int ih = rem / a.NW, iw = rem - ih * a.NW;
-    qt0 = it * a.tt;
-    qh0 = ih * a.th;
-    qw0 = iw * a.tw;
-    int qet = min(a.tt, a.cT - qt0);
-    qeh = min(a.th, a.cH - qh0);
-    qew = min(a.tw, a.cW - qw0);
-    qrow0 = qb * BR;
-    qcount = min(BR, qet * qeh * qew - qrow0);
-    if (qcount <= 0) return;
-    p.ct = a.win[3 * head];
-    p.ch = a.win[3 * head + 1];
-    p.cw = a.win[3 * head + 2];
-    p.st = axis_start(it, p.ct, a.NT);
-    p.sh = axis_start(ih, p.ch, a.NH);
-    p.sw = axis_start(iw, p.cw, a.NW);
-    p.bpt = (a.tile_vol + BW - 1) / BW;
-    p.n_tblk = p.ct * p.ch * p.cw * p.bpt;
-    p.nkb = p.n_tblk + (a.text_len + BW - 1) / BW;
-  }
-
-  for (int r = tid; r < BR; r += NTHR) {
-    int row = -1;
-    if (r < qcount) {
-      if (p.text) {
-        row = a.V + qrow0 + r;
-      } else {
-        int li = qrow0 + r, ehw = qeh * qew;
-        int dt = li / ehw, rr = li - dt * ehw;
-        int dh = rr / qew, dw = rr - dh * qew;
-        row = ((qt0 + dt) * a.cH + qh0 + dh) * a.cW + qw0 + dw;
-      }
-    }
-    qrow[r] = row;
-  }
   if (tid == 0) {
     for (int s = 0; s < STAGES; s++) {
       mbar_init(&full[s], PTH);
       mbar_init(&empty[s], 256);
     }
-    mbar_init(qfull, PTH);
+    mbar_init(qfull, 1);
+    mbar_init(qempty, 256);
   }
   __syncthreads();
 
   if (wg >= 2) {
     /* ---- producer ---- */
-    asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n");
+    /* 384 threads x 168 registers: producer 64, consumers 216 (no spills
+    ** at either; the consumers had needed more before their descriptors
+    ** went 32-bit and the block info came from the producer) */
+    if (NPROD == 1)
+      asm volatile("setmaxnreg.dec.sync.aligned.u32 64;\n");
+    else
+      asm volatile("setmaxnreg.dec.sync.aligned.u32 48;\n");
     const int pt = tid - 256;
-    const T *gq = reinterpret_cast<const T *>(a.q) + b * a.q_sb + head * a.q_sh;
-    const T *gk = reinterpret_cast<const T *>(a.k) + b * a.k_sb + head * a.k_sh;
-    const T *gv = reinterpret_cast<const T *>(a.v) + b * a.v_sb + head * a.v_sh;
-    load_rows_sw<T, D, PTH>(sQ, BR, gq, a.q_ss, qrow, BR, pt, a.vec);
-    cp_async_commit();
-    cp_async_wait_all();
-    fence_proxy_async();
-    mbar_arrive(qfull);
-    const bool use_tma = a.tma && !p.text;
-    for (int kb = 0; kb < p.nkb; kb++) {
-      const int s = kb % STAGES, n = kb / STAGES;
-      if (n > 0) mbar_wait(&empty[s], (n - 1) & 1);
-      if (use_tma && kb < p.n_tblk) {
-        /* one thread: 2 t-slices of an 8x8 key tile, K and V, per D/64 */
-        if (pt == 0) {
-          int t0, h0, w0;
-          tma_block_origin(a, p, kb, &t0, &h0, &w0);
-          int hb = a.tma_bfold ? b * a.heads + head : head;
-          mbar_expect_tx(&full[s], 2 * BW * D * (int)sizeof(T));
-#pragma unroll
-          for (int hf = 0; hf < D / 64; hf++) {
-            tma_load_5d(sK + s * BW * D + hf * BW * 64, &a.tmk, hf * 64, w0, h0, t0, hb, &full[s]);
-            tma_load_5d(sV + s * BW * D + hf * BW * 64, &a.tmv, hf * 64, w0, h0, t0, hb, &full[s]);
-          }
-        } else {
-          mbar_arrive(&full[s]);
+    int g = 0; /* key blocks through the ring so far */
+    for (int k = 0;; k++) {
+      if (k > 0) mbar_wait(qempty, (k - 1) & 1);
+      bar_named(3, PTH); /* every producer thread has read the last sitem */
+      if (pt == 0) {
+        int item = k == 0 ? (int)blockIdx.x
+                          : (PERSIST ? atomicAdd(a.sched, 1) + (int)gridDim.x : -1);
+        if (item >= a.n_items) item = -1;
+        if (item < 0 && PERSIST && atomicAdd(a.sched + 1, 1) == (int)gridDim.x - 1) {
+          a.sched[0] = 0; /* the last CTA out resets the counters */
+          a.sched[1] = 0;
         }
+        *sitem = item;
+      }
+      bar_named(3, PTH);
+      const int item = *sitem;
+      if (item < 0) {
+        if (pt == 0) mbar_arrive(qfull); /* the consumers read -1 and stop */
+        break;
+      }
+      Item x;
+      decode_item(a, item, x);
+      if (x.qcount <= 0) {
+        if (pt == 0) mbar_arrive(qfull);
         continue;
       }
-      int *rt = rowtab + (kb & 1) * BW;
-      int c;
-      if (pt < BW) rt[pt] = key_row<BW>(a, p, kb, pt, &c);
-      bar_named(3, PTH);
-      load_rows_sw<T, D, PTH>(sK + s * BW * D, BW, gk, a.k_ss, rt, BW, pt, a.vec);
-      load_rows_sw<T, D, PTH>(sV + s * BW * D, BW, gv, a.v_ss, rt, BW, pt, a.vec);
-      cp_async_commit();
-      if (use_tma) { /* mixed with TMA blocks: signal this block now */
+      const int c0 = a.tma_fused ? x.head * D : 0;
+      const int c4 = a.tma_fused ? x.b : x.b * a.heads + x.head;
+      const T *gq = reinterpret_cast<const T *>(a.q) + x.b * a.q_sb + x.head * a.q_sh;
+      const T *gk = reinterpret_cast<const T *>(a.k) + x.b * a.k_sb + x.head * a.k_sh;
+      const T *gv = reinterpret_cast<const T *>(a.v) + x.b * a.v_sb + x.head * a.v_sh;
+      /* Q */
+      if ((a.tma_q && !x.text) || (a.tma_rows && x.text)) {
+        if (pt == 0) {
+          mbar_expect_tx(qfull, BR * D * (int)sizeof(T));
+#pragma unroll
+          for (int hf = 0; hf < D / 64; hf++) {
+            if (x.text)
+              tma_load_3d(sQ + hf * BR * 64, &a.rmq, c0 + hf * 64, a.V + x.qrow0, c4, qfull);
+            else
+              tma_load_5d(sQ + hf * BR * 64, &a.tmq, c0 + hf * 64, x.qw0, x.qh0,
+                          x.qt0 + x.qrow0, c4, qfull);
+          }
+        }
+      } else {
+        for (int r = pt; r < BR; r += PTH) qrow[r] = q_row(a, x, r);
+        bar_named(3, PTH);
+        load_rows_sw<T, D, PTH>(sQ, BR, gq, a.q_ss, qrow, BR, pt, a.vec);
+        cp_async_commit();
         cp_async_wait_all();
         fence_proxy_async();
-        mbar_arrive(&full[s]);
-      } else if (kb > 0) {
-        cp_async_wait_1();
+        bar_named(3, PTH);
+        if (pt == 0) mbar_arrive(qfull);
+      }
+      /* keys: a gather block is signalled once the next one is under way */
+      int pend = -1;
+      for (int kb = 0; kb < x.p.nkb; kb++, g++) {
+        const int s = g % STAGES, n = g / STAGES;
+        if (g >= STAGES) mbar_wait(&empty[s], (n - 1) & 1);
+        if (pt == 0) binfo[s] = pack_binfo(block_info(a, x.p, kb));
+        int row0 = 0;
+        const int mode = block_mode(a, x, kb, &row0);
+        if (mode) {
+          if (pend >= 0) {
+            cp_async_wait_all();
+            fence_proxy_async();
+            mbar_arrive(&full[pend]);
+            pend = -1;
+          }
+          if (KO & 4) { /* knockout: no loads, stale shared memory */
+            mbar_arrive(&full[s]);
+            continue;
+          }
+          if (pt == 0) {
+            mbar_expect_tx(&full[s], 2 * BW * D * (int)sizeof(T));
+            int t0 = 0, h0 = 0, w0 = 0;
+            if (mode == 1) tma_block_origin(a, x.p, kb, &t0, &h0, &w0);
+#pragma unroll
+            for (int hf = 0; hf < D / 64; hf++) {
+              T *dk = sK + s * BW * D + hf * BW * 64, *dv = sV + s * BW * D + hf * BW * 64;
+              if (mode == 1) {
+                tma_load_5d(dk, &a.tmk, c0 + hf * 64, w0, h0, t0, c4, &full[s]);
+                tma_load_5d(dv, &a.tmv, c0 + hf * 64, w0, h0, t0, c4, &full[s]);
+              } else {
+                tma_load_3d(dk, &a.rmk, c0 + hf * 64, row0, c4, &full[s]);
+                tma_load_3d(dv, &a.rmv, c0 + hf * 64, row0, c4, &full[s]);
+              }
+            }
+          } else {
+            mbar_arrive(&full[s]);
+          }
+          continue;
+        }
+        int *rt = rowtab + (g & 1) * BW;
+        int c;
+        if (pt < BW) rt[pt] = key_row<BW>(a, x.p, kb, pt, &c);
+        bar_named(3, PTH);
+        load_rows_sw<T, D, PTH>(sK + s * BW * D, BW, gk, a.k_ss, rt, BW, pt, a.vec);
+        load_rows_sw<T, D, PTH>(sV + s * BW * D, BW, gv, a.v_ss, rt, BW, pt, a.vec);
+        cp_async_commit();
+        if (pend >= 0) {
+          cp_async_wait_1();
+          fence_proxy_async();
+          mbar_arrive(&full[pend]);
+        }
+        pend = s;
+      }
+      if (pend >= 0) {
+        cp_async_wait_all();
         fence_proxy_async();
-        mbar_arrive(&full[(kb - 1) % STAGES]);
+        mbar_arrive(&full[pend]);
       }
     }
-    cp_async_wait_all();
-    fence_proxy_async();
-    if (p.nkb > 0 && !use_tma) mbar_arrive(&full[(p.nkb - 1) % STAGES]);
     return;
   }
 
   /* ---- consumers ---- */
   if (NPROD == 1)
-    asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n");
-  else
     asm volatile("setmaxnreg.inc.sync.aligned.u32 216;\n");
-  T *go = reinterpret_cast<T *>(a.o) + b * a.o_sb + head * a.o_sh;
-  float o[D / 2];
-#pragma unroll
-  for (int e = 0; e < D / 2; e++) o[e] = 0.f;
-  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
+  else
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 208;\n");
   const float sl2 = a.scale_log2;
-  const uint64_t dq0 = sdesc(sQ + wg * 64 * 64, 16, 1024);
-  const uint64_t dk0 = sdesc(sK, 16, 1024);
-  const uint64_t dv0 = sdesc(sV, BW * 128, 1024);
-  mbar_wait(qfull, 0);
+  const uint32_t dq0 = sdesc_lo(sQ + wg * 64 * 64, 16);
+  const uint32_t dk0 = sdesc_lo(sK, 16);
+  const uint32_t dv0 = sdesc_lo(sV, BW * 128);
+  constexpr uint32_t SOFF = (uint32_t)((BW * D * 2) >> 4); /* one stage */
+  float o[D / 2];
   float s[BW / 2];
   uint32_t pa[BW / 16][4];
+  int g = 0;
+  for (int k = 0;; k++) {
+    mbar_wait(qfull, k & 1);
+    const int item = *sitem;
+    if (item < 0) break;
+    KeyPlan p;
+    {
+      Item x;
+      decode_item(a, item, x);
+      if (x.qcount <= 0) {
+        mbar_arrive(qempty);
+        continue;
+      }
+      p = x.p;
+    }
+#pragma unroll
+    for (int e = 0; e < D / 2; e++) o[e] = 0.f;
+    float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
 
-  if (!OVL) {
-    if (PP && wg == 1) bar_arrive_named(4, 256); /* WG 0 goes first */
-    for (int i = 0; i < p.nkb; i++) {
-      const int stage = i % STAGES;
-      mbar_wait(&full[stage], (i / STAGES) & 1);
-      const BlkInfo bi = block_info(a, p, i);
-      const uint64_t stage_off = (uint64_t)((stage * BW * D * 2) >> 4);
+    if (!OVL) {
+      for (int i = 0; i < p.nkb; i++) {
+        const int gi = g + i, stage = gi % STAGES;
+        mbar_wait(&full[stage], (gi / STAGES) & 1);
+        const BlkInfo bi = get_binfo(&binfo[stage]);
+        if (bi.cnt > 0) {
+          issue_qk<T, D>(s, dq0, dk0 + stage * SOFF);
+          sta_wgmma::wait<0>();
+          sta_wgmma::pin<BW / 2>(s);
+          mask_block(s, bi, a, lane);
+          float al[2];
+          softmax_block(s, m, l, al, sl2);
+          rescale_o<D>(o, al);
+          pack_p<T>(s, pa);
+          issue_pv<T, D>(o, pa, dv0 + stage * SOFF);
+          sta_wgmma::wait<0>();
+          sta_wgmma::pin<D / 2>(o);
+        }
+        mbar_arrive(&empty[stage]);
+      }
+    } else {
+      /* S(i+1) and PV(i) are issued together; the softmax of S(i+1) runs
+      ** while PV(i) is still on the tensor cores.  PP: the two warpgroups
+      ** take turns issuing (named barriers 4, 5), so one's softmax runs
+      ** under the other's GEMMs.  Blocks without keys are computed too (all
+      ** -inf: P = 0), to keep the loop free of branches around the wgmmas. */
+      float al[2];
+      if (PP && wg == 1) bar_arrive_named(4, 256); /* WG 0 goes first */
+      mbar_wait(&full[g % STAGES], (g / STAGES) & 1);
       if (PP) bar_named(4 + wg, 256);
-      if (bi.cnt > 0) issue_qk<T, D>(s, dq0, dk0 + stage_off);
-      if (PP && (wg == 0 || i + 1 < p.nkb)) bar_arrive_named(4 + (wg ^ 1), 256);
-      if (bi.cnt > 0) {
-        sta_wgmma::wait<0>();
-        sta_wgmma::pin<BW / 2>(s);
-        mask_block(s, bi, a, lane);
-        float al[2];
-        softmax_block(s, m, l, al, sl2);
+      issue_qk<T, D>(s, dq0, dk0 + (g % STAGES) * SOFF);
+      if (PP) bar_arrive_named(4 + (wg ^ 1), 256);
+      sta_wgmma::wait<0>();
+      sta_wgmma::pin<BW / 2>(s);
+      mask_block(s, get_binfo(&binfo[g % STAGES]), a, lane);
+      softmax_block(s, m, l, al, sl2);
+      pack_p<T>(s, pa);
+      int i = 0;
+      for (; i + 1 < p.nkb; i++) {
+        const int stage = (g + i) % STAGES, gn = g + i + 1, ns = gn % STAGES;
+        mbar_wait(&full[ns], (gn / STAGES) & 1);
+        const BlkInfo bn = get_binfo(&binfo[ns]);
+        if (PP) bar_named(4 + wg, 256);
+        issue_qk<T, D>(s, dq0, dk0 + ns * SOFF);
         rescale_o<D>(o, al);
-        pack_p<T>(s, pa);
-        issue_pv<T, D>(o, pa, dv0 + stage_off);
+        if (!(KO & 2)) issue_pv<T, D>(o, pa, dv0 + stage * SOFF);
+        if (PP) bar_arrive_named(4 + (wg ^ 1), 256);
+        if (KO & 2)
+          sta_wgmma::wait<0>();
+        else
+          sta_wgmma::wait<1>();
+        sta_wgmma::pin<BW / 2>(s);
+        mask_block(s, bn, a, lane);
+        softmax_block<(KO & 1) != 0>(s, m, l, al, sl2);
+        sta_wgmma::pin<BW / 2>(s);
         sta_wgmma::wait<0>();
         sta_wgmma::pin<D / 2>(o);
+        sta_wgmma::pin_r<BW / 4>(&pa[0][0]); /* live until PV(i) is done */
+        mbar_arrive(&empty[stage]);
+        pack_p<T>(s, pa);
       }
-      mbar_arrive(&empty[stage]);
-    }
-  } else if (p.nkb > 0) {
-    /* S(i+1) and PV(i) are issued together; the softmax of S(i+1) runs
-    ** while PV(i) is still on the tensor cores.  Blocks without keys are
-    ** computed too (all -inf: P = 0), to keep the loop free of branches
-    ** around the wgmmas. */
-    float al[2];
-    mbar_wait(&full[0], 0);
-    issue_qk<T, D>(s, dq0, dk0);
-    sta_wgmma::wait<0>();
-    sta_wgmma::pin<BW / 2>(s);
-    mask_block(s, block_info(a, p, 0), a, lane);
-    softmax_block(s, m, l, al, sl2);
-    pack_p<T>(s, pa);
-    int i = 0;
-    for (; i + 1 < p.nkb; i++) {
-      const int stage = i % STAGES, ns = (i + 1) % STAGES;
-      mbar_wait(&full[ns], ((i + 1) / STAGES) & 1);
-      const BlkInfo bn = block_info(a, p, i + 1);
-      issue_qk<T, D>(s, dq0, dk0 + (uint64_t)((ns * BW * D * 2) >> 4));
+      const int stage = (g + i) % STAGES;
       rescale_o<D>(o, al);
-      issue_pv<T, D>(o, pa, dv0 + (uint64_t)((stage * BW * D * 2) >> 4));
-      sta_wgmma::wait<1>();
-      mask_block(s, bn, a, lane);
-      softmax_block(s, m, l, al, sl2);
+      if (PP) bar_named(4 + wg, 256);
+      issue_pv<T, D>(o, pa, dv0 + stage * SOFF);
+      if (PP && wg == 0) bar_arrive_named(5, 256); /* WG 1's last turn */
       sta_wgmma::wait<0>();
+      sta_wgmma::pin<D / 2>(o);
       mbar_arrive(&empty[stage]);
-      pack_p<T>(s, pa);
     }
-    rescale_o<D>(o, al);
-    issue_pv<T, D>(o, pa, dv0 + (uint64_t)(((i % STAGES) * BW * D * 2) >> 4));
-    sta_wgmma::wait<0>();
-    sta_wgmma::pin<D / 2>(o);
-    mbar_arrive(&empty[i % STAGES]);
-  }
-  bar_named(1 + wg, 128);
+    g += p.nkb;
+    mbar_arrive(qempty); /* Q and sitem free: the producer loads the next */
 
-  const float ln2 = 0.69314718055994530942f;
+    /* normalise and store straight from the accumulators: lane holds rows
+    ** r and r + 8, column pairs 8j + 2 (lane & 3) */
+    Item x;
+    decode_item(a, item, x); /* again: cheaper than keeping it live */
+    T *go = reinterpret_cast<T *>(a.o) + x.b * a.o_sb + x.head * a.o_sh;
+    const float ln2 = 0.69314718055994530942f;
 #pragma unroll
-  for (int hr = 0; hr < 2; hr++) {
-    float sum = l[hr];
-    sum += __shfl_xor_sync(0xffffffffu, sum, 1);
-    sum += __shfl_xor_sync(0xffffffffu, sum, 2);
-    float inv = sum > 0.f ? 1.f / sum : 0.f;
-    int r = wg * 64 + wq * 16 + (lane >> 2) + 8 * hr;
+    for (int hr = 0; hr < 2; hr++) {
+      float sum = l[hr];
+      sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+      sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+      float inv = sum > 0.f ? 1.f / sum : 0.f;
+      const int row = q_row(a, x, wg * 64 + wq * 16 + (lane >> 2) + 8 * hr);
+      if (row < 0) continue;
+      T *dst = go + (int64_t)row * a.o_ss + 2 * (lane & 3);
 #pragma unroll
-    for (int j = 0; j < DJ; j++) {
-      uint32_t v = Mma<T>::pack(o[4 * j + 2 * hr] * inv, o[4 * j + 2 * hr + 1] * inv);
-      *reinterpret_cast<uint32_t *>(sQ + swz(r, j, BR) + 2 * (lane & 3)) = v;
-    }
-    if (a.lse && (lane & 3) == 0) {
-      int row = qrow[r];
-      if (row >= 0)
-        a.lse[b * a.lse_sb + head * a.lse_sh + (int64_t)row * a.lse_ss] =
+      for (int j = 0; j < D / 8; j++) {
+        uint32_t v = Mma<T>::pack(o[4 * j + 2 * hr] * inv, o[4 * j + 2 * hr + 1] * inv);
+        if (a.vec) {
+          *reinterpret_cast<uint32_t *>(dst + 8 * j) = v;
+        } else {
+          uint16_t *d16 = reinterpret_cast<uint16_t *>(dst + 8 * j);
+          d16[0] = (uint16_t)(v & 0xffff);
+          d16[1] = (uint16_t)(v >> 16);
+        }
+      }
+      if (a.lse && (lane & 3) == 0)
+        a.lse[x.b * a.lse_sb + x.head * a.lse_sh + (int64_t)row * a.lse_ss] =
             sum > 0.f ? (m[hr] + log2f(sum)) * ln2 : -INFINITY;
-    }
-  }
-  __syncwarp();
-  for (int c = lane; c < 16 * DJ; c += 32) {
-    int r = wg * 64 + wq * 16 + c / DJ, ch = c % DJ;
-    int row = qrow[r];
-    if (row < 0) continue;
-    const T *src = sQ + swz(r, ch, BR);
-    T *dst = go + (int64_t)row * a.o_ss + ch * 8;
-    if (a.vec) {
-      *reinterpret_cast<uint4 *>(dst) = *reinterpret_cast<const uint4 *>(src);
-    } else {
-      const uint16_t *s16 = reinterpret_cast<const uint16_t *>(src);
-      uint16_t *d16 = reinterpret_cast<uint16_t *>(dst);
-#pragma unroll
-      for (int e = 0; e < 8; e++) d16[e] = s16[e];
     }
   }
 }
 
-template <typename T, int D, int STAGES, bool PP, int NPROD, bool OVL = false>
-sta_status launch_ws(AttnArgs &a, int heads, int batch) {
+int sm_count() {
+  static int n[64];
+  int dev = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= 64) {
+    (void)cudaGetLastError();
+    return 132;
+  }
+  if (!n[dev]) {
+    int c = 0;
+    if (cudaDeviceGetAttribute(&c, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess || c <= 0) {
+      (void)cudaGetLastError();
+      c = 132;
+    }
+    n[dev] = c;
+  }
+  return n[dev];
+}
+
+/* The persistent kernel's counters: a ring of slots per device, zeroed
+** once; each launch takes the next slot and its last CTA zeroes it again,
+** so launches in flight on different streams do not share one. */
+constexpr int SCHED_SLOTS = 256;
+sta_status sched_slot(int **slot) {
+  static int *ring[64];
+  static unsigned next[64];
+  static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
+  int dev = 0;
+  cudaError_t e = cudaGetDevice(&dev);
+  if (e != cudaSuccess) return sta_cuda_fail(e, "cudaGetDevice");
+  if (dev < 0 || dev >= 64)
+    return sta_error(STA_ERR_UNSUPPORTED, "attention: device %d out of range", dev);
+  pthread_mutex_lock(&mu);
+  if (!ring[dev]) {
+    int *r = NULL;
+    e = cudaMalloc((void **)&r, SCHED_SLOTS * 2 * sizeof(int));
+    if (e == cudaSuccess) e = cudaMemset(r, 0, SCHED_SLOTS * 2 * sizeof(int));
+    if (e != cudaSuccess) {
+      if (r) cudaFree(r);
+      pthread_mutex_unlock(&mu);
+      return sta_cuda_fail(e, "attention scheduler counters");
+    }
+    ring[dev] = r;
+  }
+  *slot = ring[dev] + 2 * (next[dev]++ % SCHED_SLOTS);
+  pthread_mutex_unlock(&mu);
+  return STA_OK;
+}
+
+template <typename T, int D, int STAGES, bool PP, int NPROD, bool OVL, bool PERSIST,
+          int KO = 0>
+sta_status launch_ws(AttnArgs &a) {
   constexpr int BR = 128;
   size_t smem = 1024 + (size_t)(BR * D + 2 * STAGES * BW * D) * sizeof(T) +
-                (2 * STAGES + 1) * sizeof(uint64_t) +
-                (size_t)(2 * BW + BR) * sizeof(int);
-  auto kern = sta_fwd_ws<T, D, STAGES, PP, NPROD, OVL>;
+                (2 * STAGES + 2) * sizeof(uint64_t) + STAGES * sizeof(int4) +
+                (size_t)(2 * BW + BR + 1) * sizeof(int);
+  auto kern = sta_fwd_ws<T, D, STAGES, PP, NPROD, OVL, PERSIST, KO>;
   cudaError_t e = cudaFuncSetAttribute(
       kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
   if (e != cudaSuccess) return sta_cuda_fail(e, "cudaFuncSetAttribute");
-  int NHW = a.NH * a.NW;
-  a.qbpt = (a.tile_vol + BR - 1) / BR;
+  a.qbpt = a.tma_q ? a.tt / 2 : (a.tile_vol + BR - 1) / BR;
   a.n_text_qblocks = (a.S - a.V + BR - 1) / BR;
-  int64_t gx = (int64_t)a.n_text_qblocks + (int64_t)a.NT * NHW * a.qbpt;
-  if (gx <= 0) return STA_OK;
-  if (gx > 0x7fffffff || heads > 65535 || batch > 65535)
+  int64_t nt = (int64_t)a.batch * a.heads * a.n_text_qblocks;
+  int64_t n = nt + (int64_t)a.batch * a.heads * a.NT * a.NH * a.NW * a.qbpt;
+  if (n <= 0) return STA_OK;
+  if (n > 0x7fffffff)
     return sta_error(STA_ERR_UNSUPPORTED,
-                     "attention: grid too large for the CUDA backend "
-                     "(%lld query blocks, %d heads, batch %d)",
-                     (long long)gx, heads, batch);
-  dim3 grid((unsigned)gx, (unsigned)heads, (unsigned)batch);
-  kern<<<grid, 256 + 128 * NPROD, smem, sta_cuda_stream()>>>(a);
+                     "attention: %lld work items, too many for the CUDA backend",
+                     (long long)n);
+  a.n_text_items = (int)nt;
+  a.n_items = (int)n;
+  int64_t grid = n;
+  if (PERSIST) {
+    sta_status st = sched_slot(&a.sched);
+    if (st != STA_OK) return st;
+    grid = sm_count() < n ? sm_count() : n;
+  }
+  kern<<<(unsigned)grid, 256 + 128 * NPROD, smem, sta_cuda_stream()>>>(a);
   e = cudaGetLastError();
   if (e != cudaSuccess) return sta_cuda_fail(e, "attention kernel launch");
   return STA_OK;
@@ -1068,27 +1328,39 @@ sta_status launch_ws(AttnArgs &a, int heads, int batch) {
 
 template <typename T>
 sta_status dispatch(AttnArgs &a, int D, int heads, int batch) {
-  /* 0: warp-specialised wgmma, 2 producer warpgroups (TMA when it fits);
-  ** 1: mma.sync (sm_80 style); 2: as 0 with one producer warpgroup;
-  ** 3: as 0 with ping-pong of the two consumer warpgroups; 4, 5: S(i+1)
-  ** issued with PV(i), softmax overlapping PV (intra-warpgroup overlap),
-  ** one / two producer warpgroups (D 128; within noise of 0 so far). */
+  /* 0 (default): warp-specialised wgmma (sm_90a), persistent (one CTA per
+  **    SM takes work items from a counter), S(i+1) issued with PV(i) and the
+  **    two consumer warpgroups taking turns (ping-pong); TMA where it fits;
+  ** 1: mma.sync (sm_80 style, the portable fallback);
+  ** 2: as 0 with one CTA per work item;
+  ** 3: as 0 without the ping-pong;
+  ** 4: one CTA per item, a serial S -> softmax -> PV loop (the first
+  **    warp-specialised design). */
   int var = sta_cuda_attention_variant();
   if (D == 64) {
     switch (var) {
     case 1: return launch<T, 64, 2, 4, false>(a, heads, batch);
-    case 2: return launch_ws<T, 64, 3, false, 1>(a, heads, batch);
-    case 3: return launch_ws<T, 64, 3, true, 2>(a, heads, batch);
-    default: return launch_ws<T, 64, 3, false, 2>(a, heads, batch);
+    case 2: return launch_ws<T, 64, 3, true, 1, true, false>(a);
+    case 3: return launch_ws<T, 64, 3, false, 1, true, true>(a);
+    case 4: return launch_ws<T, 64, 3, false, 1, false, false>(a);
+    default: return launch_ws<T, 64, 3, true, 1, true, true>(a);
     }
   }
   switch (var) {
   case 1: return launch<T, 128, 2, 4, false>(a, heads, batch);
-  case 2: return launch_ws<T, 128, 3, false, 1>(a, heads, batch);
-  case 3: return launch_ws<T, 128, 3, true, 2>(a, heads, batch);
-  case 4: return launch_ws<T, 128, 3, false, 1, true>(a, heads, batch);
-  case 5: return launch_ws<T, 128, 3, false, 2, true>(a, heads, batch);
-  default: return launch_ws<T, 128, 3, false, 2>(a, heads, batch);
+  case 2: return launch_ws<T, 128, 3, true, 1, true, false>(a);
+  case 3: return launch_ws<T, 128, 3, false, 1, true, true>(a);
+  case 4: return launch_ws<T, 128, 3, false, 1, false, false>(a);
+#ifdef STA_KNOCKOUTS
+  /* 0 with parts knocked out (wrong results; where the time goes):
+  ** +1 no exp2, +2 no PV GEMM, +4 no K/V loads */
+  case 91: return launch_ws<T, 128, 3, true, 1, true, true, 1>(a);
+  case 92: return launch_ws<T, 128, 3, true, 1, true, true, 2>(a);
+  case 93: return launch_ws<T, 128, 3, true, 1, true, true, 3>(a);
+  case 94: return launch_ws<T, 128, 3, true, 1, true, true, 4>(a);
+  case 97: return launch_ws<T, 128, 3, true, 1, true, true, 7>(a);
+#endif
+  default: return launch_ws<T, 128, 3, true, 1, true, true>(a);
   }
 }
 
@@ -1109,45 +1381,77 @@ PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
   return fn;
 }
 
-/* K or V as (D, W, H, T, heads[*batch]) with an 8x8x2 box of 64 columns,
-** 128-byte swizzle: the layout the wgmma kernels read. */
-bool encode_tile_map(CUtensorMap *m, const void *base, const sta_attn_params *p,
-                     int64_t ss, int64_t sh, int64_t nhb) {
+/* One tensor map of K, V or Q with 64-column boxes and the 128-byte
+** swizzle: the layout the wgmma kernels read.  tile: dims (C0, W, H, T, N)
+** with a 64x8x8x2x1 box; else rows: dims (C0, S, N) with a 64x128x1 box.
+** fused: C0 = heads*D and N = batch (stride sb); else C0 = D and N = nhb
+** heads (stride sh). */
+bool encode_map(CUtensorMap *m, const void *base, const sta_attn_params *p,
+                int64_t sb, int64_t ss, int64_t sh, int fused, int64_t nhb,
+                int tile) {
   PFN_cuTensorMapEncodeTiled_v12000 enc = tensor_map_encoder();
   if (!enc) return false;
-  cuuint64_t dims[5] = {(cuuint64_t)p->head_dim, (cuuint64_t)p->canvas[2],
-                        (cuuint64_t)p->canvas[1], (cuuint64_t)p->canvas[0],
-                        (cuuint64_t)nhb};
-  cuuint64_t strides[4] = {(cuuint64_t)ss * 2, (cuuint64_t)(ss * p->canvas[2] * 2),
-                           (cuuint64_t)(ss * p->canvas[2] * p->canvas[1] * 2),
-                           (cuuint64_t)sh * 2};
-  cuuint32_t box[5] = {64, 8, 8, 2, 1}, es[5] = {1, 1, 1, 1, 1};
+  cuuint64_t c0 = (cuuint64_t)(fused ? p->heads * p->head_dim : p->head_dim);
+  cuuint64_t nn = (cuuint64_t)(fused ? p->batch : nhb);
+  cuuint64_t ns = (cuuint64_t)(fused ? sb : sh) * 2;
+  cuuint64_t dims[5], strides[4];
+  cuuint32_t box[5], es[5] = {1, 1, 1, 1, 1};
+  cuuint32_t rank;
+  if (tile) {
+    rank = 5;
+    dims[0] = c0; dims[1] = (cuuint64_t)p->canvas[2];
+    dims[2] = (cuuint64_t)p->canvas[1]; dims[3] = (cuuint64_t)p->canvas[0];
+    dims[4] = nn;
+    strides[0] = (cuuint64_t)ss * 2;
+    strides[1] = (cuuint64_t)(ss * p->canvas[2] * 2);
+    strides[2] = (cuuint64_t)(ss * p->canvas[2] * p->canvas[1] * 2);
+    strides[3] = ns;
+    box[0] = 64; box[1] = 8; box[2] = 8; box[3] = 2; box[4] = 1;
+  } else {
+    rank = 3;
+    dims[0] = c0; dims[1] = (cuuint64_t)p->seq_len; dims[2] = nn;
+    strides[0] = (cuuint64_t)ss * 2;
+    strides[1] = ns;
+    box[0] = 64; box[1] = 128; box[2] = 1;
+  }
   CUresult r = enc(m, p->dtype == STA_BF16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16
                                            : CU_TENSOR_MAP_DATA_TYPE_FLOAT16,
-                   5, const_cast<void *>(base), dims, strides, box, es,
+                   rank, const_cast<void *>(base), dims, strides, box, es,
                    CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
                    CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
                    CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
   return r == CUDA_SUCCESS;
 }
 
-/* TMA for the tile blocks: 8x8 tiles in h, w, an even tt (blocks of 2
-** t-slices), 16-byte strides, and batch 1 or batch folded into heads.
-** Border tiles run past the canvas: zero-filled, masked by position. */
+/* Which TMA paths a call can take.  All need 16-byte aligned bases and
+** strides (vec) and one way to address (batch, head): fused when the head
+** stride of q, k and v is D, else heads folded with the batch when the
+** batch strides allow it (or batch 1).  Tile maps also need 8x8 h/w tiles
+** and an even tt (key and query blocks are 2 t-slices); border tiles run
+** past the canvas: zero-filled there, masked by position.
+** STA_NO_TMA turns all of it off (the gather path), for tests. */
 void setup_tma(AttnArgs &x, const sta_attn_params *p) {
-  x.tma = 0;
+  x.tma = x.tma_q = x.tma_rows = 0;
   if (getenv("STA_NO_TMA") || !x.vec) return;
+  const int64_t D = p->head_dim;
+  int fused = p->q_sh == D && p->k_sh == D && p->v_sh == D;
+  int fold = p->batch == 1 || (p->q_sb == p->heads * p->q_sh && p->k_sb == p->heads * p->k_sh &&
+                               p->v_sb == p->heads * p->v_sh);
+  if (!fused && !fold) return;
+  if (p->heads * p->batch > 0x7fffffff || p->heads * D > 0x7fffffff) return;
+  int64_t nhb = p->heads * p->batch;
+  x.tma_fused = fused;
+  if (encode_map(&x.rmk, p->k, p, p->k_sb, p->k_ss, p->k_sh, fused, nhb, 0) &&
+      encode_map(&x.rmv, p->v, p, p->v_sb, p->v_ss, p->v_sh, fused, nhb, 0) &&
+      encode_map(&x.rmq, p->q, p, p->q_sb, p->q_ss, p->q_sh, fused, nhb, 0))
+    x.tma_rows = 1;
   if (p->tile[1] != 8 || p->tile[2] != 8 || p->tile[0] % 2) return;
-  if (p->heads * p->batch > 0x7fffffff) return;
-  int fold_k = p->k_sb == p->heads * p->k_sh, fold_v = p->v_sb == p->heads * p->v_sh;
-  int fold = p->batch > 1;
-  if (fold && !(fold_k && fold_v)) return;
-  int64_t nhb = fold ? p->heads * p->batch : p->heads;
-  if (!encode_tile_map(&x.tmk, p->k, p, p->k_ss, p->k_sh, nhb) ||
-      !encode_tile_map(&x.tmv, p->v, p, p->v_ss, p->v_sh, nhb))
-    return;
-  x.tma = 1;
-  x.tma_bfold = fold;
+  if (encode_map(&x.tmk, p->k, p, p->k_sb, p->k_ss, p->k_sh, fused, nhb, 1) &&
+      encode_map(&x.tmv, p->v, p, p->v_sb, p->v_ss, p->v_sh, fused, nhb, 1))
+    x.tma = 1;
+  if (x.tma && !getenv("STA_NO_TMA_Q") &&
+      encode_map(&x.tmq, p->q, p, p->q_sb, p->q_ss, p->q_sh, fused, nhb, 1))
+    x.tma_q = 1;
 }
 
 } /* namespace */
@@ -1155,7 +1459,10 @@ void setup_tma(AttnArgs &x, const sta_attn_params *p) {
 int sta_cuda_attention_variant(void) {
   const char *s = getenv("STA_CUDA_VARIANT"); /* read per call: benchmarks */
   int x = s ? atoi(s) : 0;
-  return (x >= 0 && x <= 5) ? x : 0;
+#ifdef STA_KNOCKOUTS
+  if (x >= 90) return x;
+#endif
+  return (x >= 0 && x <= 4) ? x : 0;
 }
 
 sta_status sta_cuda_attention(const sta_attn_params *p) {
@@ -1217,12 +1524,24 @@ sta_status sta_cuda_attention(const sta_attn_params *p) {
     if (st[i] % 8) vec = 0;
   x.vec = vec;
   x.heads = (int)p->heads;
+  x.batch = (int)p->batch;
   setup_tma(x, p);
-  for (int64_t h = 0; h < p->heads; h++)
+  int64_t vol[STA_MAX_HEADS];
+  for (int64_t h = 0; h < p->heads; h++) {
+    vol[h] = 1;
     for (int ax = 0; ax < 3; ax++) {
       int k = p->windows[3 * h + ax], c = p->grid[ax];
       x.win[3 * h + ax] = (int16_t)(k < c ? k : c);
+      vol[h] *= x.win[3 * h + ax];
     }
+    /* insertion: largest window first, ties in head order (stable) */
+    int64_t j = h;
+    while (j > 0 && vol[x.horder[j - 1]] < vol[h]) {
+      x.horder[j] = x.horder[j - 1];
+      j--;
+    }
+    x.horder[j] = (int16_t)h;
+  }
   sta_status s;
   int D = (int)p->head_dim, H = (int)p->heads, B = (int)p->batch;
   if (p->dtype == STA_BF16)

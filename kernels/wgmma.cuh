@@ -26,6 +26,12 @@ template <int N> __device__ __forceinline__ void pin(float *d) {
 #pragma unroll
   for (int i = 0; i < N; i++) asm volatile("" : "+f"(d[i])::"memory");
 }
+/* The same for A fragments read from registers: until the wgmma that reads
+** them is waited for, their registers must not be reused. */
+template <int N> __device__ __forceinline__ void pin_r(uint32_t *a) {
+#pragma unroll
+  for (int i = 0; i < N; i++) asm volatile("" : "+r"(a[i])::"memory");
+}
 __device__ __forceinline__ void ss_n64_bf16(float *d, uint64_t da, uint64_t db, int scale_d) {
   asm volatile(
       "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
