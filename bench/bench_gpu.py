@@ -8,7 +8,7 @@ library without the public API (the kernels-only build of
 scripts/device-prep) is called through its backend table instead.
 
   bench_gpu.py [--lib build/libsta.so] [--check N] [--bench] [--sweep]
-               [--variants] [--reps N] [--out DIR]
+               [--variants] [--dtypes] [--reps N] [--out DIR]
 
 --check N  N fresh random geometries against a float32 torch reference of
            the STA mask (odd canvases, partial tiles, per-head windows,
@@ -21,6 +21,8 @@ scripts/device-prep) is called through its backend table instead.
            wan-720p; "all": the section 8 workloads plus mixed per-head
            windows, D 64 and fp16 at hunyuan-720p); STA_VARIANTS picks the
            variants, the first is the reference for rel_vs_first.
+--dtypes   bf16 against fp16 at hunyuan-720p, sta and cuDNN dense, twice
+           alternated: whether a gap between the dtypes is sta's or the card's.
 """
 import argparse
 import ctypes as C
@@ -591,6 +593,34 @@ def variants(sta, reps, log, results):
     results["variants"] = rows
 
 
+def dtypes(sta, reps, log, results):
+    """bf16 against fp16, sta and cuDNN dense, hunyuan-720p, alternated twice in one
+    run: is a gap between the two dtypes sta's or the card's?"""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    import torch.nn.functional as F
+    name, canvas, text, win = WORKLOADS[0]
+    H, D = 24, 128
+    S = canvas[0] * canvas[1] * canvas[2] + text
+    g = dict(canvas=canvas, tile=(6, 8, 8), text_len=text, windows=list(win))
+    fl = flops(g, S, H, D)
+    rows = []
+    for rnd in range(2):
+        for dt in (torch.bfloat16, torch.float16):
+            torch.manual_seed(1)
+            q, k, v = (torch.randn(1, S, H, D, device="cuda", dtype=dt) for _ in range(3))
+            o = torch.empty_like(q)
+            ms, _ = time_ms(lambda: sta.forward(g, q, k, v, o), reps)
+            qh, kh, vh = (t.transpose(1, 2) for t in (q, k, v))
+            with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+                dense_ms, _ = time_ms(lambda: F.scaled_dot_product_attention(qh, kh, vh),
+                                      max(3, reps // 4))
+            rows.append(dict(workload=name, round=rnd, dtype=str(dt).split(".")[-1], sta_ms=ms,
+                             sta_tflops=fl / ms / 1e9, dense_ms=dense_ms))
+            log("dtype %s" % json.dumps(rows[-1]))
+            del q, k, v, o, qh, kh, vh
+    results["dtypes"] = rows
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--lib", default=os.path.join(os.environ.get("BUILD", "build"), "libsta.so"))
@@ -600,6 +630,7 @@ def main():
     ap.add_argument("--no-flex", action="store_true")
     ap.add_argument("--sweep", action="store_true")
     ap.add_argument("--variants", action="store_true")
+    ap.add_argument("--dtypes", action="store_true")
     ap.add_argument("--reps", type=int, default=20)
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     a = ap.parse_args()
@@ -621,6 +652,8 @@ def main():
         fails = check(sta, a.check, a.seed, log)
     if a.variants:
         variants(sta, a.reps, log, results)
+    if a.dtypes:
+        dtypes(sta, a.reps, log, results)
     if a.bench:
         bench(sta, a.reps, log, results, flex=not a.no_flex)
     if a.sweep:
