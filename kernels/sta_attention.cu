@@ -17,9 +17,14 @@
 ** warp owns 16*MT query rows): the portable fallback (STA_CUDA_VARIANT=1).
 **
 ** The default on sm_90a is the warp-specialised wgmma kernel further down
-** (sta_fwd_ws): producer warpgroups fill a 3-stage K/V ring (TMA 5-D tile
-** loads straight from untiled memory for 8x8 h/w tiles, else a cp.async
-** gather), two consumer warpgroups run wgmma + online softmax.
+** (sta_fwd_ws), persistent: one CTA per SM takes work items (128 query
+** rows of one head) from a counter, longest first.  A producer warpgroup
+** fills a 3-stage K/V ring (TMA straight from untiled memory: 5-D tile
+** boxes of 2 t-slices of an 8x8 tile, 128-row boxes for text; a cp.async
+** gather for what TMA cannot take) and loads the next item's Q while the
+** consumers finish; two consumer warpgroups issue S(i+1) with PV(i) and
+** take turns (ping-pong), the softmax of one under the other's GEMMs.
+** BENCHMARKS.md has the measurements behind each choice.
 */
 #include <cuda.h> /* CUtensorMap (types only: no -lcuda) */
 #include <cuda_bf16.h>
