@@ -8,7 +8,7 @@ library without the public API (the kernels-only build of
 scripts/device-prep) is called through its backend table instead.
 
   bench_gpu.py [--lib build/libsta.so] [--check N] [--bench] [--sweep]
-               [--variants] [--dtypes] [--reps N] [--out DIR]
+               [--variants] [--dtypes] [--graph] [--reps N] [--out DIR]
 
 --check N  N fresh random geometries against a float32 torch reference of
            the STA mask (odd canvases, partial tiles, per-head windows,
@@ -21,6 +21,8 @@ scripts/device-prep) is called through its backend table instead.
            wan-720p; "all": the section 8 workloads plus mixed per-head
            windows, D 64 and fp16 at hunyuan-720p); STA_VARIANTS picks the
            variants, the first is the reference for rel_vs_first.
+--graph    CUDA graph capture of the forward (first call captured, eager,
+           captured again): outputs equal bit for bit.
 --dtypes   bf16 against fp16 at hunyuan-720p, sta and cuDNN dense, twice
            alternated: whether a gap between the dtypes is sta's or the card's.
 """
@@ -621,6 +623,50 @@ def dtypes(sta, reps, log, results):
     results["dtypes"] = rows
 
 
+def graph_check(sta, log, results):
+    """CUDA graph capture of sta's forward, in a process where sta has not run
+    on the GPU yet: the first capture cannot allocate the persistent kernel's
+    counters (it takes the one-CTA-per-item kernel), an eager call then
+    allocates them, a second capture takes the persistent kernel.  All three
+    outputs must be equal bit for bit and finite."""
+    canvas, text, H, D = (12, 24, 40), 64, 4, 128
+    S = canvas[0] * canvas[1] * canvas[2] + text
+    g = dict(canvas=canvas, tile=(6, 8, 8), text_len=text, windows=[3, 3, 3])
+    torch.manual_seed(3)
+    q, k, v = (torch.randn(1, S, H, D, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+    st = torch.cuda.Stream()
+    sta.lib.sta_cuda_set_stream(C.c_void_p(st.cuda_stream))
+    outs = []
+    try:
+        o1 = torch.zeros_like(q)
+        g1 = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g1, stream=st):
+            sta.forward(g, q, k, v, o1)
+        g1.replay()
+        torch.cuda.synchronize()
+        o2 = torch.zeros_like(q)
+        with torch.cuda.stream(st):
+            sta.forward(g, q, k, v, o2)
+        torch.cuda.synchronize()
+        o3 = torch.zeros_like(q)
+        g2 = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g2, stream=st):
+            sta.forward(g, q, k, v, o3)
+        for _ in range(3):
+            g2.replay()
+        torch.cuda.synchronize()
+        outs = [o1, o2, o3]
+    finally:
+        sta.lib.sta_cuda_set_stream(None)
+    ok = all(torch.isfinite(o.float()).all().item() for o in outs) and \
+        torch.equal(outs[0], outs[1]) and torch.equal(outs[1], outs[2]) and \
+        outs[1].float().abs().sum().item() > 0
+    results["graph"] = dict(ok=ok)
+    log("graph capture: first capture, eager, persistent capture x3 replays: %s" %
+        ("equal, finite" if ok else "MISMATCH"))
+    return 0 if ok else 1
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--lib", default=os.path.join(os.environ.get("BUILD", "build"), "libsta.so"))
@@ -631,6 +677,7 @@ def main():
     ap.add_argument("--sweep", action="store_true")
     ap.add_argument("--variants", action="store_true")
     ap.add_argument("--dtypes", action="store_true")
+    ap.add_argument("--graph", action="store_true")
     ap.add_argument("--reps", type=int, default=20)
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     a = ap.parse_args()
@@ -648,8 +695,10 @@ def main():
     log("# %s | %s | torch %s | %s | seed %d" % (results["gpu"], sta.describe, torch.__version__,
                                                  results["date"], a.seed))
     fails = 0
+    if a.graph:  # first: it needs a process where sta has not run yet
+        fails += graph_check(sta, log, results)
     if a.check:
-        fails = check(sta, a.check, a.seed, log)
+        fails += check(sta, a.check, a.seed, log)
     if a.variants:
         variants(sta, a.reps, log, results)
     if a.dtypes:

@@ -1269,22 +1269,40 @@ int sm_count() {
 
 /* The persistent kernel's counters: a ring of slots per device, zeroed
 ** once; each launch takes the next slot and its last CTA zeroes it again,
-** so launches in flight on different streams do not share one. */
+** so launches in flight on different streams do not share one.  The ring
+** is allocated by the first launch on a device; *slot = NULL (use the
+** one-CTA-per-item kernel) when that launch is being captured into a CUDA
+** graph, where cudaMalloc is not allowed.  The allocation runs in relaxed
+** capture mode so that another thread's capture is not invalidated. */
 constexpr int SCHED_SLOTS = 256;
 sta_status sched_slot(int **slot) {
   static int *ring[64];
   static unsigned next[64];
   static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
+  *slot = NULL;
   int dev = 0;
   cudaError_t e = cudaGetDevice(&dev);
   if (e != cudaSuccess) return sta_cuda_fail(e, "cudaGetDevice");
-  if (dev < 0 || dev >= 64)
-    return sta_error(STA_ERR_UNSUPPORTED, "attention: device %d out of range", dev);
+  if (dev < 0 || dev >= 64) return STA_OK;
   pthread_mutex_lock(&mu);
   if (!ring[dev]) {
+    cudaStream_t st = sta_cuda_stream();
+    cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
+    if (cudaStreamIsCapturing(st, &cs) != cudaSuccess) {
+      (void)cudaGetLastError();
+      cs = cudaStreamCaptureStatusActive;
+    }
+    if (cs != cudaStreamCaptureStatusNone) {
+      pthread_mutex_unlock(&mu);
+      return STA_OK;
+    }
+    cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
+    (void)cudaThreadExchangeStreamCaptureMode(&mode);
     int *r = NULL;
     e = cudaMalloc((void **)&r, SCHED_SLOTS * 2 * sizeof(int));
-    if (e == cudaSuccess) e = cudaMemset(r, 0, SCHED_SLOTS * 2 * sizeof(int));
+    if (e == cudaSuccess) e = cudaMemsetAsync(r, 0, SCHED_SLOTS * 2 * sizeof(int), st);
+    if (e == cudaSuccess) e = cudaStreamSynchronize(st); /* for every stream */
+    (void)cudaThreadExchangeStreamCaptureMode(&mode);
     if (e != cudaSuccess) {
       if (r) cudaFree(r);
       pthread_mutex_unlock(&mu);
@@ -1323,6 +1341,8 @@ sta_status launch_ws(AttnArgs &a) {
   if (PERSIST) {
     sta_status st = sched_slot(&a.sched);
     if (st != STA_OK) return st;
+    if (!a.sched) /* no counters (first launch under capture) */
+      return launch_ws<T, D, STAGES, PP, NPROD, OVL, false, KO>(a);
     grid = sm_count() < n ? sm_count() : n;
   }
   kern<<<(unsigned)grid, 256 + 128 * NPROD, smem, sta_cuda_stream()>>>(a);
