@@ -14,12 +14,7 @@
 #include <cJSON.h>
 
 #include "internal.h"
-
-#define EXPECT_ERR(call, status, msg)                \
-  do {                                               \
-    assert_int_equal((call), (status));              \
-    assert_string_equal(sta_last_error(), (msg));    \
-  } while (0)
+#include "test_util.h"
 
 static void test_push_pop(void **state) {
   (void)state;

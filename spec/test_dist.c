@@ -17,6 +17,7 @@
 #include <cJSON.h>
 
 #include "internal.h"
+#include "test_util.h"
 
 #define MAXP 4
 #define MAXH 12
@@ -24,12 +25,6 @@
 static uint64_t seed_base;
 
 static uint64_t next_seed(void) { return seed_base += 7919; }
-
-static void expect_error(sta_status rc, sta_status want, const char *msg) {
-  if (rc != want || strcmp(sta_last_error(), msg) != 0)
-    fail_msg("got %s \"%s\"\nwant %s \"%s\"", sta_status_name(rc), sta_last_error(),
-             sta_status_name(want), msg);
-}
 
 static sta_tensor *new4(sta_dtype dt, sta_layout layout, int64_t b, int64_t s, int64_t h,
                         int64_t d) {
@@ -612,7 +607,7 @@ static void test_custom_transport(void **state) {
   sta_transport t = {"counting", 1u << STA_CPU, &bad, cnt_size, cnt_size, cnt_a2a,
                      cnt_gather, cnt_barrier, cnt_destroy};
   sta_comm *c = NULL;
-  expect_error(sta_comm_create(&c, &t), STA_ERR_ARGUMENT,
+  sta_expect_err(sta_comm_create(&c, &t), STA_ERR_ARGUMENT,
                "transport: rank 2 of size 2 is not a rank");
   for (int32_t r = 0; r < p; r++) {
     sta_comm_destroy(comms[r]);
@@ -702,10 +697,10 @@ static void test_tcp_transport(void **state) {
   sta_tensor_destroy(fo);
   /* errors: arguments, no rank 0, a file that is not a TCP bootstrap */
   sta_comm *c = (sta_comm *)0x1;
-  expect_error(sta_comm_tcp(&c, 0, 2, NULL), STA_ERR_ARGUMENT,
+  sta_expect_err(sta_comm_tcp(&c, 0, 2, NULL), STA_ERR_ARGUMENT,
                "id_file: expected a path to share the TCP port (world size 2)");
-  expect_error(sta_comm_tcp(&c, 3, 2, "/tmp/x"), STA_ERR_ARGUMENT, "rank: expected 0..1, got 3");
-  expect_error(sta_comm_tcp(&c, 0, 65, "/tmp/x"), STA_ERR_ARGUMENT,
+  sta_expect_err(sta_comm_tcp(&c, 3, 2, "/tmp/x"), STA_ERR_ARGUMENT, "rank: expected 0..1, got 3");
+  sta_expect_err(sta_comm_tcp(&c, 0, 65, "/tmp/x"), STA_ERR_ARGUMENT,
                "size: expected 1..64 ranks, got 65");
   snprintf(id_file, sizeof id_file, "/tmp/sta-test-dist-%d-none.id", (int)getpid());
   remove(id_file);
@@ -714,20 +709,20 @@ static void test_tcp_transport(void **state) {
   snprintf(want, sizeof want,
            "id_file: rank 1 waited 0.1 s for \"%s\" from rank 0 (STA_DIST_TIMEOUT); "
            "is rank 0 running?", id_file);
-  expect_error(sta_comm_tcp(&c, 1, 2, id_file), STA_ERR_IO, want);
+  sta_expect_err(sta_comm_tcp(&c, 1, 2, id_file), STA_ERR_IO, want);
   FILE *f = fopen(id_file, "wb");
   assert_non_null(f);
   fwrite("0123456789ab", 1, 12, f);
   fclose(f);
   snprintf(want, sizeof want, "id_file: \"%s\" holds no sta-tcp bootstrap (an NCCL id?)", id_file);
-  expect_error(sta_comm_tcp(&c, 1, 2, id_file), STA_ERR_FORMAT, want);
+  sta_expect_err(sta_comm_tcp(&c, 1, 2, id_file), STA_ERR_FORMAT, want);
   f = fopen(id_file, "wb");
   fwrite("01234", 1, 5, f);
   fclose(f);
   snprintf(want, sizeof want, "id_file: \"%s\" holds 5 bytes, expected 12", id_file);
-  expect_error(sta_comm_tcp(&c, 1, 2, id_file), STA_ERR_FORMAT, want);
+  sta_expect_err(sta_comm_tcp(&c, 1, 2, id_file), STA_ERR_FORMAT, want);
   remove(id_file);
-  expect_error(sta_comm_tcp(&c, 0, 2, id_file), STA_ERR_IO,
+  sta_expect_err(sta_comm_tcp(&c, 0, 2, id_file), STA_ERR_IO,
                "tcp: rank 0 waited 0.1 s for rank connections (0 of 1 came; STA_DIST_TIMEOUT)");
   remove(id_file);
   setenv("STA_DIST_TIMEOUT", "30", 1);
@@ -752,7 +747,7 @@ static void sp_error_case(int32_t p, const int32_t canvas[3], int64_t text, int6
   sta_tensor *q = randn4(STA_F32, STA_BSHD, 1, rows + text, h, 8);
   sta_tensor *o = randn4(STA_F32, STA_BSHD, 1, rows + text, h, 8);
   sta_tensor *before = snapshot(o);
-  expect_error(sta_sp_attention(comms[p - 1], &d, q, q, q, o), want, msg);
+  sta_expect_err(sta_sp_attention(comms[p - 1], &d, q, q, q, o), want, msg);
   assert_bitwise(o, before);
   sta_tensor_destroy(q);
   sta_tensor_destroy(o);
@@ -794,23 +789,23 @@ static void test_errors_sp_attention(void **state) {
   sta_tensor *o16 = randn4(STA_F16, STA_BSHD, 1, 35, 4, 8);
   sta_tensor *o5 = randn4(STA_F32, STA_BSHD, 1, 35, 4, 5);
   sta_tensor *before = snapshot(o);
-  expect_error(sta_sp_attention(NULL, &d, q, q, q, o), STA_ERR_ARGUMENT,
+  sta_expect_err(sta_sp_attention(NULL, &d, q, q, q, o), STA_ERR_ARGUMENT,
                "comm: expected a communicator, got NULL");
-  expect_error(sta_sp_attention(comms[0], NULL, q, q, q, o), STA_ERR_ARGUMENT,
+  sta_expect_err(sta_sp_attention(comms[0], NULL, q, q, q, o), STA_ERR_ARGUMENT,
                "desc: expected a descriptor, got NULL");
-  expect_error(sta_sp_attention(comms[0], &d, q, NULL, q, o), STA_ERR_ARGUMENT,
+  sta_expect_err(sta_sp_attention(comms[0], &d, q, NULL, q, o), STA_ERR_ARGUMENT,
                "k: expected a tensor, got NULL");
-  expect_error(sta_sp_attention(comms[0], &d, q, q, q, o16), STA_ERR_DTYPE,
+  sta_expect_err(sta_sp_attention(comms[0], &d, q, q, q, o16), STA_ERR_DTYPE,
                "out: dtype f16 differs from q's f32");
-  expect_error(sta_sp_attention(comms[0], &d, q, q, q, o5), STA_ERR_SHAPE,
+  sta_expect_err(sta_sp_attention(comms[0], &d, q, q, q, o5), STA_ERR_SHAPE,
                "out: shape [B=1, S=35, heads=4, D=5] differs from q's "
                "[B=1, S=35, heads=4, D=8]");
   d.geom.text_len = 9;
-  expect_error(sta_sp_attention(comms[1], &d, q, q, q, o), STA_ERR_ARGUMENT,
+  sta_expect_err(sta_sp_attention(comms[1], &d, q, q, q, o), STA_ERR_ARGUMENT,
                "text_len: 9 is outside 0..3 (seq_len 67 - 64 video tokens)");
   d.geom.text_len = -1;
   d.layout = (sta_layout)7;
-  expect_error(sta_sp_attention(comms[1], &d, q, q, q, o), STA_ERR_ARGUMENT,
+  sta_expect_err(sta_sp_attention(comms[1], &d, q, q, q, o), STA_ERR_ARGUMENT,
                "layout: expected STA_BSHD (0) or STA_BHSD (1), got 7");
   assert_bitwise(o, before);
   sta_tensor_destroy(q);
@@ -830,18 +825,18 @@ static void test_errors_shard(void **state) {
   sta_tensor *local = randn4(STA_F32, STA_BSHD, 1, 35, 2, 4);
   sta_tensor *wrong = randn4(STA_F32, STA_BSHD, 1, 34, 2, 4);
   sta_tensor *before = snapshot(local);
-  expect_error(sta_sp_shard(local, full, &g, STA_BSHD, 2, 2), STA_ERR_ARGUMENT,
+  sta_expect_err(sta_sp_shard(local, full, &g, STA_BSHD, 2, 2), STA_ERR_ARGUMENT,
                "rank: expected 0..1, got 2");
-  expect_error(sta_sp_shard(local, full, &g, STA_BSHD, -1, 2), STA_ERR_ARGUMENT,
+  sta_expect_err(sta_sp_shard(local, full, &g, STA_BSHD, -1, 2), STA_ERR_ARGUMENT,
                "rank: expected 0..1, got -1");
-  expect_error(sta_sp_shard(local, full, &g, STA_BSHD, 0, 0), STA_ERR_ARGUMENT,
+  sta_expect_err(sta_sp_shard(local, full, &g, STA_BSHD, 0, 0), STA_ERR_ARGUMENT,
                "size: expected >= 1 ranks, got 0");
-  expect_error(sta_sp_shard(local, full, &g, STA_BSHD, 0, 3), STA_ERR_SHAPE,
+  sta_expect_err(sta_sp_shard(local, full, &g, STA_BSHD, 0, 3), STA_ERR_SHAPE,
                "canvas: V = 64 video tokens (4x4x4) is not divisible by the 3 ranks");
-  expect_error(sta_sp_shard(wrong, full, &g, STA_BSHD, 0, 2), STA_ERR_SHAPE,
+  sta_expect_err(sta_sp_shard(wrong, full, &g, STA_BSHD, 0, 2), STA_ERR_SHAPE,
                "local: shape [B=1, S=34, heads=2, D=4], expected [B=1, S=35 (V/P 32 + "
                "text 3), heads=2, D=4]");
-  expect_error(sta_sp_shard(local, full, NULL, STA_BSHD, 0, 2), STA_ERR_ARGUMENT,
+  sta_expect_err(sta_sp_shard(local, full, NULL, STA_BSHD, 0, 2), STA_ERR_ARGUMENT,
                "geometry: expected a geometry, got NULL");
   assert_bitwise(local, before);
   sta_tensor_destroy(full);
@@ -853,30 +848,30 @@ static void test_errors_shard(void **state) {
 static void test_errors_comm(void **state) {
   (void)state;
   sta_comm *comms[MAXP], *other[2], *c = (sta_comm *)0x1;
-  expect_error(sta_comm_loopback(comms, 0), STA_ERR_ARGUMENT, "size: expected 1..64 ranks, got 0");
-  expect_error(sta_comm_loopback(comms, 65), STA_ERR_ARGUMENT,
+  sta_expect_err(sta_comm_loopback(comms, 0), STA_ERR_ARGUMENT, "size: expected 1..64 ranks, got 0");
+  sta_expect_err(sta_comm_loopback(comms, 65), STA_ERR_ARGUMENT,
                "size: expected 1..64 ranks, got 65");
-  expect_error(sta_comm_loopback(NULL, 2), STA_ERR_ARGUMENT, "comms: expected an array, got NULL");
-  expect_error(sta_comm_create(&c, NULL), STA_ERR_ARGUMENT,
+  sta_expect_err(sta_comm_loopback(NULL, 2), STA_ERR_ARGUMENT, "comms: expected an array, got NULL");
+  sta_expect_err(sta_comm_create(&c, NULL), STA_ERR_ARGUMENT,
                "transport: expected a table, got NULL");
   sta_transport t;
   memset(&t, 0, sizeof t);
-  expect_error(sta_comm_create(&c, &t), STA_ERR_ARGUMENT,
+  sta_expect_err(sta_comm_create(&c, &t), STA_ERR_ARGUMENT,
                "transport: rank, size, all_to_all, all_gather and barrier must all be set");
   assert_ptr_equal(c, (sta_comm *)0x1);
-  expect_error(sta_comm_barrier(NULL), STA_ERR_ARGUMENT, "comm: expected a communicator, got NULL");
+  sta_expect_err(sta_comm_barrier(NULL), STA_ERR_ARGUMENT, "comm: expected a communicator, got NULL");
 
   assert_int_equal(sta_comm_loopback(comms, 2), STA_OK);
   assert_int_equal(sta_comm_loopback(other, 2), STA_OK);
   sta_comm *mixed[2] = {comms[0], other[0]};
-  expect_error(sta_comm_loopback_run(mixed, 2, NULL, NULL), STA_ERR_ARGUMENT,
+  sta_expect_err(sta_comm_loopback_run(mixed, 2, NULL, NULL), STA_ERR_ARGUMENT,
                "fn: expected a function, got NULL");
-  expect_error(sta_comm_loopback_run(mixed, 2, coll_rank, NULL), STA_ERR_ARGUMENT,
+  sta_expect_err(sta_comm_loopback_run(mixed, 2, coll_rank, NULL), STA_ERR_ARGUMENT,
                "comms[1]: expected rank 1 of comms[0]'s world, got rank 0 of another world");
   sta_comm *swapped[2] = {comms[1], comms[0]};
-  expect_error(sta_comm_loopback_run(swapped, 2, coll_rank, NULL), STA_ERR_ARGUMENT,
+  sta_expect_err(sta_comm_loopback_run(swapped, 2, coll_rank, NULL), STA_ERR_ARGUMENT,
                "comms[0]: expected rank 0 of comms[0]'s world, got rank 1 of it");
-  expect_error(sta_comm_loopback_run(comms, 1, coll_rank, NULL), STA_ERR_ARGUMENT,
+  sta_expect_err(sta_comm_loopback_run(comms, 1, coll_rank, NULL), STA_ERR_ARGUMENT,
                "size: the world has 2 ranks, got 1");
 
   /* tensor collectives */
@@ -890,20 +885,20 @@ static void test_errors_comm(void **state) {
   assert_int_equal(sta_tensor_create(&a3, STA_F32, STA_CPU, 1, &n3), STA_OK);
   assert_int_equal(sta_tensor_randn(b6, next_seed(), 0, 1), STA_OK);
   sta_tensor *before = snapshot(b6);
-  expect_error(sta_comm_all_to_all(comms[0], a5, b5), STA_ERR_SHAPE,
+  sta_expect_err(sta_comm_all_to_all(comms[0], a5, b5), STA_ERR_SHAPE,
                "send: 5 elements are not divisible by the 2 ranks");
-  expect_error(sta_comm_all_to_all(comms[0], a6, b5), STA_ERR_SHAPE,
+  sta_expect_err(sta_comm_all_to_all(comms[0], a6, b5), STA_ERR_SHAPE,
                "recv: 5 elements, expected send's 6");
-  expect_error(sta_comm_all_to_all(comms[0], h6, b6), STA_ERR_DTYPE,
+  sta_expect_err(sta_comm_all_to_all(comms[0], h6, b6), STA_ERR_DTYPE,
                "recv: dtype f32 differs from send's f16");
-  expect_error(sta_comm_all_gather(comms[0], a6, b6), STA_ERR_SHAPE,
+  sta_expect_err(sta_comm_all_gather(comms[0], a6, b6), STA_ERR_SHAPE,
                "recv: 6 elements, expected 2 ranks x 6");
-  expect_error(sta_comm_all_gather(comms[0], NULL, b6), STA_ERR_ARGUMENT,
+  sta_expect_err(sta_comm_all_gather(comms[0], NULL, b6), STA_ERR_ARGUMENT,
                "send: expected a tensor, got NULL");
   sta_tensor *strided = NULL;
   int64_t st = 2;
   assert_int_equal(sta_tensor_view(&strided, b6, 0, 1, &n3, &st), STA_OK);
-  expect_error(sta_comm_all_gather(comms[0], a3, strided), STA_ERR_SHAPE,
+  sta_expect_err(sta_comm_all_gather(comms[0], a3, strided), STA_ERR_SHAPE,
                "recv: expected a contiguous tensor");
   assert_bitwise(b6, before);
 
@@ -939,15 +934,15 @@ static void test_loopback_abort_and_timeout(void **state) {
   (void)state;
   sta_comm *comms[3];
   assert_int_equal(sta_comm_loopback(comms, 3), STA_OK);
-  expect_error(sta_comm_loopback_run(comms, 3, fail_rank1, NULL), STA_ERR_KEY,
+  sta_expect_err(sta_comm_loopback_run(comms, 3, fail_rank1, NULL), STA_ERR_KEY,
                "rank 1: made up failure on rank 1");
   assert_int_equal(sta_comm_loopback_run(comms, 3, barrier_rank, NULL), STA_OK);
   /* one rank alone in a barrier times out instead of hanging */
   setenv("STA_DIST_TIMEOUT", "0.2", 1);
-  expect_error(sta_comm_barrier(comms[2]), STA_ERR_STATE,
+  sta_expect_err(sta_comm_barrier(comms[2]), STA_ERR_STATE,
                "loopback rank 2: waited 0.2 s for the other ranks (STA_DIST_TIMEOUT); "
                "the world is aborted");
-  expect_error(sta_comm_barrier(comms[0]), STA_ERR_STATE,
+  sta_expect_err(sta_comm_barrier(comms[0]), STA_ERR_STATE,
                "loopback rank 0: the world was aborted (another rank failed)");
   setenv("STA_DIST_TIMEOUT", "30", 1);
   assert_int_equal(sta_comm_loopback_run(comms, 3, barrier_rank, NULL), STA_OK);
@@ -966,14 +961,14 @@ static void test_errors_layer(void **state) {
   ld.head_dim = 8;
   ld.layout = STA_BSHD;
   ld.backend = STA_CPU;
-  expect_error(sta_sp_layer_create(&l, comms[0], &ld), STA_ERR_WINDOW,
+  sta_expect_err(sta_sp_layer_create(&l, comms[0], &ld), STA_ERR_WINDOW,
                "geom: sequence parallelism needs the canvas (0x0x0 picks a known shape by "
                "sequence length, which a rank's shard does not have)");
-  expect_error(sta_sp_layer_create(&l, NULL, &ld), STA_ERR_ARGUMENT,
+  sta_expect_err(sta_sp_layer_create(&l, NULL, &ld), STA_ERR_ARGUMENT,
                "comm: expected a communicator, got NULL");
   sta_geometry_init(&ld.geom, 4, 4, 4);
   ld.local_heads = 0;
-  expect_error(sta_sp_layer_create(&l, comms[0], &ld), STA_ERR_ARGUMENT,
+  sta_expect_err(sta_sp_layer_create(&l, comms[0], &ld), STA_ERR_ARGUMENT,
                "local_heads: expected 1..65536, got 0");
   assert_ptr_equal(l, (sta_sp_layer *)0x1);
   ld.local_heads = 2;
@@ -981,9 +976,9 @@ static void test_errors_layer(void **state) {
   sta_tensor *q = randn4(STA_F32, STA_BSHD, 1, 32, 2, 8);
   sta_tensor *o = randn4(STA_F32, STA_BSHD, 1, 32, 2, 8);
   sta_tensor *before = snapshot(o);
-  expect_error(sta_sp_layer_forward(l, q, q, q, o), STA_ERR_SHAPE,
+  sta_expect_err(sta_sp_layer_forward(l, q, q, q, o), STA_ERR_SHAPE,
                "q: expected 4 heads (local_heads 2 x 2 ranks), got 2");
-  expect_error(sta_sp_layer_forward(NULL, q, q, q, o), STA_ERR_ARGUMENT,
+  sta_expect_err(sta_sp_layer_forward(NULL, q, q, q, o), STA_ERR_ARGUMENT,
                "layer: expected an SP layer, got NULL");
   assert_bitwise(o, before);
   sta_sp_layer_destroy(l);
@@ -1004,28 +999,28 @@ static void test_errors_nccl_env(void **state) {
   const char *want = "nccl: cannot load \"/nonexistent/libnccl.so.2\" (";
   if (strncmp(sta_last_error(), want, strlen(want)) != 0) fail_msg("got \"%s\"", sta_last_error());
   assert_non_null(strstr(sta_last_error(), "; set STA_NCCL_LIB to the library's path"));
-  expect_error(sta_comm_nccl(&c, 2, 2, "/tmp/x", -1), STA_ERR_ARGUMENT,
+  sta_expect_err(sta_comm_nccl(&c, 2, 2, "/tmp/x", -1), STA_ERR_ARGUMENT,
                "rank: expected 0..1, got 2");
-  expect_error(sta_comm_nccl(&c, 1, 2, NULL, -1), STA_ERR_ARGUMENT,
+  sta_expect_err(sta_comm_nccl(&c, 1, 2, NULL, -1), STA_ERR_ARGUMENT,
                "id_file: expected a path to share the NCCL id (world size 2)");
-  expect_error(sta_comm_nccl(&c, 0, 0, NULL, -1), STA_ERR_ARGUMENT,
+  sta_expect_err(sta_comm_nccl(&c, 0, 0, NULL, -1), STA_ERR_ARGUMENT,
                "size: expected >= 1 ranks, got 0");
 
   setenv("STA_WORLD_SIZE", "two", 1);
-  expect_error(sta_comm_from_env(&c), STA_ERR_ENV,
+  sta_expect_err(sta_comm_from_env(&c), STA_ERR_ENV,
                "STA_WORLD_SIZE: expected an integer >= 1, got \"two\"");
   setenv("STA_WORLD_SIZE", "2", 1);
   setenv("STA_RANK", "2", 1);
-  expect_error(sta_comm_from_env(&c), STA_ERR_ENV, "STA_RANK: 2 is not below STA_WORLD_SIZE 2");
+  sta_expect_err(sta_comm_from_env(&c), STA_ERR_ENV, "STA_RANK: 2 is not below STA_WORLD_SIZE 2");
   setenv("STA_RANK", "1", 1);
   setenv("STA_DIST_BACKEND", "loopback", 1);
-  expect_error(sta_comm_from_env(&c), STA_ERR_ENV,
+  sta_expect_err(sta_comm_from_env(&c), STA_ERR_ENV,
                "STA_DIST_BACKEND: loopback joins no other process (STA_WORLD_SIZE 2); use nccl");
   setenv("STA_DIST_BACKEND", "mpi", 1);
-  expect_error(sta_comm_from_env(&c), STA_ERR_ENV,
+  sta_expect_err(sta_comm_from_env(&c), STA_ERR_ENV,
                "STA_DIST_BACKEND: expected nccl, tcp or loopback, got \"mpi\"");
   unsetenv("STA_DIST_BACKEND");
-  expect_error(sta_comm_from_env(&c), STA_ERR_ARGUMENT,
+  sta_expect_err(sta_comm_from_env(&c), STA_ERR_ARGUMENT,
                "id_file: expected a path to share the NCCL id (world size 2)");
   setenv("STA_DIST_ID_FILE", "/tmp/sta-test-dist-id", 1);
   assert_int_equal(sta_comm_from_env(&c), STA_ERR_BACKEND); /* no NCCL here */

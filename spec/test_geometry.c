@@ -10,16 +10,9 @@
 #include <cmocka.h>
 
 #include "internal.h"
+#include "test_util.h"
 
 static uint64_t seed_counter = 4242;
-
-static void expect_err(sta_status rc, sta_status want, const char *msg) {
-  if (rc != want)
-    fail_msg("status %s, wanted %s (%s)", sta_status_name(rc), sta_status_name(want),
-             sta_last_error());
-  if (msg && strcmp(sta_last_error(), msg) != 0)
-    fail_msg("message '%s', wanted '%s'", sta_last_error(), msg);
-}
 
 static void test_init_grid_tokens(void **state) {
   (void)state;
@@ -73,17 +66,17 @@ static void test_check(void **state) {
   assert_int_equal(sta_geometry_check(&g, 384), STA_OK);
   assert_int_equal(sta_geometry_check(&g, 400), STA_OK);
   memcpy(&saved, &g, sizeof g);
-  expect_err(sta_geometry_check(&g, 383), STA_ERR_SEQ_LEN, "seq_len 383 not supported for STA");
-  expect_err(sta_geometry_check(&g, 0), STA_ERR_SEQ_LEN, "seq_len 0 not supported for STA");
+  sta_expect_err(sta_geometry_check(&g, 383), STA_ERR_SEQ_LEN, "seq_len 383 not supported for STA");
+  sta_expect_err(sta_geometry_check(&g, 0), STA_ERR_SEQ_LEN, "seq_len 0 not supported for STA");
   g.text_len = 17;
-  expect_err(sta_geometry_check(&g, 400), STA_ERR_ARGUMENT,
+  sta_expect_err(sta_geometry_check(&g, 400), STA_ERR_ARGUMENT,
              "text_len: 17 is outside 0..16 (seq_len 400 - 384 video tokens)");
   g.text_len = 16;
   assert_int_equal(sta_geometry_check(&g, 400), STA_OK);
   g.text_len = 0;
   assert_int_equal(sta_geometry_check(&g, 400), STA_OK);
   g.text_len = -2;
-  expect_err(sta_geometry_check(&g, 400), STA_ERR_ARGUMENT,
+  sta_expect_err(sta_geometry_check(&g, 400), STA_ERR_ARGUMENT,
              "text_len: -2 is outside 0..16 (seq_len 400 - 384 video tokens)");
   g.text_len = -1;
   static const char axis[3] = {'t', 'h', 'w'};
@@ -92,19 +85,19 @@ static void test_check(void **state) {
     sta_geometry b = g;
     b.canvas[i] = 0;
     snprintf(msg, sizeof msg, "canvas: %c = 0, expected 1..1048576", axis[i]);
-    expect_err(sta_geometry_check(&b, 400), STA_ERR_WINDOW, msg);
+    sta_expect_err(sta_geometry_check(&b, 400), STA_ERR_WINDOW, msg);
     b.canvas[i] = (1 << 20) + 1;
     snprintf(msg, sizeof msg, "canvas: %c = 1048577, expected 1..1048576", axis[i]);
-    expect_err(sta_geometry_check(&b, 400), STA_ERR_WINDOW, msg);
+    sta_expect_err(sta_geometry_check(&b, 400), STA_ERR_WINDOW, msg);
     b = g;
     b.tile[i] = -3;
     snprintf(msg, sizeof msg, "tile: %c = -3, expected 1..1048576", axis[i]);
-    expect_err(sta_geometry_check(&b, 400), STA_ERR_WINDOW, msg);
+    sta_expect_err(sta_geometry_check(&b, 400), STA_ERR_WINDOW, msg);
   }
   sta_geometry_init(&g, 1 << 20, 1 << 20, 2);
-  expect_err(sta_geometry_check(&g, INT64_MAX), STA_ERR_WINDOW,
+  sta_expect_err(sta_geometry_check(&g, INT64_MAX), STA_ERR_WINDOW,
              "canvas: 1048576x1048576x2 has too many tokens");
-  expect_err(sta_geometry_check(NULL, 10), STA_ERR_ARGUMENT,
+  sta_expect_err(sta_geometry_check(NULL, 10), STA_ERR_ARGUMENT,
              "geometry: expected a geometry, got NULL");
 }
 
@@ -119,7 +112,7 @@ static void test_window_range_brute(void **state) {
         int32_t start = -7, count = -7;
         sta_status rc = sta_window_range(q, k, c, &start, &count);
         if (k < c && k % 2 == 0) {
-          expect_err(rc, STA_ERR_WINDOW, NULL);
+          sta_expect_err(rc, STA_ERR_WINDOW, NULL);
           assert_int_equal(start, -7);
           assert_int_equal(count, -7);
           continue;
@@ -142,14 +135,14 @@ static void test_window_range_brute(void **state) {
       }
   assert_true(checked > 2000);
   int32_t s = 5, n = 5;
-  expect_err(sta_window_range(0, 4, 5, &s, &n), STA_ERR_WINDOW,
+  sta_expect_err(sta_window_range(0, 4, 5, &s, &n), STA_ERR_WINDOW,
              "window: K = 4 is even and smaller than 5 tiles");
-  expect_err(sta_window_range(0, 0, 5, &s, &n), STA_ERR_WINDOW, "window: K = 0, expected >= 1");
-  expect_err(sta_window_range(0, -3, 5, &s, &n), STA_ERR_WINDOW, "window: K = -3, expected >= 1");
-  expect_err(sta_window_range(5, 3, 5, &s, &n), STA_ERR_WINDOW, "window: query tile 5 outside 0..4");
-  expect_err(sta_window_range(-1, 3, 5, &s, &n), STA_ERR_WINDOW,
+  sta_expect_err(sta_window_range(0, 0, 5, &s, &n), STA_ERR_WINDOW, "window: K = 0, expected >= 1");
+  sta_expect_err(sta_window_range(0, -3, 5, &s, &n), STA_ERR_WINDOW, "window: K = -3, expected >= 1");
+  sta_expect_err(sta_window_range(5, 3, 5, &s, &n), STA_ERR_WINDOW, "window: query tile 5 outside 0..4");
+  sta_expect_err(sta_window_range(-1, 3, 5, &s, &n), STA_ERR_WINDOW,
              "window: query tile -1 outside 0..4");
-  expect_err(sta_window_range(0, 3, 0, &s, &n), STA_ERR_WINDOW,
+  sta_expect_err(sta_window_range(0, 3, 0, &s, &n), STA_ERR_WINDOW,
              "window: query tile 0 outside 0..-1");
   assert_int_equal(s, 5);
   assert_int_equal(n, 5);
@@ -169,32 +162,32 @@ static void test_window_check(void **state) {
     if (sta_window_check(&g, good[i]) != STA_OK)
       fail_msg("window %d,%d,%d: %s", good[i][0], good[i][1], good[i][2], sta_last_error());
   int32_t w[3] = {4, 3, 3};
-  expect_err(sta_window_check(&g, w), STA_ERR_WINDOW,
+  sta_expect_err(sta_window_check(&g, w), STA_ERR_WINDOW,
              "window: Kt = 4 is even and smaller than the 5 tiles on the t axis (use an odd "
              "window, or >= 5 for the whole axis)");
   int32_t w2[3] = {3, 4, 3};
-  expect_err(sta_window_check(&g, w2), STA_ERR_WINDOW,
+  sta_expect_err(sta_window_check(&g, w2), STA_ERR_WINDOW,
              "window: Kh = 4 is even and smaller than the 6 tiles on the h axis (use an odd "
              "window, or >= 6 for the whole axis)");
   int32_t w3[3] = {3, 3, 8};
-  expect_err(sta_window_check(&g, w3), STA_ERR_WINDOW,
+  sta_expect_err(sta_window_check(&g, w3), STA_ERR_WINDOW,
              "window: Kw = 8 is even and smaller than the 10 tiles on the w axis (use an odd "
              "window, or >= 10 for the whole axis)");
   int32_t w4[3] = {3, 0, 3};
-  expect_err(sta_window_check(&g, w4), STA_ERR_WINDOW, "window: Kh = 0, expected >= 1");
+  sta_expect_err(sta_window_check(&g, w4), STA_ERR_WINDOW, "window: Kh = 0, expected >= 1");
   int32_t w5[3] = {-1, 3, 3};
-  expect_err(sta_window_check(&g, w5), STA_ERR_WINDOW, "window: Kt = -1, expected >= 1");
-  expect_err(sta_window_check(&g, NULL), STA_ERR_WINDOW, "window: expected 3 ints, got NULL");
-  expect_err(sta_window_check(NULL, w), STA_ERR_ARGUMENT,
+  sta_expect_err(sta_window_check(&g, w5), STA_ERR_WINDOW, "window: Kt = -1, expected >= 1");
+  sta_expect_err(sta_window_check(&g, NULL), STA_ERR_WINDOW, "window: expected 3 ints, got NULL");
+  sta_expect_err(sta_window_check(NULL, w), STA_ERR_ARGUMENT,
              "geometry: expected a geometry, got NULL");
   g.tile[1] = 0; /* a broken geometry is reported, not divided by */
-  expect_err(sta_window_check(&g, good[0]), STA_ERR_WINDOW, "tile: h = 0, expected 1..1048576");
+  sta_expect_err(sta_window_check(&g, good[0]), STA_ERR_WINDOW, "tile: h = 0, expected 1..1048576");
   /* partial grid: 31 frames are 6 tiles, so 6 is the whole axis */
   sta_geometry_init(&g, 31, 8, 8);
   int32_t w6[3] = {6, 1, 1};
   assert_int_equal(sta_window_check(&g, w6), STA_OK);
   w6[0] = 4;
-  expect_err(sta_window_check(&g, w6), STA_ERR_WINDOW, NULL);
+  sta_expect_err(sta_window_check(&g, w6), STA_ERR_WINDOW, NULL);
 }
 
 static void test_from_seq_len(void **state) {
@@ -223,10 +216,10 @@ static void test_from_seq_len(void **state) {
   for (size_t i = 0; i < sizeof unknown / sizeof unknown[0]; i++) {
     char msg[64];
     snprintf(msg, sizeof msg, "seq_len %lld not supported for STA", (long long)unknown[i]);
-    expect_err(sta_geometry_from_seq_len(&g, unknown[i]), STA_ERR_SEQ_LEN, msg);
+    sta_expect_err(sta_geometry_from_seq_len(&g, unknown[i]), STA_ERR_SEQ_LEN, msg);
     assert_memory_equal(&g, &saved, sizeof g);
   }
-  expect_err(sta_geometry_from_seq_len(NULL, 115456), STA_ERR_ARGUMENT,
+  sta_expect_err(sta_geometry_from_seq_len(NULL, 115456), STA_ERR_ARGUMENT,
              "geometry: expected a geometry, got NULL");
 }
 
@@ -353,35 +346,35 @@ static void test_tile_errors(void **state) {
   sta_tensor *heads = qkv(STA_BSHD, 1, 3074, 3, 4, STA_F32);
   sta_tensor *copy = NULL;
   assert_int_equal(sta_tensor_to(&copy, out, STA_F32, STA_CPU), STA_OK);
-  expect_err(sta_tensor_tile(bad, in, &g, STA_BSHD), STA_ERR_SHAPE,
+  sta_expect_err(sta_tensor_tile(bad, in, &g, STA_BSHD), STA_ERR_SHAPE,
              "out: expected 3074 rows for the tiled order of 632 tokens (same batch, heads, "
              "D), got 3073");
-  expect_err(sta_tensor_tile(heads, in, &g, STA_BSHD), STA_ERR_SHAPE,
+  sta_expect_err(sta_tensor_tile(heads, in, &g, STA_BSHD), STA_ERR_SHAPE,
              "out: expected 3074 rows for the tiled order of 632 tokens (same batch, heads, "
              "D), got 3074");
-  expect_err(sta_tensor_untile(in, bad, &g, STA_BSHD), STA_ERR_SHAPE,
+  sta_expect_err(sta_tensor_untile(in, bad, &g, STA_BSHD), STA_ERR_SHAPE,
              "in: expected 3074 rows for the tiled order of 632 tokens (same batch, heads, "
              "D), got 3073");
-  expect_err(sta_tensor_tile(f16, in, &g, STA_BSHD), STA_ERR_DTYPE,
+  sta_expect_err(sta_tensor_tile(f16, in, &g, STA_BSHD), STA_ERR_DTYPE,
              "out: dtype f16 differs from in's f32");
-  expect_err(sta_tensor_tile(out, in, NULL, STA_BSHD), STA_ERR_ARGUMENT,
+  sta_expect_err(sta_tensor_tile(out, in, NULL, STA_BSHD), STA_ERR_ARGUMENT,
              "geometry: expected a geometry, got NULL");
-  expect_err(sta_tensor_untile(in, out, NULL, STA_BSHD), STA_ERR_ARGUMENT,
+  sta_expect_err(sta_tensor_untile(in, out, NULL, STA_BSHD), STA_ERR_ARGUMENT,
              "geometry: expected a geometry, got NULL");
-  expect_err(sta_tensor_tile(out, NULL, &g, STA_BSHD), STA_ERR_ARGUMENT,
+  sta_expect_err(sta_tensor_tile(out, NULL, &g, STA_BSHD), STA_ERR_ARGUMENT,
              "in: expected a tensor, got NULL");
-  expect_err(sta_tensor_tile(NULL, in, &g, STA_BSHD), STA_ERR_ARGUMENT,
+  sta_expect_err(sta_tensor_tile(NULL, in, &g, STA_BSHD), STA_ERR_ARGUMENT,
              "out: expected a tensor, got NULL");
   g.canvas[0] = 8; /* 640 video tokens > 632 */
-  expect_err(sta_tensor_tile(out, in, &g, STA_BSHD), STA_ERR_SEQ_LEN,
+  sta_expect_err(sta_tensor_tile(out, in, &g, STA_BSHD), STA_ERR_SEQ_LEN,
              "seq_len 632 not supported for STA");
   g.canvas[0] = 7;
   int64_t s3[3] = {1, 632, 8};
   sta_tensor *three = NULL;
   assert_int_equal(sta_tensor_create(&three, STA_F32, STA_CPU, 3, s3), STA_OK);
-  expect_err(sta_tensor_tile(out, three, &g, STA_BSHD), STA_ERR_SHAPE,
+  sta_expect_err(sta_tensor_tile(out, three, &g, STA_BSHD), STA_ERR_SHAPE,
              "in: expected a 4-D tensor, got 3-D");
-  expect_err(sta_tensor_tile(out, in, &g, (sta_layout)5), STA_ERR_ARGUMENT,
+  sta_expect_err(sta_tensor_tile(out, in, &g, (sta_layout)5), STA_ERR_ARGUMENT,
              "layout: expected STA_BSHD (0) or STA_BHSD (1), got 5");
   double m = -1;
   assert_int_equal(sta_tensor_compare(out, copy, &m, NULL), STA_OK);

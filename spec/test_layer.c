@@ -14,12 +14,7 @@
 #include <cmocka.h>
 
 #include "internal.h"
-
-#define EXPECT_ERR(call, status, msg)                \
-  do {                                               \
-    assert_int_equal((call), (status));              \
-    assert_string_equal(sta_last_error(), (msg));    \
-  } while (0)
+#include "test_util.h"
 
 static uint64_t seed_base;
 static uint64_t next_seed(void) { return seed_base++ * 0x9e3779b97f4a7c15ull + 1; }

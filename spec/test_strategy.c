@@ -12,12 +12,7 @@
 #include <cmocka.h>
 
 #include "internal.h"
-
-#define EXPECT_ERR(call, status, msg)                \
-  do {                                               \
-    assert_int_equal((call), (status));              \
-    assert_string_equal(sta_last_error(), (msg));    \
-  } while (0)
+#include "test_util.h"
 
 static unsigned seed;
 

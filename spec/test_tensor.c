@@ -13,6 +13,7 @@
 #include <cmocka.h>
 
 #include "internal.h"
+#include "test_util.h"
 
 static uint64_t seed_counter = 77;
 
@@ -28,14 +29,6 @@ static double at(const sta_tensor *t, int64_t i0, int64_t i1, int64_t i2, int64_
   double v = NAN;
   assert_int_equal(sta_tensor_get(t, idx, &v), STA_OK);
   return v;
-}
-
-static void expect_err(sta_status rc, sta_status want, const char *msg) {
-  if (rc != want)
-    fail_msg("status %s, wanted %s (%s)", sta_status_name(rc), sta_status_name(want),
-             sta_last_error());
-  if (msg && strcmp(sta_last_error(), msg) != 0)
-    fail_msg("message '%s', wanted '%s'", sta_last_error(), msg);
 }
 
 /* ---- independent rounding ---------------------------------------------
@@ -124,7 +117,7 @@ static void test_wrap(void **state) {
   assert_true(at(v, 0, 0, 0, 0) == buf[0]);
   sta_tensor_destroy(v);
   v = (sta_tensor *)0x1;
-  expect_err(sta_tensor_view(&v, r, -22, 1, one, st1), STA_ERR_SHAPE,
+  sta_expect_err(sta_tensor_view(&v, r, -22, 1, one, st1), STA_ERR_SHAPE,
              "view: offset -22 with these shape and strides reaches elements -1..-1 "
              "outside the storage of 22");
   assert_ptr_equal(v, (sta_tensor *)0x1);
@@ -185,9 +178,9 @@ static void test_accessors(void **state) {
     assert_int_equal(d, want[i]);
   }
   sta_dtype d = STA_F16;
-  expect_err(sta_dtype_parse("f64", &d), STA_ERR_DTYPE,
+  sta_expect_err(sta_dtype_parse("f64", &d), STA_ERR_DTYPE,
              "dtype: unknown dtype 'f64' (expected f32, f16 or bf16)");
-  expect_err(sta_dtype_parse(NULL, &d), STA_ERR_DTYPE, "dtype: expected a name, got NULL");
+  sta_expect_err(sta_dtype_parse(NULL, &d), STA_ERR_DTYPE, "dtype: expected a name, got NULL");
   assert_int_equal(d, STA_F16);
   sta_tensor_destroy(p);
   sta_tensor_destroy(t);
@@ -317,7 +310,7 @@ static void test_to_device(void **state) {
   int64_t shape[2] = {3, 7};
   sta_tensor *a = make(STA_F32, 2, shape), *d = (sta_tensor *)0x1;
   if (!sta_backend_available(STA_CUDA)) {
-    expect_err(sta_tensor_to(&d, a, STA_BF16, STA_CUDA), STA_ERR_BACKEND,
+    sta_expect_err(sta_tensor_to(&d, a, STA_BF16, STA_CUDA), STA_ERR_BACKEND,
                "st attn not supported");
     assert_ptr_equal(d, (sta_tensor *)0x1);
   } else {
@@ -331,13 +324,13 @@ static void test_to_device(void **state) {
     sta_tensor_destroy(b);
     sta_tensor_destroy(d);
   }
-  expect_err(sta_tensor_to(&d, a, STA_F32, (sta_device)9), STA_ERR_ARGUMENT,
+  sta_expect_err(sta_tensor_to(&d, a, STA_F32, (sta_device)9), STA_ERR_ARGUMENT,
              "device: unknown device 9");
-  expect_err(sta_tensor_to(&d, a, (sta_dtype)9, STA_CPU), STA_ERR_DTYPE,
+  sta_expect_err(sta_tensor_to(&d, a, (sta_dtype)9, STA_CPU), STA_ERR_DTYPE,
              "dtype: unknown dtype 9");
-  expect_err(sta_tensor_to(NULL, a, STA_F32, STA_CPU), STA_ERR_ARGUMENT,
+  sta_expect_err(sta_tensor_to(NULL, a, STA_F32, STA_CPU), STA_ERR_ARGUMENT,
              "out: expected a pointer, got NULL");
-  expect_err(sta_tensor_to(&d, NULL, STA_F32, STA_CPU), STA_ERR_ARGUMENT,
+  sta_expect_err(sta_tensor_to(&d, NULL, STA_F32, STA_CPU), STA_ERR_ARGUMENT,
              "src: expected a tensor, got NULL");
   sta_tensor_destroy(a);
 }
@@ -398,13 +391,13 @@ static void test_randn(void **state) {
   for (int64_t i = 0; i < n; i += 101) assert_true(ref_decode(hb[i], 8) == ref_bf16(x[i]));
   /* errors change nothing */
   float before = x[5];
-  expect_err(sta_tensor_randn(a, 1, 0.0, -1.0), STA_ERR_ARGUMENT,
+  sta_expect_err(sta_tensor_randn(a, 1, 0.0, -1.0), STA_ERR_ARGUMENT,
              "std: expected a finite value >= 0, got -1");
-  expect_err(sta_tensor_randn(a, 1, 0.0, NAN), STA_ERR_ARGUMENT,
+  sta_expect_err(sta_tensor_randn(a, 1, 0.0, NAN), STA_ERR_ARGUMENT,
              "std: expected a finite value >= 0, got nan");
-  expect_err(sta_tensor_randn(a, 1, INFINITY, 1.0), STA_ERR_ARGUMENT,
+  sta_expect_err(sta_tensor_randn(a, 1, INFINITY, 1.0), STA_ERR_ARGUMENT,
              "mean: expected a finite value, got inf");
-  expect_err(sta_tensor_randn(NULL, 1, 0.0, 1.0), STA_ERR_ARGUMENT,
+  sta_expect_err(sta_tensor_randn(NULL, 1, 0.0, 1.0), STA_ERR_ARGUMENT,
              "t: expected a tensor, got NULL");
   assert_true(x[5] == before);
   sta_tensor_destroy(a);
@@ -437,14 +430,14 @@ static void test_fill_get_set(void **state) {
   assert_true(isinf(at(t, 2, 3, 4, 0)));
   int64_t bad[3] = {2, 4, 0}, neg[3] = {-1, 0, 0};
   double v = 42;
-  expect_err(sta_tensor_get(t, bad, &v), STA_ERR_ARGUMENT, "index[1]: 4 is outside 0..3");
-  expect_err(sta_tensor_get(t, neg, &v), STA_ERR_ARGUMENT, "index[0]: -1 is outside 0..2");
-  expect_err(sta_tensor_set(n, bad, 1.0), STA_ERR_ARGUMENT, "index[1]: 4 is outside 0..1");
-  expect_err(sta_tensor_get(NULL, idx, &v), STA_ERR_ARGUMENT, "t: expected a tensor, got NULL");
-  expect_err(sta_tensor_get(t, NULL, &v), STA_ERR_ARGUMENT, "index: expected an array, got NULL");
-  expect_err(sta_tensor_set(NULL, idx, 1.0), STA_ERR_ARGUMENT, "t: expected a tensor, got NULL");
-  expect_err(sta_tensor_get(t, idx, NULL), STA_ERR_ARGUMENT, "value: expected a pointer, got NULL");
-  expect_err(sta_tensor_fill(NULL, 1.0), STA_ERR_ARGUMENT, "t: expected a tensor, got NULL");
+  sta_expect_err(sta_tensor_get(t, bad, &v), STA_ERR_ARGUMENT, "index[1]: 4 is outside 0..3");
+  sta_expect_err(sta_tensor_get(t, neg, &v), STA_ERR_ARGUMENT, "index[0]: -1 is outside 0..2");
+  sta_expect_err(sta_tensor_set(n, bad, 1.0), STA_ERR_ARGUMENT, "index[1]: 4 is outside 0..1");
+  sta_expect_err(sta_tensor_get(NULL, idx, &v), STA_ERR_ARGUMENT, "t: expected a tensor, got NULL");
+  sta_expect_err(sta_tensor_get(t, NULL, &v), STA_ERR_ARGUMENT, "index: expected an array, got NULL");
+  sta_expect_err(sta_tensor_set(NULL, idx, 1.0), STA_ERR_ARGUMENT, "t: expected a tensor, got NULL");
+  sta_expect_err(sta_tensor_get(t, idx, NULL), STA_ERR_ARGUMENT, "value: expected a pointer, got NULL");
+  sta_expect_err(sta_tensor_fill(NULL, 1.0), STA_ERR_ARGUMENT, "t: expected a tensor, got NULL");
   assert_true(v == 42);
   assert_true(at(t, 0, 0, 0, 0) == before);
   sta_tensor_destroy(n);
@@ -480,15 +473,15 @@ static void test_compare(void **state) {
   assert_true(m > 0 && m < 0.02 && r < 0.005);
   /* errors leave the outputs alone */
   m = r = 7;
-  expect_err(sta_tensor_compare(a, p, &m, &r), STA_ERR_SHAPE, "compare: shapes differ (2x3 vs 3x2)");
-  expect_err(sta_tensor_compare(NULL, a, &m, &r), STA_ERR_ARGUMENT, "a: expected a tensor, got NULL");
-  expect_err(sta_tensor_compare(a, NULL, &m, &r), STA_ERR_ARGUMENT, "b: expected a tensor, got NULL");
+  sta_expect_err(sta_tensor_compare(a, p, &m, &r), STA_ERR_SHAPE, "compare: shapes differ (2x3 vs 3x2)");
+  sta_expect_err(sta_tensor_compare(NULL, a, &m, &r), STA_ERR_ARGUMENT, "a: expected a tensor, got NULL");
+  sta_expect_err(sta_tensor_compare(a, NULL, &m, &r), STA_ERR_ARGUMENT, "b: expected a tensor, got NULL");
   assert_true(m == 7 && r == 7);
   int64_t s3[3] = {2, 3, 1};
   assert_int_equal(sta_tensor_create(&c, STA_F32, STA_CPU, 3, s3), STA_OK);
-  expect_err(sta_tensor_copy(c, a), STA_ERR_SHAPE, "copy: shapes differ (2x3x1 vs 2x3)");
-  expect_err(sta_tensor_copy(NULL, a), STA_ERR_ARGUMENT, "dst: expected a tensor, got NULL");
-  expect_err(sta_tensor_copy(c, NULL), STA_ERR_ARGUMENT, "src: expected a tensor, got NULL");
+  sta_expect_err(sta_tensor_copy(c, a), STA_ERR_SHAPE, "copy: shapes differ (2x3x1 vs 2x3)");
+  sta_expect_err(sta_tensor_copy(NULL, a), STA_ERR_ARGUMENT, "dst: expected a tensor, got NULL");
+  sta_expect_err(sta_tensor_copy(c, NULL), STA_ERR_ARGUMENT, "src: expected a tensor, got NULL");
   sta_tensor_destroy(a);
   sta_tensor_destroy(b);
   sta_tensor_destroy(c);
@@ -503,24 +496,24 @@ static void test_create_errors(void **state) {
   sta_tensor *t = (sta_tensor *)0x1;
   int64_t ok[2] = {2, 3}, neg[2] = {2, -2}, big[3] = {1 << 20, 1 << 20, 1 << 20};
   float buf[6] = {1, 2, 3, 4, 5, 6};
-  expect_err(sta_tensor_create(NULL, STA_F32, STA_CPU, 2, ok), STA_ERR_ARGUMENT,
+  sta_expect_err(sta_tensor_create(NULL, STA_F32, STA_CPU, 2, ok), STA_ERR_ARGUMENT,
              "out: expected a pointer, got NULL");
-  expect_err(sta_tensor_create(&t, (sta_dtype)7, STA_CPU, 2, ok), STA_ERR_DTYPE,
+  sta_expect_err(sta_tensor_create(&t, (sta_dtype)7, STA_CPU, 2, ok), STA_ERR_DTYPE,
              "dtype: unknown dtype 7");
-  expect_err(sta_tensor_create(&t, STA_F32, STA_CPU, 0, ok), STA_ERR_SHAPE,
+  sta_expect_err(sta_tensor_create(&t, STA_F32, STA_CPU, 0, ok), STA_ERR_SHAPE,
              "ndim: expected 1..4, got 0");
-  expect_err(sta_tensor_create(&t, STA_F32, STA_CPU, 5, ok), STA_ERR_SHAPE,
+  sta_expect_err(sta_tensor_create(&t, STA_F32, STA_CPU, 5, ok), STA_ERR_SHAPE,
              "ndim: expected 1..4, got 5");
-  expect_err(sta_tensor_create(&t, STA_F32, STA_CPU, 2, NULL), STA_ERR_SHAPE,
+  sta_expect_err(sta_tensor_create(&t, STA_F32, STA_CPU, 2, NULL), STA_ERR_SHAPE,
              "shape: expected an array, got NULL");
-  expect_err(sta_tensor_create(&t, STA_F32, STA_CPU, 2, neg), STA_ERR_SHAPE,
+  sta_expect_err(sta_tensor_create(&t, STA_F32, STA_CPU, 2, neg), STA_ERR_SHAPE,
              "shape[1]: expected >= 0, got -2");
-  expect_err(sta_tensor_create(&t, STA_F32, STA_CPU, 3, big), STA_ERR_SHAPE,
+  sta_expect_err(sta_tensor_create(&t, STA_F32, STA_CPU, 3, big), STA_ERR_SHAPE,
              "shape[2]: 1048576 makes the tensor too large");
-  expect_err(sta_tensor_create(&t, STA_F32, (sta_device)3, 2, ok), STA_ERR_ARGUMENT,
+  sta_expect_err(sta_tensor_create(&t, STA_F32, (sta_device)3, 2, ok), STA_ERR_ARGUMENT,
              "device: unknown device 3");
   if (!sta_backend_available(STA_CUDA))
-    expect_err(sta_tensor_create(&t, STA_F32, STA_CUDA, 2, ok), STA_ERR_BACKEND,
+    sta_expect_err(sta_tensor_create(&t, STA_F32, STA_CUDA, 2, ok), STA_ERR_BACKEND,
                "st attn not supported");
   for (int64_t k = 1; k <= 3; k++) {
     sta_fault_arm(k);
@@ -529,14 +522,14 @@ static void test_create_errors(void **state) {
     assert_int_equal(rc, STA_ERR_NOMEM);
     assert_non_null(strstr(sta_last_error(), "out of host memory"));
   }
-  expect_err(sta_tensor_wrap(&t, NULL, STA_F32, STA_CPU, 2, ok, NULL), STA_ERR_ARGUMENT,
+  sta_expect_err(sta_tensor_wrap(&t, NULL, STA_F32, STA_CPU, 2, ok, NULL), STA_ERR_ARGUMENT,
              "data: expected a pointer, got NULL");
-  expect_err(sta_tensor_wrap(NULL, buf, STA_F32, STA_CPU, 2, ok, NULL), STA_ERR_ARGUMENT,
+  sta_expect_err(sta_tensor_wrap(NULL, buf, STA_F32, STA_CPU, 2, ok, NULL), STA_ERR_ARGUMENT,
              "out: expected a pointer, got NULL");
-  expect_err(sta_tensor_wrap(&t, buf, STA_F32, (sta_device)4, 2, ok, NULL), STA_ERR_ARGUMENT,
+  sta_expect_err(sta_tensor_wrap(&t, buf, STA_F32, (sta_device)4, 2, ok, NULL), STA_ERR_ARGUMENT,
              "device: unknown device 4");
   int64_t huge[2] = {1, INT64_MAX / 2};
-  expect_err(sta_tensor_wrap(&t, buf, STA_F32, STA_CPU, 2, ok, huge), STA_ERR_SHAPE,
+  sta_expect_err(sta_tensor_wrap(&t, buf, STA_F32, STA_CPU, 2, ok, huge), STA_ERR_SHAPE,
              "strides[1]: 4611686018427387903 is out of range");
   assert_ptr_equal(t, (sta_tensor *)0x1);
   /* an empty wrap needs no data */
@@ -552,31 +545,31 @@ static void test_view_errors(void **state) {
   int64_t shape[2] = {4, 6};
   sta_tensor *a = make(STA_F32, 2, shape), *v = (sta_tensor *)0x1;
   int64_t vs[2] = {2, 6}, st[2] = {6, 1}, big[1] = {25}, one[1] = {1};
-  expect_err(sta_tensor_view(NULL, a, 0, 2, vs, st), STA_ERR_ARGUMENT,
+  sta_expect_err(sta_tensor_view(NULL, a, 0, 2, vs, st), STA_ERR_ARGUMENT,
              "out: expected a pointer, got NULL");
-  expect_err(sta_tensor_view(&v, NULL, 0, 2, vs, st), STA_ERR_ARGUMENT,
+  sta_expect_err(sta_tensor_view(&v, NULL, 0, 2, vs, st), STA_ERR_ARGUMENT,
              "base: expected a tensor, got NULL");
-  expect_err(sta_tensor_view(&v, a, 0, 2, vs, NULL), STA_ERR_SHAPE,
+  sta_expect_err(sta_tensor_view(&v, a, 0, 2, vs, NULL), STA_ERR_SHAPE,
              "strides: expected an array, got NULL");
-  expect_err(sta_tensor_view(&v, a, 13, 2, vs, st), STA_ERR_SHAPE,
+  sta_expect_err(sta_tensor_view(&v, a, 13, 2, vs, st), STA_ERR_SHAPE,
              "view: offset 13 with these shape and strides reaches elements 13..24 "
              "outside the storage of 24");
-  expect_err(sta_tensor_view(&v, a, 0, 1, big, one), STA_ERR_SHAPE,
+  sta_expect_err(sta_tensor_view(&v, a, 0, 1, big, one), STA_ERR_SHAPE,
              "view: offset 0 with these shape and strides reaches elements 0..24 "
              "outside the storage of 24");
-  expect_err(sta_tensor_view(&v, a, -1, 1, one, one), STA_ERR_SHAPE,
+  sta_expect_err(sta_tensor_view(&v, a, -1, 1, one, one), STA_ERR_SHAPE,
              "view: offset -1 with these shape and strides reaches elements -1..-1 "
              "outside the storage of 24");
-  expect_err(sta_tensor_view(&v, a, INT64_MAX, 1, one, one), STA_ERR_SHAPE,
+  sta_expect_err(sta_tensor_view(&v, a, INT64_MAX, 1, one, one), STA_ERR_SHAPE,
              "view: offset 9223372036854775807 is outside the storage of 24");
-  expect_err(sta_tensor_view(&v, a, INT64_MIN, 1, one, one), STA_ERR_SHAPE,
+  sta_expect_err(sta_tensor_view(&v, a, INT64_MIN, 1, one, one), STA_ERR_SHAPE,
              "view: offset -9223372036854775808 is outside the storage of 24");
   /* from a view that starts inside the storage: no overflow either */
   sta_tensor *nv = NULL;
   assert_int_equal(sta_tensor_narrow(&nv, a, 0, 2, 2), STA_OK);
-  expect_err(sta_tensor_view(&v, nv, INT64_MAX, 1, one, one), STA_ERR_SHAPE,
+  sta_expect_err(sta_tensor_view(&v, nv, INT64_MAX, 1, one, one), STA_ERR_SHAPE,
              "view: offset 9223372036854775807 is outside the storage of 24");
-  expect_err(sta_tensor_view(&v, nv, -13, 1, one, one), STA_ERR_SHAPE,
+  sta_expect_err(sta_tensor_view(&v, nv, -13, 1, one, one), STA_ERR_SHAPE,
              "view: offset -13 with these shape and strides reaches elements -1..-1 "
              "outside the storage of 24");
   sta_tensor *ok = NULL;
@@ -585,29 +578,29 @@ static void test_view_errors(void **state) {
   sta_tensor_destroy(ok);
   sta_tensor_destroy(nv);
   int32_t p1[2] = {0, 0}, p2[2] = {1, 2};
-  expect_err(sta_tensor_permute(&v, a, p1), STA_ERR_ARGUMENT,
+  sta_expect_err(sta_tensor_permute(&v, a, p1), STA_ERR_ARGUMENT,
              "perm[1]: 0 is not a permutation of 0..1");
-  expect_err(sta_tensor_permute(&v, a, p2), STA_ERR_ARGUMENT,
+  sta_expect_err(sta_tensor_permute(&v, a, p2), STA_ERR_ARGUMENT,
              "perm[1]: 2 is not a permutation of 0..1");
-  expect_err(sta_tensor_permute(&v, a, NULL), STA_ERR_ARGUMENT,
+  sta_expect_err(sta_tensor_permute(&v, a, NULL), STA_ERR_ARGUMENT,
              "perm: expected an array, got NULL");
-  expect_err(sta_tensor_permute(&v, NULL, p2), STA_ERR_ARGUMENT,
+  sta_expect_err(sta_tensor_permute(&v, NULL, p2), STA_ERR_ARGUMENT,
              "base: expected a tensor, got NULL");
-  expect_err(sta_tensor_narrow(&v, a, 2, 0, 1), STA_ERR_ARGUMENT, "dim: expected 0..1, got 2");
-  expect_err(sta_tensor_narrow(&v, a, -1, 0, 1), STA_ERR_ARGUMENT, "dim: expected 0..1, got -1");
-  expect_err(sta_tensor_narrow(&v, a, 0, 2, 3), STA_ERR_ARGUMENT,
+  sta_expect_err(sta_tensor_narrow(&v, a, 2, 0, 1), STA_ERR_ARGUMENT, "dim: expected 0..1, got 2");
+  sta_expect_err(sta_tensor_narrow(&v, a, -1, 0, 1), STA_ERR_ARGUMENT, "dim: expected 0..1, got -1");
+  sta_expect_err(sta_tensor_narrow(&v, a, 0, 2, 3), STA_ERR_ARGUMENT,
              "narrow: [2, 5) is outside dim 0 of size 4");
-  expect_err(sta_tensor_narrow(&v, a, 1, -1, 2), STA_ERR_ARGUMENT,
+  sta_expect_err(sta_tensor_narrow(&v, a, 1, -1, 2), STA_ERR_ARGUMENT,
              "narrow: [-1, 1) is outside dim 1 of size 6");
-  expect_err(sta_tensor_narrow(&v, a, 1, 0, -1), STA_ERR_ARGUMENT,
+  sta_expect_err(sta_tensor_narrow(&v, a, 1, 0, -1), STA_ERR_ARGUMENT,
              "narrow: [0, -1) is outside dim 1 of size 6");
-  expect_err(sta_tensor_narrow(&v, NULL, 0, 0, 1), STA_ERR_ARGUMENT,
+  sta_expect_err(sta_tensor_narrow(&v, NULL, 0, 0, 1), STA_ERR_ARGUMENT,
              "base: expected a tensor, got NULL");
   assert_ptr_equal(v, (sta_tensor *)0x1);
   /* a failed view takes no reference: destroying a frees everything
   ** (checked by the sanitizer build) */
   sta_fault_arm(1);
-  expect_err(sta_tensor_narrow(&v, a, 0, 0, 1), STA_ERR_NOMEM, "out of host memory (tensor header)");
+  sta_expect_err(sta_tensor_narrow(&v, a, 0, 0, 1), STA_ERR_NOMEM, "out of host memory (tensor header)");
   sta_fault_arm(0);
   assert_ptr_equal(v, (sta_tensor *)0x1);
   sta_tensor_destroy(a);

@@ -2,9 +2,27 @@
 #ifndef STA_TEST_UTIL_H
 #define STA_TEST_UTIL_H
 
+#include <stdarg.h>
+#include <stddef.h>
+#include <setjmp.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <cmocka.h>
+
+#include "sta.h"
+
+/* A call that must fail: status want and, unless msg is NULL, exactly the
+** message msg (STA.md section 9's strings are matched word for word). */
+static inline void sta_expect_err(sta_status rc, sta_status want, const char *msg) {
+  if (rc != want)
+    fail_msg("status %s, wanted %s (%s)", sta_status_name(rc), sta_status_name(want),
+             sta_last_error());
+  if (msg && strcmp(sta_last_error(), msg) != 0)
+    fail_msg("message '%s', wanted '%s'", sta_last_error(), msg);
+}
+#define EXPECT_ERR(call, status, msg) sta_expect_err((call), (status), (msg))
 
 /* Make a fresh folder "<base>/sta-<name>-XXXXXX" in buf, trying /dev/shm
 ** (tmpfs: some tests write thousands of files) and then /tmp.  0 on
