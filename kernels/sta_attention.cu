@@ -619,7 +619,7 @@ template <> struct WgOps<__half, 64> {
 };
 
 /* ---- warp-specialised sm_90a kernel: building blocks -----------------------
-** NPROD producer warpgroups fill a STAGES-deep K/V ring (full/empty
+** A producer warpgroup fills a STAGES-deep K/V ring (full/empty
 ** mbarriers): one thread issues TMA loads where setup_tma allowed them
 ** (tile maps: 2 t-slices of an 8x8 tile, zero-filled past the canvas; row
 ** maps: 128 consecutive rows), otherwise all producer threads gather rows
@@ -950,11 +950,11 @@ __device__ __forceinline__ int block_mode(const AttnArgs &a, const Item &x,
 ** ring in shared memory.  PERSIST: one CTA per SM takes items from a
 ** global counter; the producer runs ahead into the next item's Q and keys
 ** while the consumers write the last item's output. */
-template <typename T, int D, int STAGES, bool PP, int NPROD, bool OVL,
+template <typename T, int D, int STAGES, bool PP, bool OVL,
           bool PERSIST, int KO = 0>
-__global__ void __launch_bounds__(256 + 128 * NPROD, 1)
+__global__ void __launch_bounds__(384, 1)
     sta_fwd_ws(const __grid_constant__ AttnArgs a) {
-  constexpr int PTH = 128 * NPROD;
+  constexpr int PTH = 128; /* producer threads: one warpgroup */
   constexpr int BR = 128;
   extern __shared__ unsigned char smem_raw[];
   unsigned char *base = reinterpret_cast<unsigned char *>(
@@ -987,13 +987,9 @@ __global__ void __launch_bounds__(256 + 128 * NPROD, 1)
 
   if (wg >= 2) {
     /* ---- producer ---- */
-    /* 384 threads x 168 registers: producer 64, consumers 216 (no spills
-    ** at either; the consumers had needed more before their descriptors
-    ** went 32-bit and the block info came from the producer) */
-    if (NPROD == 1)
-      asm volatile("setmaxnreg.dec.sync.aligned.u32 64;\n");
-    else
-      asm volatile("setmaxnreg.dec.sync.aligned.u32 48;\n");
+    /* 384 threads x 168 registers: producer 64, consumers 216, no spills
+    ** at either (ptxas -v; a second producer warpgroup spilled at 48) */
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 64;\n");
     const int pt = tid - 256;
     int g = 0; /* key blocks through the ring so far */
     for (int k = 0;; k++) {
@@ -1112,10 +1108,7 @@ __global__ void __launch_bounds__(256 + 128 * NPROD, 1)
   }
 
   /* ---- consumers ---- */
-  if (NPROD == 1)
-    asm volatile("setmaxnreg.inc.sync.aligned.u32 216;\n");
-  else
-    asm volatile("setmaxnreg.inc.sync.aligned.u32 208;\n");
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 216;\n");
   const float sl2 = a.scale_log2;
   const uint32_t dq0 = sdesc_lo(sQ + wg * 64 * 64, 16);
   const uint32_t dk0 = sdesc_lo(sK, 16);
@@ -1315,14 +1308,14 @@ sta_status sched_slot(int **slot) {
   return STA_OK;
 }
 
-template <typename T, int D, int STAGES, bool PP, int NPROD, bool OVL, bool PERSIST,
+template <typename T, int D, int STAGES, bool PP, bool OVL, bool PERSIST,
           int KO = 0>
 sta_status launch_ws(AttnArgs &a) {
   constexpr int BR = 128;
   size_t smem = 1024 + (size_t)(BR * D + 2 * STAGES * BW * D) * sizeof(T) +
                 (2 * STAGES + 2) * sizeof(uint64_t) + STAGES * sizeof(int4) +
                 (size_t)(2 * BW + BR + 1) * sizeof(int);
-  auto kern = sta_fwd_ws<T, D, STAGES, PP, NPROD, OVL, PERSIST, KO>;
+  auto kern = sta_fwd_ws<T, D, STAGES, PP, OVL, PERSIST, KO>;
   cudaError_t e = cudaFuncSetAttribute(
       kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
   if (e != cudaSuccess) return sta_cuda_fail(e, "cudaFuncSetAttribute");
@@ -1342,10 +1335,10 @@ sta_status launch_ws(AttnArgs &a) {
     sta_status st = sched_slot(&a.sched);
     if (st != STA_OK) return st;
     if (!a.sched) /* no counters (first launch under capture) */
-      return launch_ws<T, D, STAGES, PP, NPROD, OVL, false, KO>(a);
+      return launch_ws<T, D, STAGES, PP, OVL, false, KO>(a);
     grid = sm_count() < n ? sm_count() : n;
   }
-  kern<<<(unsigned)grid, 256 + 128 * NPROD, smem, sta_cuda_stream()>>>(a);
+  kern<<<(unsigned)grid, 384, smem, sta_cuda_stream()>>>(a);
   e = cudaGetLastError();
   if (e != cudaSuccess) return sta_cuda_fail(e, "attention kernel launch");
   return STA_OK;
@@ -1365,27 +1358,27 @@ sta_status dispatch(AttnArgs &a, int D, int heads, int batch) {
   if (D == 64) {
     switch (var) {
     case 1: return launch<T, 64, 2, 4, false>(a, heads, batch);
-    case 2: return launch_ws<T, 64, 3, true, 1, true, false>(a);
-    case 3: return launch_ws<T, 64, 3, false, 1, true, true>(a);
-    case 4: return launch_ws<T, 64, 3, false, 1, false, false>(a);
-    default: return launch_ws<T, 64, 3, true, 1, true, true>(a);
+    case 2: return launch_ws<T, 64, 3, true, true, false>(a);
+    case 3: return launch_ws<T, 64, 3, false, true, true>(a);
+    case 4: return launch_ws<T, 64, 3, false, false, false>(a);
+    default: return launch_ws<T, 64, 3, true, true, true>(a);
     }
   }
   switch (var) {
   case 1: return launch<T, 128, 2, 4, false>(a, heads, batch);
-  case 2: return launch_ws<T, 128, 3, true, 1, true, false>(a);
-  case 3: return launch_ws<T, 128, 3, false, 1, true, true>(a);
-  case 4: return launch_ws<T, 128, 3, false, 1, false, false>(a);
+  case 2: return launch_ws<T, 128, 3, true, true, false>(a);
+  case 3: return launch_ws<T, 128, 3, false, true, true>(a);
+  case 4: return launch_ws<T, 128, 3, false, false, false>(a);
 #ifdef STA_KNOCKOUTS
   /* 0 with parts knocked out (wrong results; where the time goes):
   ** +1 no exp2, +2 no PV GEMM, +4 no K/V loads */
-  case 91: return launch_ws<T, 128, 3, true, 1, true, true, 1>(a);
-  case 92: return launch_ws<T, 128, 3, true, 1, true, true, 2>(a);
-  case 93: return launch_ws<T, 128, 3, true, 1, true, true, 3>(a);
-  case 94: return launch_ws<T, 128, 3, true, 1, true, true, 4>(a);
-  case 97: return launch_ws<T, 128, 3, true, 1, true, true, 7>(a);
+  case 91: return launch_ws<T, 128, 3, true, true, true, 1>(a);
+  case 92: return launch_ws<T, 128, 3, true, true, true, 2>(a);
+  case 93: return launch_ws<T, 128, 3, true, true, true, 3>(a);
+  case 94: return launch_ws<T, 128, 3, true, true, true, 4>(a);
+  case 97: return launch_ws<T, 128, 3, true, true, true, 7>(a);
 #endif
-  default: return launch_ws<T, 128, 3, true, 1, true, true>(a);
+  default: return launch_ws<T, 128, 3, true, true, true>(a);
   }
 }
 
