@@ -74,13 +74,6 @@ struct AttnArgs {
   int n_text_qblocks; /* blocks of text query rows (per head and batch) */
   int n_text_items;   /* batch * heads * n_text_qblocks: they come first */
   int n_items;        /* all work items of the sm_90a kernels */
-  /* cluster kernel (CL > 1): the CL CTAs of a cluster take the CL query
-  ** blocks of one tile (or CL text query blocks of one head), which read
-  ** the same keys: each loads a share of every K/V block and multicasts
-  ** it to all.  Cluster items: text groups first, then tiles. */
-  int n_text_citems;  /* batch * heads * ceil(n_text_qblocks / CL) */
-  int n_citems;       /* n_text_citems + tiles of all heads and batches */
-  int n_clusters;     /* clusters launched: cluster c takes c, c + n, ... */
   float scale_log2;
   int16_t win[3 * STA_MAX_HEADS];  /* min(K, C) per head and axis */
   int16_t horder[STA_MAX_HEADS];   /* heads, largest window first */
@@ -572,7 +565,7 @@ constexpr int BW = 128; /* keys per block, wgmma kernel */
 /* register split of the warp-specialised kernel (setmaxnreg): producer
 ** warpgroup, consumer warpgroups; 128 x (STA_PREG + 2 STA_CREG) <= 65536 */
 #ifndef STA_PREG
-#define STA_PREG 72
+#define STA_PREG 64
 #endif
 #ifndef STA_CREG
 #define STA_CREG 216
@@ -655,39 +648,6 @@ __device__ __forceinline__ void mbar_arrive(uint64_t *b) {
   asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(smem_u32(b))
                : "memory");
 }
-__device__ __forceinline__ void mbar_arrive_if(uint64_t *b, bool p) {
-  asm volatile("{\n.reg .pred P1;\nsetp.ne.b32 P1, %1, 0;\n"
-               "@P1 mbarrier.arrive.shared::cta.b64 _, [%0];\n}\n" ::"r"(smem_u32(b)),
-               "r"((int)p)
-               : "memory");
-}
-/* ---- clusters (CL > 1) ---- */
-__device__ __forceinline__ uint32_t cluster_rank() {
-  uint32_t r;
-  asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(r));
-  return r;
-}
-__device__ __forceinline__ void cluster_sync() {
-  asm volatile("barrier.cluster.arrive.release.aligned;\n"
-               "barrier.cluster.wait.acquire.aligned;\n" ::: "memory");
-}
-/* arrive on the mbarrier at the same offset in CTA `rank` of the cluster */
-__device__ __forceinline__ void mbar_arrive_cluster(uint64_t *b, uint32_t rank) {
-  asm volatile("{\n.reg .b32 ra;\nmapa.shared::cluster.u32 ra, %0, %1;\n"
-               "mbarrier.arrive.shared::cluster.b64 _, [ra];\n}\n" ::"r"(
-                   smem_u32(b)),
-               "r"(rank)
-               : "memory");
-}
-/* wait for a phase whose arrivals may come from other CTAs of the cluster */
-__device__ __forceinline__ void mbar_wait_cluster(uint64_t *b, int parity) {
-  asm volatile(
-      "{\n.reg .pred P1;\nWAIT_%=:\n"
-      "mbarrier.try_wait.parity.shared::cta.b64 P1, [%0], %1;\n"
-      "@P1 bra DONE_%=;\nbra WAIT_%=;\nDONE_%=:\n}\n" ::"r"(smem_u32(b)),
-      "r"(parity)
-      : "memory");
-}
 __device__ __forceinline__ void mbar_wait(uint64_t *b, int parity) {
   asm volatile(
       "{\n.reg .pred P1;\nWAIT_%=:\n"
@@ -720,29 +680,6 @@ __device__ __forceinline__ void tma_load_3d(void *dst, const CUtensorMap *m,
       "bytes [%0], [%1, {%2, %3, %4}], [%5];\n" ::"r"(smem_u32(dst)),
       "l"(reinterpret_cast<uint64_t>(m)), "r"(c0), "r"(c1), "r"(c2),
       "r"(smem_u32(bar))
-      : "memory");
-}
-/* the same box into the same shared-memory offset of every CTA in mask,
-** each CTA's mbarrier at bar's offset counting the bytes */
-__device__ __forceinline__ void tma_load_5d_mc(void *dst, const CUtensorMap *m,
-                                               int c0, int c1, int c2, int c3,
-                                               int c4, uint64_t *bar, uint16_t mask) {
-  asm volatile(
-      "cp.async.bulk.tensor.5d.shared::cluster.global.mbarrier::complete_tx::"
-      "bytes.multicast::cluster [%0], [%1, {%2, %3, %4, %5, %6}], [%7], %8;\n" ::"r"(
-          smem_u32(dst)),
-      "l"(reinterpret_cast<uint64_t>(m)), "r"(c0), "r"(c1), "r"(c2), "r"(c3),
-      "r"(c4), "r"(smem_u32(bar)), "h"(mask)
-      : "memory");
-}
-__device__ __forceinline__ void tma_load_3d_mc(void *dst, const CUtensorMap *m,
-                                               int c0, int c1, int c2,
-                                               uint64_t *bar, uint16_t mask) {
-  asm volatile(
-      "cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::"
-      "bytes.multicast::cluster [%0], [%1, {%2, %3, %4}], [%5], %6;\n" ::"r"(smem_u32(dst)),
-      "l"(reinterpret_cast<uint64_t>(m)), "r"(c0), "r"(c1), "r"(c2),
-      "r"(smem_u32(bar)), "h"(mask)
       : "memory");
 }
 __device__ __forceinline__ void bar_arrive_named(int id, int n) {
@@ -835,24 +772,6 @@ __device__ __forceinline__ void mask_block(float *s, const BlkInfo &bi,
   }
 }
 
-#ifdef STA_TREE
-/* v[0] = max / sum of v[0..N): a log2(N)-deep tree instead of a chain */
-template <int N> __device__ __forceinline__ void tree_max(float *v) {
-  if constexpr (N > 1) {
-#pragma unroll
-    for (int j = 0; j < N / 2; j++) v[j] = fmaxf(v[j], v[j + N / 2]);
-    tree_max<N / 2>(v);
-  }
-}
-template <int N> __device__ __forceinline__ void tree_sum(float *v) {
-  if constexpr (N > 1) {
-#pragma unroll
-    for (int j = 0; j < N / 2; j++) v[j] += v[j + N / 2];
-    tree_sum<N / 2>(v);
-  }
-}
-#endif
-
 /* Online softmax of one block in place (S -> P), exp2 domain; m, l of the
 ** thread's two rows updated; alpha: the factor for the old O and l. */
 template <bool NOEXP = false>
@@ -861,18 +780,10 @@ __device__ __forceinline__ void softmax_block(float *s, float *m, float *l,
   constexpr int NJ = BW / 8;
 #pragma unroll
   for (int hr = 0; hr < 2; hr++) {
-#ifdef STA_TREE
-    float v[NJ];
-#pragma unroll
-    for (int j = 0; j < NJ; j++) v[j] = fmaxf(s[4 * j + 2 * hr], s[4 * j + 2 * hr + 1]);
-    tree_max<NJ>(v);
-    float mx = v[0];
-#else
     float mx = -INFINITY;
 #pragma unroll
     for (int j = 0; j < NJ; j++)
       mx = fmaxf(mx, fmaxf(s[4 * j + 2 * hr], s[4 * j + 2 * hr + 1]));
-#endif
     mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
     mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
     float mnew = fmaxf(m[hr], mx * sl2);
@@ -890,16 +801,8 @@ __device__ __forceinline__ void softmax_block(float *s, float *m, float *l,
       }
       s[4 * j + 2 * hr] = p0;
       s[4 * j + 2 * hr + 1] = p1;
-#ifndef STA_TREE
       sum += p0 + p1;
-#endif
     }
-#ifdef STA_TREE
-#pragma unroll
-    for (int j = 0; j < NJ; j++) v[j] = s[4 * j + 2 * hr] + s[4 * j + 2 * hr + 1];
-    tree_sum<NJ>(v);
-    sum = v[0];
-#endif
     l[hr] = l[hr] * alpha[hr] + sum;
   }
 }
@@ -1025,37 +928,6 @@ __device__ __forceinline__ void decode_item(const AttnArgs &a, int item,
   window_plan(a, x.head, it, ih, iw, BW, &p);
 }
 
-/* Cluster item ci, CTA rank r -> the item that CTA computes.  *none: a
-** text group's rank past the last text query block (it loads its share of
-** the keys and releases them, but computes nothing it stores). */
-__device__ __forceinline__ int citem_item(const AttnArgs &a, int ci, int r,
-                                          int CL, int *none) {
-  *none = 0;
-  if (ci < a.n_text_citems) {
-    int ng = (a.n_text_qblocks + CL - 1) / CL;
-    int hb = ci / ng, tb = (ci - hb * ng) * CL + r;
-    if (tb >= a.n_text_qblocks) {
-      *none = 1;
-      tb = a.n_text_qblocks - 1;
-    }
-    return hb * a.n_text_qblocks + tb;
-  }
-  return a.n_text_items + (ci - a.n_text_citems) * CL + r;
-}
-
-/* A consumer warp's release of a K/V stage: on its own CTA's empty barrier
-** (256 arrivals), or with CL > 1 on every CTA's (8 * CL arrivals: one per
-** warp and CTA), since every CTA's loads fill every CTA's stage. */
-template <int CL>
-__device__ __forceinline__ void release_stage(uint64_t *b, int lane) {
-  if (CL == 1) {
-    mbar_arrive(b);
-  } else {
-    __syncwarp();
-    if (lane < CL) mbar_arrive_cluster(b, (uint32_t)lane);
-  }
-}
-
 /* Global row of query row r (< 128) of an item, or -1. */
 __device__ __forceinline__ int q_row(const AttnArgs &a, const Item &x, int r) {
   if (x.text) return r < x.qcount ? a.V + x.qrow0 + r : -1;
@@ -1090,7 +962,7 @@ __device__ __forceinline__ int block_mode(const AttnArgs &a, const Item &x,
 ** global counter; the producer runs ahead into the next item's Q and keys
 ** while the consumers write the last item's output. */
 template <typename T, int D, int STAGES, bool PP, bool OVL,
-          bool PERSIST, int KO = 0, int CL = 1>
+          bool PERSIST, int KO = 0>
 __global__ void __launch_bounds__(384, 1)
     sta_fwd_ws(const __grid_constant__ AttnArgs a) {
   constexpr int PTH = 128; /* producer threads: one warpgroup */
@@ -1117,22 +989,17 @@ __global__ void __launch_bounds__(384, 1)
   if (tid == 0) {
     for (int s = 0; s < STAGES; s++) {
       mbar_init(&full[s], PTH);
-      mbar_init(&empty[s], CL > 1 ? 8 * CL : 256);
+      mbar_init(&empty[s], 256);
     }
     mbar_init(qfull, 1);
     mbar_init(qempty, 256);
-    if (CL > 1) asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
   }
-  if (CL > 1)
-    cluster_sync(); /* every CTA's barriers initialised before any multicast */
-  else
-    __syncthreads();
+  __syncthreads();
 
   if (wg >= 2) {
     /* ---- producer ---- */
-    /* 384 threads x 168 registers: producer 72, consumers 216, no spills
-    ** at either (ptxas -v; the cluster kernels' producer spilled at 64, a
-    ** second producer warpgroup at 48) */
+    /* 384 threads x 168 registers: producer 64, consumers 216, no spills
+    ** at either (ptxas -v; a second producer warpgroup spilled at 48) */
     asm volatile("setmaxnreg.dec.sync.aligned.u32 " STA_STR(STA_PREG) ";\n");
     const int pt = tid - 256;
     int g = 0; /* key blocks through the ring so far */
@@ -1140,32 +1007,24 @@ __global__ void __launch_bounds__(384, 1)
       if (k > 0) mbar_wait(qempty, (k - 1) & 1);
       bar_named(3, PTH); /* every producer thread has read the last sitem */
       if (pt == 0) {
-        int item, none = 0;
-        if (CL > 1) { /* the cluster's items, in a fixed order */
-          const int ci = (int)blockIdx.x / CL + k * a.n_clusters;
-          item = ci < a.n_citems ? citem_item(a, ci, cluster_rank(), CL, &none) : -1;
-        } else {
-          item = k == 0 ? (int)blockIdx.x
-                        : (PERSIST ? atomicAdd(a.sched, 1) + (int)gridDim.x : -1);
-          if (item >= a.n_items) item = -1;
-          if (item < 0 && PERSIST && atomicAdd(a.sched + 1, 1) == (int)gridDim.x - 1) {
-            a.sched[0] = 0; /* the last CTA out resets the counters */
-            a.sched[1] = 0;
-          }
+        int item = k == 0 ? (int)blockIdx.x
+                          : (PERSIST ? atomicAdd(a.sched, 1) + (int)gridDim.x : -1);
+        if (item >= a.n_items) item = -1;
+        if (item < 0 && PERSIST && atomicAdd(a.sched + 1, 1) == (int)gridDim.x - 1) {
+          a.sched[0] = 0; /* the last CTA out resets the counters */
+          a.sched[1] = 0;
         }
-        sitem[0] = item;
-        sitem[1] = none;
+        *sitem = item;
       }
       bar_named(3, PTH);
-      const int item = sitem[0];
+      const int item = *sitem;
       if (item < 0) {
         if (pt == 0) mbar_arrive(qfull); /* the consumers read -1 and stop */
         break;
       }
       Item x;
       decode_item(a, item, x);
-      if (CL > 1 && sitem[1]) x.qcount = 0;
-      if (CL == 1 && x.qcount <= 0) {
+      if (x.qcount <= 0) {
         if (pt == 0) mbar_arrive(qfull);
         continue;
       }
@@ -1201,13 +1060,12 @@ __global__ void __launch_bounds__(384, 1)
       int pend = -1;
       for (int kb = 0; kb < x.p.nkb; kb++, g++) {
         const int s = g % STAGES, n = g / STAGES;
-        if (g >= STAGES) {
-          if (CL > 1)
-            mbar_wait_cluster(&empty[s], (n - 1) & 1);
-          else
-            mbar_wait(&empty[s], (n - 1) & 1);
+        if (g >= STAGES) mbar_wait(&empty[s], (n - 1) & 1);
+        BlkInfo bi = {0, 0, 0, 0, 0};
+        if (pt == 0) {
+          bi = block_info(a, x.p, kb); /* with the tile box's origin (mode 1) */
+          binfo[s] = pack_binfo(bi);
         }
-        if (pt == 0) binfo[s] = pack_binfo(block_info(a, x.p, kb));
         int row0 = 0;
         const int mode = block_mode(a, x, kb, &row0);
         if (mode) {
@@ -1226,27 +1084,11 @@ __global__ void __launch_bounds__(384, 1)
             ** bytes; the rest stale) */
             constexpr int NHF = (KO & 8) ? 1 : D / 64;
             mbar_expect_tx(&full[s], 2 * BW * 64 * NHF * (int)sizeof(T));
-            int t0 = 0, h0 = 0, w0 = 0;
-            if (mode == 1) tma_block_origin(a, x.p, kb, &t0, &h0, &w0);
+            const int t0 = bi.t0, h0 = bi.h0, w0 = bi.w0;
 #pragma unroll
             for (int hf = 0; hf < NHF; hf++) {
               T *dk = sK + s * BW * D + hf * BW * 64, *dv = sV + s * BW * D + hf * BW * 64;
-              if (CL > 1) { /* box j of the block from CTA j % CL, to all */
-                const int r = (int)cluster_rank();
-                const uint16_t all = (uint16_t)((1u << CL) - 1);
-                if (hf % CL == r) {
-                  if (mode == 1)
-                    tma_load_5d_mc(dk, &a.tmk, c0 + hf * 64, w0, h0, t0, c4, &full[s], all);
-                  else
-                    tma_load_3d_mc(dk, &a.rmk, c0 + hf * 64, row0, c4, &full[s], all);
-                }
-                if ((NHF + hf) % CL == r) {
-                  if (mode == 1)
-                    tma_load_5d_mc(dv, &a.tmv, c0 + hf * 64, w0, h0, t0, c4, &full[s], all);
-                  else
-                    tma_load_3d_mc(dv, &a.rmv, c0 + hf * 64, row0, c4, &full[s], all);
-                }
-              } else if (mode == 1) {
+              if (mode == 1) {
                 tma_load_5d(dk, &a.tmk, c0 + hf * 64, w0, h0, t0, c4, &full[s]);
                 tma_load_5d(dv, &a.tmv, c0 + hf * 64, w0, h0, t0, c4, &full[s]);
               } else {
@@ -1279,7 +1121,6 @@ __global__ void __launch_bounds__(384, 1)
         mbar_arrive(&full[pend]);
       }
     }
-    if (CL > 1) cluster_sync(); /* no CTA leaves while others may signal it */
     return;
   }
 
@@ -1296,13 +1137,13 @@ __global__ void __launch_bounds__(384, 1)
   int g = 0;
   for (int k = 0;; k++) {
     mbar_wait(qfull, k & 1);
-    const int item = sitem[0], none = CL > 1 ? sitem[1] : 0;
+    const int item = *sitem;
     if (item < 0) break;
     KeyPlan p;
     {
       Item x;
       decode_item(a, item, x);
-      if (CL == 1 && x.qcount <= 0) {
+      if (x.qcount <= 0) {
         mbar_arrive(qempty);
         continue;
       }
@@ -1330,7 +1171,7 @@ __global__ void __launch_bounds__(384, 1)
           sta_wgmma::wait<0>();
           sta_wgmma::pin<D / 2>(o);
         }
-        release_stage<CL>(&empty[stage], lane);
+        mbar_arrive(&empty[stage]);
       }
     } else {
       /* S(i+1) and PV(i) are issued together; the softmax of S(i+1) runs
@@ -1348,36 +1189,6 @@ __global__ void __launch_bounds__(384, 1)
       sta_wgmma::pin<BW / 2>(s);
       mask_block(s, get_binfo(&binfo[g % STAGES]), a, lane);
       softmax_block(s, m, l, al, sl2);
-#ifdef STA_LATEWAIT
-      /* The wait for PV(i) sits at the top of the next iteration, in
-      ** another basic block than the softmax of S(i+1): ptxas had moved a
-      ** wait placed after the softmax up above its exponentials. */
-      for (int i = 0; i + 1 < p.nkb; i++) {
-        const int stage = (g + i) % STAGES, gn = g + i + 1, ns = gn % STAGES;
-        sta_wgmma::wait<0>(); /* PV(i - 1): nothing in flight at i = 0 */
-        sta_wgmma::pin<D / 2>(o);
-        sta_wgmma::pin_r<BW / 4>(&pa[0][0]);
-        if (i > 0) release_stage<CL>(&empty[(g + i + STAGES - 1) % STAGES], lane);
-        pack_p<T>(s, pa);
-        mbar_wait(&full[ns], (gn / STAGES) & 1);
-        const BlkInfo bn = get_binfo(&binfo[ns]);
-        if (PP) bar_named(4 + wg, 256);
-        issue_qk<T, D>(s, dq0, dk0 + ns * SOFF);
-        rescale_o<D>(o, al);
-        issue_pv<T, D>(o, pa, dv0 + stage * SOFF);
-        if (PP) bar_arrive_named(4 + (wg ^ 1), 256);
-        sta_wgmma::wait<1>(); /* S(i + 1) */
-        sta_wgmma::pin<BW / 2>(s);
-        mask_block(s, bn, a, lane);
-        softmax_block<(KO & 1) != 0>(s, m, l, al, sl2);
-      }
-      const int i = p.nkb - 1;
-      sta_wgmma::wait<0>();
-      sta_wgmma::pin<D / 2>(o);
-      sta_wgmma::pin_r<BW / 4>(&pa[0][0]);
-      if (i > 0) release_stage<CL>(&empty[(g + i + STAGES - 1) % STAGES], lane);
-      pack_p<T>(s, pa);
-#else
       pack_p<T>(s, pa);
       int i = 0;
       for (; i + 1 < p.nkb; i++) {
@@ -1400,10 +1211,9 @@ __global__ void __launch_bounds__(384, 1)
         sta_wgmma::wait<0>();
         sta_wgmma::pin<D / 2>(o);
         sta_wgmma::pin_r<BW / 4>(&pa[0][0]); /* live until PV(i) is done */
-        release_stage<CL>(&empty[stage], lane);
+        mbar_arrive(&empty[stage]);
         pack_p<T>(s, pa);
       }
-#endif
       const int stage = (g + i) % STAGES;
       rescale_o<D>(o, al);
       if (PP) bar_named(4 + wg, 256);
@@ -1411,7 +1221,7 @@ __global__ void __launch_bounds__(384, 1)
       if (PP && wg == 0) bar_arrive_named(5, 256); /* WG 1's last turn */
       sta_wgmma::wait<0>();
       sta_wgmma::pin<D / 2>(o);
-      release_stage<CL>(&empty[stage], lane);
+      mbar_arrive(&empty[stage]);
     }
     g += p.nkb;
     mbar_arrive(qempty); /* Q and sitem free: the producer loads the next */
@@ -1420,7 +1230,6 @@ __global__ void __launch_bounds__(384, 1)
     ** r and r + 8, column pairs 8j + 2 (lane & 3) */
     Item x;
     decode_item(a, item, x); /* again: cheaper than keeping it live */
-    if (none) x.qcount = 0;
     T *go = reinterpret_cast<T *>(a.o) + x.b * a.o_sb + x.head * a.o_sh;
     const float ln2 = 0.69314718055994530942f;
 #pragma unroll
@@ -1448,7 +1257,6 @@ __global__ void __launch_bounds__(384, 1)
             sum > 0.f ? (m[hr] + log2f(sum)) * ln2 : -INFINITY;
     }
   }
-  if (CL > 1) cluster_sync(); /* the producer's, see there */
 }
 
 int sm_count() {
@@ -1517,36 +1325,14 @@ sta_status sched_slot(int **slot) {
   return STA_OK;
 }
 
-/* Clusters of CL CTAs of kern that can run at once (0: none). */
-template <typename K>
-int max_clusters(K kern, int CL, size_t smem) {
-  cudaLaunchConfig_t cfg = {};
-  cudaLaunchAttribute at[1];
-  at[0].id = cudaLaunchAttributeClusterDimension;
-  at[0].val.clusterDim.x = CL;
-  at[0].val.clusterDim.y = 1;
-  at[0].val.clusterDim.z = 1;
-  cfg.gridDim = dim3(CL * 64);
-  cfg.blockDim = dim3(384);
-  cfg.dynamicSmemBytes = smem;
-  cfg.attrs = at;
-  cfg.numAttrs = 1;
-  int n = 0;
-  if (cudaOccupancyMaxActiveClusters(&n, kern, &cfg) != cudaSuccess) {
-    (void)cudaGetLastError();
-    return 0;
-  }
-  return n;
-}
-
 template <typename T, int D, int STAGES, bool PP, bool OVL, bool PERSIST,
-          int KO = 0, int CL = 1>
+          int KO = 0>
 sta_status launch_ws(AttnArgs &a) {
   constexpr int BR = 128;
   size_t smem = 1024 + (size_t)(BR * D + 2 * STAGES * BW * D) * sizeof(T) +
                 (2 * STAGES + 2) * sizeof(uint64_t) + STAGES * sizeof(int4) +
-                (size_t)(2 * BW + BR + 2) * sizeof(int);
-  auto kern = sta_fwd_ws<T, D, STAGES, PP, OVL, PERSIST, KO, CL>;
+                (size_t)(2 * BW + BR + 1) * sizeof(int);
+  auto kern = sta_fwd_ws<T, D, STAGES, PP, OVL, PERSIST, KO>;
   cudaError_t e = cudaFuncSetAttribute(
       kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
   if (e != cudaSuccess) return sta_cuda_fail(e, "cudaFuncSetAttribute");
@@ -1562,39 +1348,6 @@ sta_status launch_ws(AttnArgs &a) {
   a.n_text_items = (int)nt;
   a.n_items = (int)n;
   int64_t grid = n;
-  if (CL > 1) {
-    /* every key block by TMA (multicast), CL query blocks per tile */
-    static int nc[64];
-    int dev = 0;
-    if (cudaGetDevice(&dev) != cudaSuccess) (void)cudaGetLastError();
-    if (dev < 0 || dev >= 64) dev = 0;
-    if (!nc[dev]) {
-      nc[dev] = max_clusters(kern, CL, smem);
-      if (getenv("STA_CUDA_VERBOSE"))
-        fprintf(stderr, "sta: device %d runs %d clusters of %d CTAs at once (%d SMs)\n",
-                dev, nc[dev], CL, sm_count());
-    }
-    if (!a.tma || !a.tma_rows || a.qbpt != CL || nc[dev] <= 0)
-      return launch_ws<T, D, STAGES, PP, OVL, PERSIST, KO, 1>(a);
-    a.n_text_citems = a.batch * a.heads * ((a.n_text_qblocks + CL - 1) / CL);
-    a.n_citems = a.n_text_citems + (int)((n - nt) / CL);
-    a.n_clusters = nc[dev] < a.n_citems ? nc[dev] : a.n_citems;
-    cudaLaunchConfig_t cfg = {};
-    cudaLaunchAttribute at[1];
-    at[0].id = cudaLaunchAttributeClusterDimension;
-    at[0].val.clusterDim.x = CL;
-    at[0].val.clusterDim.y = 1;
-    at[0].val.clusterDim.z = 1;
-    cfg.gridDim = dim3((unsigned)(a.n_clusters * CL));
-    cfg.blockDim = dim3(384);
-    cfg.dynamicSmemBytes = smem;
-    cfg.stream = sta_cuda_stream();
-    cfg.attrs = at;
-    cfg.numAttrs = 1;
-    e = cudaLaunchKernelEx(&cfg, kern, a);
-    if (e != cudaSuccess) return sta_cuda_fail(e, "attention kernel launch");
-    return STA_OK;
-  }
   if (PERSIST) {
     sta_status st = sched_slot(&a.sched);
     if (st != STA_OK) return st;
@@ -1617,23 +1370,15 @@ sta_status dispatch(AttnArgs &a, int D, int heads, int batch) {
   ** 2: as 0 with one CTA per work item;
   ** 3: as 0 without the ping-pong;
   ** 4: one CTA per item, a serial S -> softmax -> PV loop (the first
-  **    warp-specialised design);
-  ** 5: 0 without clusters.  0 runs in clusters of qbpt CTAs (2 or 3: the
-  **    query blocks of a tile) that share each key block by TMA multicast
-  **    when every key block loads by TMA. */
+  **    warp-specialised design). */
   int var = sta_cuda_attention_variant();
-  const int qbpt = a.tma_q ? a.tt / 2 : (a.tile_vol + 127) / 128;
   if (D == 64) {
     switch (var) {
     case 1: return launch<T, 64, 2, 4, false>(a, heads, batch);
     case 2: return launch_ws<T, 64, 3, true, true, false>(a);
     case 3: return launch_ws<T, 64, 3, false, true, true>(a);
     case 4: return launch_ws<T, 64, 3, false, false, false>(a);
-    case 5: return launch_ws<T, 64, 3, true, true, true>(a);
-    default:
-      if (qbpt == 3) return launch_ws<T, 64, 3, true, true, true, 0, 3>(a);
-      if (qbpt == 2) return launch_ws<T, 64, 3, true, true, true, 0, 2>(a);
-      return launch_ws<T, 64, 3, true, true, true>(a);
+    default: return launch_ws<T, 64, 3, true, true, true>(a);
     }
   }
   switch (var) {
@@ -1641,10 +1386,9 @@ sta_status dispatch(AttnArgs &a, int D, int heads, int batch) {
   case 2: return launch_ws<T, 128, 3, true, true, false>(a);
   case 3: return launch_ws<T, 128, 3, false, true, true>(a);
   case 4: return launch_ws<T, 128, 3, false, false, false>(a);
-  case 5: return launch_ws<T, 128, 3, true, true, true>(a);
 #ifdef STA_KNOCKOUTS
   /* 0 with parts knocked out (wrong results; where the time goes):
-  ** +1 no exp2, +2 no PV GEMM, +4 no K/V loads, 8 half the K/V bytes */
+  ** +1 no exp2, +2 no PV GEMM, +4 no K/V loads; 98: half the K/V bytes */
   case 91: return launch_ws<T, 128, 3, true, true, true, 1>(a);
   case 92: return launch_ws<T, 128, 3, true, true, true, 2>(a);
   case 93: return launch_ws<T, 128, 3, true, true, true, 3>(a);
@@ -1652,10 +1396,7 @@ sta_status dispatch(AttnArgs &a, int D, int heads, int batch) {
   case 97: return launch_ws<T, 128, 3, true, true, true, 7>(a);
   case 98: return launch_ws<T, 128, 3, true, true, true, 8>(a);
 #endif
-  default:
-    if (qbpt == 3) return launch_ws<T, 128, 3, true, true, true, 0, 3>(a);
-    if (qbpt == 2) return launch_ws<T, 128, 3, true, true, true, 0, 2>(a);
-    return launch_ws<T, 128, 3, true, true, true>(a);
+  default: return launch_ws<T, 128, 3, true, true, true>(a);
   }
 }
 
@@ -1757,7 +1498,7 @@ int sta_cuda_attention_variant(void) {
 #ifdef STA_KNOCKOUTS
   if (x >= 90) return x;
 #endif
-  return (x >= 0 && x <= 5) ? x : 0;
+  return (x >= 0 && x <= 4) ? x : 0;
 }
 
 sta_status sta_cuda_attention(const sta_attn_params *p) {
