@@ -1060,14 +1060,14 @@ __global__ void __launch_bounds__(384, 1)
       int pend = -1;
       for (int kb = 0; kb < x.p.nkb; kb++, g++) {
         const int s = g % STAGES, n = g / STAGES;
-        if (g >= STAGES) mbar_wait(&empty[s], (n - 1) & 1);
+        /* the block's bookkeeping (integer divisions) before the wait for
+        ** its stage, not between the consumers' release and the loads */
         BlkInfo bi = {0, 0, 0, 0, 0};
-        if (pt == 0) {
-          bi = block_info(a, x.p, kb); /* with the tile box's origin (mode 1) */
-          binfo[s] = pack_binfo(bi);
-        }
+        if (pt == 0) bi = block_info(a, x.p, kb); /* with the tile box's origin */
         int row0 = 0;
         const int mode = block_mode(a, x, kb, &row0);
+        if (g >= STAGES) mbar_wait(&empty[s], (n - 1) & 1);
+        if (pt == 0) binfo[s] = pack_binfo(bi);
         if (mode) {
           if (pend >= 0) {
             cp_async_wait_all();
