@@ -1736,6 +1736,17 @@ static int c_tostring(lua_State *L) {
   return 1;
 }
 
+/* A userdata in the registry under key whose __gc calls gc: it runs at
+** lua_close (or when key is set again and the old one is collected). */
+static void registry_sentinel(lua_State *L, const char *key, lua_CFunction gc) {
+  lua_newuserdatauv(L, 1, 0);
+  lua_createtable(L, 0, 1);
+  lua_pushcfunction(L, gc);
+  lua_setfield(L, -2, "__gc");
+  lua_setmetatable(L, -2);
+  lua_setfield(L, LUA_REGISTRYINDEX, key);
+}
+
 /* At lua_close: pop what this state pushed and never popped, innermost
 ** first, so the thread's context stack keeps no pointer into a closed
 ** state.  Runs from a sentinel's __gc made in luaopen (finalized last). */
@@ -2032,12 +2043,7 @@ static int l_history(lua_State *L) {
   if (!r || !history_lookup("write_history")) { lua_pushboolean(L, 0); return 1; }
   snprintf(history_path, sizeof history_path, "%s", path);
   r(history_path);
-  lua_newuserdatauv(L, 1, 0); /* sentinel: its __gc runs at lua_close */
-  lua_createtable(L, 0, 1);
-  lua_pushcfunction(L, history_save);
-  lua_setfield(L, -2, "__gc");
-  lua_setmetatable(L, -2);
-  lua_setfield(L, LUA_REGISTRYINDEX, "sta.history");
+  registry_sentinel(L, "sta.history", history_save);
   lua_pushboolean(L, 1);
   return 1;
 }
@@ -2181,14 +2187,8 @@ int luaopen_sta_core(lua_State *L) {
   new_class(L, BATCH, batch_meta, batch_methods, 1);
   new_class(L, CONTEXT, context_meta, context_methods, 1);
   new_class(L, LAYER, layer_meta, layer_methods, 1);
-  if (lua_getfield(L, LUA_REGISTRYINDEX, "sta.atclose") == LUA_TNIL) {
-    lua_newuserdatauv(L, 1, 0);
-    lua_createtable(L, 0, 1);
-    lua_pushcfunction(L, contexts_atclose);
-    lua_setfield(L, -2, "__gc");
-    lua_setmetatable(L, -2);
-    lua_setfield(L, LUA_REGISTRYINDEX, "sta.atclose");
-  }
+  if (lua_getfield(L, LUA_REGISTRYINDEX, "sta.atclose") == LUA_TNIL)
+    registry_sentinel(L, "sta.atclose", contexts_atclose);
   lua_pop(L, 1);
   luaL_newlib(L, core_funcs);
   push_status_table(L);

@@ -388,6 +388,17 @@ static void *conc_run(void *arg) {
   return NULL;
 }
 
+/* Contiguous f32 q, k, v of shape (BSHD), drawn from N(0, 1) with seeds
+** seed, seed + 1, seed + 2. */
+static void f32_qkv(const int64_t shape[4], uint64_t seed, sta_tensor **q, sta_tensor **k,
+                    sta_tensor **v) {
+  sta_tensor **t[3] = {q, k, v};
+  for (int i = 0; i < 3; i++) {
+    assert_int_equal(sta_tensor_create(t[i], STA_F32, STA_CPU, 4, shape), STA_OK);
+    assert_int_equal(sta_tensor_randn(*t[i], seed + (uint64_t)i, 0, 1), STA_OK);
+  }
+}
+
 static void test_concurrent_callers(void **state) {
   (void)state;
   sta_attention_desc d;
@@ -399,13 +410,8 @@ static void test_concurrent_callers(void **state) {
   d.windows = win;
   int64_t shape[4] = {1, 6 * 16 * 24 + 5, 2, 32};
   sta_tensor *q, *k, *v, *ref, *o[4];
-  sta_tensor_create(&q, STA_F32, STA_CPU, 4, shape);
-  sta_tensor_create(&k, STA_F32, STA_CPU, 4, shape);
-  sta_tensor_create(&v, STA_F32, STA_CPU, 4, shape);
+  f32_qkv(shape, 501, &q, &k, &v);
   sta_tensor_create(&ref, STA_F32, STA_CPU, 4, shape);
-  sta_tensor_randn(q, 501, 0, 1);
-  sta_tensor_randn(k, 502, 0, 1);
-  sta_tensor_randn(v, 503, 0, 1);
   int blas_before = openblas_get_num_threads();
   assert_int_equal(sta_attention_forward(&d, q, k, v, ref, NULL), STA_OK);
   assert_int_equal(openblas_get_num_threads(), blas_before);
@@ -506,18 +512,13 @@ static void hand_case(int32_t t, int32_t h, int32_t w, int32_t tt, int32_t th, i
   int64_t S = (int64_t)t * h * w + text;
   int64_t shape[4] = {2, S, 2, 5}, lshape[3] = {2, 2, S};
   sta_tensor *q, *k, *v, *o, *oh, *l, *lh, *of, *lf;
-  assert_int_equal(sta_tensor_create(&q, STA_F32, STA_CPU, 4, shape), STA_OK);
-  assert_int_equal(sta_tensor_create(&k, STA_F32, STA_CPU, 4, shape), STA_OK);
-  assert_int_equal(sta_tensor_create(&v, STA_F32, STA_CPU, 4, shape), STA_OK);
+  f32_qkv(shape, seed, &q, &k, &v);
   assert_int_equal(sta_tensor_create(&o, STA_F32, STA_CPU, 4, shape), STA_OK);
   assert_int_equal(sta_tensor_create(&oh, STA_F32, STA_CPU, 4, shape), STA_OK);
   assert_int_equal(sta_tensor_create(&of, STA_F32, STA_CPU, 4, shape), STA_OK);
   assert_int_equal(sta_tensor_create(&l, STA_F32, STA_CPU, 3, lshape), STA_OK);
   assert_int_equal(sta_tensor_create(&lh, STA_F32, STA_CPU, 3, lshape), STA_OK);
   assert_int_equal(sta_tensor_create(&lf, STA_F32, STA_CPU, 3, lshape), STA_OK);
-  sta_tensor_randn(q, seed, 0, 1);
-  sta_tensor_randn(k, seed + 1, 0, 1);
-  sta_tensor_randn(v, seed + 2, 0, 1);
   sta_tensor_fill(o, NAN); sta_tensor_fill(oh, NAN); sta_tensor_fill(of, NAN);
   sta_tensor_fill(l, NAN); sta_tensor_fill(lh, NAN); sta_tensor_fill(lf, NAN);
   assert_int_equal(sta_attention_reference(&d, q, k, v, o, l), STA_OK);
@@ -552,14 +553,9 @@ static void test_reference_by_hand(void **state) {
 static double pairs_by_lse(const sta_attention_desc *d, int64_t S, int64_t H, int fast) {
   int64_t shape[4] = {1, S, H, 3}, lshape[3] = {1, H, S};
   sta_tensor *q, *k, *v, *o, *l;
-  sta_tensor_create(&q, STA_F32, STA_CPU, 4, shape);
-  sta_tensor_create(&k, STA_F32, STA_CPU, 4, shape);
-  sta_tensor_create(&v, STA_F32, STA_CPU, 4, shape);
+  f32_qkv(shape, 5, &q, &k, &v);
   sta_tensor_create(&o, STA_F32, STA_CPU, 4, shape);
   sta_tensor_create(&l, STA_F32, STA_CPU, 3, lshape);
-  sta_tensor_randn(q, 5, 0, 1);
-  sta_tensor_randn(k, 6, 0, 1);
-  sta_tensor_randn(v, 7, 0, 1);
   sta_tensor_fill(l, NAN);
   sta_attention_desc dd = *d;
   dd.scale = 1e-20f;

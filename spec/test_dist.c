@@ -183,30 +183,45 @@ static void run_sp(const sp_case *c, int32_t p, sp_job *j, sta_rank_fn fn,
   sta_tensor_destroy(back);
 }
 
+/* A case's whole-sequence tensors (s rows): random q, k, v and an o. */
+typedef struct full_qkvo {
+  sta_tensor *q, *k, *v, *o;
+} full_qkvo;
+
+static full_qkvo full_make(const sp_case *c, int64_t s) {
+  full_qkvo f;
+  f.q = randn4(c->dtype, c->layout, c->b, s, c->h, c->d);
+  f.k = randn4(c->dtype, c->layout, c->b, s, c->h, c->d);
+  f.v = randn4(c->dtype, c->layout, c->b, s, c->h, c->d);
+  f.o = new4(c->dtype, c->layout, c->b, s, c->h, c->d);
+  return f;
+}
+
+static void full_free(full_qkvo *f) {
+  sta_tensor_destroy(f->q);
+  sta_tensor_destroy(f->k);
+  sta_tensor_destroy(f->v);
+  sta_tensor_destroy(f->o);
+}
+
 static void check_sp(const sp_case *c) {
   int64_t v = (int64_t)c->canvas[0] * c->canvas[1] * c->canvas[2], s = v + c->text;
   sp_job j;
   memset(&j, 0, sizeof j);
   case_desc(c, &j.desc);
-  sta_tensor *fq = randn4(c->dtype, c->layout, c->b, s, c->h, c->d);
-  sta_tensor *fk = randn4(c->dtype, c->layout, c->b, s, c->h, c->d);
-  sta_tensor *fv = randn4(c->dtype, c->layout, c->b, s, c->h, c->d);
-  sta_tensor *fo = new4(c->dtype, c->layout, c->b, s, c->h, c->d);
-  assert_int_equal(sta_attention_forward(&j.desc, fq, fk, fv, fo, NULL), STA_OK);
+  full_qkvo f = full_make(c, s);
+  assert_int_equal(sta_attention_forward(&j.desc, f.q, f.k, f.v, f.o, NULL), STA_OK);
   int ran = 0;
   for (int32_t p = 1; p <= MAXP; p++) {
     if (v % p || c->h % p) continue;
     sta_comm *comms[MAXP];
     assert_int_equal(sta_comm_loopback(comms, p), STA_OK);
-    run_sp(c, p, &j, sp_rank, fq, fk, fv, fo, comms);
+    run_sp(c, p, &j, sp_rank, f.q, f.k, f.v, f.o, comms);
     for (int32_t r = 0; r < p; r++) sta_comm_destroy(comms[r]);
     ran++;
   }
   assert_true(ran >= 2);
-  sta_tensor_destroy(fq);
-  sta_tensor_destroy(fk);
-  sta_tensor_destroy(fv);
-  sta_tensor_destroy(fo);
+  full_free(&f);
 }
 
 /* Per-head windows that differ by head (odd, or full on an axis). */
@@ -314,16 +329,22 @@ static sta_status layer_rank(void *arg, int32_t r, sta_comm *c) {
   return rc;
 }
 
+/* The SP layer tests' case: canvas 4x6x6 (V = 144), tiles 2x3x3, batch
+** 1, 4 heads of 16, f32 BSHD, `text` text rows. */
+static void layer_case(sp_case *c, int64_t text) {
+  memset(c, 0, sizeof *c);
+  c->canvas[0] = 4; c->canvas[1] = 6; c->canvas[2] = 6;
+  c->tile[0] = 2; c->tile[1] = 3; c->tile[2] = 3;
+  c->text = text; c->text_len = -1;
+  c->b = 1; c->h = 4; c->d = 16;
+  c->dtype = STA_F32;
+  c->layout = STA_BSHD;
+}
+
 static void test_sp_layer_strategy(void **state) {
   (void)state;
   sp_case c;
-  memset(&c, 0, sizeof c);
-  c.canvas[0] = 4; c.canvas[1] = 6; c.canvas[2] = 6;
-  c.tile[0] = 2; c.tile[1] = 3; c.tile[2] = 3;
-  c.text = 4; c.text_len = -1;
-  c.b = 1; c.h = 4; c.d = 16;
-  c.dtype = STA_F32;
-  c.layout = STA_BSHD;
+  layer_case(&c, 4);
   vary_windows(&c);
   int64_t v = 144, s = v + c.text;
   sp_job j;
@@ -335,11 +356,8 @@ static void test_sp_layer_strategy(void **state) {
   assert_int_equal(sta_strategy_uniform(&j.strategy, 4, 8, (int32_t)c.h, w3, NULL, 0), STA_OK);
   for (int32_t h = 0; h < c.h; h++)
     assert_int_equal(sta_strategy_set(j.strategy, 2, 5, h, c.windows + 3 * h), STA_OK);
-  sta_tensor *fq = randn4(c.dtype, c.layout, c.b, s, c.h, c.d);
-  sta_tensor *fk = randn4(c.dtype, c.layout, c.b, s, c.h, c.d);
-  sta_tensor *fv = randn4(c.dtype, c.layout, c.b, s, c.h, c.d);
-  sta_tensor *fo = new4(c.dtype, c.layout, c.b, s, c.h, c.d);
-  assert_int_equal(sta_attention_forward(&j.desc, fq, fk, fv, fo, NULL), STA_OK);
+  full_qkvo f = full_make(&c, s);
+  assert_int_equal(sta_attention_forward(&j.desc, f.q, f.k, f.v, f.o, NULL), STA_OK);
   for (int32_t p = 1; p <= MAXP; p++) {
     if (c.h % p) continue;
     sta_comm *comms[MAXP];
@@ -357,17 +375,14 @@ static void test_sp_layer_strategy(void **state) {
       assert_int_equal(sta_sp_layer_create(&j.layers[r], comms[r], &ld), STA_OK);
       assert_int_equal(sta_layer_index(sta_sp_layer_base(j.layers[r])), 5);
     }
-    run_sp(&c, p, &j, layer_rank, fq, fk, fv, fo, comms);
+    run_sp(&c, p, &j, layer_rank, f.q, f.k, f.v, f.o, comms);
     for (int32_t r = 0; r < p; r++) {
       sta_sp_layer_destroy(j.layers[r]);
       sta_comm_destroy(comms[r]);
     }
   }
   sta_strategy_destroy(j.strategy);
-  sta_tensor_destroy(fq);
-  sta_tensor_destroy(fk);
-  sta_tensor_destroy(fv);
-  sta_tensor_destroy(fo);
+  full_free(&f);
 }
 
 /* The L2 list of one search file: [step 0][record 0][heads]. */
@@ -394,13 +409,7 @@ static int32_t search_l2(const char *path, const char *cand, double *out, int32_
 static void test_sp_layer_search(void **state) {
   (void)state;
   sp_case c;
-  memset(&c, 0, sizeof c);
-  c.canvas[0] = 4; c.canvas[1] = 6; c.canvas[2] = 6;
-  c.tile[0] = 2; c.tile[1] = 3; c.tile[2] = 3;
-  c.text = 3; c.text_len = -1;
-  c.b = 1; c.h = 4; c.d = 16;
-  c.dtype = STA_F32;
-  c.layout = STA_BSHD;
+  layer_case(&c, 3);
   c.n_windows = 1;
   c.windows[0] = c.windows[1] = c.windows[2] = 3; /* the full window (grid 2x2x2) */
   int64_t s = 144 + c.text;
@@ -409,10 +418,7 @@ static void test_sp_layer_search(void **state) {
   memset(&j, 0, sizeof j);
   case_desc(&c, &j.desc);
   assert_int_equal(sta_metadata_search(&j.md, 3, 3, cand), STA_OK);
-  sta_tensor *fq = randn4(c.dtype, c.layout, c.b, s, c.h, c.d);
-  sta_tensor *fk = randn4(c.dtype, c.layout, c.b, s, c.h, c.d);
-  sta_tensor *fv = randn4(c.dtype, c.layout, c.b, s, c.h, c.d);
-  sta_tensor *fo = new4(c.dtype, c.layout, c.b, s, c.h, c.d);
+  full_qkvo f = full_make(&c, s);
   /* single device: an ordinary layer over all heads */
   sta_layer_desc ld;
   memset(&ld, 0, sizeof ld);
@@ -429,7 +435,7 @@ static void test_sp_layer_search(void **state) {
   assert_int_equal(sta_layer_create(&single, &ld), STA_OK);
   assert_int_equal(sta_forward_batch_create(&fb, 1), STA_OK);
   assert_int_equal(sta_context_push(&ctx, 0, j.md, fb), STA_OK);
-  assert_int_equal(sta_layer_forward(single, fq, fk, fv, fo), STA_OK);
+  assert_int_equal(sta_layer_forward(single, f.q, f.k, f.v, f.o), STA_OK);
   assert_int_equal(sta_context_pop(ctx), STA_OK);
   char path[64];
   snprintf(path, sizeof path, "/tmp/sta-test-dist-%d-single.json", (int)getpid());
@@ -446,7 +452,7 @@ static void test_sp_layer_search(void **state) {
       assert_int_equal(sta_sp_layer_create(&j.layers[r], comms[r], &ld), STA_OK);
       assert_int_equal(sta_forward_batch_create(&j.batches[r], 1), STA_OK);
     }
-    run_sp(&c, p, &j, layer_rank, fq, fk, fv, fo, comms);
+    run_sp(&c, p, &j, layer_rank, f.q, f.k, f.v, f.o, comms);
     for (int32_t r = 0; r < p; r++) {
       assert_int_equal(sta_forward_batch_records(j.batches[r], 0), 1);
       snprintf(path, sizeof path, "/tmp/sta-test-dist-%d-r%d.json", (int)getpid(), (int)r);
@@ -466,10 +472,7 @@ static void test_sp_layer_search(void **state) {
   sta_layer_destroy(single);
   sta_forward_batch_destroy(fb);
   sta_metadata_destroy(j.md);
-  sta_tensor_destroy(fq);
-  sta_tensor_destroy(fk);
-  sta_tensor_destroy(fv);
-  sta_tensor_destroy(fo);
+  full_free(&f);
 }
 
 /* ---- a caller's transport ---------------------------------------------------------- */
