@@ -704,8 +704,9 @@ __device__ __forceinline__ void tma_block_origin(const AttnArgs &a,
   *w0 = (p.sw + i2) * 8;
 }
 
-/* Consumer block i: its valid keys, and for TMA blocks running past the
-** canvas the origin for the positional mask. */
+/* Block i of a key plan: its valid keys and, for tile-map (TMA) blocks,
+** the box's origin: the producer's TMA coordinates, and the consumers'
+** positional mask where the box runs past the canvas. */
 struct BlkInfo {
   int cnt, posmask, t0, h0, w0;
 };
