@@ -20,8 +20,9 @@
 ** (sta_fwd_ws), persistent: one CTA per SM takes work items (128 query
 ** rows of one head) from a counter, longest first.  A producer warpgroup
 ** fills a 3-stage K/V ring (TMA straight from untiled memory: 5-D tile
-** boxes of 2 t-slices of an 8x8 tile, 128-row boxes for text; a cp.async
-** gather for what TMA cannot take) and loads the next item's Q while the
+** boxes of 2 t-slices of an 8x8 tile, 128-row boxes for text, issued by
+** a single thread when TMA takes every load; a cp.async gather for what
+** TMA cannot take) and loads the next item's Q while the
 ** consumers finish; two consumer warpgroups issue S(i+1) with PV(i) and
 ** take turns (ping-pong), the softmax of one under the other's GEMMs.
 ** BENCHMARKS.md has the measurements behind each choice.
@@ -634,7 +635,10 @@ template <> struct WgOps<__half, 64> {
 ** mbarriers): one thread issues TMA loads where setup_tma allowed them
 ** (tile maps: 2 t-slices of an 8x8 tile, zero-filled past the canvas; row
 ** maps: 128 consecutive rows), otherwise all producer threads gather rows
-** with cp.async (other tiles, strides TMA cannot take).  Two consumer
+** with cp.async (other tiles, strides TMA cannot take).  LEAN: where TMA
+** takes every load (Q, tile and row blocks), one thread runs the whole
+** producer (produce_lean) and the other 127 leave: no spinning warps and
+** no per-block divisions beside the consumers' warps.  Two consumer
 ** warpgroups (64 query rows each) run the wgmma loop without a CTA-wide
 ** barrier.  OVL: S(i+1) is issued with PV(i) and its softmax overlaps
 ** PV(i); PP: the warpgroups also take turns issuing (ping-pong). */
@@ -957,13 +961,148 @@ __device__ __forceinline__ int block_mode(const AttnArgs &a, const Item &x,
   return a.tma_rows ? 2 : 0;
 }
 
+/* The producer's next work item (k: items taken so far), or -1 when none
+** is left; the last CTA out resets the persistent kernel's counters. */
+template <bool PERSIST>
+__device__ __forceinline__ int next_item(const AttnArgs &a, int k) {
+  int item = k == 0 ? (int)blockIdx.x
+                    : (PERSIST ? atomicAdd(a.sched, 1) + (int)gridDim.x : -1);
+  if (item >= a.n_items) item = -1;
+  if (item < 0 && PERSIST && atomicAdd(a.sched + 1, 1) == (int)gridDim.x - 1) {
+    a.sched[0] = 0;
+    a.sched[1] = 0;
+  }
+  return item;
+}
+
+/* An item's Q tile by TMA (row map for text rows, tile map otherwise),
+** signalled on qfull; one thread. */
+template <typename T, int D>
+__device__ __forceinline__ void tma_load_q(const AttnArgs &a, const Item &x, T *sQ,
+                                           int c0, int c4, uint64_t *qfull) {
+  constexpr int BR = 128;
+  mbar_expect_tx(qfull, BR * D * (int)sizeof(T));
+#pragma unroll
+  for (int hf = 0; hf < D / 64; hf++) {
+    if (x.text)
+      tma_load_3d(sQ + hf * BR * 64, &a.rmq, c0 + hf * 64, a.V + x.qrow0, c4, qfull);
+    else
+      tma_load_5d(sQ + hf * BR * 64, &a.tmq, c0 + hf * 64, x.qw0, x.qh0,
+                  x.qt0 + x.qrow0, c4, qfull);
+  }
+}
+
+/* The producer of sta_fwd_ws when every load can go by TMA, run by one
+** thread: takes items, loads each item's Q, then its key blocks through the
+** ring.  The tile blocks are visited in the order of tma_block_origin
+** (2 t-slices within a tile, then w, h, t of the window) by stepping the
+** coordinates, so no block costs an integer division. */
+template <typename T, int D, int STAGES, bool PERSIST>
+__device__ __forceinline__ void produce_lean(const AttnArgs &a, T *sQ, T *sK, T *sV,
+                                             uint64_t *full, uint64_t *empty,
+                                             uint64_t *qfull, uint64_t *qempty,
+                                             int4 *binfo, volatile int *sitem) {
+  constexpr int BYTES = 2 * BW * D * (int)sizeof(T);
+  int g = 0, s = 0, n = 0; /* blocks so far; their stage and lap */
+  /* one key block: wait for its stage, publish its info, load K and V
+  ** (mode 1: tile maps at (t0, h0, w0); else row maps at row0) */
+  auto put = [&](const BlkInfo &bi, int mode, int row0, int c0, int c4) {
+    if (g >= STAGES) mbar_wait(&empty[s], (n - 1) & 1);
+    binfo[s] = pack_binfo(bi);
+    mbar_expect_tx(&full[s], BYTES);
+#pragma unroll
+    for (int hf = 0; hf < D / 64; hf++) {
+      T *dk = sK + s * BW * D + hf * BW * 64, *dv = sV + s * BW * D + hf * BW * 64;
+      if (mode == 1) {
+        tma_load_5d(dk, &a.tmk, c0 + hf * 64, bi.w0, bi.h0, bi.t0, c4, &full[s]);
+        tma_load_5d(dv, &a.tmv, c0 + hf * 64, bi.w0, bi.h0, bi.t0, c4, &full[s]);
+      } else {
+        tma_load_3d(dk, &a.rmk, c0 + hf * 64, row0, c4, &full[s]);
+        tma_load_3d(dv, &a.rmv, c0 + hf * 64, row0, c4, &full[s]);
+      }
+    }
+    g++;
+    if (++s == STAGES) {
+      s = 0;
+      n++;
+    }
+  };
+  for (int k = 0;; k++) {
+    if (k > 0) mbar_wait(qempty, (k - 1) & 1);
+    const int item = next_item<PERSIST>(a, k);
+    *sitem = item;
+    if (item < 0) {
+      mbar_arrive(qfull); /* the consumers read -1 and stop */
+      return;
+    }
+    Item x;
+    decode_item(a, item, x);
+    if (x.qcount <= 0) {
+      mbar_arrive(qfull);
+      continue;
+    }
+    const int c0 = a.tma_fused ? x.head * D : 0;
+    const int c4 = a.tma_fused ? x.b : x.b * a.heads + x.head;
+    tma_load_q<T, D>(a, x, sQ, c0, c4, qfull);
+    const KeyPlan &p = x.p;
+    BlkInfo bi;
+    bi.t0 = bi.h0 = bi.w0 = 0;
+    bi.posmask = 0;
+    if (x.text) { /* rows [0, V + text_len) */
+      const int lim = a.V + a.text_len;
+      for (int r0 = 0; r0 < lim; r0 += BW) {
+        bi.cnt = min(BW, lim - r0);
+        put(bi, 2, r0, c0, c4);
+      }
+      continue;
+    }
+    const int tb = p.st * a.tt, hb = p.sh * 8, wb = p.sw * 8;
+    int tbase = tb, blk = 0, i1 = 0, i2 = 0;
+    bi.t0 = tb;
+    bi.h0 = hb;
+    bi.w0 = wb;
+    for (int kb = 0; kb < p.n_tblk; kb++) {
+      const int nt = min(2, a.cT - bi.t0), nh = min(8, a.cH - bi.h0),
+                nw = min(8, a.cW - bi.w0);
+      bi.cnt = nt > 0 ? nt * nh * nw : 0;
+      bi.posmask = bi.cnt > 0 && bi.cnt < BW;
+      put(bi, 1, 0, c0, c4);
+      if (++blk < p.bpt) {
+        bi.t0 += 2;
+        continue;
+      }
+      blk = 0;
+      if (++i2 < p.cw) {
+        bi.w0 += 8;
+      } else {
+        i2 = 0;
+        bi.w0 = wb;
+        if (++i1 < p.ch) {
+          bi.h0 += 8;
+        } else {
+          i1 = 0;
+          bi.h0 = hb;
+          tbase += a.tt;
+        }
+      }
+      bi.t0 = tbase;
+    }
+    bi.t0 = bi.h0 = bi.w0 = 0;
+    bi.posmask = 0;
+    for (int r0 = 0; r0 < a.text_len; r0 += BW) {
+      bi.cnt = min(BW, a.text_len - r0);
+      put(bi, 2, a.V + r0, c0, c4);
+    }
+  }
+}
+
 /* ---- the sm_90a kernel -----------------------------------------------------
 ** 128 query rows per item, key blocks of BW = 128 through a STAGES-deep K/V
 ** ring in shared memory.  PERSIST: one CTA per SM takes items from a
 ** global counter; the producer runs ahead into the next item's Q and keys
 ** while the consumers write the last item's output. */
 template <typename T, int D, int STAGES, bool PP, bool OVL,
-          bool PERSIST, int KO = 0>
+          bool PERSIST, int KO = 0, bool LEAN = true>
 __global__ void __launch_bounds__(384, 1)
     sta_fwd_ws(const __grid_constant__ AttnArgs a) {
   constexpr int PTH = 128; /* producer threads: one warpgroup */
@@ -989,7 +1128,7 @@ __global__ void __launch_bounds__(384, 1)
 
   if (tid == 0) {
     for (int s = 0; s < STAGES; s++) {
-      mbar_init(&full[s], PTH);
+      mbar_init(&full[s], LEAN && a.tma && a.tma_q && a.tma_rows ? 1 : PTH);
       mbar_init(&empty[s], 256);
     }
     mbar_init(qfull, 1);
@@ -1003,20 +1142,18 @@ __global__ void __launch_bounds__(384, 1)
     ** at either (ptxas -v; a second producer warpgroup spilled at 48) */
     asm volatile("setmaxnreg.dec.sync.aligned.u32 " STA_STR(STA_PREG) ";\n");
     const int pt = tid - 256;
+    if (LEAN && a.tma && a.tma_q && a.tma_rows) {
+      /* every load by TMA: one thread runs the whole producer, the block
+      ** coordinates stepped like an odometer (no divisions per block) */
+      if (pt == 0) produce_lean<T, D, STAGES, PERSIST>(a, sQ, sK, sV, full, empty, qfull,
+                                                       qempty, binfo, sitem);
+      return;
+    }
     int g = 0; /* key blocks through the ring so far */
     for (int k = 0;; k++) {
       if (k > 0) mbar_wait(qempty, (k - 1) & 1);
       bar_named(3, PTH); /* every producer thread has read the last sitem */
-      if (pt == 0) {
-        int item = k == 0 ? (int)blockIdx.x
-                          : (PERSIST ? atomicAdd(a.sched, 1) + (int)gridDim.x : -1);
-        if (item >= a.n_items) item = -1;
-        if (item < 0 && PERSIST && atomicAdd(a.sched + 1, 1) == (int)gridDim.x - 1) {
-          a.sched[0] = 0; /* the last CTA out resets the counters */
-          a.sched[1] = 0;
-        }
-        *sitem = item;
-      }
+      if (pt == 0) *sitem = next_item<PERSIST>(a, k);
       bar_named(3, PTH);
       const int item = *sitem;
       if (item < 0) {
@@ -1036,17 +1173,7 @@ __global__ void __launch_bounds__(384, 1)
       const T *gv = reinterpret_cast<const T *>(a.v) + x.b * a.v_sb + x.head * a.v_sh;
       /* Q */
       if ((a.tma_q && !x.text) || (a.tma_rows && x.text)) {
-        if (pt == 0) {
-          mbar_expect_tx(qfull, BR * D * (int)sizeof(T));
-#pragma unroll
-          for (int hf = 0; hf < D / 64; hf++) {
-            if (x.text)
-              tma_load_3d(sQ + hf * BR * 64, &a.rmq, c0 + hf * 64, a.V + x.qrow0, c4, qfull);
-            else
-              tma_load_5d(sQ + hf * BR * 64, &a.tmq, c0 + hf * 64, x.qw0, x.qh0,
-                          x.qt0 + x.qrow0, c4, qfull);
-          }
-        }
+        if (pt == 0) tma_load_q<T, D>(a, x, sQ, c0, c4, qfull);
       } else {
         for (int r = pt; r < BR; r += PTH) qrow[r] = q_row(a, x, r);
         bar_named(3, PTH);
@@ -1327,13 +1454,13 @@ sta_status sched_slot(int **slot) {
 }
 
 template <typename T, int D, int STAGES, bool PP, bool OVL, bool PERSIST,
-          int KO = 0>
+          int KO = 0, bool LEAN = true>
 sta_status launch_ws(AttnArgs &a) {
   constexpr int BR = 128;
   size_t smem = 1024 + (size_t)(BR * D + 2 * STAGES * BW * D) * sizeof(T) +
                 (2 * STAGES + 2) * sizeof(uint64_t) + STAGES * sizeof(int4) +
                 (size_t)(2 * BW + BR + 1) * sizeof(int);
-  auto kern = sta_fwd_ws<T, D, STAGES, PP, OVL, PERSIST, KO>;
+  auto kern = sta_fwd_ws<T, D, STAGES, PP, OVL, PERSIST, KO, LEAN>;
   cudaError_t e = cudaFuncSetAttribute(
       kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
   if (e != cudaSuccess) return sta_cuda_fail(e, "cudaFuncSetAttribute");
@@ -1353,7 +1480,7 @@ sta_status launch_ws(AttnArgs &a) {
     sta_status st = sched_slot(&a.sched);
     if (st != STA_OK) return st;
     if (!a.sched) /* no counters (first launch under capture) */
-      return launch_ws<T, D, STAGES, PP, OVL, false, KO>(a);
+      return launch_ws<T, D, STAGES, PP, OVL, false, KO, LEAN>(a);
     grid = sm_count() < n ? sm_count() : n;
   }
   kern<<<(unsigned)grid, 384, smem, sta_cuda_stream()>>>(a);
@@ -1371,7 +1498,9 @@ sta_status dispatch(AttnArgs &a, int D, int heads, int batch) {
   ** 2: as 0 with one CTA per work item;
   ** 3: as 0 without the ping-pong;
   ** 4: one CTA per item, a serial S -> softmax -> PV loop (the first
-  **    warp-specialised design). */
+  **    warp-specialised design);
+  ** 6: as 0 with the 128-thread producer even where TMA takes every load
+  **    (the producer of gathers and of mixed TMA/gather calls). */
   int var = sta_cuda_attention_variant();
   if (D == 64) {
     switch (var) {
@@ -1379,6 +1508,7 @@ sta_status dispatch(AttnArgs &a, int D, int heads, int batch) {
     case 2: return launch_ws<T, 64, 3, true, true, false>(a);
     case 3: return launch_ws<T, 64, 3, false, true, true>(a);
     case 4: return launch_ws<T, 64, 3, false, false, false>(a);
+    case 6: return launch_ws<T, 64, 3, true, true, true, 0, false>(a);
     default: return launch_ws<T, 64, 3, true, true, true>(a);
     }
   }
@@ -1387,15 +1517,17 @@ sta_status dispatch(AttnArgs &a, int D, int heads, int batch) {
   case 2: return launch_ws<T, 128, 3, true, true, false>(a);
   case 3: return launch_ws<T, 128, 3, false, true, true>(a);
   case 4: return launch_ws<T, 128, 3, false, false, false>(a);
+  case 6: return launch_ws<T, 128, 3, true, true, true, 0, false>(a);
 #ifdef STA_KNOCKOUTS
   /* 0 with parts knocked out (wrong results; where the time goes):
   ** +1 no exp2, +2 no PV GEMM, +4 no K/V loads; 98: half the K/V bytes */
   case 91: return launch_ws<T, 128, 3, true, true, true, 1>(a);
   case 92: return launch_ws<T, 128, 3, true, true, true, 2>(a);
   case 93: return launch_ws<T, 128, 3, true, true, true, 3>(a);
-  case 94: return launch_ws<T, 128, 3, true, true, true, 4>(a);
-  case 97: return launch_ws<T, 128, 3, true, true, true, 7>(a);
-  case 98: return launch_ws<T, 128, 3, true, true, true, 8>(a);
+  /* (the load knockouts are in the 128-thread producer) */
+  case 94: return launch_ws<T, 128, 3, true, true, true, 4, false>(a);
+  case 97: return launch_ws<T, 128, 3, true, true, true, 7, false>(a);
+  case 98: return launch_ws<T, 128, 3, true, true, true, 8, false>(a);
 #endif
   default: return launch_ws<T, 128, 3, true, true, true>(a);
   }
@@ -1499,7 +1631,7 @@ int sta_cuda_attention_variant(void) {
 #ifdef STA_KNOCKOUTS
   if (x >= 90) return x;
 #endif
-  return (x >= 0 && x <= 4) ? x : 0;
+  return (x >= 0 && x <= 6 && x != 5) ? x : 0;
 }
 
 sta_status sta_cuda_attention(const sta_attn_params *p) {
