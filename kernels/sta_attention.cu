@@ -59,10 +59,12 @@ struct AttnArgs {
   CUtensorMap tmv;
   CUtensorMap tmq;
   CUtensorMap rmk, rmv, rmq;
+  CUtensorMap tmq3, rmq3; /* Q in items of 192 rows: 3 t-slices, 192 rows */
   int tma;       /* tile maps of K and V: the tile key blocks */
   int tma_q;     /* tile map of Q: query blocks of 2 t-slices of a box */
   int tma_rows;  /* row maps: text key blocks, text query blocks */
   int tma_fused; /* dim 0 = heads*D (coordinate head*D), last dim = batch */
+  int tma_q3;    /* tmq3 and rmq3 (D 64, tt a multiple of 3) */
   const void *q, *k, *v;
   void *o;
   float *lse;
@@ -890,9 +892,9 @@ struct Item {
   KeyPlan p;
 };
 
+template <int BR = 128>
 __device__ __forceinline__ void decode_item(const AttnArgs &a, int item,
                                             Item &x) {
-  constexpr int BR = 128;
   KeyPlan &p = x.p;
   x.qt0 = x.qh0 = x.qw0 = x.qet = x.qeh = x.qew = 0;
   if (item < a.n_text_items) {
@@ -922,9 +924,9 @@ __device__ __forceinline__ void decode_item(const AttnArgs &a, int item,
   x.qet = min(a.tt, a.cT - x.qt0);
   x.qeh = min(a.th, a.cH - x.qh0);
   x.qew = min(a.tw, a.cW - x.qw0);
-  if (a.tma_q) { /* box layout: t-slices qrow0, qrow0 + 1 of the 8x8 tile */
-    x.qrow0 = 2 * qb;
-    x.qcount = max(0, min(2, x.qet - x.qrow0)) * x.qeh * x.qew;
+  if (a.tma_q) { /* box layout: t-slices qrow0 .. qrow0 + BR / 64 - 1 of the 8x8 tile */
+    x.qrow0 = (BR / 64) * qb;
+    x.qcount = max(0, min(BR / 64, x.qet - x.qrow0)) * x.qeh * x.qew;
   } else {
     x.qrow0 = qb * BR;
     x.qcount = min(BR, x.qet * x.qeh * x.qew - x.qrow0);
@@ -977,17 +979,17 @@ __device__ __forceinline__ int next_item(const AttnArgs &a, int k) {
 
 /* An item's Q tile by TMA (row map for text rows, tile map otherwise),
 ** signalled on qfull; one thread. */
-template <typename T, int D>
+template <typename T, int D, int BR = 128>
 __device__ __forceinline__ void tma_load_q(const AttnArgs &a, const Item &x, T *sQ,
                                            int c0, int c4, uint64_t *qfull) {
-  constexpr int BR = 128;
+  const CUtensorMap *rm = BR == 128 ? &a.rmq : &a.rmq3, *tm = BR == 128 ? &a.tmq : &a.tmq3;
   mbar_expect_tx(qfull, BR * D * (int)sizeof(T));
 #pragma unroll
   for (int hf = 0; hf < D / 64; hf++) {
     if (x.text)
-      tma_load_3d(sQ + hf * BR * 64, &a.rmq, c0 + hf * 64, a.V + x.qrow0, c4, qfull);
+      tma_load_3d(sQ + hf * BR * 64, rm, c0 + hf * 64, a.V + x.qrow0, c4, qfull);
     else
-      tma_load_5d(sQ + hf * BR * 64, &a.tmq, c0 + hf * 64, x.qw0, x.qh0,
+      tma_load_5d(sQ + hf * BR * 64, tm, c0 + hf * 64, x.qw0, x.qh0,
                   x.qt0 + x.qrow0, c4, qfull);
   }
 }
@@ -997,7 +999,7 @@ __device__ __forceinline__ void tma_load_q(const AttnArgs &a, const Item &x, T *
 ** ring.  The tile blocks are visited in the order of tma_block_origin
 ** (2 t-slices within a tile, then w, h, t of the window) by stepping the
 ** coordinates, so no block costs an integer division. */
-template <typename T, int D, int STAGES, bool PERSIST>
+template <typename T, int D, int STAGES, bool PERSIST, int BR = 128>
 __device__ __forceinline__ void produce_lean(const AttnArgs &a, T *sQ, T *sK, T *sV,
                                              uint64_t *full, uint64_t *empty,
                                              uint64_t *qfull, uint64_t *qempty,
@@ -1036,14 +1038,14 @@ __device__ __forceinline__ void produce_lean(const AttnArgs &a, T *sQ, T *sK, T 
       return;
     }
     Item x;
-    decode_item(a, item, x);
+    decode_item<BR>(a, item, x);
     if (x.qcount <= 0) {
       mbar_arrive(qfull);
       continue;
     }
     const int c0 = a.tma_fused ? x.head * D : 0;
     const int c4 = a.tma_fused ? x.b : x.b * a.heads + x.head;
-    tma_load_q<T, D>(a, x, sQ, c0, c4, qfull);
+    tma_load_q<T, D, BR>(a, x, sQ, c0, c4, qfull);
     const KeyPlan &p = x.p;
     BlkInfo bi;
     bi.t0 = bi.h0 = bi.w0 = 0;
@@ -1102,11 +1104,15 @@ __device__ __forceinline__ void produce_lean(const AttnArgs &a, T *sQ, T *sK, T 
 ** global counter; the producer runs ahead into the next item's Q and keys
 ** while the consumers write the last item's output. */
 template <typename T, int D, int STAGES, bool PP, bool OVL,
-          bool PERSIST, int KO = 0, bool LEAN = true>
-__global__ void __launch_bounds__(384, 1)
+          bool PERSIST, int KO = 0, bool LEAN = true, int NWG = 2>
+__global__ void __launch_bounds__(128 * (NWG + 1), 1)
     sta_fwd_ws(const __grid_constant__ AttnArgs a) {
+  /* NWG consumer warpgroups of 64 query rows; NWG 3 (D 64 only) runs the
+  ** single-thread TMA producer only (launch_ws checks that it applies) */
+  static_assert(NWG == 2 || (NWG == 3 && D == 64 && LEAN), "NWG 3: D 64, lean");
   constexpr int PTH = 128; /* producer threads: one warpgroup */
-  constexpr int BR = 128;
+  constexpr int BR = 64 * NWG;
+  constexpr int CTH = 128 * NWG; /* consumer threads */
   extern __shared__ unsigned char smem_raw[];
   unsigned char *base = reinterpret_cast<unsigned char *>(
       (reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~(uintptr_t)1023);
@@ -1129,19 +1135,25 @@ __global__ void __launch_bounds__(384, 1)
   if (tid == 0) {
     for (int s = 0; s < STAGES; s++) {
       mbar_init(&full[s], LEAN && a.tma && a.tma_q && a.tma_rows ? 1 : PTH);
-      mbar_init(&empty[s], 256);
+      mbar_init(&empty[s], CTH);
     }
     mbar_init(qfull, 1);
-    mbar_init(qempty, 256);
+    mbar_init(qempty, CTH);
   }
   __syncthreads();
 
-  if (wg >= 2) {
+  if (wg >= NWG) {
     /* ---- producer ---- */
     /* 384 threads x 168 registers: producer 64, consumers 216, no spills
     ** at either (ptxas -v; a second producer warpgroup spilled at 48) */
+    if constexpr (NWG == 3) { /* 128 x (32 + 3 x 160) = 65536 */
+      asm volatile("setmaxnreg.dec.sync.aligned.u32 32;\n");
+      if (tid == CTH) produce_lean<T, D, STAGES, PERSIST, BR>(a, sQ, sK, sV, full, empty, qfull,
+                                                            qempty, binfo, sitem);
+      return;
+    }
     asm volatile("setmaxnreg.dec.sync.aligned.u32 " STA_STR(STA_PREG) ";\n");
-    const int pt = tid - 256;
+    const int pt = tid - CTH;
     if (LEAN && a.tma && a.tma_q && a.tma_rows) {
       /* every load by TMA: one thread runs the whole producer, the block
       ** coordinates stepped like an odometer (no divisions per block) */
@@ -1253,7 +1265,10 @@ __global__ void __launch_bounds__(384, 1)
   }
 
   /* ---- consumers ---- */
-  asm volatile("setmaxnreg.inc.sync.aligned.u32 " STA_STR(STA_CREG) ";\n");
+  if constexpr (NWG == 3)
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 160;\n");
+  else
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 " STA_STR(STA_CREG) ";\n");
   const float sl2 = a.scale_log2;
   const uint32_t dq0 = sdesc_lo(sQ + wg * 64 * 64, 16);
   const uint32_t dk0 = sdesc_lo(sK, 16);
@@ -1270,7 +1285,7 @@ __global__ void __launch_bounds__(384, 1)
     KeyPlan p;
     {
       Item x;
-      decode_item(a, item, x);
+      decode_item<BR>(a, item, x);
       if (x.qcount <= 0) {
         mbar_arrive(qempty);
         continue;
@@ -1308,11 +1323,11 @@ __global__ void __launch_bounds__(384, 1)
       ** under the other's GEMMs.  Blocks without keys are computed too (all
       ** -inf: P = 0), to keep the loop free of branches around the wgmmas. */
       float al[2];
-      if (PP && wg == 1) bar_arrive_named(4, 256); /* WG 0 goes first */
+      if (PP && wg == NWG - 1) bar_arrive_named(4, 256); /* WG 0 goes first */
       mbar_wait(&full[g % STAGES], (g / STAGES) & 1);
       if (PP) bar_named(4 + wg, 256);
       issue_qk<T, D>(s, dq0, dk0 + (g % STAGES) * SOFF);
-      if (PP) bar_arrive_named(4 + (wg ^ 1), 256);
+      if (PP) bar_arrive_named(wg + 1 == NWG ? 4 : 5 + wg, 256);
       sta_wgmma::wait<0>();
       sta_wgmma::pin<BW / 2>(s);
       mask_block(s, get_binfo(&binfo[g % STAGES]), a, lane);
@@ -1327,7 +1342,7 @@ __global__ void __launch_bounds__(384, 1)
         issue_qk<T, D>(s, dq0, dk0 + ns * SOFF);
         rescale_o<D>(o, al);
         if (!(KO & 2)) issue_pv<T, D>(o, pa, dv0 + stage * SOFF);
-        if (PP) bar_arrive_named(4 + (wg ^ 1), 256);
+        if (PP) bar_arrive_named(wg + 1 == NWG ? 4 : 5 + wg, 256);
         if (KO & 2)
           sta_wgmma::wait<0>();
         else
@@ -1346,7 +1361,7 @@ __global__ void __launch_bounds__(384, 1)
       rescale_o<D>(o, al);
       if (PP) bar_named(4 + wg, 256);
       issue_pv<T, D>(o, pa, dv0 + stage * SOFF);
-      if (PP && wg == 0) bar_arrive_named(5, 256); /* WG 1's last turn */
+      if (PP && wg + 1 < NWG) bar_arrive_named(5 + wg, 256); /* the next WG's last turn */
       sta_wgmma::wait<0>();
       sta_wgmma::pin<D / 2>(o);
       mbar_arrive(&empty[stage]);
@@ -1357,7 +1372,7 @@ __global__ void __launch_bounds__(384, 1)
     /* normalise and store straight from the accumulators: lane holds rows
     ** r and r + 8, column pairs 8j + 2 (lane & 3) */
     Item x;
-    decode_item(a, item, x); /* again: cheaper than keeping it live */
+    decode_item<BR>(a, item, x); /* again: cheaper than keeping it live */
     T *go = reinterpret_cast<T *>(a.o) + x.b * a.o_sb + x.head * a.o_sh;
     const float ln2 = 0.69314718055994530942f;
 #pragma unroll
@@ -1454,17 +1469,20 @@ sta_status sched_slot(int **slot) {
 }
 
 template <typename T, int D, int STAGES, bool PP, bool OVL, bool PERSIST,
-          int KO = 0, bool LEAN = true>
+          int KO = 0, bool LEAN = true, int NWG = 2>
 sta_status launch_ws(AttnArgs &a) {
-  constexpr int BR = 128;
+  if constexpr (NWG == 3) /* 192-row items: every load by TMA, the 192-row Q maps */
+    if (!(a.tma && a.tma_q && a.tma_rows && a.tma_q3))
+      return launch_ws<T, D, 3, PP, OVL, PERSIST, KO, LEAN, 2>(a);
+  constexpr int BR = 64 * NWG;
   size_t smem = 1024 + (size_t)(BR * D + 2 * STAGES * BW * D) * sizeof(T) +
                 (2 * STAGES + 2) * sizeof(uint64_t) + STAGES * sizeof(int4) +
                 (size_t)(2 * BW + BR + 1) * sizeof(int);
-  auto kern = sta_fwd_ws<T, D, STAGES, PP, OVL, PERSIST, KO, LEAN>;
+  auto kern = sta_fwd_ws<T, D, STAGES, PP, OVL, PERSIST, KO, LEAN, NWG>;
   cudaError_t e = cudaFuncSetAttribute(
       kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
   if (e != cudaSuccess) return sta_cuda_fail(e, "cudaFuncSetAttribute");
-  a.qbpt = a.tma_q ? a.tt / 2 : (a.tile_vol + BR - 1) / BR;
+  a.qbpt = a.tma_q ? a.tt / (BR / 64) : (a.tile_vol + BR - 1) / BR;
   a.n_text_qblocks = (a.S - a.V + BR - 1) / BR;
   int64_t nt = (int64_t)a.batch * a.heads * a.n_text_qblocks;
   int64_t n = nt + (int64_t)a.batch * a.heads * a.NT * a.NH * a.NW * a.qbpt;
@@ -1480,10 +1498,10 @@ sta_status launch_ws(AttnArgs &a) {
     sta_status st = sched_slot(&a.sched);
     if (st != STA_OK) return st;
     if (!a.sched) /* no counters (first launch under capture) */
-      return launch_ws<T, D, STAGES, PP, OVL, false, KO, LEAN>(a);
+      return launch_ws<T, D, STAGES, PP, OVL, false, KO, LEAN, NWG>(a);
     grid = sm_count() < n ? sm_count() : n;
   }
-  kern<<<(unsigned)grid, 384, smem, sta_cuda_stream()>>>(a);
+  kern<<<(unsigned)grid, 128 * (NWG + 1), smem, sta_cuda_stream()>>>(a);
   e = cudaGetLastError();
   if (e != cudaSuccess) return sta_cuda_fail(e, "attention kernel launch");
   return STA_OK;
@@ -1500,7 +1518,12 @@ sta_status dispatch(AttnArgs &a, int D, int heads, int batch) {
   ** 4: one CTA per item, a serial S -> softmax -> PV loop (the first
   **    warp-specialised design);
   ** 6: as 0 with the 128-thread producer even where TMA takes every load
-  **    (the producer of gathers and of mixed TMA/gather calls). */
+  **    (the producer of gathers and of mixed TMA/gather calls);
+  ** 7: D 64 only (D 128 runs 0): work items of 192 query rows, three
+  **    consumer warpgroups at 160 registers taking turns, the one-thread
+  **    producer at 32, 6 stages; where the TMA paths and 3 | tt allow it,
+  **    else 0.  11 % faster than 0 at D 64 (BENCHMARKS.md); not yet the
+  **    default: compute-sanitizer has not run on it. */
   int var = sta_cuda_attention_variant();
   if (D == 64) {
     switch (var) {
@@ -1509,6 +1532,7 @@ sta_status dispatch(AttnArgs &a, int D, int heads, int batch) {
     case 3: return launch_ws<T, 64, 3, false, true, true>(a);
     case 4: return launch_ws<T, 64, 3, false, false, false>(a);
     case 6: return launch_ws<T, 64, 3, true, true, true, 0, false>(a);
+    case 7: return launch_ws<T, 64, 6, true, true, true, 0, true, 3>(a);
     default: return launch_ws<T, 64, 3, true, true, true>(a);
     }
   }
@@ -1557,7 +1581,7 @@ PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
 ** heads (stride sh). */
 bool encode_map(CUtensorMap *m, const void *base, const sta_attn_params *p,
                 int64_t sb, int64_t ss, int64_t sh, int fused, int64_t nhb,
-                int tile) {
+                int tile, int rows = 128) {
   PFN_cuTensorMapEncodeTiled_v12000 enc = tensor_map_encoder();
   if (!enc) return false;
   cuuint64_t c0 = (cuuint64_t)(fused ? p->heads * p->head_dim : p->head_dim);
@@ -1575,13 +1599,13 @@ bool encode_map(CUtensorMap *m, const void *base, const sta_attn_params *p,
     strides[1] = (cuuint64_t)(ss * p->canvas[2] * 2);
     strides[2] = (cuuint64_t)(ss * p->canvas[2] * p->canvas[1] * 2);
     strides[3] = ns;
-    box[0] = 64; box[1] = 8; box[2] = 8; box[3] = 2; box[4] = 1;
+    box[0] = 64; box[1] = 8; box[2] = 8; box[3] = (cuuint32_t)(rows / 64); box[4] = 1;
   } else {
     rank = 3;
     dims[0] = c0; dims[1] = (cuuint64_t)p->seq_len; dims[2] = nn;
     strides[0] = (cuuint64_t)ss * 2;
     strides[1] = ns;
-    box[0] = 64; box[1] = 128; box[2] = 1;
+    box[0] = 64; box[1] = (cuuint32_t)rows; box[2] = 1;
   }
   CUresult r = enc(m, p->dtype == STA_BF16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16
                                            : CU_TENSOR_MAP_DATA_TYPE_FLOAT16,
@@ -1600,7 +1624,7 @@ bool encode_map(CUtensorMap *m, const void *base, const sta_attn_params *p,
 ** past the canvas: zero-filled there, masked by position.
 ** STA_NO_TMA turns all of it off (the gather path), for tests. */
 void setup_tma(AttnArgs &x, const sta_attn_params *p) {
-  x.tma = x.tma_q = x.tma_rows = 0;
+  x.tma = x.tma_q = x.tma_rows = x.tma_q3 = 0;
   if (getenv("STA_NO_TMA") || !x.vec) return;
   const int64_t D = p->head_dim;
   int fused = p->q_sh == D && p->k_sh == D && p->v_sh == D;
@@ -1621,6 +1645,11 @@ void setup_tma(AttnArgs &x, const sta_attn_params *p) {
   if (x.tma && !getenv("STA_NO_TMA_Q") &&
       encode_map(&x.tmq, p->q, p, p->q_sb, p->q_ss, p->q_sh, fused, nhb, 1))
     x.tma_q = 1;
+  /* D 64: items of 192 query rows (3 t-slices) for variant 7 */
+  if (x.tma_q && x.tma_rows && D == 64 && p->tile[0] % 3 == 0 &&
+      encode_map(&x.tmq3, p->q, p, p->q_sb, p->q_ss, p->q_sh, fused, nhb, 1, 192) &&
+      encode_map(&x.rmq3, p->q, p, p->q_sb, p->q_ss, p->q_sh, fused, nhb, 0, 192))
+    x.tma_q3 = 1;
 }
 
 } /* namespace */
@@ -1631,7 +1660,7 @@ int sta_cuda_attention_variant(void) {
 #ifdef STA_KNOCKOUTS
   if (x >= 90) return x;
 #endif
-  return (x >= 0 && x <= 6 && x != 5) ? x : 0;
+  return (x >= 0 && x <= 7 && x != 5) ? x : 0;
 }
 
 sta_status sta_cuda_attention(const sta_attn_params *p) {

@@ -193,6 +193,23 @@ static void test_default_tiles(void **state) {
   printf("# default tiles: worst rel L2 %.3e\n", worst);
 }
 
+/* D 64 on 6x8x8 tiles with text (the TMA paths, and STA_CUDA_VARIANT=7's
+** 192-row items): small enough for the sanitizer runs, so not skipped by
+** STA_GPU_QUICK. */
+static void test_d64_tiles(void **state) {
+  NEED_GPU();
+  double worst = 0;
+  gcase c;
+  case_init(&c, 12, 16, 20); /* 2x2x3 tiles, the last w tile partial */
+  c.D = 64;
+  c.text = 45; c.text_len = 40;
+  c.seed = 21;
+  run_case(&c, &worst);
+  c.dtype = STA_F16; c.windows[2] = 1; c.seed = 22;
+  run_case(&c, &worst);
+  printf("# d64 tiles: worst rel L2 %.3e\n", worst);
+}
+
 static void test_layouts(void **state) {
   NEED_GPU();
   double worst = 0;
@@ -376,7 +393,8 @@ int main(void) {
   rng_state = seed * 0x9e3779b97f4a7c15ull + 1;
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_copy_fill),       cmocka_unit_test(test_f32_refused),
-      cmocka_unit_test(test_default_tiles),   cmocka_unit_test(test_layouts),
+      cmocka_unit_test(test_default_tiles),   cmocka_unit_test(test_d64_tiles),
+      cmocka_unit_test(test_layouts),
       cmocka_unit_test(test_random_geometries), cmocka_unit_test(test_head_diff),
   };
   return cmocka_run_group_tests(tests, gpu_setup, NULL);
