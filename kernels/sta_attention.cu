@@ -1099,10 +1099,11 @@ __device__ __forceinline__ void produce_lean(const AttnArgs &a, T *sQ, T *sK, T 
 }
 
 /* ---- the sm_90a kernel -----------------------------------------------------
-** 128 query rows per item, key blocks of BW = 128 through a STAGES-deep K/V
-** ring in shared memory.  PERSIST: one CTA per SM takes items from a
-** global counter; the producer runs ahead into the next item's Q and keys
-** while the consumers write the last item's output. */
+** 64 * NWG query rows per item (NWG consumer warpgroups: 2, or 3 at D 64),
+** key blocks of BW = 128 through a STAGES-deep K/V ring in shared memory.
+** PERSIST: one CTA per SM takes items from a global counter; the producer
+** runs ahead into the next item's Q and keys while the consumers write the
+** last item's output.  LEAN: the one-thread producer where it applies. */
 template <typename T, int D, int STAGES, bool PP, bool OVL,
           bool PERSIST, int KO = 0, bool LEAN = true, int NWG = 2>
 __global__ void __launch_bounds__(128 * (NWG + 1), 1)
