@@ -54,7 +54,7 @@ struct AttnArgs {
   ** keys and queries, the keys of text queries).  Either the heads are
   ** fused with D in dim 0 (head stride D: BSHD, any batch), or dim 4 / 2
   ** counts heads (batch folded in when the batch stride allows, else
-  ** batch 1); tma_c0 / tma_c4 give a work item's coordinates. */
+  ** batch 1); the producer derives a work item's coordinates c0 / c4. */
   CUtensorMap tmk; /* 64-byte (or more) aligned type */
   CUtensorMap tmv;
   CUtensorMap tmq;
@@ -935,7 +935,7 @@ __device__ __forceinline__ void decode_item(const AttnArgs &a, int item,
   window_plan(a, x.head, it, ih, iw, BW, &p);
 }
 
-/* Global row of query row r (< 128) of an item, or -1. */
+/* Global row of query row r (< the item's rows, 128 or 192) of an item, or -1. */
 __device__ __forceinline__ int q_row(const AttnArgs &a, const Item &x, int r) {
   if (x.text) return r < x.qcount ? a.V + x.qrow0 + r : -1;
   if (a.tma_q) {
@@ -994,6 +994,26 @@ __device__ __forceinline__ void tma_load_q(const AttnArgs &a, const Item &x, T *
   }
 }
 
+/* K and V of one key block by TMA into a stage, signalled on bar; one
+** thread.  mode 1: tile maps at the box origin (bi.t0, bi.h0, bi.w0); else
+** row maps at row0.  NHF column halves of 64 (fewer: knockout 8). */
+template <typename T, int D, int NHF = D / 64>
+__device__ __forceinline__ void tma_load_kv(const AttnArgs &a, T *dk, T *dv,
+                                            const BlkInfo &bi, int mode, int row0,
+                                            int c0, int c4, uint64_t *bar) {
+  mbar_expect_tx(bar, 2 * BW * 64 * NHF * (int)sizeof(T));
+#pragma unroll
+  for (int hf = 0; hf < NHF; hf++) {
+    if (mode == 1) {
+      tma_load_5d(dk + hf * BW * 64, &a.tmk, c0 + hf * 64, bi.w0, bi.h0, bi.t0, c4, bar);
+      tma_load_5d(dv + hf * BW * 64, &a.tmv, c0 + hf * 64, bi.w0, bi.h0, bi.t0, c4, bar);
+    } else {
+      tma_load_3d(dk + hf * BW * 64, &a.rmk, c0 + hf * 64, row0, c4, bar);
+      tma_load_3d(dv + hf * BW * 64, &a.rmv, c0 + hf * 64, row0, c4, bar);
+    }
+  }
+}
+
 /* The producer of sta_fwd_ws when every load can go by TMA, run by one
 ** thread: takes items, loads each item's Q, then its key blocks through the
 ** ring.  The tile blocks are visited in the order of tma_block_origin
@@ -1004,25 +1024,13 @@ __device__ __forceinline__ void produce_lean(const AttnArgs &a, T *sQ, T *sK, T 
                                              uint64_t *full, uint64_t *empty,
                                              uint64_t *qfull, uint64_t *qempty,
                                              int4 *binfo, volatile int *sitem) {
-  constexpr int BYTES = 2 * BW * D * (int)sizeof(T);
   int g = 0, s = 0, n = 0; /* blocks so far; their stage and lap */
   /* one key block: wait for its stage, publish its info, load K and V
   ** (mode 1: tile maps at (t0, h0, w0); else row maps at row0) */
   auto put = [&](const BlkInfo &bi, int mode, int row0, int c0, int c4) {
     if (g >= STAGES) mbar_wait(&empty[s], (n - 1) & 1);
     binfo[s] = pack_binfo(bi);
-    mbar_expect_tx(&full[s], BYTES);
-#pragma unroll
-    for (int hf = 0; hf < D / 64; hf++) {
-      T *dk = sK + s * BW * D + hf * BW * 64, *dv = sV + s * BW * D + hf * BW * 64;
-      if (mode == 1) {
-        tma_load_5d(dk, &a.tmk, c0 + hf * 64, bi.w0, bi.h0, bi.t0, c4, &full[s]);
-        tma_load_5d(dv, &a.tmv, c0 + hf * 64, bi.w0, bi.h0, bi.t0, c4, &full[s]);
-      } else {
-        tma_load_3d(dk, &a.rmk, c0 + hf * 64, row0, c4, &full[s]);
-        tma_load_3d(dv, &a.rmv, c0 + hf * 64, row0, c4, &full[s]);
-      }
-    }
+    tma_load_kv<T, D>(a, sK + s * BW * D, sV + s * BW * D, bi, mode, row0, c0, c4, &full[s]);
     g++;
     if (++s == STAGES) {
       s = 0;
@@ -1124,7 +1132,7 @@ __global__ void __launch_bounds__(128 * (NWG + 1), 1)
   uint64_t *empty = full + STAGES;
   uint64_t *qfull = empty + STAGES;  /* Q of the item loaded, sitem set */
   uint64_t *qempty = qfull + 1;      /* consumers done with Q and sitem */
-  int4 *binfo = reinterpret_cast<int4 *>(qempty + 1); /* [STAGES]: put_binfo */
+  int4 *binfo = reinterpret_cast<int4 *>(qempty + 1); /* [STAGES]: pack_binfo */
   int *rowtab = reinterpret_cast<int *>(binfo + STAGES); /* [2][BW] */
   int *qrow = rowtab + 2 * BW;                       /* [BR] */
   volatile int *sitem = qrow + BR;
@@ -1145,14 +1153,14 @@ __global__ void __launch_bounds__(128 * (NWG + 1), 1)
 
   if (wg >= NWG) {
     /* ---- producer ---- */
-    /* 384 threads x 168 registers: producer 64, consumers 216, no spills
-    ** at either (ptxas -v; a second producer warpgroup spilled at 48) */
     if constexpr (NWG == 3) { /* 128 x (32 + 3 x 160) = 65536 */
       asm volatile("setmaxnreg.dec.sync.aligned.u32 32;\n");
       if (tid == CTH) produce_lean<T, D, STAGES, PERSIST, BR>(a, sQ, sK, sV, full, empty, qfull,
                                                             qempty, binfo, sitem);
       return;
     }
+    /* 384 threads x 168 registers: producer 64, consumers 216, no spills
+    ** at either (ptxas -v; a second producer warpgroup spilled at 48) */
     asm volatile("setmaxnreg.dec.sync.aligned.u32 " STA_STR(STA_PREG) ";\n");
     const int pt = tid - CTH;
     if (LEAN && a.tma && a.tma_q && a.tma_rows) {
@@ -1223,20 +1231,8 @@ __global__ void __launch_bounds__(128 * (NWG + 1), 1)
           if (pt == 0) {
             /* knockout 8: only the first 64 columns of K and V (half the
             ** bytes; the rest stale) */
-            constexpr int NHF = (KO & 8) ? 1 : D / 64;
-            mbar_expect_tx(&full[s], 2 * BW * 64 * NHF * (int)sizeof(T));
-            const int t0 = bi.t0, h0 = bi.h0, w0 = bi.w0;
-#pragma unroll
-            for (int hf = 0; hf < NHF; hf++) {
-              T *dk = sK + s * BW * D + hf * BW * 64, *dv = sV + s * BW * D + hf * BW * 64;
-              if (mode == 1) {
-                tma_load_5d(dk, &a.tmk, c0 + hf * 64, w0, h0, t0, c4, &full[s]);
-                tma_load_5d(dv, &a.tmv, c0 + hf * 64, w0, h0, t0, c4, &full[s]);
-              } else {
-                tma_load_3d(dk, &a.rmk, c0 + hf * 64, row0, c4, &full[s]);
-                tma_load_3d(dv, &a.rmv, c0 + hf * 64, row0, c4, &full[s]);
-              }
-            }
+            tma_load_kv<T, D, (KO & 8) ? 1 : D / 64>(a, sK + s * BW * D, sV + s * BW * D, bi,
+                                                     mode, row0, c0, c4, &full[s]);
           } else {
             mbar_arrive(&full[s]);
           }
@@ -1648,6 +1644,7 @@ void setup_tma(AttnArgs &x, const sta_attn_params *p) {
     x.tma_q = 1;
   /* D 64: items of 192 query rows (3 t-slices) for variant 7 */
   if (x.tma_q && x.tma_rows && D == 64 && p->tile[0] % 3 == 0 &&
+      sta_cuda_attention_variant() == 7 &&
       encode_map(&x.tmq3, p->q, p, p->q_sb, p->q_ss, p->q_sh, fused, nhb, 1, 192) &&
       encode_map(&x.rmq3, p->q, p, p->q_sb, p->q_ss, p->q_sh, fused, nhb, 0, 192))
     x.tma_q3 = 1;
