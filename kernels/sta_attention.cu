@@ -1516,11 +1516,12 @@ sta_status dispatch(AttnArgs &a, int D, int heads, int batch) {
   **    warp-specialised design);
   ** 6: as 0 with the 128-thread producer even where TMA takes every load
   **    (the producer of gathers and of mixed TMA/gather calls);
-  ** 7: D 64 only (D 128 runs 0): work items of 192 query rows, three
-  **    consumer warpgroups at 160 registers taking turns, the one-thread
-  **    producer at 32, 6 stages; where the TMA paths and 3 | tt allow it,
-  **    else 0.  11 % faster than 0 at D 64 (BENCHMARKS.md); not yet the
-  **    default: compute-sanitizer has not run on it. */
+  ** 7: the same as 0 (at D 64, 0 runs 192-row items, below);
+  ** 9: D 64 in 128-row items (the D 64 default before session 5).
+  ** D 64, by default: work items of 192 query rows, three consumer
+  ** warpgroups at 160 registers taking turns, the one-thread producer at
+  ** 32, 6 stages, where the TMA paths and 3 | tt allow it (else the 128-row
+  ** kernel): 11 % faster than 128-row items (BENCHMARKS.md). */
   int var = sta_cuda_attention_variant();
   if (D == 64) {
     switch (var) {
@@ -1529,8 +1530,8 @@ sta_status dispatch(AttnArgs &a, int D, int heads, int batch) {
     case 3: return launch_ws<T, 64, 3, false, true, true>(a);
     case 4: return launch_ws<T, 64, 3, false, false, false>(a);
     case 6: return launch_ws<T, 64, 3, true, true, true, 0, false>(a);
-    case 7: return launch_ws<T, 64, 6, true, true, true, 0, true, 3>(a);
-    default: return launch_ws<T, 64, 3, true, true, true>(a);
+    case 9: return launch_ws<T, 64, 3, true, true, true>(a);
+    default: return launch_ws<T, 64, 6, true, true, true, 0, true, 3>(a);
     }
   }
   switch (var) {
@@ -1642,9 +1643,9 @@ void setup_tma(AttnArgs &x, const sta_attn_params *p) {
   if (x.tma && !getenv("STA_NO_TMA_Q") &&
       encode_map(&x.tmq, p->q, p, p->q_sb, p->q_ss, p->q_sh, fused, nhb, 1))
     x.tma_q = 1;
-  /* D 64: items of 192 query rows (3 t-slices) for variant 7 */
+  /* D 64: items of 192 query rows (3 t-slices), the default kernel's */
   if (x.tma_q && x.tma_rows && D == 64 && p->tile[0] % 3 == 0 &&
-      sta_cuda_attention_variant() == 7 &&
+      sta_cuda_attention_variant() == 0 &&
       encode_map(&x.tmq3, p->q, p, p->q_sb, p->q_ss, p->q_sh, fused, nhb, 1, 192) &&
       encode_map(&x.rmq3, p->q, p, p->q_sb, p->q_ss, p->q_sh, fused, nhb, 0, 192))
     x.tma_q3 = 1;
@@ -1658,7 +1659,7 @@ int sta_cuda_attention_variant(void) {
 #ifdef STA_KNOCKOUTS
   if (x >= 90) return x;
 #endif
-  return (x >= 0 && x <= 7 && x != 5) ? x : 0;
+  return (x >= 1 && x <= 4) || x == 6 || x == 9 ? x : 0; /* 7: 0 */
 }
 
 sta_status sta_cuda_attention(const sta_attn_params *p) {

@@ -193,7 +193,7 @@ static void test_default_tiles(void **state) {
   printf("# default tiles: worst rel L2 %.3e\n", worst);
 }
 
-/* D 64 on 6x8x8 tiles with text (the TMA paths, and STA_CUDA_VARIANT=7's
+/* D 64 on 6x8x8 tiles with text (the TMA paths and the default kernel's
 ** 192-row items): small enough for the sanitizer runs, so not skipped by
 ** STA_GPU_QUICK. */
 static void test_d64_tiles(void **state) {
