@@ -60,11 +60,13 @@ struct AttnArgs {
   CUtensorMap tmq;
   CUtensorMap rmk, rmv, rmq;
   CUtensorMap tmq3, rmq3; /* Q in items of 192 rows: 3 t-slices, 192 rows */
+  CUtensorMap tmk3, tmv3, rmk3, rmv3; /* K, V in blocks of 192 (variant 8) */
   int tma;       /* tile maps of K and V: the tile key blocks */
   int tma_q;     /* tile map of Q: query blocks of 2 t-slices of a box */
   int tma_rows;  /* row maps: text key blocks, text query blocks */
   int tma_fused; /* dim 0 = heads*D (coordinate head*D), last dim = batch */
   int tma_q3;    /* tmq3 and rmq3 (D 64, tt a multiple of 3) */
+  int tma_k3;    /* tmk3, tmv3, rmk3, rmv3 (D 128, variant 8) */
   const void *q, *k, *v;
   void *o;
   float *lse;
@@ -617,6 +619,7 @@ __device__ __forceinline__ void load_rows_sw(T *s, int R, const T *g,
 template <typename T, int D> struct WgOps;
 template <> struct WgOps<__nv_bfloat16, 128> {
   static __device__ __forceinline__ void qk(float *d, uint64_t a, uint64_t b, int s) { sta_wgmma::ss_n128_bf16(d, a, b, s); }
+  static __device__ __forceinline__ void qk192(float *d, uint64_t a, uint64_t b, int s) { sta_wgmma::ss_n192_bf16(d, a, b, s); }
   static __device__ __forceinline__ void pv(float *d, const uint32_t *a, uint64_t b) { sta_wgmma::rs_n128_bf16_tb(d, a, b, 1); }
 };
 template <> struct WgOps<__nv_bfloat16, 64> {
@@ -625,6 +628,7 @@ template <> struct WgOps<__nv_bfloat16, 64> {
 };
 template <> struct WgOps<__half, 128> {
   static __device__ __forceinline__ void qk(float *d, uint64_t a, uint64_t b, int s) { sta_wgmma::ss_n128_f16(d, a, b, s); }
+  static __device__ __forceinline__ void qk192(float *d, uint64_t a, uint64_t b, int s) { sta_wgmma::ss_n192_f16(d, a, b, s); }
   static __device__ __forceinline__ void pv(float *d, const uint32_t *a, uint64_t b) { sta_wgmma::rs_n128_f16_tb(d, a, b, 1); }
 };
 template <> struct WgOps<__half, 64> {
@@ -755,10 +759,11 @@ __device__ __forceinline__ BlkInfo get_binfo(const int4 *bi) {
   return r;
 }
 
-/* S of a 64 x BW block (wgmma accumulator layout): -inf where no key. */
+/* S of a 64 x BK block (wgmma accumulator layout): -inf where no key. */
+template <int BK = BW>
 __device__ __forceinline__ void mask_block(float *s, const BlkInfo &bi,
                                            const AttnArgs &a, int lane) {
-  constexpr int NJ = BW / 8;
+  constexpr int NJ = BK / 8;
   if (bi.posmask) {
 #pragma unroll
     for (int j = 0; j < NJ; j++)
@@ -769,7 +774,7 @@ __device__ __forceinline__ void mask_block(float *s, const BlkInfo &bi,
             bi.w0 + (col & 7) >= a.cW)
           s[4 * j + e] = s[4 * j + 2 + e] = -INFINITY;
       }
-  } else if (bi.cnt < BW) {
+  } else if (bi.cnt < BK) {
 #pragma unroll
     for (int j = 0; j < NJ; j++) {
       int col = j * 8 + 2 * (lane & 3);
@@ -781,10 +786,10 @@ __device__ __forceinline__ void mask_block(float *s, const BlkInfo &bi,
 
 /* Online softmax of one block in place (S -> P), exp2 domain; m, l of the
 ** thread's two rows updated; alpha: the factor for the old O and l. */
-template <bool NOEXP = false>
+template <bool NOEXP = false, int BK = BW>
 __device__ __forceinline__ void softmax_block(float *s, float *m, float *l,
                                               float *alpha, float sl2) {
-  constexpr int NJ = BW / 8;
+  constexpr int NJ = BK / 8;
 #pragma unroll
   for (int hr = 0; hr < 2; hr++) {
     float mx = -INFINITY;
@@ -829,10 +834,10 @@ __device__ __forceinline__ void rescale_o(float *o, const float *alpha) {
 }
 
 /* P (accumulator layout) -> wgmma A fragments, one per 16 keys. */
-template <typename T>
+template <typename T, int BK = BW>
 __device__ __forceinline__ void pack_p(const float *s, uint32_t (*pa)[4]) {
 #pragma unroll
-  for (int kk = 0; kk < BW / 16; kk++) {
+  for (int kk = 0; kk < BK / 16; kk++) {
     pa[kk][0] = Mma<T>::pack(s[8 * kk + 0], s[8 * kk + 1]);
     pa[kk][1] = Mma<T>::pack(s[8 * kk + 2], s[8 * kk + 3]);
     pa[kk][2] = Mma<T>::pack(s[8 * kk + 4], s[8 * kk + 5]);
@@ -855,25 +860,28 @@ __device__ __forceinline__ uint64_t sdesc_of(uint32_t lo) {
 
 /* S = Q K^T for this warpgroup's 64 rows (Q tile of 128 rows), issued and
 ** committed, not waited for. */
-template <typename T, int D>
+template <typename T, int D, int BK = BW>
 __device__ __forceinline__ void issue_qk(float *s, uint32_t qlo, uint32_t klo) {
   sta_wgmma::fence();
 #pragma unroll
   for (int ks = 0; ks < D / 16; ks++) {
     uint32_t qo = (uint32_t)((((ks >> 2) * 128 * 128) + (ks & 3) * 32) >> 4);
-    uint32_t ko = (uint32_t)((((ks >> 2) * BW * 128) + (ks & 3) * 32) >> 4);
-    WgOps<T, D>::qk(s, sdesc_of(qlo + qo), sdesc_of(klo + ko), ks > 0);
+    uint32_t ko = (uint32_t)((((ks >> 2) * BK * 128) + (ks & 3) * 32) >> 4);
+    if constexpr (BK == 192)
+      WgOps<T, D>::qk192(s, sdesc_of(qlo + qo), sdesc_of(klo + ko), ks > 0);
+    else
+      WgOps<T, D>::qk(s, sdesc_of(qlo + qo), sdesc_of(klo + ko), ks > 0);
   }
   sta_wgmma::commit();
 }
 
 /* O += P V, issued and committed, not waited for. */
-template <typename T, int D>
+template <typename T, int D, int BK = BW>
 __device__ __forceinline__ void issue_pv(float *o, uint32_t (*pa)[4],
                                          uint32_t vlo) {
   sta_wgmma::fence();
 #pragma unroll
-  for (int kk = 0; kk < BW / 16; kk++)
+  for (int kk = 0; kk < BK / 16; kk++)
     WgOps<T, D>::pv(o, pa[kk], sdesc_of(vlo + (uint32_t)((kk * 16 * 128) >> 4)));
   sta_wgmma::commit();
 }
@@ -892,7 +900,7 @@ struct Item {
   KeyPlan p;
 };
 
-template <int BR = 128>
+template <int BR = 128, int BK = BW>
 __device__ __forceinline__ void decode_item(const AttnArgs &a, int item,
                                             Item &x) {
   KeyPlan &p = x.p;
@@ -906,7 +914,7 @@ __device__ __forceinline__ void decode_item(const AttnArgs &a, int item,
     x.qcount = min(BR, a.S - a.V - x.qrow0);
     p.text = 1;
     p.st = p.sh = p.sw = p.ct = p.ch = p.cw = p.bpt = p.n_tblk = 0;
-    p.nkb = (a.V + a.text_len + BW - 1) / BW;
+    p.nkb = (a.V + a.text_len + BK - 1) / BK;
     return;
   }
   const int per = a.NT * a.NH * a.NW * a.qbpt;
@@ -932,7 +940,7 @@ __device__ __forceinline__ void decode_item(const AttnArgs &a, int item,
     x.qcount = min(BR, x.qet * x.qeh * x.qew - x.qrow0);
   }
   p.text = 0;
-  window_plan(a, x.head, it, ih, iw, BW, &p);
+  window_plan(a, x.head, it, ih, iw, BK, &p);
 }
 
 /* Global row of query row r (< the item's rows, 128 or 192) of an item, or -1. */
@@ -1103,6 +1111,43 @@ __device__ __forceinline__ void produce_lean(const AttnArgs &a, T *sQ, T *sK, T 
       bi.cnt = min(BW, a.text_len - r0);
       put(bi, 2, a.V + r0, c0, c4);
     }
+  }
+}
+
+/* A consumer warp's output rows, normalised and stored straight from the
+** accumulators (lane holds rows r0 + lane / 4 and + 8, column pairs
+** 8j + 2 (lane & 3)), and their LSE. */
+template <typename T, int D, int BR>
+__device__ __forceinline__ void store_o(const AttnArgs &a, int item, const float *o,
+                                        const float *m, const float *l, int r0,
+                                        int lane) {
+  Item x;
+  decode_item<BR>(a, item, x); /* again: cheaper than keeping it live */
+  T *go = reinterpret_cast<T *>(a.o) + x.b * a.o_sb + x.head * a.o_sh;
+  const float ln2 = 0.69314718055994530942f;
+#pragma unroll
+  for (int hr = 0; hr < 2; hr++) {
+    float sum = l[hr];
+    sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+    sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+    float inv = sum > 0.f ? 1.f / sum : 0.f;
+    const int row = q_row(a, x, r0 + (lane >> 2) + 8 * hr);
+    if (row < 0) continue;
+    T *dst = go + (int64_t)row * a.o_ss + 2 * (lane & 3);
+#pragma unroll
+    for (int j = 0; j < D / 8; j++) {
+      uint32_t v = Mma<T>::pack(o[4 * j + 2 * hr] * inv, o[4 * j + 2 * hr + 1] * inv);
+      if (a.vec) {
+        *reinterpret_cast<uint32_t *>(dst + 8 * j) = v;
+      } else {
+        uint16_t *d16 = reinterpret_cast<uint16_t *>(dst + 8 * j);
+        d16[0] = (uint16_t)(v & 0xffff);
+        d16[1] = (uint16_t)(v >> 16);
+      }
+    }
+    if (a.lse && (lane & 3) == 0)
+      a.lse[x.b * a.lse_sb + x.head * a.lse_sh + (int64_t)row * a.lse_ss] =
+          sum > 0.f ? (m[hr] + log2f(sum)) * ln2 : -INFINITY;
   }
 }
 
@@ -1366,36 +1411,252 @@ __global__ void __launch_bounds__(128 * (NWG + 1), 1)
     g += p.nkb;
     mbar_arrive(qempty); /* Q and sitem free: the producer loads the next */
 
-    /* normalise and store straight from the accumulators: lane holds rows
-    ** r and r + 8, column pairs 8j + 2 (lane & 3) */
-    Item x;
-    decode_item<BR>(a, item, x); /* again: cheaper than keeping it live */
-    T *go = reinterpret_cast<T *>(a.o) + x.b * a.o_sb + x.head * a.o_sh;
-    const float ln2 = 0.69314718055994530942f;
+    store_o<T, D, BR>(a, item, o, m, l, wg * 64 + wq * 16, lane);
+  }
+}
+
+
+/* ---- variant 8 (experimental): D 128 in key blocks of 192 ------------------
+** Key blocks of 3 t-slices of an 8x8 tile (192 keys; 192-row blocks for
+** text), so that the per-block work of the loop (waits, turns, row maxima,
+** the rescale) is spread over 1.5 times the keys.  Only two 96 KB K + V
+** blocks fit beside Q, so K and V have rings of their own (2 stages each,
+** as in FA3): K(i + 1) is released once S(i + 1) is done, V(i) once PV(i)
+** is; one producer thread issues K(j) then V(j - 1).  Consumers at 240
+** registers (S 96, P 48, O 64), the producer thread at 32.  Every load by
+** TMA (launch_b192 falls back to the default otherwise). */
+constexpr int B192 = 192, B192_NS = 2;
+
+template <typename T, bool PERSIST>
+__device__ __forceinline__ void produce_b192(const AttnArgs &a, T *sQ, T *sK, T *sV,
+                                             uint64_t *fullK, uint64_t *emptyK,
+                                             uint64_t *fullV, uint64_t *emptyV,
+                                             uint64_t *qfull, uint64_t *qempty,
+                                             int4 *binfo, volatile int *sitem) {
+  constexpr int D = 128, BK = B192, NS = B192_NS;
+  constexpr int BYTES = BK * D * (int)sizeof(T); /* one of K, V */
+  int gk = 0, gv = 0; /* K and V blocks issued so far */
+  auto load = [&](T *dst, const CUtensorMap *tm, const CUtensorMap *rm, const BlkInfo &bi,
+                  int mode, int row0, int c0, int c4, uint64_t *bar) {
+    mbar_expect_tx(bar, BYTES);
 #pragma unroll
-    for (int hr = 0; hr < 2; hr++) {
-      float sum = l[hr];
-      sum += __shfl_xor_sync(0xffffffffu, sum, 1);
-      sum += __shfl_xor_sync(0xffffffffu, sum, 2);
-      float inv = sum > 0.f ? 1.f / sum : 0.f;
-      const int row = q_row(a, x, wg * 64 + wq * 16 + (lane >> 2) + 8 * hr);
-      if (row < 0) continue;
-      T *dst = go + (int64_t)row * a.o_ss + 2 * (lane & 3);
-#pragma unroll
-      for (int j = 0; j < D / 8; j++) {
-        uint32_t v = Mma<T>::pack(o[4 * j + 2 * hr] * inv, o[4 * j + 2 * hr + 1] * inv);
-        if (a.vec) {
-          *reinterpret_cast<uint32_t *>(dst + 8 * j) = v;
-        } else {
-          uint16_t *d16 = reinterpret_cast<uint16_t *>(dst + 8 * j);
-          d16[0] = (uint16_t)(v & 0xffff);
-          d16[1] = (uint16_t)(v >> 16);
-        }
-      }
-      if (a.lse && (lane & 3) == 0)
-        a.lse[x.b * a.lse_sb + x.head * a.lse_sh + (int64_t)row * a.lse_ss] =
-            sum > 0.f ? (m[hr] + log2f(sum)) * ln2 : -INFINITY;
+    for (int hf = 0; hf < D / 64; hf++) {
+      if (mode == 1)
+        tma_load_5d(dst + hf * BK * 64, tm, c0 + hf * 64, bi.w0, bi.h0, bi.t0, c4, bar);
+      else
+        tma_load_3d(dst + hf * BK * 64, rm, c0 + hf * 64, row0, c4, bar);
     }
+  };
+  BlkInfo pb;
+  int pmode = 0, prow = 0, have = 0;
+  /* block j: K(j) now, then V(j - 1) */
+  auto emit = [&](const BlkInfo &bi, int mode, int row0, int c0, int c4) {
+    const int sk = gk % NS;
+    if (gk >= NS) mbar_wait(&emptyK[sk], (gk / NS - 1) & 1);
+    binfo[sk] = pack_binfo(bi);
+    load(sK + sk * BK * D, &a.tmk3, &a.rmk3, bi, mode, row0, c0, c4, &fullK[sk]);
+    gk++;
+    if (have) {
+      const int sv = gv % NS;
+      if (gv >= NS) mbar_wait(&emptyV[sv], (gv / NS - 1) & 1);
+      load(sV + sv * BK * D, &a.tmv3, &a.rmv3, pb, pmode, prow, c0, c4, &fullV[sv]);
+      gv++;
+    }
+    pb = bi;
+    pmode = mode;
+    prow = row0;
+    have = 1;
+  };
+  for (int k = 0;; k++) {
+    if (k > 0) mbar_wait(qempty, (k - 1) & 1);
+    const int item = next_item<PERSIST>(a, k);
+    *sitem = item;
+    if (item < 0) {
+      mbar_arrive(qfull);
+      return;
+    }
+    Item x;
+    decode_item<128, BK>(a, item, x);
+    if (x.qcount <= 0) {
+      mbar_arrive(qfull);
+      continue;
+    }
+    const int c0 = a.tma_fused ? x.head * D : 0;
+    const int c4 = a.tma_fused ? x.b : x.b * a.heads + x.head;
+    tma_load_q<T, D, 128>(a, x, sQ, c0, c4, qfull);
+    const KeyPlan &p = x.p;
+    BlkInfo bi;
+    bi.t0 = bi.h0 = bi.w0 = 0;
+    bi.posmask = 0;
+    have = 0;
+    if (x.text) {
+      const int lim = a.V + a.text_len;
+      for (int r0 = 0; r0 < lim; r0 += BK) {
+        bi.cnt = min(BK, lim - r0);
+        emit(bi, 2, r0, c0, c4);
+      }
+    } else {
+      const int tb = p.st * a.tt, hb = p.sh * 8, wb = p.sw * 8;
+      int tbase = tb, blk = 0, i1 = 0, i2 = 0;
+      bi.t0 = tb;
+      bi.h0 = hb;
+      bi.w0 = wb;
+      for (int kb = 0; kb < p.n_tblk; kb++) {
+        const int nt = min(BK / 64, a.cT - bi.t0), nh = min(8, a.cH - bi.h0),
+                  nw = min(8, a.cW - bi.w0);
+        bi.cnt = nt > 0 ? nt * nh * nw : 0;
+        bi.posmask = bi.cnt > 0 && bi.cnt < BK;
+        emit(bi, 1, 0, c0, c4);
+        if (++blk < p.bpt) {
+          bi.t0 += BK / 64;
+          continue;
+        }
+        blk = 0;
+        if (++i2 < p.cw) {
+          bi.w0 += 8;
+        } else {
+          i2 = 0;
+          bi.w0 = wb;
+          if (++i1 < p.ch) {
+            bi.h0 += 8;
+          } else {
+            i1 = 0;
+            bi.h0 = hb;
+            tbase += a.tt;
+          }
+        }
+        bi.t0 = tbase;
+      }
+      bi.t0 = bi.h0 = bi.w0 = 0;
+      bi.posmask = 0;
+      for (int r0 = 0; r0 < a.text_len; r0 += BK) {
+        bi.cnt = min(BK, a.text_len - r0);
+        emit(bi, 2, a.V + r0, c0, c4);
+      }
+    }
+    if (have) { /* the item's last V */
+      const int sv = gv % NS;
+      if (gv >= NS) mbar_wait(&emptyV[sv], (gv / NS - 1) & 1);
+      load(sV + sv * BK * D, &a.tmv3, &a.rmv3, pb, pmode, prow, c0, c4, &fullV[sv]);
+      gv++;
+    }
+  }
+}
+
+template <typename T, bool PERSIST>
+__global__ void __launch_bounds__(384, 1)
+    sta_fwd_b192(const __grid_constant__ AttnArgs a) {
+  constexpr int D = 128, BR = 128, BK = B192, NS = B192_NS;
+  extern __shared__ unsigned char smem_raw[];
+  unsigned char *base = reinterpret_cast<unsigned char *>(
+      (reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~(uintptr_t)1023);
+  T *sQ = reinterpret_cast<T *>(base);
+  T *sK = sQ + BR * D;      /* [NS][BK][D] */
+  T *sV = sK + NS * BK * D; /* [NS][BK][D] */
+  uint64_t *fullK = reinterpret_cast<uint64_t *>(sV + NS * BK * D);
+  uint64_t *emptyK = fullK + NS, *fullV = emptyK + NS, *emptyV = fullV + NS;
+  uint64_t *qfull = emptyV + NS, *qempty = qfull + 1;
+  int4 *binfo = reinterpret_cast<int4 *>(qempty + 1); /* [NS], by K stage */
+  volatile int *sitem = reinterpret_cast<int *>(binfo + NS);
+
+  const int tid = threadIdx.x, lane = tid & 31;
+  const int wg = __shfl_sync(0xffffffffu, tid >> 7, 0), wq = (tid >> 5) & 3;
+  if (tid == 0) {
+    for (int s = 0; s < NS; s++) {
+      mbar_init(&fullK[s], 1);
+      mbar_init(&emptyK[s], 256);
+      mbar_init(&fullV[s], 1);
+      mbar_init(&emptyV[s], 256);
+    }
+    mbar_init(qfull, 1);
+    mbar_init(qempty, 256);
+  }
+  __syncthreads();
+  if (wg >= 2) { /* 128 x (32 + 2 x 240) = 65536 */
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 32;\n");
+    if (tid == 256)
+      produce_b192<T, PERSIST>(a, sQ, sK, sV, fullK, emptyK, fullV, emptyV, qfull, qempty,
+                               binfo, sitem);
+    return;
+  }
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 240;\n");
+  const float sl2 = a.scale_log2;
+  const uint32_t dq0 = sdesc_lo(sQ + wg * 64 * 64, 16);
+  const uint32_t dk0 = sdesc_lo(sK, 16);
+  const uint32_t dv0 = sdesc_lo(sV, BK * 128);
+  constexpr uint32_t SOFF = (uint32_t)((BK * D * 2) >> 4); /* one stage */
+  float o[D / 2];
+  float s[BK / 2];
+  uint32_t pa[BK / 16][4];
+  int g = 0;
+  for (int k = 0;; k++) {
+    mbar_wait(qfull, k & 1);
+    const int item = *sitem;
+    if (item < 0) break;
+    KeyPlan p;
+    {
+      Item x;
+      decode_item<BR, BK>(a, item, x);
+      if (x.qcount <= 0) {
+        mbar_arrive(qempty);
+        continue;
+      }
+      p = x.p;
+    }
+#pragma unroll
+    for (int e = 0; e < D / 2; e++) o[e] = 0.f;
+    float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
+    float al[2];
+    const int k0 = g % NS;
+    if (wg == 1) bar_arrive_named(4, 256); /* WG 0 goes first */
+    mbar_wait(&fullK[k0], (g / NS) & 1);
+    const BlkInfo b0 = get_binfo(&binfo[k0]);
+    bar_named(4 + wg, 256);
+    issue_qk<T, D, BK>(s, dq0, dk0 + k0 * SOFF);
+    bar_arrive_named(wg == 1 ? 4 : 5, 256);
+    sta_wgmma::wait<0>();
+    sta_wgmma::pin<BK / 2>(s);
+    mbar_arrive(&emptyK[k0]);
+    mask_block<BK>(s, b0, a, lane);
+    softmax_block<false, BK>(s, m, l, al, sl2);
+    pack_p<T, BK>(s, pa);
+    int i = 0;
+    for (; i + 1 < p.nkb; i++) {
+      const int gn = g + i + 1, kn = gn % NS, gi = g + i, vs = gi % NS;
+      mbar_wait(&fullK[kn], (gn / NS) & 1);
+      const BlkInfo bn = get_binfo(&binfo[kn]);
+      mbar_wait(&fullV[vs], (gi / NS) & 1);
+      bar_named(4 + wg, 256);
+      issue_qk<T, D, BK>(s, dq0, dk0 + kn * SOFF);
+      rescale_o<D>(o, al);
+      issue_pv<T, D, BK>(o, pa, dv0 + vs * SOFF);
+      bar_arrive_named(wg == 1 ? 4 : 5, 256);
+      sta_wgmma::wait<1>();
+      sta_wgmma::pin<BK / 2>(s);
+      mbar_arrive(&emptyK[kn]); /* K(i + 1) read */
+      mask_block<BK>(s, bn, a, lane);
+      softmax_block<false, BK>(s, m, l, al, sl2);
+      sta_wgmma::pin<BK / 2>(s);
+      sta_wgmma::wait<0>();
+      sta_wgmma::pin<D / 2>(o);
+      sta_wgmma::pin_r<BK / 4>(&pa[0][0]); /* live until PV(i) is done */
+      mbar_arrive(&emptyV[vs]);
+      pack_p<T, BK>(s, pa);
+    }
+    {
+      const int gi = g + i, vs = gi % NS;
+      mbar_wait(&fullV[vs], (gi / NS) & 1);
+      rescale_o<D>(o, al);
+      bar_named(4 + wg, 256);
+      issue_pv<T, D, BK>(o, pa, dv0 + vs * SOFF);
+      if (wg == 0) bar_arrive_named(5, 256); /* WG 1's last turn */
+      sta_wgmma::wait<0>();
+      sta_wgmma::pin<D / 2>(o);
+      mbar_arrive(&emptyV[vs]);
+    }
+    g += p.nkb;
+    mbar_arrive(qempty);
+    store_o<T, D, BR>(a, item, o, m, l, wg * 64 + wq * 16, lane);
   }
 }
 
@@ -1504,6 +1765,44 @@ sta_status launch_ws(AttnArgs &a) {
   return STA_OK;
 }
 
+
+/* Variant 8's launch (sta_fwd_b192): the default where it does not apply. */
+template <typename T, bool PERSIST = true>
+sta_status launch_b192(AttnArgs &a) {
+  if (!(a.tma && a.tma_q && a.tma_rows && a.tma_k3))
+    return launch_ws<T, 128, 3, true, true, PERSIST>(a);
+  constexpr int D = 128, BR = 128, BK = B192, NS = B192_NS;
+  size_t smem = 1024 + (size_t)(BR * D + 2 * NS * BK * D) * sizeof(T) +
+                (4 * NS + 2) * sizeof(uint64_t) + NS * sizeof(int4) + sizeof(int);
+  auto kern = sta_fwd_b192<T, PERSIST>;
+  cudaError_t e = cudaFuncSetAttribute(
+      kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+  if (e != cudaSuccess) return sta_cuda_fail(e, "cudaFuncSetAttribute");
+  a.qbpt = a.tt / 2;
+  a.n_text_qblocks = (a.S - a.V + BR - 1) / BR;
+  int64_t nt = (int64_t)a.batch * a.heads * a.n_text_qblocks;
+  int64_t n = nt + (int64_t)a.batch * a.heads * a.NT * a.NH * a.NW * a.qbpt;
+  if (n <= 0) return STA_OK;
+  if (n > 0x7fffffff)
+    return sta_error(STA_ERR_UNSUPPORTED,
+                     "attention: %lld work items, too many for the CUDA backend",
+                     (long long)n);
+  a.n_text_items = (int)nt;
+  a.n_items = (int)n;
+  int64_t grid = n;
+  if (PERSIST) {
+    sta_status st = sched_slot(&a.sched);
+    if (st != STA_OK) return st;
+    if (!a.sched) /* no counters (first launch under capture) */
+      return launch_b192<T, false>(a);
+    grid = sm_count() < n ? sm_count() : n;
+  }
+  kern<<<(unsigned)grid, 384, smem, sta_cuda_stream()>>>(a);
+  e = cudaGetLastError();
+  if (e != cudaSuccess) return sta_cuda_fail(e, "attention kernel launch");
+  return STA_OK;
+}
+
 template <typename T>
 sta_status dispatch(AttnArgs &a, int D, int heads, int batch) {
   /* 0 (default): warp-specialised wgmma (sm_90a), persistent (one CTA per
@@ -1517,6 +1816,8 @@ sta_status dispatch(AttnArgs &a, int D, int heads, int batch) {
   ** 6: as 0 with the 128-thread producer even where TMA takes every load
   **    (the producer of gathers and of mixed TMA/gather calls);
   ** 7: the same as 0 (at D 64, 0 runs 192-row items, below);
+  ** 8: D 128 only: key blocks of 192 (sta_fwd_b192), K and V in rings of
+  **    2 stages each (else 0);
   ** 9: D 64 in 128-row items (the D 64 default before session 5).
   ** D 64, by default: work items of 192 query rows, three consumer
   ** warpgroups at 160 registers taking turns, the one-thread producer at
@@ -1540,6 +1841,7 @@ sta_status dispatch(AttnArgs &a, int D, int heads, int batch) {
   case 3: return launch_ws<T, 128, 3, false, true, true>(a);
   case 4: return launch_ws<T, 128, 3, false, false, false>(a);
   case 6: return launch_ws<T, 128, 3, true, true, true, 0, false>(a);
+  case 8: return launch_b192<T>(a);
 #ifdef STA_KNOCKOUTS
   /* 0 with parts knocked out (wrong results; where the time goes):
   ** +1 no exp2, +2 no PV GEMM, +4 no K/V loads; 98: half the K/V bytes */
@@ -1622,7 +1924,7 @@ bool encode_map(CUtensorMap *m, const void *base, const sta_attn_params *p,
 ** past the canvas: zero-filled there, masked by position.
 ** STA_NO_TMA turns all of it off (the gather path), for tests. */
 void setup_tma(AttnArgs &x, const sta_attn_params *p) {
-  x.tma = x.tma_q = x.tma_rows = x.tma_q3 = 0;
+  x.tma = x.tma_q = x.tma_rows = x.tma_q3 = x.tma_k3 = 0;
   if (getenv("STA_NO_TMA") || !x.vec) return;
   const int64_t D = p->head_dim;
   int fused = p->q_sh == D && p->k_sh == D && p->v_sh == D;
@@ -1649,6 +1951,14 @@ void setup_tma(AttnArgs &x, const sta_attn_params *p) {
       encode_map(&x.tmq3, p->q, p, p->q_sb, p->q_ss, p->q_sh, fused, nhb, 1, 192) &&
       encode_map(&x.rmq3, p->q, p, p->q_sb, p->q_ss, p->q_sh, fused, nhb, 0, 192))
     x.tma_q3 = 1;
+  /* D 128, variant 8: K and V in blocks of 192 keys (3 t-slices) */
+  if (x.tma_q && x.tma_rows && D == 128 && p->tile[0] % 3 == 0 &&
+      sta_cuda_attention_variant() == 8 &&
+      encode_map(&x.tmk3, p->k, p, p->k_sb, p->k_ss, p->k_sh, fused, nhb, 1, 192) &&
+      encode_map(&x.tmv3, p->v, p, p->v_sb, p->v_ss, p->v_sh, fused, nhb, 1, 192) &&
+      encode_map(&x.rmk3, p->k, p, p->k_sb, p->k_ss, p->k_sh, fused, nhb, 0, 192) &&
+      encode_map(&x.rmv3, p->v, p, p->v_sb, p->v_ss, p->v_sh, fused, nhb, 0, 192))
+    x.tma_k3 = 1;
 }
 
 } /* namespace */
@@ -1659,7 +1969,7 @@ int sta_cuda_attention_variant(void) {
 #ifdef STA_KNOCKOUTS
   if (x >= 90) return x;
 #endif
-  return (x >= 1 && x <= 4) || x == 6 || x == 9 ? x : 0; /* 7: 0 */
+  return (x >= 1 && x <= 4) || x == 6 || x == 8 || x == 9 ? x : 0; /* 7: 0 */
 }
 
 sta_status sta_cuda_attention(const sta_attn_params *p) {
