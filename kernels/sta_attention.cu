@@ -658,6 +658,32 @@ __device__ __forceinline__ void mbar_arrive(uint64_t *b) {
   asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(smem_u32(b))
                : "memory");
 }
+#ifdef STA_HANG_TRAP
+/* debug builds only: a wait that has spun for ~1 s prints which barrier
+** (its offset in shared memory, its raw state; lane 0 of each warp, 48
+** prints in all) and gives up, so the kernel ends and the prints flush */
+__device__ int sta_hang_flag;
+__device__ __forceinline__ void mbar_wait(uint64_t *b, int parity) {
+  const long long t0 = clock64();
+  for (;;) {
+    uint32_t ok;
+    asm volatile("{\n.reg .pred P1;\n"
+                 "mbarrier.try_wait.parity.shared::cta.b64 P1, [%1], %2;\n"
+                 "selp.u32 %0, 1, 0, P1;\n}\n"
+                 : "=r"(ok) : "r"(smem_u32(b)), "r"(parity) : "memory");
+    if (ok) return;
+    if (clock64() - t0 > 2000000000LL) {
+      extern __shared__ unsigned char smem_raw[];
+      unsigned long long st = *(volatile unsigned long long *)b;
+      if ((threadIdx.x & 31) == 0 && atomicAdd(&sta_hang_flag, 1) < 48)
+        printf("hang: block %d tid %d barrier at +%u parity %d state %llx\n", blockIdx.x,
+               threadIdx.x, (unsigned)(smem_u32(b) - ((smem_u32(smem_raw) + 1023) & ~1023u)),
+               parity, st);
+      return;
+    }
+  }
+}
+#else
 __device__ __forceinline__ void mbar_wait(uint64_t *b, int parity) {
   asm volatile(
       "{\n.reg .pred P1;\nWAIT_%=:\n"
@@ -666,6 +692,7 @@ __device__ __forceinline__ void mbar_wait(uint64_t *b, int parity) {
       "r"(parity)
       : "memory");
 }
+#endif
 __device__ __forceinline__ void mbar_expect_tx(uint64_t *b, int bytes) {
   asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(
                    smem_u32(b)),
@@ -1572,8 +1599,11 @@ __global__ void __launch_bounds__(384, 1)
     mbar_init(qempty, 256);
   }
   __syncthreads();
-  if (wg >= 2) { /* 128 x (32 + 2 x 240) = 65536 */
-    asm volatile("setmaxnreg.dec.sync.aligned.u32 32;\n");
+  /* setmaxnreg moves registers only within what the launch gave the CTA,
+  ** 384 x 168 = 64512: 128 x (24 + 2 x 240) fits; 32 / 240 (65536) left
+  ** the consumers' increase waiting forever */
+  if (wg >= 2) {
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 24;\n");
     if (tid == 256)
       produce_b192<T, PERSIST>(a, sQ, sK, sV, fullK, emptyK, fullV, emptyV, qfull, qempty,
                                binfo, sitem);
