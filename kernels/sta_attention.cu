@@ -60,13 +60,13 @@ struct AttnArgs {
   CUtensorMap tmq;
   CUtensorMap rmk, rmv, rmq;
   CUtensorMap tmq3, rmq3; /* Q in items of 192 rows: 3 t-slices, 192 rows */
-  CUtensorMap tmk3, tmv3, rmk3, rmv3; /* K, V in blocks of 192 (variant 8) */
+  CUtensorMap tmk3, tmv3, rmk3, rmv3; /* K, V in blocks of 192 (sta_fwd_b192) */
   int tma;       /* tile maps of K and V: the tile key blocks */
   int tma_q;     /* tile map of Q: query blocks of 2 t-slices of a box */
   int tma_rows;  /* row maps: text key blocks, text query blocks */
   int tma_fused; /* dim 0 = heads*D (coordinate head*D), last dim = batch */
   int tma_q3;    /* tmq3 and rmq3 (D 64, tt a multiple of 3) */
-  int tma_k3;    /* tmk3, tmv3, rmk3, rmv3 (D 128, variant 8) */
+  int tma_k3;    /* tmk3, tmv3, rmk3, rmv3 (D 128, tt a multiple of 3) */
   const void *q, *k, *v;
   void *o;
   float *lse;
@@ -568,7 +568,9 @@ sta_status launch(AttnArgs &a, int heads, int batch) {
 constexpr int BW = 128; /* keys per block, wgmma kernel */
 
 /* register split of the warp-specialised kernel (setmaxnreg): producer
-** warpgroup, consumer warpgroups; 128 x (STA_PREG + 2 STA_CREG) <= 65536 */
+** warpgroup, consumer warpgroups; 128 x (STA_PREG + 2 STA_CREG) <= 384 x
+** 168 = 64512, what the launch gives the CTA: setmaxnreg moves registers
+** only within that, and an increase beyond it never returns */
 #ifndef STA_PREG
 #define STA_PREG 64
 #endif
@@ -660,9 +662,11 @@ __device__ __forceinline__ void mbar_arrive(uint64_t *b) {
 }
 #ifdef STA_HANG_TRAP
 /* debug builds only: a wait that has spun for ~1 s prints which barrier
-** (its offset in shared memory, its raw state; lane 0 of each warp, 48
-** prints in all) and gives up, so the kernel ends and the prints flush */
-__device__ int sta_hang_flag;
+** (its offset from the 1024-aligned shared-memory base, the parity; lane 0
+** of each warp, 48 prints in all) and gives up, so the kernel ends, wrong,
+** and the prints flush (it found the producer of the 192-key kernel
+** waiting for consumers that were stuck in setmaxnreg) */
+__device__ int sta_hang_prints;
 __device__ __forceinline__ void mbar_wait(uint64_t *b, int parity) {
   const long long t0 = clock64();
   for (;;) {
@@ -674,11 +678,9 @@ __device__ __forceinline__ void mbar_wait(uint64_t *b, int parity) {
     if (ok) return;
     if (clock64() - t0 > 2000000000LL) {
       extern __shared__ unsigned char smem_raw[];
-      unsigned long long st = *(volatile unsigned long long *)b;
-      if ((threadIdx.x & 31) == 0 && atomicAdd(&sta_hang_flag, 1) < 48)
-        printf("hang: block %d tid %d barrier at +%u parity %d state %llx\n", blockIdx.x,
-               threadIdx.x, (unsigned)(smem_u32(b) - ((smem_u32(smem_raw) + 1023) & ~1023u)),
-               parity, st);
+      if ((threadIdx.x & 31) == 0 && atomicAdd(&sta_hang_prints, 1) < 48)
+        printf("hang: block %d tid %d barrier at +%u parity %d\n", blockIdx.x, threadIdx.x,
+               (unsigned)(smem_u32(b) - ((smem_u32(smem_raw) + 1023) & ~1023u)), parity);
       return;
     }
   }
@@ -1032,6 +1034,19 @@ __device__ __forceinline__ void tma_load_q(const AttnArgs &a, const Item &x, T *
 /* K and V of one key block by TMA into a stage, signalled on bar; one
 ** thread.  mode 1: tile maps at the box origin (bi.t0, bi.h0, bi.w0); else
 ** row maps at row0.  NHF column halves of 64 (fewer: knockout 8). */
+/* One 64-column half of a key block by TMA onto bar: a tile block (mode 1:
+** tile map tm at bi's origin) or the block's rows from row0 (row map rm). */
+template <typename T>
+__device__ __forceinline__ void tma_load_half(T *dst, const CUtensorMap *tm,
+                                              const CUtensorMap *rm, const BlkInfo &bi,
+                                              int mode, int row0, int c, int c4,
+                                              uint64_t *bar) {
+  if (mode == 1)
+    tma_load_5d(dst, tm, c, bi.w0, bi.h0, bi.t0, c4, bar);
+  else
+    tma_load_3d(dst, rm, c, row0, c4, bar);
+}
+
 template <typename T, int D, int NHF = D / 64>
 __device__ __forceinline__ void tma_load_kv(const AttnArgs &a, T *dk, T *dv,
                                             const BlkInfo &bi, int mode, int row0,
@@ -1039,13 +1054,8 @@ __device__ __forceinline__ void tma_load_kv(const AttnArgs &a, T *dk, T *dv,
   mbar_expect_tx(bar, 2 * BW * 64 * NHF * (int)sizeof(T));
 #pragma unroll
   for (int hf = 0; hf < NHF; hf++) {
-    if (mode == 1) {
-      tma_load_5d(dk + hf * BW * 64, &a.tmk, c0 + hf * 64, bi.w0, bi.h0, bi.t0, c4, bar);
-      tma_load_5d(dv + hf * BW * 64, &a.tmv, c0 + hf * 64, bi.w0, bi.h0, bi.t0, c4, bar);
-    } else {
-      tma_load_3d(dk + hf * BW * 64, &a.rmk, c0 + hf * 64, row0, c4, bar);
-      tma_load_3d(dv + hf * BW * 64, &a.rmv, c0 + hf * 64, row0, c4, bar);
-    }
+    tma_load_half<T>(dk + hf * BW * 64, &a.tmk, &a.rmk, bi, mode, row0, c0 + hf * 64, c4, bar);
+    tma_load_half<T>(dv + hf * BW * 64, &a.tmv, &a.rmv, bi, mode, row0, c0 + hf * 64, c4, bar);
   }
 }
 
@@ -1443,15 +1453,17 @@ __global__ void __launch_bounds__(128 * (NWG + 1), 1)
 }
 
 
-/* ---- variant 8 (experimental): D 128 in key blocks of 192 ------------------
+/* ---- D 128 in key blocks of 192 (the default where it applies) ------------
 ** Key blocks of 3 t-slices of an 8x8 tile (192 keys; 192-row blocks for
 ** text), so that the per-block work of the loop (waits, turns, row maxima,
 ** the rescale) is spread over 1.5 times the keys.  Only two 96 KB K + V
 ** blocks fit beside Q, so K and V have rings of their own (2 stages each,
 ** as in FA3): K(i + 1) is released once S(i + 1) is done, V(i) once PV(i)
 ** is; one producer thread issues K(j) then V(j - 1).  Consumers at 240
-** registers (S 96, P 48, O 64), the producer thread at 32.  Every load by
-** TMA (launch_b192 falls back to the default otherwise). */
+** registers (S 96, P 48, O 64), the producer warpgroup at 24 (its one
+** thread spills there, the consumers do not).  Every load by TMA
+** (launch_b192 falls back to 128-key blocks otherwise).  1-2 % faster
+** than 128-key blocks (BENCHMARKS.md, fifth session). */
 constexpr int B192 = 192, B192_NS = 2;
 
 template <typename T, bool PERSIST>
@@ -1467,12 +1479,8 @@ __device__ __forceinline__ void produce_b192(const AttnArgs &a, T *sQ, T *sK, T 
                   int mode, int row0, int c0, int c4, uint64_t *bar) {
     mbar_expect_tx(bar, BYTES);
 #pragma unroll
-    for (int hf = 0; hf < D / 64; hf++) {
-      if (mode == 1)
-        tma_load_5d(dst + hf * BK * 64, tm, c0 + hf * 64, bi.w0, bi.h0, bi.t0, c4, bar);
-      else
-        tma_load_3d(dst + hf * BK * 64, rm, c0 + hf * 64, row0, c4, bar);
-    }
+    for (int hf = 0; hf < D / 64; hf++)
+      tma_load_half<T>(dst + hf * BK * 64, tm, rm, bi, mode, row0, c0 + hf * 64, c4, bar);
   };
   BlkInfo pb;
   int pmode = 0, prow = 0, have = 0;
@@ -1796,7 +1804,7 @@ sta_status launch_ws(AttnArgs &a) {
 }
 
 
-/* Variant 8's launch (sta_fwd_b192): the default where it does not apply. */
+/* The launch of sta_fwd_b192; 128-key blocks where it does not apply. */
 template <typename T, bool PERSIST = true>
 sta_status launch_b192(AttnArgs &a) {
   if (!(a.tma && a.tma_q && a.tma_rows && a.tma_k3))
@@ -1837,22 +1845,23 @@ template <typename T>
 sta_status dispatch(AttnArgs &a, int D, int heads, int batch) {
   /* 0 (default): warp-specialised wgmma (sm_90a), persistent (one CTA per
   **    SM takes work items from a counter), S(i+1) issued with PV(i) and the
-  **    two consumer warpgroups taking turns (ping-pong); TMA where it fits;
+  **    consumer warpgroups taking turns (ping-pong); TMA where it fits.
+  **    Where the TMA paths and 3 | tt allow it: D 128 in key blocks of 192
+  **    (sta_fwd_b192, K and V in rings of 2 stages each), D 64 in items of
+  **    192 query rows (three consumer warpgroups at 160 registers, the
+  **    one-thread producer at 32, 6 stages); else 128 x 128 blocks.  Each
+  **    was measured against the 128 x 128 kernel (BENCHMARKS.md, fifth
+  **    session): D 128 1-2 %, D 64 11 % faster;
   ** 1: mma.sync (sm_80 style, the portable fallback);
-  ** 2: as 0 with one CTA per work item;
-  ** 3: as 0 without the ping-pong;
+  ** 2: 128 x 128 blocks, one CTA per work item;
+  ** 3: 128 x 128 blocks without the ping-pong;
   ** 4: one CTA per item, a serial S -> softmax -> PV loop (the first
   **    warp-specialised design);
-  ** 6: as 0 with the 128-thread producer even where TMA takes every load
-  **    (the producer of gathers and of mixed TMA/gather calls);
-  ** 7: the same as 0 (at D 64, 0 runs 192-row items, below);
-  ** 8: D 128 only: key blocks of 192 (sta_fwd_b192), K and V in rings of
-  **    2 stages each (else 0);
-  ** 9: D 64 in 128-row items (the D 64 default before session 5).
-  ** D 64, by default: work items of 192 query rows, three consumer
-  ** warpgroups at 160 registers taking turns, the one-thread producer at
-  ** 32, 6 stages, where the TMA paths and 3 | tt allow it (else the 128-row
-  ** kernel): 11 % faster than 128-row items (BENCHMARKS.md). */
+  ** 6: 128 x 128 blocks with the 128-thread producer even where TMA takes
+  **    every load (the producer of gathers and of mixed TMA/gather calls);
+  ** 7, 8: the same as 0 (they were the 192-row and 192-key kernels before
+  **    those became the default);
+  ** 9: 128 x 128 blocks, the default before the fifth session. */
   int var = sta_cuda_attention_variant();
   if (D == 64) {
     switch (var) {
@@ -1871,7 +1880,7 @@ sta_status dispatch(AttnArgs &a, int D, int heads, int batch) {
   case 3: return launch_ws<T, 128, 3, false, true, true>(a);
   case 4: return launch_ws<T, 128, 3, false, false, false>(a);
   case 6: return launch_ws<T, 128, 3, true, true, true, 0, false>(a);
-  case 8: return launch_b192<T>(a);
+  case 9: return launch_ws<T, 128, 3, true, true, true>(a);
 #ifdef STA_KNOCKOUTS
   /* 0 with parts knocked out (wrong results; where the time goes):
   ** +1 no exp2, +2 no PV GEMM, +4 no K/V loads; 98: half the K/V bytes */
@@ -1883,7 +1892,7 @@ sta_status dispatch(AttnArgs &a, int D, int heads, int batch) {
   case 97: return launch_ws<T, 128, 3, true, true, true, 7, false>(a);
   case 98: return launch_ws<T, 128, 3, true, true, true, 8, false>(a);
 #endif
-  default: return launch_ws<T, 128, 3, true, true, true>(a);
+  default: return launch_b192<T>(a);
   }
 }
 
@@ -1981,9 +1990,9 @@ void setup_tma(AttnArgs &x, const sta_attn_params *p) {
       encode_map(&x.tmq3, p->q, p, p->q_sb, p->q_ss, p->q_sh, fused, nhb, 1, 192) &&
       encode_map(&x.rmq3, p->q, p, p->q_sb, p->q_ss, p->q_sh, fused, nhb, 0, 192))
     x.tma_q3 = 1;
-  /* D 128, variant 8: K and V in blocks of 192 keys (3 t-slices) */
+  /* D 128: K and V in blocks of 192 keys (3 t-slices), the default's */
   if (x.tma_q && x.tma_rows && D == 128 && p->tile[0] % 3 == 0 &&
-      sta_cuda_attention_variant() == 8 &&
+      sta_cuda_attention_variant() == 0 &&
       encode_map(&x.tmk3, p->k, p, p->k_sb, p->k_ss, p->k_sh, fused, nhb, 1, 192) &&
       encode_map(&x.tmv3, p->v, p, p->v_sb, p->v_ss, p->v_sh, fused, nhb, 1, 192) &&
       encode_map(&x.rmk3, p->k, p, p->k_sb, p->k_ss, p->k_sh, fused, nhb, 0, 192) &&
@@ -1999,7 +2008,7 @@ int sta_cuda_attention_variant(void) {
 #ifdef STA_KNOCKOUTS
   if (x >= 90) return x;
 #endif
-  return (x >= 1 && x <= 4) || x == 6 || x == 8 || x == 9 ? x : 0; /* 7: 0 */
+  return (x >= 1 && x <= 4) || x == 6 || x == 9 ? x : 0; /* 7, 8: 0 */
 }
 
 sta_status sta_cuda_attention(const sta_attn_params *p) {
