@@ -1064,6 +1064,63 @@ __device__ __forceinline__ void tma_load_kv(const AttnArgs &a, T *dk, T *dv,
 ** ring.  The tile blocks are visited in the order of tma_block_origin
 ** (2 t-slices within a tile, then w, h, t of the window) by stepping the
 ** coordinates, so no block costs an integer division. */
+/* Every key block of item x in order, as put(bi, mode, row0): a text query
+** item's rows [0, V + text_len) (mode 2), else the window's tile blocks of
+** BK / 64 t-slices (mode 1), their coordinates stepped like an odometer (no
+** divisions per block), then the text rows (mode 2). */
+template <int BK, typename F>
+__device__ __forceinline__ void item_blocks(const AttnArgs &a, const Item &x, F &&put) {
+  const KeyPlan &p = x.p;
+  BlkInfo bi;
+  bi.t0 = bi.h0 = bi.w0 = 0;
+  bi.posmask = 0;
+  if (x.text) { /* rows [0, V + text_len) */
+    const int lim = a.V + a.text_len;
+    for (int r0 = 0; r0 < lim; r0 += BK) {
+      bi.cnt = min(BK, lim - r0);
+      put(bi, 2, r0);
+    }
+    return;
+  }
+  const int tb = p.st * a.tt, hb = p.sh * 8, wb = p.sw * 8;
+  int tbase = tb, blk = 0, i1 = 0, i2 = 0;
+  bi.t0 = tb;
+  bi.h0 = hb;
+  bi.w0 = wb;
+  for (int kb = 0; kb < p.n_tblk; kb++) {
+    const int nt = min(BK / 64, a.cT - bi.t0), nh = min(8, a.cH - bi.h0),
+              nw = min(8, a.cW - bi.w0);
+    bi.cnt = nt > 0 ? nt * nh * nw : 0;
+    bi.posmask = bi.cnt > 0 && bi.cnt < BK;
+    put(bi, 1, 0);
+    if (++blk < p.bpt) {
+      bi.t0 += BK / 64;
+      continue;
+    }
+    blk = 0;
+    if (++i2 < p.cw) {
+      bi.w0 += 8;
+    } else {
+      i2 = 0;
+      bi.w0 = wb;
+      if (++i1 < p.ch) {
+        bi.h0 += 8;
+      } else {
+        i1 = 0;
+        bi.h0 = hb;
+        tbase += a.tt;
+      }
+    }
+    bi.t0 = tbase;
+  }
+  bi.t0 = bi.h0 = bi.w0 = 0;
+  bi.posmask = 0;
+  for (int r0 = 0; r0 < a.text_len; r0 += BK) {
+    bi.cnt = min(BK, a.text_len - r0);
+    put(bi, 2, a.V + r0);
+  }
+}
+
 template <typename T, int D, int STAGES, bool PERSIST, int BR = 128>
 __device__ __forceinline__ void produce_lean(const AttnArgs &a, T *sQ, T *sK, T *sV,
                                              uint64_t *full, uint64_t *empty,
@@ -1099,55 +1156,9 @@ __device__ __forceinline__ void produce_lean(const AttnArgs &a, T *sQ, T *sK, T 
     const int c0 = a.tma_fused ? x.head * D : 0;
     const int c4 = a.tma_fused ? x.b : x.b * a.heads + x.head;
     tma_load_q<T, D, BR>(a, x, sQ, c0, c4, qfull);
-    const KeyPlan &p = x.p;
-    BlkInfo bi;
-    bi.t0 = bi.h0 = bi.w0 = 0;
-    bi.posmask = 0;
-    if (x.text) { /* rows [0, V + text_len) */
-      const int lim = a.V + a.text_len;
-      for (int r0 = 0; r0 < lim; r0 += BW) {
-        bi.cnt = min(BW, lim - r0);
-        put(bi, 2, r0, c0, c4);
-      }
-      continue;
-    }
-    const int tb = p.st * a.tt, hb = p.sh * 8, wb = p.sw * 8;
-    int tbase = tb, blk = 0, i1 = 0, i2 = 0;
-    bi.t0 = tb;
-    bi.h0 = hb;
-    bi.w0 = wb;
-    for (int kb = 0; kb < p.n_tblk; kb++) {
-      const int nt = min(2, a.cT - bi.t0), nh = min(8, a.cH - bi.h0),
-                nw = min(8, a.cW - bi.w0);
-      bi.cnt = nt > 0 ? nt * nh * nw : 0;
-      bi.posmask = bi.cnt > 0 && bi.cnt < BW;
-      put(bi, 1, 0, c0, c4);
-      if (++blk < p.bpt) {
-        bi.t0 += 2;
-        continue;
-      }
-      blk = 0;
-      if (++i2 < p.cw) {
-        bi.w0 += 8;
-      } else {
-        i2 = 0;
-        bi.w0 = wb;
-        if (++i1 < p.ch) {
-          bi.h0 += 8;
-        } else {
-          i1 = 0;
-          bi.h0 = hb;
-          tbase += a.tt;
-        }
-      }
-      bi.t0 = tbase;
-    }
-    bi.t0 = bi.h0 = bi.w0 = 0;
-    bi.posmask = 0;
-    for (int r0 = 0; r0 < a.text_len; r0 += BW) {
-      bi.cnt = min(BW, a.text_len - r0);
-      put(bi, 2, a.V + r0, c0, c4);
-    }
+    item_blocks<BW>(a, x, [&](const BlkInfo &bi, int mode, int row0) {
+      put(bi, mode, row0, c0, c4);
+    });
   }
 }
 
@@ -1519,56 +1530,10 @@ __device__ __forceinline__ void produce_b192(const AttnArgs &a, T *sQ, T *sK, T 
     const int c0 = a.tma_fused ? x.head * D : 0;
     const int c4 = a.tma_fused ? x.b : x.b * a.heads + x.head;
     tma_load_q<T, D, 128>(a, x, sQ, c0, c4, qfull);
-    const KeyPlan &p = x.p;
-    BlkInfo bi;
-    bi.t0 = bi.h0 = bi.w0 = 0;
-    bi.posmask = 0;
     have = 0;
-    if (x.text) {
-      const int lim = a.V + a.text_len;
-      for (int r0 = 0; r0 < lim; r0 += BK) {
-        bi.cnt = min(BK, lim - r0);
-        emit(bi, 2, r0, c0, c4);
-      }
-    } else {
-      const int tb = p.st * a.tt, hb = p.sh * 8, wb = p.sw * 8;
-      int tbase = tb, blk = 0, i1 = 0, i2 = 0;
-      bi.t0 = tb;
-      bi.h0 = hb;
-      bi.w0 = wb;
-      for (int kb = 0; kb < p.n_tblk; kb++) {
-        const int nt = min(BK / 64, a.cT - bi.t0), nh = min(8, a.cH - bi.h0),
-                  nw = min(8, a.cW - bi.w0);
-        bi.cnt = nt > 0 ? nt * nh * nw : 0;
-        bi.posmask = bi.cnt > 0 && bi.cnt < BK;
-        emit(bi, 1, 0, c0, c4);
-        if (++blk < p.bpt) {
-          bi.t0 += BK / 64;
-          continue;
-        }
-        blk = 0;
-        if (++i2 < p.cw) {
-          bi.w0 += 8;
-        } else {
-          i2 = 0;
-          bi.w0 = wb;
-          if (++i1 < p.ch) {
-            bi.h0 += 8;
-          } else {
-            i1 = 0;
-            bi.h0 = hb;
-            tbase += a.tt;
-          }
-        }
-        bi.t0 = tbase;
-      }
-      bi.t0 = bi.h0 = bi.w0 = 0;
-      bi.posmask = 0;
-      for (int r0 = 0; r0 < a.text_len; r0 += BK) {
-        bi.cnt = min(BK, a.text_len - r0);
-        emit(bi, 2, a.V + r0, c0, c4);
-      }
-    }
+    item_blocks<BK>(a, x, [&](const BlkInfo &bi, int mode, int row0) {
+      emit(bi, mode, row0, c0, c4);
+    });
     if (have) { /* the item's last V */
       const int sv = gv % NS;
       if (gv >= NS) mbar_wait(&emptyV[sv], (gv / NS - 1) & 1);
