@@ -1203,8 +1203,9 @@ __device__ __forceinline__ void store_o(const AttnArgs &a, int item, const float
 ** 64 * NWG query rows per item (NWG consumer warpgroups: 2, or 3 at D 64),
 ** key blocks of BW = 128 through a STAGES-deep K/V ring in shared memory.
 ** PERSIST: one CTA per SM takes items from a global counter; the producer
-** runs ahead into the next item's Q and keys while the consumers write the
-** last item's output.  LEAN: the one-thread producer where it applies. */
+** runs ahead into the next item's Q (released once every warpgroup's last
+** S is done) and keys while the consumers finish the last item and write
+** its output.  LEAN: the one-thread producer where it applies. */
 template <typename T, int D, int STAGES, bool PP, bool OVL,
           bool PERSIST, int KO = 0, bool LEAN = true, int NWG = 2>
 __global__ void __launch_bounds__(128 * (NWG + 1), 1)
@@ -1406,6 +1407,7 @@ __global__ void __launch_bounds__(128 * (NWG + 1), 1)
         }
         mbar_arrive(&empty[stage]);
       }
+      mbar_arrive(qempty); /* Q and sitem free: the producer loads the next */
     } else {
       /* S(i+1) and PV(i) are issued together; the softmax of S(i+1) runs
       ** while PV(i) is still on the tensor cores.  PP: the two warpgroups
@@ -1420,6 +1422,7 @@ __global__ void __launch_bounds__(128 * (NWG + 1), 1)
       if (PP) bar_arrive_named(wg + 1 == NWG ? 4 : 5 + wg, 256);
       sta_wgmma::wait<0>();
       sta_wgmma::pin<BW / 2>(s);
+      if (p.nkb == 1) mbar_arrive(qempty); /* Q free (see below) */
       mask_block(s, get_binfo(&binfo[g % STAGES]), a, lane);
       softmax_block(s, m, l, al, sl2);
       pack_p<T>(s, pa);
@@ -1438,6 +1441,7 @@ __global__ void __launch_bounds__(128 * (NWG + 1), 1)
         else
           sta_wgmma::wait<1>();
         sta_wgmma::pin<BW / 2>(s);
+        if (i + 2 == p.nkb) mbar_arrive(qempty); /* the last S is done: Q free */
         mask_block(s, bn, a, lane);
         softmax_block<(KO & 1) != 0>(s, m, l, al, sl2);
         sta_wgmma::pin<BW / 2>(s);
@@ -1457,7 +1461,6 @@ __global__ void __launch_bounds__(128 * (NWG + 1), 1)
       mbar_arrive(&empty[stage]);
     }
     g += p.nkb;
-    mbar_arrive(qempty); /* Q and sitem free: the producer loads the next */
 
     store_o<T, D, BR>(a, item, o, m, l, wg * 64 + wq * 16, lane);
   }
@@ -1470,11 +1473,11 @@ __global__ void __launch_bounds__(128 * (NWG + 1), 1)
 ** the rescale) is spread over 1.5 times the keys.  Only two 96 KB K + V
 ** blocks fit beside Q, so K and V have rings of their own (2 stages each,
 ** as in FA3): K(i + 1) is released once S(i + 1) is done, V(i) once PV(i)
-** is; one producer thread issues K(j) then V(j - 1).  Consumers at 240
-** registers (S 96, P 48, O 64), the producer warpgroup at 24 (its one
-** thread spills there, the consumers do not).  Every load by TMA
-** (launch_b192 falls back to 128-key blocks otherwise).  0-2 % faster
-** than 128-key blocks (BENCHMARKS.md, fifth session). */
+** is; one producer thread issues K(j) and V(j) together.  Consumers at
+** 240 registers (S 96, P 48, O 64), the producer warpgroup at 24 (its one
+** thread spills 32 bytes there, the consumers nothing).  Every load by TMA
+** (launch_b192 falls back to 128-key blocks otherwise).  1-3 % faster than
+** 128-key blocks (BENCHMARKS.md, fifth and sixth sessions). */
 constexpr int B192 = 192, B192_NS = 2;
 
 template <typename T, bool PERSIST>
@@ -1485,7 +1488,7 @@ __device__ __forceinline__ void produce_b192(const AttnArgs &a, T *sQ, T *sK, T 
                                              int4 *binfo, volatile int *sitem) {
   constexpr int D = 128, BK = B192, NS = B192_NS;
   constexpr int BYTES = BK * D * (int)sizeof(T); /* one of K, V */
-  int gk = 0, gv = 0; /* K and V blocks issued so far */
+  int gk = 0; /* K blocks issued so far */
   auto load = [&](T *dst, const CUtensorMap *tm, const CUtensorMap *rm, const BlkInfo &bi,
                   int mode, int row0, int c0, int c4, uint64_t *bar) {
     mbar_expect_tx(bar, BYTES);
@@ -1493,25 +1496,18 @@ __device__ __forceinline__ void produce_b192(const AttnArgs &a, T *sQ, T *sK, T 
     for (int hf = 0; hf < D / 64; hf++)
       tma_load_half<T>(dst + hf * BK * 64, tm, rm, bi, mode, row0, c0 + hf * 64, c4, bar);
   };
-  BlkInfo pb;
-  int pmode = 0, prow = 0, have = 0;
-  /* block j: K(j) now, then V(j - 1) */
+  /* block j: K(j), then V(j) at once (no block kept back: fewer registers
+  ** in the producer thread, which spills at 24).  V(j) waits for V(j - 2)'s
+  ** release, after PV(j - 2); K(j + 1) behind it for K(j - 1)'s, after
+  ** S(j - 1). */
   auto emit = [&](const BlkInfo &bi, int mode, int row0, int c0, int c4) {
     const int sk = gk % NS;
     if (gk >= NS) mbar_wait(&emptyK[sk], (gk / NS - 1) & 1);
     binfo[sk] = pack_binfo(bi);
     load(sK + sk * BK * D, &a.tmk3, &a.rmk3, bi, mode, row0, c0, c4, &fullK[sk]);
+    if (gk >= NS) mbar_wait(&emptyV[sk], (gk / NS - 1) & 1);
+    load(sV + sk * BK * D, &a.tmv3, &a.rmv3, bi, mode, row0, c0, c4, &fullV[sk]);
     gk++;
-    if (have) {
-      const int sv = gv % NS;
-      if (gv >= NS) mbar_wait(&emptyV[sv], (gv / NS - 1) & 1);
-      load(sV + sv * BK * D, &a.tmv3, &a.rmv3, pb, pmode, prow, c0, c4, &fullV[sv]);
-      gv++;
-    }
-    pb = bi;
-    pmode = mode;
-    prow = row0;
-    have = 1;
   };
   for (int k = 0;; k++) {
     if (k > 0) mbar_wait(qempty, (k - 1) & 1);
@@ -1530,16 +1526,9 @@ __device__ __forceinline__ void produce_b192(const AttnArgs &a, T *sQ, T *sK, T 
     const int c0 = a.tma_fused ? x.head * D : 0;
     const int c4 = a.tma_fused ? x.b : x.b * a.heads + x.head;
     tma_load_q<T, D, 128>(a, x, sQ, c0, c4, qfull);
-    have = 0;
     item_blocks<BK>(a, x, [&](const BlkInfo &bi, int mode, int row0) {
       emit(bi, mode, row0, c0, c4);
     });
-    if (have) { /* the item's last V */
-      const int sv = gv % NS;
-      if (gv >= NS) mbar_wait(&emptyV[sv], (gv / NS - 1) & 1);
-      load(sV + sv * BK * D, &a.tmv3, &a.rmv3, pb, pmode, prow, c0, c4, &fullV[sv]);
-      gv++;
-    }
   }
 }
 
@@ -1620,6 +1609,7 @@ __global__ void __launch_bounds__(384, 1)
     sta_wgmma::wait<0>();
     sta_wgmma::pin<BK / 2>(s);
     mbar_arrive(&emptyK[k0]);
+    if (p.nkb == 1) mbar_arrive(qempty); /* Q free (see below) */
     mask_block<BK>(s, b0, a, lane);
     softmax_block<false, BK>(s, m, l, al, sl2);
     pack_p<T, BK>(s, pa);
@@ -1637,6 +1627,7 @@ __global__ void __launch_bounds__(384, 1)
       sta_wgmma::wait<1>();
       sta_wgmma::pin<BK / 2>(s);
       mbar_arrive(&emptyK[kn]); /* K(i + 1) read */
+      if (i + 2 == p.nkb) mbar_arrive(qempty); /* the last S is done: Q free */
       mask_block<BK>(s, bn, a, lane);
       softmax_block<false, BK>(s, m, l, al, sl2);
       sta_wgmma::pin<BK / 2>(s);
@@ -1658,7 +1649,6 @@ __global__ void __launch_bounds__(384, 1)
       mbar_arrive(&emptyV[vs]);
     }
     g += p.nkb;
-    mbar_arrive(qempty);
     store_o<T, D, BR>(a, item, o, m, l, wg * 64 + wq * 16, lane);
   }
 }
