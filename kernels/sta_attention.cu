@@ -1476,7 +1476,7 @@ __global__ void __launch_bounds__(128 * (NWG + 1), 1)
 ** is; one producer thread issues K(j) and V(j) together.  Consumers at
 ** 240 registers (S 96, P 48, O 64), the producer warpgroup at 24 (its one
 ** thread spills 32 bytes there, the consumers nothing).  Every load by TMA
-** (launch_b192 falls back to 128-key blocks otherwise).  1-3 % faster than
+** (launch_b192 falls back to 128-key blocks otherwise).  1-3.5 % faster than
 ** 128-key blocks (BENCHMARKS.md, fifth and sixth sessions). */
 constexpr int B192 = 192, B192_NS = 2;
 
@@ -1805,8 +1805,8 @@ sta_status dispatch(AttnArgs &a, int D, int heads, int batch) {
   **    (sta_fwd_b192, K and V in rings of 2 stages each), D 64 in items of
   **    192 query rows (three consumer warpgroups at 160 registers, the
   **    one-thread producer at 32, 6 stages); else 128 x 128 blocks.  Each
-  **    was measured against the 128 x 128 kernel (BENCHMARKS.md, fifth
-  **    session): D 128 0-2 %, D 64 11 % faster;
+  **    was measured against the 128 x 128 kernel (BENCHMARKS.md, sixth
+  **    session): D 128 1-3.5 %, D 64 11 % faster;
   ** 1: mma.sync (sm_80 style, the portable fallback);
   ** 2: 128 x 128 blocks, one CTA per work item;
   ** 3: 128 x 128 blocks without the ping-pong;
