@@ -813,6 +813,16 @@ __device__ __forceinline__ void mask_block(float *s, const BlkInfo &bi,
   }
 }
 
+/* The running row maximum moves only when a block's maximum exceeds it by
+** more than STA_RESCALE_TH (exp2 domain): P and l may then reach 2^TH (256),
+** which bf16/f16 P and the f32 sums hold without loss, and O is rescaled
+** only on such jumps (after the first blocks, almost never) instead of
+** whenever a row's maximum grows at all.  The result is the same softmax:
+** the maximum is only the stabiliser.  0: the exact running maximum. */
+#ifndef STA_RESCALE_TH
+#define STA_RESCALE_TH 8.0f
+#endif
+
 /* Online softmax of one block in place (S -> P), exp2 domain; m, l of the
 ** thread's two rows updated; alpha: the factor for the old O and l. */
 template <bool NOEXP = false, int BK = BW>
@@ -827,7 +837,8 @@ __device__ __forceinline__ void softmax_block(float *s, float *m, float *l,
       mx = fmaxf(mx, fmaxf(s[4 * j + 2 * hr], s[4 * j + 2 * hr + 1]));
     mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
     mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-    float mnew = fmaxf(m[hr], mx * sl2);
+    const float bmx = mx * sl2;
+    const float mnew = bmx > m[hr] + STA_RESCALE_TH ? bmx : m[hr];
     float muse = mnew == -INFINITY ? 0.f : mnew;
     alpha[hr] = ex2(m[hr] - muse);
     m[hr] = mnew;
