@@ -14,7 +14,11 @@ exact maximum both kernels round the same P values to bf16, so their
 rounding errors largely cancel in the difference; with a stale maximum
 sta's P are scaled by 2^(m - m_stale) and round independently: the
 difference grows by about sqrt(2) times the error of each, while the error
-of each against the exact result stays where it was.
+of each against the exact result stays where it was.  On peaked scores
+(4x and 8x wider) the error against the exact result rises a little with
+the threshold: with the exact maximum a row's largest P is exactly 1, which
+bf16 holds without rounding, and in a peaked row that term carries most of
+the weight.
 
 Runs on the development machine (Debian's python3-numpy):
     /usr/bin/python3 bench/rounding_sim.py [seed]
@@ -53,19 +57,23 @@ def main():
     rng = np.random.default_rng(int(sys.argv[1]) if len(sys.argv) > 1 else 0)
     d, n, rows = 128, 10624, 64  # 27 tiles of 384 keys + 256 text keys
     q, k, v = (bf16(rng.standard_normal((r, d))).astype(np.float64) for r in (rows, n, n))
-    s = (q @ k.T) / np.sqrt(d) * np.log2(np.e)
-    e = np.exp2(s - s.max(1, keepdims=True))
-    exact = (e @ v) / e.sum(1, keepdims=True)
-    flex = online(s, v, 0.0, 128)
 
     def rel(a, b):
         return np.linalg.norm(a - b) / np.linalg.norm(b)
-    print("%-28s %12s %12s" % ("", "vs exact", "vs Flex-like"))
-    print("%-28s %12.3e %12s" % ("Flex-like (128, exact max)", rel(flex, exact), "-"))
-    for th in (0.0, 8.0):
-        out = online(s, v, th, 192)
-        print("%-28s %12.3e %12.3e" % ("sta (192, threshold %g)" % th, rel(out, exact),
-                                       rel(out, flex)))
+    # the benchmark's scale 1/sqrt(D), then scores 4x and 8x as wide (peaked
+    # rows: the maximum jumps past the threshold in later blocks too)
+    for scale in (1 / np.sqrt(d), 4 / np.sqrt(d), 8 / np.sqrt(d)):
+        s = (q @ k.T) * scale * np.log2(np.e)
+        e = np.exp2(s - s.max(1, keepdims=True))
+        exact = (e @ v) / e.sum(1, keepdims=True)
+        flex = online(s, v, 0.0, 128)
+        print("scale %.4f" % scale)
+        print("  %-28s %12s %12s" % ("", "vs exact", "vs Flex-like"))
+        print("  %-28s %12.3e %12s" % ("Flex-like (128, exact max)", rel(flex, exact), "-"))
+        for th in (0.0, 8.0):
+            out = online(s, v, th, 192)
+            print("  %-28s %12.3e %12.3e" % ("sta (192, threshold %g)" % th, rel(out, exact),
+                                             rel(out, flex)))
 
 
 if __name__ == "__main__":
