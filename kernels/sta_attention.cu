@@ -1042,9 +1042,6 @@ __device__ __forceinline__ void tma_load_q(const AttnArgs &a, const Item &x, T *
   }
 }
 
-/* K and V of one key block by TMA into a stage, signalled on bar; one
-** thread.  mode 1: tile maps at the box origin (bi.t0, bi.h0, bi.w0); else
-** row maps at row0.  NHF column halves of 64 (fewer: knockout 8). */
 /* One 64-column half of a key block by TMA onto bar: a tile block (mode 1:
 ** tile map tm at bi's origin) or the block's rows from row0 (row map rm). */
 template <typename T>
@@ -1058,6 +1055,9 @@ __device__ __forceinline__ void tma_load_half(T *dst, const CUtensorMap *tm,
     tma_load_3d(dst, rm, c, row0, c4, bar);
 }
 
+/* K and V of one key block by TMA into a stage, signalled on bar; one
+** thread.  mode 1: tile maps at the box origin (bi.t0, bi.h0, bi.w0); else
+** row maps at row0.  NHF column halves of 64 (fewer: knockout 8). */
 template <typename T, int D, int NHF = D / 64>
 __device__ __forceinline__ void tma_load_kv(const AttnArgs &a, T *dk, T *dv,
                                             const BlkInfo &bi, int mode, int row0,
@@ -1070,11 +1070,6 @@ __device__ __forceinline__ void tma_load_kv(const AttnArgs &a, T *dk, T *dv,
   }
 }
 
-/* The producer of sta_fwd_ws when every load can go by TMA, run by one
-** thread: takes items, loads each item's Q, then its key blocks through the
-** ring.  The tile blocks are visited in the order of tma_block_origin
-** (2 t-slices within a tile, then w, h, t of the window) by stepping the
-** coordinates, so no block costs an integer division. */
 /* Every key block of item x in order, as put(bi, mode, row0): a text query
 ** item's rows [0, V + text_len) (mode 2), else the window's tile blocks of
 ** BK / 64 t-slices (mode 1), their coordinates stepped like an odometer (no
@@ -1132,6 +1127,11 @@ __device__ __forceinline__ void item_blocks(const AttnArgs &a, const Item &x, F 
   }
 }
 
+/* The producer of sta_fwd_ws when every load can go by TMA, run by one
+** thread: takes items, loads each item's Q, then its key blocks through the
+** ring.  The tile blocks are visited in the order of tma_block_origin
+** (2 t-slices within a tile, then w, h, t of the window) by stepping the
+** coordinates (item_blocks), so no block costs an integer division. */
 template <typename T, int D, int STAGES, bool PERSIST, int BR = 128>
 __device__ __forceinline__ void produce_lean(const AttnArgs &a, T *sQ, T *sK, T *sV,
                                              uint64_t *full, uint64_t *empty,
@@ -1730,6 +1730,24 @@ sta_status sched_slot(int **slot) {
   return STA_OK;
 }
 
+/* The work items of a launch with BR-row query items (a.qbpt set by the
+** caller): text query blocks first, then the tiles' query blocks; sets
+** a.n_text_qblocks, a.n_text_items, a.n_items (0: nothing to launch). */
+sta_status count_items(AttnArgs &a, int BR) {
+  a.n_text_qblocks = (a.S - a.V + BR - 1) / BR;
+  int64_t nt = (int64_t)a.batch * a.heads * a.n_text_qblocks;
+  int64_t n = nt + (int64_t)a.batch * a.heads * a.NT * a.NH * a.NW * a.qbpt;
+  a.n_items = 0;
+  if (n <= 0) return STA_OK;
+  if (n > 0x7fffffff)
+    return sta_error(STA_ERR_UNSUPPORTED,
+                     "attention: %lld work items, too many for the CUDA backend",
+                     (long long)n);
+  a.n_text_items = (int)nt;
+  a.n_items = (int)n;
+  return STA_OK;
+}
+
 template <typename T, int D, int STAGES, bool PP, bool OVL, bool PERSIST,
           int KO = 0, bool LEAN = true, int NWG = 2>
 sta_status launch_ws(AttnArgs &a) {
@@ -1745,17 +1763,10 @@ sta_status launch_ws(AttnArgs &a) {
       kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
   if (e != cudaSuccess) return sta_cuda_fail(e, "cudaFuncSetAttribute");
   a.qbpt = a.tma_q ? a.tt / (BR / 64) : (a.tile_vol + BR - 1) / BR;
-  a.n_text_qblocks = (a.S - a.V + BR - 1) / BR;
-  int64_t nt = (int64_t)a.batch * a.heads * a.n_text_qblocks;
-  int64_t n = nt + (int64_t)a.batch * a.heads * a.NT * a.NH * a.NW * a.qbpt;
-  if (n <= 0) return STA_OK;
-  if (n > 0x7fffffff)
-    return sta_error(STA_ERR_UNSUPPORTED,
-                     "attention: %lld work items, too many for the CUDA backend",
-                     (long long)n);
-  a.n_text_items = (int)nt;
-  a.n_items = (int)n;
-  int64_t grid = n;
+  sta_status cs = count_items(a, BR);
+  if (cs != STA_OK || a.n_items == 0) return cs;
+  const int n = a.n_items;
+  int grid = n;
   if (PERSIST) {
     sta_status st = sched_slot(&a.sched);
     if (st != STA_OK) return st;
@@ -1783,17 +1794,10 @@ sta_status launch_b192(AttnArgs &a) {
       kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
   if (e != cudaSuccess) return sta_cuda_fail(e, "cudaFuncSetAttribute");
   a.qbpt = a.tt / 2;
-  a.n_text_qblocks = (a.S - a.V + BR - 1) / BR;
-  int64_t nt = (int64_t)a.batch * a.heads * a.n_text_qblocks;
-  int64_t n = nt + (int64_t)a.batch * a.heads * a.NT * a.NH * a.NW * a.qbpt;
-  if (n <= 0) return STA_OK;
-  if (n > 0x7fffffff)
-    return sta_error(STA_ERR_UNSUPPORTED,
-                     "attention: %lld work items, too many for the CUDA backend",
-                     (long long)n);
-  a.n_text_items = (int)nt;
-  a.n_items = (int)n;
-  int64_t grid = n;
+  sta_status cs = count_items(a, BR);
+  if (cs != STA_OK || a.n_items == 0) return cs;
+  const int n = a.n_items;
+  int grid = n;
   if (PERSIST) {
     sta_status st = sched_slot(&a.sched);
     if (st != STA_OK) return st;
@@ -1950,15 +1954,15 @@ void setup_tma(AttnArgs &x, const sta_attn_params *p) {
   if (x.tma && !getenv("STA_NO_TMA_Q") &&
       encode_map(&x.tmq, p->q, p, p->q_sb, p->q_ss, p->q_sh, fused, nhb, 1))
     x.tma_q = 1;
-  /* D 64: items of 192 query rows (3 t-slices), the default kernel's */
-  if (x.tma_q && x.tma_rows && D == 64 && p->tile[0] % 3 == 0 &&
-      sta_cuda_attention_variant() == 0 &&
+  /* the default kernel's 192-row maps (3 t-slices): Q in items of 192
+  ** rows at D 64, K and V in blocks of 192 keys at D 128 */
+  const bool by3 = x.tma_q && x.tma_rows && p->tile[0] % 3 == 0 &&
+                   sta_cuda_attention_variant() == 0;
+  if (by3 && D == 64 &&
       encode_map(&x.tmq3, p->q, p, p->q_sb, p->q_ss, p->q_sh, fused, nhb, 1, 192) &&
       encode_map(&x.rmq3, p->q, p, p->q_sb, p->q_ss, p->q_sh, fused, nhb, 0, 192))
     x.tma_q3 = 1;
-  /* D 128: K and V in blocks of 192 keys (3 t-slices), the default's */
-  if (x.tma_q && x.tma_rows && D == 128 && p->tile[0] % 3 == 0 &&
-      sta_cuda_attention_variant() == 0 &&
+  if (by3 && D == 128 &&
       encode_map(&x.tmk3, p->k, p, p->k_sb, p->k_ss, p->k_sh, fused, nhb, 1, 192) &&
       encode_map(&x.tmv3, p->v, p, p->v_sb, p->v_ss, p->v_sh, fused, nhb, 1, 192) &&
       encode_map(&x.rmk3, p->k, p, p->k_sb, p->k_ss, p->k_sh, fused, nhb, 0, 192) &&
