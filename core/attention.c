@@ -88,6 +88,13 @@ sta_status sta_attn_resolve(const sta_attention_desc *desc,
       }
       return rc;
     }
+  if (desc->softmax != STA_SOFTMAX_EXACT && desc->softmax != STA_SOFTMAX_FAST)
+    return sta_error(STA_ERR_ARGUMENT,
+                     "softmax: expected STA_SOFTMAX_EXACT (0) or STA_SOFTMAX_FAST (1), got %d",
+                     (int)desc->softmax);
+  if (desc->deterministic != 0 && desc->deterministic != 1)
+    return sta_error(STA_ERR_ARGUMENT, "deterministic: expected 0 or 1, got %d",
+                     (int)desc->deterministic);
   if (isnan(desc->scale) || isinf(desc->scale))
     return sta_error(STA_ERR_ARGUMENT, "scale: expected a finite value, got %g",
                      (double)desc->scale);
@@ -142,6 +149,8 @@ sta_status sta_attn_resolve(const sta_attention_desc *desc,
   p->text_len = sta_geometry_text_len(&desc->geom, b[0].s);
   p->windows = w;
   p->scale = desc->scale > 0 ? desc->scale : (float)(1.0 / sqrt((double)b[0].d));
+  p->fast_softmax = desc->softmax == STA_SOFTMAX_FAST;
+  p->deterministic = desc->deterministic;
   return STA_OK;
 }
 

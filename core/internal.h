@@ -131,6 +131,8 @@ typedef struct sta_attn_params {
   int64_t video_len, text_len;
   const int32_t *windows; /* heads * 3 */
   float scale;
+  int32_t fast_softmax;   /* desc->softmax == STA_SOFTMAX_FAST */
+  int32_t deterministic;  /* backward: bit-identical run to run */
 } sta_attn_params;
 
 /* ---- backends ----------------------------------------------------------- */

@@ -242,12 +242,29 @@ sta_status sta_tensor_untile(sta_tensor *out, const sta_tensor *in,
 ** STA forward (STA.md sections 2-4)
 ** =======================================================================
 */
+/* Softmax numerics of the forward (STA.md section 4).  EXACT, the
+** default, keeps the exact running maximum: every row's largest weight is
+** exactly 1 before the final division.  FAST (opt-in, GPU kernels) moves
+** the running maximum only when a key block's exceeds it by more than 8
+** (exp2 domain), so the output is rescaled almost never: 1-3 % faster, up
+** to twice the maximum error on sharply peaked rows (BENCHMARKS.md).  The
+** CPU backend computes EXACT for both. */
+typedef enum sta_softmax {
+  STA_SOFTMAX_EXACT = 0,
+  STA_SOFTMAX_FAST = 1
+} sta_softmax;
+
+/* Zero-initialise (sta_attention_desc d = {0}) and set what you need:
+** every zero field means its default. */
 typedef struct sta_attention_desc {
   sta_geometry geom;
   sta_layout layout;      /* of q, k, v, out */
   int32_t n_windows;      /* 1 (all heads) or heads */
   const int32_t *windows; /* n_windows * 3 ints: Kt, Kh, Kw */
   float scale;            /* <= 0: 1/sqrt(D) */
+  sta_softmax softmax;    /* forward numerics; 0 = STA_SOFTMAX_EXACT */
+  int32_t deterministic;  /* backward: 1 = bit-identical gradients run to
+                             run (slower on the GPU; the CPU always is) */
 } sta_attention_desc;
 
 /* out = STA(q, k, v).  q, k, v, out: 4-D in desc->layout, one shape
@@ -264,6 +281,29 @@ sta_status sta_attention_reference(const sta_attention_desc *desc,
                                    const sta_tensor *q, const sta_tensor *k,
                                    const sta_tensor *v, sta_tensor *out,
                                    sta_tensor *lse);
+/* Gradients of the forward (STA.md section 10): given the forward's out
+** and lse (f32 [B, heads, S], as sta_attention_forward returns it) and
+** dout = dLoss/dout, write dq, dk, dv = dLoss/dq, dk, dv.  desc, q, k, v
+** as for the forward (same windows, text_len and scale); out, dout, dq,
+** dk, dv: the shape, dtype, device and layout of q, last dim contiguous,
+** strides free.  Rows >= V + text_len get dk = dv = 0 exactly.  Every
+** check runs before any work; on error dq, dk, dv are unchanged. */
+sta_status sta_attention_backward(const sta_attention_desc *desc,
+                                  const sta_tensor *q, const sta_tensor *k,
+                                  const sta_tensor *v, const sta_tensor *out,
+                                  const sta_tensor *lse,
+                                  const sta_tensor *dout, sta_tensor *dq,
+                                  sta_tensor *dk, sta_tensor *dv);
+/* The brute-force gradient of sta_attention_reference, in double, from q,
+** k, v and dout alone (out and lse are recomputed).  Host tensors only;
+** slow. */
+sta_status sta_attention_backward_reference(const sta_attention_desc *desc,
+                                            const sta_tensor *q,
+                                            const sta_tensor *k,
+                                            const sta_tensor *v,
+                                            const sta_tensor *dout,
+                                            sta_tensor *dq, sta_tensor *dk,
+                                            sta_tensor *dv);
 /* Work of a forward in FLOP (4*D per (query, key) pair, both GEMMs). */
 double sta_attention_flops(const sta_attention_desc *desc, int64_t batch,
                            int64_t seq_len, int64_t heads, int64_t head_dim);
