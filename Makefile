@@ -59,7 +59,7 @@ BENCH_BIN  = $(BENCH_SRC:bench/%.c=$(BUILD)/bench/%)
 all: lib $(TOOLS) $(if $(LUA_CSRC),$(LUA_MOD)) $(TEST_BIN) $(BENCH_BIN)
 lib: $(BUILD)/libsta.a $(BUILD)/libsta.so
 
-$(BUILD)/obj/core/%.o: core/%.c core/sta.h core/internal.h
+$(BUILD)/obj/core/%.o: core/%.c $(wildcard core/*.h)
 	@mkdir -p $(@D)
 	$(CC) $(CFLAGS) $(STA_CFLAGS) -c $< -o $@
 

@@ -1,0 +1,109 @@
+/*
+** cpu_common.h -- what the CPU forward and backward share: the compact
+** tiled row order of one (batch, head), its work items, the key ranges of
+** a query item, row loads, the OpenBLAS thread guard and the vectorised
+** 2^x.  Internal; not installed.
+**
+** Compact order: the video tokens tile by tile (each tile holding only
+** its existing tokens, in (t, h, w) order), then the text rows.  The key
+** tiles of one window row along w are one contiguous block, and a full
+** window is a single block.
+*/
+#ifndef STA_CPU_COMMON_H
+#define STA_CPU_COMMON_H
+
+#ifdef __AVX512F__
+#include <immintrin.h>
+#endif
+
+#include "internal.h"
+
+#ifndef STA_CPU_QB
+#define STA_CPU_QB 256 /* query rows per work item (a 384 tile: 2 x 192) */
+#endif
+#ifndef STA_CPU_KC
+#define STA_CPU_KC 512 /* keys per GEMM chunk */
+#endif
+
+typedef struct sta_cpu_item {
+  int64_t row;   /* first row in the compact query order */
+  int64_t count; /* rows */
+  int64_t tile;  /* query tile id, -1 for text rows */
+} sta_cpu_item;
+
+typedef struct sta_cpu_plan {
+  const sta_attn_params *p;
+  int64_t ntiles, keys;   /* keys: V + text_len */
+  int64_t *tile_off;      /* ntiles + 1 row offsets, compact order */
+  int64_t *token;         /* compact video row -> token index */
+  sta_cpu_item *items;
+  int64_t nitems, max_ranges;
+  float *kf, *vf;         /* keys x D */
+} sta_cpu_plan;
+
+/* 2^x for x <= 0, branch-free so loops over it vectorise; relative error
+** ~2e-7.  Below -126 it returns 2^-126, which only meets zero sums. */
+static inline float exp2_neg(float v) {
+  /* NaN (a NaN or +Inf logit) comes back as NaN without reaching the int
+  ** conversion below, which is undefined for NaN (UBSan); selects, so the
+  ** loops still vectorise */
+  int nan = v != v;
+  float x = nan || v < -126.0f ? -126.0f : v;
+  float n = (x + 12582912.0f) - 12582912.0f; /* round to nearest */
+  float f = x - n;                           /* [-0.5, 0.5] */
+  float y = 1.535336188319500e-4f; /* Cephes exp2f */
+  y = y * f + 1.339887440266574e-3f;
+  y = y * f + 9.618437357674640e-3f;
+  y = y * f + 5.550332471162809e-2f;
+  y = y * f + 2.402264791363012e-1f;
+  y = y * f + 6.931472028550421e-1f;
+  y = y * f + 1.0f;
+  int32_t bits = ((int32_t)n + 127) << 23;
+  float s;
+  memcpy(&s, &bits, 4);
+  return nan ? v : y * s;
+}
+
+#ifdef __AVX512F__
+/* 2^x of 16 lanes (x <= 0): the same polynomial, scalef does the exponent
+** and flushes below 2^-149 to zero; NaN stays NaN. */
+static inline __m512 exp2_neg16(__m512 x) {
+  x = _mm512_max_ps(_mm512_set1_ps(-150.0f), x); /* -Inf -> 0, NaN stays */
+  __m512 n = _mm512_roundscale_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m512 f = _mm512_sub_ps(x, n);
+  __m512 y = _mm512_set1_ps(1.535336188319500e-4f);
+  y = _mm512_fmadd_ps(y, f, _mm512_set1_ps(1.339887440266574e-3f));
+  y = _mm512_fmadd_ps(y, f, _mm512_set1_ps(9.618437357674640e-3f));
+  y = _mm512_fmadd_ps(y, f, _mm512_set1_ps(5.550332471162809e-2f));
+  y = _mm512_fmadd_ps(y, f, _mm512_set1_ps(2.402264791363012e-1f));
+  y = _mm512_fmadd_ps(y, f, _mm512_set1_ps(6.931472028550421e-1f));
+  y = _mm512_fmadd_ps(y, f, _mm512_set1_ps(1.0f));
+  return _mm512_scalef_ps(y, n);
+}
+#endif
+
+
+/* Tile offsets, compact-row -> token map, the query work items (text rows
+** first: the largest items start first) and kf/vf (keys x D floats).  On
+** failure returns STA_ERR_NOMEM (no message); free with sta_cpu_plan_free
+** either way. */
+sta_status sta_cpu_plan_make(sta_cpu_plan *pl, const sta_attn_params *p);
+void sta_cpu_plan_free(sta_cpu_plan *pl);
+/* Key row ranges [lo, hi) (compact order) of query tile `tile` (-1: text
+** rows, every key) for head's window, merged where adjacent; at most
+** pl->max_ranges. */
+int64_t sta_cpu_key_ranges(const sta_cpu_plan *pl, int64_t head, int64_t tile,
+                           int64_t *lo, int64_t *hi);
+/* Token (sequence index) of compact row r. */
+static inline int64_t sta_cpu_row_token(const sta_cpu_plan *pl, int64_t r) {
+  return r < pl->p->video_len ? pl->token[r] : r;
+}
+/* Convert one row of D elements at src (dtype dt) into f32 dst, times s. */
+void sta_cpu_load_row(float *dst, const char *src, sta_dtype dt, int64_t D, float s);
+/* Store D floats times s as dtype dt at dst. */
+void sta_cpu_store_row(char *dst, sta_dtype dt, const float *src, int64_t D, float s);
+/* Hold OpenBLAS at one thread while any CPU attention runs (enter 1) and
+** restore its setting when the last one leaves (enter 0). */
+void sta_cpu_blas_single(int enter);
+
+#endif
