@@ -1,6 +1,7 @@
 /*
-** bench_cpu.c -- the CPU STA forward against this machine's sgemm rate and
-** against dense attention, measured in the same run.
+** bench_cpu.c -- the CPU STA forward and backward against this machine's
+** sgemm rate, and the forward against dense attention, measured in the
+** same run.
 **   bench_cpu [--runs N] [--threads N] [--quick]
 ** Prints a table: workload, ms (median), GFLOP, GFLOP/s, % of sgemm, and
 ** the speedup over dense (full-window) attention on the same inputs.
@@ -116,6 +117,18 @@ static void desc_for(sta_attention_desc *d, const workload *w, const int32_t *wi
   d->windows = window;
 }
 
+/* Seconds of one backward (t: q k v out dout dq dk dv); *cpu likewise. */
+static double backward_seconds(const sta_attention_desc *d, sta_tensor *const *t,
+                               const sta_tensor *lse, double *cpu) {
+  double s = now(), c = cpu_now();
+  if (sta_attention_backward(d, t[0], t[1], t[2], t[3], lse, t[4], t[5], t[6], t[7]) != STA_OK) {
+    fprintf(stderr, "bench_cpu: %s\n", sta_last_error());
+    exit(1);
+  }
+  *cpu = cpu_now() - c;
+  return now() - s;
+}
+
 /* Seconds of one forward; *cpu its process CPU seconds. */
 static double forward_seconds(const sta_attention_desc *d, sta_tensor *const *t, double *cpu) {
   double s = now(), c = cpu_now();
@@ -185,22 +198,28 @@ int main(int argc, char **argv) {
     {"12x24x40 h4 d128 bf16, text 0", {12, 24, 40}, 0, 4, 128, STA_BF16, {3, 3, 3}},
   };
   int nw = quick ? 2 : (int)(sizeof wl / sizeof wl[0]);
-  printf("Each round runs the square sgemm on all threads, the STA forward and the dense\n"
-         "forward back to back.  %% of sgemm = median over rounds of (rate / that round's\n"
+  printf("Each round runs the square sgemm on all threads, the STA forward, the dense\n"
+         "forward and the STA backward back to back (the backward's GFLOP count 2.5x the\n"
+         "forward's: five GEMMs to two, the convention of FlashAttention's papers).  %% of sgemm = median over rounds of (rate / that round's\n"
          "sgemm rate), by wall time and by process CPU time (GFLOP per CPU-second): load\n"
          "from other processes cancels out of the ratios, the CPU one most.\n\n");
   printf("| workload | window | ms (median of %d) | GFLOP | GFLOP/s | sgemm GFLOP/s (same rounds) "
-         "| %% of sgemm (wall) | %% of sgemm (CPU time) | speedup vs dense |\n", runs);
+         "| %% of sgemm (wall) | %% of sgemm (CPU time) | speedup vs dense (backward: its time over the forward's) |\n", runs);
   printf("|---|---|---|---|---|---|---|---|---|\n");
-  double *ts = malloc(sizeof(double) * (size_t)runs * 7);
+  double *ts = malloc(sizeof(double) * (size_t)runs * 10);
   double *td = ts + runs, *tg = td + runs, *rs = tg + runs, *rd = rs + runs, *cs = rd + runs,
-         *cd = cs + runs;
+         *cd = cs + runs, *tb = cd + runs, *rb = tb + runs, *cb = rb + runs;
   for (int i = 0; i < nw; i++) {
     const workload *w = &wl[i];
     int64_t S = (int64_t)w->canvas[0] * w->canvas[1] * w->canvas[2] + w->text;
     int64_t shape[4] = {1, S, w->heads, w->dim};
-    sta_tensor *t[4] = {NULL, NULL, NULL, NULL};
-    for (int j = 0; j < 4; j++) {
+    sta_tensor *t[8] = {NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL}, *lse = NULL;
+    int64_t lshape[3] = {1, w->heads, S};
+    if (sta_tensor_create(&lse, STA_F32, STA_CPU, 3, lshape) != STA_OK) {
+      fprintf(stderr, "bench_cpu: %s\n", sta_last_error());
+      return 1;
+    }
+    for (int j = 0; j < 8; j++) {
       if (sta_tensor_create(&t[j], w->dtype, STA_CPU, 4, shape) != STA_OK) {
         fprintf(stderr, "bench_cpu: %s\n", sta_last_error());
         return 1;
@@ -215,6 +234,12 @@ int main(int argc, char **argv) {
     double fd = sta_attention_flops(&dd, 1, S, w->heads, w->dim);
     double c1, c2, gc;
     forward_seconds(&ds, t, &c1); /* warm-up */
+    if (sta_attention_forward(&ds, t[0], t[1], t[2], t[3], lse) != STA_OK) {
+      fprintf(stderr, "bench_cpu: %s\n", sta_last_error());
+      return 1;
+    }
+    double c3;
+    backward_seconds(&ds, t, lse, &c3); /* warm-up */
     for (int r = 0; r < runs; r++) {
       tg[r] = sgemm_rate(2048, 2048, 2048, 0, threads, 0, 0.3, &gc);
       ts[r] = forward_seconds(&ds, t, &c1);
@@ -223,6 +248,9 @@ int main(int argc, char **argv) {
       rd[r] = fd / td[r] / 1e9 / tg[r];
       cs[r] = fs / c1 / 1e9 / gc;
       cd[r] = fd / c2 / 1e9 / gc;
+      tb[r] = backward_seconds(&ds, t, lse, &c3);
+      rb[r] = 2.5 * fs / tb[r] / 1e9 / tg[r];
+      cb[r] = 2.5 * fs / c3 / 1e9 / gc;
     }
     double ms = 1e3 * median(ts, runs), md = 1e3 * median(td, runs), g0 = median(tg, runs);
     double es = median(rs, runs), ed = median(rd, runs), ecs = median(cs, runs),
@@ -232,7 +260,12 @@ int main(int argc, char **argv) {
            100 * ecs, md / ms);
     printf("| %s | dense | %.1f | %.1f | %.1f | %.1f | %.0f%% | %.0f%% | 1.00x |\n", w->name, md,
            fd / 1e9, fd / md / 1e6, g0, 100 * ed, 100 * ecd);
-    for (int j = 0; j < 4; j++) sta_tensor_destroy(t[j]);
+    double mb = 1e3 * median(tb, runs), eb = median(rb, runs), ecb = median(cb, runs);
+    printf("| %s | %d,%d,%d backward | %.1f | %.1f | %.1f | %.1f | %.0f%% | %.0f%% | %.2fx the "
+           "forward |\n", w->name, w->window[0], w->window[1], w->window[2], mb, 2.5 * fs / 1e9,
+           2.5 * fs / mb / 1e6, g0, 100 * eb, 100 * ecb, mb / ms);
+    for (int j = 0; j < 8; j++) sta_tensor_destroy(t[j]);
+    sta_tensor_destroy(lse);
     fflush(stdout);
   }
   free(ts);

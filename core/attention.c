@@ -17,9 +17,10 @@ static void byte_span(const sta_tensor *t, int64_t *lo, int64_t *hi) {
   *hi = *hi * es + es - 1;
 }
 
-/* The forward writes w while it reads r: refuse overlapping memory. */
-static sta_status check_no_alias(const sta_tensor *w, const char *wname,
-                                 const sta_tensor *r, const char *rname) {
+/* The call (`what`: "forward", "backward") writes w while it reads r
+** (verb "reading") or writes it too ("writing"): refuse overlapping memory. */
+static sta_status check_no_alias(const char *what, const char *verb, const sta_tensor *w,
+                                 const char *wname, const sta_tensor *r, const char *rname) {
   int64_t a0, a1, b0, b1;
   if (!w || !r || w->storage != r->storage) return STA_OK;
   if (sta_tensor_numel(w) == 0 || sta_tensor_numel(r) == 0) return STA_OK;
@@ -27,8 +28,8 @@ static sta_status check_no_alias(const sta_tensor *w, const char *wname,
   byte_span(r, &b0, &b1);
   if (a0 > b1 || b0 > a1) return STA_OK;
   return sta_error(STA_ERR_ARGUMENT,
-                   "%s: shares memory with %s (the forward writes %s while reading %s; "
-                   "use a separate tensor)", wname, rname, wname, rname);
+                   "%s: shares memory with %s (the %s writes %s while %s %s; "
+                   "use a separate tensor)", wname, rname, what, wname, verb, rname);
 }
 
 static sta_status check_tensor4(const sta_tensor *t, const char *name,
@@ -42,10 +43,32 @@ static sta_status check_tensor4(const sta_tensor *t, const char *name,
   return STA_OK;
 }
 
-sta_status sta_attn_resolve(const sta_attention_desc *desc,
-                            const sta_tensor *q, const sta_tensor *k,
-                            const sta_tensor *v, const sta_tensor *out,
-                            const sta_tensor *lse, sta_attn_params *p) {
+/* t (named name) is 4-D in layout with q's shape bq, dtype and device. */
+static sta_status check_like_q(const sta_tensor *t, const char *name, sta_layout layout,
+                               const sta_tensor *q, const sta_bshd *bq, sta_bshd *bt) {
+  sta_status rc = check_tensor4(t, name, layout, bt);
+  if (rc != STA_OK) return rc;
+  if (bt->b != bq->b || bt->s != bq->s || bt->h != bq->h || bt->d != bq->d)
+    return sta_error(STA_ERR_SHAPE,
+                     "%s: shape [B=%lld, S=%lld, heads=%lld, D=%lld] differs from "
+                     "q's [B=%lld, S=%lld, heads=%lld, D=%lld]",
+                     name, (long long)bt->b, (long long)bt->s, (long long)bt->h,
+                     (long long)bt->d, (long long)bq->b, (long long)bq->s,
+                     (long long)bq->h, (long long)bq->d);
+  if (t->dtype != q->dtype)
+    return sta_error(STA_ERR_DTYPE, "%s: dtype %s differs from q's %s", name,
+                     sta_dtype_name(t->dtype), sta_dtype_name(q->dtype));
+  if (t->storage->device != q->storage->device)
+    return sta_error(STA_ERR_ARGUMENT, "%s: on %s while q is on %s", name,
+                     sta_device_name(t->storage->device), sta_device_name(q->storage->device));
+  return STA_OK;
+}
+
+/* sta_attn_resolve; out_optional: out may be NULL (the backward reference,
+** which has no forward output). */
+static sta_status resolve(const sta_attention_desc *desc, const sta_tensor *q,
+                          const sta_tensor *k, const sta_tensor *v, const sta_tensor *out,
+                          const sta_tensor *lse, sta_attn_params *p, int out_optional) {
   const sta_tensor *t[4] = {q, k, v, out};
   sta_bshd b[4];
   sta_status rc;
@@ -53,23 +76,11 @@ sta_status sta_attn_resolve(const sta_attention_desc *desc,
   if (desc->layout != STA_BSHD && desc->layout != STA_BHSD)
     return sta_error(STA_ERR_ARGUMENT, "layout: expected STA_BSHD (0) or STA_BHSD (1), got %d",
                      (int)desc->layout);
-  for (int i = 0; i < 4; i++)
-    if ((rc = check_tensor4(t[i], ARG[i], desc->layout, &b[i])) != STA_OK) return rc;
-  for (int i = 1; i < 4; i++) {
-    if (b[i].b != b[0].b || b[i].s != b[0].s || b[i].h != b[0].h || b[i].d != b[0].d)
-      return sta_error(STA_ERR_SHAPE,
-                       "%s: shape [B=%lld, S=%lld, heads=%lld, D=%lld] differs from "
-                       "q's [B=%lld, S=%lld, heads=%lld, D=%lld]",
-                       ARG[i], (long long)b[i].b, (long long)b[i].s, (long long)b[i].h,
-                       (long long)b[i].d, (long long)b[0].b, (long long)b[0].s,
-                       (long long)b[0].h, (long long)b[0].d);
-    if (t[i]->dtype != q->dtype)
-      return sta_error(STA_ERR_DTYPE, "%s: dtype %s differs from q's %s", ARG[i],
-                       sta_dtype_name(t[i]->dtype), sta_dtype_name(q->dtype));
-    if (t[i]->storage->device != q->storage->device)
-      return sta_error(STA_ERR_ARGUMENT, "%s: on %s while q is on %s", ARG[i],
-                       sta_device_name(t[i]->storage->device), sta_device_name(q->storage->device));
-  }
+  if ((rc = check_tensor4(q, "q", desc->layout, &b[0])) != STA_OK) return rc;
+  for (int i = 1; i < 4; i++)
+    if ((i < 3 || out || !out_optional) &&
+        (rc = check_like_q(t[i], ARG[i], desc->layout, q, &b[0], &b[i])) != STA_OK)
+      return rc;
   if (b[0].b < 1 || b[0].h < 1 || b[0].d < 1)
     return sta_error(STA_ERR_SHAPE,
                      "q: batch, heads and D must be >= 1, got B=%lld heads=%lld D=%lld",
@@ -118,10 +129,10 @@ sta_status sta_attn_resolve(const sta_attention_desc *desc,
                        sta_device_name(lse->storage->device), sta_device_name(q->storage->device));
   }
   for (int i = 0; i < 3; i++) {
-    if ((rc = check_no_alias(out, "out", t[i], ARG[i])) != STA_OK) return rc;
-    if ((rc = check_no_alias(lse, "lse", t[i], ARG[i])) != STA_OK) return rc;
+    if ((rc = check_no_alias("forward", "reading", out, "out", t[i], ARG[i])) != STA_OK) return rc;
+    if ((rc = check_no_alias("forward", "reading", lse, "lse", t[i], ARG[i])) != STA_OK) return rc;
   }
-  if ((rc = check_no_alias(lse, "lse", out, "out")) != STA_OK) return rc;
+  if ((rc = check_no_alias("forward", "reading", lse, "lse", out, "out")) != STA_OK) return rc;
   if (q->storage->device != STA_CPU && !sta_backend_available(q->storage->device))
     return sta_error(STA_ERR_BACKEND, "st attn not supported");
   int32_t *w = sta_malloc(sizeof(int32_t) * 3 * (size_t)b[0].h);
@@ -132,13 +143,13 @@ sta_status sta_attn_resolve(const sta_attention_desc *desc,
 
   memset(p, 0, sizeof *p);
   p->q = sta_tensor_data(q); p->k = sta_tensor_data(k); p->v = sta_tensor_data(v);
-  p->o = sta_tensor_data(out);
+  p->o = out ? sta_tensor_data(out) : NULL;
   p->dtype = q->dtype;
   p->batch = b[0].b; p->seq_len = b[0].s; p->heads = b[0].h; p->head_dim = b[0].d;
   p->q_sb = b[0].sb; p->q_ss = b[0].ss; p->q_sh = b[0].sh;
   p->k_sb = b[1].sb; p->k_ss = b[1].ss; p->k_sh = b[1].sh;
   p->v_sb = b[2].sb; p->v_ss = b[2].ss; p->v_sh = b[2].sh;
-  p->o_sb = b[3].sb; p->o_ss = b[3].ss; p->o_sh = b[3].sh;
+  if (out) { p->o_sb = b[3].sb; p->o_ss = b[3].ss; p->o_sh = b[3].sh; }
   if (lse) {
     p->lse = sta_tensor_data(lse);
     p->lse_sb = lse->stride[0]; p->lse_sh = lse->stride[1]; p->lse_ss = lse->stride[2];
@@ -152,6 +163,12 @@ sta_status sta_attn_resolve(const sta_attention_desc *desc,
   p->fast_softmax = desc->softmax == STA_SOFTMAX_FAST;
   p->deterministic = desc->deterministic;
   return STA_OK;
+}
+
+sta_status sta_attn_resolve(const sta_attention_desc *desc, const sta_tensor *q,
+                            const sta_tensor *k, const sta_tensor *v, const sta_tensor *out,
+                            const sta_tensor *lse, sta_attn_params *p) {
+  return resolve(desc, q, k, v, out, lse, p, 0);
 }
 
 sta_status sta_attention_forward(const sta_attention_desc *desc,
@@ -176,6 +193,80 @@ sta_status sta_attention_reference(const sta_attention_desc *desc,
   sta_status rc = sta_attn_resolve(desc, q, k, v, out, lse, &p);
   if (rc != STA_OK) return rc;
   rc = sta_cpu_attention_reference(&p);
+  free((void *)p.windows);
+  return rc;
+}
+
+/* The backward's operands beyond the forward's: dout read, dq dk dv
+** written (names in order); each like q, the written ones overlapping
+** nothing else.  ro: the tensors only read (q, k, v, out or dout, ...). */
+static sta_status bwd_operands(const sta_attention_desc *desc, const sta_tensor *q,
+                               const sta_tensor *dout, sta_tensor *const *g,
+                               const sta_tensor *const *ro, const char *const *ro_name,
+                               int n_ro, sta_attn_params *p) {
+  static const char *GN[3] = {"dq", "dk", "dv"};
+  sta_bshd bq, bd, bg[3];
+  sta_status rc;
+  if ((rc = check_tensor4(q, "q", desc->layout, &bq)) != STA_OK) return rc;
+  if ((rc = check_like_q(dout, "dout", desc->layout, q, &bq, &bd)) != STA_OK) return rc;
+  for (int i = 0; i < 3; i++)
+    if ((rc = check_like_q(g[i], GN[i], desc->layout, q, &bq, &bg[i])) != STA_OK) return rc;
+  for (int i = 0; i < 3; i++) {
+    for (int j = 0; j < i; j++)
+      if ((rc = check_no_alias("backward", "writing", g[i], GN[i], g[j], GN[j])) != STA_OK) return rc;
+    for (int j = 0; j < n_ro; j++)
+      if ((rc = check_no_alias("backward", "reading", g[i], GN[i], ro[j], ro_name[j])) != STA_OK)
+        return rc;
+  }
+  p->dout = sta_tensor_data(dout);
+  p->dq = sta_tensor_data(g[0]); p->dk = sta_tensor_data(g[1]); p->dv = sta_tensor_data(g[2]);
+  p->do_sb = bd.sb; p->do_ss = bd.ss; p->do_sh = bd.sh;
+  p->dq_sb = bg[0].sb; p->dq_ss = bg[0].ss; p->dq_sh = bg[0].sh;
+  p->dk_sb = bg[1].sb; p->dk_ss = bg[1].ss; p->dk_sh = bg[1].sh;
+  p->dv_sb = bg[2].sb; p->dv_ss = bg[2].ss; p->dv_sh = bg[2].sh;
+  return STA_OK;
+}
+
+sta_status sta_attention_backward(const sta_attention_desc *desc, const sta_tensor *q,
+                                  const sta_tensor *k, const sta_tensor *v,
+                                  const sta_tensor *out, const sta_tensor *lse,
+                                  const sta_tensor *dout, sta_tensor *dq, sta_tensor *dk,
+                                  sta_tensor *dv) {
+  sta_attn_params p;
+  sta_status rc;
+  if (!lse && desc && q && k && v && out)
+    return sta_error(STA_ERR_ARGUMENT,
+                     "lse: expected the forward's f32 [B, heads, S] log-sum-exp, got NULL");
+  if ((rc = sta_attn_resolve(desc, q, k, v, out, lse, &p)) != STA_OK) return rc;
+  sta_tensor *g[3] = {dq, dk, dv};
+  const sta_tensor *ro[6] = {q, k, v, out, lse, dout};
+  static const char *RN[6] = {"q", "k", "v", "out", "lse", "dout"};
+  rc = bwd_operands(desc, q, dout, g, ro, RN, 6, &p);
+  if (rc == STA_OK) {
+    const sta_backend_ops *be = sta_backend_get(q->storage->device);
+    rc = be->attention_backward
+             ? be->attention_backward(&p)
+             : sta_error(STA_ERR_UNSUPPORTED, "backward: not implemented on %s yet",
+                         sta_device_name(q->storage->device));
+  }
+  free((void *)p.windows);
+  return rc;
+}
+
+sta_status sta_attention_backward_reference(const sta_attention_desc *desc,
+                                            const sta_tensor *q, const sta_tensor *k,
+                                            const sta_tensor *v, const sta_tensor *dout,
+                                            sta_tensor *dq, sta_tensor *dk, sta_tensor *dv) {
+  if (q && q->storage->device != STA_CPU)
+    return sta_error(STA_ERR_ARGUMENT, "q: the reference runs on host tensors only");
+  sta_attn_params p;
+  sta_status rc = resolve(desc, q, k, v, NULL, NULL, &p, 1);
+  if (rc != STA_OK) return rc;
+  sta_tensor *g[3] = {dq, dk, dv};
+  const sta_tensor *ro[4] = {q, k, v, dout};
+  static const char *RN[4] = {"q", "k", "v", "dout"};
+  rc = bwd_operands(desc, q, dout, g, ro, RN, 4, &p);
+  if (rc == STA_OK) rc = sta_cpu_attention_backward_reference(&p);
   free((void *)p.windows);
   return rc;
 }

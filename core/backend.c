@@ -31,8 +31,9 @@ static sta_status cpu_memcpy(void *dst, sta_device dd, const void *src,
 static sta_status cpu_sync(void) { return STA_OK; }
 
 static const sta_backend_ops cpu_ops = {
-  "cpu", cpu_probe, cpu_alloc, free, cpu_memcpy, NULL, NULL, NULL,
-  sta_cpu_attention, sta_cpu_head_diff, cpu_sync};
+  .name = "cpu", .probe = cpu_probe, .alloc = cpu_alloc, .release = free,
+  .memcpy = cpu_memcpy, .attention = sta_cpu_attention, .head_diff = sta_cpu_head_diff,
+  .synchronize = cpu_sync, .attention_backward = sta_cpu_attention_backward};
 
 #ifdef STA_WITH_CUDA
 static int cuda_state = -1; /* -1 unprobed, 0 no, 1 yes */

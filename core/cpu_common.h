@@ -89,6 +89,13 @@ static inline __m512 exp2_neg16(__m512 x) {
 ** either way. */
 sta_status sta_cpu_plan_make(sta_cpu_plan *pl, const sta_attn_params *p);
 void sta_cpu_plan_free(sta_cpu_plan *pl);
+/* Work items over the compact rows: the text_rows rows from V (tile -1)
+** in blocks of STA_CPU_QB first, then each tile in equal parts of at most
+** STA_CPU_QB rows.  The forward's query items take every row after the
+** video; the backward's key items only the valid text keys.  *out from
+** sta_malloc; STA_ERR_NOMEM (no message) on failure. */
+sta_status sta_cpu_items(const sta_cpu_plan *pl, int64_t text_rows, sta_cpu_item **out,
+                         int64_t *count);
 /* Key row ranges [lo, hi) (compact order) of query tile `tile` (-1: text
 ** rows, every key) for head's window, merged where adjacent; at most
 ** pl->max_ranges. */

@@ -59,7 +59,7 @@ sta_status sta_cpu_plan_make(sta_cpu_plan *pl, const sta_attn_params *p) {
   pl->tile_off = sta_malloc(sizeof(int64_t) * (size_t)(pl->ntiles + 1));
   pl->token = sta_malloc(sizeof(int64_t) * (size_t)p->video_len);
   if (!pl->tile_off || !pl->token) return STA_ERR_NOMEM;
-  int64_t nitems = 0, r = 0;
+  int64_t r = 0;
   for (int64_t id = 0; id < pl->ntiles; id++) {
     int64_t it = id / ((int64_t)g[1] * g[2]), ih = (id / g[2]) % g[1], iw = id % g[2];
     int64_t t0 = it * tl[0], h0 = ih * tl[1], w0 = iw * tl[2];
@@ -70,35 +70,43 @@ sta_status sta_cpu_plan_make(sta_cpu_plan *pl, const sta_attn_params *p) {
     for (int64_t t = t0; t < t1; t++)
       for (int64_t hh = h0; hh < h1; hh++)
         for (int64_t ww = w0; ww < w1; ww++) pl->token[r++] = (t * cv[1] + hh) * cv[2] + ww;
-    nitems += (r - pl->tile_off[id] + STA_CPU_QB - 1) / STA_CPU_QB;
   }
   pl->tile_off[pl->ntiles] = r;
-  int64_t text_rows = p->seq_len - p->video_len;
-  nitems += (text_rows + STA_CPU_QB - 1) / STA_CPU_QB;
-  pl->items = sta_malloc(sizeof(sta_cpu_item) * (size_t)nitems);
-  if (!pl->items) return STA_ERR_NOMEM;
+  if (sta_cpu_items(pl, p->seq_len - p->video_len, &pl->items, &pl->nitems) != STA_OK)
+    return STA_ERR_NOMEM;
+  pl->kf = sta_malloc(sizeof(float) * (size_t)(pl->keys * p->head_dim) + 1);
+  pl->vf = sta_malloc(sizeof(float) * (size_t)(pl->keys * p->head_dim) + 1);
+  if (!pl->kf || !pl->vf) return STA_ERR_NOMEM;
+  return STA_OK;
+}
+
+sta_status sta_cpu_items(const sta_cpu_plan *pl, int64_t text_rows, sta_cpu_item **out,
+                         int64_t *count) {
+  int64_t n = (text_rows + STA_CPU_QB - 1) / STA_CPU_QB;
+  for (int64_t id = 0; id < pl->ntiles; id++)
+    n += (pl->tile_off[id + 1] - pl->tile_off[id] + STA_CPU_QB - 1) / STA_CPU_QB;
+  sta_cpu_item *it = sta_malloc(sizeof(sta_cpu_item) * (size_t)(n > 0 ? n : 1));
+  if (!it) return STA_ERR_NOMEM;
+  n = 0;
   /* text rows first: the largest items start first */
-  int64_t n = 0;
   for (int64_t s = 0; s < text_rows; s += STA_CPU_QB) {
-    pl->items[n].row = p->video_len + s;
-    pl->items[n].count = text_rows - s < STA_CPU_QB ? text_rows - s : STA_CPU_QB;
-    pl->items[n++].tile = -1;
+    it[n].row = pl->p->video_len + s;
+    it[n].count = text_rows - s < STA_CPU_QB ? text_rows - s : STA_CPU_QB;
+    it[n++].tile = -1;
   }
   for (int64_t id = 0; id < pl->ntiles; id++) {
     int64_t c = pl->tile_off[id + 1] - pl->tile_off[id];
     int64_t parts = (c + STA_CPU_QB - 1) / STA_CPU_QB, done = 0;
     for (int64_t k = 0; k < parts; k++) {
       int64_t len = (c - done) / (parts - k);
-      pl->items[n].row = pl->tile_off[id] + done;
-      pl->items[n].count = len;
-      pl->items[n++].tile = id;
+      it[n].row = pl->tile_off[id] + done;
+      it[n].count = len;
+      it[n++].tile = id;
       done += len;
     }
   }
-  pl->nitems = n;
-  pl->kf = sta_malloc(sizeof(float) * (size_t)(pl->keys * p->head_dim) + 1);
-  pl->vf = sta_malloc(sizeof(float) * (size_t)(pl->keys * p->head_dim) + 1);
-  if (!pl->kf || !pl->vf) return STA_ERR_NOMEM;
+  *out = it;
+  *count = n;
   return STA_OK;
 }
 

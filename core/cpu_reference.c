@@ -115,3 +115,89 @@ sta_status sta_cpu_head_diff(const sta_attn_params *p, float *l1, float *l2) {
   }
   return STA_OK;
 }
+
+/* The gradient of sta_cpu_attention_reference (STA.md section 10), in
+** double, from q, k, v and dout alone: each (batch, head) on one thread,
+** its rows in order, dK and dV accumulated in double over every query row
+** and stored once.  P is recomputed per row, exactly as the forward
+** reference computes it. */
+sta_status sta_cpu_attention_backward_reference(const sta_attn_params *p) {
+  int64_t S = p->seq_len, D = p->head_dim, keys = p->video_len + p->text_len;
+  int nt = sta_get_num_threads();
+  size_t es = sta_dtype_size(p->dtype);
+  size_t per = (size_t)(2 * keys + 2 * keys * D + 4 * D);
+  double *buf = sta_malloc(sizeof(double) * per * (size_t)nt);
+  if (!buf) return sta_error(STA_ERR_NOMEM, "out of host memory (backward reference buffers)");
+#define ROW(base, sb, ss, sh, s) ((const char *)(base) + (b * (sb) + (s) * (ss) + h * (sh)) * (int64_t)es)
+  #pragma omp parallel num_threads(nt)
+  {
+    int tid = omp_get_thread_num();
+    double *pr = buf + per * (size_t)tid, *dpr = pr + keys, *dk = dpr + keys, *dv = dk + keys * D;
+    double *qd = dv + keys * D, *dod = qd + D, *od = dod + D, *dq = od + D;
+    #pragma omp for schedule(dynamic, 1)
+    for (int64_t bh = 0; bh < p->batch * p->heads; bh++) {
+      int64_t b = bh / p->heads, h = bh % p->heads;
+      const int32_t *win = p->windows + 3 * h;
+      memset(dk, 0, sizeof(double) * (size_t)(2 * keys * D));
+      for (int64_t s = 0; s < S; s++) {
+        int64_t qc[3] = {0, 0, 0};
+        if (s < p->video_len) coords(p, s, qc);
+        for (int64_t d = 0; d < D; d++) {
+          qd[d] = sta_load_f32(ROW(p->q, p->q_sb, p->q_ss, p->q_sh, s) + d * es, p->dtype);
+          dod[d] = sta_load_f32(ROW(p->dout, p->do_sb, p->do_ss, p->do_sh, s) + d * es, p->dtype);
+          od[d] = dq[d] = 0;
+        }
+        double m = -INFINITY, l = 0;
+        for (int64_t j = 0; j < keys; j++) {
+          if (!is_key(p, win, s, qc, j)) { pr[j] = -INFINITY; continue; }
+          const char *kr = ROW(p->k, p->k_sb, p->k_ss, p->k_sh, j);
+          double dot = 0;
+          for (int64_t d = 0; d < D; d++) dot += qd[d] * (double)sta_load_f32(kr + d * es, p->dtype);
+          pr[j] = dot * (double)p->scale;
+          if (pr[j] > m) m = pr[j];
+        }
+        for (int64_t j = 0; j < keys; j++)
+          if (pr[j] != -INFINITY) l += exp(pr[j] - m);
+        /* P, O = P V, dP = dO . v_j, D_i = dO . O */
+        for (int64_t j = 0; j < keys; j++) {
+          if (pr[j] == -INFINITY) { pr[j] = 0; dpr[j] = 0; continue; }
+          pr[j] = exp(pr[j] - m) / l;
+          const char *vr = ROW(p->v, p->v_sb, p->v_ss, p->v_sh, j);
+          double dp = 0;
+          for (int64_t d = 0; d < D; d++) {
+            double x = (double)sta_load_f32(vr + d * es, p->dtype);
+            od[d] += pr[j] * x;
+            dp += dod[d] * x;
+          }
+          dpr[j] = dp;
+        }
+        double di = 0;
+        for (int64_t d = 0; d < D; d++) di += dod[d] * od[d];
+        for (int64_t j = 0; j < keys; j++) {
+          if (pr[j] == 0 && dpr[j] == 0) continue;
+          double ds = pr[j] * (dpr[j] - di);
+          const char *kr = ROW(p->k, p->k_sb, p->k_ss, p->k_sh, j);
+          for (int64_t d = 0; d < D; d++) {
+            dq[d] += ds * (double)sta_load_f32(kr + d * es, p->dtype);
+            dk[j * D + d] += ds * qd[d];
+            dv[j * D + d] += pr[j] * dod[d];
+          }
+        }
+        char *o = (char *)ROW(p->dq, p->dq_sb, p->dq_ss, p->dq_sh, s);
+        for (int64_t d = 0; d < D; d++)
+          sta_store_f32(o + d * es, p->dtype, (float)(dq[d] * (double)p->scale));
+      }
+      for (int64_t j = 0; j < S; j++) {
+        char *ko = (char *)ROW(p->dk, p->dk_sb, p->dk_ss, p->dk_sh, j);
+        char *vo = (char *)ROW(p->dv, p->dv_sb, p->dv_ss, p->dv_sh, j);
+        for (int64_t d = 0; d < D; d++) {
+          sta_store_f32(ko + d * es, p->dtype, j < keys ? (float)(dk[j * D + d] * (double)p->scale) : 0.0f);
+          sta_store_f32(vo + d * es, p->dtype, j < keys ? (float)dv[j * D + d] : 0.0f);
+        }
+      }
+    }
+  }
+#undef ROW
+  free(buf);
+  return STA_OK;
+}

@@ -133,6 +133,14 @@ typedef struct sta_attn_params {
   float scale;
   int32_t fast_softmax;   /* desc->softmax == STA_SOFTMAX_FAST */
   int32_t deterministic;  /* backward: bit-identical run to run */
+  /* The backward (sta_attention_backward) reads o and lse (the forward's)
+  ** and dout, and writes dq, dk, dv; strides in elements as above. */
+  const void *dout;
+  void *dq, *dk, *dv;
+  int64_t do_sb, do_ss, do_sh;
+  int64_t dq_sb, dq_ss, dq_sh;
+  int64_t dk_sb, dk_ss, dk_sh;
+  int64_t dv_sb, dv_ss, dv_sh;
 } sta_attn_params;
 
 /* ---- backends ----------------------------------------------------------- */
@@ -155,6 +163,8 @@ typedef struct sta_backend_ops {
   ** uses batch, seq_len, heads, head_dim, q_* (a) and o_* (b) strides. */
   sta_status (*head_diff)(const sta_attn_params *p, float *l1, float *l2);
   sta_status (*synchronize)(void);
+  /* The gradients (params' backward fields); NULL: not implemented here. */
+  sta_status (*attention_backward)(const sta_attn_params *p);
 } sta_backend_ops;
 
 /* The backend table for a device, NULL when not compiled in. */
@@ -169,6 +179,10 @@ void sta_device_account(int64_t delta);
 sta_status sta_cpu_attention(const sta_attn_params *p);
 sta_status sta_cpu_attention_reference(const sta_attn_params *p);
 sta_status sta_cpu_head_diff(const sta_attn_params *p, float *l1, float *l2);
+sta_status sta_cpu_attention_backward(const sta_attn_params *p);
+/* The double-precision gradient of the reference from q, k, v, dout alone
+** (o and lse unused). */
+sta_status sta_cpu_attention_backward_reference(const sta_attn_params *p);
 
 /* Resolve desc and tensors into params (all checks of the forward).  On
 ** success p->windows is a heads*3 array from sta_malloc: free() it. */
