@@ -144,12 +144,13 @@ static sta_status dry_check(const sta_attention_desc *d, const sta_tensor *q,
   return rc;
 }
 
-/* Search mode: every candidate on all local heads, full (last) into out. */
+/* Search mode: every candidate on all local heads, full (last) into out
+** (and its log-sum-exp into lse when asked). */
 static sta_status search_forward(sta_layer *l, sta_context *ctx,
                                  sta_attention_desc *d, int32_t n,
                                  const int32_t *row, const sta_tensor *q,
                                  const sta_tensor *k, const sta_tensor *v,
-                                 sta_tensor *out) {
+                                 sta_tensor *out, sta_tensor *lse) {
   sta_status rc;
   int32_t hl = l->local_heads;
   for (int32_t c = 0; c < n; c++) {
@@ -172,7 +173,7 @@ static sta_status search_forward(sta_layer *l, sta_context *ctx,
   if (n > 1 && (rc = sta_tensor_create(&cand, out->dtype, l->backend, 4, out->shape)) != STA_OK)
     goto done;
   d->windows = row + 3 * (n - 1);
-  if ((rc = sta_attention_forward(d, q, k, v, full, NULL)) != STA_OK) goto done;
+  if ((rc = sta_attention_forward(d, q, k, v, full, lse)) != STA_OK) goto done;
   for (int32_t c = 0; c + 1 < n; c++) {
     d->windows = row + 3 * c;
     if ((rc = sta_attention_forward(d, q, k, v, cand, NULL)) != STA_OK ||
@@ -195,10 +196,17 @@ done:
   return rc;
 }
 
-sta_status sta_layer_forward(sta_layer *l, const sta_tensor *q,
-                             const sta_tensor *k, const sta_tensor *v,
-                             sta_tensor *out) {
+/* What the live context gives this layer: d's geometry (from q's length
+** when the layer has none), layout, scale and windows.  *n: the row's
+** window count when it is a search row (candidates, full last), else 0.
+** *owned: windows built from the layer's strategy, to free.  Every check
+** of the context and the operands (named in ops) runs here. */
+static sta_status layer_windows(sta_layer *l, const sta_tensor *const *ops,
+                                const char *const *names, int n_ops, sta_attention_desc *d,
+                                sta_context **ctx_out, int32_t *n_search,
+                                const int32_t **row_out, int32_t **owned) {
   sta_status rc;
+  *owned = NULL;
   if (!l) return sta_error(STA_ERR_ARGUMENT, "layer: expected a layer, got NULL");
   sta_context *ctx = sta_context_current();
   if (!ctx)
@@ -209,7 +217,6 @@ sta_status sta_layer_forward(sta_layer *l, const sta_tensor *q,
   int32_t hl = l->local_heads, n = 0;
   int64_t total = (int64_t)hl * l->sp_size;
   const int32_t *row = NULL;
-  int32_t *owned = NULL; /* this rank's windows, built from the strategy */
   const sta_metadata *md = sta_context_metadata(ctx);
   if (md) {
     if (l->index >= sta_metadata_layers(md))
@@ -221,40 +228,86 @@ sta_status sta_layer_forward(sta_layer *l, const sta_tensor *q,
       return sta_error(STA_ERR_NO_STRATEGY, "mask_strategy cannot be None for SlidingTileAttention");
     if (!sta_strategy_has_step(l->strategy, 0))
       return sta_error(STA_ERR_NO_STEP0, "mask_strategy[0] cannot be None for SlidingTileAttention");
-    owned = sta_malloc(sizeof(int32_t) * 3 * (size_t)hl);
-    if (!owned) return sta_error(STA_ERR_NOMEM, "out of host memory (windows)");
+    int32_t *w = sta_malloc(sizeof(int32_t) * 3 * (size_t)hl);
+    if (!w) return sta_error(STA_ERR_NOMEM, "out of host memory (windows)");
     for (int32_t h = 0; h < hl; h++)
       if ((rc = sta_strategy_get(l->strategy, sta_context_step(ctx), l->index,
-                                 l->sp_rank * hl + h, owned + 3 * h)) != STA_OK) {
-        free(owned);
+                                 l->sp_rank * hl + h, w + 3 * h)) != STA_OK) {
+        free(w);
         return rc;
       }
+    *owned = w;
     n = -1; /* this rank's windows, one per local head */
   }
-  /* from here on, leave through done: owned may need freeing */
-  sta_attention_desc d;
   sta_bshd qb;
-  memset(&d, 0, sizeof d);
-  if ((rc = sta_tensor_bshd(q, l->layout, "q", &qb)) != STA_OK) goto done;
-  d.geom = l->geom;
+  memset(d, 0, sizeof *d);
+  if ((rc = sta_tensor_bshd(ops[0], l->layout, names[0], &qb)) != STA_OK) goto fail;
+  d->geom = l->geom;
   if (l->auto_geom) {
-    if ((rc = sta_geometry_from_seq_len(&d.geom, qb.s)) != STA_OK) goto done;
-  } else if ((rc = sta_geometry_check(&d.geom, qb.s)) != STA_OK)
-    goto done;
-  if ((rc = check_operand(l, q, "q")) != STA_OK || (rc = check_operand(l, k, "k")) != STA_OK ||
-      (rc = check_operand(l, v, "v")) != STA_OK || (rc = check_operand(l, out, "out")) != STA_OK)
-    goto done;
-  d.layout = l->layout;
-  d.scale = l->scale;
+    if ((rc = sta_geometry_from_seq_len(&d->geom, qb.s)) != STA_OK) goto fail;
+  } else if ((rc = sta_geometry_check(&d->geom, qb.s)) != STA_OK)
+    goto fail;
+  for (int i = 0; i < n_ops; i++)
+    if ((rc = check_operand(l, ops[i], names[i])) != STA_OK) goto fail;
+  d->layout = l->layout;
+  d->scale = l->scale;
   if (n == total || n < 0) {
-    d.n_windows = hl;
-    d.windows = owned ? owned : row + 3 * (size_t)l->sp_rank * hl;
-    rc = sta_attention_forward(&d, q, k, v, out, NULL);
-  } else {
-    d.n_windows = 1;
-    rc = search_forward(l, ctx, &d, n, row, q, k, v, out);
-  }
-done:
+    d->n_windows = hl;
+    d->windows = *owned ? *owned : row + 3 * (size_t)l->sp_rank * hl;
+    n = 0;
+  } else
+    d->n_windows = 1;
+  *ctx_out = ctx;
+  *n_search = n;
+  *row_out = row;
+  return STA_OK;
+fail:
+  free(*owned);
+  *owned = NULL;
+  return rc;
+}
+
+sta_status sta_layer_forward_lse(sta_layer *l, const sta_tensor *q, const sta_tensor *k,
+                                 const sta_tensor *v, sta_tensor *out, sta_tensor *lse) {
+  static const char *N[4] = {"q", "k", "v", "out"};
+  const sta_tensor *ops[4] = {q, k, v, out};
+  sta_attention_desc d;
+  sta_context *ctx;
+  int32_t n, *owned;
+  const int32_t *row;
+  sta_status rc = layer_windows(l, ops, N, 4, &d, &ctx, &n, &row, &owned);
+  if (rc != STA_OK) return rc;
+  rc = n == 0 ? sta_attention_forward(&d, q, k, v, out, lse)
+              : search_forward(l, ctx, &d, n, row, q, k, v, out, lse);
+  free(owned);
+  return rc;
+}
+
+sta_status sta_layer_forward(sta_layer *l, const sta_tensor *q,
+                             const sta_tensor *k, const sta_tensor *v,
+                             sta_tensor *out) {
+  return sta_layer_forward_lse(l, q, k, v, out, NULL);
+}
+
+sta_status sta_layer_backward(sta_layer *l, const sta_tensor *q, const sta_tensor *k,
+                              const sta_tensor *v, const sta_tensor *out,
+                              const sta_tensor *lse, const sta_tensor *dout, sta_tensor *dq,
+                              sta_tensor *dk, sta_tensor *dv) {
+  static const char *N[8] = {"q", "k", "v", "out", "dout", "dq", "dk", "dv"};
+  const sta_tensor *ops[8] = {q, k, v, out, dout, dq, dk, dv};
+  sta_attention_desc d;
+  sta_context *ctx;
+  int32_t n, *owned;
+  const int32_t *row;
+  sta_status rc = layer_windows(l, ops, N, 8, &d, &ctx, &n, &row, &owned);
+  if (rc != STA_OK) return rc;
+  if (n != 0)
+    rc = sta_error(STA_ERR_UNSUPPORTED,
+                   "backward: layer %d runs a mask search at step %d (%d candidate windows); "
+                   "a search-mode forward has no backward",
+                   (int)l->index, (int)sta_context_step(ctx), (int)n);
+  else
+    rc = sta_attention_backward(&d, q, k, v, out, lse, dout, dq, dk, dv);
   free(owned);
   return rc;
 }

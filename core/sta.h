@@ -521,6 +521,23 @@ void sta_layer_set_strategy(sta_layer *l, const sta_strategy *s);
 sta_status sta_layer_forward(sta_layer *l, const sta_tensor *q,
                              const sta_tensor *k, const sta_tensor *v,
                              sta_tensor *out);
+/* sta_layer_forward that also writes the log-sum-exp (lse: NULL, or f32
+** [B, local heads, S] as for sta_attention_forward; in search mode the full
+** window's), which sta_layer_backward needs. */
+sta_status sta_layer_forward_lse(sta_layer *l, const sta_tensor *q,
+                                 const sta_tensor *k, const sta_tensor *v,
+                                 sta_tensor *out, sta_tensor *lse);
+/* The gradients of this layer's forward (STA.md section 10) under the live
+** context: the same step, row and windows as the forward saw, so call it
+** with the context of the forward still live.  out and lse are that
+** forward's; the rest as for sta_attention_backward.  A search row (mask
+** search) has no backward: STA_ERR_UNSUPPORTED saying so.  On error dq,
+** dk, dv are unchanged. */
+sta_status sta_layer_backward(sta_layer *l, const sta_tensor *q,
+                              const sta_tensor *k, const sta_tensor *v,
+                              const sta_tensor *out, const sta_tensor *lse,
+                              const sta_tensor *dout, sta_tensor *dq,
+                              sta_tensor *dk, sta_tensor *dv);
 
 /* }====================================================================== */
 

@@ -2,6 +2,7 @@
 ** checks in order (nothing changed on error), sequence-parallel head
 ** selection against sta_attention_forward, FastVideo strategy files, and
 ** search mode. */
+#include <math.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <setjmp.h>
@@ -609,6 +610,83 @@ static void test_search_sp(void **state) {
   sta_metadata_destroy(md);
 }
 
+/* ---- backward ---------------------------------------------------------------- */
+
+/* The layer's backward uses the live context's windows (here per head, from
+** a strategy, at step 3 of a rank's heads) and matches sta_attention_backward
+** with them; a search row and a missing context are errors that leave the
+** gradients as they were. */
+static void test_backward(void **state) {
+  (void)state;
+  sta_strategy *st = NULL;
+  assert_int_equal(sta_strategy_create(&st), STA_OK);
+  int32_t wins[4][3] = {{1, 1, 3}, {3, 1, 1}, {1, 3, 5}, {3, 3, 1}};
+  for (int32_t h = 0; h < 4; h++) {
+    int32_t full[3] = {3, 3, 7};
+    assert_int_equal(sta_strategy_set(st, 0, 0, h, full), STA_OK);
+    assert_int_equal(sta_strategy_set(st, 3, 0, h, wins[h]), STA_OK);
+  }
+  sta_layer_desc ld = base_desc();
+  ld.sp_rank = 1;
+  ld.sp_size = 2;
+  ld.strategy = st;
+  sta_layer *l = NULL;
+  assert_int_equal(sta_layer_create(&l, &ld), STA_OK);
+  sta_tensor *t[8], *r[3], *lse = NULL;
+  for (int i = 0; i < 8; i++) t[i] = randn4(1, S, 2, D);
+  for (int i = 0; i < 3; i++) {
+    r[i] = randn4(1, S, 2, D);
+    assert_int_equal(sta_tensor_fill(t[5 + i], NAN), STA_OK);
+  }
+  int64_t lshape[3] = {1, 2, S};
+  assert_int_equal(sta_tensor_create(&lse, STA_F32, STA_CPU, 3, lshape), STA_OK);
+  sta_forward_batch *fb = NULL;
+  assert_int_equal(sta_forward_batch_create(&fb, 1), STA_OK);
+  /* no live context */
+  EXPECT_ERR(sta_layer_backward(l, t[0], t[1], t[2], t[3], lse, t[4], t[5], t[6], t[7]),
+             STA_ERR_STATE, "STA forward called outside a forward context (no context is live)");
+  sta_context *ctx = NULL;
+  assert_int_equal(sta_context_push(&ctx, 3, NULL, fb), STA_OK);
+  assert_int_equal(sta_layer_forward_lse(l, t[0], t[1], t[2], t[3], lse), STA_OK);
+  assert_int_equal(sta_layer_backward(l, t[0], t[1], t[2], t[3], lse, t[4], t[5], t[6], t[7]),
+                   STA_OK);
+  /* the same through the attention API with rank 1's windows (heads 2, 3) */
+  sta_attention_desc ad;
+  memset(&ad, 0, sizeof ad);
+  geometry(&ad.geom);
+  ad.layout = STA_BSHD;
+  ad.n_windows = 2;
+  ad.windows = &wins[2][0];
+  assert_int_equal(sta_attention_backward(&ad, t[0], t[1], t[2], t[3], lse, t[4], r[0], r[1], r[2]),
+                   STA_OK);
+  for (int i = 0; i < 3; i++) assert_same(t[5 + i], r[i], 0.0);
+  /* a wrong operand is named */
+  sta_tensor *three = randn4(1, S, 3, D);
+  EXPECT_ERR(sta_layer_backward(l, t[0], t[1], t[2], t[3], lse, three, t[5], t[6], t[7]),
+             STA_ERR_SHAPE, "dout: expected 2 heads (local_heads), got 3");
+  assert_int_equal(sta_context_pop(ctx), STA_OK);
+  /* a search row: candidates then the full window, fewer than the heads */
+  sta_metadata *md = NULL;
+  int32_t cand[6] = {1, 1, 1, 3, 3, 7};
+  assert_int_equal(sta_metadata_search(&md, 1, 2, cand), STA_OK);
+  assert_int_equal(sta_context_push(&ctx, 5, md, fb), STA_OK);
+  for (int i = 0; i < 3; i++) assert_int_equal(sta_tensor_copy(r[i], t[5 + i]), STA_OK);
+  EXPECT_ERR(sta_layer_backward(l, t[0], t[1], t[2], t[3], lse, t[4], t[5], t[6], t[7]),
+             STA_ERR_UNSUPPORTED,
+             "backward: layer 0 runs a mask search at step 5 (2 candidate windows); a "
+             "search-mode forward has no backward");
+  for (int i = 0; i < 3; i++) assert_same(t[5 + i], r[i], 0.0);
+  assert_int_equal(sta_context_pop(ctx), STA_OK);
+  sta_metadata_destroy(md);
+  sta_forward_batch_destroy(fb);
+  sta_layer_destroy(l);
+  sta_strategy_destroy(st);
+  for (int i = 0; i < 8; i++) sta_tensor_destroy(t[i]);
+  for (int i = 0; i < 3; i++) sta_tensor_destroy(r[i]);
+  sta_tensor_destroy(three);
+  sta_tensor_destroy(lse);
+}
+
 int main(void) {
   seed_base = (uint64_t)time(NULL) * 1000003u + (uint64_t)getpid();
   printf("# test_layer seed %llu\n", (unsigned long long)seed_base);
@@ -621,6 +699,7 @@ int main(void) {
     cmocka_unit_test(test_fastvideo_file),
     cmocka_unit_test(test_search_mode),
     cmocka_unit_test(test_search_sp),
+    cmocka_unit_test(test_backward),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
