@@ -1,11 +1,39 @@
 /*
 ** sta_lua.h -- what the C files of the Lua module (build/lua/sta/core.so)
-** share: the userdata layouts of sta_core.c and its error helpers, so
-** that the other C files under lua/ (sta_dist.c) need not copy them.
+** share.  One file per class, as LuaSocket and luv are laid out:
+**   auxlib.c    errors, device-memory pressure, argument readers, classes
+**   tensor.c    sta.Tensor              files.c     .npy, .safetensors
+**   geometry.c  sta.Geometry, tiling, attention
+**   strategy.c  sta.Strategy, sta.Metadata
+**   runtime.c   sta.ForwardBatch, sta.Context, sta.Layer
+**   tune.c      sta.tune                core.c      luaopen_sta_core
+**   dist.c      sta.Comm, sta.SPLayer (luaopen_sta_dist)
+**
+** Errors, two channels (as Lua's io library):
+**   - misuse raises: bad arguments, wrong types, a state that does not
+**     allow the call, unsupported requests (status groups 100, 200, 300)
+**     and STA_ERR_ENV ("STA_ATTENTION_CONFIG is not set", which STA.md
+**     section 9 wants raised).  The error value is exactly sta_last_error()
+**     (or a binding message naming the argument and value), a string with
+**     no position prefix, so callers can compare it.
+**   - failures of the environment return nil, message, code: out of host
+**     or device memory (400), device failures (500), files (600).
+** Indices: tensor dimensions and element indices are 1-based (Lua);
+** domain ids -- step, layer, head, tile coordinates -- are 0-based as in
+** STA.md and the strategy files ("14_3_7").
+** Device memory: the collector does not see it, so every allocation on a
+** device steps the collector when sta_device_bytes_in_use() is above a soft
+** limit, and an STA_ERR_DEVICE_NOMEM is retried once after a full collect.
+** Objects: userdata created released (NULL handle) before allocating;
+** __gc and __close are one idempotent release; views pin their base with a
+** user value; pushed contexts are anchored in the registry until popped.
 */
 #ifndef STA_LUA_H
 #define STA_LUA_H
 
+#include <stdint.h>
+
+#include <lauxlib.h>
 #include <lua.h>
 
 #include "sta.h"
@@ -13,21 +41,102 @@
 #define STA_LUA_TENSOR "sta.Tensor"
 #define STA_LUA_GEOMETRY "sta.Geometry"   /* userdata: a plain sta_geometry */
 #define STA_LUA_STRATEGY "sta.Strategy"
+#define STA_LUA_METADATA "sta.Metadata"
+#define STA_LUA_BATCH "sta.ForwardBatch"
+#define STA_LUA_CONTEXT "sta.Context"
+#define STA_LUA_LAYER "sta.Layer"
+#define STA_LUA_ANCHOR "sta.contexts" /* registry: lightuserdata ctx -> userdata */
 
 typedef struct sta_lua_tensor { sta_tensor *t; } sta_lua_tensor;       /* NULL: released */
 typedef struct sta_lua_strategy { sta_strategy *s; } sta_lua_strategy; /* NULL: released */
+
+/* ---- errors (auxlib.c) ---------------------------------------------------- */
 
 /* Raise sta_last_error() (status groups 100-300 and STA_ERR_ENV), or push
 ** nil, message, code (400, 500, 600) and return 3. */
 int sta_lua_fail(lua_State *L, sta_status rc);
 /* Raise a formatted message with no position prefix. */
 int sta_lua_misuse(lua_State *L, const char *fmt, ...);
+
+/* ---- device memory (auxlib.c) --------------------------------------------- */
+
+/* rc = expr, run again after a full collect when the device is out of memory. */
+#define STA_LUA_CALL(rc, expr)                                              \
+  do {                                                                      \
+    (rc) = (expr);                                                          \
+    if ((rc) == STA_ERR_DEVICE_NOMEM) {                                     \
+      lua_gc(L, LUA_GCCOLLECT);                                             \
+      (rc) = (expr);                                                        \
+    }                                                                       \
+  } while (0)
+/* Step the collector when device bytes in use pass the soft limit. */
+void sta_lua_device_pressure(lua_State *L);
+int64_t sta_lua_device_soft_limit(void);
+void sta_lua_set_device_soft_limit(int64_t bytes);
+
+/* ---- arguments (auxlib.c) ------------------------------------------------- */
+
+/* Fields of the options table at t, def when absent; raise on a wrong type. */
+lua_Integer sta_lua_int_field(lua_State *L, int t, const char *k, lua_Integer def);
+double sta_lua_num_field(lua_State *L, int t, const char *k, double def);
+int sta_lua_bool_field(lua_State *L, int t, const char *k, int def);
+/* String field or NULL; the string stays alive in the table. */
+const char *sta_lua_str_field(lua_State *L, int t, const char *k);
+/* Raise unless idx is none, nil or a table. */
+void sta_lua_check_opts(lua_State *L, int idx);
+/* Exactly n integers from the table at idx into out. */
+void sta_lua_int_list(lua_State *L, int idx, int32_t *out, int n, const char *name);
+void sta_lua_push_ints(lua_State *L, const int32_t *v, int n);
+sta_device sta_lua_parse_device(lua_State *L, const char *s);
+const char *sta_lua_device_name(sta_device d);
+sta_dtype sta_lua_parse_dtype(lua_State *L, const char *s);
+/* "bshd" (also NULL) or "bhsd", either case. */
+sta_layout sta_lua_parse_layout(lua_State *L, const char *s);
+/* Shape from a table of 1..4 sizes at idx; returns the dimensions. */
+int32_t sta_lua_read_shape(lua_State *L, int idx, int64_t shape[4]);
+/* Windows list {{Kt,Kh,Kw}, ...} at idx into a userdata array left on the
+** stack. */
+int32_t *sta_lua_window_list(lua_State *L, int idx, int32_t *n, const char *name);
+void sta_lua_push_window_list(lua_State *L, const int32_t *w, int32_t n);
+
+/* ---- classes (auxlib.c) --------------------------------------------------- */
+
+/* Metatable name with meta and a methods table (also __index when
+** index_is_methods); safe to run twice. */
+void sta_lua_new_class(lua_State *L, const char *name, const luaL_Reg *meta,
+                       const luaL_Reg *methods, int index_is_methods);
+/* A userdata in the registry under key whose __gc calls gc at lua_close. */
+void sta_lua_registry_sentinel(lua_State *L, const char *key, lua_CFunction gc);
+
+/* ---- the classes' shared entry points ---------------------------------- */
+
+/* tensor.c: a released tensor userdata; counting once u->t is set. */
+sta_lua_tensor *sta_lua_new_tensor(lua_State *L);
+void sta_lua_tensor_born(lua_State *L, sta_lua_tensor *u);
 /* The live tensor at idx, else raise "<name>: expected a tensor, got ..." /
 ** "<name>: tensor is released". */
 sta_tensor *sta_lua_check_tensor(lua_State *L, int idx, const char *name);
-/* Push a new tensor userdata that owns t (counted, collected, closable). */
-void sta_lua_push_tensor(lua_State *L, sta_tensor *t);
-sta_strategy *sta_lua_check_strategy(lua_State *L, int idx);
+/* New contiguous tensor pushed as *uo; 1, or what sta_lua_fail returns. */
+int sta_lua_push_new_tensor(lua_State *L, sta_dtype dt, sta_device dev, int32_t nd,
+                            const int64_t *shape, sta_lua_tensor **uo);
+/* files.c: t:save(path [, name]) */
+int sta_lua_tensor_save(lua_State *L);
+/* geometry.c */
 sta_geometry *sta_lua_check_geometry(lua_State *L, int idx);
+/* Geometry from options at idx: geometry=G, or canvas={T,H,W}, tile=,
+** text_len=.  Returns 0 when no canvas was given. */
+int sta_lua_read_geometry(lua_State *L, int idx, sta_geometry *g);
+/* strategy.c */
+sta_lua_strategy *sta_lua_new_strategy(lua_State *L);
+sta_strategy *sta_lua_check_strategy(lua_State *L, int idx);
+sta_metadata *sta_lua_check_metadata(lua_State *L, int idx);
+
+/* Each adds its classes and functions to the module table on top. */
+void sta_lua_open_tensor(lua_State *L);
+void sta_lua_open_files(lua_State *L);
+void sta_lua_open_geometry(lua_State *L);
+void sta_lua_open_strategy(lua_State *L);
+void sta_lua_open_runtime(lua_State *L);
+void sta_lua_open_tune(lua_State *L);
 
 #endif

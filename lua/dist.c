@@ -1,12 +1,12 @@
 /*
-** sta_dist.c -- the Lua binding of sta.h's sequence parallelism section,
-** built into sta/core.so next to sta_core.c and opened by lua/sta/dist.lua
+** dist.c -- the Lua binding of sta.h's sequence parallelism section,
+** built into sta/core.so with the other lua/*.c files and opened by lua/sta/dist.lua
 ** through package.loadlib(..., "luaopen_sta_dist").  Low-level entry
 ** points (names starting with "_") take already-normalized arguments:
 ** dist.lua builds the geometry (sta.Geometry), flattens windows and makes
 ** output tensors with sta.core, then calls them.
 **
-** Errors follow sta_core.c: misuse raises the exact message; failures of
+** Errors follow sta_lua.h: misuse raises the exact message; failures of
 ** the environment (no NCCL, no GPU, out of memory, files) return nil,
 ** message, code.
 */

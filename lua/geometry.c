@@ -1,0 +1,364 @@
+/*
+** geometry.c -- the sta.Geometry class of the Lua module (canvas, tiles,
+** text), FastVideo's tiled order, and the attention calls.
+*/
+#include <stdint.h>
+#include <stdio.h>
+#include <string.h>
+
+#include <lauxlib.h>
+#include <lua.h>
+
+#include "sta.h"
+#include "sta_lua.h"
+
+/* ---- geometry ------------------------------------------------------------ */
+
+sta_geometry *sta_lua_check_geometry(lua_State *L, int idx) {
+  return luaL_checkudata(L, idx, STA_LUA_GEOMETRY);
+}
+
+/* Geometry from options at idx: geometry=G, or canvas={T,H,W}, tile=,
+** text_len=.  Returns 0 when no canvas was given (g canvas 0,0,0). */
+int sta_lua_read_geometry(lua_State *L, int idx, sta_geometry *g) {
+  memset(g, 0, sizeof *g);
+  g->tile[0] = 6; g->tile[1] = 8; g->tile[2] = 8;
+  g->text_len = -1;
+  if (!lua_istable(L, idx)) return 0;
+  idx = lua_absindex(L, idx);
+  if (lua_getfield(L, idx, "geometry") != LUA_TNIL) {
+    *g = *sta_lua_check_geometry(L, -1);
+    lua_pop(L, 1);
+    return 1;
+  }
+  lua_pop(L, 1);
+  int have = 0;
+  if (lua_getfield(L, idx, "canvas") != LUA_TNIL) {
+    sta_lua_int_list(L, -1, g->canvas, 3, "canvas");
+    have = 1;
+  }
+  lua_pop(L, 1);
+  if (lua_getfield(L, idx, "tile") != LUA_TNIL) sta_lua_int_list(L, -1, g->tile, 3, "tile");
+  lua_pop(L, 1);
+  g->text_len = (int64_t)sta_lua_int_field(L, idx, "text_len", -1);
+  return have;
+}
+
+static int l_geometry(lua_State *L) {
+  luaL_checktype(L, 1, LUA_TTABLE);
+  sta_geometry g;
+  if (!sta_lua_read_geometry(L, 1, &g)) return sta_lua_misuse(L, "canvas: expected {T, H, W}, got nil");
+  sta_status rc = sta_geometry_check(&g, sta_geometry_video_tokens(&g) +
+                                             (g.text_len > 0 ? g.text_len : 0));
+  if (rc != STA_OK) return sta_lua_fail(L, rc);
+  sta_geometry *u = lua_newuserdatauv(L, sizeof *u, 0);
+  *u = g;
+  luaL_setmetatable(L, STA_LUA_GEOMETRY);
+  return 1;
+}
+
+static int l_geometry_from_seq_len(lua_State *L) {
+  sta_geometry g;
+  sta_status rc = sta_geometry_from_seq_len(&g, (int64_t)luaL_checkinteger(L, 1));
+  if (rc != STA_OK) return sta_lua_fail(L, rc);
+  sta_geometry *u = lua_newuserdatauv(L, sizeof *u, 0);
+  *u = g;
+  luaL_setmetatable(L, STA_LUA_GEOMETRY);
+  return 1;
+}
+
+static int g_grid(lua_State *L) {
+  int32_t grid[3];
+  sta_geometry_grid(sta_lua_check_geometry(L, 1), grid);
+  sta_lua_push_ints(L, grid, 3);
+  return 1;
+}
+static int g_video_tokens(lua_State *L) {
+  lua_pushinteger(L, sta_geometry_video_tokens(sta_lua_check_geometry(L, 1)));
+  return 1;
+}
+static int g_text_len(lua_State *L) {
+  sta_geometry *g = sta_lua_check_geometry(L, 1);
+  lua_pushinteger(L, sta_geometry_text_len(g, (int64_t)luaL_checkinteger(L, 2)));
+  return 1;
+}
+static int g_tiled_len(lua_State *L) {
+  sta_geometry *g = sta_lua_check_geometry(L, 1);
+  lua_pushinteger(L, sta_geometry_tiled_len(g, (int64_t)luaL_checkinteger(L, 2)));
+  return 1;
+}
+static int g_check(lua_State *L) {
+  sta_geometry *g = sta_lua_check_geometry(L, 1);
+  sta_status rc = sta_geometry_check(g, (int64_t)luaL_checkinteger(L, 2));
+  if (rc != STA_OK) return sta_lua_fail(L, rc);
+  lua_pushboolean(L, 1);
+  return 1;
+}
+static int g_window_check(lua_State *L) {
+  sta_geometry *g = sta_lua_check_geometry(L, 1);
+  int32_t w[3];
+  sta_lua_int_list(L, 2, w, 3, "window");
+  sta_status rc = sta_window_check(g, w);
+  if (rc != STA_OK) return sta_lua_fail(L, rc);
+  lua_pushboolean(L, 1);
+  return 1;
+}
+
+/* g:key_tiles(query_tile {it, ih, iw}, window) -> list of {it, ih, iw}
+** (0-based tile coordinates) the query tile attends to. */
+static int g_key_tiles(lua_State *L) {
+  sta_geometry *g = sta_lua_check_geometry(L, 1);
+  int32_t q[3], w[3], grid[3], start[3], count[3];
+  sta_lua_int_list(L, 2, q, 3, "tile");
+  sta_lua_int_list(L, 3, w, 3, "window");
+  sta_geometry_grid(g, grid);
+  for (int a = 0; a < 3; a++) {
+    sta_status rc = sta_window_range(q[a], w[a], grid[a], &start[a], &count[a]);
+    if (rc != STA_OK) return sta_lua_fail(L, rc);
+  }
+  lua_createtable(L, count[0] * count[1] * count[2], 0);
+  int n = 0;
+  for (int i = 0; i < count[0]; i++)
+    for (int j = 0; j < count[1]; j++)
+      for (int k = 0; k < count[2]; k++) {
+        int32_t c[3] = {start[0] + i, start[1] + j, start[2] + k};
+        sta_lua_push_ints(L, c, 3);
+        lua_rawseti(L, -2, ++n);
+      }
+  return 1;
+}
+
+static int g_index(lua_State *L) {
+  sta_geometry *g = sta_lua_check_geometry(L, 1);
+  const char *k = luaL_checkstring(L, 2);
+  if (strcmp(k, "canvas") == 0) sta_lua_push_ints(L, g->canvas, 3);
+  else if (strcmp(k, "tile") == 0) sta_lua_push_ints(L, g->tile, 3);
+  else if (strcmp(k, "text_len") == 0) lua_pushinteger(L, g->text_len);
+  else {
+    luaL_getmetatable(L, STA_LUA_GEOMETRY);
+    lua_getfield(L, -1, "methods");
+    lua_getfield(L, -1, k);
+  }
+  return 1;
+}
+
+static int g_tostring(lua_State *L) {
+  sta_geometry *g = sta_lua_check_geometry(L, 1);
+  int32_t grid[3];
+  sta_geometry_grid(g, grid);
+  lua_pushfstring(L, "sta.Geometry(canvas %dx%dx%d, tile %dx%dx%d, grid %dx%dx%d, text_len %d)",
+                  g->canvas[0], g->canvas[1], g->canvas[2], g->tile[0], g->tile[1], g->tile[2],
+                  grid[0], grid[1], grid[2], (int)g->text_len);
+  return 1;
+}
+
+static int l_window_range(lua_State *L) { /* window_range(q, k, c) -> start, count */
+  int32_t s, c;
+  sta_status rc = sta_window_range((int32_t)luaL_checkinteger(L, 1), (int32_t)luaL_checkinteger(L, 2),
+                                   (int32_t)luaL_checkinteger(L, 3), &s, &c);
+  if (rc != STA_OK) return sta_lua_fail(L, rc);
+  lua_pushinteger(L, s);
+  lua_pushinteger(L, c);
+  return 2;
+}
+
+/* tile(in, geometry [, layout]) / untile(in, geometry, seq_len [, layout]) */
+static int l_tile(lua_State *L) {
+  sta_tensor *in = sta_lua_check_tensor(L, 1, "in");
+  sta_geometry *g = sta_lua_check_geometry(L, 2);
+  sta_layout layout = sta_lua_parse_layout(L, luaL_optstring(L, 3, "bshd"));
+  int64_t shape[4];
+  int sdim = layout == STA_BSHD ? 1 : 2;
+  if (sta_tensor_ndim(in) != 4) return sta_lua_misuse(L, "in: expected a 4-D tensor, got %d-D", (int)sta_tensor_ndim(in));
+  for (int i = 0; i < 4; i++) shape[i] = sta_tensor_size(in, i);
+  shape[sdim] = sta_geometry_tiled_len(g, shape[sdim]);
+  sta_lua_tensor *u;
+  int r = sta_lua_push_new_tensor(L, sta_tensor_dtype(in), sta_tensor_device(in), 4, shape, &u);
+  if (r != 1) return r;
+  sta_status rc = sta_tensor_tile(u->t, in, g, layout);
+  if (rc != STA_OK) return sta_lua_fail(L, rc);
+  return 1;
+}
+
+static int l_untile(lua_State *L) {
+  sta_tensor *in = sta_lua_check_tensor(L, 1, "in");
+  sta_geometry *g = sta_lua_check_geometry(L, 2);
+  lua_Integer seq = luaL_checkinteger(L, 3);
+  sta_layout layout = sta_lua_parse_layout(L, luaL_optstring(L, 4, "bshd"));
+  int64_t shape[4];
+  int sdim = layout == STA_BSHD ? 1 : 2;
+  if (sta_tensor_ndim(in) != 4) return sta_lua_misuse(L, "in: expected a 4-D tensor, got %d-D", (int)sta_tensor_ndim(in));
+  for (int i = 0; i < 4; i++) shape[i] = sta_tensor_size(in, i);
+  shape[sdim] = (int64_t)seq;
+  sta_lua_tensor *u;
+  int r = sta_lua_push_new_tensor(L, sta_tensor_dtype(in), sta_tensor_device(in), 4, shape, &u);
+  if (r != 1) return r;
+  sta_status rc = sta_tensor_untile(u->t, in, g, layout);
+  if (rc != STA_OK) return sta_lua_fail(L, rc);
+  return 1;
+}
+
+/* ---- attention ----------------------------------------------------------- */
+
+/* Windows from opts.window: {Kt,Kh,Kw} or a per-head list of them.  The
+** array is a userdata left on the stack.  Default {3,3,3}. */
+static int32_t *read_windows(lua_State *L, int opts, int32_t *n) {
+  int32_t *w;
+  if (!lua_istable(L, opts) || lua_getfield(L, opts, "window") == LUA_TNIL) {
+    if (lua_istable(L, opts)) lua_pop(L, 1);
+    w = lua_newuserdatauv(L, 3 * sizeof(int32_t), 0);
+    w[0] = w[1] = w[2] = 3;
+    *n = 1;
+    return w;
+  }
+  int wi = lua_gettop(L);
+  if (!lua_istable(L, wi)) sta_lua_misuse(L, "window: expected {Kt, Kh, Kw} or a list per head, got %s", luaL_typename(L, wi));
+  lua_geti(L, wi, 1);
+  int per_head = lua_istable(L, -1);
+  lua_pop(L, 1);
+  if (!per_head) {
+    w = lua_newuserdatauv(L, 3 * sizeof(int32_t), 0);
+    sta_lua_int_list(L, wi, w, 3, "window");
+    *n = 1;
+  } else {
+    int32_t k = (int32_t)luaL_len(L, wi);
+    w = lua_newuserdatauv(L, 3 * sizeof(int32_t) * (size_t)k, 0);
+    for (int32_t i = 0; i < k; i++) {
+      char name[32];
+      snprintf(name, sizeof name, "window[%d]", (int)i + 1);
+      lua_geti(L, wi, i + 1);
+      sta_lua_int_list(L, -1, w + 3 * i, 3, name);
+      lua_pop(L, 1);
+    }
+    *n = k;
+  }
+  lua_remove(L, wi);
+  return w;
+}
+
+/* attention(q, k, v [, opts]) -> out [, lse]; reference with ref = 1 */
+static int attention_common(lua_State *L, int ref) {
+  sta_tensor *q = sta_lua_check_tensor(L, 1, "q");
+  sta_tensor *k = sta_lua_check_tensor(L, 2, "k");
+  sta_tensor *v = sta_lua_check_tensor(L, 3, "v");
+  sta_lua_check_opts(L, 4);
+  sta_attention_desc d;
+  memset(&d, 0, sizeof d);
+  d.layout = sta_lua_parse_layout(L, lua_istable(L, 4) ? sta_lua_str_field(L, 4, "layout") : NULL);
+  int sdim = d.layout == STA_BSHD ? 1 : 2;
+  if (!sta_lua_read_geometry(L, 4, &d.geom)) {
+    sta_geometry gk;
+    if (sta_tensor_ndim(q) != 4)
+      return sta_lua_misuse(L, "q: expected a 4-D tensor, got %d-D", (int)sta_tensor_ndim(q));
+    sta_status rc = sta_geometry_from_seq_len(&gk, sta_tensor_size(q, sdim));
+    if (rc != STA_OK) return sta_lua_fail(L, rc);
+    gk.text_len = d.geom.text_len;
+    gk.tile[0] = d.geom.tile[0]; gk.tile[1] = d.geom.tile[1]; gk.tile[2] = d.geom.tile[2];
+    d.geom = gk;
+  }
+  d.windows = read_windows(L, 4, &d.n_windows);
+  d.scale = lua_istable(L, 4) ? (float)sta_lua_num_field(L, 4, "scale", 0) : 0;
+  sta_tensor *out = NULL, *lse = NULL;
+  int want_lse = 0;
+  int top = lua_gettop(L);
+  if (lua_istable(L, 4)) {
+    if (lua_getfield(L, 4, "out") != LUA_TNIL) out = sta_lua_check_tensor(L, -1, "out");
+    if (lua_getfield(L, 4, "lse") != LUA_TNIL) {
+      if (lua_isboolean(L, -1)) want_lse = lua_toboolean(L, -1);
+      else { lse = sta_lua_check_tensor(L, -1, "lse"); want_lse = 1; }
+    }
+  }
+  sta_status rc;
+  int nret = 0;
+  if (out) lua_getfield(L, 4, "out");
+  else {
+    int64_t shape[4];
+    if (sta_tensor_ndim(q) != 4)
+      return sta_lua_misuse(L, "q: expected a 4-D tensor, got %d-D", (int)sta_tensor_ndim(q));
+    for (int i = 0; i < 4; i++) shape[i] = sta_tensor_size(q, i);
+    sta_lua_tensor *u;
+    int r = sta_lua_push_new_tensor(L, sta_tensor_dtype(q), sta_tensor_device(q), 4, shape, &u);
+    if (r != 1) return r;
+    out = u->t;
+  }
+  nret = 1;
+  if (want_lse) {
+    if (lse) lua_getfield(L, 4, "lse");
+    else {
+      int64_t shape[3];
+      int hdim = d.layout == STA_BSHD ? 2 : 1;
+      shape[0] = sta_tensor_size(q, 0);
+      shape[1] = sta_tensor_size(q, hdim);
+      shape[2] = sta_tensor_size(q, sdim);
+      sta_lua_tensor *u;
+      int r = sta_lua_push_new_tensor(L, STA_F32, sta_tensor_device(q), 3, shape, &u);
+      if (r != 1) return r;
+      lse = u->t;
+    }
+    nret = 2;
+  }
+  if (ref) rc = sta_attention_reference(&d, q, k, v, out, lse);
+  else STA_LUA_CALL(rc, sta_attention_forward(&d, q, k, v, out, lse));
+  if (rc != STA_OK) return sta_lua_fail(L, rc);
+  (void)top;
+  return nret;
+}
+
+static int l_attention(lua_State *L) { return attention_common(L, 0); }
+static int l_reference(lua_State *L) { return attention_common(L, 1); }
+
+/* flops{canvas=, tile=, text_len=, window=, batch=, seq_len=, heads=, head_dim=} */
+static int l_flops(lua_State *L) {
+  luaL_checktype(L, 1, LUA_TTABLE);
+  sta_attention_desc d;
+  memset(&d, 0, sizeof d);
+  if (!sta_lua_read_geometry(L, 1, &d.geom)) return sta_lua_misuse(L, "canvas: expected {T, H, W}, got nil");
+  d.windows = read_windows(L, 1, &d.n_windows);
+  int64_t seq = (int64_t)sta_lua_int_field(L, 1, "seq_len", sta_geometry_video_tokens(&d.geom) +
+                                                      (d.geom.text_len > 0 ? d.geom.text_len : 0));
+  lua_pushnumber(L, sta_attention_flops(&d, (int64_t)sta_lua_int_field(L, 1, "batch", 1), seq,
+                                        (int64_t)sta_lua_int_field(L, 1, "heads", 1),
+                                        (int64_t)sta_lua_int_field(L, 1, "head_dim", 128)));
+  return 1;
+}
+
+/* head_diff(a, b [, layout]) -> l1 list, l2 list (per head) */
+static int l_head_diff(lua_State *L) {
+  sta_tensor *a = sta_lua_check_tensor(L, 1, "a");
+  sta_tensor *b = sta_lua_check_tensor(L, 2, "b");
+  sta_layout layout = sta_lua_parse_layout(L, luaL_optstring(L, 3, "bshd"));
+  if (sta_tensor_ndim(a) != 4) return sta_lua_misuse(L, "a: expected a 4-D tensor, got %d-D", (int)sta_tensor_ndim(a));
+  int64_t heads = sta_tensor_size(a, layout == STA_BSHD ? 2 : 1);
+  float *l1 = lua_newuserdatauv(L, sizeof(float) * (size_t)(heads ? heads : 1), 0);
+  float *l2 = lua_newuserdatauv(L, sizeof(float) * (size_t)(heads ? heads : 1), 0);
+  sta_status rc = sta_head_diff(a, b, layout, l1, l2);
+  if (rc != STA_OK) return sta_lua_fail(L, rc);
+  lua_createtable(L, (int)heads, 0);
+  lua_createtable(L, (int)heads, 0);
+  for (int64_t h = 0; h < heads; h++) {
+    lua_pushnumber(L, l1[h]);
+    lua_rawseti(L, -3, h + 1);
+    lua_pushnumber(L, l2[h]);
+    lua_rawseti(L, -2, h + 1);
+  }
+  return 2;
+}
+
+/* ---- registration ---------------------------------------------------------- */
+
+static const luaL_Reg geometry_meta[] = {
+  {"__index", g_index}, {"__tostring", g_tostring}, {NULL, NULL}};
+static const luaL_Reg geometry_methods[] = {
+  {"grid", g_grid}, {"video_tokens", g_video_tokens}, {"text_len_for", g_text_len},
+  {"tiled_len", g_tiled_len}, {"check", g_check}, {"window_check", g_window_check},
+  {"key_tiles", g_key_tiles}, {NULL, NULL}};
+static const luaL_Reg geometry_funcs[] = {
+  {"geometry", l_geometry}, {"geometry_from_seq_len", l_geometry_from_seq_len},
+  {"window_range", l_window_range}, {"tile", l_tile}, {"untile", l_untile},
+  {"attention", l_attention}, {"reference", l_reference}, {"flops", l_flops},
+  {"head_diff", l_head_diff}, {NULL, NULL}};
+
+void sta_lua_open_geometry(lua_State *L) {
+  sta_lua_new_class(L, STA_LUA_GEOMETRY, geometry_meta, geometry_methods, 0);
+  luaL_setfuncs(L, geometry_funcs, 0);
+}

@@ -1,0 +1,410 @@
+/*
+** runtime.c -- what a pipeline runs with, in the Lua module: the
+** sta.ForwardBatch, sta.Context (to-be-closed forward contexts, anchored
+** in the registry while pushed) and sta.Layer classes.
+*/
+#include <stdint.h>
+#include <string.h>
+
+#include <lauxlib.h>
+#include <lua.h>
+
+#include "sta.h"
+#include "sta_lua.h"
+
+/* ---- forward batch ------------------------------------------------------- */
+
+typedef struct { sta_forward_batch *fb; } LBatch;
+
+static sta_forward_batch *check_batch(lua_State *L, int idx) {
+  LBatch *u = luaL_testudata(L, idx, STA_LUA_BATCH);
+  if (!u) sta_lua_misuse(L, "batch: expected a forward batch, got %s", luaL_typename(L, idx));
+  if (!u->fb) sta_lua_misuse(L, "batch: released");
+  return u->fb;
+}
+
+static int b_release(lua_State *L) {
+  LBatch *u = luaL_checkudata(L, 1, STA_LUA_BATCH);
+  if (u->fb) { sta_forward_batch_destroy(u->fb); u->fb = NULL; }
+  return 0;
+}
+
+/* forward_batch{batch_size=1, negative=false} */
+static int l_forward_batch(lua_State *L) {
+  sta_lua_check_opts(L, 1);
+  int32_t bs = lua_istable(L, 1) ? (int32_t)sta_lua_int_field(L, 1, "batch_size", 1) : 1;
+  int neg = lua_istable(L, 1) ? sta_lua_bool_field(L, 1, "negative", 0) : 0;
+  LBatch *u = lua_newuserdatauv(L, sizeof *u, 0);
+  u->fb = NULL;
+  luaL_setmetatable(L, STA_LUA_BATCH);
+  sta_status rc = sta_forward_batch_create(&u->fb, bs);
+  if (rc != STA_OK) return sta_lua_fail(L, rc);
+  sta_forward_batch_set_negative(u->fb, neg);
+  return 1;
+}
+
+static int b_size(lua_State *L) {
+  lua_pushinteger(L, sta_forward_batch_size(check_batch(L, 1)));
+  return 1;
+}
+
+/* fb:negative() -> flag; fb:negative(flag) sets it */
+static int b_negative(lua_State *L) {
+  sta_forward_batch *fb = check_batch(L, 1);
+  if (!lua_isnone(L, 2)) {
+    sta_forward_batch_set_negative(fb, lua_toboolean(L, 2));
+    lua_settop(L, 1);
+    return 1;
+  }
+  lua_pushboolean(L, sta_forward_batch_is_negative(fb));
+  return 1;
+}
+
+static int b_records(lua_State *L) {
+  lua_pushinteger(L, sta_forward_batch_records(check_batch(L, 1), lua_toboolean(L, 2)));
+  return 1;
+}
+
+/* fb:record{negative=, step=, layer=, candidates={{..}}, l1={{per head}..}, l2=} */
+static float *loss_table(lua_State *L, int t, const char *name, int32_t n, int32_t *heads) {
+  if (lua_getfield(L, t, name) != LUA_TTABLE || luaL_len(L, -1) != n)
+    sta_lua_misuse(L, "%s: expected %d lists (one per candidate)", name, (int)n);
+  int li = lua_gettop(L);
+  if (*heads < 0) {
+    lua_geti(L, li, 1);
+    *heads = lua_istable(L, -1) ? (int32_t)luaL_len(L, -1) : 0;
+    lua_pop(L, 1);
+  }
+  float *l = lua_newuserdatauv(L, sizeof(float) * (size_t)(n * *heads + 1), 0);
+  for (int32_t c = 0; c < n; c++) {
+    lua_geti(L, li, c + 1);
+    if (!lua_istable(L, -1) || luaL_len(L, -1) != *heads)
+      sta_lua_misuse(L, "%s[%d]: expected a list of %d numbers (one per head)", name, (int)c + 1, (int)*heads);
+    for (int32_t j = 0; j < *heads; j++) {
+      lua_geti(L, -1, j + 1);
+      l[c * *heads + j] = (float)luaL_checknumber(L, -1);
+      lua_pop(L, 1);
+    }
+    lua_pop(L, 1);
+  }
+  lua_remove(L, li); /* leaves the array userdata */
+  return l;
+}
+
+static int b_record(lua_State *L) {
+  sta_forward_batch *fb = check_batch(L, 1);
+  luaL_checktype(L, 2, LUA_TTABLE);
+  lua_settop(L, 2);
+  int neg = sta_lua_bool_field(L, 2, "negative", 0);
+  int32_t step = (int32_t)sta_lua_int_field(L, 2, "step", 0), layer = (int32_t)sta_lua_int_field(L, 2, "layer", 0);
+  int32_t n, heads = -1;
+  lua_getfield(L, 2, "candidates");
+  int32_t *cand = sta_lua_window_list(L, -1, &n, "candidates");
+  float *l1 = loss_table(L, 2, "l1", n, &heads);
+  float *l2 = loss_table(L, 2, "l2", n, &heads);
+  sta_status rc = sta_forward_batch_record(fb, neg, step, layer, n, cand, heads, l1, l2);
+  if (rc != STA_OK) return sta_lua_fail(L, rc);
+  lua_settop(L, 1);
+  return 1;
+}
+
+static int b_save_search(lua_State *L) {
+  sta_forward_batch *fb = check_batch(L, 1);
+  const char *path = luaL_checkstring(L, 2);
+  sta_status rc = sta_forward_batch_save_search(fb, lua_toboolean(L, 3), path);
+  if (rc != STA_OK) return sta_lua_fail(L, rc);
+  lua_pushboolean(L, 1);
+  return 1;
+}
+
+static int b_clear(lua_State *L) {
+  sta_forward_batch_clear(check_batch(L, 1));
+  lua_settop(L, 1);
+  return 1;
+}
+
+static int b_tostring(lua_State *L) {
+  LBatch *u = luaL_checkudata(L, 1, STA_LUA_BATCH);
+  if (!u->fb) lua_pushliteral(L, "sta.ForwardBatch(released)");
+  else
+    lua_pushfstring(L, "sta.ForwardBatch(size %d, %s, %d+%d records)", (int)sta_forward_batch_size(u->fb),
+                    sta_forward_batch_is_negative(u->fb) ? "negative" : "positive",
+                    (int)sta_forward_batch_records(u->fb, 0), (int)sta_forward_batch_records(u->fb, 1));
+  return 1;
+}
+
+/* ---- contexts ------------------------------------------------------------ */
+
+typedef struct { sta_context *c; } LContext;
+
+/* forward_context{step=, metadata=, batch=} -- pushed; a to-be-closed
+** value.  User value 1 pins {metadata, batch}. */
+static int l_forward_context(lua_State *L) {
+  sta_lua_check_opts(L, 1);
+  int32_t step = 0;
+  sta_metadata *md = NULL;
+  sta_forward_batch *fb = NULL;
+  lua_settop(L, 1);
+  lua_createtable(L, 0, 2); /* 2: pins */
+  if (lua_istable(L, 1)) {
+    step = (int32_t)sta_lua_int_field(L, 1, "step", 0);
+    if (lua_getfield(L, 1, "metadata") != LUA_TNIL) {
+      md = sta_lua_check_metadata(L, -1);
+      lua_setfield(L, 2, "metadata");
+    } else lua_pop(L, 1);
+    if (lua_getfield(L, 1, "batch") != LUA_TNIL) {
+      fb = check_batch(L, -1);
+      lua_setfield(L, 2, "batch");
+    } else lua_pop(L, 1);
+  }
+  LContext *u = lua_newuserdatauv(L, sizeof *u, 1);
+  u->c = NULL;
+  luaL_setmetatable(L, STA_LUA_CONTEXT);
+  lua_pushvalue(L, 2);
+  lua_setiuservalue(L, -2, 1);
+  sta_status rc = sta_context_push(&u->c, step, md, fb);
+  if (rc != STA_OK) return sta_lua_fail(L, rc);
+  /* anchor while pushed */
+  luaL_getsubtable(L, LUA_REGISTRYINDEX, STA_LUA_ANCHOR);
+  lua_pushlightuserdata(L, u->c);
+  lua_pushvalue(L, -3);
+  lua_rawset(L, -3);
+  lua_pop(L, 1);
+  return 1;
+}
+
+static void unanchor(lua_State *L, sta_context *c) {
+  luaL_getsubtable(L, LUA_REGISTRYINDEX, STA_LUA_ANCHOR);
+  lua_pushlightuserdata(L, c);
+  lua_pushnil(L);
+  lua_rawset(L, -3);
+  lua_pop(L, 1);
+}
+
+/* ctx:pop() / __close: pops once; later calls do nothing */
+static int c_pop(lua_State *L) {
+  LContext *u = luaL_checkudata(L, 1, STA_LUA_CONTEXT);
+  if (!u->c) return 0;
+  sta_status rc = sta_context_pop(u->c);
+  if (rc != STA_OK) return sta_lua_fail(L, rc);
+  unanchor(L, u->c);
+  u->c = NULL;
+  return 0;
+}
+
+static LContext *check_live_context(lua_State *L, int idx) {
+  LContext *u = luaL_checkudata(L, idx, STA_LUA_CONTEXT);
+  if (!u->c) sta_lua_misuse(L, "context: already popped");
+  return u;
+}
+
+static int c_step(lua_State *L) {
+  lua_pushinteger(L, sta_context_step(check_live_context(L, 1)->c));
+  return 1;
+}
+
+static int c_pinned(lua_State *L, const char *field) {
+  check_live_context(L, 1);
+  lua_getiuservalue(L, 1, 1);
+  lua_getfield(L, -1, field);
+  return 1;
+}
+static int c_metadata(lua_State *L) { return c_pinned(L, "metadata"); }
+static int c_batch(lua_State *L) { return c_pinned(L, "batch"); }
+
+static int c_live(lua_State *L) {
+  lua_pushboolean(L, luaL_checkudata(L, 1, STA_LUA_CONTEXT) == NULL ? 0 : ((LContext *)lua_touserdata(L, 1))->c != NULL);
+  return 1;
+}
+
+static int c_tostring(lua_State *L) {
+  LContext *u = luaL_checkudata(L, 1, STA_LUA_CONTEXT);
+  if (!u->c) lua_pushliteral(L, "sta.Context(popped)");
+  else lua_pushfstring(L, "sta.Context(step %d)", (int)sta_context_step(u->c));
+  return 1;
+}
+
+/* At lua_close: pop what this state pushed and never popped, innermost
+** first, so the thread's context stack keeps no pointer into a closed
+** state.  Runs from a sentinel's __gc made in luaopen (finalized last). */
+static int contexts_atclose(lua_State *L) {
+  luaL_getsubtable(L, LUA_REGISTRYINDEX, STA_LUA_ANCHOR);
+  for (sta_context *c; (c = sta_context_current()) != NULL;) {
+    lua_pushlightuserdata(L, c);
+    if (lua_rawget(L, -2) == LUA_TNIL) break; /* not ours */
+    LContext *u = lua_touserdata(L, -1);
+    lua_pop(L, 1);
+    if (sta_context_pop(c) != STA_OK) break;
+    if (u) u->c = NULL;
+    lua_pushlightuserdata(L, c);
+    lua_pushnil(L);
+    lua_rawset(L, -3);
+  }
+  return 0;
+}
+
+static int l_current_context(lua_State *L) {
+  sta_context *c = sta_context_current();
+  if (!c) { lua_pushnil(L); return 1; }
+  luaL_getsubtable(L, LUA_REGISTRYINDEX, STA_LUA_ANCHOR);
+  lua_pushlightuserdata(L, c);
+  lua_rawget(L, -2);
+  return 1; /* nil when pushed from C, not from this binding */
+}
+
+static int l_in_forward_pass(lua_State *L) {
+  lua_pushboolean(L, sta_in_forward_pass());
+  return 1;
+}
+
+static int l_context_depth(lua_State *L) {
+  lua_pushinteger(L, sta_context_depth());
+  return 1;
+}
+
+/* ---- layers -------------------------------------------------------------- */
+
+typedef struct { sta_layer *l; } LLayer;
+
+static sta_layer *check_layer(lua_State *L, int idx) {
+  LLayer *u = luaL_testudata(L, idx, STA_LUA_LAYER);
+  if (!u) sta_lua_misuse(L, "layer: expected a layer, got %s", luaL_typename(L, idx));
+  if (!u->l) sta_lua_misuse(L, "layer: released");
+  return u->l;
+}
+
+static int y_release(lua_State *L) {
+  LLayer *u = luaL_checkudata(L, 1, STA_LUA_LAYER);
+  if (u->l) { sta_layer_destroy(u->l); u->l = NULL; }
+  return 0;
+}
+
+/* layer{prefix= or layer=, heads=, head_dim=, sp_rank=, sp_size=, canvas=,
+** tile=, text_len=, layout=, backend=, scale=, strategy=} */
+static int l_layer(lua_State *L) {
+  luaL_checktype(L, 1, LUA_TTABLE);
+  lua_settop(L, 1);
+  sta_layer_desc d;
+  memset(&d, 0, sizeof d);
+  d.prefix = sta_lua_str_field(L, 1, "prefix");
+  d.layer_index = (int32_t)sta_lua_int_field(L, 1, "layer", 0);
+  d.local_heads = (int32_t)sta_lua_int_field(L, 1, "heads", 0);
+  d.head_dim = (int32_t)sta_lua_int_field(L, 1, "head_dim", 0);
+  d.sp_rank = (int32_t)sta_lua_int_field(L, 1, "sp_rank", 0);
+  d.sp_size = (int32_t)sta_lua_int_field(L, 1, "sp_size", 1);
+  sta_lua_read_geometry(L, 1, &d.geom);
+  d.layout = sta_lua_parse_layout(L, sta_lua_str_field(L, 1, "layout"));
+  const char *be = sta_lua_str_field(L, 1, "backend");
+  d.backend = be ? sta_lua_parse_device(L, be) : STA_CPU;
+  d.scale = (float)sta_lua_num_field(L, 1, "scale", 0);
+  lua_createtable(L, 0, 2); /* 2: pins */
+  if (lua_getfield(L, 1, "strategy") != LUA_TNIL) {
+    d.strategy = sta_lua_check_strategy(L, -1);
+    lua_setfield(L, 2, "strategy");
+  } else lua_pop(L, 1);
+  if (d.prefix) {
+    lua_getfield(L, 1, "prefix");
+    lua_setfield(L, 2, "prefix");
+  }
+  LLayer *u = lua_newuserdatauv(L, sizeof *u, 1);
+  u->l = NULL;
+  luaL_setmetatable(L, STA_LUA_LAYER);
+  lua_pushvalue(L, 2);
+  lua_setiuservalue(L, -2, 1);
+  sta_status rc = sta_layer_create(&u->l, &d);
+  return rc == STA_OK ? 1 : sta_lua_fail(L, rc);
+}
+
+static int y_forward(lua_State *L) { /* layer:forward(q, k, v [, out]) -> out */
+  sta_layer *l = check_layer(L, 1);
+  sta_tensor *q = sta_lua_check_tensor(L, 2, "q");
+  sta_tensor *k = sta_lua_check_tensor(L, 3, "k");
+  sta_tensor *v = sta_lua_check_tensor(L, 4, "v");
+  sta_tensor *out;
+  lua_settop(L, 5);
+  if (!lua_isnil(L, 5)) {
+    out = sta_lua_check_tensor(L, 5, "out");
+  } else {
+    int64_t shape[4];
+    int32_t nd = sta_tensor_ndim(q);
+    for (int i = 0; i < nd; i++) shape[i] = sta_tensor_size(q, i);
+    sta_lua_tensor *u;
+    int r = sta_lua_push_new_tensor(L, sta_tensor_dtype(q), sta_tensor_device(q), nd, shape, &u);
+    if (r != 1) return r;
+    lua_replace(L, 5);
+    out = u->t;
+  }
+  sta_status rc;
+  STA_LUA_CALL(rc, sta_layer_forward(l, q, k, v, out));
+  if (rc != STA_OK) return sta_lua_fail(L, rc);
+  lua_settop(L, 5);
+  return 1;
+}
+
+static int y_index(lua_State *L) {
+  lua_pushinteger(L, sta_layer_index(check_layer(L, 1)));
+  return 1;
+}
+
+static int y_set_strategy(lua_State *L) {
+  sta_layer *l = check_layer(L, 1);
+  const sta_strategy *s = lua_isnoneornil(L, 2) ? NULL : sta_lua_check_strategy(L, 2);
+  lua_getiuservalue(L, 1, 1);
+  lua_pushvalue(L, 2);
+  lua_setfield(L, -2, "strategy");
+  sta_layer_set_strategy(l, s);
+  lua_settop(L, 1);
+  return 1;
+}
+
+static int y_tostring(lua_State *L) {
+  LLayer *u = luaL_checkudata(L, 1, STA_LUA_LAYER);
+  if (!u->l) lua_pushliteral(L, "sta.Layer(released)");
+  else lua_pushfstring(L, "sta.Layer(%d)", (int)sta_layer_index(u->l));
+  return 1;
+}
+
+static int l_layer_index_from_prefix(lua_State *L) {
+  int32_t i;
+  sta_status rc = sta_layer_index_from_prefix(luaL_checkstring(L, 1), &i);
+  if (rc != STA_OK) return sta_lua_fail(L, rc);
+  lua_pushinteger(L, i);
+  return 1;
+}
+
+/* ---- registration ---------------------------------------------------------- */
+
+static const luaL_Reg batch_meta[] = {
+  {"__gc", b_release}, {"__close", b_release}, {"__tostring", b_tostring}, {NULL, NULL}};
+static const luaL_Reg batch_methods[] = {
+  {"release", b_release}, {"size", b_size}, {"negative", b_negative},
+  {"records", b_records}, {"record", b_record}, {"save_search", b_save_search},
+  {"clear", b_clear}, {NULL, NULL}};
+
+static const luaL_Reg context_meta[] = {
+  {"__close", c_pop}, {"__tostring", c_tostring}, {NULL, NULL}};
+static const luaL_Reg context_methods[] = {
+  {"pop", c_pop}, {"close", c_pop}, {"step", c_step}, {"metadata", c_metadata},
+  {"batch", c_batch}, {"live", c_live}, {NULL, NULL}};
+
+static const luaL_Reg layer_meta[] = {
+  {"__gc", y_release}, {"__close", y_release}, {"__tostring", y_tostring}, {NULL, NULL}};
+static const luaL_Reg layer_methods[] = {
+  {"release", y_release}, {"forward", y_forward}, {"index", y_index},
+  {"set_strategy", y_set_strategy}, {NULL, NULL}};
+static const luaL_Reg runtime_funcs[] = {
+  {"forward_batch", l_forward_batch}, {"forward_context", l_forward_context},
+  {"current_context", l_current_context}, {"in_forward_pass", l_in_forward_pass},
+  {"context_depth", l_context_depth},
+  {"layer", l_layer}, {"layer_index_from_prefix", l_layer_index_from_prefix},
+  {NULL, NULL}};
+
+void sta_lua_open_runtime(lua_State *L) {
+  sta_lua_new_class(L, STA_LUA_BATCH, batch_meta, batch_methods, 1);
+  sta_lua_new_class(L, STA_LUA_CONTEXT, context_meta, context_methods, 1);
+  sta_lua_new_class(L, STA_LUA_LAYER, layer_meta, layer_methods, 1);
+  if (lua_getfield(L, LUA_REGISTRYINDEX, "sta.atclose") == LUA_TNIL)
+    sta_lua_registry_sentinel(L, "sta.atclose", contexts_atclose);
+  lua_pop(L, 1);
+  luaL_setfuncs(L, runtime_funcs, 0);
+}

@@ -1,0 +1,58 @@
+/*
+** tune.c -- sta.tune of the Lua module: a mask strategy from saved search
+** files (STA.md section 7).
+*/
+#include <stdint.h>
+#include <string.h>
+
+#include <lauxlib.h>
+#include <lua.h>
+
+#include "sta.h"
+#include "sta_lua.h"
+
+/* ---- tuning -------------------------------------------------------------- */
+
+/* tune{files={...}, skip_steps=12, full={3,6,10}} -> strategy, report */
+static int l_tune(lua_State *L) {
+  luaL_checktype(L, 1, LUA_TTABLE);
+  lua_settop(L, 1);
+  int32_t full[3] = {3, 6, 10};
+  if (lua_getfield(L, 1, "full") != LUA_TNIL) sta_lua_int_list(L, -1, full, 3, "full");
+  lua_pop(L, 1);
+  int32_t skip = (int32_t)sta_lua_int_field(L, 1, "skip_steps", 12);
+  if (lua_getfield(L, 1, "files") != LUA_TTABLE)
+    return sta_lua_misuse(L, "files: expected a list of search files, got %s", luaL_typename(L, -1));
+  int32_t n = (int32_t)luaL_len(L, 2);
+  const char **paths = lua_newuserdatauv(L, sizeof(char *) * (size_t)(n ? n : 1), 0);
+  for (int32_t i = 0; i < n; i++) {
+    lua_geti(L, 2, i + 1);
+    if (lua_type(L, -1) != LUA_TSTRING)
+      return sta_lua_misuse(L, "files[%d]: expected a path, got %s", (int)i + 1, luaL_typename(L, -1));
+    paths[i] = lua_tostring(L, -1);
+    lua_pop(L, 1); /* kept alive by the files table */
+  }
+  sta_tune_report rep;
+  memset(&rep, 0, sizeof rep);
+  sta_lua_strategy *u = sta_lua_new_strategy(L);
+  sta_status rc = sta_tune(&u->s, n, paths, skip, full, &rep);
+  if (rc != STA_OK) return sta_lua_fail(L, rc);
+  lua_createtable(L, 0, 3);
+  lua_pushnumber(L, rep.sparsity);
+  lua_setfield(L, -2, "sparsity");
+  int nw = rep.n_windows < 16 ? rep.n_windows : 16;
+  sta_lua_push_window_list(L, &rep.windows[0][0], nw);
+  lua_setfield(L, -2, "windows");
+  lua_createtable(L, nw, 0);
+  for (int i = 0; i < nw; i++) {
+    lua_pushinteger(L, rep.counts[i]);
+    lua_rawseti(L, -2, i + 1);
+  }
+  lua_setfield(L, -2, "counts");
+  return 2;
+}
+
+void sta_lua_open_tune(lua_State *L) {
+  lua_pushcfunction(L, l_tune);
+  lua_setfield(L, -2, "tune");
+}
