@@ -123,11 +123,11 @@ void sta_lua_push_ints(lua_State *L, const int32_t *v, int n) {
   }
 }
 
-sta_device sta_lua_parse_device(lua_State *L, const char *s) {
+sta_device sta_lua_parse_device(lua_State *L, const char *s, const char *name) {
   if (strcmp(s, "cpu") == 0 || strcmp(s, "host") == 0) return STA_CPU;
   if (strcmp(s, "cuda") == 0 || strcmp(s, "cuda:0") == 0 || strcmp(s, "gpu") == 0)
     return STA_CUDA;
-  sta_lua_misuse(L, "device: unknown device '%s' (expected cpu or cuda)", s);
+  sta_lua_misuse(L, "%s: unknown device '%s' (expected cpu or cuda)", name, s);
   return STA_CPU;
 }
 
@@ -181,6 +181,27 @@ int32_t *sta_lua_window_list(lua_State *L, int idx, int32_t *n, const char *name
     lua_pop(L, 1);
   }
   *n = k;
+  return w;
+}
+
+int32_t *sta_lua_windows(lua_State *L, int idx, int32_t *n) {
+  idx = lua_absindex(L, idx);
+  if (lua_isnoneornil(L, idx)) {
+    int32_t *w = lua_newuserdatauv(L, 3 * sizeof(int32_t), 0);
+    w[0] = w[1] = w[2] = 3;
+    *n = 1;
+    return w;
+  }
+  if (!lua_istable(L, idx))
+    sta_lua_misuse(L, "window: expected {Kt, Kh, Kw} or a list per head, got %s",
+                   luaL_typename(L, idx));
+  lua_geti(L, idx, 1);
+  int per_head = lua_istable(L, -1);
+  lua_pop(L, 1);
+  if (per_head) return sta_lua_window_list(L, idx, n, "window");
+  int32_t *w = lua_newuserdatauv(L, 3 * sizeof(int32_t), 0);
+  sta_lua_int_list(L, idx, w, 3, "window");
+  *n = 1;
   return w;
 }
 

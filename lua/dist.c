@@ -1,10 +1,10 @@
 /*
 ** dist.c -- the Lua binding of sta.h's sequence parallelism section,
-** built into sta/core.so with the other lua/*.c files and opened by lua/sta/dist.lua
-** through package.loadlib(..., "luaopen_sta_dist").  Low-level entry
+** built into sta/core.so with the other C files of lua/ and opened by
+** lua/sta/dist.lua through package.loadlib(..., "luaopen_sta_dist").  Low-level entry
 ** points (names starting with "_") take already-normalized arguments:
-** dist.lua builds the geometry (sta.Geometry), flattens windows and makes
-** output tensors with sta.core, then calls them.
+** dist.lua builds the geometry (sta.Geometry) and makes output tensors
+** with sta.core, then calls them.
 **
 ** Errors follow sta_lua.h: misuse raises the exact message; failures of
 ** the environment (no NCCL, no GPU, out of memory, files) return nil,
@@ -21,46 +21,16 @@
 #include "sta.h"
 #include "sta_lua.h"
 
-#define COMM "sta.Comm"
-#define SPLAYER "sta.SPLayer"
 #define MAXRANKS 64
 
 typedef struct { sta_comm *c; } LComm;
 typedef struct { sta_sp_layer *l; } LSPLayer;
 
-#define fail sta_lua_fail
-#define misuse sta_lua_misuse
-#define tensor_at sta_lua_check_tensor
-
-static sta_comm *comm_at(lua_State *L, int idx) {
-  LComm *u = luaL_testudata(L, idx, COMM);
-  if (!u) misuse(L, "comm: expected a communicator, got %s", luaL_typename(L, idx));
-  if (!u->c) misuse(L, "comm: released");
+static sta_comm *check_comm(lua_State *L, int idx) {
+  LComm *u = luaL_testudata(L, idx, STA_LUA_COMM);
+  if (!u) sta_lua_misuse(L, "comm: expected a communicator, got %s", luaL_typename(L, idx));
+  if (!u->c) sta_lua_misuse(L, "comm: released");
   return u->c;
-}
-
-#define geometry_at sta_lua_check_geometry
-
-static int layout_at(lua_State *L, int idx) {
-  const char *s = luaL_optstring(L, idx, "bshd");
-  if (strcmp(s, "bshd") == 0 || strcmp(s, "BSHD") == 0) return STA_BSHD;
-  if (strcmp(s, "bhsd") == 0 || strcmp(s, "BHSD") == 0) return STA_BHSD;
-  return misuse(L, "layout: expected \"bshd\" or \"bhsd\", got '%s'", s);
-}
-
-/* Flat windows {Kt, Kh, Kw, ...} at idx into a userdata left on the stack. */
-static int32_t *windows_at(lua_State *L, int idx, int32_t *n) {
-  luaL_checktype(L, idx, LUA_TTABLE);
-  lua_Integer len = luaL_len(L, idx);
-  if (len < 3 || len % 3 != 0) misuse(L, "window: expected 3 integers per window");
-  int32_t *w = lua_newuserdatauv(L, sizeof(int32_t) * (size_t)len, 0);
-  for (lua_Integer i = 0; i < len; i++) {
-    lua_geti(L, idx, i + 1);
-    w[i] = (int32_t)luaL_checkinteger(L, -1);
-    lua_pop(L, 1);
-  }
-  *n = (int32_t)(len / 3);
-  return w;
 }
 
 /* ---- communicators ----------------------------------------------------------- */
@@ -68,12 +38,12 @@ static int32_t *windows_at(lua_State *L, int idx, int32_t *n) {
 static LComm *push_comm(lua_State *L) {
   LComm *u = lua_newuserdatauv(L, sizeof *u, 0);
   u->c = NULL;
-  luaL_setmetatable(L, COMM);
+  luaL_setmetatable(L, STA_LUA_COMM);
   return u;
 }
 
-static int c_release(lua_State *L) {
-  LComm *u = luaL_checkudata(L, 1, COMM);
+static int comm_release(lua_State *L) {
+  LComm *u = luaL_checkudata(L, 1, STA_LUA_COMM);
   if (u->c) {
     sta_comm_destroy(u->c);
     u->c = NULL;
@@ -86,7 +56,7 @@ static int d_loopback(lua_State *L) {
   lua_Integer p = luaL_checkinteger(L, 1);
   sta_comm *cs[MAXRANKS];
   sta_status rc = sta_comm_loopback(cs, p < -1 || p > MAXRANKS + 1 ? -1 : (int32_t)p);
-  if (rc != STA_OK) return fail(L, rc);
+  if (rc != STA_OK) return sta_lua_fail(L, rc);
   lua_createtable(L, (int)p, 0);
   for (int32_t r = 0; r < (int32_t)p; r++) {
     push_comm(L)->c = cs[r];
@@ -109,7 +79,7 @@ static int d_init(lua_State *L) {
     int32_t dev = (int32_t)luaL_optinteger(L, 4, -1);
     const char *be = luaL_optstring(L, 5, "nccl");
     if (strcmp(be, "nccl") != 0 && strcmp(be, "tcp") != 0)
-      return misuse(L, "backend: expected \"nccl\" or \"tcp\", got '%s'", be);
+      return sta_lua_misuse(L, "backend: expected \"nccl\" or \"tcp\", got '%s'", be);
     u = push_comm(L);
     rc = strcmp(be, "tcp") == 0 ? sta_comm_tcp(&u->c, rank, size, id)
                                 : sta_comm_nccl(&u->c, rank, size, id, dev);
@@ -122,40 +92,40 @@ static int d_init(lua_State *L) {
     lua_pushinteger(L, (lua_Integer)rc);
     return 3;
   }
-  return fail(L, rc);
+  return sta_lua_fail(L, rc);
 }
 
-static int c_rank(lua_State *L) {
-  lua_pushinteger(L, sta_comm_rank(comm_at(L, 1)));
+static int comm_rank(lua_State *L) {
+  lua_pushinteger(L, sta_comm_rank(check_comm(L, 1)));
   return 1;
 }
-static int c_size(lua_State *L) {
-  lua_pushinteger(L, sta_comm_size(comm_at(L, 1)));
+static int comm_size(lua_State *L) {
+  lua_pushinteger(L, sta_comm_size(check_comm(L, 1)));
   return 1;
 }
-static int c_name(lua_State *L) {
-  lua_pushstring(L, sta_comm_name(comm_at(L, 1)));
+static int comm_name(lua_State *L) {
+  lua_pushstring(L, sta_comm_name(check_comm(L, 1)));
   return 1;
 }
-static int c_barrier(lua_State *L) {
-  sta_status rc = sta_comm_barrier(comm_at(L, 1));
-  if (rc != STA_OK) return fail(L, rc);
+static int comm_barrier(lua_State *L) {
+  sta_status rc = sta_comm_barrier(check_comm(L, 1));
+  if (rc != STA_OK) return sta_lua_fail(L, rc);
   lua_pushboolean(L, 1);
   return 1;
 }
 /* comm:all_to_all(send, recv) / comm:all_gather(send, recv) -> recv */
 static int collective(lua_State *L, int gather) {
-  sta_comm *c = comm_at(L, 1);
-  sta_tensor *send = tensor_at(L, 2, "send"), *recv = tensor_at(L, 3, "recv");
+  sta_comm *c = check_comm(L, 1);
+  sta_tensor *send = sta_lua_check_tensor(L, 2, "send"), *recv = sta_lua_check_tensor(L, 3, "recv");
   sta_status rc = gather ? sta_comm_all_gather(c, send, recv) : sta_comm_all_to_all(c, send, recv);
-  if (rc != STA_OK) return fail(L, rc);
+  if (rc != STA_OK) return sta_lua_fail(L, rc);
   lua_settop(L, 3);
   return 1;
 }
-static int c_all_to_all(lua_State *L) { return collective(L, 0); }
-static int c_all_gather(lua_State *L) { return collective(L, 1); }
-static int c_tostring(lua_State *L) {
-  LComm *u = luaL_checkudata(L, 1, COMM);
+static int comm_all_to_all(lua_State *L) { return collective(L, 0); }
+static int comm_all_gather(lua_State *L) { return collective(L, 1); }
+static int comm_tostring(lua_State *L) {
+  LComm *u = luaL_checkudata(L, 1, STA_LUA_COMM);
   if (!u->c) lua_pushliteral(L, "sta.Comm(released)");
   else
     lua_pushfstring(L, "sta.Comm(%s, rank %d of %d)", sta_comm_name(u->c),
@@ -168,33 +138,33 @@ static int c_tostring(lua_State *L) {
 static void attention_desc(lua_State *L, int gi, int wi, int li, int si,
                            sta_attention_desc *d) {
   memset(d, 0, sizeof *d);
-  d->geom = *geometry_at(L, gi);
-  d->windows = windows_at(L, wi, &d->n_windows); /* pinned on the stack */
-  d->layout = (sta_layout)layout_at(L, li);
+  d->geom = *sta_lua_check_geometry(L, gi);
+  d->windows = sta_lua_windows(L, wi, &d->n_windows); /* pinned on the stack */
+  d->layout = sta_lua_parse_layout(L, luaL_optstring(L, li, NULL));
   d->scale = (float)luaL_optnumber(L, si, 0);
 }
 
 /* _attention(comm, geometry, windows, layout, scale, q, k, v, out) -> out */
 static int d_attention(lua_State *L) {
-  sta_comm *c = comm_at(L, 1);
+  sta_comm *c = check_comm(L, 1);
   sta_attention_desc d;
   attention_desc(L, 2, 3, 4, 5, &d);
-  sta_status rc = sta_sp_attention(c, &d, tensor_at(L, 6, "q"), tensor_at(L, 7, "k"),
-                                   tensor_at(L, 8, "v"), tensor_at(L, 9, "out"));
-  if (rc != STA_OK) return fail(L, rc);
+  sta_status rc = sta_sp_attention(c, &d, sta_lua_check_tensor(L, 6, "q"), sta_lua_check_tensor(L, 7, "k"),
+                                   sta_lua_check_tensor(L, 8, "v"), sta_lua_check_tensor(L, 9, "out"));
+  if (rc != STA_OK) return sta_lua_fail(L, rc);
   lua_pushvalue(L, 9);
   return 1;
 }
 
 /* _shard(local, full, geometry, layout, rank, size, unshard) */
 static int d_shard(lua_State *L) {
-  sta_tensor *local = tensor_at(L, 1, "local"), *full = tensor_at(L, 2, "full");
-  sta_geometry *g = geometry_at(L, 3);
-  sta_layout layout = (sta_layout)layout_at(L, 4);
+  sta_tensor *local = sta_lua_check_tensor(L, 1, "local"), *full = sta_lua_check_tensor(L, 2, "full");
+  sta_geometry *g = sta_lua_check_geometry(L, 3);
+  sta_layout layout = sta_lua_parse_layout(L, luaL_optstring(L, 4, NULL));
   int32_t rank = (int32_t)luaL_checkinteger(L, 5), size = (int32_t)luaL_checkinteger(L, 6);
   sta_status rc = lua_toboolean(L, 7) ? sta_sp_unshard(full, local, g, layout, rank, size)
                                       : sta_sp_shard(local, full, g, layout, rank, size);
-  if (rc != STA_OK) return fail(L, rc);
+  if (rc != STA_OK) return sta_lua_fail(L, rc);
   lua_pushvalue(L, lua_toboolean(L, 7) ? 2 : 1);
   return 1;
 }
@@ -229,10 +199,10 @@ static sta_status run_layer_rank(void *arg, int32_t r, sta_comm *c) {
 
 /* The list at idx: n entries, each checked by get. */
 static int32_t list_len(lua_State *L, int idx, const char *name, int32_t want) {
-  if (!lua_istable(L, idx)) misuse(L, "%s: expected a list, got %s", name, luaL_typename(L, idx));
+  if (!lua_istable(L, idx)) sta_lua_misuse(L, "%s: expected a list, got %s", name, luaL_typename(L, idx));
   int32_t n = (int32_t)luaL_len(L, idx);
   if (want >= 0 && n != want)
-    misuse(L, "%s: expected %d entries (one per rank), got %d", name, (int)want, (int)n);
+    sta_lua_misuse(L, "%s: expected %d entries (one per rank), got %d", name, (int)want, (int)n);
   return n;
 }
 
@@ -242,7 +212,7 @@ static void tensors_of(lua_State *L, int idx, const char *name, int32_t n, sta_t
     char nm[32];
     snprintf(nm, sizeof nm, "%s[%d]", name, (int)r + 1);
     lua_geti(L, idx, r + 1);
-    out[r] = tensor_at(L, -1, nm);
+    out[r] = sta_lua_check_tensor(L, -1, nm);
     lua_pop(L, 1); /* kept alive by the list */
   }
 }
@@ -250,10 +220,10 @@ static void tensors_of(lua_State *L, int idx, const char *name, int32_t n, sta_t
 static int32_t comms_of(lua_State *L, int idx, sta_comm **cs) {
   int32_t n = list_len(L, idx, "comms", -1);
   if (n < 1 || n > MAXRANKS)
-    misuse(L, "comms: expected 1..%d communicators, got %d", MAXRANKS, (int)n);
+    sta_lua_misuse(L, "comms: expected 1..%d communicators, got %d", MAXRANKS, (int)n);
   for (int32_t r = 0; r < n; r++) {
     lua_geti(L, idx, r + 1);
-    cs[r] = comm_at(L, -1);
+    cs[r] = check_comm(L, -1);
     lua_pop(L, 1);
   }
   return n;
@@ -271,22 +241,22 @@ static int d_run_attention(lua_State *L) {
   tensors_of(L, 8, "v", n, j->v);
   tensors_of(L, 9, "out", n, j->o);
   sta_status rc = sta_comm_loopback_run(cs, n, run_attention_rank, j);
-  if (rc != STA_OK) return fail(L, rc);
+  if (rc != STA_OK) return sta_lua_fail(L, rc);
   lua_pushvalue(L, 9);
   return 1;
 }
 
 /* ---- SP layers ----------------------------------------------------------------------- */
 
-static sta_sp_layer *splayer_at(lua_State *L, int idx) {
-  LSPLayer *u = luaL_testudata(L, idx, SPLAYER);
-  if (!u) misuse(L, "layer: expected an SP layer, got %s", luaL_typename(L, idx));
-  if (!u->l) misuse(L, "layer: released");
+static sta_sp_layer *check_splayer(lua_State *L, int idx) {
+  LSPLayer *u = luaL_testudata(L, idx, STA_LUA_SPLAYER);
+  if (!u) sta_lua_misuse(L, "layer: expected an SP layer, got %s", luaL_typename(L, idx));
+  if (!u->l) sta_lua_misuse(L, "layer: released");
   return u->l;
 }
 
-static int y_release(lua_State *L) {
-  LSPLayer *u = luaL_checkudata(L, 1, SPLAYER);
+static int sp_release(lua_State *L) {
+  LSPLayer *u = luaL_checkudata(L, 1, STA_LUA_SPLAYER);
   if (u->l) {
     sta_sp_layer_destroy(u->l);
     u->l = NULL;
@@ -294,16 +264,14 @@ static int y_release(lua_State *L) {
   return 0;
 }
 
-#define strategy_at sta_lua_check_strategy
-
 /* _layer(comm, geometry, layout, {prefix=, layer=, heads=, head_dim=,
 ** backend=, scale=, strategy=}) -> SP layer.  heads: per rank. */
 static int d_layer(lua_State *L) {
-  sta_comm *c = comm_at(L, 1);
+  sta_comm *c = check_comm(L, 1);
   sta_layer_desc d;
   memset(&d, 0, sizeof d);
-  d.geom = *geometry_at(L, 2);
-  d.layout = (sta_layout)layout_at(L, 3);
+  d.geom = *sta_lua_check_geometry(L, 2);
+  d.layout = sta_lua_parse_layout(L, luaL_optstring(L, 3, NULL));
   luaL_checktype(L, 4, LUA_TTABLE);
   lua_settop(L, 4);
   lua_createtable(L, 0, 4); /* 5: pins: comm, strategy, prefix; layout */
@@ -311,65 +279,37 @@ static int d_layer(lua_State *L) {
   lua_setfield(L, 5, "comm");
   lua_pushinteger(L, d.layout);
   lua_setfield(L, 5, "layout");
-  if (lua_getfield(L, 4, "prefix") != LUA_TNIL) {
-    d.prefix = luaL_checkstring(L, -1);
-    lua_setfield(L, 5, "prefix");
-  } else lua_pop(L, 1);
-  lua_getfield(L, 4, "layer");
-  d.layer_index = (int32_t)luaL_optinteger(L, -1, 0);
-  lua_getfield(L, 4, "heads");
-  d.local_heads = (int32_t)luaL_optinteger(L, -1, 0);
-  lua_getfield(L, 4, "head_dim");
-  d.head_dim = (int32_t)luaL_optinteger(L, -1, 0);
-  lua_getfield(L, 4, "scale");
-  d.scale = (float)luaL_optnumber(L, -1, 0);
-  lua_getfield(L, 4, "backend");
-  const char *be = luaL_optstring(L, -1, "cpu");
-  if (strcmp(be, "cpu") == 0) d.backend = STA_CPU;
-  else if (strcmp(be, "cuda") == 0) d.backend = STA_CUDA;
-  else misuse(L, "backend: unknown device '%s' (expected cpu or cuda)", be);
-  lua_settop(L, 5);
-  if (lua_getfield(L, 4, "strategy") != LUA_TNIL) {
-    d.strategy = strategy_at(L, -1);
-    lua_setfield(L, 5, "strategy");
-  } else lua_pop(L, 1);
+  sta_lua_layer_desc(L, 4, 5, &d);
   LSPLayer *u = lua_newuserdatauv(L, sizeof *u, 1);
   u->l = NULL;
-  luaL_setmetatable(L, SPLAYER);
+  luaL_setmetatable(L, STA_LUA_SPLAYER);
   lua_pushvalue(L, 5);
   lua_setiuservalue(L, -2, 1);
   sta_status rc = sta_sp_layer_create(&u->l, c, &d);
-  return rc == STA_OK ? 1 : fail(L, rc);
+  return rc == STA_OK ? 1 : sta_lua_fail(L, rc);
 }
 
 /* layer:_forward(q, k, v, out) -> out */
-static int y_forward(lua_State *L) {
-  sta_sp_layer *l = splayer_at(L, 1);
-  sta_status rc = sta_sp_layer_forward(l, tensor_at(L, 2, "q"), tensor_at(L, 3, "k"),
-                                       tensor_at(L, 4, "v"), tensor_at(L, 5, "out"));
-  if (rc != STA_OK) return fail(L, rc);
+static int sp_forward(lua_State *L) {
+  sta_sp_layer *l = check_splayer(L, 1);
+  sta_status rc = sta_sp_layer_forward(l, sta_lua_check_tensor(L, 2, "q"), sta_lua_check_tensor(L, 3, "k"),
+                                       sta_lua_check_tensor(L, 4, "v"), sta_lua_check_tensor(L, 5, "out"));
+  if (rc != STA_OK) return sta_lua_fail(L, rc);
   lua_pushvalue(L, 5);
   return 1;
 }
 
-static int y_index(lua_State *L) {
-  lua_pushinteger(L, sta_layer_index(sta_sp_layer_base(splayer_at(L, 1))));
+static int sp_index(lua_State *L) {
+  lua_pushinteger(L, sta_layer_index(sta_sp_layer_base(check_splayer(L, 1))));
   return 1;
 }
 
-static int y_set_strategy(lua_State *L) {
-  sta_sp_layer *l = splayer_at(L, 1);
-  sta_strategy *s = lua_isnoneornil(L, 2) ? NULL : strategy_at(L, 2);
-  lua_getiuservalue(L, 1, 1);
-  lua_pushvalue(L, 2);
-  lua_setfield(L, -2, "strategy");
-  sta_layer_set_strategy(sta_sp_layer_base(l), s);
-  lua_settop(L, 1);
-  return 1;
+static int sp_set_strategy(lua_State *L) {
+  return sta_lua_layer_set_strategy(L, sta_sp_layer_base(check_splayer(L, 1)));
 }
 
-static int y_tostring(lua_State *L) {
-  LSPLayer *u = luaL_checkudata(L, 1, SPLAYER);
+static int sp_tostring(lua_State *L) {
+  LSPLayer *u = luaL_checkudata(L, 1, STA_LUA_SPLAYER);
   if (!u->l) lua_pushliteral(L, "sta.SPLayer(released)");
   else lua_pushfstring(L, "sta.SPLayer(%d)", (int)sta_layer_index(sta_sp_layer_base(u->l)));
   return 1;
@@ -386,7 +326,7 @@ static int d_run_layers(lua_State *L) {
   list_len(L, 2, "layers", n);
   for (int32_t r = 0; r < n; r++) {
     lua_geti(L, 2, r + 1);
-    j->layers[r] = splayer_at(L, -1);
+    j->layers[r] = check_splayer(L, -1);
     lua_pop(L, 1);
   }
   tensors_of(L, 3, "q", n, j->q);
@@ -395,7 +335,7 @@ static int d_run_layers(lua_State *L) {
   tensors_of(L, 6, "out", n, j->o);
   sta_context *ctx = sta_context_current();
   if (!ctx)
-    return misuse(L, "STA forward called outside a forward context (no context is live)");
+    return sta_lua_misuse(L, "STA forward called outside a forward context (no context is live)");
   j->step = sta_context_step(ctx);
   j->md = sta_context_metadata(ctx);
   j->fb = sta_context_batch(ctx);
@@ -410,43 +350,29 @@ static int d_run_layers(lua_State *L) {
     lua_Integer heads = sta_tensor_ndim(j->q[0]) == 4 ? sta_tensor_size(j->q[0], hdim) : 0;
     if (idx < sta_metadata_layers(j->md) &&
         sta_metadata_row(j->md, idx, &nw, &row) == STA_OK && nw > 0 && nw < heads) {
-        return misuse(L, "loopback: layer %d's row holds %d candidate windows (a search "
+        return sta_lua_misuse(L, "loopback: layer %d's row holds %d candidate windows (a search "
                     "row); search records need one rank per process", (int)idx, (int)nw);
     }
   }
   sta_status rc = sta_comm_loopback_run(cs, n, run_layer_rank, j);
-  if (rc != STA_OK) return fail(L, rc);
+  if (rc != STA_OK) return sta_lua_fail(L, rc);
   lua_pushvalue(L, 6);
   return 1;
 }
 
 /* ---- registration ---------------------------------------------------------------------- */
 
-static void new_class(lua_State *L, const char *name, const luaL_Reg *meta,
-                      const luaL_Reg *methods) {
-  luaL_newmetatable(L, name); /* reuses the existing one when run twice */
-  luaL_setfuncs(L, meta, 0);
-  lua_newtable(L);
-  luaL_setfuncs(L, methods, 0);
-  lua_pushvalue(L, -1);
-  lua_setfield(L, -3, "__index");
-  lua_setfield(L, -2, "methods");
-  lua_pushstring(L, name);
-  lua_setfield(L, -2, "__name");
-  lua_pop(L, 1);
-}
-
 static const luaL_Reg comm_meta[] = {
-  {"__gc", c_release}, {"__close", c_release}, {"__tostring", c_tostring}, {NULL, NULL}};
+  {"__gc", comm_release}, {"__close", comm_release}, {"__tostring", comm_tostring}, {NULL, NULL}};
 static const luaL_Reg comm_methods[] = {
-  {"release", c_release}, {"rank", c_rank}, {"size", c_size}, {"name", c_name},
-  {"barrier", c_barrier}, {"all_to_all", c_all_to_all}, {"all_gather", c_all_gather},
+  {"release", comm_release}, {"rank", comm_rank}, {"size", comm_size}, {"name", comm_name},
+  {"barrier", comm_barrier}, {"all_to_all", comm_all_to_all}, {"all_gather", comm_all_gather},
   {NULL, NULL}};
-static const luaL_Reg layer_meta[] = {
-  {"__gc", y_release}, {"__close", y_release}, {"__tostring", y_tostring}, {NULL, NULL}};
-static const luaL_Reg layer_methods[] = {
-  {"release", y_release}, {"_forward", y_forward}, {"index", y_index},
-  {"set_strategy", y_set_strategy}, {NULL, NULL}};
+static const luaL_Reg splayer_meta[] = {
+  {"__gc", sp_release}, {"__close", sp_release}, {"__tostring", sp_tostring}, {NULL, NULL}};
+static const luaL_Reg splayer_methods[] = {
+  {"release", sp_release}, {"_forward", sp_forward}, {"index", sp_index},
+  {"set_strategy", sp_set_strategy}, {NULL, NULL}};
 
 static const luaL_Reg dist_funcs[] = {
   {"loopback", d_loopback}, {"_init", d_init}, {"_attention", d_attention},
@@ -455,8 +381,8 @@ static const luaL_Reg dist_funcs[] = {
 
 int luaopen_sta_dist(lua_State *L);
 int luaopen_sta_dist(lua_State *L) {
-  new_class(L, COMM, comm_meta, comm_methods);
-  new_class(L, SPLAYER, layer_meta, layer_methods);
+  sta_lua_new_class(L, STA_LUA_COMM, comm_meta, comm_methods, 1);
+  sta_lua_new_class(L, STA_LUA_SPLAYER, splayer_meta, splayer_methods, 1);
   luaL_newlib(L, dist_funcs);
   return 1;
 }

@@ -200,40 +200,11 @@ static int l_untile(lua_State *L) {
 
 /* ---- attention ----------------------------------------------------------- */
 
-/* Windows from opts.window: {Kt,Kh,Kw} or a per-head list of them.  The
-** array is a userdata left on the stack.  Default {3,3,3}. */
-static int32_t *read_windows(lua_State *L, int opts, int32_t *n) {
-  int32_t *w;
-  if (!lua_istable(L, opts) || lua_getfield(L, opts, "window") == LUA_TNIL) {
-    if (lua_istable(L, opts)) lua_pop(L, 1);
-    w = lua_newuserdatauv(L, 3 * sizeof(int32_t), 0);
-    w[0] = w[1] = w[2] = 3;
-    *n = 1;
-    return w;
-  }
-  int wi = lua_gettop(L);
-  if (!lua_istable(L, wi)) sta_lua_misuse(L, "window: expected {Kt, Kh, Kw} or a list per head, got %s", luaL_typename(L, wi));
-  lua_geti(L, wi, 1);
-  int per_head = lua_istable(L, -1);
-  lua_pop(L, 1);
-  if (!per_head) {
-    w = lua_newuserdatauv(L, 3 * sizeof(int32_t), 0);
-    sta_lua_int_list(L, wi, w, 3, "window");
-    *n = 1;
-  } else {
-    int32_t k = (int32_t)luaL_len(L, wi);
-    w = lua_newuserdatauv(L, 3 * sizeof(int32_t) * (size_t)k, 0);
-    for (int32_t i = 0; i < k; i++) {
-      char name[32];
-      snprintf(name, sizeof name, "window[%d]", (int)i + 1);
-      lua_geti(L, wi, i + 1);
-      sta_lua_int_list(L, -1, w + 3 * i, 3, name);
-      lua_pop(L, 1);
-    }
-    *n = k;
-  }
-  lua_remove(L, wi);
-  return w;
+/* opts.window as sta_lua_windows reads it; opts: a table or nil. */
+static int32_t *opts_windows(lua_State *L, int opts, int32_t *n) {
+  if (lua_istable(L, opts)) lua_getfield(L, opts, "window");
+  else lua_pushnil(L);
+  return sta_lua_windows(L, -1, n);
 }
 
 /* attention(q, k, v [, opts]) -> out [, lse]; reference with ref = 1 */
@@ -256,7 +227,7 @@ static int attention_common(lua_State *L, int ref) {
     gk.tile[0] = d.geom.tile[0]; gk.tile[1] = d.geom.tile[1]; gk.tile[2] = d.geom.tile[2];
     d.geom = gk;
   }
-  d.windows = read_windows(L, 4, &d.n_windows);
+  d.windows = opts_windows(L, 4, &d.n_windows);
   d.scale = lua_istable(L, 4) ? (float)sta_lua_num_field(L, 4, "scale", 0) : 0;
   sta_tensor *out = NULL, *lse = NULL;
   int want_lse = 0;
@@ -313,7 +284,7 @@ static int l_flops(lua_State *L) {
   sta_attention_desc d;
   memset(&d, 0, sizeof d);
   if (!sta_lua_read_geometry(L, 1, &d.geom)) return sta_lua_misuse(L, "canvas: expected {T, H, W}, got nil");
-  d.windows = read_windows(L, 1, &d.n_windows);
+  d.windows = opts_windows(L, 1, &d.n_windows);
   int64_t seq = (int64_t)sta_lua_int_field(L, 1, "seq_len", sta_geometry_video_tokens(&d.geom) +
                                                       (d.geom.text_len > 0 ? d.geom.text_len : 0));
   lua_pushnumber(L, sta_attention_flops(&d, (int64_t)sta_lua_int_field(L, 1, "batch", 1), seq,

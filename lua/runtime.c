@@ -281,31 +281,35 @@ static int y_release(lua_State *L) {
 
 /* layer{prefix= or layer=, heads=, head_dim=, sp_rank=, sp_size=, canvas=,
 ** tile=, text_len=, layout=, backend=, scale=, strategy=} */
+void sta_lua_layer_desc(lua_State *L, int opts, int pins, sta_layer_desc *d) {
+  d->prefix = sta_lua_str_field(L, opts, "prefix");
+  d->layer_index = (int32_t)sta_lua_int_field(L, opts, "layer", 0);
+  d->local_heads = (int32_t)sta_lua_int_field(L, opts, "heads", 0);
+  d->head_dim = (int32_t)sta_lua_int_field(L, opts, "head_dim", 0);
+  const char *be = sta_lua_str_field(L, opts, "backend");
+  d->backend = be ? sta_lua_parse_device(L, be, "backend") : STA_CPU;
+  d->scale = (float)sta_lua_num_field(L, opts, "scale", 0);
+  if (lua_getfield(L, opts, "strategy") != LUA_TNIL) {
+    d->strategy = sta_lua_check_strategy(L, -1);
+    lua_setfield(L, pins, "strategy");
+  } else lua_pop(L, 1);
+  if (d->prefix) {
+    lua_getfield(L, opts, "prefix");
+    lua_setfield(L, pins, "prefix");
+  }
+}
+
 static int l_layer(lua_State *L) {
   luaL_checktype(L, 1, LUA_TTABLE);
   lua_settop(L, 1);
+  lua_createtable(L, 0, 2); /* 2: pins */
   sta_layer_desc d;
   memset(&d, 0, sizeof d);
-  d.prefix = sta_lua_str_field(L, 1, "prefix");
-  d.layer_index = (int32_t)sta_lua_int_field(L, 1, "layer", 0);
-  d.local_heads = (int32_t)sta_lua_int_field(L, 1, "heads", 0);
-  d.head_dim = (int32_t)sta_lua_int_field(L, 1, "head_dim", 0);
+  sta_lua_layer_desc(L, 1, 2, &d);
   d.sp_rank = (int32_t)sta_lua_int_field(L, 1, "sp_rank", 0);
   d.sp_size = (int32_t)sta_lua_int_field(L, 1, "sp_size", 1);
   sta_lua_read_geometry(L, 1, &d.geom);
   d.layout = sta_lua_parse_layout(L, sta_lua_str_field(L, 1, "layout"));
-  const char *be = sta_lua_str_field(L, 1, "backend");
-  d.backend = be ? sta_lua_parse_device(L, be) : STA_CPU;
-  d.scale = (float)sta_lua_num_field(L, 1, "scale", 0);
-  lua_createtable(L, 0, 2); /* 2: pins */
-  if (lua_getfield(L, 1, "strategy") != LUA_TNIL) {
-    d.strategy = sta_lua_check_strategy(L, -1);
-    lua_setfield(L, 2, "strategy");
-  } else lua_pop(L, 1);
-  if (d.prefix) {
-    lua_getfield(L, 1, "prefix");
-    lua_setfield(L, 2, "prefix");
-  }
   LLayer *u = lua_newuserdatauv(L, sizeof *u, 1);
   u->l = NULL;
   luaL_setmetatable(L, STA_LUA_LAYER);
@@ -346,8 +350,7 @@ static int y_index(lua_State *L) {
   return 1;
 }
 
-static int y_set_strategy(lua_State *L) {
-  sta_layer *l = check_layer(L, 1);
+int sta_lua_layer_set_strategy(lua_State *L, sta_layer *l) {
   const sta_strategy *s = lua_isnoneornil(L, 2) ? NULL : sta_lua_check_strategy(L, 2);
   lua_getiuservalue(L, 1, 1);
   lua_pushvalue(L, 2);
@@ -355,6 +358,10 @@ static int y_set_strategy(lua_State *L) {
   sta_layer_set_strategy(l, s);
   lua_settop(L, 1);
   return 1;
+}
+
+static int y_set_strategy(lua_State *L) {
+  return sta_lua_layer_set_strategy(L, check_layer(L, 1));
 }
 
 static int y_tostring(lua_State *L) {

@@ -45,6 +45,8 @@
 #define STA_LUA_BATCH "sta.ForwardBatch"
 #define STA_LUA_CONTEXT "sta.Context"
 #define STA_LUA_LAYER "sta.Layer"
+#define STA_LUA_COMM "sta.Comm"
+#define STA_LUA_SPLAYER "sta.SPLayer"
 #define STA_LUA_ANCHOR "sta.contexts" /* registry: lightuserdata ctx -> userdata */
 
 typedef struct sta_lua_tensor { sta_tensor *t; } sta_lua_tensor;       /* NULL: released */
@@ -87,7 +89,9 @@ void sta_lua_check_opts(lua_State *L, int idx);
 /* Exactly n integers from the table at idx into out. */
 void sta_lua_int_list(lua_State *L, int idx, int32_t *out, int n, const char *name);
 void sta_lua_push_ints(lua_State *L, const int32_t *v, int n);
-sta_device sta_lua_parse_device(lua_State *L, const char *s);
+/* "cpu" ("host") or "cuda" ("cuda:0", "gpu"); name: the argument, for the
+** message. */
+sta_device sta_lua_parse_device(lua_State *L, const char *s, const char *name);
 const char *sta_lua_device_name(sta_device d);
 sta_dtype sta_lua_parse_dtype(lua_State *L, const char *s);
 /* "bshd" (also NULL) or "bhsd", either case. */
@@ -97,6 +101,10 @@ int32_t sta_lua_read_shape(lua_State *L, int idx, int64_t shape[4]);
 /* Windows list {{Kt,Kh,Kw}, ...} at idx into a userdata array left on the
 ** stack. */
 int32_t *sta_lua_window_list(lua_State *L, int idx, int32_t *n, const char *name);
+/* Windows at idx: nil (the default {3, 3, 3}), {Kt, Kh, Kw} for every
+** head, or a list of them, one per head; a userdata array left on the
+** stack. */
+int32_t *sta_lua_windows(lua_State *L, int idx, int32_t *n);
 void sta_lua_push_window_list(lua_State *L, const int32_t *w, int32_t n);
 
 /* ---- classes (auxlib.c) --------------------------------------------------- */
@@ -130,6 +138,13 @@ int sta_lua_read_geometry(lua_State *L, int idx, sta_geometry *g);
 sta_lua_strategy *sta_lua_new_strategy(lua_State *L);
 sta_strategy *sta_lua_check_strategy(lua_State *L, int idx);
 sta_metadata *sta_lua_check_metadata(lua_State *L, int idx);
+/* runtime.c: sta.layer's options at opts that SP layers share (prefix=,
+** layer=, heads=, head_dim=, backend=, scale=, strategy=) into d, the
+** strategy and prefix pinned in the table at pins. */
+void sta_lua_layer_desc(lua_State *L, int opts, int pins, sta_layer_desc *d);
+/* layer:set_strategy(s or nil) for l, the layer at 1; pins s in its user
+** value 1. */
+int sta_lua_layer_set_strategy(lua_State *L, sta_layer *l);
 
 /* Each adds its classes and functions to the module table on top. */
 void sta_lua_open_tensor(lua_State *L);

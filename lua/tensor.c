@@ -77,7 +77,7 @@ static void tensor_opts(lua_State *L, int idx, sta_dtype *dt, sta_device *dev) {
     const char *s = sta_lua_str_field(L, idx, "dtype");
     if (s) *dt = sta_lua_parse_dtype(L, s);
     s = sta_lua_str_field(L, idx, "device");
-    if (s) *dev = sta_lua_parse_device(L, s);
+    if (s) *dev = sta_lua_parse_device(L, s, "device");
   }
 }
 
@@ -173,7 +173,7 @@ static int t_to(lua_State *L) {
     const char *s = sta_lua_str_field(L, 2, "dtype");
     if (s) dt = sta_lua_parse_dtype(L, s);
     s = sta_lua_str_field(L, 2, "device");
-    if (s) dev = sta_lua_parse_device(L, s);
+    if (s) dev = sta_lua_parse_device(L, s, "device");
   } else {
     for (int i = 2; i <= top; i++) {
       const char *s = luaL_checkstring(L, i);
@@ -184,7 +184,7 @@ static int t_to(lua_State *L) {
         if (strcmp(s, "cpu") && strcmp(s, "host") && strcmp(s, "cuda") &&
             strcmp(s, "cuda:0") && strcmp(s, "gpu"))
           return sta_lua_misuse(L, "to: '%s' is neither a dtype (f32, f16, bf16) nor a device (cpu, cuda)", s);
-        dev = sta_lua_parse_device(L, s);
+        dev = sta_lua_parse_device(L, s, "device");
       }
     }
   }

@@ -138,6 +138,15 @@ describe("sta.dist", function()
       H.error_of(dist.run_attention, {}, {}, {}, {}, { canvas = { 4, 4, 4 } }))
     assert.equal("q: expected 2 entries (one per rank), got 1",
       H.error_of(dist.run_attention, comms, { q }, { q }, { q }, { canvas = { 4, 4, 4 } }))
+    -- windows are read by the one reader sta.attention uses
+    for w, msg in pairs({
+      [{ 1, 1 }] = "window: expected 3 integers, got 2",
+      [{ { 1, 1, 1 }, 3 }] = "window[2]: expected a table of 3 integers, got number",
+      ["3x3x3"] = "window: expected {Kt, Kh, Kw} or a list per head, got string" }) do
+      assert.equal(msg, H.error_of(comms[1].attention, comms[1], q, q, q,
+        { canvas = { 2, 4, 13 }, window = w, out = out }))
+      assert.equal(msg, H.error_of(sta.attention, q, q, q, { canvas = { 2, 4, 13 }, window = w }))
+    end
     assert.is_true(H.same_values(out, before))
   end)
 
@@ -189,6 +198,10 @@ describe("sta.dist", function()
       H.error_of(dist.layer, comms[1], { head_dim = 8, canvas = { 4, 4, 4 } }))
     assert.equal("canvas: sequence parallelism needs the canvas {T, H, W} (or geometry=)",
       H.error_of(dist.layer, comms[1], { heads = 2, head_dim = 8 }))
+    assert.equal("backend: unknown device 'tpu' (expected cpu or cuda)",
+      H.error_of(dist.layer, comms[1], { heads = 2, head_dim = 8, canvas = { 4, 4, 4 }, backend = "tpu" }))
+    assert.equal("prefix: expected a string, got number",
+      H.error_of(dist.layer, comms[1], { heads = 2, head_dim = 8, canvas = { 4, 4, 4 }, prefix = 3 }))
     local layers = {}
     for r = 1, 2 do
       layers[r] = dist.layer(comms[r], { layer = 0, heads = 4, head_dim = 8, canvas = { 4, 4, 4 },

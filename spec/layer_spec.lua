@@ -115,6 +115,13 @@ describe("sta layers", function()
     assert.are_not.same(before, out:totable())
   end)
 
+  it("names the backend option in its errors, as SP layers do", function()
+    assert.equal("backend: unknown device 'tpu' (expected cpu or cuda)",
+      H.error_of(sta.layer, { layer = 0, heads = 1, head_dim = 8, backend = "tpu", canvas = canvas }))
+    assert.equal("prefix: expected a string, got number",
+      H.error_of(sta.layer, { prefix = 3, heads = 1, head_dim = 8, canvas = canvas }))
+  end)
+
   it("refuses the CUDA backend when no GPU answers", function()
     if sta.backend_available("cuda") then return end
     assert.equal("st attn not supported",

@@ -50,23 +50,6 @@ local function geometry_of(opts)
   return core.geometry { canvas = opts.canvas, tile = opts.tile, text_len = opts.text_len }
 end
 
--- {Kt, Kh, Kw} or a list of them -> flat list of integers.
-local function windows_of(opts)
-  local w = opts.window or { 3, 3, 3 }
-  if type(w) ~= "table" then
-    error(("window: expected {Kt, Kh, Kw} or a list per head, got %s"):format(type(w)), 0)
-  end
-  if type(w[1]) ~= "table" then return w end
-  local flat = {}
-  for i, x in ipairs(w) do
-    if type(x) ~= "table" or #x ~= 3 then
-      error(("window[%d]: expected {Kt, Kh, Kw}"):format(i), 0)
-    end
-    for a = 1, 3 do flat[#flat + 1] = x[a] end
-  end
-  return flat
-end
-
 local function like(t)
   return core.tensor(t:shape(), { dtype = t:dtype(), device = t:device() })
 end
@@ -99,21 +82,21 @@ local comm_methods = debug.getregistry()["sta.Comm"].methods
 --- comm:attention(q, k, v, opts) -> out: this rank's shard of the output.
 function comm_methods.attention(comm, q, k, v, opts)
   opts = opts or {}
-  local g, w = geometry_of(opts), windows_of(opts)
+  local g = geometry_of(opts)
   local out = opts.out or like(q)
-  return C._attention(comm, g, w, opts.layout, opts.scale, q, k, v, out)
+  return C._attention(comm, g, opts.window, opts.layout, opts.scale, q, k, v, out)
 end
 
 --- Run SP attention on every rank of a loopback world (one thread each).
 function dist.run_attention(comms, qs, ks, vs, opts)
   opts = opts or {}
-  local g, w = geometry_of(opts), windows_of(opts)
+  local g = geometry_of(opts)
   local outs = opts.out
   if outs == nil then
     outs = {}
     for r, q in ipairs(qs) do outs[r] = like(q) end
   end
-  return C._run_attention(comms, g, w, opts.layout, opts.scale, qs, ks, vs, outs)
+  return C._run_attention(comms, g, opts.window, opts.layout, opts.scale, qs, ks, vs, outs)
 end
 
 local function layout_dims(layout)
