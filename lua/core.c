@@ -145,10 +145,10 @@ static const luaL_Reg core_funcs[] = {
   {"set_num_threads", l_set_num_threads}, {"get_num_threads", l_get_num_threads},
   {"synchronize", l_synchronize}, {"device_bytes", l_device_bytes},
   {"set_device_soft_limit", l_set_device_soft_limit},
-  {"last_error", l_last_error}, {"status_name", l_status_name},
-  {"fault_arm", l_fault_arm}, {"now", l_now},
-  {"history", l_history},
+  {"status_name", l_status_name}, {"now", l_now}, {"history", l_history},
   {NULL, NULL}};
+static const luaL_Reg debug_funcs[] = {
+  {"last_error", l_last_error}, {"fault_arm", l_fault_arm}, {NULL, NULL}};
 
 static void push_status_table(lua_State *L) {
   static const sta_status all[] = {
@@ -180,6 +180,8 @@ int luaopen_sta_core(lua_State *L);
 int luaopen_sta_core(lua_State *L) {
   pin_library();
   luaL_newlib(L, core_funcs);
+  luaL_newlib(L, debug_funcs);
+  lua_setfield(L, -2, "debug");
   sta_lua_open_tensor(L);
   sta_lua_open_files(L);
   sta_lua_open_geometry(L);

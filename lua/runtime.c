@@ -391,7 +391,7 @@ static const luaL_Reg batch_methods[] = {
 static const luaL_Reg context_meta[] = {
   {"__close", c_pop}, {"__tostring", c_tostring}, {NULL, NULL}};
 static const luaL_Reg context_methods[] = {
-  {"pop", c_pop}, {"close", c_pop}, {"step", c_step}, {"metadata", c_metadata},
+  {"pop", c_pop}, {"step", c_step}, {"metadata", c_metadata},
   {"batch", c_batch}, {"live", c_live}, {NULL, NULL}};
 
 static const luaL_Reg layer_meta[] = {

@@ -270,14 +270,28 @@ static const luaL_Reg metadata_methods[] = {
   {"release", m_release}, {"set_row", m_set_row}, {"row", m_row}, {"layers", m_layers},
   {NULL, NULL}};
 static const luaL_Reg strategy_funcs[] = {
-  {"strategy_new", l_strategy_new}, {"strategy_parse", l_strategy_parse},
-  {"strategy_load", l_strategy_load}, {"strategy_default", l_strategy_default},
-  {"strategy_uniform", l_strategy_uniform},
-  {"metadata", l_metadata_new}, {"metadata_from_strategy", l_metadata_from_strategy},
-  {"metadata_search", l_metadata_search}, {NULL, NULL}};
+  {"new", l_strategy_new}, {"parse", l_strategy_parse}, {"load", l_strategy_load},
+  {"default", l_strategy_default}, {"uniform", l_strategy_uniform}, {NULL, NULL}};
+static const luaL_Reg metadata_funcs[] = {
+  {"new", l_metadata_new}, {"from_strategy", l_metadata_from_strategy},
+  {"search", l_metadata_search}, {NULL, NULL}};
 
+/* sta.metadata(layers) is sta.metadata.new(layers) */
+static int metadata_call(lua_State *L) {
+  lua_remove(L, 1);
+  return l_metadata_new(L);
+}
+
+/* sta.strategy.*, sta.metadata.* (also callable) */
 void sta_lua_open_strategy(lua_State *L) {
   sta_lua_new_class(L, STA_LUA_STRATEGY, strategy_meta, strategy_methods, 1);
   sta_lua_new_class(L, STA_LUA_METADATA, metadata_meta, metadata_methods, 1);
-  luaL_setfuncs(L, strategy_funcs, 0);
+  luaL_newlib(L, strategy_funcs);
+  lua_setfield(L, -2, "strategy");
+  luaL_newlib(L, metadata_funcs);
+  lua_createtable(L, 0, 1);
+  lua_pushcfunction(L, metadata_call);
+  lua_setfield(L, -2, "__call");
+  lua_setmetatable(L, -2);
+  lua_setfield(L, -2, "metadata");
 }

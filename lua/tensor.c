@@ -641,7 +641,7 @@ static const luaL_Reg tensor_meta[] = {
   {"__gc", tensor_release}, {"__close", tensor_release}, {"__tostring", t_tostring},
   {"__len", t_len}, {"__index", t_index}, {"__newindex", t_newindex}, {NULL, NULL}};
 static const luaL_Reg tensor_methods[] = {
-  {"release", tensor_release}, {"free", tensor_release}, {"released", t_released},
+  {"release", tensor_release}, {"released", t_released},
   {"shape", t_shape}, {"size", t_size}, {"strides", t_strides}, {"dtype", t_dtype},
   {"device", t_device}, {"ndim", t_ndim}, {"numel", t_numel},
   {"is_contiguous", t_contiguous}, {"to", t_to}, {"clone", t_clone}, {"copy", t_copy},
@@ -651,10 +651,13 @@ static const luaL_Reg tensor_methods[] = {
   {"axpby", t_axpby}, {"stats", t_stats}, {NULL, NULL}};
 static const luaL_Reg tensor_funcs[] = {
   {"tensor", l_tensor}, {"zeros", l_zeros}, {"randn", l_randn},
-  {"from_table", l_from_table},
-  {"live_tensors", l_live_tensors}, {NULL, NULL}};
+  {"from_table", l_from_table}, {NULL, NULL}};
 
 void sta_lua_open_tensor(lua_State *L) {
   sta_lua_new_class(L, STA_LUA_TENSOR, tensor_meta, tensor_methods, 0);
   luaL_setfuncs(L, tensor_funcs, 0);
+  luaL_getsubtable(L, -1, "debug");
+  lua_pushcfunction(L, l_live_tensors);
+  lua_setfield(L, -2, "live_tensors");
+  lua_pop(L, 1);
 }

@@ -60,7 +60,7 @@ describe("sta forward contexts", function()
     assert.equal(b, sta.current_context())
     b:pop()
     b:pop() -- idempotent
-    a:close()
+    a:pop()
     assert.equal(d0, sta.context_depth())
     assert.equal("context: already popped", H.error_of(a.step, a))
     assert.equal("sta.Context(popped)", tostring(a))

@@ -17,7 +17,7 @@ heads and tile coordinates are 0-based, as in STA.md and strategy files.
   sta.load(path [, name | {bf16=true}])    t:save(path)
   sta.load_safetensors(path)               sta.save_safetensors(path, {name=t})
   sta.geometry{canvas=, tile=, text_len=}  sta.attention(q, k, v, opts)
-  sta.reference(q, k, v, opts)             sta.strategy.load/parse/uniform/default
+  sta.reference(q, k, v, opts)             sta.strategy.new/load/parse/uniform/default
   sta.metadata(layers) / .from_strategy / .search
   sta.forward_batch{batch_size=, negative=}
   local ctx <close> = sta.forward_context{step=, metadata=, batch=}
@@ -74,22 +74,6 @@ function sta.load(path, name)
   return core.npy_load(path, bf16 and true or false)
 end
 
--- Strategies -------------------------------------------------------------
-sta.strategy = {
-  new = core.strategy_new,
-  load = core.strategy_load,
-  parse = core.strategy_parse,
-  uniform = core.strategy_uniform,
-  default = core.strategy_default,
-}
-
--- Metadata -----------------------------------------------------------------
-sta.metadata = setmetatable({
-  new = core.metadata,
-  from_strategy = core.metadata_from_strategy,
-  search = core.metadata_search,
-}, { __call = function(_, layers) return core.metadata(layers) end })
-
 -- Contexts -----------------------------------------------------------------
 
 --- Push a forward context: {step=, metadata=, batch=}, or {step=,
@@ -98,7 +82,7 @@ sta.metadata = setmetatable({
 --   local ctx <close> = sta.forward_context{step = 3, metadata = md, batch = fb}
 function sta.forward_context(opts)
   if type(opts) == "table" and opts.strategy ~= nil and opts.metadata == nil then
-    local md = core.metadata_from_strategy(opts.strategy, opts.step or 0,
+    local md = core.metadata.from_strategy(opts.strategy, opts.step or 0,
       opts.layers or 1, opts.heads or 1)
     local o = {}
     for k, v in pairs(opts) do o[k] = v end
@@ -115,14 +99,7 @@ function sta.with_context(opts, fn, ...)
   return fn(ctx, ...)
 end
 
--- Backends, debug --------------------------------------------------------------
-sta.debug = {
-  live_tensors = core.live_tensors,
-  fault_arm = core.fault_arm,
-  last_error = core.last_error,
-  context_depth = core.context_depth,
-}
-
+-- Backends ------------------------------------------------------------------------
 --- The default device: "cuda" when STA_DEVICE says so or a GPU answers,
 -- else "cpu".  STA_DEVICE=cpu forces the CPU.
 function sta.default_device()
