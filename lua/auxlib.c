@@ -15,10 +15,20 @@
 
 /* ---- errors ------------------------------------------------------------ */
 
-/* Raise or return nil, message, code by the status group of rc. */
+/* The binding's one error policy (GUIDE.md, "Errors"): a failure of the
+** environment returns nil, message, code -- out of host or device memory
+** (400), a device failure (500), a file (600).  Everything else is misuse
+** and raises: arguments (100), state (200), requests this build or machine
+** does not support (300: STA.md section 9 raises "seq_len N not supported
+** for STA" and "st attn not supported", the latter also for CUDA asked
+** with no GPU present) and STA_ERR_ENV (section 9: "STA_ATTENTION_CONFIG
+** is not set"). */
+static int environment_failure(sta_status rc) {
+  return sta_status_group(rc) >= 400 && rc != STA_ERR_ENV;
+}
+
 int sta_lua_fail(lua_State *L, sta_status rc) {
-  int32_t g = sta_status_group(rc);
-  if (g >= 400 && rc != STA_ERR_ENV) {
+  if (environment_failure(rc)) {
     lua_pushnil(L);
     lua_pushstring(L, sta_last_error());
     lua_pushinteger(L, (lua_Integer)rc);

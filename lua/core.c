@@ -15,7 +15,9 @@
 #include "sta.h"
 #include "sta_lua.h"
 
-/* fault injection hook of the core (core/internal.h), for specs */
+/* error recording and fault injection of the core (core/internal.h), for
+** specs */
+sta_status sta_error(sta_status status, const char *fmt, ...);
 void sta_fault_arm(int64_t n);
 
 /* ---- backends, info, errors ------------------------------------------------ */
@@ -126,6 +128,14 @@ static int l_history(lua_State *L) {
   return 1;
 }
 
+/* debug.fail(code [, message]): what a call that fails with code does
+** (sta_lua_fail), for specs of the error policy. */
+static int l_fail(lua_State *L) {
+  sta_status rc = (sta_status)luaL_checkinteger(L, 1);
+  sta_error(rc, "%s", luaL_optstring(L, 2, sta_status_name(rc)));
+  return sta_lua_fail(L, rc);
+}
+
 static int l_fault_arm(lua_State *L) {
   sta_fault_arm((int64_t)luaL_checkinteger(L, 1));
   return 0;
@@ -148,7 +158,7 @@ static const luaL_Reg core_funcs[] = {
   {"status_name", l_status_name}, {"now", l_now}, {"history", l_history},
   {NULL, NULL}};
 static const luaL_Reg debug_funcs[] = {
-  {"last_error", l_last_error}, {"fault_arm", l_fault_arm}, {NULL, NULL}};
+  {"last_error", l_last_error}, {"fault_arm", l_fault_arm}, {"fail", l_fail}, {NULL, NULL}};
 
 static void push_status_table(lua_State *L) {
   static const sta_status all[] = {

@@ -6,9 +6,10 @@
 ** dist.lua builds the geometry (sta.Geometry) and makes output tensors
 ** with sta.core, then calls them.
 **
-** Errors follow sta_lua.h: misuse raises the exact message; failures of
-** the environment (no NCCL, no GPU, out of memory, files) return nil,
-** message, code.
+** Errors follow sta_lua.h's one policy: misuse raises the exact message
+** (also no NCCL library or no GPU for NCCL, STA_ERR_BACKEND, as "st attn
+** not supported" is); failures of the environment (out of memory, device
+** and NCCL failures, files) return nil, message, code.
 */
 #include <stdarg.h>
 #include <stdio.h>
@@ -84,15 +85,7 @@ static int d_init(lua_State *L) {
     rc = strcmp(be, "tcp") == 0 ? sta_comm_tcp(&u->c, rank, size, id)
                                 : sta_comm_nccl(&u->c, rank, size, id, dev);
   }
-  if (rc == STA_OK) return 1;
-  /* no NCCL, no GPU, a bad environment: an expected failure */
-  if (sta_status_group(rc) >= 300) {
-    lua_pushnil(L);
-    lua_pushstring(L, sta_last_error());
-    lua_pushinteger(L, (lua_Integer)rc);
-    return 3;
-  }
-  return sta_lua_fail(L, rc);
+  return rc == STA_OK ? 1 : sta_lua_fail(L, rc);
 }
 
 static int comm_rank(lua_State *L) {

@@ -9,7 +9,8 @@
 **   tune.c      sta.tune                core.c      luaopen_sta_core
 **   dist.c      sta.Comm, sta.SPLayer (luaopen_sta_dist)
 **
-** Errors, two channels (as Lua's io library):
+** Errors, two channels (as Lua's io library), in every file through
+** sta_lua_fail and sta_lua_misuse:
 **   - misuse raises: bad arguments, wrong types, a state that does not
 **     allow the call, unsupported requests (status groups 100, 200, 300)
 **     and STA_ERR_ENV ("STA_ATTENTION_CONFIG is not set", which STA.md
@@ -54,8 +55,9 @@ typedef struct sta_lua_strategy { sta_strategy *s; } sta_lua_strategy; /* NULL: 
 
 /* ---- errors (auxlib.c) ---------------------------------------------------- */
 
-/* Raise sta_last_error() (status groups 100-300 and STA_ERR_ENV), or push
-** nil, message, code (400, 500, 600) and return 3. */
+/* The one error policy (auxlib.c): raise sta_last_error() for misuse
+** (status groups 100-300 and STA_ERR_ENV), or push nil, message, code for
+** failures of the environment (400, 500, 600) and return 3. */
 int sta_lua_fail(lua_State *L, sta_status rc);
 /* Raise a formatted message with no position prefix. */
 int sta_lua_misuse(lua_State *L, const char *fmt, ...);

@@ -1,4 +1,4 @@
--- The sta module as a whole: its one public surface.
+-- The sta module as a whole: its one public surface and its one error policy.
 local sta = require "sta"
 local H = require "helpers"
 
@@ -37,5 +37,59 @@ describe("sta", function()
     assert.equal(n + 1, sta.debug.live_tensors())
     t:release()
     assert.equal(n, sta.debug.live_tensors())
+  end)
+
+  -- misuse raises; failures of the environment return nil, message, code
+  local function environment(code)
+    return code >= 400 and code ~= sta.status.ENV
+  end
+
+  it("raises misuse and returns nil, message, code for the environment, by status group", function()
+    for name, code in pairs(sta.status) do
+      if code ~= sta.status.OK then
+        local ok, a, b, c = pcall(sta.debug.fail, code, "failed: " .. name)
+        if environment(code) then
+          assert.is_true(ok, name)
+          assert.same({ nil, "failed: " .. name, code }, { a, b, c }, name)
+        else
+          assert.is_false(ok, name)
+          assert.equal("failed: " .. name, a)
+        end
+      end
+    end
+    assert.is_false(environment(sta.status.UNSUPPORTED))
+    assert.is_true(environment(sta.status.DEVICE))
+  end)
+
+  it("applies the policy on real calls, one status of each group", function()
+    -- 100: an argument
+    assert.equal("window: K = 2 is even and smaller than 4 tiles", H.error_of(sta.window_range, 0, 2, 4))
+    -- 200: the state
+    local layer = sta.layer { layer = 0, heads = 1, head_dim = 8, canvas = { 4, 8, 8 }, tile = { 2, 4, 4 } }
+    local q = H.randn({ 1, 256, 1, 8 })
+    assert.equal("STA forward called outside a forward context (no context is live)",
+      H.error_of(layer.forward, layer, q, q, q))
+    -- 300: unsupported, STA.md section 9
+    assert.equal("seq_len 1234 not supported for STA", H.error_of(sta.geometry_from_seq_len, 1234))
+    if not sta.backend_available("cuda") then
+      assert.equal("st attn not supported", H.error_of(sta.tensor, { 2 }, { device = "cuda" }))
+    end
+    -- 400: host memory
+    sta.debug.fault_arm(1)
+    local ok, none, msg, code = pcall(sta.strategy.new)
+    sta.debug.fault_arm(0)
+    assert.is_true(ok)
+    assert.same({ nil, "out of host memory (mask strategy)", sta.status.NOMEM }, { none, msg, code })
+    -- 500: no device fails on purpose here; sta.debug.fail pins the group above
+    -- 600: a file
+    none, msg, code = sta.strategy.load("/nonexistent/dir/s.json")
+    assert.is_nil(none)
+    assert.equal('mask strategy: cannot open "/nonexistent/dir/s.json": No such file or directory', msg)
+    assert.equal(sta.status.IO, code)
+    -- STA_ERR_ENV, in the 600 group, raises: STA.md section 9
+    if not (os.getenv("STA_ATTENTION_CONFIG") or os.getenv("SGLANG_DIFFUSION_ATTENTION_CONFIG")
+        or os.getenv("FASTVIDEO_ATTENTION_CONFIG")) then
+      assert.equal("STA_ATTENTION_CONFIG is not set", H.error_of(sta.strategy.default))
+    end
   end)
 end)

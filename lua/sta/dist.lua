@@ -10,7 +10,9 @@ V % P and H % P must be 0.
 
   dist.init()                     NCCL communicator from scripts/sta-launch's
                                   environment (STA_RANK, STA_WORLD_SIZE, ...);
-                                  nil, message, code without NCCL or a GPU
+                                  raises without NCCL or a GPU (as
+                                  "st attn not supported" does); nil,
+                                  message, code when NCCL or a file fails
   dist.init{rank=, size=, id_file=, device=, backend="nccl"|"tcp"}
   dist.loopback(P)                P communicators of one in-process world
   dist.rank(), dist.size()        from the environment, without a communicator
@@ -67,8 +69,9 @@ function dist.local_rank() return env_int("STA_LOCAL_RANK", dist.rank()) end
 
 --- A communicator: from the environment (no argument) or explicit settings
 -- {rank=, size=, id_file=, device=, backend=} (backend "nccl", the default,
--- or "tcp": CPU processes).  No NCCL library, no GPU or a bad environment:
--- nil, message, code.
+-- or "tcp": CPU processes).  No NCCL library or no GPU raises (STA_ERR_BACKEND,
+-- as sta.tensor{device="cuda"} does); a failure of NCCL, the network or a
+-- file: nil, message, code.
 function dist.init(opts)
   if opts == nil then return C._init() end
   if type(opts) ~= "table" then
