@@ -74,6 +74,8 @@ sta_status sta_window_check(const sta_geometry *g, const int32_t window[3]) {
   return STA_OK;
 }
 
+void sta_window_default(int32_t window[3]) { window[0] = window[1] = window[2] = 3; }
+
 sta_status sta_window_range(int32_t q, int32_t k, int32_t c, int32_t *start,
                             int32_t *count) {
   if (c < 1 || q < 0 || q >= c)

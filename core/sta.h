@@ -218,6 +218,8 @@ int64_t sta_geometry_video_tokens(const sta_geometry *g);
 int64_t sta_geometry_text_len(const sta_geometry *g, int64_t seq_len);
 /* Check one window against the grid (odd or >= axis tiles, >= 1). */
 sta_status sta_window_check(const sta_geometry *g, const int32_t window[3]);
+/* The window bindings use when none is given: 3, 3, 3 tiles. */
+void sta_window_default(int32_t window[3]);
 /* Key-tile range on one axis (STA.md section 2): q the query tile, k the
 ** window, c the tiles on the axis.  Returns STA_ERR_WINDOW for bad k. */
 sta_status sta_window_range(int32_t q, int32_t k, int32_t c, int32_t *start,
@@ -562,6 +564,9 @@ typedef struct sta_tune_report {
 sta_status sta_tune(sta_strategy **out, int32_t n_files,
                     const char *const *paths, int32_t skip_steps,
                     const int32_t full[3], sta_tune_report *report);
+/* FastVideo's defaults for sta_tune (STA.md section 7): full window 3, 6,
+** 10 (Wan 18x48x80) and skip_steps 12. */
+void sta_tune_defaults(int32_t full[3], int32_t *skip_steps);
 
 /* }====================================================================== */
 

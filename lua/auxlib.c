@@ -198,7 +198,7 @@ int32_t *sta_lua_windows(lua_State *L, int idx, int32_t *n) {
   idx = lua_absindex(L, idx);
   if (lua_isnoneornil(L, idx)) {
     int32_t *w = lua_newuserdatauv(L, 3 * sizeof(int32_t), 0);
-    w[0] = w[1] = w[2] = 3;
+    sta_window_default(w);
     *n = 1;
     return w;
   }

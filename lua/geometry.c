@@ -21,9 +21,7 @@ sta_geometry *sta_lua_check_geometry(lua_State *L, int idx) {
 /* Geometry from options at idx: geometry=G, or canvas={T,H,W}, tile=,
 ** text_len=.  Returns 0 when no canvas was given (g canvas 0,0,0). */
 int sta_lua_read_geometry(lua_State *L, int idx, sta_geometry *g) {
-  memset(g, 0, sizeof *g);
-  g->tile[0] = 6; g->tile[1] = 8; g->tile[2] = 8;
-  g->text_len = -1;
+  sta_geometry_init(g, 0, 0, 0); /* the core's default tile */
   if (!lua_istable(L, idx)) return 0;
   idx = lua_absindex(L, idx);
   if (lua_getfield(L, idx, "geometry") != LUA_TNIL) {

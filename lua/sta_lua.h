@@ -103,7 +103,7 @@ int32_t sta_lua_read_shape(lua_State *L, int idx, int64_t shape[4]);
 /* Windows list {{Kt,Kh,Kw}, ...} at idx into a userdata array left on the
 ** stack. */
 int32_t *sta_lua_window_list(lua_State *L, int idx, int32_t *n, const char *name);
-/* Windows at idx: nil (the default {3, 3, 3}), {Kt, Kh, Kw} for every
+/* Windows at idx: nil (sta_window_default), {Kt, Kh, Kw} for every
 ** head, or a list of them, one per head; a userdata array left on the
 ** stack. */
 int32_t *sta_lua_windows(lua_State *L, int idx, int32_t *n);

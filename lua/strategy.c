@@ -64,8 +64,9 @@ static int l_strategy_default(lua_State *L) {
 /* uniform{steps=, layers=, heads=, window=, full=, full_steps=} */
 static int l_strategy_uniform(lua_State *L) {
   luaL_checktype(L, 1, LUA_TTABLE);
-  int32_t w[3] = {3, 3, 3}, full[3];
+  int32_t w[3], full[3];
   int have_full = 0;
+  sta_window_default(w);
   if (lua_getfield(L, 1, "window") != LUA_TNIL) sta_lua_int_list(L, -1, w, 3, "window");
   lua_pop(L, 1);
   if (lua_getfield(L, 1, "full") != LUA_TNIL) { sta_lua_int_list(L, -1, full, 3, "full"); have_full = 1; }

@@ -39,6 +39,18 @@ describe("sta", function()
     assert.equal(n, sta.debug.live_tensors())
   end)
 
+  it("takes its defaults from the core: tile 6x8x8, window 3x3x3", function()
+    local g = sta.geometry { canvas = { 12, 16, 16 } }
+    assert.same({ 6, 8, 8 }, g.tile)
+    assert.same({ 3, 3, 3 }, sta.strategy.uniform { steps = 1, layers = 1, heads = 1 }:get(0, 0, 0))
+    local q = H.randn({ 1, 12 * 16 * 16, 1, 8 })
+    local o = sta.attention(q, q, q, { canvas = { 12, 16, 16 }, tile = { 6, 4, 4 } })
+    local o3 = sta.attention(q, q, q, { canvas = { 12, 16, 16 }, tile = { 6, 4, 4 }, window = { 3, 3, 3 } })
+    local o1 = sta.attention(q, q, q, { canvas = { 12, 16, 16 }, tile = { 6, 4, 4 }, window = { 1, 1, 1 } })
+    assert.equal(0, (o:compare(o3)))
+    assert.is_true(o:compare(o1) > 0)
+  end)
+
   -- misuse raises; failures of the environment return nil, message, code
   local function environment(code)
     return code >= 400 and code ~= sta.status.ENV

@@ -154,6 +154,14 @@ static void test_full_as_candidate(void **state) {
   remove(path_of(2));
 }
 
+static void test_defaults(void **state) {
+  (void)state;
+  int32_t full[3] = {0, 0, 0}, skip = 0;
+  sta_tune_defaults(full, &skip);
+  assert_memory_equal(full, FULL, 12);
+  assert_int_equal(skip, 12);
+}
+
 static void test_errors(void **state) {
   (void)state;
   const char *good = "{\"L2_loss\": {\"[3, 3, 3]\": [[[0.5, 0.1]], [[0.5, 0.1]]],"
@@ -263,6 +271,7 @@ int main(void) {
   const struct CMUnitTest tests[] = {
     cmocka_unit_test(test_argmin_average_skip),
     cmocka_unit_test(test_full_as_candidate),
+    cmocka_unit_test(test_defaults),
     cmocka_unit_test(test_errors),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
