@@ -76,7 +76,8 @@ double sta_lua_num_field(lua_State *L, int t, const char *k, double def) {
   double v = def;
   int ty = lua_getfield(L, t, k);
   if (ty != LUA_TNIL) {
-    if (ty != LUA_TNUMBER) sta_lua_misuse(L, "%s: expected a number, got %s", k, luaL_typename(L, -1));
+    if (ty != LUA_TNUMBER)
+      sta_lua_misuse(L, "%s: expected a number, got %s", k, luaL_typename(L, -1));
     v = lua_tonumber(L, -1);
   }
   lua_pop(L, 1);
@@ -95,7 +96,8 @@ const char *sta_lua_str_field(lua_State *L, int t, const char *k) {
   const char *s = NULL;
   int ty = lua_getfield(L, t, k);
   if (ty != LUA_TNIL) {
-    if (ty != LUA_TSTRING) sta_lua_misuse(L, "%s: expected a string, got %s", k, luaL_typename(L, -1));
+    if (ty != LUA_TSTRING)
+      sta_lua_misuse(L, "%s: expected a string, got %s", k, luaL_typename(L, -1));
     s = lua_tostring(L, -1); /* kept alive by the table */
   }
   lua_pop(L, 1);
@@ -111,7 +113,8 @@ void sta_lua_check_opts(lua_State *L, int idx) {
 void sta_lua_int_list(lua_State *L, int idx, int32_t *out, int n, const char *name) {
   idx = lua_absindex(L, idx);
   if (!lua_istable(L, idx))
-    sta_lua_misuse(L, "%s: expected a table of %d integers, got %s", name, n, luaL_typename(L, idx));
+    sta_lua_misuse(L, "%s: expected a table of %d integers, got %s", name, n,
+                   luaL_typename(L, idx));
   if ((int)luaL_len(L, idx) != n)
     sta_lua_misuse(L, "%s: expected %d integers, got %d", name, n, (int)luaL_len(L, idx));
   for (int i = 0; i < n; i++) {
@@ -119,7 +122,8 @@ void sta_lua_int_list(lua_State *L, int idx, int32_t *out, int n, const char *na
     lua_geti(L, idx, i + 1);
     lua_Integer v = lua_tointegerx(L, -1, &ok);
     if (!ok)
-      sta_lua_misuse(L, "%s[%d]: expected an integer, got %s", name, i + 1, luaL_tolstring(L, -1, NULL));
+      sta_lua_misuse(L, "%s[%d]: expected an integer, got %s", name, i + 1,
+                     luaL_tolstring(L, -1, NULL));
     out[i] = (int32_t)v;
     lua_pop(L, 1);
   }
@@ -168,8 +172,10 @@ int32_t sta_lua_read_shape(lua_State *L, int idx, int64_t shape[4]) {
     lua_geti(L, idx, i + 1);
     shape[i] = (int64_t)lua_tointegerx(L, -1, &ok);
     if (!ok)
-      sta_lua_misuse(L, "shape[%d]: expected an integer, got %s", i + 1, luaL_tolstring(L, -1, NULL));
-    if (shape[i] < 0) sta_lua_misuse(L, "shape[%d]: expected >= 0, got %I", i + 1, (lua_Integer)shape[i]);
+      sta_lua_misuse(L, "shape[%d]: expected an integer, got %s", i + 1,
+                     luaL_tolstring(L, -1, NULL));
+    if (shape[i] < 0)
+      sta_lua_misuse(L, "shape[%d]: expected >= 0, got %I", i + 1, (lua_Integer)shape[i]);
     lua_pop(L, 1);
   }
   return (int32_t)n;
@@ -180,7 +186,8 @@ int32_t sta_lua_read_shape(lua_State *L, int idx, int64_t shape[4]) {
 ** stack. */
 int32_t *sta_lua_window_list(lua_State *L, int idx, int32_t *n, const char *name) {
   idx = lua_absindex(L, idx);
-  if (!lua_istable(L, idx)) sta_lua_misuse(L, "%s: expected a list of windows, got %s", name, luaL_typename(L, idx));
+  if (!lua_istable(L, idx))
+    sta_lua_misuse(L, "%s: expected a list of windows, got %s", name, luaL_typename(L, idx));
   int32_t k = (int32_t)luaL_len(L, idx);
   int32_t *w = lua_newuserdatauv(L, sizeof(int32_t) * 3 * (size_t)(k ? k : 1), 0);
   for (int32_t i = 0; i < k; i++) {

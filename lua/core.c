@@ -31,7 +31,8 @@ static int l_backends(lua_State *L) {
 }
 
 static int l_backend_available(lua_State *L) {
-  lua_pushboolean(L, sta_backend_available(sta_lua_parse_device(L, luaL_checkstring(L, 1), "device")));
+  lua_pushboolean(L,
+                  sta_backend_available(sta_lua_parse_device(L, luaL_checkstring(L, 1), "device")));
   return 1;
 }
 

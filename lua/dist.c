@@ -142,8 +142,9 @@ static int d_attention(lua_State *L) {
   sta_comm *c = check_comm(L, 1);
   sta_attention_desc d;
   attention_desc(L, 2, 3, 4, 5, &d);
-  sta_status rc = sta_sp_attention(c, &d, sta_lua_check_tensor(L, 6, "q"), sta_lua_check_tensor(L, 7, "k"),
-                                   sta_lua_check_tensor(L, 8, "v"), sta_lua_check_tensor(L, 9, "out"));
+  sta_status rc =
+      sta_sp_attention(c, &d, sta_lua_check_tensor(L, 6, "q"), sta_lua_check_tensor(L, 7, "k"),
+                       sta_lua_check_tensor(L, 8, "v"), sta_lua_check_tensor(L, 9, "out"));
   if (rc != STA_OK) return sta_lua_fail(L, rc);
   lua_pushvalue(L, 9);
   return 1;
@@ -151,7 +152,8 @@ static int d_attention(lua_State *L) {
 
 /* _shard(local, full, geometry, layout, rank, size, unshard) */
 static int d_shard(lua_State *L) {
-  sta_tensor *local = sta_lua_check_tensor(L, 1, "local"), *full = sta_lua_check_tensor(L, 2, "full");
+  sta_tensor *local = sta_lua_check_tensor(L, 1, "local"),
+             *full = sta_lua_check_tensor(L, 2, "full");
   sta_geometry *g = sta_lua_check_geometry(L, 3);
   sta_layout layout = sta_lua_parse_layout(L, luaL_optstring(L, 4, NULL));
   int32_t rank = (int32_t)luaL_checkinteger(L, 5), size = (int32_t)luaL_checkinteger(L, 6);
@@ -192,7 +194,8 @@ static sta_status run_layer_rank(void *arg, int32_t r, sta_comm *c) {
 
 /* The list at idx: n entries, each checked by get. */
 static int32_t list_len(lua_State *L, int idx, const char *name, int32_t want) {
-  if (!lua_istable(L, idx)) sta_lua_misuse(L, "%s: expected a list, got %s", name, luaL_typename(L, idx));
+  if (!lua_istable(L, idx))
+    sta_lua_misuse(L, "%s: expected a list, got %s", name, luaL_typename(L, idx));
   int32_t n = (int32_t)luaL_len(L, idx);
   if (want >= 0 && n != want)
     sta_lua_misuse(L, "%s: expected %d entries (one per rank), got %d", name, (int)want, (int)n);
@@ -285,8 +288,9 @@ static int d_layer(lua_State *L) {
 /* layer:_forward(q, k, v, out) -> out */
 static int sp_forward(lua_State *L) {
   sta_sp_layer *l = check_splayer(L, 1);
-  sta_status rc = sta_sp_layer_forward(l, sta_lua_check_tensor(L, 2, "q"), sta_lua_check_tensor(L, 3, "k"),
-                                       sta_lua_check_tensor(L, 4, "v"), sta_lua_check_tensor(L, 5, "out"));
+  sta_status rc =
+      sta_sp_layer_forward(l, sta_lua_check_tensor(L, 2, "q"), sta_lua_check_tensor(L, 3, "k"),
+                           sta_lua_check_tensor(L, 4, "v"), sta_lua_check_tensor(L, 5, "out"));
   if (rc != STA_OK) return sta_lua_fail(L, rc);
   lua_pushvalue(L, 5);
   return 1;

@@ -45,7 +45,8 @@ int sta_lua_read_geometry(lua_State *L, int idx, sta_geometry *g) {
 static int l_geometry(lua_State *L) {
   luaL_checktype(L, 1, LUA_TTABLE);
   sta_geometry g;
-  if (!sta_lua_read_geometry(L, 1, &g)) return sta_lua_misuse(L, "canvas: expected {T, H, W}, got nil");
+  if (!sta_lua_read_geometry(L, 1, &g))
+    return sta_lua_misuse(L, "canvas: expected {T, H, W}, got nil");
   sta_status rc = sta_geometry_check(&g, sta_geometry_video_tokens(&g) +
                                              (g.text_len > 0 ? g.text_len : 0));
   if (rc != STA_OK) return sta_lua_fail(L, rc);
@@ -152,8 +153,9 @@ static int g_tostring(lua_State *L) {
 
 static int l_window_range(lua_State *L) { /* window_range(q, k, c) -> start, count */
   int32_t s, c;
-  sta_status rc = sta_window_range((int32_t)luaL_checkinteger(L, 1), (int32_t)luaL_checkinteger(L, 2),
-                                   (int32_t)luaL_checkinteger(L, 3), &s, &c);
+  sta_status rc =
+      sta_window_range((int32_t)luaL_checkinteger(L, 1), (int32_t)luaL_checkinteger(L, 2),
+                       (int32_t)luaL_checkinteger(L, 3), &s, &c);
   if (rc != STA_OK) return sta_lua_fail(L, rc);
   lua_pushinteger(L, s);
   lua_pushinteger(L, c);
@@ -167,7 +169,8 @@ static int l_tile(lua_State *L) {
   sta_layout layout = sta_lua_parse_layout(L, luaL_optstring(L, 3, "bshd"));
   int64_t shape[4];
   int sdim = layout == STA_BSHD ? 1 : 2;
-  if (sta_tensor_ndim(in) != 4) return sta_lua_misuse(L, "in: expected a 4-D tensor, got %d-D", (int)sta_tensor_ndim(in));
+  if (sta_tensor_ndim(in) != 4)
+    return sta_lua_misuse(L, "in: expected a 4-D tensor, got %d-D", (int)sta_tensor_ndim(in));
   for (int i = 0; i < 4; i++) shape[i] = sta_tensor_size(in, i);
   shape[sdim] = sta_geometry_tiled_len(g, shape[sdim]);
   sta_lua_tensor *u;
@@ -185,7 +188,8 @@ static int l_untile(lua_State *L) {
   sta_layout layout = sta_lua_parse_layout(L, luaL_optstring(L, 4, "bshd"));
   int64_t shape[4];
   int sdim = layout == STA_BSHD ? 1 : 2;
-  if (sta_tensor_ndim(in) != 4) return sta_lua_misuse(L, "in: expected a 4-D tensor, got %d-D", (int)sta_tensor_ndim(in));
+  if (sta_tensor_ndim(in) != 4)
+    return sta_lua_misuse(L, "in: expected a 4-D tensor, got %d-D", (int)sta_tensor_ndim(in));
   for (int i = 0; i < 4; i++) shape[i] = sta_tensor_size(in, i);
   shape[sdim] = (int64_t)seq;
   sta_lua_tensor *u;
@@ -281,7 +285,8 @@ static int l_flops(lua_State *L) {
   luaL_checktype(L, 1, LUA_TTABLE);
   sta_attention_desc d;
   memset(&d, 0, sizeof d);
-  if (!sta_lua_read_geometry(L, 1, &d.geom)) return sta_lua_misuse(L, "canvas: expected {T, H, W}, got nil");
+  if (!sta_lua_read_geometry(L, 1, &d.geom))
+    return sta_lua_misuse(L, "canvas: expected {T, H, W}, got nil");
   d.windows = opts_windows(L, 1, &d.n_windows);
   int64_t seq = (int64_t)sta_lua_int_field(L, 1, "seq_len", sta_geometry_video_tokens(&d.geom) +
                                                       (d.geom.text_len > 0 ? d.geom.text_len : 0));
@@ -296,7 +301,8 @@ static int l_head_diff(lua_State *L) {
   sta_tensor *a = sta_lua_check_tensor(L, 1, "a");
   sta_tensor *b = sta_lua_check_tensor(L, 2, "b");
   sta_layout layout = sta_lua_parse_layout(L, luaL_optstring(L, 3, "bshd"));
-  if (sta_tensor_ndim(a) != 4) return sta_lua_misuse(L, "a: expected a 4-D tensor, got %d-D", (int)sta_tensor_ndim(a));
+  if (sta_tensor_ndim(a) != 4)
+    return sta_lua_misuse(L, "a: expected a 4-D tensor, got %d-D", (int)sta_tensor_ndim(a));
   int64_t heads = sta_tensor_size(a, layout == STA_BSHD ? 2 : 1);
   float *l1 = lua_newuserdatauv(L, sizeof(float) * (size_t)(heads ? heads : 1), 0);
   float *l2 = lua_newuserdatauv(L, sizeof(float) * (size_t)(heads ? heads : 1), 0);

@@ -79,7 +79,8 @@ static float *loss_table(lua_State *L, int t, const char *name, int32_t n, int32
   for (int32_t c = 0; c < n; c++) {
     lua_geti(L, li, c + 1);
     if (!lua_istable(L, -1) || luaL_len(L, -1) != *heads)
-      sta_lua_misuse(L, "%s[%d]: expected a list of %d numbers (one per head)", name, (int)c + 1, (int)*heads);
+      sta_lua_misuse(L, "%s[%d]: expected a list of %d numbers (one per head)", name, (int)c + 1,
+                     (int)*heads);
     for (int32_t j = 0; j < *heads; j++) {
       lua_geti(L, -1, j + 1);
       l[c * *heads + j] = (float)luaL_checknumber(L, -1);
@@ -96,7 +97,8 @@ static int b_record(lua_State *L) {
   luaL_checktype(L, 2, LUA_TTABLE);
   lua_settop(L, 2);
   int neg = sta_lua_bool_field(L, 2, "negative", 0);
-  int32_t step = (int32_t)sta_lua_int_field(L, 2, "step", 0), layer = (int32_t)sta_lua_int_field(L, 2, "layer", 0);
+  int32_t step = (int32_t)sta_lua_int_field(L, 2, "step", 0),
+          layer = (int32_t)sta_lua_int_field(L, 2, "layer", 0);
   int32_t n, heads = -1;
   lua_getfield(L, 2, "candidates");
   int32_t *cand = sta_lua_window_list(L, -1, &n, "candidates");
@@ -127,9 +129,10 @@ static int b_tostring(lua_State *L) {
   LBatch *u = luaL_checkudata(L, 1, STA_LUA_BATCH);
   if (!u->fb) lua_pushliteral(L, "sta.ForwardBatch(released)");
   else
-    lua_pushfstring(L, "sta.ForwardBatch(size %d, %s, %d+%d records)", (int)sta_forward_batch_size(u->fb),
-                    sta_forward_batch_is_negative(u->fb) ? "negative" : "positive",
-                    (int)sta_forward_batch_records(u->fb, 0), (int)sta_forward_batch_records(u->fb, 1));
+    lua_pushfstring(
+        L, "sta.ForwardBatch(size %d, %s, %d+%d records)", (int)sta_forward_batch_size(u->fb),
+        sta_forward_batch_is_negative(u->fb) ? "negative" : "positive",
+        (int)sta_forward_batch_records(u->fb, 0), (int)sta_forward_batch_records(u->fb, 1));
   return 1;
 }
 
@@ -213,7 +216,9 @@ static int c_metadata(lua_State *L) { return c_pinned(L, "metadata"); }
 static int c_batch(lua_State *L) { return c_pinned(L, "batch"); }
 
 static int c_live(lua_State *L) {
-  lua_pushboolean(L, luaL_checkudata(L, 1, STA_LUA_CONTEXT) == NULL ? 0 : ((LContext *)lua_touserdata(L, 1))->c != NULL);
+  lua_pushboolean(L, luaL_checkudata(L, 1, STA_LUA_CONTEXT) == NULL
+                         ? 0
+                         : ((LContext *)lua_touserdata(L, 1))->c != NULL);
   return 1;
 }
 

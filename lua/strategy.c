@@ -69,7 +69,10 @@ static int l_strategy_uniform(lua_State *L) {
   sta_window_default(w);
   if (lua_getfield(L, 1, "window") != LUA_TNIL) sta_lua_int_list(L, -1, w, 3, "window");
   lua_pop(L, 1);
-  if (lua_getfield(L, 1, "full") != LUA_TNIL) { sta_lua_int_list(L, -1, full, 3, "full"); have_full = 1; }
+  if (lua_getfield(L, 1, "full") != LUA_TNIL) {
+    sta_lua_int_list(L, -1, full, 3, "full");
+    have_full = 1;
+  }
   lua_pop(L, 1);
   int32_t steps = (int32_t)sta_lua_int_field(L, 1, "steps", 1);
   int32_t layers = (int32_t)sta_lua_int_field(L, 1, "layers", 1);
@@ -84,8 +87,9 @@ static int l_strategy_uniform(lua_State *L) {
 static int s_get(lua_State *L) {
   sta_strategy *s = sta_lua_check_strategy(L, 1);
   int32_t w[3];
-  sta_status rc = sta_strategy_get(s, (int32_t)luaL_checkinteger(L, 2), (int32_t)luaL_checkinteger(L, 3),
-                                   (int32_t)luaL_checkinteger(L, 4), w);
+  sta_status rc =
+      sta_strategy_get(s, (int32_t)luaL_checkinteger(L, 2), (int32_t)luaL_checkinteger(L, 3),
+                       (int32_t)luaL_checkinteger(L, 4), w);
   if (rc != STA_OK) return sta_lua_fail(L, rc);
   sta_lua_push_ints(L, w, 3);
   return 1;
@@ -95,8 +99,9 @@ static int s_set(lua_State *L) {
   sta_strategy *s = sta_lua_check_strategy(L, 1);
   int32_t w[3];
   sta_lua_int_list(L, 5, w, 3, "window");
-  sta_status rc = sta_strategy_set(s, (int32_t)luaL_checkinteger(L, 2), (int32_t)luaL_checkinteger(L, 3),
-                                   (int32_t)luaL_checkinteger(L, 4), w);
+  sta_status rc =
+      sta_strategy_set(s, (int32_t)luaL_checkinteger(L, 2), (int32_t)luaL_checkinteger(L, 3),
+                       (int32_t)luaL_checkinteger(L, 4), w);
   if (rc != STA_OK) return sta_lua_fail(L, rc);
   lua_settop(L, 1);
   return 1;
@@ -136,8 +141,9 @@ static int s_extent(lua_State *L) {
 
 static int s_check(lua_State *L) {
   sta_strategy *s = sta_lua_check_strategy(L, 1);
-  sta_status rc = sta_strategy_check(s, (int32_t)luaL_checkinteger(L, 2), (int32_t)luaL_checkinteger(L, 3),
-                                     (int32_t)luaL_checkinteger(L, 4));
+  sta_status rc =
+      sta_strategy_check(s, (int32_t)luaL_checkinteger(L, 2), (int32_t)luaL_checkinteger(L, 3),
+                         (int32_t)luaL_checkinteger(L, 4));
   if (rc != STA_OK) return sta_lua_fail(L, rc);
   lua_pushboolean(L, 1);
   return 1;
@@ -158,7 +164,8 @@ static int s_sparsity(lua_State *L) {
 }
 
 static int s_equal(lua_State *L) {
-  lua_pushboolean(L, sta_strategy_equal(sta_lua_check_strategy(L, 1), sta_lua_check_strategy(L, 2)));
+  lua_pushboolean(L,
+                  sta_strategy_equal(sta_lua_check_strategy(L, 1), sta_lua_check_strategy(L, 2)));
   return 1;
 }
 

@@ -109,7 +109,8 @@ static int l_zeros(lua_State *L) {
 }
 
 static uint64_t fresh_seed(void) {
-  uint64_t x = (uint64_t)time(NULL) * 0x9E3779B97F4A7C15ull + (++seed_counter) * 0xBF58476D1CE4E5B9ull;
+  uint64_t x =
+      (uint64_t)time(NULL) * 0x9E3779B97F4A7C15ull + (++seed_counter) * 0xBF58476D1CE4E5B9ull;
   x ^= (uint64_t)clock() << 17;
   return x;
 }
@@ -183,7 +184,8 @@ static int t_to(lua_State *L) {
         sta_clear_error();
         if (strcmp(s, "cpu") && strcmp(s, "host") && strcmp(s, "cuda") &&
             strcmp(s, "cuda:0") && strcmp(s, "gpu"))
-          return sta_lua_misuse(L, "to: '%s' is neither a dtype (f32, f16, bf16) nor a device (cpu, cuda)", s);
+          return sta_lua_misuse(
+              L, "to: '%s' is neither a dtype (f32, f16, bf16) nor a device (cpu, cuda)", s);
         dev = sta_lua_parse_device(L, s, "device");
       }
     }
@@ -271,7 +273,8 @@ static int t_narrow(lua_State *L) {
     return sta_lua_misuse(L, "narrow: [%I, %I] outside 1..%I of dim %I", start, start + len - 1,
                           (lua_Integer)sta_tensor_size(t, (int)dim - 1), dim);
   sta_lua_tensor *u = push_view_ud(L);
-  sta_status rc = sta_tensor_narrow(&u->t, t, (int32_t)(dim - 1), (int64_t)(start - 1), (int64_t)len);
+  sta_status rc =
+      sta_tensor_narrow(&u->t, t, (int32_t)(dim - 1), (int64_t)(start - 1), (int64_t)len);
   if (rc != STA_OK) return sta_lua_fail(L, rc);
   sta_lua_tensor_born(L, u);
   return 1;
@@ -283,7 +286,8 @@ static int t_select(lua_State *L) {
   lua_Integer i = luaL_checkinteger(L, 2);
   int32_t nd = sta_tensor_ndim(t);
   int64_t n = sta_tensor_size(t, 0);
-  if (nd < 2) return sta_lua_misuse(L, "select: needs a tensor of 2 or more dimensions, got %d", (int)nd);
+  if (nd < 2)
+    return sta_lua_misuse(L, "select: needs a tensor of 2 or more dimensions, got %d", (int)nd);
   if (i < 1 || i > n) return sta_lua_misuse(L, "index: %I is outside 1..%I", i, (lua_Integer)n);
   int64_t shape[3], strides[3];
   for (int d = 1; d < nd; d++) {
@@ -358,7 +362,8 @@ static int t_released(lua_State *L) {
 static void read_index(lua_State *L, sta_tensor *t, int idx, int64_t ix[4]) {
   int32_t nd = sta_tensor_ndim(t);
   if (!lua_istable(L, idx))
-    sta_lua_misuse(L, "index: expected a table of %d integers, got %s", (int)nd, luaL_typename(L, idx));
+    sta_lua_misuse(L, "index: expected a table of %d integers, got %s", (int)nd,
+                   luaL_typename(L, idx));
   if (luaL_len(L, idx) != nd)
     sta_lua_misuse(L, "index: expected %d integers, got %d", (int)nd, (int)luaL_len(L, idx));
   for (int i = 0; i < nd; i++) {
@@ -449,7 +454,9 @@ static int l_from_table(lua_State *L) {
     lua_geti(L, 1, (lua_Integer)(i + 1));
     int ok;
     double v = lua_tonumberx(L, -1, &ok);
-    if (!ok) return sta_lua_misuse(L, "values[%d]: expected a number, got %s", (int)(i + 1), luaL_typename(L, -1));
+    if (!ok)
+      return sta_lua_misuse(L, "values[%d]: expected a number, got %s", (int)(i + 1),
+                            luaL_typename(L, -1));
     lua_pop(L, 1);
     host_flat_index(u->t, i, ix);
     sta_tensor_set(u->t, ix, v);

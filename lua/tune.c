@@ -24,13 +24,15 @@ static int l_tune(lua_State *L) {
   lua_pop(L, 1);
   skip = (int32_t)sta_lua_int_field(L, 1, "skip_steps", skip);
   if (lua_getfield(L, 1, "files") != LUA_TTABLE)
-    return sta_lua_misuse(L, "files: expected a list of search files, got %s", luaL_typename(L, -1));
+    return sta_lua_misuse(L, "files: expected a list of search files, got %s",
+                          luaL_typename(L, -1));
   int32_t n = (int32_t)luaL_len(L, 2);
   const char **paths = lua_newuserdatauv(L, sizeof(char *) * (size_t)(n ? n : 1), 0);
   for (int32_t i = 0; i < n; i++) {
     lua_geti(L, 2, i + 1);
     if (lua_type(L, -1) != LUA_TSTRING)
-      return sta_lua_misuse(L, "files[%d]: expected a path, got %s", (int)i + 1, luaL_typename(L, -1));
+      return sta_lua_misuse(L, "files[%d]: expected a path, got %s", (int)i + 1,
+                            luaL_typename(L, -1));
     paths[i] = lua_tostring(L, -1);
     lua_pop(L, 1); /* kept alive by the files table */
   }
