@@ -358,10 +358,14 @@ sta_status cuda_attention(const sta_attn_params *p) {
   return sta_cuda_attention(p);
 }
 
+sta_status cuda_attention_backward(const sta_attn_params *p) {
+  return sta_cuda_attention_backward(p);
+}
+
 const sta_backend_ops cuda_ops = {
     "cuda",      cuda_probe,     cuda_alloc,  cuda_release,
     cuda_memcpy, cuda_copy,      cuda_fill,   NULL /* randn: host draws */,
-    cuda_attention, cuda_head_diff, cuda_synchronize};
+    cuda_attention, cuda_head_diff, cuda_synchronize, cuda_attention_backward};
 
 } /* namespace */
 

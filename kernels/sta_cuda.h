@@ -21,6 +21,9 @@ sta_status sta_cuda_fail(cudaError_t e, const char *what);
 /* The STA forward on device tensors (kernels/sta_attention.cu). */
 sta_status sta_cuda_attention(const sta_attn_params *p);
 
+/* The STA backward on device tensors (kernels/sta_backward.cu). */
+sta_status sta_cuda_attention_backward(const sta_attn_params *p);
+
 /* Kernel variant for bf16/f16 D=128 (benchmarks): 0 = default; see
 ** sta_attention.cu.  Read from STA_CUDA_VARIANT at each call. */
 int sta_cuda_attention_variant(void);

@@ -1,0 +1,286 @@
+/* test_gpu_backward.c -- the CUDA backward against the CPU on fresh random
+** geometries (odd canvases, partial tiles, non-default tiles, border and
+** whole-axis windows, text with padding rows, per-head windows, BSHD/BHSD
+** and strided views, batch, D 64/128, bf16/f16).  The reference is the CPU
+** backward in f32 on the same (rounded) inputs, with the CPU forward's out
+** and LSE.  Outputs are poisoned (NaN) first: every element must be
+** written.  Skips cleanly without a CUDA device.  STA_TEST_SEED fixes the
+** seed; STA_GPU_CASES the number of random geometries (default 60);
+** STA_GPU_QUICK skips the large fixed cases (compute-sanitizer). */
+#include <math.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <cmocka.h>
+
+#include "internal.h"
+
+#define MAXH 4
+
+static uint64_t rng_state;
+
+static uint64_t rnd(void) {
+  uint64_t x = rng_state;
+  x ^= x << 13;
+  x ^= x >> 7;
+  x ^= x << 17;
+  return rng_state = x;
+}
+static int64_t rint_in(int64_t lo, int64_t hi) { return lo + (int64_t)(rnd() % (uint64_t)(hi - lo + 1)); }
+
+#define NEED_GPU()                                \
+  do {                                            \
+    (void)state;                                  \
+    if (!sta_backend_available(STA_CUDA)) skip(); \
+  } while (0)
+
+typedef struct bcase {
+  int32_t canvas[3], tile[3];
+  int64_t text, text_len, B, H, D;
+  sta_dtype dtype;
+  sta_layout layout;
+  int order;
+  int32_t n_windows, windows[3 * MAXH];
+  float scale;
+  uint64_t seed;
+} bcase;
+
+static void describe(const bcase *c, char *buf, size_t n) {
+  snprintf(buf, n,
+           "canvas %dx%dx%d tile %dx%dx%d text %lld/%lld B%lld H%lld D%lld %s %s order %d "
+           "windows(%d) %d,%d,%d scale %g seed %llu",
+           c->canvas[0], c->canvas[1], c->canvas[2], c->tile[0], c->tile[1], c->tile[2],
+           (long long)c->text, (long long)c->text_len, (long long)c->B, (long long)c->H,
+           (long long)c->D, sta_dtype_name(c->dtype), c->layout == STA_BSHD ? "BSHD" : "BHSD",
+           c->order, c->n_windows, c->windows[0], c->windows[1], c->windows[2],
+           (double)c->scale, (unsigned long long)c->seed);
+}
+
+/* A 4-D tensor in layout on dev, stored contiguous in layout (order 0) or in
+** the other layout and permuted (order 1); *base holds the storage. */
+static sta_tensor *make4(sta_tensor **base, sta_dtype dt, sta_device dev, sta_layout layout,
+                         int order, int64_t B, int64_t S, int64_t H, int64_t D) {
+  static const int32_t swap[4] = {0, 2, 1, 3};
+  int store_bshd = (layout == STA_BSHD) != (order == 1);
+  int64_t shape[4] = {B, store_bshd ? S : H, store_bshd ? H : S, D};
+  sta_tensor *v = NULL;
+  assert_int_equal(sta_tensor_create(base, dt, dev, 4, shape), STA_OK);
+  if (order == 1) assert_int_equal(sta_tensor_permute(&v, *base, swap), STA_OK);
+  else assert_int_equal(sta_tensor_narrow(&v, *base, 3, 0, D), STA_OK);
+  return v;
+}
+
+/* Tolerances on rel L2 against the f32 CPU backward: P and dS enter the
+** tensor-core GEMMs rounded to the dtype, the gradients are stored in it. */
+static double tol(sta_dtype dt) { return dt == STA_F16 ? 1e-2 : 3e-2; }
+
+static double worst_rel[2][3];
+
+static void run_case(const bcase *c) {
+  char what[320];
+  describe(c, what, sizeof what);
+  sta_attention_desc d;
+  memset(&d, 0, sizeof d);
+  sta_geometry_init(&d.geom, c->canvas[0], c->canvas[1], c->canvas[2]);
+  memcpy(d.geom.tile, c->tile, sizeof c->tile);
+  d.geom.text_len = c->text_len;
+  d.layout = c->layout;
+  d.n_windows = c->n_windows;
+  d.windows = c->windows;
+  d.scale = c->scale;
+  const int64_t V = (int64_t)c->canvas[0] * c->canvas[1] * c->canvas[2], S = V + c->text;
+  enum { NT = 8 };
+  sta_tensor *hb[4], *h[4], *hf[4], *gb[NT], *g[NT]; /* q k v dout | out dq dk dv */
+  for (int i = 0; i < 4; i++) {
+    h[i] = make4(&hb[i], c->dtype, STA_CPU, c->layout, 0, c->B, S, c->H, c->D);
+    assert_int_equal(sta_tensor_randn(h[i], c->seed * 5 + (uint64_t)i, i == 2 ? 0.3 : 0.0, 1.0),
+                     STA_OK);
+    hf[i] = NULL;
+    assert_int_equal(sta_tensor_to(&hf[i], h[i], STA_F32, STA_CPU), STA_OK);
+  }
+  for (int i = 0; i < NT; i++) {
+    g[i] = make4(&gb[i], c->dtype, STA_CUDA, c->layout, (c->order + i) & 1, c->B, S, c->H, c->D);
+    if (i < 4) assert_int_equal(sta_tensor_copy(g[i], h[i]), STA_OK);
+    else assert_int_equal(sta_tensor_fill(gb[i], NAN), STA_OK); /* poison */
+  }
+  sta_tensor *glse = NULL, *clse = NULL;
+  int64_t ls[3] = {c->B, c->H, S};
+  assert_int_equal(sta_tensor_create(&glse, STA_F32, STA_CUDA, 3, ls), STA_OK);
+  assert_int_equal(sta_tensor_create(&clse, STA_F32, STA_CPU, 3, ls), STA_OK);
+  sta_status rc = sta_attention_forward(&d, g[0], g[1], g[2], g[4], glse);
+  if (rc != STA_OK) fail_msg("%s: GPU forward: %s", what, sta_last_error());
+  rc = sta_attention_backward(&d, g[0], g[1], g[2], g[4], glse, g[3], g[5], g[6], g[7]);
+  if (rc != STA_OK) fail_msg("%s: GPU backward: %s", what, sta_last_error());
+  assert_int_equal(sta_cuda_synchronize(), STA_OK);
+
+  /* the CPU in f32 on the same values */
+  sta_tensor *co = NULL, *cg[3];
+  int64_t shape[4];
+  for (int i = 0; i < 4; i++) shape[i] = sta_tensor_size(hf[0], i);
+  assert_int_equal(sta_tensor_create(&co, STA_F32, STA_CPU, 4, shape), STA_OK);
+  for (int i = 0; i < 3; i++) {
+    cg[i] = NULL;
+    assert_int_equal(sta_tensor_create(&cg[i], STA_F32, STA_CPU, 4, shape), STA_OK);
+  }
+  assert_int_equal(sta_attention_forward(&d, hf[0], hf[1], hf[2], co, clse), STA_OK);
+  assert_int_equal(sta_attention_backward(&d, hf[0], hf[1], hf[2], co, clse, hf[3], cg[0], cg[1],
+                                          cg[2]),
+                   STA_OK);
+  static const char *name[3] = {"dq", "dk", "dv"};
+  for (int i = 0; i < 3; i++) {
+    double mx, rel;
+    assert_int_equal(sta_tensor_compare(g[5 + i], cg[i], &mx, &rel), STA_OK);
+    int di = c->dtype == STA_F16;
+    if (rel > worst_rel[di][i]) worst_rel[di][i] = rel;
+    if (!(rel < tol(c->dtype))) fail_msg("%s: %s rel L2 %g, max %g", what, name[i], rel, mx);
+  }
+  /* never-key rows: dk = dv = 0 exactly */
+  const int64_t valid = c->text_len < 0 ? c->text : c->text_len;
+  if (V + valid < S) {
+    sta_tensor *nk = NULL, *hz = NULL;
+    for (int gi = 6; gi < 8; gi++) {
+      assert_int_equal(sta_tensor_narrow(&nk, g[gi], c->layout == STA_BSHD ? 1 : 2, V + valid,
+                                         S - V - valid),
+                       STA_OK);
+      assert_int_equal(sta_tensor_to(&hz, nk, STA_F32, STA_CPU), STA_OK);
+      double mx = -1, rel;
+      sta_tensor *zero = NULL;
+      int64_t zs[4];
+      for (int i = 0; i < 4; i++) zs[i] = sta_tensor_size(hz, i);
+      assert_int_equal(sta_tensor_create(&zero, STA_F32, STA_CPU, 4, zs), STA_OK);
+      assert_int_equal(sta_tensor_fill(zero, 0.0), STA_OK);
+      assert_int_equal(sta_tensor_compare(hz, zero, &mx, &rel), STA_OK);
+      if (mx != 0.0) fail_msg("%s: %s on never-key rows: max %g", what, name[gi - 5], mx);
+      sta_tensor_destroy(zero);
+      sta_tensor_destroy(hz);
+      sta_tensor_destroy(nk);
+      hz = nk = NULL;
+    }
+  }
+  for (int i = 0; i < 4; i++) {
+    sta_tensor_destroy(h[i]);
+    sta_tensor_destroy(hb[i]);
+    sta_tensor_destroy(hf[i]);
+  }
+  for (int i = 0; i < NT; i++) {
+    sta_tensor_destroy(g[i]);
+    sta_tensor_destroy(gb[i]);
+  }
+  for (int i = 0; i < 3; i++) sta_tensor_destroy(cg[i]);
+  sta_tensor_destroy(co);
+  sta_tensor_destroy(glse);
+  sta_tensor_destroy(clse);
+}
+
+static void case_init(bcase *c, int32_t t, int32_t hh, int32_t w) {
+  memset(c, 0, sizeof *c);
+  c->canvas[0] = t; c->canvas[1] = hh; c->canvas[2] = w;
+  c->tile[0] = 6; c->tile[1] = 8; c->tile[2] = 8;
+  c->text_len = -1;
+  c->B = 1; c->H = 2; c->D = 128;
+  c->dtype = STA_BF16;
+  c->n_windows = 1;
+  c->windows[0] = c->windows[1] = c->windows[2] = 3;
+  c->seed = rnd();
+}
+
+static void test_fixed(void **state) {
+  NEED_GPU();
+  bcase c;
+  case_init(&c, 12, 24, 24); /* 2x3x3 default tiles, text with padding */
+  c.text = 70; c.text_len = 50;
+  run_case(&c);
+  c.D = 64; c.dtype = STA_F16; c.seed = rnd();
+  run_case(&c);
+  case_init(&c, 13, 21, 19); /* partial default tiles on every axis, per head */
+  c.H = 3; c.n_windows = 3;
+  int32_t w[9] = {1, 3, 3, 3, 1, 1, 3, 3, 5};
+  memcpy(c.windows, w, sizeof w);
+  c.text = 9;
+  run_case(&c);
+  c.layout = STA_BHSD; c.order = 1; c.B = 2; c.scale = 0.05f; c.seed = rnd();
+  run_case(&c);
+  if (!getenv("STA_GPU_QUICK")) {
+    case_init(&c, 30, 48, 80); /* hunyuan's canvas, one head */
+    c.H = 1; c.text = 256;
+    run_case(&c);
+  }
+}
+
+static void test_random_geometries(void **state) {
+  NEED_GPU();
+  const char *ns = getenv("STA_GPU_CASES");
+  int n = ns ? atoi(ns) : 60;
+  for (int i = 0; i < n; i++) {
+    bcase c;
+    case_init(&c, (int32_t)rint_in(1, 20), (int32_t)rint_in(1, 30), (int32_t)rint_in(1, 30));
+    if (i % 3) for (int a = 0; a < 3; a++) c.tile[a] = (int32_t)rint_in(1, 9);
+    int32_t grid[3];
+    for (int a = 0; a < 3; a++) grid[a] = (c.canvas[a] + c.tile[a] - 1) / c.tile[a];
+    c.H = rint_in(1, MAXH);
+    c.n_windows = i % 2 ? (int32_t)c.H : 1;
+    for (int hh = 0; hh < c.n_windows; hh++)
+      for (int a = 0; a < 3; a++) {
+        int32_t k = (int32_t)(2 * rint_in(0, 2) + 1);
+        if (rint_in(0, 4) == 0) k = grid[a] + (int32_t)rint_in(0, 1);
+        if (k < grid[a] && k % 2 == 0) k++;
+        c.windows[3 * hh + a] = k;
+      }
+    c.text = rint_in(0, 3) ? rint_in(0, 300) : 0;
+    c.text_len = rint_in(0, 2) ? -1 : rint_in(0, c.text);
+    c.B = rint_in(1, 2);
+    c.D = rint_in(0, 1) ? 128 : 64;
+    c.dtype = rint_in(0, 1) ? STA_BF16 : STA_F16;
+    c.layout = (sta_layout)rint_in(0, 1);
+    c.order = (int)rint_in(0, 1);
+    c.scale = rint_in(0, 3) ? 0.0f : 0.06f;
+    run_case(&c);
+  }
+  printf("# worst rel L2 (dq, dk, dv): bf16 %.3g %.3g %.3g; f16 %.3g %.3g %.3g\n",
+         worst_rel[0][0], worst_rel[0][1], worst_rel[0][2], worst_rel[1][0], worst_rel[1][1],
+         worst_rel[1][2]);
+}
+
+static void test_refusals(void **state) {
+  NEED_GPU();
+  sta_attention_desc d;
+  memset(&d, 0, sizeof d);
+  sta_geometry_init(&d.geom, 4, 8, 8);
+  int32_t w[3] = {1, 1, 1};
+  d.n_windows = 1;
+  d.windows = w;
+  int64_t shape[4] = {1, 256, 1, 64}, ls[3] = {1, 1, 256};
+  sta_tensor *t[8], *lse = NULL;
+  for (int i = 0; i < 8; i++) {
+    t[i] = NULL;
+    assert_int_equal(sta_tensor_create(&t[i], STA_F32, STA_CUDA, 4, shape), STA_OK);
+    assert_int_equal(sta_tensor_fill(t[i], 0.5), STA_OK);
+  }
+  assert_int_equal(sta_tensor_create(&lse, STA_F32, STA_CUDA, 3, ls), STA_OK);
+  assert_int_equal(sta_attention_backward(&d, t[0], t[1], t[2], t[3], lse, t[4], t[5], t[6], t[7]),
+                   STA_ERR_DTYPE);
+  assert_string_equal(sta_last_error(),
+                      "backward: dtype f32 not supported on cuda (use bf16 or f16)");
+  for (int i = 0; i < 8; i++) sta_tensor_destroy(t[i]);
+  sta_tensor_destroy(lse);
+}
+
+int main(void) {
+  const char *s = getenv("STA_TEST_SEED");
+  uint64_t seed = s ? strtoull(s, NULL, 10) : (uint64_t)time(NULL);
+  printf("# STA_TEST_SEED=%llu\n", (unsigned long long)seed);
+  rng_state = seed * 2654435761ull + 88172645463325252ull;
+  if (!sta_backend_available(STA_CUDA))
+    printf("# no CUDA backend: %s\n", sta_backend_describe(STA_CUDA));
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_refusals),
+      cmocka_unit_test(test_fixed),
+      cmocka_unit_test(test_random_geometries),
+  };
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}
