@@ -2067,3 +2067,10 @@ sta_status sta_cuda_attention(const sta_attn_params *p) {
   free(ap);
   return s;
 }
+
+/* The forward's tensor maps for other kernels (the backward's Q and dO):
+** encode_map above, m a CUtensorMap. */
+int sta_cuda_encode_map(void *m, const void *base, const sta_attn_params *p, int64_t sb,
+                        int64_t ss, int64_t sh, int fused, int64_t nhb, int tile, int rows) {
+  return encode_map((CUtensorMap *)m, base, p, sb, ss, sh, fused, nhb, tile, rows);
+}

@@ -2,27 +2,38 @@
 ** sta_backward.cu -- the STA backward on the GPU (STA.md section 10),
 ** sm_90a.
 **
-** Three launches on the caller's stream:
-**   1. prep: D_i = dO_i . O_i per row (f32), dK = dV = 0 on the rows that
-**      are never keys (>= V + text_len); the f32 dQ accumulator is zeroed;
+** Query rows are handled in blocks of 64, numbered by slot: each tile's
+** blocks (one t-slice of an 8x8 tile where TMA reads the tile from untiled
+** memory, else 64 rows of the tile's (t, h, w) order), then the text rows.
+** The f32 dQ accumulator and the per-row LSE (log2 domain) and D_i live in
+** slot order, so a block's are contiguous.  Three launches on the caller's
+** stream:
+**   1. prep: LSE * log2(e) and D_i = dO_i . O_i per slot row; dK = dV = 0 on
+**      the rows that are never keys (>= V + text_len); the dQ accumulator is
+**      zeroed;
 **   2. the main kernel: one CTA per (batch, head, key block of 128 keys: a
 **      third of a 6x8x8 tile, or 128 text keys), text key blocks first (every
-**      query sees them: the longest items).  Two warpgroups own 64 keys each;
-**      K and V stay in shared memory while the CTA walks the query rows that
-**      see its key tile -- on each axis one contiguous range of query tiles
-**      (STA.md section 10), then every text row -- in blocks of 64, the next
-**      block's Q, dO (cp.async, 128-byte swizzle) and LSE, D prefetched while
-**      the current one computes:
+**      query sees them: the longest items).  K and V stay in shared memory.
+**      A producer warpgroup streams the query blocks that see the key tile --
+**      on each axis one contiguous range of query tiles (STA.md section 10),
+**      then every text block -- through a 2-stage ring: Q and dO by TMA (or
+**      a cp.async gather by the whole warpgroup where TMA does not apply),
+**      LSE and D by bulk copy.
+**      Two consumer warpgroups own 64 keys each:
 **        S^T = K Q^T, dP^T = V dO^T          (wgmma, both from shared memory)
 **        P^T = 2^(S^T scale log2e - LSE log2e), dS^T = P^T (dP^T - D)
 **        dV += P^T dO, dK += dS^T Q          (P^T, dS^T from registers)
-**        dQ += dS K                          (dS^T through shared memory),
-**      dQ added into the f32 accumulator (red.global.add), dK (times the
-**      scale) and dV stored once at the end, in the inputs' dtype;
-**   3. post: dq = scale * the accumulator, in the inputs' dtype.
-** Rows outside the canvas or past a partial tile are zero-filled: a zero Q
-** or K row adds nothing to any gradient, so no mask is needed.
+**        dQ = dS K                           (dS^T through shared memory; at
+**                                             D 128 each warpgroup takes 64
+**                                             columns over all 128 keys)
+**      and dQ goes to the accumulator by one bulk reduce-add (cp.reduce.
+**      async.bulk) per warpgroup and block; dK (times the scale) and dV are
+**      stored once at the end;
+**   3. post: dq = scale * the accumulator, in the inputs' dtype and layout.
+** Rows outside the canvas or past a partial tile are zero-filled: a zero Q,
+** dO or K row adds nothing to any gradient, so no mask is needed.
 */
+#include <cuda.h> /* CUtensorMap (types only) */
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -38,23 +49,31 @@
 
 namespace {
 
-constexpr int BK = 128; /* keys per CTA: two warpgroups of 64 */
-constexpr int BQ = 64;  /* query rows per step */
-constexpr int NTH = 256;
+constexpr int BK = 128;   /* keys per CTA: two consumer warpgroups of 64 */
+constexpr int BQ = 64;    /* query rows per block */
+constexpr int STAGES = 2; /* Q / dO ring */
+constexpr int CTH = 256;  /* consumer threads */
+constexpr int NTH = 384;  /* + one producer warpgroup */
 constexpr float LOG2E = 1.4426950408889634f;
 
 struct BwdArgs {
+  CUtensorMap tmq, tmdo; /* tile maps: one t-slice of an 8x8 tile, 64 columns */
+  CUtensorMap rmq, rmdo; /* row maps: 64 consecutive rows, 64 columns */
+  int tma;               /* tile and row maps of Q and dO in use */
+  int tma_fused;         /* dim 0 = heads * D (coordinate head * D), last = batch */
   const void *q, *k, *v, *dout;
-  const float *lse;
   void *dk, *dv;
-  float *dqacc;    /* [B][H][S][D], zeroed */
-  const float *dd; /* [B][H][S]: D_i */
+  float *dqacc;      /* [B][H][nqb][D / 64][64][64] (swizzled columns), zeroed */
+  const float *lse2; /* [B][H][nqb][64]: LSE * log2(e) */
+  const float *dd;   /* [B][H][nqb][64]: D_i */
   int64_t q_sb, q_ss, q_sh, k_sb, k_ss, k_sh, v_sb, v_ss, v_sh, do_sb, do_ss, do_sh;
-  int64_t dk_sb, dk_ss, dk_sh, dv_sb, dv_ss, dv_sh, lse_sb, lse_sh, lse_ss;
+  int64_t dk_sb, dk_ss, dk_sh, dv_sb, dv_ss, dv_sh;
   int S, V, text_len, heads, batch, vec;
   int cT, cH, cW, tt, th, tw, NT, NH, NW, tile_vol;
   int kbpt;      /* key blocks per tile */
   int n_text_kb; /* text key blocks per (batch, head) */
+  int qbpt;      /* query block slots per tile: tt (TMA) or ceil(tile_vol / 64) */
+  int nqb;       /* query block slots per (batch, head): tiles', then text */
   float scale, scale_log2;
   int16_t win[3 * STA_BWD_MAX_HEADS]; /* min(K, C) per head and axis */
 };
@@ -68,9 +87,6 @@ __device__ __forceinline__ void cp_async16(void *dst, const void *src, int nbyte
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_u32(dst)),
                "l"(src), "r"(nbytes));
 }
-__device__ __forceinline__ void cp_async_commit_wait() {
-  asm volatile("cp.async.commit_group;\ncp.async.wait_group 0;\n" ::: "memory");
-}
 __device__ __forceinline__ void fence_proxy_async() {
   asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
 }
@@ -82,8 +98,62 @@ __device__ __forceinline__ float ex2(float x) {
   asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
   return y;
 }
-__device__ __forceinline__ void red_add2(float *p, float a, float b) {
-  asm volatile("red.global.add.v2.f32 [%0], {%1, %2};\n" ::"l"(p), "f"(a), "f"(b) : "memory");
+__device__ __forceinline__ void mbar_init(uint64_t *b, int count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(smem_u32(b)), "r"(count)
+               : "memory");
+}
+__device__ __forceinline__ void mbar_arrive(uint64_t *b) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(smem_u32(b)) : "memory");
+}
+__device__ __forceinline__ void mbar_expect_tx(uint64_t *b, int bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(smem_u32(b)),
+               "r"(bytes)
+               : "memory");
+}
+__device__ __forceinline__ void mbar_wait(uint64_t *b, int parity) {
+  asm volatile(
+      "{\n.reg .pred P1;\nWAIT_%=:\n"
+      "mbarrier.try_wait.parity.shared::cta.b64 P1, [%0], %1;\n"
+      "@P1 bra DONE_%=;\nbra WAIT_%=;\nDONE_%=:\n}\n" ::"r"(smem_u32(b)),
+      "r"(parity)
+      : "memory");
+}
+__device__ __forceinline__ void tma_load_5d(void *dst, const CUtensorMap *m, int c0, int c1,
+                                            int c2, int c3, int c4, uint64_t *bar) {
+  asm volatile(
+      "cp.async.bulk.tensor.5d.shared::cluster.global.mbarrier::complete_tx::bytes"
+      " [%0], [%1, {%2, %3, %4, %5, %6}], [%7];\n" ::"r"(smem_u32(dst)),
+      "l"(reinterpret_cast<uint64_t>(m)), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(c4),
+      "r"(smem_u32(bar))
+      : "memory");
+}
+__device__ __forceinline__ void tma_load_3d(void *dst, const CUtensorMap *m, int c0, int c1,
+                                            int c2, uint64_t *bar) {
+  asm volatile(
+      "cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes"
+      " [%0], [%1, {%2, %3, %4}], [%5];\n" ::"r"(smem_u32(dst)),
+      "l"(reinterpret_cast<uint64_t>(m)), "r"(c0), "r"(c1), "r"(c2), "r"(smem_u32(bar))
+      : "memory");
+}
+/* bytes (multiple of 16) from global to shared, completing on bar */
+__device__ __forceinline__ void bulk_load(void *dst, const void *src, int bytes, uint64_t *bar) {
+  asm volatile(
+      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n"
+      ::"r"(smem_u32(dst)), "l"(src), "r"(bytes), "r"(smem_u32(bar))
+      : "memory");
+}
+/* f32 add of bytes from shared into global (asynchronous, bulk group) */
+__device__ __forceinline__ void bulk_reduce_add(float *dst, const float *src, int bytes) {
+  asm volatile(
+      "cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], [%1], %2;\n"
+      "cp.async.bulk.commit_group;\n" ::"l"(dst), "r"(smem_u32(src)), "r"(bytes)
+      : "memory");
+}
+__device__ __forceinline__ void bulk_wait_read() {
+  asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory");
+}
+__device__ __forceinline__ void bulk_wait() {
+  asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory");
 }
 
 template <typename T> __device__ __forceinline__ uint32_t pack2(float x, float y);
@@ -102,9 +172,15 @@ template <> __device__ __forceinline__ float to_f<__nv_bfloat16>(__nv_bfloat16 x
 template <> __device__ __forceinline__ float to_f<__half>(__half x) { return __half2float(x); }
 
 /* element offset of (row r, 16-byte chunk ch) in a swizzled R-row tile of
-** 64-column halves: the 128-byte swizzle atom, 1024-byte aligned */
+** 64-column halves: the 128-byte swizzle atom, 1024-byte aligned (what TMA
+** writes with CU_TENSOR_MAP_SWIZZLE_128B) */
 __device__ __forceinline__ int swz(int r, int ch, int R) {
   return ((ch >> 3) * R + r) * 64 + (((ch & 7) ^ (r & 7)) << 3);
+}
+/* f32 offset of (row r, column c) in a 64 x 64 dQ block: 8-float chunks
+** XOR-swizzled by row, so the accumulator's stores are conflict-free */
+__host__ __device__ __forceinline__ int dq_off(int r, int c) {
+  return r * 64 + ((((c >> 3) ^ (r & 7))) << 3) + (c & 7);
 }
 
 /* Shared-memory descriptors (see sta_attention.cu): lo = address >> 4 |
@@ -156,7 +232,53 @@ __device__ __forceinline__ void load_chunk(T *dst, const T *g, int64_t ss, int r
   *reinterpret_cast<uint4 *>(dst) = tmp;
 }
 
-/* ---- the query blocks that see a key tile -------------------------------- */
+/* ---- query block slots ---------------------------------------------------- */
+
+/* Extents of tile (it, ih, iw) on each axis (partial at the borders). */
+struct Ext {
+  int t0, h0, w0, et, eh, ew;
+};
+__device__ __forceinline__ Ext tile_ext(const BwdArgs &a, int it, int ih, int iw) {
+  Ext e;
+  e.t0 = it * a.tt;
+  e.h0 = ih * a.th;
+  e.w0 = iw * a.tw;
+  e.et = min(a.tt, a.cT - e.t0);
+  e.eh = min(a.th, a.cH - e.h0);
+  e.ew = min(a.tw, a.cW - e.w0);
+  return e;
+}
+/* Global row of row r of block blk of a tile, or -1: TMA blocks are one
+** t-slice of the 8x8 box (rows outside the canvas are -1), gather blocks 64
+** rows of the tile's (t, h, w) order. */
+__device__ __forceinline__ int tile_row(const BwdArgs &a, const Ext &e, int blk, int r) {
+  int dt, dh, dw;
+  if (a.tma) {
+    dt = blk;
+    dh = r >> 3;
+    dw = r & 7;
+    if (dh >= e.eh || dw >= e.ew || dt >= e.et) return -1;
+  } else {
+    int li = blk * BQ + r, ehw = e.eh * e.ew;
+    if (li >= e.et * ehw) return -1;
+    dt = li / ehw;
+    int rr = li - dt * ehw;
+    dh = rr / e.ew;
+    dw = rr - dh * e.ew;
+  }
+  return ((e.t0 + dt) * a.cH + e.h0 + dh) * a.cW + e.w0 + dw;
+}
+/* Global row of row r of slot s, or -1. */
+__device__ __forceinline__ int slot_row(const BwdArgs &a, int s, int r) {
+  const int tiles = a.NT * a.NH * a.NW;
+  if (s >= tiles * a.qbpt) {
+    int row = a.V + (s - tiles * a.qbpt) * BQ + r;
+    return row < a.S ? row : -1;
+  }
+  int tl = s / a.qbpt, blk = s - tl * a.qbpt;
+  Ext e = tile_ext(a, tl / (a.NH * a.NW), (tl / a.NW) % a.NH, tl % a.NW);
+  return tile_row(a, e, blk, r);
+}
 
 /* Query tiles [*lo, *hi] on one axis of c tiles whose window (k, already
 ** min(K, c)) holds key tile kt: contiguous, since the start of a window
@@ -176,19 +298,16 @@ __device__ __forceinline__ void seen_by(int kt, int k, int c, int *lo, int *hi) 
 }
 
 /* An odometer over the query blocks of one CTA: the tiles of the ranges
-** (t slowest), each in blocks of BQ rows of its (t, h, w) order, then the
-** text rows in blocks of BQ. */
+** (t slowest), each in its blocks, then the text blocks. */
 struct QWalk {
   int ta, tz, ha, hz, wa, wz; /* tile ranges */
-  int it, ih, iw, blk, nblk, et, eh, ew;
+  int it, ih, iw, blk, nblk;
   int tb;   /* text block */
   int kind; /* 0 tiles, 1 text rows, 2 done */
 
   __device__ __forceinline__ void enter(const BwdArgs &a) {
-    et = min(a.tt, a.cT - it * a.tt);
-    eh = min(a.th, a.cH - ih * a.th);
-    ew = min(a.tw, a.cW - iw * a.tw);
-    nblk = (et * eh * ew + BQ - 1) / BQ;
+    Ext e = tile_ext(a, it, ih, iw);
+    nblk = a.tma ? e.et : (e.et * e.eh * e.ew + BQ - 1) / BQ;
     blk = 0;
   }
   __device__ __forceinline__ void start(const BwdArgs &a) {
@@ -217,16 +336,9 @@ struct QWalk {
       if (++tb * BQ >= a.S - a.V) kind = 2;
     }
   }
-  /* global row of query r (< BQ) of the current block, or -1 */
-  __device__ __forceinline__ int row(const BwdArgs &a, int r) const {
-    if (kind == 1) {
-      int s = a.V + tb * BQ + r;
-      return s < a.S ? s : -1;
-    }
-    int li = blk * BQ + r, ehw = eh * ew;
-    if (li >= et * ehw) return -1;
-    int dt = li / ehw, rr = li - dt * ehw, dh = rr / ew, dw = rr - dh * ew;
-    return ((it * a.tt + dt) * a.cH + ih * a.th + dh) * a.cW + iw * a.tw + dw;
+  __device__ __forceinline__ int slot(const BwdArgs &a) const {
+    return kind == 1 ? a.NT * a.NH * a.NW * a.qbpt + tb
+                     : ((it * a.NH + ih) * a.NW + iw) * a.qbpt + blk;
   }
 };
 
@@ -235,14 +347,16 @@ struct QWalk {
 template <int D> struct Smem {
   static constexpr int K = 0;
   static constexpr int V = K + BK * D * 2;
-  static constexpr int Q = V + BK * D * 2;       /* [2][BQ][D] */
-  static constexpr int DO = Q + 2 * BQ * D * 2;  /* [2][BQ][D] */
-  static constexpr int DS = DO + 2 * BQ * D * 2; /* [2][BK][BQ] */
-  static constexpr int LSE = DS + 2 * BK * BQ * 2;
-  static constexpr int DD = LSE + 2 * BQ * 4;
-  static constexpr int ROW = DD + 2 * BQ * 4;
-  static constexpr int KROW = ROW + 2 * BQ * 4;
-  static constexpr int BYTES = KROW + BK * 4 + 1024; /* + alignment */
+  static constexpr int Q = V + BK * D * 2;             /* [STAGES][BQ][D] */
+  static constexpr int DO = Q + STAGES * BQ * D * 2;   /* [STAGES][BQ][D] */
+  static constexpr int DS = DO + STAGES * BQ * D * 2;  /* [2][BK][BQ] */
+  static constexpr int DQ = DS + 2 * BK * BQ * 2;      /* [2 warpgroups][64][64] f32 */
+  static constexpr int LSE = DQ + 2 * 64 * 64 * 4;     /* [STAGES][BQ] */
+  static constexpr int DD = LSE + STAGES * BQ * 4;     /* [STAGES][BQ] */
+  static constexpr int BAR = DD + STAGES * BQ * 4;     /* full[STAGES], empty[STAGES] */
+  static constexpr int KROW = BAR + 2 * STAGES * 8;    /* [BK] */
+  static constexpr int SLOT = KROW + BK * 4;           /* [STAGES]; then the block count */
+  static constexpr int BYTES = SLOT + (STAGES + 1) * 4 + 1024; /* + alignment */
 };
 
 template <typename T, int D>
@@ -254,17 +368,23 @@ __global__ void __launch_bounds__(NTH, 1) sta_bwd_kernel(const __grid_constant__
   T *sK = reinterpret_cast<T *>(base + L::K), *sV = reinterpret_cast<T *>(base + L::V);
   T *sQ = reinterpret_cast<T *>(base + L::Q), *sdO = reinterpret_cast<T *>(base + L::DO);
   T *sdS = reinterpret_cast<T *>(base + L::DS);
+  float *sdQ = reinterpret_cast<float *>(base + L::DQ);
   float *slse = reinterpret_cast<float *>(base + L::LSE), *sdd = reinterpret_cast<float *>(base + L::DD);
-  int *srow = reinterpret_cast<int *>(base + L::ROW), *skrow = reinterpret_cast<int *>(base + L::KROW);
+  uint64_t *full = reinterpret_cast<uint64_t *>(base + L::BAR), *empty = full + STAGES;
+  int *skrow = reinterpret_cast<int *>(base + L::KROW);
+  int *sslot = reinterpret_cast<int *>(base + L::SLOT), *snblk = sslot + STAGES;
   constexpr int CH = D / 8; /* 16-byte chunks per row */
 
   const int tid = threadIdx.x, lane = tid & 31;
   const int wg = __shfl_sync(0xffffffffu, tid >> 7, 0), wq = (tid >> 5) & 3;
 
   /* the work item: text key blocks of every (batch, head) first */
-  int item = blockIdx.x, b, h, text;
-  int kt0 = 0, kh0 = 0, kw0 = 0, kt = 0, khh = 0, kw = 0, kb = 0, kcount;
+  const int item = blockIdx.x;
+  int b, h, text, kb, kt = 0, khh = 0, kw = 0, kcount;
   const int n_text = a.batch * a.heads * a.n_text_kb;
+  Ext ke;
+  ke.t0 = ke.h0 = ke.w0 = 0;
+  ke.et = ke.eh = ke.ew = 1;
   if (item < n_text) {
     int bh = item / a.n_text_kb;
     kb = item - bh * a.n_text_kb;
@@ -281,15 +401,27 @@ __global__ void __launch_bounds__(NTH, 1) sta_bwd_kernel(const __grid_constant__
     kt = tl / (a.NH * a.NW);
     khh = (tl / a.NW) % a.NH;
     kw = tl % a.NW;
-    kt0 = kt * a.tt;
-    kh0 = khh * a.th;
-    kw0 = kw * a.tw;
     text = 0;
-    int vol = min(a.tt, a.cT - kt0) * min(a.th, a.cH - kh0) * min(a.tw, a.cW - kw0);
-    kcount = min(BK, vol - kb * BK);
+    ke = tile_ext(a, kt, khh, kw);
+    kcount = min(BK, ke.et * ke.eh * ke.ew - kb * BK);
   }
   if (kcount <= 0) return; /* a block past a partial tile's end */
+  const int64_t bh = (int64_t)b * a.heads + h;
 
+  /* K and V of the block, by every thread (once per CTA); the barriers */
+  if (tid < BK) {
+    int r = tid, row = -1;
+    if (r < kcount) {
+      if (text) {
+        row = a.V + kb * BK + r;
+      } else {
+        int li = kb * BK + r, ehw = ke.eh * ke.ew, dt = li / ehw, rr = li - dt * ehw;
+        int dh = rr / ke.ew, dw = rr - dh * ke.ew;
+        row = ((ke.t0 + dt) * a.cH + ke.h0 + dh) * a.cW + ke.w0 + dw;
+      }
+    }
+    skrow[r] = row;
+  }
   QWalk qw;
   if (text) {
     qw.ta = 0; qw.tz = a.NT - 1; qw.ha = 0; qw.hz = a.NH - 1; qw.wa = 0; qw.wz = a.NW - 1;
@@ -298,81 +430,96 @@ __global__ void __launch_bounds__(NTH, 1) sta_bwd_kernel(const __grid_constant__
     seen_by(khh, a.win[3 * h + 1], a.NH, &qw.ha, &qw.hz);
     seen_by(kw, a.win[3 * h + 2], a.NW, &qw.wa, &qw.wz);
   }
+  if (tid == 0) {
+    for (int s = 0; s < STAGES; s++) {
+      mbar_init(&full[s], a.tma ? 1 : 129);
+      mbar_init(&empty[s], CTH);
+    }
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    int n = 0; /* the consumers' loop count: the producer publishes each slot */
+    for (qw.start(a); qw.kind != 2; qw.next(a)) n++;
+    *snblk = n;
+  }
+  __syncthreads();
+  {
+    const T *gk = reinterpret_cast<const T *>(a.k) + b * a.k_sb + h * a.k_sh;
+    const T *gv = reinterpret_cast<const T *>(a.v) + b * a.v_sb + h * a.v_sh;
+    for (int c = tid; c < BK * CH; c += NTH) {
+      int r = c / CH, ch = c - r * CH, row = skrow[r];
+      load_chunk(sK + swz(r, ch, BK), gk, a.k_ss, row, ch, a.vec);
+      load_chunk(sV + swz(r, ch, BK), gv, a.v_ss, row, ch, a.vec);
+    }
+    asm volatile("cp.async.commit_group;\ncp.async.wait_group 0;\n" ::: "memory");
+    fence_proxy_async();
+  }
+  __syncthreads();
 
-  const T *gq = reinterpret_cast<const T *>(a.q) + b * a.q_sb + h * a.q_sh;
-  const T *gk = reinterpret_cast<const T *>(a.k) + b * a.k_sb + h * a.k_sh;
-  const T *gv = reinterpret_cast<const T *>(a.v) + b * a.v_sb + h * a.v_sh;
-  const T *gdo = reinterpret_cast<const T *>(a.dout) + b * a.do_sb + h * a.do_sh;
-  const float *glse = a.lse + b * a.lse_sb + h * a.lse_sh;
-  const int64_t bhS = ((int64_t)b * a.heads + h) * a.S;
-  const float *gdd = a.dd + bhS;
+  const float *glse = a.lse2 + bh * a.nqb * BQ, *gdd = a.dd + bh * a.nqb * BQ;
 
-  /* key rows of the block */
-  if (tid < BK) {
-    int r = tid, row = -1;
-    if (r < kcount) {
-      if (text) {
-        row = a.V + kb * BK + r;
+  if (wg == 2) {
+    /* ---- producer ---- */
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 24;\n");
+    const int pt = tid - CTH;
+    const int c0 = a.tma_fused ? h * D : 0, c4 = a.tma_fused ? b : (int)bh;
+    const T *gq = reinterpret_cast<const T *>(a.q) + b * a.q_sb + h * a.q_sh;
+    const T *gdo = reinterpret_cast<const T *>(a.dout) + b * a.do_sb + h * a.do_sh;
+    if (a.tma && pt > 0) return;
+    qw.start(a);
+    for (int it = 0; qw.kind != 2; it++, qw.next(a)) {
+      const int st = it % STAGES, slot = qw.slot(a);
+      if (it >= STAGES) mbar_wait(&empty[st], ((it / STAGES) - 1) & 1);
+      T *q = sQ + st * BQ * D, *g = sdO + st * BQ * D;
+      if (pt == 0) {
+        sslot[st] = slot; /* read by the consumers after their wait */
+        mbar_expect_tx(&full[st], 2 * BQ * 4 + (a.tma ? 2 * BQ * D * 2 : 0));
+        bulk_load(slse + st * BQ, glse + (int64_t)slot * BQ, BQ * 4, &full[st]);
+        bulk_load(sdd + st * BQ, gdd + (int64_t)slot * BQ, BQ * 4, &full[st]);
+      }
+      if (a.tma) {
+#pragma unroll
+        for (int hf = 0; hf < D / 64; hf++) {
+          if (qw.kind == 1) {
+            tma_load_3d(q + hf * BQ * 64, &a.rmq, c0 + hf * 64, a.V + qw.tb * BQ, c4, &full[st]);
+            tma_load_3d(g + hf * BQ * 64, &a.rmdo, c0 + hf * 64, a.V + qw.tb * BQ, c4, &full[st]);
+          } else {
+            const int t0 = qw.it * a.tt + qw.blk, h0 = qw.ih * 8, w0 = qw.iw * 8;
+            tma_load_5d(q + hf * BQ * 64, &a.tmq, c0 + hf * 64, w0, h0, t0, c4, &full[st]);
+            tma_load_5d(g + hf * BQ * 64, &a.tmdo, c0 + hf * 64, w0, h0, t0, c4, &full[st]);
+          }
+        }
       } else {
-        int et = min(a.tt, a.cT - kt0), eh = min(a.th, a.cH - kh0), ew = min(a.tw, a.cW - kw0);
-        int li = kb * BK + r, ehw = eh * ew, dt = li / ehw, rr = li - dt * ehw;
-        int dh = rr / ew, dw = rr - dh * ew;
-        (void)et;
-        row = ((kt0 + dt) * a.cH + kh0 + dh) * a.cW + kw0 + dw;
+        for (int c = pt; c < BQ * CH; c += NTH - CTH) {
+          int r = c / CH, ch = c - r * CH, row = slot_row(a, slot, r);
+          load_chunk(q + swz(r, ch, BQ), gq, a.q_ss, row, ch, a.vec);
+          load_chunk(g + swz(r, ch, BQ), gdo, a.do_ss, row, ch, a.vec);
+        }
+        /* landed, then visible to the tensor cores' (async) proxy */
+        asm volatile("cp.async.commit_group;\ncp.async.wait_group 0;\n" ::: "memory");
+        fence_proxy_async();
+        mbar_arrive(&full[st]);
       }
     }
-    skrow[r] = row;
-  }
-  __syncthreads();
-  for (int c = tid; c < BK * CH; c += NTH) {
-    int r = c / CH, ch = c - r * CH, row = skrow[r];
-    load_chunk(sK + swz(r, ch, BK), gk, a.k_ss, row, ch, a.vec);
-    load_chunk(sV + swz(r, ch, BK), gv, a.v_ss, row, ch, a.vec);
+    return;
   }
 
-  /* block `st` of the walk into stage st: Q, dO by cp.async; the LSE (log2
-  ** domain), D and row of each query by thread r < BQ (returned, stored by
-  ** store_meta once the stage is free) */
-  auto load_q = [&](const QWalk &w, int st) {
-    T *q = sQ + st * BQ * D, *g = sdO + st * BQ * D;
-    for (int c = tid; c < BQ * CH; c += NTH) {
-      int r = c / CH, ch = c - r * CH, row = w.row(a, r);
-      load_chunk(q + swz(r, ch, BQ), gq, a.q_ss, row, ch, a.vec);
-      load_chunk(g + swz(r, ch, BQ), gdo, a.do_ss, row, ch, a.vec);
-    }
-  };
-  auto store_meta = [&](const QWalk &w, int st) {
-    if (tid < BQ) {
-      int row = w.row(a, tid);
-      srow[st * BQ + tid] = row;
-      slse[st * BQ + tid] = row >= 0 ? glse[(int64_t)row * a.lse_ss] * LOG2E : 0.f;
-      sdd[st * BQ + tid] = row >= 0 ? gdd[row] : 0.f;
-    }
-  };
-
-  qw.start(a);
-  load_q(qw, 0);
-  store_meta(qw, 0);
-  cp_async_commit_wait();
-  fence_proxy_async();
-  __syncthreads();
-
+  /* ---- consumers: warpgroup wg owns keys 64 wg .. 64 wg + 63 ---- */
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 240;\n");
   const float sl2 = a.scale_log2;
   const uint32_t dK0 = sdesc_lo(sK + wg * 64 * 64, 16), dV0 = sdesc_lo(sV + wg * 64 * 64, 16);
   /* dQ's B: K's column half wg (D 128: each warpgroup takes 64 of D over all
   ** 128 keys) or K's rows of this warpgroup (D 64: all of D over its own 64
-  ** keys) */
+  ** keys; the two partial sums add in the accumulator) */
   const uint32_t dKq = D == 128 ? sdesc_lo(sK + wg * BK * 64, 16) : sdesc_lo(sK + wg * 64 * 64, 16);
+  float *sdq = sdQ + wg * 64 * 64;
   float dk[D / 2], dv[D / 2];
 #pragma unroll
   for (int e = 0; e < D / 2; e++) dk[e] = dv[e] = 0.f;
 
-  for (int it = 0; qw.kind != 2; it++) {
-    const int st = it & 1;
-    QWalk nx = qw;
-    nx.next(a);
-    if (nx.kind != 2) load_q(nx, st ^ 1); /* the next block, under this one */
-    asm volatile("cp.async.commit_group;\n" ::: "memory");
+  const int nblk = *snblk;
+  for (int it = 0; it < nblk; it++) {
+    const int st = it % STAGES;
+    mbar_wait(&full[st], (it / STAGES) & 1);
+    const int slot = sslot[st];
 
     const uint32_t dQs = sdesc_lo(sQ + st * BQ * D, 16), dOs = sdesc_lo(sdO + st * BQ * D, 16);
     float s[BQ / 2], dp[BQ / 2];
@@ -394,30 +541,32 @@ __global__ void __launch_bounds__(NTH, 1) sta_bwd_kernel(const __grid_constant__
     sta_wgmma::pin<BQ / 2>(s);
     sta_wgmma::pin<BQ / 2>(dp);
 
-    /* P^T and dS^T: rows keys, columns queries c = 8j + 2(lane&3) + e */
+    /* P^T and dS^T (rows keys, columns queries c = 8j + 2(lane&3) + e),
+    ** packed into A fragments 16 queries at a time */
     const float *ls = slse + st * BQ, *ds = sdd + st * BQ;
-#pragma unroll
-    for (int j = 0; j < BQ / 8; j++)
-#pragma unroll
-      for (int e = 0; e < 2; e++) {
-        const int c = 8 * j + 2 * (lane & 3) + e;
-        const float l2 = ls[c], di = ds[c];
-#pragma unroll
-        for (int hr = 0; hr < 2; hr++) {
-          const int x = 4 * j + 2 * hr + e;
-          const float p = ex2(fmaf(s[x], sl2, -l2));
-          s[x] = p;
-          dp[x] = p * (dp[x] - di);
-        }
-      }
     uint32_t pa[BQ / 16][4], da[BQ / 16][4];
 #pragma unroll
-    for (int kk = 0; kk < BQ / 16; kk++)
+    for (int kk = 0; kk < BQ / 16; kk++) {
+#pragma unroll
+      for (int jj = 0; jj < 2; jj++)
+#pragma unroll
+        for (int e = 0; e < 2; e++) {
+          const int j = 2 * kk + jj, c = 8 * j + 2 * (lane & 3) + e;
+          const float l2 = ls[c], di = ds[c];
+#pragma unroll
+          for (int hr = 0; hr < 2; hr++) {
+            const int x = 4 * j + 2 * hr + e;
+            const float p = ex2(fmaf(s[x], sl2, -l2));
+            s[x] = p;
+            dp[x] = p * (dp[x] - di);
+          }
+        }
 #pragma unroll
       for (int i = 0; i < 4; i++) {
         pa[kk][i] = pack2<T>(s[8 * kk + 2 * i], s[8 * kk + 2 * i + 1]);
         da[kk][i] = pack2<T>(dp[8 * kk + 2 * i], dp[8 * kk + 2 * i + 1]);
       }
+    }
     /* dV += P^T dO, dK += dS^T Q (dO and Q as MN-major B) */
     const uint32_t dOt = sdesc_lo(sdO + st * BQ * D, BQ * 128), dQt = sdesc_lo(sQ + st * BQ * D, BQ * 128);
     sta_wgmma::fence();
@@ -429,8 +578,10 @@ __global__ void __launch_bounds__(NTH, 1) sta_bwd_kernel(const __grid_constant__
       Ops<T, D>::rsD(dk, da[kk], sdesc(dQt + (uint32_t)((kk * 16 * 128) >> 4)));
     sta_wgmma::commit();
 
-    /* dS^T into shared memory: row = key, column = query */
-    T *sds = sdS + st * BK * BQ;
+    /* dS^T into shared memory (row = key, column = query); the buffer
+    ** alternates, and both warpgroups pass the barrier below every block,
+    ** so the other one is done reading it from two blocks ago */
+    T *sds = sdS + (it & 1) * BK * BQ;
 #pragma unroll
     for (int kk = 0; kk < BQ / 16; kk++)
 #pragma unroll
@@ -440,11 +591,8 @@ __global__ void __launch_bounds__(NTH, 1) sta_bwd_kernel(const __grid_constant__
         *reinterpret_cast<uint32_t *>(sds + swz(r, c >> 3, BK) + (c & 7)) = da[kk][i];
       }
     fence_proxy_async();
-    if (D == 128) bar_named(1, NTH); /* dQ reads both warpgroups' dS^T */
-    else __syncwarp();
+    bar_named(1, CTH); /* dQ reads both warpgroups' dS^T (D 128) */
 
-    /* dQ: queries x (D 128: 64 columns of D over all 128 keys; D 64: all of
-    ** D over this warpgroup's 64 keys) */
     float dq[32];
     const uint32_t dSt = sdesc_lo(D == 128 ? sds : sds + wg * 64 * 64, 16);
     constexpr int KQ = D == 128 ? BK / 16 : 4;
@@ -460,28 +608,29 @@ __global__ void __launch_bounds__(NTH, 1) sta_bwd_kernel(const __grid_constant__
     sta_wgmma::pin<32>(dq);
     sta_wgmma::pin_r<BQ / 4>(&pa[0][0]);
     sta_wgmma::pin_r<BQ / 4>(&da[0][0]);
+    mbar_arrive(&empty[st]); /* Q, dO, LSE, D of this stage read */
 
-    /* dQ into the f32 accumulator */
-    const int *rows = srow + st * BQ;
-    const int col0 = D == 128 ? wg * 64 : 0;
+    /* dQ: this warpgroup's 64 x 64 block into shared memory (once the bulk
+    ** reduce of the last block has read it), then one bulk add into the
+    ** accumulator */
+    if ((tid & 127) == 0) bulk_wait_read();
+    bar_named(2 + wg, 128);
 #pragma unroll
     for (int hr = 0; hr < 2; hr++) {
-      const int row = rows[wq * 16 + (lane >> 2) + 8 * hr];
-      if (row < 0) continue;
-      float *dst = a.dqacc + (bhS + row) * D + col0 + 2 * (lane & 3);
+      const int r = wq * 16 + (lane >> 2) + 8 * hr;
 #pragma unroll
-      for (int j = 0; j < 8; j++) red_add2(dst + 8 * j, dq[4 * j + 2 * hr], dq[4 * j + 2 * hr + 1]);
+      for (int j = 0; j < 8; j++)
+        *reinterpret_cast<float2 *>(sdq + dq_off(r, 8 * j + 2 * (lane & 3))) =
+            make_float2(dq[4 * j + 2 * hr], dq[4 * j + 2 * hr + 1]);
     }
-
-    /* the next block's Q and dO landed; its LSE, D and rows into the stage
-    ** this one leaves once every thread is past it */
-    asm volatile("cp.async.wait_group 0;\n" ::: "memory");
     fence_proxy_async();
-    __syncthreads();
-    if (nx.kind != 2) store_meta(nx, st ^ 1);
-    __syncthreads();
-    qw = nx;
+    bar_named(2 + wg, 128);
+    if ((tid & 127) == 0) {
+      float *dst = a.dqacc + ((bh * a.nqb + slot) * (D / 64) + (D == 128 ? wg : 0)) * 64 * 64;
+      bulk_reduce_add(dst, sdq, 64 * 64 * 4);
+    }
   }
+  if ((tid & 127) == 0) bulk_wait();
 
   /* dK (times the scale) and dV of this warpgroup's keys */
   T *gdk = reinterpret_cast<T *>(a.dk) + b * a.dk_sb + h * a.dk_sh;
@@ -505,63 +654,85 @@ __global__ void __launch_bounds__(NTH, 1) sta_bwd_kernel(const __grid_constant__
 
 struct RowArgs {
   const void *o, *dout;
+  const float *lse;
   void *dk, *dv, *dq;
-  float *dd;
-  const float *dqacc;
   int64_t o_sb, o_ss, o_sh, do_sb, do_ss, do_sh, dk_sb, dk_ss, dk_sh, dv_sb, dv_ss, dv_sh;
-  int64_t dq_sb, dq_ss, dq_sh;
-  int S, heads, keys; /* keys: V + text_len */
-  int64_t rows;       /* B * heads * S */
-  float scale;
+  int64_t dq_sb, dq_ss, dq_sh, lse_sb, lse_sh, lse_ss;
+  int keys;       /* V + text_len */
+  int64_t rows;   /* B * heads * nqb * 64 slot rows */
 };
 
-/* One warp per (batch, head, row): D_i = dO . O; dK = dV = 0 past the keys. */
+/* One warp per slot row: LSE * log2(e) and D_i = dO . O in slot order. */
 template <typename T, int D>
-__global__ void sta_bwd_prep(const __grid_constant__ RowArgs a) {
-  int64_t r = (int64_t)blockIdx.x * (blockDim.x / 32) + (threadIdx.x >> 5);
-  if (r >= a.rows) return;
-  const int lane = threadIdx.x & 31, s = (int)(r % a.S);
-  const int64_t bh = r / a.S, b = bh / a.heads, h = bh % a.heads;
-  const T *o = reinterpret_cast<const T *>(a.o) + b * a.o_sb + s * a.o_ss + h * a.o_sh;
-  const T *g = reinterpret_cast<const T *>(a.dout) + b * a.do_sb + s * a.do_ss + h * a.do_sh;
-  float acc = 0.f;
+__global__ void sta_bwd_prep(const __grid_constant__ BwdArgs a, const __grid_constant__ RowArgs r) {
+  int64_t i = (int64_t)blockIdx.x * (blockDim.x / 32) + (threadIdx.x >> 5);
+  if (i >= r.rows) return;
+  const int lane = threadIdx.x & 31, rr = (int)(i % BQ);
+  const int64_t sbh = i / BQ, bh = sbh / a.nqb, b = bh / a.heads, h = bh % a.heads;
+  const int slot = (int)(sbh % a.nqb), s = slot_row(a, slot, rr);
+  float acc = 0.f, l2 = 0.f;
+  if (s >= 0) {
+    const T *o = reinterpret_cast<const T *>(r.o) + b * r.o_sb + s * r.o_ss + h * r.o_sh;
+    const T *g = reinterpret_cast<const T *>(r.dout) + b * r.do_sb + s * r.do_ss + h * r.do_sh;
 #pragma unroll
-  for (int d = lane; d < D; d += 32) acc += to_f<T>(o[d]) * to_f<T>(g[d]);
+    for (int d = lane; d < D; d += 32) acc += to_f<T>(o[d]) * to_f<T>(g[d]);
 #pragma unroll
-  for (int m = 16; m > 0; m >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, m);
-  if (lane == 0) a.dd[r] = acc;
-  if (s >= a.keys) {
-    T *k = reinterpret_cast<T *>(a.dk) + b * a.dk_sb + s * a.dk_ss + h * a.dk_sh;
-    T *v = reinterpret_cast<T *>(a.dv) + b * a.dv_sb + s * a.dv_ss + h * a.dv_sh;
-    for (int d = lane; d < D; d += 32) {
-      k[d] = T(0.f);
-      v[d] = T(0.f);
-    }
+    for (int m = 16; m > 0; m >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, m);
+    l2 = r.lse[b * r.lse_sb + h * r.lse_sh + s * r.lse_ss] * LOG2E;
+  }
+  if (lane == 0) {
+    const_cast<float *>(a.dd)[i] = acc;
+    const_cast<float *>(a.lse2)[i] = l2;
   }
 }
 
-/* One warp per (batch, head, row): dq = scale * the accumulator. */
+/* One warp per (batch, head, sequence row): dK = dV = 0 on the rows that
+** are never keys. */
 template <typename T, int D>
-__global__ void sta_bwd_post(const __grid_constant__ RowArgs a) {
-  int64_t r = (int64_t)blockIdx.x * (blockDim.x / 32) + (threadIdx.x >> 5);
-  if (r >= a.rows) return;
-  const int lane = threadIdx.x & 31, s = (int)(r % a.S);
-  const int64_t bh = r / a.S, b = bh / a.heads, h = bh % a.heads;
-  T *q = reinterpret_cast<T *>(a.dq) + b * a.dq_sb + s * a.dq_ss + h * a.dq_sh;
-  const float *acc = a.dqacc + r * D;
-  for (int d = lane; d < D; d += 32) q[d] = T(acc[d] * a.scale);
+__global__ void sta_bwd_zero(const __grid_constant__ BwdArgs a, const __grid_constant__ RowArgs r) {
+  const int64_t n = (int64_t)a.batch * a.heads * (a.S - r.keys);
+  int64_t i = (int64_t)blockIdx.x * (blockDim.x / 32) + (threadIdx.x >> 5);
+  if (i >= n) return;
+  const int lane = threadIdx.x & 31;
+  const int64_t bh = i / (a.S - r.keys), b = bh / a.heads, h = bh % a.heads;
+  const int s = r.keys + (int)(i % (a.S - r.keys));
+  T *k = reinterpret_cast<T *>(r.dk) + b * r.dk_sb + s * r.dk_ss + h * r.dk_sh;
+  T *v = reinterpret_cast<T *>(r.dv) + b * r.dv_sb + s * r.dv_ss + h * r.dv_sh;
+  for (int d = lane; d < D; d += 32) {
+    k[d] = T(0.f);
+    v[d] = T(0.f);
+  }
+}
+
+/* One warp per slot row: dq = scale * the accumulator, at the row's place. */
+template <typename T, int D>
+__global__ void sta_bwd_post(const __grid_constant__ BwdArgs a, const __grid_constant__ RowArgs r) {
+  int64_t i = (int64_t)blockIdx.x * (blockDim.x / 32) + (threadIdx.x >> 5);
+  if (i >= r.rows) return;
+  const int lane = threadIdx.x & 31, rr = (int)(i % BQ);
+  const int64_t sbh = i / BQ, bh = sbh / a.nqb, b = bh / a.heads, h = bh % a.heads;
+  const int slot = (int)(sbh % a.nqb), s = slot_row(a, slot, rr);
+  if (s < 0) return;
+  T *q = reinterpret_cast<T *>(r.dq) + b * r.dq_sb + s * r.dq_ss + h * r.dq_sh;
+  const float *acc = a.dqacc + sbh * (D / 64) * 64 * 64;
+  for (int d = lane; d < D; d += 32)
+    q[d] = T(acc[(d >> 6) * 64 * 64 + dq_off(rr, d & 63)] * a.scale);
 }
 
 template <typename T, int D>
-sta_status run(const sta_attn_params *p, BwdArgs &x, RowArgs &ra, cudaStream_t st) {
+sta_status run(const sta_attn_params *p, const BwdArgs &x, const RowArgs &ra, cudaStream_t st) {
   const int smem = Smem<D>::BYTES;
   cudaError_t e = cudaFuncSetAttribute(sta_bwd_kernel<T, D>,
                                        cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
   if (e != cudaSuccess) return sta_cuda_fail(e, "backward: shared memory attribute");
-  const int64_t rows = ra.rows;
-  const unsigned rblocks = (unsigned)((rows + 7) / 8);
-  sta_bwd_prep<T, D><<<rblocks, 256, 0, st>>>(ra);
+  const unsigned rblocks = (unsigned)((ra.rows + 7) / 8);
+  sta_bwd_prep<T, D><<<rblocks, 256, 0, st>>>(x, ra);
   if ((e = cudaGetLastError()) != cudaSuccess) return sta_cuda_fail(e, "backward: prep launch");
+  const int64_t nz = p->batch * p->heads * (p->seq_len - ra.keys);
+  if (nz > 0) {
+    sta_bwd_zero<T, D><<<(unsigned)((nz + 7) / 8), 256, 0, st>>>(x, ra);
+    if ((e = cudaGetLastError()) != cudaSuccess) return sta_cuda_fail(e, "backward: zero launch");
+  }
   const int64_t items = (int64_t)p->batch * p->heads *
                         (x.n_text_kb + (int64_t)x.NT * x.NH * x.NW * x.kbpt);
   if (items > 0x7fffffff)
@@ -571,12 +742,31 @@ sta_status run(const sta_attn_params *p, BwdArgs &x, RowArgs &ra, cudaStream_t s
     sta_bwd_kernel<T, D><<<(unsigned)items, NTH, smem, st>>>(x);
     if ((e = cudaGetLastError()) != cudaSuccess) return sta_cuda_fail(e, "backward: launch");
   }
-  sta_bwd_post<T, D><<<rblocks, 256, 0, st>>>(ra);
+  sta_bwd_post<T, D><<<rblocks, 256, 0, st>>>(x, ra);
   if ((e = cudaGetLastError()) != cudaSuccess) return sta_cuda_fail(e, "backward: post launch");
   return STA_OK;
 }
 
 int aligned16(const void *p) { return ((uintptr_t)p & 15) == 0; }
+
+/* TMA maps of Q and dO where the geometry and strides allow them (as the
+** forward's setup_tma): 8x8 tiles in h and w, 16-byte rows, heads fused
+** with D or a batch stride that folds into the head count. */
+void setup_tma(BwdArgs &x, const sta_attn_params *p) {
+  x.tma = 0;
+  if (getenv("STA_NO_TMA") || !x.vec || p->tile[1] != 8 || p->tile[2] != 8) return;
+  const int64_t D = p->head_dim;
+  int fused = p->q_sh == D && p->do_sh == D;
+  int fold = p->batch == 1 || (p->q_sb == p->heads * p->q_sh && p->do_sb == p->heads * p->do_sh);
+  if (!fused && !fold) return;
+  if (p->heads * p->batch > 0x7fffffff || p->heads * D > 0x7fffffff) return;
+  int64_t nhb = p->heads * p->batch;
+  x.tma_fused = fused;
+  x.tma = sta_cuda_encode_map(&x.tmq, p->q, p, p->q_sb, p->q_ss, p->q_sh, fused, nhb, 1, 64) &&
+          sta_cuda_encode_map(&x.tmdo, p->dout, p, p->do_sb, p->do_ss, p->do_sh, fused, nhb, 1, 64) &&
+          sta_cuda_encode_map(&x.rmq, p->q, p, p->q_sb, p->q_ss, p->q_sh, fused, nhb, 0, 64) &&
+          sta_cuda_encode_map(&x.rmdo, p->dout, p, p->do_sb, p->do_ss, p->do_sh, fused, nhb, 0, 64);
+}
 
 } /* namespace */
 
@@ -601,10 +791,12 @@ sta_status sta_cuda_attention_backward(const sta_attn_params *p) {
                      "backward is always deterministic)");
   if (p->batch == 0 || p->heads == 0 || p->seq_len == 0) return STA_OK;
 
-  BwdArgs *xp = (BwdArgs *)calloc(1, sizeof(BwdArgs));
+  const size_t al = alignof(BwdArgs);
+  BwdArgs *xp = (BwdArgs *)aligned_alloc(al, (sizeof(BwdArgs) + al - 1) & ~(al - 1));
   if (!xp) return sta_error(STA_ERR_NOMEM, "backward: out of host memory");
+  memset(xp, 0, sizeof *xp);
   BwdArgs &x = *xp;
-  x.q = p->q; x.k = p->k; x.v = p->v; x.dout = p->dout; x.lse = p->lse;
+  x.q = p->q; x.k = p->k; x.v = p->v; x.dout = p->dout;
   x.dk = p->dk; x.dv = p->dv;
   x.q_sb = p->q_sb; x.q_ss = p->q_ss; x.q_sh = p->q_sh;
   x.k_sb = p->k_sb; x.k_ss = p->k_ss; x.k_sh = p->k_sh;
@@ -612,7 +804,6 @@ sta_status sta_cuda_attention_backward(const sta_attn_params *p) {
   x.do_sb = p->do_sb; x.do_ss = p->do_ss; x.do_sh = p->do_sh;
   x.dk_sb = p->dk_sb; x.dk_ss = p->dk_ss; x.dk_sh = p->dk_sh;
   x.dv_sb = p->dv_sb; x.dv_ss = p->dv_ss; x.dv_sh = p->dv_sh;
-  x.lse_sb = p->lse_sb; x.lse_sh = p->lse_sh; x.lse_ss = p->lse_ss;
   x.S = (int)p->seq_len;
   x.V = (int)p->video_len;
   x.text_len = (int)p->text_len;
@@ -632,6 +823,10 @@ sta_status sta_cuda_attention_backward(const sta_attn_params *p) {
   for (int i = 0; i < 12; i++)
     if (st[i] % 8) vec = 0;
   x.vec = vec;
+  setup_tma(x, p);
+  x.qbpt = x.tma ? x.tt : (x.tile_vol + BQ - 1) / BQ;
+  const int64_t nqb = (int64_t)x.NT * x.NH * x.NW * x.qbpt + (p->seq_len - p->video_len + BQ - 1) / BQ;
+  x.nqb = (int)nqb;
   for (int64_t h = 0; h < p->heads; h++)
     for (int ax = 0; ax < 3; ax++) {
       int k = p->windows[3 * h + ax], c = p->grid[ax];
@@ -640,34 +835,32 @@ sta_status sta_cuda_attention_backward(const sta_attn_params *p) {
 
   RowArgs ra;
   memset(&ra, 0, sizeof ra);
-  ra.o = p->o; ra.dout = p->dout; ra.dk = p->dk; ra.dv = p->dv; ra.dq = p->dq;
+  ra.o = p->o; ra.dout = p->dout; ra.lse = p->lse; ra.dk = p->dk; ra.dv = p->dv; ra.dq = p->dq;
   ra.o_sb = p->o_sb; ra.o_ss = p->o_ss; ra.o_sh = p->o_sh;
   ra.do_sb = p->do_sb; ra.do_ss = p->do_ss; ra.do_sh = p->do_sh;
   ra.dk_sb = p->dk_sb; ra.dk_ss = p->dk_ss; ra.dk_sh = p->dk_sh;
   ra.dv_sb = p->dv_sb; ra.dv_ss = p->dv_ss; ra.dv_sh = p->dv_sh;
   ra.dq_sb = p->dq_sb; ra.dq_ss = p->dq_ss; ra.dq_sh = p->dq_sh;
-  ra.S = x.S;
-  ra.heads = x.heads;
+  ra.lse_sb = p->lse_sb; ra.lse_sh = p->lse_sh; ra.lse_ss = p->lse_ss;
   ra.keys = x.V + x.text_len;
-  ra.rows = p->batch * p->heads * p->seq_len;
-  ra.scale = p->scale;
+  ra.rows = p->batch * p->heads * nqb * BQ;
 
-  /* workspace: the f32 dQ accumulator and D, stream-ordered */
+  /* workspace, stream-ordered: the f32 dQ accumulator, LSE2 and D */
   cudaStream_t sm = sta_cuda_stream();
   const size_t acc_bytes = sizeof(float) * (size_t)ra.rows * (size_t)p->head_dim;
-  const size_t ws_bytes = acc_bytes + sizeof(float) * (size_t)ra.rows;
+  const size_t ws_bytes = acc_bytes + 2 * sizeof(float) * (size_t)ra.rows;
   void *ws = NULL;
   cudaError_t e = cudaMallocAsync(&ws, ws_bytes, sm);
   sta_status s;
   if (e != cudaSuccess) {
+    ws = NULL;
     s = sta_cuda_fail(e, "backward: workspace");
   } else if ((e = cudaMemsetAsync(ws, 0, acc_bytes, sm)) != cudaSuccess) {
     s = sta_cuda_fail(e, "backward: zeroing the dQ accumulator");
   } else {
     x.dqacc = (float *)ws;
-    x.dd = (const float *)((char *)ws + acc_bytes);
-    ra.dqacc = x.dqacc;
-    ra.dd = (float *)x.dd;
+    x.lse2 = (const float *)((char *)ws + acc_bytes);
+    x.dd = x.lse2 + ra.rows;
     const int D = (int)p->head_dim;
     if (p->dtype == STA_BF16)
       s = D == 128 ? run<__nv_bfloat16, 128>(p, x, ra, sm) : run<__nv_bfloat16, 64>(p, x, ra, sm);

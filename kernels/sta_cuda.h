@@ -21,6 +21,14 @@ sta_status sta_cuda_fail(cudaError_t e, const char *what);
 /* The STA forward on device tensors (kernels/sta_attention.cu). */
 sta_status sta_cuda_attention(const sta_attn_params *p);
 
+/* A CUtensorMap (m, 64-byte aligned) of a [B, S, heads, D] operand with
+** 64-column boxes and the 128-byte swizzle (sta_attention.cu's encode_map):
+** tile: dims (C0, W, H, T, N), box 64 x 8 x 8 x rows/64 x 1; else dims (C0,
+** S, N), box 64 x rows x 1.  fused: C0 = heads*D, N = batch; else C0 = D,
+** N = nhb.  0 when the driver refuses the layout. */
+int sta_cuda_encode_map(void *m, const void *base, const sta_attn_params *p, int64_t sb,
+                        int64_t ss, int64_t sh, int fused, int64_t nhb, int tile, int rows);
+
 /* The STA backward on device tensors (kernels/sta_backward.cu). */
 sta_status sta_cuda_attention_backward(const sta_attn_params *p);
 
