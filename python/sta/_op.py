@@ -1,0 +1,444 @@
+"""sta.attention on torch tensors: the forward, the backward and autograd.
+
+Torch tensors are handed to libsta in place: each call wraps their memory
+(sta_tensor_wrap with torch's strides) for the duration of the call, so
+strided views cost no copy.  Outputs (out, lse, dq, dk, dv) are allocated by
+torch.  CUDA work runs on torch's current stream of the tensors' device.
+
+With torch >= 2.4 the op is registered as torch.ops.sta.attention (and
+torch.ops.sta.attention_backward), with fake implementations and registered
+autograd, so torch.compile(fullgraph=True) keeps it as one node; eager calls
+that need no gradient skip the dispatcher and call the library directly.
+Older torch (Debian 12's 1.13) gets a torch.autograd.Function.
+"""
+import ctypes as C
+import numbers
+import operator
+import threading
+
+import torch
+
+from . import _capi
+from ._capi import (AttentionDesc, STA_BF16, STA_BHSD, STA_BSHD, STA_CPU, STA_CUDA,
+                    STA_F16, STA_F32, STA_SOFTMAX_EXACT, STA_SOFTMAX_FAST)
+from .errors import ArgumentError
+
+__all__ = ["attention", "reference", "reference_backward", "CUSTOM_OP"]
+
+_DTYPES = {torch.float32: STA_F32, torch.float16: STA_F16, torch.bfloat16: STA_BF16}
+_LAYOUTS = {"bshd": STA_BSHD, "bhsd": STA_BHSD}
+_SOFTMAX = {"exact": STA_SOFTMAX_EXACT, "fast": STA_SOFTMAX_FAST}
+_PLAIN = (torch.Tensor, torch.nn.Parameter)
+
+# STA_ERR_* codes of the Python-side checks (same groups as the core's)
+_E_ARGUMENT, _E_SHAPE, _E_DTYPE, _E_WINDOW = 100, 101, 102, 103
+_NAMES = {100: "STA_ERR_ARGUMENT", 101: "STA_ERR_SHAPE", 102: "STA_ERR_DTYPE",
+          103: "STA_ERR_WINDOW"}
+
+
+def _bad(code, msg):
+    return ArgumentError(msg, code, _NAMES[code])
+
+
+def _version_at_least(major, minor):
+    try:
+        parts = torch.__version__.split("+")[0].split(".")
+        return (int(parts[0]), int(parts[1])) >= (major, minor)
+    except (ValueError, IndexError):
+        return False
+
+
+CUSTOM_OP = _version_at_least(2, 4) and hasattr(torch, "library") and \
+    hasattr(torch.library, "custom_op")
+
+# ---- arguments --------------------------------------------------------------
+
+
+def _triple(x, name, code=_E_WINDOW):
+    """3 ints from a sequence or a "TxHxW" string."""
+    if isinstance(x, str):
+        try:
+            t = tuple(int(p) for p in x.lower().split("x"))
+        except ValueError:
+            t = ()
+        if len(t) != 3:
+            raise _bad(code, "%s: expected 3 integers or 'TxHxW', got %r" % (name, x))
+        return t
+    try:
+        if any(isinstance(i, bool) for i in x):
+            raise TypeError
+        t = tuple(operator.index(i) for i in x)  # ints, numpy integers, ...
+    except TypeError:
+        t = ()
+    if len(t) != 3:
+        raise _bad(code, "%s: expected 3 integers, got %r" % (name, x))
+    return t
+
+
+def _windows(window):
+    """window (3 ints or "KtxKhxKw") or one window per head -> a flat tuple."""
+    if isinstance(window, str):
+        return _triple(window, "window")
+    try:
+        items = list(window)
+    except TypeError:
+        raise _bad(_E_WINDOW, "window: expected 3 integers or a list of them (one per "
+                   "head), got %r" % (window,)) from None
+    if items and all(isinstance(i, numbers.Integral) for i in items):
+        return _triple(items, "window")
+    if not items:
+        raise _bad(_E_WINDOW, "window: expected 3 integers or a list of them (one per head), "
+                   "got an empty list")
+    flat = []
+    for i, w in enumerate(items):
+        flat.extend(_triple(w, "window[%d]" % i))
+    return tuple(flat)
+
+
+def _spec(canvas, window, tile, text_len, layout, scale, softmax, deterministic):
+    """The hashable description of one call (what sta_attention_desc holds)."""
+    canvas = _triple(canvas, "canvas")
+    tile = _triple(tile, "tile")
+    windows = _windows(window)
+    if text_len is None:
+        text_len = -1
+    elif not isinstance(text_len, int) or isinstance(text_len, bool) or text_len < 0:
+        raise _bad(_E_ARGUMENT, "text_len: expected a non-negative integer or None, got %r"
+                   % (text_len,))
+    lay = _LAYOUTS.get(layout) if isinstance(layout, str) else None
+    if lay is None:
+        raise _bad(_E_ARGUMENT, "layout: expected \"bshd\" or \"bhsd\", got %r" % (layout,))
+    if scale is None:
+        scale = 0.0
+    elif isinstance(scale, bool) or not isinstance(scale, (int, float)) or not scale > 0:
+        raise _bad(_E_ARGUMENT, "scale: expected a positive number or None, got %r" % (scale,))
+    sm = _SOFTMAX.get(softmax) if isinstance(softmax, str) else None
+    if sm is None:
+        raise _bad(_E_ARGUMENT, "softmax: expected \"exact\" or \"fast\", got %r" % (softmax,))
+    return (canvas, tile, int(text_len), windows, lay, float(scale), sm, int(bool(deterministic)))
+
+
+def _check_tensors(names, tensors):
+    """torch-side checks the core cannot make: type, dtype, device (with index)."""
+    q = tensors[0]
+    for name, t in zip(names, tensors):
+        if not isinstance(t, torch.Tensor):
+            raise _bad(_E_ARGUMENT, "%s: expected a torch.Tensor, got %s" % (name, type(t).__name__))
+        if t.dtype not in _DTYPES:
+            raise _bad(_E_DTYPE, "%s: dtype %s is not supported (float32, float16, bfloat16)"
+                       % (name, t.dtype))
+        if t.device.type not in ("cpu", "cuda"):
+            raise _bad(_E_ARGUMENT, "%s: device %s is not supported (cpu, cuda)" % (name, t.device))
+        if t.device != q.device:
+            raise _bad(_E_ARGUMENT, "%s: on %s while q is on %s" % (name, t.device, q.device))
+        if t.dim() != 4:
+            raise _bad(_E_SHAPE, "%s: expected a 4-D tensor, got %d-D %s"
+                       % (name, t.dim(), list(t.shape)))
+
+
+def _bhs(q, layout):
+    b, x, y, _ = q.shape
+    return (b, y, x) if layout == STA_BSHD else (b, x, y)
+
+
+# ---- calling the library ------------------------------------------------------
+
+_cache = threading.local()
+
+
+def _desc(spec):
+    """A (cached) sta_attention_desc for spec."""
+    descs = getattr(_cache, "descs", None)
+    if descs is None:
+        descs = _cache.descs = {}
+    hit = descs.get(spec)
+    if hit is not None:
+        return hit[0]
+    canvas, tile, text_len, windows, layout, scale, softmax, det = spec
+    d = AttentionDesc()
+    d.geom.canvas[:] = canvas
+    d.geom.tile[:] = tile
+    d.geom.text_len = text_len
+    d.layout = layout
+    arr = _capi.ints(windows)
+    d.n_windows = len(windows) // 3
+    d.windows = C.cast(arr, C.POINTER(C.c_int32))
+    d.scale = scale
+    d.softmax = softmax
+    d.deterministic = det
+    if len(descs) >= 256:
+        descs.clear()
+    descs[spec] = (d, arr)
+    return d
+
+
+class _Wrapped:
+    """sta tensor handles over torch tensors (None stays NULL), released on exit."""
+
+    __slots__ = ("handles", "lib")
+
+    def __init__(self, lib, tensors):
+        self.lib = lib
+        self.handles = []
+        wrap = lib.sta_tensor_wrap
+        try:
+            for t in tensors:
+                if t is None:
+                    self.handles.append(None)
+                    continue
+                h = C.c_void_p()
+                nd = t.dim()
+                rc = wrap(C.byref(h), t.data_ptr(), _DTYPES[t.dtype],
+                          STA_CUDA if t.is_cuda else STA_CPU, nd,
+                          (C.c_int64 * nd)(*t.shape), (C.c_int64 * nd)(*t.stride()))
+                if rc:
+                    raise lib.error(rc)
+                self.handles.append(h)
+        except BaseException:
+            self.close()
+            raise
+
+    def close(self):
+        destroy = self.lib.sta_tensor_destroy
+        for h in self.handles:
+            if h is not None:
+                destroy(h)
+        self.handles = []
+
+    def __enter__(self):
+        return self.handles
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+def _call(fn, desc, tensors, device):
+    """fn(desc, *handles of tensors) on device's current stream; raises on error."""
+    L = _capi.lib()
+    with _Wrapped(L, tensors) as hs:
+        if device.type == "cuda":
+            idx = device.index if device.index is not None else torch.cuda.current_device()
+            if idx != torch.cuda.current_device():
+                with torch.cuda.device(idx):
+                    L.sta_cuda_set_stream(torch.cuda.current_stream(idx).cuda_stream)
+                    rc = fn(C.byref(desc), *hs)
+            else:
+                L.sta_cuda_set_stream(torch.cuda.current_stream(idx).cuda_stream)
+                rc = fn(C.byref(desc), *hs)
+        else:
+            rc = fn(C.byref(desc), *hs)
+    if rc:
+        raise L.error(rc)
+
+
+def _forward(q, k, v, spec, compute_lse):
+    """out (and lse, else an empty tensor) = STA(q, k, v), allocated by torch."""
+    out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    if compute_lse:
+        lse = torch.empty(_bhs(q, spec[4]), dtype=torch.float32, device=q.device)
+    else:
+        lse = torch.empty(0, dtype=torch.float32, device=q.device)
+    _call(_capi.lib().sta_attention_forward, _desc(spec),
+          (q, k, v, out, lse if compute_lse else None), q.device)
+    return out, lse
+
+
+def _last_dim_dense(t):
+    return t if t.shape[-1] <= 1 or t.stride(-1) == 1 else t.contiguous()
+
+
+def _backward(q, k, v, out, lse, dout, dlse, spec):
+    """dq, dk, dv of STA; dlse (or None): the gradient reaching lse."""
+    L = _capi.lib()
+    desc = _desc(spec)
+    dout = _last_dim_dense(dout)
+    dq = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    dk = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    dv = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    _call(L.sta_attention_backward, desc, (q, k, v, out, lse, dout, dq, dk, dv), q.device)
+    if dlse is not None:
+        # d lse_i / d s_ij = P_ij adds P_ij * dlse_i to dS_ij.  The backward
+        # computes dS_ij = P_ij (dout_i . v_j - dout_i . out_i): with v' = 0,
+        # out' = -e_0 and dout' = dlse_i e_0 that is exactly P_ij dlse_i.
+        D = q.shape[-1]
+        e0 = torch.zeros(D, dtype=q.dtype, device=q.device)
+        e0[0] = 1
+        g = dlse.to(q.dtype)  # [B, heads, S]
+        g = g.transpose(1, 2) if spec[4] == STA_BSHD else g
+        dout2 = g.unsqueeze(-1) * e0
+        zero = torch.zeros(D, dtype=q.dtype, device=q.device).expand(q.shape)
+        neg_e0 = (-e0).expand(q.shape)
+        dq2 = torch.empty_like(dq)
+        dk2 = torch.empty_like(dk)
+        dv2 = torch.empty_like(dv)
+        _call(L.sta_attention_backward, desc, (q, k, zero, neg_e0, lse, dout2, dq2, dk2, dv2),
+              q.device)
+        dq += dq2
+        dk += dk2
+    return dq, dk, dv
+
+
+# ---- autograd ---------------------------------------------------------------------
+
+def _unspec(canvas, tile, text_len, windows, layout, scale, softmax, det):
+    return (tuple(canvas), tuple(tile), int(text_len), tuple(windows), int(layout),
+            float(scale), int(softmax), int(det))
+
+
+if CUSTOM_OP:
+    import inspect
+    from typing import List, Optional, Tuple
+
+    _kw = {"mutates_args": ()}
+    if "tags" in inspect.signature(torch.library.custom_op).parameters:
+        _kw["tags"] = (torch.Tag.needs_fixed_stride_order,)
+
+    @torch.library.custom_op("sta::attention", **_kw)
+    def _attention_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, canvas: List[int],
+                      tile: List[int], text_len: int, windows: List[int], layout: int,
+                      scale: float, softmax: int, deterministic: bool, compute_lse: bool,
+                      return_lse: bool) -> Tuple[torch.Tensor, torch.Tensor]:
+        spec = _unspec(canvas, tile, text_len, windows, layout, scale, softmax, deterministic)
+        return _forward(q, k, v, spec, compute_lse)
+
+    @_attention_op.register_fake
+    def _attention_fake(q, k, v, canvas, tile, text_len, windows, layout, scale, softmax,
+                        deterministic, compute_lse, return_lse):
+        out = q.new_empty(q.shape)
+        shape = _bhs(q, layout) if compute_lse else (0,)
+        return out, q.new_empty(shape, dtype=torch.float32)
+
+    @torch.library.custom_op("sta::attention_backward", **_kw)
+    def _attention_backward_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                               out: torch.Tensor, lse: torch.Tensor, dout: torch.Tensor,
+                               dlse: Optional[torch.Tensor], canvas: List[int],
+                               tile: List[int], text_len: int, windows: List[int],
+                               layout: int, scale: float, softmax: int,
+                               deterministic: bool) -> Tuple[torch.Tensor, torch.Tensor,
+                                                             torch.Tensor]:
+        spec = _unspec(canvas, tile, text_len, windows, layout, scale, softmax, deterministic)
+        return _backward(q, k, v, out, lse, dout, dlse, spec)
+
+    @_attention_backward_op.register_fake
+    def _attention_backward_fake(q, k, v, out, lse, dout, dlse, canvas, tile, text_len,
+                                 windows, layout, scale, softmax, deterministic):
+        return q.new_empty(q.shape), q.new_empty(q.shape), q.new_empty(q.shape)
+
+    def _setup_context(ctx, inputs, output):
+        q, k, v = inputs[:3]
+        ctx.args = inputs[3:11]  # canvas .. deterministic
+        ctx.return_lse = inputs[12]
+        out, lse = output
+        ctx.save_for_backward(q, k, v, out, lse)
+        if not ctx.return_lse:
+            ctx.mark_non_differentiable(lse)
+        ctx.set_materialize_grads(False)
+
+    def _op_backward(ctx, dout, dlse):
+        q, k, v, out, lse = ctx.saved_tensors
+        if dout is None:
+            dout = torch.zeros_like(out)
+        dq, dk, dv = torch.ops.sta.attention_backward(
+            q, k, v, out, lse, dout, dlse if ctx.return_lse else None, *ctx.args)
+        return (dq, dk, dv) + (None,) * 10
+
+    _attention_op.register_autograd(_op_backward, setup_context=_setup_context)
+
+
+class _AttentionFunction(torch.autograd.Function):
+    """The autograd of torch < 2.4 (and of eager calls there)."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, spec, return_lse):
+        out, lse = _forward(q, k, v, spec, True)
+        ctx.spec, ctx.return_lse = spec, return_lse
+        ctx.save_for_backward(q, k, v, out, lse)
+        if not return_lse:
+            ctx.mark_non_differentiable(lse)
+        ctx.set_materialize_grads(False)
+        return out, lse
+
+    @staticmethod
+    def backward(ctx, dout, dlse):
+        q, k, v, out, lse = ctx.saved_tensors
+        if dout is None:
+            dout = torch.zeros_like(out)
+        dq, dk, dv = _backward(q, k, v, out, lse, dout, dlse if ctx.return_lse else None,
+                               ctx.spec)
+        return dq, dk, dv, None, None
+
+
+def _compiling():
+    comp = getattr(torch, "compiler", None)
+    return bool(comp is not None and hasattr(comp, "is_compiling") and comp.is_compiling())
+
+
+def attention(q, k, v, *, canvas, window, tile=(6, 8, 8), text_len=None, layout="bshd",
+              scale=None, return_lse=False, softmax="exact", deterministic=False):
+    """Sliding Tile Attention of torch tensors (STA.md sections 1-4, 10).
+
+    q, k, v: 4-D [B, S, heads, D] (layout "bshd") or [B, heads, S, D]
+    ("bhsd"), one shape, dtype and device; any strides with the last dim
+    contiguous (views are read in place).  float32 on the CPU; bfloat16 and
+    float16 (D 64, 128) on CUDA, float32 too on the CPU backend.
+    canvas: (T, H, W) video tokens, untiled order, text rows after the video.
+    window: (Kt, Kh, Kw) in tiles for all heads, or a list of them, one per head.
+    tile: (tt, th, tw); text_len: valid text rows (None: all of S - T*H*W).
+    scale: None for 1/sqrt(D).  softmax: "exact" or "fast" (GPU, opt-in).
+    deterministic: bit-identical gradients run to run (slower on the GPU).
+
+    Returns out (torch-allocated, q's shape, dtype, device), and with
+    return_lse=True also lse, float32 [B, heads, S] (natural log).
+    Differentiable in q, k, v (and through lse).  Errors raise sta.Error
+    subclasses with sta's exact message.
+    """
+    _check_tensors(("q", "k", "v"), (q, k, v))
+    spec = _spec(canvas, window, tile, text_len, layout, scale, softmax, deterministic)
+    need_grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or
+                                             v.requires_grad)
+    if CUSTOM_OP and (need_grad or _compiling() or type(q) not in _PLAIN or
+                      type(k) not in _PLAIN or type(v) not in _PLAIN):
+        canvas_, tile_, text_len_, windows, lay, scale_, sm, det = spec
+        out, lse = torch.ops.sta.attention(q, k, v, list(canvas_), list(tile_), text_len_,
+                                           list(windows), lay, scale_, sm, bool(det),
+                                           bool(return_lse or need_grad), bool(return_lse))
+    elif need_grad:
+        out, lse = _AttentionFunction.apply(q, k, v, spec, bool(return_lse))
+    else:
+        out, lse = _forward(q, k, v, spec, return_lse)
+    return (out, lse) if return_lse else out
+
+
+def _host_only(names, tensors):
+    for name, t in zip(names, tensors):
+        if t.device.type != "cpu":
+            raise _bad(_E_ARGUMENT, "%s: the reference runs on host tensors only, got %s"
+                       % (name, t.device))
+
+
+def reference(q, k, v, *, canvas, window, tile=(6, 8, 8), text_len=None, layout="bshd",
+              scale=None, return_lse=False):
+    """sta_attention_reference: the brute-force dense masked attention, in
+    double, of host tensors (slow; for tests).  Arguments as attention()."""
+    _check_tensors(("q", "k", "v"), (q, k, v))
+    _host_only(("q", "k", "v"), (q, k, v))
+    spec = _spec(canvas, window, tile, text_len, layout, scale, "exact", False)
+    out = torch.empty(q.shape, dtype=q.dtype)
+    lse = torch.empty(_bhs(q, spec[4]), dtype=torch.float32) if return_lse else None
+    with torch.no_grad():
+        _call(_capi.lib().sta_attention_reference, _desc(spec), (q, k, v, out, lse), q.device)
+    return (out, lse) if return_lse else out
+
+
+def reference_backward(q, k, v, dout, *, canvas, window, tile=(6, 8, 8), text_len=None,
+                       layout="bshd", scale=None):
+    """sta_attention_backward_reference: dq, dk, dv of reference(), in double,
+    of host tensors (slow; for tests)."""
+    _check_tensors(("q", "k", "v", "dout"), (q, k, v, dout))
+    _host_only(("q", "k", "v", "dout"), (q, k, v, dout))
+    spec = _spec(canvas, window, tile, text_len, layout, scale, "exact", False)
+    grads = [torch.empty(q.shape, dtype=q.dtype) for _ in range(3)]
+    with torch.no_grad():
+        _call(_capi.lib().sta_attention_backward_reference, _desc(spec),
+              (q, k, v, _last_dim_dense(dout), *grads), q.device)
+    return tuple(grads)
