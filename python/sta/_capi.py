@@ -5,7 +5,7 @@ field for field (tests/test_capi.py compiles a C helper against the header
 and compares sizes and offsets, and parses the header's field names).
 
 The library is looked for, in order, at:
-  1. $STA_LIBRARY (a path to libsta.so);
+  1. $STA_LIBRARY (a path to libsta.so; when set, nowhere else);
   2. next to the package: sta/libsta.so, then the folder holding sta/;
   3. in a source checkout, $STA_BUILD (or $BUILD, else build)/libsta.so of
      the repository that holds python/sta;
@@ -169,10 +169,10 @@ def _here():
 
 def candidates():
     """Every place the library is looked for, in order (see the module doc)."""
-    out = []
     env = os.environ.get("STA_LIBRARY")
-    if env:
-        out.append(("$STA_LIBRARY", env))
+    if env:  # the caller's choice, alone: no silent fallback to another build
+        return [("$STA_LIBRARY", env)]
+    out = []
     pkg = _here()
     out.append(("next to the package", os.path.join(pkg, "libsta.so")))
     out.append(("next to the package", os.path.join(os.path.dirname(pkg), "libsta.so")))
