@@ -154,13 +154,16 @@ FUNCS = {
     "sta_layer_index": (_i32, [_p]),
     "sta_layer_set_strategy": (None, [_p, _p]),
     "sta_layer_forward": (_st, [_p, _p, _p, _p, _p]),
+    "sta_layer_forward_lse": (_st, [_p, _p, _p, _p, _p, _p]),
+    "sta_layer_backward": (_st, [_p, _p, _p, _p, _p, _p, _p, _p, _p, _p]),
     # tuning
     "sta_tune": (_st, [_pp, _i32, C.POINTER(_s), _i32, _i32p, C.POINTER(TuneReport)]),
 }
 
 # Declared in sta.h but possibly not yet in an older libsta.so: looked up
 # lazily, and a missing one raises NotImplementedError when called.
-OPTIONAL = {"sta_attention_backward", "sta_attention_backward_reference"}
+OPTIONAL = {"sta_attention_backward", "sta_attention_backward_reference",
+            "sta_layer_forward_lse", "sta_layer_backward"}
 
 
 def _here():

@@ -21,7 +21,7 @@ import os
 import threading
 
 from . import _capi
-from ._capi import Geometry, LayerDesc, TuneReport, ints
+from ._capi import LayerDesc, TuneReport, ints
 from .errors import ArgumentError, StateError
 
 __all__ = ["Strategy", "Metadata", "ForwardBatch", "ForwardContext", "forward_context",
@@ -396,8 +396,9 @@ class Layer(_Handle):
     metadata); sp_rank, sp_size (heads split over ranks).
 
     layer(q, k, v) returns out.  Inputs that require grad are differentiable
-    (sta.attention with the resolved windows); a search-mode forward's
-    output is not (its backward raises, STA.md section 10).
+    (sta_layer_forward_lse, then sta_layer_backward under the forward's
+    context); the backward of a search-mode forward raises UnsupportedError
+    (STA.md section 10).
     """
 
     _destroy = "sta_layer_destroy"
@@ -452,80 +453,18 @@ class Layer(_Handle):
         _L().sta_layer_set_strategy(self.handle, s.handle if s is not None else None)
         self._strategy = s
 
-    def _windows(self, seq_len):
-        """(geometry spec args, windows) the core would run for the live
-        context, or None when it would fail or search (the core then runs and
-        raises or searches).  Mirrors sta_layer_forward's resolution."""
-        L = _L()
-        d = self._desc
-        ctx = L.sta_context_current()
-        if not ctx or not L.sta_context_batch(ctx):
-            return None
-        hl, rank = d.local_heads, d.sp_rank
-        total = hl * d.sp_size
-        md = L.sta_context_metadata(ctx)
-        index = self.index
-        if md:
-            if index >= L.sta_metadata_layers(md):
-                return None
-            n = C.c_int32()
-            p = C.POINTER(C.c_int32)()
-            if L.sta_metadata_row(md, index, C.byref(n), C.byref(p)) or n.value != total:
-                return None
-            wins = [tuple(p[3 * (rank * hl + h) + a] for a in range(3)) for h in range(hl)]
-        else:
-            s = self._strategy
-            if s is None:
-                return None
-            probe = C.c_void_p()
-            rc = L.sta_metadata_from_strategy(C.byref(probe), s.handle, 0, 1, 1)
-            if rc == 0:
-                L.sta_metadata_destroy(probe)
-            elif rc in (202, 203):  # NO_STRATEGY, NO_STEP0: the core says so
-                return None
-            step = L.sta_context_step(ctx)
-            w = (C.c_int32 * 3)()
-            wins = []
-            for h in range(hl):
-                if L.sta_strategy_get(s.handle, step, index, rank * hl + h, w):
-                    return None
-                wins.append(tuple(w))
-            L.sta_clear_error()
-        g = d.geom
-        if g.canvas[0] == 0 and g.canvas[1] == 0 and g.canvas[2] == 0:
-            auto = Geometry()
-            if L.sta_geometry_from_seq_len(C.byref(auto), seq_len):
-                return None
-            g = auto
-        return (tuple(g.canvas), tuple(g.tile), None if g.text_len < 0 else int(g.text_len)), wins
-
     def forward(self, q, k, v):
+        """out = STA(q, k, v) with the live context's windows for this layer.
+        Differentiable: the backward runs sta_layer_backward under the
+        forward's context (step, metadata, batch), pushed again for the
+        backward, so keep that metadata unchanged until backward."""
         import torch
-        from ._op import _Wrapped, _check_tensors, attention
+        from ._op import _check_tensors
         _check_tensors(("q", "k", "v"), (q, k, v))
-        need_grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or
-                                                 v.requires_grad)
-        if need_grad:
-            d = self._desc
-            _, s, h, dim = q.shape if self.layout == "bshd" else q.shape[:1] + q.shape[2:3] + \
-                q.shape[1:2] + q.shape[3:]
-            ok = h == d.local_heads and dim == d.head_dim and q.device.type == self.device
-            found = self._windows(s) if ok else None  # else the core names the problem
-            if found is not None:
-                (canvas, tile, text_len), wins = found
-                return attention(q, k, v, canvas=canvas, tile=tile, text_len=text_len,
-                                 window=wins, layout=self.layout,
-                                 scale=d.scale if d.scale > 0 else None)
-        L = _L()
+        if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
+            return _layer_function().apply(self, q, k, v)
         out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
-        with torch.no_grad(), _Wrapped(L, (q, k, v, out)) as hs:
-            if q.is_cuda:
-                L.sta_cuda_set_stream(torch.cuda.current_stream(q.device).cuda_stream)
-            rc = L.sta_layer_forward(self.handle, *hs)
-        if rc:
-            raise L.error(rc)
-        if need_grad:  # a search-mode forward: no gradient (STA.md section 10)
-            out = _NoBackward.apply(out, q, k, v)
+        _layer_call(self, "sta_layer_forward", (q, k, v, out))
         return out
 
     __call__ = forward
@@ -534,34 +473,66 @@ class Layer(_Handle):
         return "sta.Layer(released)" if self._h is None else "sta.Layer(%d)" % self.index
 
 
-def _no_backward_class():
+def _layer_call(layer, fn, tensors, context=None):
+    """fn(layer, *tensors) on the tensors' current stream; context: (step,
+    metadata handle, batch handle) to push around the call."""
+    import torch
+    from ._op import _Wrapped
+    L = _L()
+    with torch.no_grad(), _Wrapped(L, tensors) as hs:
+        if tensors[0].is_cuda:
+            L.sta_cuda_set_stream(torch.cuda.current_stream(tensors[0].device).cuda_stream)
+        pushed = _new(L.sta_context_push, *context) if context is not None else None
+        try:
+            rc = getattr(L, fn)(layer.handle, *hs)
+        finally:
+            if pushed is not None:
+                L.sta_context_pop(pushed)
+    if rc:
+        raise L.error(rc)
+
+
+_LayerFunction = None
+
+
+def _layer_function():
+    global _LayerFunction
+    if _LayerFunction is not None:
+        return _LayerFunction
     import torch
 
-    class NoBackward(torch.autograd.Function):
-        @staticmethod
-        def forward(ctx, out, *inputs):
-            return out.view_as(out)
+    class LayerFunction(torch.autograd.Function):
+        """A layer's forward with its lse, and sta_layer_backward under the
+        forward's context, pushed again on the backward's thread."""
 
         @staticmethod
-        def backward(ctx, grad):
-            raise StateError("backward of a search-mode STA forward is not supported: the "
-                             "layer's row holds candidate windows (STA.md section 10)", 200,
-                             "STA_ERR_STATE")
+        def forward(ctx, layer, q, k, v):
+            L = _L()
+            c = L.sta_context_current()
+            lay = layer._desc.layout
+            b, x, y = q.shape[:3]
+            out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+            lse = torch.empty((b, y, x) if lay == _capi.STA_BSHD else (b, x, y),
+                              dtype=torch.float32, device=q.device)
+            _layer_call(layer, "sta_layer_forward_lse", (q, k, v, out, lse))
+            ctx.layer = layer
+            ctx.live = (L.sta_context_step(c), L.sta_context_metadata(c),
+                        L.sta_context_batch(c))
+            ctx.keep = current_context()  # its metadata and batch stay alive
+            ctx.save_for_backward(q, k, v, out, lse)
+            return out
 
-    return NoBackward
+        @staticmethod
+        def backward(ctx, dout):
+            from ._op import _last_dim_dense
+            q, k, v, out, lse = ctx.saved_tensors
+            grads = [torch.empty(q.shape, dtype=q.dtype, device=q.device) for _ in range(3)]
+            _layer_call(ctx.layer, "sta_layer_backward",
+                        (q, k, v, out, lse, _last_dim_dense(dout), *grads), ctx.live)
+            return (None,) + tuple(grads)
 
-
-class _Lazy:
-    def __init__(self, make):
-        self._make, self._obj = make, None
-
-    def apply(self, *args):
-        if self._obj is None:
-            self._obj = self._make()
-        return self._obj.apply(*args)
-
-
-_NoBackward = _Lazy(_no_backward_class)
+    _LayerFunction = LayerFunction
+    return LayerFunction
 
 
 # ---- tuning -------------------------------------------------------------------------

@@ -218,9 +218,12 @@ def test_search_forward_has_no_backward(gen):
                              batch=sta.ForwardBatch()):
         out = ly(q, k, v)
     assert out.requires_grad
-    with pytest.raises(sta.StateError) as info:
+    assert torch.equal(out, sta.attention(q, k, v, window=(1, 2, 3), **GEOM))
+    with pytest.raises(sta.UnsupportedError) as info:
         out.sum().backward()
-    assert "search-mode" in str(info.value)
+    assert str(info.value) == "backward: layer 0 runs a mask search at step 0 (2 candidate " \
+                              "windows); a search-mode forward has no backward"
+    assert sta.context_depth() == 0
 
 
 def test_layer_scale_and_auto_canvas(gen):
