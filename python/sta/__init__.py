@@ -31,20 +31,19 @@ __all__ = ["attention", "reference", "reference_backward", "Error", "ArgumentErr
            "forward_context", "current_context", "context_depth", "in_forward_pass", "Layer",
            "tune", "layer_index_from_prefix", "library_path", "version", "backends",
            "backend_available", "backend_describe", "set_num_threads", "get_num_threads",
-           "has_backward"]
+           "has_backward", "fastvideo"]
 
-_TORCH = ("attention", "reference", "reference_backward", "fastvideo")
-
-
-def __getattr__(name):
-    # torch is imported on first use of the op, so strategies and contexts
-    # work in a Python without torch
-    if name in _TORCH:
-        import importlib
-        if name == "fastvideo":
-            return importlib.import_module(".fastvideo", __name__)
-        return getattr(importlib.import_module("._op", __name__), name)
-    raise AttributeError("module 'sta' has no attribute %r" % name)
+try:  # the op needs torch; strategies, contexts and errors work without it
+    import torch  # noqa: F401
+except ImportError:
+    def __getattr__(name):
+        if name in ("attention", "reference", "reference_backward", "fastvideo"):
+            raise ImportError("sta.%s needs torch (Debian: python3-torch)" % name)
+        raise AttributeError("module 'sta' has no attribute %r" % name)
+else:
+    del torch
+    from . import fastvideo
+    from ._op import attention, reference, reference_backward
 
 
 def library_path():

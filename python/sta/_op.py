@@ -12,8 +12,6 @@ that need no gradient skip the dispatcher and call the library directly.
 Older torch (Debian 12's 1.13) gets a torch.autograd.Function.
 """
 import ctypes as C
-import numbers
-import operator
 import threading
 
 import torch
@@ -21,7 +19,7 @@ import torch
 from . import _capi
 from ._capi import (AttentionDesc, STA_BF16, STA_BHSD, STA_BSHD, STA_CPU, STA_CUDA,
                     STA_F16, STA_F32, STA_SOFTMAX_EXACT, STA_SOFTMAX_FAST)
-from .errors import ArgumentError
+from ._args import _E_ARGUMENT, _E_DTYPE, _E_SHAPE, _E_WINDOW, _bad, _is_int, _triple
 
 __all__ = ["attention", "reference", "reference_backward", "CUSTOM_OP"]
 
@@ -29,16 +27,6 @@ _DTYPES = {torch.float32: STA_F32, torch.float16: STA_F16, torch.bfloat16: STA_B
 _LAYOUTS = {"bshd": STA_BSHD, "bhsd": STA_BHSD}
 _SOFTMAX = {"exact": STA_SOFTMAX_EXACT, "fast": STA_SOFTMAX_FAST}
 _PLAIN = (torch.Tensor, torch.nn.Parameter)
-
-# STA_ERR_* codes of the Python-side checks (same groups as the core's)
-_E_ARGUMENT, _E_SHAPE, _E_DTYPE, _E_WINDOW = 100, 101, 102, 103
-_NAMES = {100: "STA_ERR_ARGUMENT", 101: "STA_ERR_SHAPE", 102: "STA_ERR_DTYPE",
-          103: "STA_ERR_WINDOW"}
-
-
-def _bad(code, msg):
-    return ArgumentError(msg, code, _NAMES[code])
-
 
 def _version_at_least(major, minor):
     try:
@@ -54,27 +42,6 @@ CUSTOM_OP = _version_at_least(2, 4) and hasattr(torch, "library") and \
 # ---- arguments --------------------------------------------------------------
 
 
-def _triple(x, name, code=_E_WINDOW):
-    """3 ints from a sequence or a "TxHxW" string."""
-    if isinstance(x, str):
-        try:
-            t = tuple(int(p) for p in x.lower().split("x"))
-        except ValueError:
-            t = ()
-        if len(t) != 3:
-            raise _bad(code, "%s: expected 3 integers or 'TxHxW', got %r" % (name, x))
-        return t
-    try:
-        if any(isinstance(i, bool) for i in x):
-            raise TypeError
-        t = tuple(operator.index(i) for i in x)  # ints, numpy integers, ...
-    except TypeError:
-        t = ()
-    if len(t) != 3:
-        raise _bad(code, "%s: expected 3 integers, got %r" % (name, x))
-    return t
-
-
 def _windows(window):
     """window (3 ints or "KtxKhxKw") or one window per head -> a flat tuple."""
     if isinstance(window, str):
@@ -84,7 +51,7 @@ def _windows(window):
     except TypeError:
         raise _bad(_E_WINDOW, "window: expected 3 integers or a list of them (one per "
                    "head), got %r" % (window,)) from None
-    if items and all(isinstance(i, numbers.Integral) for i in items):
+    if items and all(_is_int(i) for i in items):
         return _triple(items, "window")
     if not items:
         raise _bad(_E_WINDOW, "window: expected 3 integers or a list of them (one per head), "

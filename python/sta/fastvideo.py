@@ -29,7 +29,8 @@ import torch
 
 from . import _capi
 from ._capi import Geometry, STA_BSHD
-from ._op import _E_WINDOW, _bad, _triple, attention
+from ._args import _E_WINDOW, _bad, _triple
+from ._op import attention
 from .errors import UnsupportedError
 
 __all__ = ["sliding_tile_attention", "allow_conversion_copies", "tiled_order"]

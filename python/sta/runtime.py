@@ -21,8 +21,9 @@ import os
 import threading
 
 from . import _capi
+from ._args import _E_ARGUMENT, _bad, _triple
 from ._capi import LayerDesc, TuneReport, ints
-from .errors import ArgumentError, StateError
+from .errors import StateError
 
 __all__ = ["Strategy", "Metadata", "ForwardBatch", "ForwardContext", "forward_context",
            "current_context", "context_depth", "in_forward_pass", "Layer", "tune",
@@ -48,13 +49,14 @@ def _path(p, name="path"):
         return p.encode()
     if isinstance(p, bytes):
         return p
-    raise ArgumentError("%s: expected a path, got %s" % (name, type(p).__name__), 100,
-                        "STA_ERR_ARGUMENT")
+    raise _bad(_E_ARGUMENT, "%s: expected a path, got %s" % (name, type(p).__name__))
 
 
-def _triple(w, name):
-    from ._op import _triple as t  # one parser of triples
-    return t(w, name)
+def _optional(value, cls, name):
+    """value is None or a cls, else ArgumentError naming the argument."""
+    if value is not None and not isinstance(value, cls):
+        raise _bad(_E_ARGUMENT, "%s: expected sta.%s, got %s"
+                   % (name, cls.__name__, type(value).__name__))
 
 
 class _Handle:
@@ -265,8 +267,8 @@ class ForwardBatch(_Handle):
         heads = len(l1[0]) if n else 0
         for name, loss in (("l1", l1), ("l2", l2)):
             if len(loss) != n or any(len(r) != heads for r in loss):
-                raise ArgumentError("%s: expected %d lists of %d floats (candidate x head)"
-                                    % (name, n, heads), 100, "STA_ERR_ARGUMENT")
+                raise _bad(_E_ARGUMENT, "%s: expected %d lists of %d floats (candidate x head)"
+                                    % (name, n, heads))
         a = (C.c_float * max(n * heads, 1))(*[x for r in l1 for x in r])
         b = (C.c_float * max(n * heads, 1))(*[x for r in l2 for x in r])
         _L().check(_L().sta_forward_batch_record(self.handle, 1 if negative else 0, step, layer,
@@ -307,12 +309,8 @@ class ForwardContext:
     contexts form the calling thread's stack; the innermost is live."""
 
     def __init__(self, step=0, metadata=None, batch=None):
-        if metadata is not None and not isinstance(metadata, Metadata):
-            raise ArgumentError("metadata: expected sta.Metadata, got %s"
-                                % type(metadata).__name__, 100, "STA_ERR_ARGUMENT")
-        if batch is not None and not isinstance(batch, ForwardBatch):
-            raise ArgumentError("batch: expected sta.ForwardBatch, got %s"
-                                % type(batch).__name__, 100, "STA_ERR_ARGUMENT")
+        _optional(metadata, Metadata, "metadata")
+        _optional(batch, ForwardBatch, "batch")
         self.step = step
         self.metadata = metadata
         self.batch = batch
@@ -419,17 +417,13 @@ class Layer(_Handle):
             d.geom.canvas[:], d.geom.tile[:], d.geom.text_len = spec[0], spec[1], spec[2]
         lay = _LAYOUTS.get(layout) if isinstance(layout, str) else None
         if lay is None:
-            raise ArgumentError("layout: expected \"bshd\" or \"bhsd\", got %r" % (layout,),
-                                100, "STA_ERR_ARGUMENT")
+            raise _bad(_E_ARGUMENT, "layout: expected \"bshd\" or \"bhsd\", got %r" % (layout,))
         d.layout = lay
         if device not in ("cpu", "cuda"):
-            raise ArgumentError("device: expected \"cpu\" or \"cuda\", got %r" % (device,),
-                                100, "STA_ERR_ARGUMENT")
+            raise _bad(_E_ARGUMENT, "device: expected \"cpu\" or \"cuda\", got %r" % (device,))
         d.backend = _capi.STA_CUDA if device == "cuda" else _capi.STA_CPU
         d.scale = float(scale) if scale is not None else 0.0
-        if strategy is not None and not isinstance(strategy, Strategy):
-            raise ArgumentError("strategy: expected sta.Strategy, got %s"
-                                % type(strategy).__name__, 100, "STA_ERR_ARGUMENT")
+        _optional(strategy, Strategy, "strategy")
         d.strategy = strategy.handle if strategy is not None else None
         self._strategy = strategy
         super().__init__(_new(_L().sta_layer_create, C.byref(d)))
@@ -447,9 +441,7 @@ class Layer(_Handle):
 
     @strategy.setter
     def strategy(self, s):
-        if s is not None and not isinstance(s, Strategy):
-            raise ArgumentError("strategy: expected sta.Strategy, got %s" % type(s).__name__,
-                                100, "STA_ERR_ARGUMENT")
+        _optional(s, Strategy, "strategy")
         _L().sta_layer_set_strategy(self.handle, s.handle if s is not None else None)
         self._strategy = s
 

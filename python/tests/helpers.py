@@ -109,3 +109,44 @@ def kwargs(geom):
 def rel_err(a, b):
     a, b = a.double(), b.double()
     return float((a - b).norm() / b.norm().clamp_min(1e-30))
+
+
+def per_head(window, heads):
+    return [tuple(window)] * heads if isinstance(window[0], int) else [tuple(w) for w in window]
+
+
+def flex_sta(q, k, v, canvas, window, tile=(6, 8, 8), text_len=None, layout="bshd",
+             scale=None):
+    """FlexAttention with the STA mask (STA.md sections 1-3, per-head
+    windows): what a PyTorch user runs without sta.  Differentiable."""
+    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+    if layout == "bshd":
+        q, k, v = (t.transpose(1, 2) for t in (q, k, v))
+    B, H, S, D = q.shape
+    T, Hc, W = canvas
+    V = T * Hc * W
+    tl = S - V if text_len is None else text_len
+    grid = [math.ceil(c / t) for c, t in zip(canvas, tile)]
+    dev = q.device
+    wins = torch.tensor([[min(w, g) for w, g in zip(win, grid)] for win in per_head(window, H)],
+                        device=dev)
+    G = torch.tensor(grid, device=dev)
+
+    def coords(i):
+        i = torch.clamp(i, max=V - 1)
+        return [(i // (Hc * W)) // tile[0], ((i // W) % Hc) // tile[1], (i % W) // tile[2]]
+
+    def mask_mod(b, h, qi, ki):
+        qc, kc = coords(qi), coords(ki)
+        inwin = qi >= 0
+        for a in range(3):
+            K = wins[h, a]
+            start = torch.minimum(torch.clamp(qc[a] - K // 2, min=0), G[a] - K)
+            inwin = inwin & (kc[a] >= start) & (kc[a] < start + K)
+        qv, kv = qi < V, ki < V
+        ktext = (ki >= V) & (ki < V + tl)
+        return (qv & kv & inwin) | (qv & ktext) | (~qv & (kv | ktext))
+
+    bm = create_block_mask(mask_mod, B=None, H=H, Q_LEN=S, KV_LEN=S, device=dev)
+    out = flex_attention(q, k, v, block_mask=bm, scale=scale)
+    return out.transpose(1, 2) if layout == "bshd" else out
