@@ -85,6 +85,12 @@ def test_pip_install_offline(tmp_path):
     if subprocess.run([sys.executable, "-m", "pip", "--version"],
                       capture_output=True).returncode != 0:
         pytest.skip("no pip for %s (Debian: python3-pip)" % sys.executable)
+    # setuptools builds wheels with the wheel package, or alone from 70.1 on
+    probe = ("import importlib.util as u, setuptools as s; v = tuple(int(x) for x in "
+             "s.__version__.split('.')[:2]); assert v >= (70, 1) or u.find_spec('wheel')")
+    if subprocess.run([sys.executable, "-c", probe], capture_output=True).returncode != 0:
+        pytest.skip("%s has no setuptools that builds wheels offline (Debian: "
+                    "python3-setuptools, python3-wheel)" % sys.executable)
     src = tmp_path / "src"
     root = os.path.dirname(PKG)
     shutil.copytree(root, src, ignore=shutil.ignore_patterns(
