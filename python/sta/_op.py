@@ -88,6 +88,12 @@ def _spec(canvas, window, tile, text_len, layout, scale, softmax, deterministic)
 def _check_tensors(names, tensors):
     """torch-side checks the core cannot make: type, dtype, device (with index)."""
     q = tensors[0]
+    if isinstance(q, torch.Tensor):
+        dev = q.device
+        if dev.type in ("cpu", "cuda") and all(
+                isinstance(t, torch.Tensor) and t.dtype in _DTYPES and t.dim() == 4 and
+                t.device == dev for t in tensors):
+            return
     for name, t in zip(names, tensors):
         if not isinstance(t, torch.Tensor):
             raise _bad(_E_ARGUMENT, "%s: expected a torch.Tensor, got %s" % (name, type(t).__name__))
@@ -111,16 +117,17 @@ def _bhs(q, layout):
 # ---- calling the library ------------------------------------------------------
 
 _cache = threading.local()
+_specs = {}  # attention()'s arguments -> _spec, eager calls
 
 
 def _desc(spec):
-    """A (cached) sta_attention_desc for spec."""
+    """A pointer to a (cached) sta_attention_desc for spec."""
     descs = getattr(_cache, "descs", None)
     if descs is None:
         descs = _cache.descs = {}
     hit = descs.get(spec)
     if hit is not None:
-        return hit[0]
+        return hit[2]
     canvas, tile, text_len, windows, layout, scale, softmax, det = spec
     d = AttentionDesc()
     d.geom.canvas[:] = canvas
@@ -135,65 +142,63 @@ def _desc(spec):
     d.deterministic = det
     if len(descs) >= 256:
         descs.clear()
-    descs[spec] = (d, arr)
-    return d
+    ref = C.byref(d)
+    descs[spec] = (d, arr, ref)
+    return ref
 
 
-class _Wrapped:
-    """sta tensor handles over torch tensors (None stays NULL), released on exit."""
+def _wrap(lib, t):
+    h = C.c_void_p()
+    nd = t.dim()
+    rc = lib.sta_tensor_wrap(C.byref(h), t.data_ptr(), _DTYPES[t.dtype],
+                             STA_CUDA if t.is_cuda else STA_CPU, nd,
+                             (C.c_int64 * nd)(*t.shape), (C.c_int64 * nd)(*t.stride()))
+    if rc:
+        raise lib.error(rc)
+    return h
 
-    __slots__ = ("handles", "lib")
 
-    def __init__(self, lib, tensors):
-        self.lib = lib
-        self.handles = []
-        wrap = lib.sta_tensor_wrap
-        try:
-            for t in tensors:
-                if t is None:
-                    self.handles.append(None)
-                    continue
-                h = C.c_void_p()
-                nd = t.dim()
-                rc = wrap(C.byref(h), t.data_ptr(), _DTYPES[t.dtype],
-                          STA_CUDA if t.is_cuda else STA_CPU, nd,
-                          (C.c_int64 * nd)(*t.shape), (C.c_int64 * nd)(*t.stride()))
-                if rc:
-                    raise lib.error(rc)
-                self.handles.append(h)
-        except BaseException:
-            self.close()
-            raise
-
-    def close(self):
-        destroy = self.lib.sta_tensor_destroy
-        for h in self.handles:
-            if h is not None:
-                destroy(h)
-        self.handles = []
-
-    def __enter__(self):
-        return self.handles
-
-    def __exit__(self, *exc):
-        self.close()
+def _handles(lib, tensors):
+    """Handles of tensors from this thread's cache of wraps.  A wrap holds
+    only (address, dtype, device, shape, strides), so a cached one is the
+    same as a fresh one for any tensor with that key: steady loops, where
+    torch's allocator hands out the same blocks, wrap nothing."""
+    cache = getattr(_cache, "wraps", None)
+    if cache is None:
+        cache = _cache.wraps = {}
+    if len(cache) + len(tensors) > 64:  # evicted before: this call's handles stay valid
+        for old in cache.values():
+            lib.sta_tensor_destroy(old)
+        cache.clear()
+    hs = []
+    for t in tensors:
+        if t is None:
+            hs.append(None)
+            continue
+        key = (t.data_ptr(), t.dtype, t.device, t.shape, t.stride())
+        h = cache.get(key)
+        if h is None:
+            h = cache[key] = _wrap(lib, t)
+        hs.append(h)
+    return hs
 
 
 def _call(fn, desc, tensors, device):
-    """fn(desc, *handles of tensors) on device's current stream; raises on error."""
+    """fn(desc, *handles of tensors) on device's current stream; raises on error.
+    desc: a pointer from _desc."""
     L = _capi.lib()
-    with _Wrapped(L, tensors) as hs:
-        if device.type == "cuda":
-            idx = device.index if device.index is not None else torch.cuda.current_device()
-            if idx != torch.cuda.current_device():
-                with torch.cuda.device(idx):
-                    L.sta_cuda_set_stream(torch.cuda.current_stream(idx).cuda_stream)
-                    rc = fn(C.byref(desc), *hs)
-            else:
+    hs = _handles(L, tensors)
+    if device.type == "cuda":
+        idx = device.index if device.index is not None else torch.cuda.current_device()
+        if idx != torch.cuda.current_device():
+            with torch.cuda.device(idx):
                 L.sta_cuda_set_stream(torch.cuda.current_stream(idx).cuda_stream)
-                rc = fn(C.byref(desc), *hs)
+                rc = fn(desc, *hs)
         else:
-            rc = fn(C.byref(desc), *hs)
+            L.sta_cuda_set_stream(torch.cuda.current_stream(idx).cuda_stream)
+            rc = fn(desc, *hs)
+    else:
+        rc = fn(desc, *hs)
     if rc:
         raise L.error(rc)
 
@@ -201,12 +206,9 @@ def _call(fn, desc, tensors, device):
 def _forward(q, k, v, spec, compute_lse):
     """out (and lse, else an empty tensor) = STA(q, k, v), allocated by torch."""
     out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
-    if compute_lse:
-        lse = torch.empty(_bhs(q, spec[4]), dtype=torch.float32, device=q.device)
-    else:
-        lse = torch.empty(0, dtype=torch.float32, device=q.device)
-    _call(_capi.lib().sta_attention_forward, _desc(spec),
-          (q, k, v, out, lse if compute_lse else None), q.device)
+    lse = torch.empty(_bhs(q, spec[4]), dtype=torch.float32, device=q.device) \
+        if compute_lse else None
+    _call(_capi.lib().sta_attention_forward, _desc(spec), (q, k, v, out, lse), q.device)
     return out, lse
 
 
@@ -266,7 +268,8 @@ if CUSTOM_OP:
                       scale: float, softmax: int, deterministic: bool, compute_lse: bool,
                       return_lse: bool) -> Tuple[torch.Tensor, torch.Tensor]:
         spec = _unspec(canvas, tile, text_len, windows, layout, scale, softmax, deterministic)
-        return _forward(q, k, v, spec, compute_lse)
+        out, lse = _forward(q, k, v, spec, compute_lse)
+        return out, lse if lse is not None else q.new_empty(0, dtype=torch.float32)
 
     @_attention_op.register_fake
     def _attention_fake(q, k, v, canvas, tile, text_len, windows, layout, scale, softmax,
@@ -360,10 +363,23 @@ def attention(q, k, v, *, canvas, window, tile=(6, 8, 8), text_len=None, layout=
     subclasses with sta's exact message.
     """
     _check_tensors(("q", "k", "v"), (q, k, v))
-    spec = _spec(canvas, window, tile, text_len, layout, scale, softmax, deterministic)
+    compiling = _compiling()
+    spec = None
+    if not compiling:  # eager: the normalised arguments from a cache
+        key = (canvas, window, tile, text_len, layout, scale, softmax, deterministic)
+        try:
+            spec = _specs.get(key)
+        except TypeError:  # unhashable (lists): parsed every call
+            key = None
+    if spec is None:
+        spec = _spec(canvas, window, tile, text_len, layout, scale, softmax, deterministic)
+        if not compiling and key is not None:
+            if len(_specs) >= 256:
+                _specs.clear()
+            _specs[key] = spec
     need_grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or
                                              v.requires_grad)
-    if CUSTOM_OP and (need_grad or _compiling() or type(q) not in _PLAIN or
+    if CUSTOM_OP and (need_grad or compiling or type(q) not in _PLAIN or
                       type(k) not in _PLAIN or type(v) not in _PLAIN):
         canvas_, tile_, text_len_, windows, lay, scale_, sm, det = spec
         out, lse = torch.ops.sta.attention(q, k, v, list(canvas_), list(tile_), text_len_,

@@ -68,9 +68,9 @@ def tiled_order(canvas, tile=TILE, text_rows=0):
                    "(float32 exact up to 2^24)" % s)
     rows = torch.arange(1, s + 1, dtype=torch.float32).view(1, s, 1, 1)
     tiled = torch.empty((1, n, 1, 1), dtype=torch.float32)
-    from ._op import _Wrapped
-    with _Wrapped(L, (tiled, rows)) as (ht, hr):
-        L.check(L.sta_tensor_tile(ht, hr, C.byref(g), STA_BSHD))
+    from ._op import _handles
+    ht, hr = _handles(L, (tiled, rows))
+    L.check(L.sta_tensor_tile(ht, hr, C.byref(g), STA_BSHD))
     src = tiled.view(n).to(torch.int64) - 1
     if len(_orders) >= 64:
         _orders.clear()

@@ -469,17 +469,17 @@ def _layer_call(layer, fn, tensors, context=None):
     """fn(layer, *tensors) on the tensors' current stream; context: (step,
     metadata handle, batch handle) to push around the call."""
     import torch
-    from ._op import _Wrapped
+    from ._op import _handles
     L = _L()
-    with torch.no_grad(), _Wrapped(L, tensors) as hs:
-        if tensors[0].is_cuda:
-            L.sta_cuda_set_stream(torch.cuda.current_stream(tensors[0].device).cuda_stream)
-        pushed = _new(L.sta_context_push, *context) if context is not None else None
-        try:
-            rc = getattr(L, fn)(layer.handle, *hs)
-        finally:
-            if pushed is not None:
-                L.sta_context_pop(pushed)
+    hs = _handles(L, tensors)
+    if tensors[0].is_cuda:
+        L.sta_cuda_set_stream(torch.cuda.current_stream(tensors[0].device).cuda_stream)
+    pushed = _new(L.sta_context_push, *context) if context is not None else None
+    try:
+        rc = getattr(L, fn)(layer.handle, *hs)
+    finally:
+        if pushed is not None:
+            L.sta_context_pop(pushed)
     if rc:
         raise L.error(rc)
 

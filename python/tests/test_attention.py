@@ -133,3 +133,22 @@ def test_backends_and_threads():
         sta.set_num_threads(0)
     assert sta.get_num_threads() == n
     assert sta.version() == sta.__version__
+
+
+def test_wrap_cache_overflow_mid_call(gen):
+    # the cache of wraps fills up during a call: the call's own handles stay valid
+    from sta import _capi, _op
+    lib = _capi.lib()
+    g = dict(canvas=(4, 8, 8), tile=(2, 4, 4), window=(1, 3, 1), text_len=None,
+             S=4 * 8 * 8 + 2, heads=2, D=8)
+    for fill in range(58, 66):
+        _op._handles(lib, [])  # the thread's cache exists
+        for h in _op._cache.wraps.values():
+            lib.sta_tensor_destroy(h)
+        _op._cache.wraps.clear()
+        keep = [randn((1, 1, 1, 1 + i), gen) for i in range(fill)]
+        _op._handles(lib, keep)
+        q, k, v = make_qkv(g, gen)
+        out, lse = sta.attention(q, k, v, return_lse=True, **kwargs(g))
+        ref, ref_lse = sta.reference(q, k, v, return_lse=True, **kwargs(g))
+        assert rel_err(out, ref) < 1e-5 and (lse - ref_lse).abs().max() < 1e-4, fill
