@@ -229,14 +229,14 @@ def _backward(q, k, v, out, lse, dout, dlse, spec):
         # d lse_i / d s_ij = P_ij adds P_ij * dlse_i to dS_ij.  The backward
         # computes dS_ij = P_ij (dout_i . v_j - dout_i . out_i): with v' = 0,
         # out' = -e_0 and dout' = dlse_i e_0 that is exactly P_ij dlse_i.
-        D = q.shape[-1]
-        e0 = torch.zeros(D, dtype=q.dtype, device=q.device)
-        e0[0] = 1
+        # (materialised, not stride-0 views: every kernel path takes them)
         g = dlse.to(q.dtype)  # [B, heads, S]
         g = g.transpose(1, 2) if spec[4] == STA_BSHD else g
-        dout2 = g.unsqueeze(-1) * e0
-        zero = torch.zeros(D, dtype=q.dtype, device=q.device).expand(q.shape)
-        neg_e0 = (-e0).expand(q.shape)
+        dout2 = torch.zeros(q.shape, dtype=q.dtype, device=q.device)
+        dout2[..., 0] = g
+        zero = torch.zeros(q.shape, dtype=q.dtype, device=q.device)
+        neg_e0 = torch.zeros(q.shape, dtype=q.dtype, device=q.device)
+        neg_e0[..., 0] = -1
         dq2 = torch.empty_like(dq)
         dk2 = torch.empty_like(dk)
         dv2 = torch.empty_like(dv)
