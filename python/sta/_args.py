@@ -20,7 +20,8 @@ def _is_int(i):
 
 def _triple(x, name, code=_E_WINDOW):
     """3 ints from a sequence or a "TxHxW" string."""
-    if type(x) in (tuple, list) and len(x) == 3 and all(type(i) is int for i in x):
+    if type(x) in (tuple, list) and len(x) == 3 and type(x[0]) is int and \
+            type(x[1]) is int and type(x[2]) is int:
         return tuple(x)  # the common case, plain for torch.compile's tracer
     if isinstance(x, str):
         try:

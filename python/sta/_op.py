@@ -51,7 +51,7 @@ def _windows(window):
     except TypeError:
         raise _bad(_E_WINDOW, "window: expected 3 integers or a list of them (one per "
                    "head), got %r" % (window,)) from None
-    if items and all(_is_int(i) for i in items):
+    if items and _is_int(items[0]):  # one window (else _triple names the bad part)
         return _triple(items, "window")
     if not items:
         raise _bad(_E_WINDOW, "window: expected 3 integers or a list of them (one per head), "
@@ -88,12 +88,12 @@ def _spec(canvas, window, tile, text_len, layout, scale, softmax, deterministic)
 def _check_tensors(names, tensors):
     """torch-side checks the core cannot make: type, dtype, device (with index)."""
     q = tensors[0]
-    if isinstance(q, torch.Tensor):
-        dev = q.device
-        if dev.type in ("cpu", "cuda") and all(
-                isinstance(t, torch.Tensor) and t.dtype in _DTYPES and t.dim() == 4 and
-                t.device == dev for t in tensors):
-            return
+    ok = isinstance(q, torch.Tensor) and q.device.type in ("cpu", "cuda")
+    for t in tensors:  # the common case in one pass (a plain loop: torch.compile traces it)
+        ok = ok and isinstance(t, torch.Tensor) and t.dtype in _DTYPES and t.dim() == 4 and \
+            t.device == q.device
+    if ok:
+        return
     for name, t in zip(names, tensors):
         if not isinstance(t, torch.Tensor):
             raise _bad(_E_ARGUMENT, "%s: expected a torch.Tensor, got %s" % (name, type(t).__name__))
