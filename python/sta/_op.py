@@ -1,9 +1,10 @@
 """sta.attention on torch tensors: the forward, the backward and autograd.
 
-Torch tensors are handed to libsta in place: each call wraps their memory
-(sta_tensor_wrap with torch's strides) for the duration of the call, so
+Torch tensors are handed to libsta in place: their memory is wrapped
+(sta_tensor_wrap with torch's strides; the wraps are cached per thread), so
 strided views cost no copy.  Outputs (out, lse, dq, dk, dv) are allocated by
-torch.  CUDA work runs on torch's current stream of the tensors' device.
+torch.  CUDA work runs on torch's current stream of the tensors' device
+(sta_cuda_set_stream, left set for the calling thread).
 
 With torch >= 2.4 the op is registered as torch.ops.sta.attention (and
 torch.ops.sta.attention_backward), with fake implementations and registered
@@ -12,6 +13,7 @@ that need no gradient skip the dispatcher and call the library directly.
 Older torch (Debian 12's 1.13) gets a torch.autograd.Function.
 """
 import ctypes as C
+import numbers
 import threading
 
 import torch
@@ -27,6 +29,7 @@ _DTYPES = {torch.float32: STA_F32, torch.float16: STA_F16, torch.bfloat16: STA_B
 _LAYOUTS = {"bshd": STA_BSHD, "bhsd": STA_BHSD}
 _SOFTMAX = {"exact": STA_SOFTMAX_EXACT, "fast": STA_SOFTMAX_FAST}
 _PLAIN = (torch.Tensor, torch.nn.Parameter)
+
 
 def _version_at_least(major, minor):
     try:
@@ -69,7 +72,7 @@ def _spec(canvas, window, tile, text_len, layout, scale, softmax, deterministic)
     windows = _windows(window)
     if text_len is None:
         text_len = -1
-    elif not isinstance(text_len, int) or isinstance(text_len, bool) or text_len < 0:
+    elif not _is_int(text_len) or text_len < 0:
         raise _bad(_E_ARGUMENT, "text_len: expected a non-negative integer or None, got %r"
                    % (text_len,))
     lay = _LAYOUTS.get(layout) if isinstance(layout, str) else None
@@ -77,7 +80,7 @@ def _spec(canvas, window, tile, text_len, layout, scale, softmax, deterministic)
         raise _bad(_E_ARGUMENT, "layout: expected \"bshd\" or \"bhsd\", got %r" % (layout,))
     if scale is None:
         scale = 0.0
-    elif isinstance(scale, bool) or not isinstance(scale, (int, float)) or not scale > 0:
+    elif isinstance(scale, bool) or not isinstance(scale, numbers.Real) or not scale > 0:
         raise _bad(_E_ARGUMENT, "scale: expected a positive number or None, got %r" % (scale,))
     sm = _SOFTMAX.get(softmax) if isinstance(softmax, str) else None
     if sm is None:
@@ -183,24 +186,27 @@ def _handles(lib, tensors):
     return hs
 
 
-def _call(fn, desc, tensors, device):
-    """fn(desc, *handles of tensors) on device's current stream; raises on error.
-    desc: a pointer from _desc."""
+def _run(device, call):
+    """call() (a libsta call returning a status) with sta's stream set to
+    torch's current stream of device, under that device's guard; raises the
+    status's exception."""
     L = _capi.lib()
-    hs = _handles(L, tensors)
     if device.type == "cuda":
-        idx = device.index if device.index is not None else torch.cuda.current_device()
-        if idx != torch.cuda.current_device():
+        cur = torch.cuda.current_device()
+        idx = cur if device.index is None else device.index
+        if idx != cur:
             with torch.cuda.device(idx):
-                L.sta_cuda_set_stream(torch.cuda.current_stream(idx).cuda_stream)
-                rc = fn(desc, *hs)
-        else:
-            L.sta_cuda_set_stream(torch.cuda.current_stream(idx).cuda_stream)
-            rc = fn(desc, *hs)
-    else:
-        rc = fn(desc, *hs)
+                return _run(torch.device("cuda", idx), call)
+        L.sta_cuda_set_stream(torch.cuda.current_stream(idx).cuda_stream)
+    rc = call()
     if rc:
         raise L.error(rc)
+
+
+def _call(fn, desc, tensors, device):
+    """fn(desc, *handles of tensors) on device; desc: a pointer from _desc."""
+    hs = _handles(_capi.lib(), tensors)
+    _run(device, lambda: fn(desc, *hs))
 
 
 def _forward(q, k, v, spec, compute_lse):

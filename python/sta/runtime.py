@@ -466,22 +466,22 @@ class Layer(_Handle):
 
 
 def _layer_call(layer, fn, tensors, context=None):
-    """fn(layer, *tensors) on the tensors' current stream; context: (step,
-    metadata handle, batch handle) to push around the call."""
-    import torch
-    from ._op import _handles
+    """fn(layer, *tensors) on the tensors' device; context: (step, metadata
+    handle, batch handle) to push around the call."""
+    from ._op import _handles, _run
     L = _L()
     hs = _handles(L, tensors)
-    if tensors[0].is_cuda:
-        L.sta_cuda_set_stream(torch.cuda.current_stream(tensors[0].device).cuda_stream)
-    pushed = _new(L.sta_context_push, *context) if context is not None else None
-    try:
-        rc = getattr(L, fn)(layer.handle, *hs)
-    finally:
-        if pushed is not None:
-            L.sta_context_pop(pushed)
-    if rc:
-        raise L.error(rc)
+    f = getattr(L, fn)
+
+    def call():
+        pushed = _new(L.sta_context_push, *context) if context is not None else None
+        try:
+            return f(layer.handle, *hs)
+        finally:
+            if pushed is not None:
+                L.sta_context_pop(pushed)
+
+    _run(tensors[0].device, call)
 
 
 _LayerFunction = None
