@@ -40,3 +40,23 @@ def _triple(x, name, code=_E_WINDOW):
     if len(t) != 3:
         raise _bad(code, "%s: expected 3 integers, got %r" % (name, x))
     return t
+
+
+def _text_len(x):
+    """text_len: None (all of S - V) -> -1, else a non-negative int."""
+    if x is None:
+        return -1
+    if not _is_int(x) or x < 0:
+        raise _bad(_E_ARGUMENT, "text_len: expected a non-negative integer or None, got %r"
+                   % (x,))
+    return int(x)
+
+
+_LAYOUTS = {"bshd": 0, "bhsd": 1}  # STA_BSHD, STA_BHSD
+
+
+def _layout(x):
+    lay = _LAYOUTS.get(x) if isinstance(x, str) else None
+    if lay is None:
+        raise _bad(_E_ARGUMENT, "layout: expected \"bshd\" or \"bhsd\", got %r" % (x,))
+    return lay

@@ -19,14 +19,14 @@ import threading
 import torch
 
 from . import _capi
-from ._capi import (AttentionDesc, STA_BF16, STA_BHSD, STA_BSHD, STA_CPU, STA_CUDA,
+from ._capi import (AttentionDesc, STA_BF16, STA_BSHD, STA_CPU, STA_CUDA,
                     STA_F16, STA_F32, STA_SOFTMAX_EXACT, STA_SOFTMAX_FAST)
-from ._args import _E_ARGUMENT, _E_DTYPE, _E_SHAPE, _E_WINDOW, _bad, _is_int, _triple
+from ._args import (_E_ARGUMENT, _E_DTYPE, _E_SHAPE, _E_WINDOW, _bad, _is_int, _layout,
+                    _text_len, _triple)
 
 __all__ = ["attention", "reference", "reference_backward", "CUSTOM_OP"]
 
 _DTYPES = {torch.float32: STA_F32, torch.float16: STA_F16, torch.bfloat16: STA_BF16}
-_LAYOUTS = {"bshd": STA_BSHD, "bhsd": STA_BHSD}
 _SOFTMAX = {"exact": STA_SOFTMAX_EXACT, "fast": STA_SOFTMAX_FAST}
 _PLAIN = (torch.Tensor, torch.nn.Parameter)
 
@@ -70,14 +70,8 @@ def _spec(canvas, window, tile, text_len, layout, scale, softmax, deterministic)
     canvas = _triple(canvas, "canvas")
     tile = _triple(tile, "tile")
     windows = _windows(window)
-    if text_len is None:
-        text_len = -1
-    elif not _is_int(text_len) or text_len < 0:
-        raise _bad(_E_ARGUMENT, "text_len: expected a non-negative integer or None, got %r"
-                   % (text_len,))
-    lay = _LAYOUTS.get(layout) if isinstance(layout, str) else None
-    if lay is None:
-        raise _bad(_E_ARGUMENT, "layout: expected \"bshd\" or \"bhsd\", got %r" % (layout,))
+    text_len = _text_len(text_len)
+    lay = _layout(layout)
     if scale is None:
         scale = 0.0
     elif isinstance(scale, bool) or not isinstance(scale, numbers.Real) or not scale > 0:
@@ -85,7 +79,7 @@ def _spec(canvas, window, tile, text_len, layout, scale, softmax, deterministic)
     sm = _SOFTMAX.get(softmax) if isinstance(softmax, str) else None
     if sm is None:
         raise _bad(_E_ARGUMENT, "softmax: expected \"exact\" or \"fast\", got %r" % (softmax,))
-    return (canvas, tile, int(text_len), windows, lay, float(scale), sm, int(bool(deterministic)))
+    return (canvas, tile, text_len, windows, lay, float(scale), sm, int(bool(deterministic)))
 
 
 def _check_tensors(names, tensors):

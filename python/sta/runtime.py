@@ -21,7 +21,7 @@ import os
 import threading
 
 from . import _capi
-from ._args import _E_ARGUMENT, _bad, _triple
+from ._args import _E_ARGUMENT, _bad, _layout, _text_len, _triple
 from ._capi import LayerDesc, TuneReport, ints
 from .errors import StateError
 
@@ -405,20 +405,17 @@ class Layer(_Handle):
     def __init__(self, *, heads, head_dim, prefix=None, layer=0, canvas=None,
                  tile=(6, 8, 8), text_len=None, layout="bshd", device="cpu", scale=None,
                  strategy=None, sp_rank=0, sp_size=1):
-        from ._op import _LAYOUTS, _spec
         d = LayerDesc()
         self._prefix = _path(prefix, "prefix") if prefix is not None else None
         d.prefix = self._prefix
         d.layer_index = layer
         d.local_heads, d.head_dim = heads, head_dim
         d.sp_rank, d.sp_size = sp_rank, sp_size
-        if canvas is not None:
-            spec = _spec(canvas, (1, 1, 1), tile, text_len, layout, scale, "exact", False)
-            d.geom.canvas[:], d.geom.tile[:], d.geom.text_len = spec[0], spec[1], spec[2]
-        lay = _LAYOUTS.get(layout) if isinstance(layout, str) else None
-        if lay is None:
-            raise _bad(_E_ARGUMENT, "layout: expected \"bshd\" or \"bhsd\", got %r" % (layout,))
-        d.layout = lay
+        if canvas is not None:  # else FastVideo's known canvases by seq_len
+            d.geom.canvas[:] = _triple(canvas, "canvas")
+            d.geom.tile[:] = _triple(tile, "tile")
+            d.geom.text_len = _text_len(text_len)
+        d.layout = _layout(layout)
         if device not in ("cpu", "cuda"):
             raise _bad(_E_ARGUMENT, "device: expected \"cpu\" or \"cuda\", got %r" % (device,))
         d.backend = _capi.STA_CUDA if device == "cuda" else _capi.STA_CPU
