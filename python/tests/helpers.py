@@ -150,3 +150,14 @@ def flex_sta(q, k, v, canvas, window, tile=(6, 8, 8), text_len=None, layout="bsh
     bm = create_block_mask(mask_mod, B=None, H=H, Q_LEN=S, KV_LEN=S, device=dev)
     out = flex_attention(q, k, v, block_mask=bm, scale=scale)
     return out.transpose(1, 2) if layout == "bshd" else out
+
+
+def flush_wraps():
+    """Empty this thread's cache of sta tensor wraps (sta._op._handles), so
+    the next call wraps every tensor again."""
+    from sta import _capi, _op
+    lib = _capi.lib()
+    cache = getattr(_op._cache, "wraps", {})
+    for h in cache.values():
+        lib.sta_tensor_destroy(h)
+    cache.clear()

@@ -4,7 +4,8 @@ import pytest
 import torch
 
 import sta
-from helpers import dense_attention, kwargs, make_qkv, random_geometry, randn, rel_err
+from helpers import (dense_attention, flush_wraps, kwargs, make_qkv, random_geometry, randn,
+                     rel_err)
 
 
 @pytest.mark.parametrize("layout", ["bshd", "bhsd"])
@@ -70,6 +71,7 @@ class WrapSpy:
     """Records the data pointers handed to sta_tensor_wrap."""
 
     def __init__(self, monkeypatch):
+        flush_wraps()  # a cached wrap would not pass through sta_tensor_wrap
         lib = sta._capi.lib()
         self.ptrs = []
         real = lib.sta_tensor_wrap
@@ -142,10 +144,7 @@ def test_wrap_cache_overflow_mid_call(gen):
     g = dict(canvas=(4, 8, 8), tile=(2, 4, 4), window=(1, 3, 1), text_len=None,
              S=4 * 8 * 8 + 2, heads=2, D=8)
     for fill in range(58, 66):
-        _op._handles(lib, [])  # the thread's cache exists
-        for h in _op._cache.wraps.values():
-            lib.sta_tensor_destroy(h)
-        _op._cache.wraps.clear()
+        flush_wraps()
         keep = [randn((1, 1, 1, 1 + i), gen) for i in range(fill)]
         _op._handles(lib, keep)
         q, k, v = make_qkv(g, gen)

@@ -19,7 +19,7 @@ import torch  # noqa: E402
 
 import sta  # noqa: E402
 from sta import _capi  # noqa: E402
-from helpers import dense_attention, flex_sta, random_geometry, rel_err  # noqa: E402
+from helpers import dense_attention, flex_sta, flush_wraps, random_geometry, rel_err  # noqa: E402
 
 try:
     import pytest
@@ -165,6 +165,8 @@ class WrapSpy:
         self.ptrs = []
 
     def __enter__(self):
+        flush_wraps()  # a cached wrap would not pass through sta_tensor_wrap
+
         def spy(out, data, *rest):
             self.ptrs.append(data)
             return self.real(out, data, *rest)
