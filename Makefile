@@ -1,7 +1,7 @@
 # sta -- Sliding Tile Attention runtime.
 #   make            library, CLI, Lua module, C tests (and CUDA kernels when
 #                   nvcc is on the PATH)
-#   make test       every CPU test: C (cmocka) and Lua (busted)
+#   make test       every CPU test: C (cmocka), Lua (busted), Python (pytest)
 #   make test-gpu   GPU tests on a machine with a CUDA device
 #   make bench      CPU benchmark (bench-gpu: the GPU one)
 #   make sanitize   the CPU suite under ASan + UBSan
@@ -19,6 +19,7 @@ LUA_VERSION ?= 5.4
 LUA_INCDIR ?= $(shell $(PKG_CONFIG) --cflags-only-I lua5.4 2>/dev/null | sed 's/^-I//;s/ .*//')
 LUA_LIBDIR ?= $(PREFIX)/lib/lua/$(LUA_VERSION)
 LUA_SHAREDIR ?= $(PREFIX)/share/lua/$(LUA_VERSION)
+PYTHON_SITEDIR ?= $(PREFIX)/lib/python3/dist-packages
 CJSON_CFLAGS ?= $(shell $(PKG_CONFIG) --cflags libcjson 2>/dev/null || echo -I/usr/include/cjson)
 CJSON_LIBS ?= -lcjson
 BLAS_CFLAGS ?= $(shell $(PKG_CONFIG) --cflags openblas 2>/dev/null)
@@ -54,7 +55,7 @@ TOOLS      = $(BUILD)/sta-run
 BENCH_SRC  = $(sort $(wildcard bench/*.c))
 BENCH_BIN  = $(BENCH_SRC:bench/%.c=$(BUILD)/bench/%)
 
-.PHONY: all lib deps tests test test-c test-lua test-gpu bench bench-gpu \
+.PHONY: all lib deps tests test test-c test-lua test-python test-gpu bench bench-gpu \
         sanitize fuzz valgrind repl example install clean
 all: lib $(TOOLS) $(if $(LUA_CSRC),$(LUA_MOD)) $(TEST_BIN) $(BENCH_BIN)
 lib: $(BUILD)/libsta.a $(BUILD)/libsta.so
@@ -108,6 +109,10 @@ test-lua: deps
 	@$(MAKE) --no-print-directory all >/dev/null
 	@BUILD=$(BUILD) LUA=$(LUA) STA_TESTS=lua scripts/run-tests
 
+test-python: deps
+	@$(MAKE) --no-print-directory lib >/dev/null
+	@BUILD=$(BUILD) STA_TESTS=python scripts/run-tests
+
 test-gpu: all
 	@BUILD=$(BUILD) scripts/test-gpu
 
@@ -143,6 +148,8 @@ install: all
 	if [ -f $(LUA_MOD) ]; then install -m 755 $(LUA_MOD) $(DESTDIR)$(LUA_LIBDIR)/sta/; fi
 	if [ -d lua/sta ]; then install -m 644 lua/sta/*.lua $(DESTDIR)$(LUA_SHAREDIR)/sta/; fi
 	if [ -f lua/sta.lua ]; then install -m 644 lua/sta.lua $(DESTDIR)$(LUA_SHAREDIR)/; fi
+	install -d $(DESTDIR)$(PYTHON_SITEDIR)/sta
+	install -m 644 python/sta/*.py $(DESTDIR)$(PYTHON_SITEDIR)/sta/
 
 clean:
 	rm -rf $(BUILD)
