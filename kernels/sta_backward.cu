@@ -149,8 +149,8 @@ __device__ __forceinline__ void bulk_reduce_add(float *dst, const float *src, in
       "cp.async.bulk.commit_group;\n" ::"l"(dst), "r"(smem_u32(src)), "r"(bytes)
       : "memory");
 }
-__device__ __forceinline__ void bulk_wait_read() {
-  asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory");
+__device__ __forceinline__ void bulk_wait_read1() {
+  asm volatile("cp.async.bulk.wait_group.read 1;\n" ::: "memory");
 }
 __device__ __forceinline__ void bulk_wait() {
   asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory");
@@ -350,8 +350,8 @@ template <int D> struct Smem {
   static constexpr int Q = V + BK * D * 2;             /* [STAGES][BQ][D] */
   static constexpr int DO = Q + STAGES * BQ * D * 2;   /* [STAGES][BQ][D] */
   static constexpr int DS = DO + STAGES * BQ * D * 2;  /* [2][BK][BQ] */
-  static constexpr int DQ = DS + 2 * BK * BQ * 2;      /* [2 warpgroups][64][64] f32 */
-  static constexpr int LSE = DQ + 2 * 64 * 64 * 4;     /* [STAGES][BQ] */
+  static constexpr int DQ = DS + 2 * BK * BQ * 2;      /* [2 warpgroups][2][64][64] f32 */
+  static constexpr int LSE = DQ + 4 * 64 * 64 * 4;     /* [STAGES][BQ] */
   static constexpr int DD = LSE + STAGES * BQ * 4;     /* [STAGES][BQ] */
   static constexpr int BAR = DD + STAGES * BQ * 4;     /* full[STAGES], empty[STAGES] */
   static constexpr int KROW = BAR + 2 * STAGES * 8;    /* [BK] */
@@ -510,7 +510,6 @@ __global__ void __launch_bounds__(NTH, 1) sta_bwd_kernel(const __grid_constant__
   ** 128 keys) or K's rows of this warpgroup (D 64: all of D over its own 64
   ** keys; the two partial sums add in the accumulator) */
   const uint32_t dKq = D == 128 ? sdesc_lo(sK + wg * BK * 64, 16) : sdesc_lo(sK + wg * 64 * 64, 16);
-  float *sdq = sdQ + wg * 64 * 64;
   float dk[D / 2], dv[D / 2];
 #pragma unroll
   for (int e = 0; e < D / 2; e++) dk[e] = dv[e] = 0.f;
@@ -523,6 +522,8 @@ __global__ void __launch_bounds__(NTH, 1) sta_bwd_kernel(const __grid_constant__
 
     const uint32_t dQs = sdesc_lo(sQ + st * BQ * D, 16), dOs = sdesc_lo(sdO + st * BQ * D, 16);
     float s[BQ / 2], dp[BQ / 2];
+    /* S^T and dP^T in two groups: P is computed while dP^T is still on the
+    ** tensor cores */
     sta_wgmma::fence();
 #pragma unroll
     for (int ks = 0; ks < D / 16; ks++) {
@@ -530,6 +531,7 @@ __global__ void __launch_bounds__(NTH, 1) sta_bwd_kernel(const __grid_constant__
       uint32_t qo = (uint32_t)((((ks >> 2) * BQ * 128) + (ks & 3) * 32) >> 4);
       Ops<T, D>::ss64(s, sdesc(dK0 + ko), sdesc(dQs + qo), ks > 0);
     }
+    sta_wgmma::commit();
 #pragma unroll
     for (int ks = 0; ks < D / 16; ks++) {
       uint32_t ko = (uint32_t)((((ks >> 2) * BK * 128) + (ks & 3) * 32) >> 4);
@@ -537,12 +539,11 @@ __global__ void __launch_bounds__(NTH, 1) sta_bwd_kernel(const __grid_constant__
       Ops<T, D>::ss64(dp, sdesc(dV0 + ko), sdesc(dOs + qo), ks > 0);
     }
     sta_wgmma::commit();
-    sta_wgmma::wait<0>();
+    sta_wgmma::wait<1>();
     sta_wgmma::pin<BQ / 2>(s);
-    sta_wgmma::pin<BQ / 2>(dp);
 
-    /* P^T and dS^T (rows keys, columns queries c = 8j + 2(lane&3) + e),
-    ** packed into A fragments 16 queries at a time */
+    /* P^T (rows keys, columns queries c = 8j + 2(lane&3) + e), packed into
+    ** A fragments 16 queries at a time; then dS^T = P^T (dP^T - D) */
     const float *ls = slse + st * BQ, *ds = sdd + st * BQ;
     uint32_t pa[BQ / 16][4], da[BQ / 16][4];
 #pragma unroll
@@ -552,31 +553,32 @@ __global__ void __launch_bounds__(NTH, 1) sta_bwd_kernel(const __grid_constant__
 #pragma unroll
         for (int e = 0; e < 2; e++) {
           const int j = 2 * kk + jj, c = 8 * j + 2 * (lane & 3) + e;
-          const float l2 = ls[c], di = ds[c];
+          const float l2 = ls[c];
+#pragma unroll
+          for (int hr = 0; hr < 2; hr++) s[4 * j + 2 * hr + e] = ex2(fmaf(s[4 * j + 2 * hr + e], sl2, -l2));
+        }
+#pragma unroll
+      for (int i = 0; i < 4; i++) pa[kk][i] = pack2<T>(s[8 * kk + 2 * i], s[8 * kk + 2 * i + 1]);
+    }
+    sta_wgmma::wait<0>();
+    sta_wgmma::pin<BQ / 2>(dp);
+#pragma unroll
+    for (int kk = 0; kk < BQ / 16; kk++) {
+#pragma unroll
+      for (int jj = 0; jj < 2; jj++)
+#pragma unroll
+        for (int e = 0; e < 2; e++) {
+          const int j = 2 * kk + jj, c = 8 * j + 2 * (lane & 3) + e;
+          const float di = ds[c];
 #pragma unroll
           for (int hr = 0; hr < 2; hr++) {
             const int x = 4 * j + 2 * hr + e;
-            const float p = ex2(fmaf(s[x], sl2, -l2));
-            s[x] = p;
-            dp[x] = p * (dp[x] - di);
+            dp[x] = s[x] * (dp[x] - di);
           }
         }
 #pragma unroll
-      for (int i = 0; i < 4; i++) {
-        pa[kk][i] = pack2<T>(s[8 * kk + 2 * i], s[8 * kk + 2 * i + 1]);
-        da[kk][i] = pack2<T>(dp[8 * kk + 2 * i], dp[8 * kk + 2 * i + 1]);
-      }
+      for (int i = 0; i < 4; i++) da[kk][i] = pack2<T>(dp[8 * kk + 2 * i], dp[8 * kk + 2 * i + 1]);
     }
-    /* dV += P^T dO, dK += dS^T Q (dO and Q as MN-major B) */
-    const uint32_t dOt = sdesc_lo(sdO + st * BQ * D, BQ * 128), dQt = sdesc_lo(sQ + st * BQ * D, BQ * 128);
-    sta_wgmma::fence();
-#pragma unroll
-    for (int kk = 0; kk < BQ / 16; kk++)
-      Ops<T, D>::rsD(dv, pa[kk], sdesc(dOt + (uint32_t)((kk * 16 * 128) >> 4)));
-#pragma unroll
-    for (int kk = 0; kk < BQ / 16; kk++)
-      Ops<T, D>::rsD(dk, da[kk], sdesc(dQt + (uint32_t)((kk * 16 * 128) >> 4)));
-    sta_wgmma::commit();
 
     /* dS^T into shared memory (row = key, column = query); the buffer
     ** alternates, and both warpgroups pass the barrier below every block,
@@ -590,31 +592,39 @@ __global__ void __launch_bounds__(NTH, 1) sta_bwd_kernel(const __grid_constant__
         const int r = wg * 64 + wq * 16 + (lane >> 2) + 8 * hr, c = 8 * j + 2 * (lane & 3);
         *reinterpret_cast<uint32_t *>(sds + swz(r, c >> 3, BK) + (c & 7)) = da[kk][i];
       }
+    /* dV += P^T dO (dO as MN-major B), under the barrier */
+    const uint32_t dOt = sdesc_lo(sdO + st * BQ * D, BQ * 128), dQt = sdesc_lo(sQ + st * BQ * D, BQ * 128);
+    sta_wgmma::fence();
+#pragma unroll
+    for (int kk = 0; kk < BQ / 16; kk++)
+      Ops<T, D>::rsD(dv, pa[kk], sdesc(dOt + (uint32_t)((kk * 16 * 128) >> 4)));
+    sta_wgmma::commit();
     fence_proxy_async();
     bar_named(1, CTH); /* dQ reads both warpgroups' dS^T (D 128) */
 
+    /* dQ (queries x 64 columns), then dK += dS^T Q: dQ goes to shared
+    ** memory while dK is still on the tensor cores */
     float dq[32];
     const uint32_t dSt = sdesc_lo(D == 128 ? sds : sds + wg * 64 * 64, 16);
     constexpr int KQ = D == 128 ? BK / 16 : 4;
-    sta_wgmma::fence();
 #pragma unroll
     for (int kk = 0; kk < KQ; kk++)
       Ops<T, D>::ss64tt(dq, sdesc(dSt + (uint32_t)((kk * 16 * 128) >> 4)),
                         sdesc(dKq + (uint32_t)((kk * 16 * 128) >> 4)), kk > 0);
     sta_wgmma::commit();
-    sta_wgmma::wait<0>();
+#pragma unroll
+    for (int kk = 0; kk < BQ / 16; kk++)
+      Ops<T, D>::rsD(dk, da[kk], sdesc(dQt + (uint32_t)((kk * 16 * 128) >> 4)));
+    sta_wgmma::commit();
+    sta_wgmma::wait<1>();
     sta_wgmma::pin<D / 2>(dv);
-    sta_wgmma::pin<D / 2>(dk);
     sta_wgmma::pin<32>(dq);
     sta_wgmma::pin_r<BQ / 4>(&pa[0][0]);
-    sta_wgmma::pin_r<BQ / 4>(&da[0][0]);
-    mbar_arrive(&empty[st]); /* Q, dO, LSE, D of this stage read */
 
-    /* dQ: this warpgroup's 64 x 64 block into shared memory (once the bulk
-    ** reduce of the last block has read it), then one bulk add into the
-    ** accumulator */
-    if ((tid & 127) == 0) bulk_wait_read();
-    bar_named(2 + wg, 128);
+    /* this warpgroup's 64 x 64 dQ block into its buffer of two (the bulk
+    ** reduce of two blocks ago has read it: its issuer waited for that
+    ** before the barrier above), then one bulk add into the accumulator */
+    float *sdq = sdQ + (wg * 2 + (it & 1)) * 64 * 64;
 #pragma unroll
     for (int hr = 0; hr < 2; hr++) {
       const int r = wq * 16 + (lane >> 2) + 8 * hr;
@@ -628,7 +638,12 @@ __global__ void __launch_bounds__(NTH, 1) sta_bwd_kernel(const __grid_constant__
     if ((tid & 127) == 0) {
       float *dst = a.dqacc + ((bh * a.nqb + slot) * (D / 64) + (D == 128 ? wg : 0)) * 64 * 64;
       bulk_reduce_add(dst, sdq, 64 * 64 * 4);
+      bulk_wait_read1(); /* the one before has read its buffer */
     }
+    sta_wgmma::wait<0>();
+    sta_wgmma::pin<D / 2>(dk);
+    sta_wgmma::pin_r<BQ / 4>(&da[0][0]);
+    mbar_arrive(&empty[st]); /* Q, dO, LSE, D of this stage read */
   }
   if ((tid & 127) == 0) bulk_wait();
 
