@@ -30,6 +30,11 @@
 **      async.bulk) per warpgroup and block; dK (times the scale) and dV are
 **      stored once at the end;
 **   3. post: dq = scale * the accumulator, in the inputs' dtype and layout.
+** Deterministic mode: the key blocks add into each dQ block in a fixed
+** order (text key blocks, then the window's video key blocks in tile
+** order: launch order, so a CTA only ever waits for earlier ones), each
+** waiting for its turn on a per-block counter and waiting for its add to
+** land before passing the turn on.
 ** Rows outside the canvas or past a partial tile are zero-filled: a zero Q,
 ** dO or K row adds nothing to any gradient, so no mask is needed.
 */
@@ -64,6 +69,7 @@ struct BwdArgs {
   const void *q, *k, *v, *dout;
   void *dk, *dv;
   float *dqacc;      /* [B][H][nqb][D / 64][64][64] (swizzled columns), zeroed */
+  int *turn;         /* deterministic: [B][H][nqb][D / 64] adds done, zeroed */
   const float *lse2; /* [B][H][nqb][64]: LSE * log2(e) */
   const float *dd;   /* [B][H][nqb][64]: D_i */
   int64_t q_sb, q_ss, q_sh, k_sb, k_ss, k_sh, v_sb, v_ss, v_sh, do_sb, do_ss, do_sh;
@@ -154,6 +160,15 @@ __device__ __forceinline__ void bulk_wait_read1() {
 }
 __device__ __forceinline__ void bulk_wait() {
   asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory");
+}
+
+__device__ __forceinline__ int ld_acquire(const int *p) {
+  int v;
+  asm volatile("ld.acquire.gpu.global.b32 %0, [%1];\n" : "=r"(v) : "l"(p) : "memory");
+  return v;
+}
+__device__ __forceinline__ void st_release(int *p, int v) {
+  asm volatile("st.release.gpu.global.b32 [%0], %1;\n" ::"l"(p), "r"(v) : "memory");
 }
 
 template <typename T> __device__ __forceinline__ uint32_t pack2(float x, float y);
@@ -280,6 +295,37 @@ __device__ __forceinline__ int slot_row(const BwdArgs &a, int s, int r) {
   return tile_row(a, e, blk, r);
 }
 
+/* Deterministic mode: the place of key block kb (of key tile (kt, kh, kw),
+** or of the text keys) among the key blocks that add into query block slot
+** s, in launch order: the text key blocks first, then the non-empty video
+** key blocks of the query tile's window (of every tile for a text query
+** block) in tile order.  A CTA waits only for CTAs launched before it. */
+__device__ __forceinline__ int dq_turn(const BwdArgs &a, const int16_t *win, int kt, int kh,
+                                       int kw, int text, int kb, int s) {
+  if (text) return kb;
+  const int tiles = a.NT * a.NH * a.NW;
+  int lo[3] = {0, 0, 0}, hi[3] = {a.NT - 1, a.NH - 1, a.NW - 1};
+  if (s < tiles * a.qbpt) { /* the query tile's window */
+    const int tl = s / a.qbpt;
+    const int q[3] = {tl / (a.NH * a.NW), (tl / a.NW) % a.NH, tl % a.NW}, c[3] = {a.NT, a.NH, a.NW};
+    for (int i = 0; i < 3; i++) {
+      int x = q[i] - win[i] / 2;
+      x = x < 0 ? 0 : x;
+      lo[i] = x < c[i] - win[i] ? x : c[i] - win[i];
+      hi[i] = lo[i] + win[i] - 1;
+    }
+  }
+  int n = a.n_text_kb; /* key blocks of the window's tiles before (kt, kh, kw) */
+  for (int it = lo[0]; it <= hi[0]; it++)
+    for (int ih = lo[1]; ih <= hi[1]; ih++)
+      for (int iw = lo[2]; iw <= hi[2]; iw++) {
+        if (it == kt && ih == kh && iw == kw) return n + kb;
+        Ext e = tile_ext(a, it, ih, iw);
+        n += (e.et * e.eh * e.ew + BK - 1) / BK;
+      }
+  return n + kb; /* not reached: the key tile is in the window */
+}
+
 /* Query tiles [*lo, *hi] on one axis of c tiles whose window (k, already
 ** min(K, c)) holds key tile kt: contiguous, since the start of a window
 ** never decreases with the query tile. */
@@ -359,7 +405,7 @@ template <int D> struct Smem {
   static constexpr int BYTES = SLOT + (STAGES + 1) * 4 + 1024; /* + alignment */
 };
 
-template <typename T, int D>
+template <typename T, int D, bool DET>
 __global__ void __launch_bounds__(NTH, 1) sta_bwd_kernel(const __grid_constant__ BwdArgs a) {
   extern __shared__ unsigned char smem_raw[];
   unsigned char *base = reinterpret_cast<unsigned char *>(
@@ -636,9 +682,22 @@ __global__ void __launch_bounds__(NTH, 1) sta_bwd_kernel(const __grid_constant__
     fence_proxy_async();
     bar_named(2 + wg, 128);
     if ((tid & 127) == 0) {
-      float *dst = a.dqacc + ((bh * a.nqb + slot) * (D / 64) + (D == 128 ? wg : 0)) * 64 * 64;
-      bulk_reduce_add(dst, sdq, 64 * 64 * 4);
-      bulk_wait_read1(); /* the one before has read its buffer */
+      const int64_t blk = (bh * a.nqb + slot) * (D / 64) + (D == 128 ? wg : 0);
+      float *dst = a.dqacc + blk * 64 * 64;
+      if (DET) {
+        /* every key block adds in a fixed order: wait for this one's turn,
+        ** add, wait for the add to land, pass the turn on */
+        const int turn = dq_turn(a, a.win + 3 * h, kt, khh, kw, text, kb, slot) * (D == 64 ? 2 : 1) +
+                         (D == 64 ? wg : 0);
+        while (ld_acquire(a.turn + blk) != turn) {}
+        bulk_reduce_add(dst, sdq, 64 * 64 * 4);
+        bulk_wait();
+        asm volatile("fence.acq_rel.gpu;\n" ::: "memory");
+        st_release(a.turn + blk, turn + 1);
+      } else {
+        bulk_reduce_add(dst, sdq, 64 * 64 * 4);
+        bulk_wait_read1(); /* the one before has read its buffer */
+      }
     }
     sta_wgmma::wait<0>();
     sta_wgmma::pin<D / 2>(dk);
@@ -737,8 +796,9 @@ __global__ void sta_bwd_post(const __grid_constant__ BwdArgs a, const __grid_con
 template <typename T, int D>
 sta_status run(const sta_attn_params *p, const BwdArgs &x, const RowArgs &ra, cudaStream_t st) {
   const int smem = Smem<D>::BYTES;
-  cudaError_t e = cudaFuncSetAttribute(sta_bwd_kernel<T, D>,
-                                       cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+  void (*kern)(const BwdArgs) = p->deterministic ? sta_bwd_kernel<T, D, true>
+                                                 : sta_bwd_kernel<T, D, false>;
+  cudaError_t e = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
   if (e != cudaSuccess) return sta_cuda_fail(e, "backward: shared memory attribute");
   const unsigned rblocks = (unsigned)((ra.rows + 7) / 8);
   sta_bwd_prep<T, D><<<rblocks, 256, 0, st>>>(x, ra);
@@ -754,7 +814,7 @@ sta_status run(const sta_attn_params *p, const BwdArgs &x, const RowArgs &ra, cu
     return sta_error(STA_ERR_UNSUPPORTED, "backward: %lld key blocks exceed one launch",
                      (long long)items);
   if (items > 0) {
-    sta_bwd_kernel<T, D><<<(unsigned)items, NTH, smem, st>>>(x);
+    kern<<<(unsigned)items, NTH, smem, st>>>(x);
     if ((e = cudaGetLastError()) != cudaSuccess) return sta_cuda_fail(e, "backward: launch");
   }
   sta_bwd_post<T, D><<<rblocks, 256, 0, st>>>(x, ra);
@@ -800,10 +860,6 @@ sta_status sta_cuda_attention_backward(const sta_attn_params *p) {
     return sta_error(STA_ERR_UNSUPPORTED,
                      "backward: seq_len %lld or tile grid %dx%dx%d too large for the CUDA backend",
                      (long long)p->seq_len, p->grid[0], p->grid[1], p->grid[2]);
-  if (p->deterministic)
-    return sta_error(STA_ERR_UNSUPPORTED,
-                     "backward: deterministic mode is not implemented on cuda yet (the CPU "
-                     "backward is always deterministic)");
   if (p->batch == 0 || p->heads == 0 || p->seq_len == 0) return STA_OK;
 
   const size_t al = alignof(BwdArgs);
@@ -863,18 +919,21 @@ sta_status sta_cuda_attention_backward(const sta_attn_params *p) {
   /* workspace, stream-ordered: the f32 dQ accumulator, LSE2 and D */
   cudaStream_t sm = sta_cuda_stream();
   const size_t acc_bytes = sizeof(float) * (size_t)ra.rows * (size_t)p->head_dim;
-  const size_t ws_bytes = acc_bytes + 2 * sizeof(float) * (size_t)ra.rows;
+  const size_t turn_bytes = p->deterministic ? sizeof(int) * (size_t)(ra.rows / BQ) * (size_t)(p->head_dim / 64) : 0;
+  const size_t zero_bytes = acc_bytes + turn_bytes;
+  const size_t ws_bytes = zero_bytes + 2 * sizeof(float) * (size_t)ra.rows;
   void *ws = NULL;
   cudaError_t e = cudaMallocAsync(&ws, ws_bytes, sm);
   sta_status s;
   if (e != cudaSuccess) {
     ws = NULL;
     s = sta_cuda_fail(e, "backward: workspace");
-  } else if ((e = cudaMemsetAsync(ws, 0, acc_bytes, sm)) != cudaSuccess) {
+  } else if ((e = cudaMemsetAsync(ws, 0, zero_bytes, sm)) != cudaSuccess) {
     s = sta_cuda_fail(e, "backward: zeroing the dQ accumulator");
   } else {
     x.dqacc = (float *)ws;
-    x.lse2 = (const float *)((char *)ws + acc_bytes);
+    x.turn = p->deterministic ? (int *)((char *)ws + acc_bytes) : NULL;
+    x.lse2 = (const float *)((char *)ws + zero_bytes);
     x.dd = x.lse2 + ra.rows;
     const int D = (int)p->head_dim;
     if (p->dtype == STA_BF16)

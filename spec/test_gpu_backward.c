@@ -246,6 +246,82 @@ static void test_random_geometries(void **state) {
          worst_rel[1][2]);
 }
 
+/* deterministic = 1: the same gradients bit for bit on every run, and
+** within rounding of the default's (partial default tiles: TMA; odd tiles:
+** the gather; text with padding rows; per-head windows; batch 2). */
+static void det_case(const bcase *c) {
+  char what[320];
+  describe(c, what, sizeof what);
+  sta_attention_desc d;
+  memset(&d, 0, sizeof d);
+  sta_geometry_init(&d.geom, c->canvas[0], c->canvas[1], c->canvas[2]);
+  memcpy(d.geom.tile, c->tile, sizeof c->tile);
+  d.geom.text_len = c->text_len;
+  d.layout = c->layout;
+  d.n_windows = c->n_windows;
+  d.windows = c->windows;
+  const int64_t S = (int64_t)c->canvas[0] * c->canvas[1] * c->canvas[2] + c->text;
+  sta_tensor *t[4], *b[4], *g[3][3], *gb[3][3], *lse = NULL, *o = NULL, *ob = NULL;
+  for (int i = 0; i < 4; i++) {
+    t[i] = make4(&b[i], c->dtype, STA_CUDA, c->layout, 0, c->B, S, c->H, c->D);
+    sta_tensor *h = NULL, *hb = NULL;
+    h = make4(&hb, c->dtype, STA_CPU, c->layout, 0, c->B, S, c->H, c->D);
+    assert_int_equal(sta_tensor_randn(h, c->seed * 7 + (uint64_t)i, 0.0, 1.0), STA_OK);
+    assert_int_equal(sta_tensor_copy(t[i], h), STA_OK);
+    sta_tensor_destroy(h);
+    sta_tensor_destroy(hb);
+  }
+  o = make4(&ob, c->dtype, STA_CUDA, c->layout, 0, c->B, S, c->H, c->D);
+  int64_t ls[3] = {c->B, c->H, S};
+  assert_int_equal(sta_tensor_create(&lse, STA_F32, STA_CUDA, 3, ls), STA_OK);
+  assert_int_equal(sta_attention_forward(&d, t[0], t[1], t[2], o, lse), STA_OK);
+  for (int run = 0; run < 3; run++) { /* runs 0, 1 deterministic; 2 the default */
+    d.deterministic = run < 2;
+    for (int i = 0; i < 3; i++) {
+      g[run][i] = make4(&gb[run][i], c->dtype, STA_CUDA, c->layout, 0, c->B, S, c->H, c->D);
+      assert_int_equal(sta_tensor_fill(gb[run][i], NAN), STA_OK);
+    }
+    sta_status rc = sta_attention_backward(&d, t[0], t[1], t[2], o, lse, t[3], g[run][0],
+                                           g[run][1], g[run][2]);
+    if (rc != STA_OK) fail_msg("%s: backward (deterministic %d): %s", what, d.deterministic,
+                               sta_last_error());
+  }
+  assert_int_equal(sta_cuda_synchronize(), STA_OK);
+  for (int i = 0; i < 3; i++) {
+    double mx, rel;
+    assert_int_equal(sta_tensor_compare(g[0][i], g[1][i], &mx, &rel), STA_OK);
+    if (mx != 0.0) fail_msg("%s: deterministic runs differ (gradient %d, max %g)", what, i, mx);
+    assert_int_equal(sta_tensor_compare(g[0][i], g[2][i], &mx, &rel), STA_OK);
+    if (!(rel < 1e-2)) fail_msg("%s: deterministic vs default: gradient %d rel %g", what, i, rel);
+  }
+  for (int run = 0; run < 3; run++)
+    for (int i = 0; i < 3; i++) {
+      sta_tensor_destroy(g[run][i]);
+      sta_tensor_destroy(gb[run][i]);
+    }
+  for (int i = 0; i < 4; i++) {
+    sta_tensor_destroy(t[i]);
+    sta_tensor_destroy(b[i]);
+  }
+  sta_tensor_destroy(o);
+  sta_tensor_destroy(ob);
+  sta_tensor_destroy(lse);
+}
+
+static void test_deterministic(void **state) {
+  NEED_GPU();
+  bcase c;
+  case_init(&c, 12, 21, 24);
+  c.B = 2; c.text = 70; c.text_len = 50; c.n_windows = 2;
+  int32_t w[6] = {3, 1, 3, 1, 3, 3};
+  memcpy(c.windows, w, sizeof w);
+  det_case(&c);
+  case_init(&c, 7, 9, 11);
+  c.tile[0] = 3; c.tile[1] = 4; c.tile[2] = 5;
+  c.D = 64; c.dtype = STA_F16; c.text = 5;
+  det_case(&c);
+}
+
 static void test_refusals(void **state) {
   NEED_GPU();
   sta_attention_desc d;
@@ -281,6 +357,7 @@ int main(void) {
       cmocka_unit_test(test_refusals),
       cmocka_unit_test(test_fixed),
       cmocka_unit_test(test_random_geometries),
+      cmocka_unit_test(test_deterministic),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
