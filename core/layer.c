@@ -112,6 +112,8 @@ void sta_layer_destroy(sta_layer *l) { free(l); }
 
 int32_t sta_layer_index(const sta_layer *l) { return l ? l->index : -1; }
 
+sta_layout sta_layer_layout(const sta_layer *l) { return l ? l->layout : STA_BSHD; }
+
 void sta_layer_set_strategy(sta_layer *l, const sta_strategy *s) {
   if (l) l->strategy = s;
 }

@@ -512,6 +512,8 @@ sta_status sta_layer_index_from_prefix(const char *prefix, int32_t *layer);
 sta_status sta_layer_create(sta_layer **out, const sta_layer_desc *desc);
 void sta_layer_destroy(sta_layer *l);
 int32_t sta_layer_index(const sta_layer *l);
+/* The layout of the layer's operands (STA_BSHD for NULL). */
+sta_layout sta_layer_layout(const sta_layer *l);
 /* Replace the layer's (borrowed) strategy; NULL clears it. */
 void sta_layer_set_strategy(sta_layer *l, const sta_strategy *s);
 /* Run STA for the live context: its step's row for this layer, this rank's

@@ -209,72 +209,97 @@ static int32_t *opts_windows(lua_State *L, int opts, int32_t *n) {
   return sta_lua_windows(L, -1, n);
 }
 
+/* The descriptor of an attention call from its options table at opts (or
+** nil): layout, canvas (else the known shape of q's length), tile,
+** text_len, window(s), scale, deterministic. */
+static void read_desc(lua_State *L, int opts, sta_tensor *q, sta_attention_desc *d) {
+  sta_lua_check_opts(L, opts);
+  memset(d, 0, sizeof *d);
+  d->layout = sta_lua_parse_layout(L, lua_istable(L, opts) ? sta_lua_str_field(L, opts, "layout") : NULL);
+  if (!sta_lua_read_geometry(L, opts, &d->geom)) {
+    sta_geometry gk;
+    if (sta_tensor_ndim(q) != 4)
+      sta_lua_misuse(L, "q: expected a 4-D tensor, got %d-D", (int)sta_tensor_ndim(q));
+    sta_status rc = sta_geometry_from_seq_len(&gk, sta_tensor_size(q, d->layout == STA_BSHD ? 1 : 2));
+    if (rc != STA_OK) sta_lua_fail(L, rc);
+    gk.text_len = d->geom.text_len;
+    gk.tile[0] = d->geom.tile[0]; gk.tile[1] = d->geom.tile[1]; gk.tile[2] = d->geom.tile[2];
+    d->geom = gk;
+  }
+  d->windows = opts_windows(L, opts, &d->n_windows);
+  if (lua_istable(L, opts)) {
+    d->scale = (float)sta_lua_num_field(L, opts, "scale", 0);
+    d->deterministic = sta_lua_bool_field(L, opts, "deterministic", 0);
+  }
+}
+
+/* *out: the tensor opts[key] if given, else a new one like t; pushed.  1,
+** or what sta_lua_fail returns. */
+static int opt_or_like(lua_State *L, int opts, const char *key, sta_tensor *t, sta_tensor **out) {
+  if (lua_istable(L, opts) && lua_getfield(L, opts, key) != LUA_TNIL) {
+    *out = sta_lua_check_tensor(L, -1, key);
+    return 1;
+  }
+  if (lua_istable(L, opts)) lua_pop(L, 1);
+  return sta_lua_push_like(L, t, out);
+}
+
 /* attention(q, k, v [, opts]) -> out [, lse]; reference with ref = 1 */
 static int attention_common(lua_State *L, int ref) {
   sta_tensor *q = sta_lua_check_tensor(L, 1, "q");
   sta_tensor *k = sta_lua_check_tensor(L, 2, "k");
   sta_tensor *v = sta_lua_check_tensor(L, 3, "v");
-  sta_lua_check_opts(L, 4);
   sta_attention_desc d;
-  memset(&d, 0, sizeof d);
-  d.layout = sta_lua_parse_layout(L, lua_istable(L, 4) ? sta_lua_str_field(L, 4, "layout") : NULL);
-  int sdim = d.layout == STA_BSHD ? 1 : 2;
-  if (!sta_lua_read_geometry(L, 4, &d.geom)) {
-    sta_geometry gk;
-    if (sta_tensor_ndim(q) != 4)
-      return sta_lua_misuse(L, "q: expected a 4-D tensor, got %d-D", (int)sta_tensor_ndim(q));
-    sta_status rc = sta_geometry_from_seq_len(&gk, sta_tensor_size(q, sdim));
-    if (rc != STA_OK) return sta_lua_fail(L, rc);
-    gk.text_len = d.geom.text_len;
-    gk.tile[0] = d.geom.tile[0]; gk.tile[1] = d.geom.tile[1]; gk.tile[2] = d.geom.tile[2];
-    d.geom = gk;
-  }
-  d.windows = opts_windows(L, 4, &d.n_windows);
-  d.scale = lua_istable(L, 4) ? (float)sta_lua_num_field(L, 4, "scale", 0) : 0;
-  sta_tensor *out = NULL, *lse = NULL;
+  read_desc(L, 4, q, &d);
+  sta_tensor *lse = NULL;
   int want_lse = 0;
-  int top = lua_gettop(L);
-  if (lua_istable(L, 4)) {
-    if (lua_getfield(L, 4, "out") != LUA_TNIL) out = sta_lua_check_tensor(L, -1, "out");
-    if (lua_getfield(L, 4, "lse") != LUA_TNIL) {
-      if (lua_isboolean(L, -1)) want_lse = lua_toboolean(L, -1);
-      else { lse = sta_lua_check_tensor(L, -1, "lse"); want_lse = 1; }
-    }
+  if (lua_istable(L, 4) && lua_getfield(L, 4, "lse") != LUA_TNIL) {
+    if (lua_isboolean(L, -1)) want_lse = lua_toboolean(L, -1);
+    else { lse = sta_lua_check_tensor(L, -1, "lse"); want_lse = 1; }
   }
-  sta_status rc;
-  int nret = 0;
-  if (out) lua_getfield(L, 4, "out");
-  else {
-    int64_t shape[4];
-    if (sta_tensor_ndim(q) != 4)
-      return sta_lua_misuse(L, "q: expected a 4-D tensor, got %d-D", (int)sta_tensor_ndim(q));
-    for (int i = 0; i < 4; i++) shape[i] = sta_tensor_size(q, i);
-    sta_lua_tensor *u;
-    int r = sta_lua_push_new_tensor(L, sta_tensor_dtype(q), sta_tensor_device(q), 4, shape, &u);
-    if (r != 1) return r;
-    out = u->t;
-  }
-  nret = 1;
+  lua_settop(L, 4);
+  if (sta_tensor_ndim(q) != 4)
+    return sta_lua_misuse(L, "q: expected a 4-D tensor, got %d-D", (int)sta_tensor_ndim(q));
+  sta_tensor *out;
+  int r = opt_or_like(L, 4, "out", q, &out);
+  if (r != 1) return r;
   if (want_lse) {
     if (lse) lua_getfield(L, 4, "lse");
     else {
-      int64_t shape[3];
-      int hdim = d.layout == STA_BSHD ? 2 : 1;
-      shape[0] = sta_tensor_size(q, 0);
-      shape[1] = sta_tensor_size(q, hdim);
-      shape[2] = sta_tensor_size(q, sdim);
+      int64_t shape[3] = {sta_tensor_size(q, 0), sta_tensor_size(q, d.layout == STA_BSHD ? 2 : 1),
+                          sta_tensor_size(q, d.layout == STA_BSHD ? 1 : 2)};
       sta_lua_tensor *u;
-      int r = sta_lua_push_new_tensor(L, STA_F32, sta_tensor_device(q), 3, shape, &u);
-      if (r != 1) return r;
+      if ((r = sta_lua_push_new_tensor(L, STA_F32, sta_tensor_device(q), 3, shape, &u)) != 1)
+        return r;
       lse = u->t;
     }
-    nret = 2;
   }
+  sta_status rc;
   if (ref) rc = sta_attention_reference(&d, q, k, v, out, lse);
   else STA_LUA_CALL(rc, sta_attention_forward(&d, q, k, v, out, lse));
   if (rc != STA_OK) return sta_lua_fail(L, rc);
-  (void)top;
-  return nret;
+  return want_lse ? 2 : 1;
+}
+
+/* attention_backward(q, k, v, out, lse, dout [, opts]) -> dq, dk, dv: the
+** options of attention (the forward's), plus dq, dk, dv to write into */
+static int l_attention_backward(lua_State *L) {
+  static const char *N[6] = {"q", "k", "v", "out", "lse", "dout"};
+  sta_tensor *t[6];
+  for (int i = 0; i < 6; i++) t[i] = sta_lua_check_tensor(L, i + 1, N[i]);
+  sta_attention_desc d;
+  read_desc(L, 7, t[0], &d);
+  lua_settop(L, 7);
+  sta_tensor *g[3];
+  static const char *G[3] = {"dq", "dk", "dv"};
+  for (int i = 0; i < 3; i++) {
+    int r = opt_or_like(L, 7, G[i], t[0], &g[i]);
+    if (r != 1) return r;
+  }
+  sta_status rc;
+  STA_LUA_CALL(rc, sta_attention_backward(&d, t[0], t[1], t[2], t[3], t[4], t[5], g[0], g[1], g[2]));
+  if (rc != STA_OK) return sta_lua_fail(L, rc);
+  return 3;
 }
 
 static int l_attention(lua_State *L) { return attention_common(L, 0); }
@@ -330,7 +355,8 @@ static const luaL_Reg geometry_methods[] = {
 static const luaL_Reg geometry_funcs[] = {
   {"geometry", l_geometry}, {"geometry_from_seq_len", l_geometry_from_seq_len},
   {"window_range", l_window_range}, {"tile", l_tile}, {"untile", l_untile},
-  {"attention", l_attention}, {"reference", l_reference}, {"flops", l_flops},
+  {"attention", l_attention}, {"reference", l_reference},
+  {"attention_backward", l_attention_backward}, {"flops", l_flops},
   {"head_diff", l_head_diff}, {NULL, NULL}};
 
 void sta_lua_open_geometry(lua_State *L) {

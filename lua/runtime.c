@@ -324,30 +324,71 @@ static int l_layer(lua_State *L) {
   return rc == STA_OK ? 1 : sta_lua_fail(L, rc);
 }
 
-static int y_forward(lua_State *L) { /* layer:forward(q, k, v [, out]) -> out */
+/* layer:forward(q, k, v [, out | {out =, lse = true | tensor}]) -> out [, lse] */
+static int y_forward(lua_State *L) {
   sta_layer *l = check_layer(L, 1);
   sta_tensor *q = sta_lua_check_tensor(L, 2, "q");
   sta_tensor *k = sta_lua_check_tensor(L, 3, "k");
   sta_tensor *v = sta_lua_check_tensor(L, 4, "v");
-  sta_tensor *out;
+  sta_tensor *out = NULL, *lse = NULL;
+  int want_lse = 0, r;
   lua_settop(L, 5);
-  if (!lua_isnil(L, 5)) {
+  if (lua_istable(L, 5)) {
+    sta_lua_check_opts(L, 5);
+    if (lua_getfield(L, 5, "out") != LUA_TNIL) out = sta_lua_check_tensor(L, -1, "out");
+    if (lua_getfield(L, 5, "lse") != LUA_TNIL) {
+      if (lua_isboolean(L, -1)) want_lse = lua_toboolean(L, -1);
+      else { lse = sta_lua_check_tensor(L, -1, "lse"); want_lse = 1; }
+    }
+    lua_settop(L, 5);
+  } else if (!lua_isnil(L, 5)) {
     out = sta_lua_check_tensor(L, 5, "out");
-  } else {
-    int64_t shape[4];
-    int32_t nd = sta_tensor_ndim(q);
-    for (int i = 0; i < nd; i++) shape[i] = sta_tensor_size(q, i);
-    sta_lua_tensor *u;
-    int r = sta_lua_push_new_tensor(L, sta_tensor_dtype(q), sta_tensor_device(q), nd, shape, &u);
-    if (r != 1) return r;
-    lua_replace(L, 5);
-    out = u->t;
+  }
+  if (out && lua_istable(L, 5)) lua_getfield(L, 5, "out");
+  else if (out) lua_pushvalue(L, 5);
+  else if ((r = sta_lua_push_like(L, q, &out)) != 1) return r;
+  if (want_lse) {
+    if (lse) lua_getfield(L, 5, "lse");
+    else {
+      if (sta_tensor_ndim(q) != 4)
+        return sta_lua_misuse(L, "q: expected a 4-D tensor, got %d-D", (int)sta_tensor_ndim(q));
+      int bshd = sta_layer_layout(l) == STA_BSHD;
+      int64_t shape[3] = {sta_tensor_size(q, 0), sta_tensor_size(q, bshd ? 2 : 1),
+                          sta_tensor_size(q, bshd ? 1 : 2)};
+      sta_lua_tensor *u;
+      if ((r = sta_lua_push_new_tensor(L, STA_F32, sta_tensor_device(q), 3, shape, &u)) != 1)
+        return r;
+      lse = u->t;
+    }
   }
   sta_status rc;
-  STA_LUA_CALL(rc, sta_layer_forward(l, q, k, v, out));
+  STA_LUA_CALL(rc, sta_layer_forward_lse(l, q, k, v, out, lse));
   if (rc != STA_OK) return sta_lua_fail(L, rc);
-  lua_settop(L, 5);
-  return 1;
+  return want_lse ? 2 : 1;
+}
+
+/* layer:backward(q, k, v, out, lse, dout [, {dq =, dk =, dv =}]) -> dq, dk,
+** dv, under the live context of the forward */
+static int y_backward(lua_State *L) {
+  static const char *N[6] = {"q", "k", "v", "out", "lse", "dout"}, *G[3] = {"dq", "dk", "dv"};
+  sta_layer *l = check_layer(L, 1);
+  sta_tensor *t[6], *g[3];
+  for (int i = 0; i < 6; i++) t[i] = sta_lua_check_tensor(L, i + 2, N[i]);
+  sta_lua_check_opts(L, 8);
+  lua_settop(L, 8);
+  for (int i = 0; i < 3; i++) {
+    if (lua_istable(L, 8) && lua_getfield(L, 8, G[i]) != LUA_TNIL) {
+      g[i] = sta_lua_check_tensor(L, -1, G[i]);
+      continue;
+    }
+    if (lua_istable(L, 8)) lua_pop(L, 1);
+    int r = sta_lua_push_like(L, t[0], &g[i]);
+    if (r != 1) return r;
+  }
+  sta_status rc;
+  STA_LUA_CALL(rc, sta_layer_backward(l, t[0], t[1], t[2], t[3], t[4], t[5], g[0], g[1], g[2]));
+  if (rc != STA_OK) return sta_lua_fail(L, rc);
+  return 3;
 }
 
 static int y_index(lua_State *L) {
@@ -402,7 +443,8 @@ static const luaL_Reg context_methods[] = {
 static const luaL_Reg layer_meta[] = {
   {"__gc", y_release}, {"__close", y_release}, {"__tostring", y_tostring}, {NULL, NULL}};
 static const luaL_Reg layer_methods[] = {
-  {"release", y_release}, {"forward", y_forward}, {"index", y_index},
+  {"release", y_release}, {"forward", y_forward}, {"backward", y_backward},
+  {"index", y_index},
   {"set_strategy", y_set_strategy}, {NULL, NULL}};
 static const luaL_Reg runtime_funcs[] = {
   {"forward_batch", l_forward_batch}, {"forward_context", l_forward_context},

@@ -129,6 +129,9 @@ sta_tensor *sta_lua_check_tensor(lua_State *L, int idx, const char *name);
 /* New contiguous tensor pushed as *uo; 1, or what sta_lua_fail returns. */
 int sta_lua_push_new_tensor(lua_State *L, sta_dtype dt, sta_device dev, int32_t nd,
                             const int64_t *shape, sta_lua_tensor **uo);
+/* A new contiguous tensor of t's shape, dtype and device pushed as *out; 1,
+** or what sta_lua_fail returns. */
+int sta_lua_push_like(lua_State *L, const sta_tensor *t, sta_tensor **out);
 /* files.c: t:save(path [, name]) */
 int sta_lua_tensor_save(lua_State *L);
 /* geometry.c */

@@ -69,6 +69,16 @@ int sta_lua_push_new_tensor(lua_State *L, sta_dtype dt, sta_device dev, int32_t 
   return 1;
 }
 
+int sta_lua_push_like(lua_State *L, const sta_tensor *t, sta_tensor **out) {
+  int64_t shape[4];
+  int32_t nd = sta_tensor_ndim(t);
+  for (int32_t i = 0; i < nd; i++) shape[i] = sta_tensor_size(t, i);
+  sta_lua_tensor *u;
+  int r = sta_lua_push_new_tensor(L, sta_tensor_dtype(t), sta_tensor_device(t), nd, shape, &u);
+  if (r == 1) *out = u->t;
+  return r;
+}
+
 static void tensor_opts(lua_State *L, int idx, sta_dtype *dt, sta_device *dev) {
   *dt = STA_F32;
   *dev = STA_CPU;

@@ -37,6 +37,26 @@ describe("sta.ffi #ffi", function()
     assert.is_true(differ > 1e-3)
   end)
 
+  it("computes the backward, equal to the reference's gradients", function()
+    local canvas, tile = {3, 8, 8}, {1, 4, 4}
+    local S_len = 3 * 8 * 8 + 5
+    local q, k, v, g = S.randn({1, S_len, 2, 16}, seed + 4), S.randn({1, S_len, 2, 16}, seed + 5),
+                       S.randn({1, S_len, 2, 16}, seed + 6), S.randn({1, S_len, 2, 16}, seed + 7)
+    local o = { canvas = canvas, tile = tile, text_len = 4, windows = {{1, 1, 1}, {3, 1, 2}}, lse = true }
+    local out, lse = S.attention(q, k, v, o)
+    local dq, dk, dv = S.attention_backward(q, k, v, out, lse, g, o)
+    local d, keep = S.desc(o)
+    local r = { S.like(q), S.like(q), S.like(q) }
+    S.check(C.sta_attention_backward_reference(d, q, k, v, g, r[1], r[2], r[3]))
+    local _ = keep
+    for i, x in ipairs{ dq, dk, dv } do
+      local _, rel = S.compare(x, r[i])
+      assert.is_true(rel < 1e-4, rel)
+    end
+    assert.equal("lse: expected the forward's f32 [B, heads, S] log-sum-exp, got NULL",
+                 select(2, pcall(S.attention_backward, q, k, v, out, nil, g, o)))
+  end)
+
   it("reports errors through the status and sta_last_error", function()
     local out = ffi.new("sta_tensor *[1]")
     local dims = ffi.new("int64_t[5]", {1, 1, 1, 1, 1})

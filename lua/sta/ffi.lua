@@ -112,14 +112,39 @@ function M.shape(t)
   return s
 end
 
---- out = STA(q, k, v) (reference = true: the brute-force reference).
+local device_names = { [tonumber(C.STA_CPU)] = "cpu", [tonumber(C.STA_CUDA)] = "cuda" }
+
+--- A new tensor of t's shape, dtype and device.
+function M.like(t)
+  return M.tensor(M.shape(t), ffi.string(C.sta_dtype_name(C.sta_tensor_dtype(t))),
+                  device_names[tonumber(C.sta_tensor_device(t))])
+end
+
+--- out = STA(q, k, v) (reference = true: the brute-force reference); with
+-- o.lse also the f32 [B, heads, S] log-sum-exp (BSHD).
 function M.attention(q, k, v, o, reference)
   local d, keep = M.desc(o)
-  local out = M.tensor(M.shape(q), ffi.string(C.sta_dtype_name(C.sta_tensor_dtype(q))))
+  local out, lse = M.like(q), nil
+  if o.lse then
+    local s = M.shape(q)
+    lse = M.tensor({ s[1], s[3], s[2] }, "f32", device_names[tonumber(C.sta_tensor_device(q))])
+  end
   local f = reference and C.sta_attention_reference or C.sta_attention_forward
-  M.check(f(d, q, k, v, out, nil))
+  M.check(f(d, q, k, v, out, lse))
   local _ = keep
+  if lse then return out, lse end
   return out
+end
+
+--- dq, dk, dv of out = STA(q, k, v) for dout (STA.md section 10); o as for
+-- attention, plus o.deterministic.
+function M.attention_backward(q, k, v, out, lse, dout, o)
+  local d, keep = M.desc(o)
+  d.deterministic = o.deterministic and 1 or 0
+  local dq, dk, dv = M.like(q), M.like(q), M.like(q)
+  M.check(C.sta_attention_backward(d, q, k, v, out, lse, dout, dq, dk, dv))
+  local _ = keep
+  return dq, dk, dv
 end
 
 --- max |a-b|, ||a-b|| / ||b||
