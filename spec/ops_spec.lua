@@ -151,4 +151,31 @@ describe("elementwise operations on the GPU #gpu", function()
     assert.equal(moved + V * heads * D * 2, sta.transfer_bytes())
     assert.equal("cpu", host:device())
   end)
+
+  it("runs examples/pipeline.lua on the device with the CPU's output, moving no bytes", function()
+    if not have then return end
+    local function run(device)
+      local args = { "--steps", "3", "--layers", "2", "--heads", "2", "--head-dim", "64", "--canvas",
+        "6x16x16", "--text", "16", "--full-steps", "1", "--dtype", "bf16", "--device", device }
+      for i, a in ipairs(args) do args[i] = ("%q"):format(a) end
+      local out, ok = H.run_lua(([[
+        arg = { [0] = "examples/pipeline.lua", %s }
+        dofile("examples/pipeline.lua")
+      ]]):format(table.concat(args, ", ")), { STA_NO_PROGRESS = "1", STA_ATTENTION_CONFIG = false })
+      assert.is_true(ok, out)
+      local st = {}
+      st.mean, st.std, st.min, st.max = out:match("latent mean (%S+) std (%S+) min (%S+) max (%S+), all finite")
+      assert.truthy(st.mean, out)
+      for k, v in pairs(st) do st[k] = tonumber(v) end
+      return st, out
+    end
+    local gpu, out = run("cuda")
+    local cpu = run("cpu")
+    assert.truthy(out:find("host<->device bytes moved by the steps: 0\n", 1, true), out)
+    -- bf16 inputs on both; the attention rounds differently (bf16 P on the
+    -- GPU): the summary agrees to bf16's rounding, not bit for bit
+    assert.is_true(math.abs(gpu.mean - cpu.mean) <= 0.01 * cpu.std, out)
+    assert.is_true(math.abs(gpu.std - cpu.std) <= 0.01 * cpu.std, out)
+    assert.is_true(math.abs(gpu.max - cpu.max) <= 0.05 * cpu.std + 2 ^ -7 * math.abs(cpu.max), out)
+  end)
 end)
