@@ -118,12 +118,13 @@ static inline float sta_bf16_to_f32(uint16_t h) {
   memcpy(&f, &u, 4);
   return f;
 }
+/* Round to nearest even; a NaN stays a (quiet) NaN.  Branch-free, so that
+** row loops vectorise. */
 static inline uint16_t sta_f32_to_bf16(float f) {
   uint32_t u;
   memcpy(&u, &f, 4);
-  if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40);
-  u += 0x7fffu + ((u >> 16) & 1u);
-  return (uint16_t)(u >> 16);
+  uint32_t rne = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16, nan = (u >> 16) | 0x40;
+  return (uint16_t)((u & 0x7fffffffu) > 0x7f800000u ? nan : rne);
 }
 float sta_f16_to_f32(uint16_t h);
 uint16_t sta_f32_to_f16(float f);
