@@ -89,7 +89,7 @@ $(BUILD)/test/%: spec/%.c $(wildcard spec/*.h) $(BUILD)/libsta.a
 	$(CC) $(CFLAGS) $(STA_CFLAGS) -Ispec $< -o $@ $(BUILD)/libsta.a \
 	  -lcmocka $(LDFLAGS) $(LIBS)
 
-$(BUILD)/bench/%: bench/%.c $(BUILD)/libsta.a
+$(BUILD)/bench/%: bench/%.c $(wildcard bench/*.h) $(BUILD)/libsta.a
 	@mkdir -p $(@D)
 	$(CC) $(CFLAGS) $(STA_CFLAGS) $< -o $@ $(BUILD)/libsta.a $(LDFLAGS) $(LIBS)
 

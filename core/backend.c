@@ -10,6 +10,7 @@
 static int32_t n_threads = 0;
 static _Thread_local void *cuda_stream = NULL;
 static int64_t dev_in_use = 0, dev_peak = 0; /* __atomic builtins (clang refuses them on _Atomic) */
+static int64_t transferred = 0;
 
 static int32_t cpu_probe(const char **why) {
   if (why) *why = "host";
@@ -116,3 +117,9 @@ int64_t sta_device_bytes_peak(void) { return __atomic_load_n(&dev_peak, __ATOMIC
 void sta_device_reset_peak(void) {
   __atomic_store_n(&dev_peak, sta_device_bytes_in_use(), __ATOMIC_RELEASE);
 }
+
+void sta_transfer_account(int64_t bytes) {
+  __atomic_add_fetch(&transferred, bytes, __ATOMIC_RELAXED);
+}
+
+int64_t sta_transfer_bytes(void) { return __atomic_load_n(&transferred, __ATOMIC_RELAXED); }

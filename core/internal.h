@@ -6,6 +6,7 @@
 #ifndef STA_INTERNAL_H
 #define STA_INTERNAL_H
 
+#include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stddef.h>
@@ -76,6 +77,38 @@ sta_status sta_tensor_bshd(const sta_tensor *t, sta_layout layout,
 void sta_tensor_extent(const sta_tensor *t, int64_t *lo, int64_t *hi);
 /* "cpu" or "cuda", for messages. */
 const char *sta_device_name(sta_device d);
+/* STA_ERR_SHAPE "<what>: shapes differ (2x3 vs 3x2)"; with names
+** "<what>: shapes differ (x 2x3 vs y 3x2)". */
+sta_status sta_shape_mismatch(const char *what, const char *an,
+                              const sta_tensor *a, const char *bn,
+                              const sta_tensor *b);
+
+/* ---- elementwise iteration (core/ops.c; kernels/ops.cu) --------------- */
+
+/* The common iteration space of up to 3 tensors of one shape, in their
+** row-major element order (which is the logical index randn draws by):
+** size-1 dims dropped, neighbouring dims merged where every operand's
+** strides allow, right-aligned in 4 dims (leading sizes 1, strides 0).
+** Operand 0 is the output. */
+#define STA_ITER_OPS 3
+typedef struct sta_iter {
+  int32_t nops, ndim;             /* ndim: dims left, 1..4 */
+  int64_t numel;
+  int64_t shape[4];
+  char *data[STA_ITER_OPS];       /* element 0 of each operand */
+  int32_t dtype[STA_ITER_OPS];
+  int64_t stride[STA_ITER_OPS][4]; /* elements */
+} sta_iter;
+void sta_iter_init(sta_iter *it, int32_t nops, const sta_tensor *const *t);
+
+/* Host loops of the elementwise operations (core/ops.c); tensors checked
+** by the caller, on the host. */
+void sta_host_copy(sta_tensor *dst, const sta_tensor *src);
+void sta_host_fill(sta_tensor *t, double value);
+void sta_host_randn(sta_tensor *t, uint64_t seed, double mean, double std);
+/* STA_ERR_ARGUMENT when dst and src may share an element without being
+** the same view. */
+sta_status sta_copy_check_overlap(const sta_tensor *dst, const sta_tensor *src);
 
 /* ---- numbers ---------------------------------------------------------- */
 
@@ -85,12 +118,13 @@ static inline float sta_bf16_to_f32(uint16_t h) {
   memcpy(&f, &u, 4);
   return f;
 }
+/* Round to nearest even; a NaN stays a (quiet) NaN.  Branch-free, so that
+** row loops vectorise. */
 static inline uint16_t sta_f32_to_bf16(float f) {
   uint32_t u;
   memcpy(&u, &f, 4);
-  if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40);
-  u += 0x7fffu + ((u >> 16) & 1u);
-  return (uint16_t)(u >> 16);
+  uint32_t rne = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16, nan = (u >> 16) | 0x40;
+  return (uint16_t)((u & 0x7fffffffu) > 0x7f800000u ? nan : rne);
 }
 float sta_f16_to_f32(uint16_t h);
 uint16_t sta_f32_to_f16(float f);
@@ -165,6 +199,12 @@ typedef struct sta_backend_ops {
   sta_status (*synchronize)(void);
   /* The gradients (params' backward fields); NULL: not implemented here. */
   sta_status (*attention_backward)(const sta_attn_params *p);
+  /* out = a*x + b*y in float32 (y NULL: out = a*x); operands checked by
+  ** core/ops.c (one shape, this device; out is x, y or disjoint). */
+  sta_status (*lincomb)(sta_tensor *out, float a, const sta_tensor *x,
+                        float b, const sta_tensor *y);
+  /* Reduce t on the device; only *out crosses to the host. */
+  sta_status (*stats)(const sta_tensor *t, sta_stats *out);
 } sta_backend_ops;
 
 /* The backend table for a device, NULL when not compiled in. */
@@ -174,6 +214,9 @@ const sta_backend_ops *sta_cuda_backend(void);
 
 /* Device byte accounting, called by the tensor module. */
 void sta_device_account(int64_t delta);
+/* Count bytes of tensor data a backend moved between host and device
+** (sta_transfer_bytes). */
+void sta_transfer_account(int64_t bytes);
 
 /* CPU implementations, used by the CPU backend and tests. */
 sta_status sta_cpu_attention(const sta_attn_params *p);
@@ -191,8 +234,120 @@ sta_status sta_attn_resolve(const sta_attention_desc *desc,
                             const sta_tensor *v, const sta_tensor *out,
                             const sta_tensor *lse, sta_attn_params *p);
 
-/* Normal draw number i of stream seed (counter-based, Box-Muller on a
-** splitmix64 hash): identical on every backend. */
+/* ---- the counter-based normal generator --------------------------------- */
+
+/* Normal draws 2p and 2p+1 of stream seed come from one pair of splitmix64
+** hashes by Box-Muller.  The one body below runs on the host and on the
+** device (kernels/ops.cu), so a seed gives the same bits everywhere: no
+** libm (log, sin and cos are polynomials here), only integer hashing and
+** IEEE operations rounded once each.  The sta_d* helpers keep compilers
+** from contracting a*b+c into an fma on one side only (nvcc would; clang
+** would inside one expression). */
+#if defined(__CUDACC__)
+#define STA_HD static __host__ __device__ __forceinline__
+#else
+#define STA_HD static inline
+#endif
+#if defined(__CUDA_ARCH__)
+STA_HD double sta_dadd(double a, double b) { return __dadd_rn(a, b); }
+STA_HD double sta_dmul(double a, double b) { return __dmul_rn(a, b); }
+STA_HD double sta_ddiv(double a, double b) { return __ddiv_rn(a, b); }
+STA_HD double sta_dfma(double a, double b, double c) { return __fma_rn(a, b, c); }
+STA_HD double sta_dsqrt(double a) { return __dsqrt_rn(a); }
+#else
+STA_HD double sta_dadd(double a, double b) { return a + b; }
+STA_HD double sta_dmul(double a, double b) { return a * b; }
+STA_HD double sta_ddiv(double a, double b) { return a / b; }
+STA_HD double sta_dfma(double a, double b, double c) { return fma(a, b, c); }
+STA_HD double sta_dsqrt(double a) { return sqrt(a); }
+#endif
+
+STA_HD uint64_t sta_splitmix64(uint64_t x) {
+  x += 0x9e3779b97f4a7c15ull;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+  return x ^ (x >> 31);
+}
+
+/* log(u), u in (0, 1]: u = m 2^e with m in [sqrt(1/2), sqrt(2)),
+** log(m) = 2 atanh(s), s = (m-1)/(m+1), as a series in s^2 (|s| < 0.172,
+** 12 terms: below double rounding); e ln2 in two parts. */
+STA_HD double sta_rng_log(double u) {
+  int e;
+  double m = frexp(u, &e), s, z, p;
+  if (m < 0x1.6a09e667f3bcdp-1) { m = sta_dmul(m, 2.0); e -= 1; }
+  s = sta_ddiv(sta_dadd(m, -1.0), sta_dadd(m, 1.0));
+  z = sta_dmul(s, s);
+  p = 0x1.47ae147ae147bp-4;                   /* 2/25 */
+  p = sta_dfma(p, z, 0x1.642c8590b2164p-4);   /* 2/23 */
+  p = sta_dfma(p, z, 0x1.8618618618618p-4);   /* 2/21 */
+  p = sta_dfma(p, z, 0x1.af286bca1af28p-4);   /* 2/19 */
+  p = sta_dfma(p, z, 0x1.e1e1e1e1e1e1ep-4);   /* 2/17 */
+  p = sta_dfma(p, z, 0x1.1111111111111p-3);   /* 2/15 */
+  p = sta_dfma(p, z, 0x1.3b13b13b13b14p-3);   /* 2/13 */
+  p = sta_dfma(p, z, 0x1.745d1745d1746p-3);   /* 2/11 */
+  p = sta_dfma(p, z, 0x1.c71c71c71c71cp-3);   /* 2/9 */
+  p = sta_dfma(p, z, 0x1.2492492492492p-2);   /* 2/7 */
+  p = sta_dfma(p, z, 0x1.999999999999ap-2);   /* 2/5 */
+  p = sta_dfma(p, z, 0x1.5555555555555p-1);   /* 2/3 */
+  double lm = sta_dfma(sta_dmul(s, z), p, sta_dmul(s, 2.0));
+  double de = (double)e;
+  return sta_dfma(de, 0x1.62e42fee00000p-1, sta_dfma(de, 0x1.a39ef35793c76p-33, lm));
+}
+
+/* cos and sin of 2 pi k 2^-53 (k < 2^53): the nearest quarter turn q is
+** taken in integers (exact), the rest |theta| <= pi/4 by Taylor series
+** (to theta^19 and theta^20: below double rounding). */
+STA_HD void sta_rng_sincos(uint64_t k, double *c, double *s) {
+  uint64_t q = (k + ((uint64_t)1 << 49)) >> 51;
+  double x = (double)((int64_t)k - (int64_t)(q << 51)) * 0x1.0p-53;
+  double th = sta_dmul(x, 0x1.921fb54442d18p+2), z = sta_dmul(th, th), ps, pc;
+  ps = -0x1.2f49b46814157p-57;                 /* -1/19! */
+  ps = sta_dfma(ps, z, 0x1.952c77030ad4ap-49); /* 1/17! */
+  ps = sta_dfma(ps, z, -0x1.ae7f3e733b81fp-41);
+  ps = sta_dfma(ps, z, 0x1.6124613a86d09p-33);
+  ps = sta_dfma(ps, z, -0x1.ae64567f544e4p-26);
+  ps = sta_dfma(ps, z, 0x1.71de3a556c734p-19);
+  ps = sta_dfma(ps, z, -0x1.a01a01a01a01ap-13);
+  ps = sta_dfma(ps, z, 0x1.1111111111111p-7);
+  ps = sta_dfma(ps, z, -0x1.5555555555555p-3); /* -1/3! */
+  pc = 0x1.e542ba4020225p-62;                  /* 1/20! */
+  pc = sta_dfma(pc, z, -0x1.6827863b97d97p-53); /* -1/18! */
+  pc = sta_dfma(pc, z, 0x1.ae7f3e733b81fp-45);
+  pc = sta_dfma(pc, z, -0x1.93974a8c07c9dp-37);
+  pc = sta_dfma(pc, z, 0x1.1eed8eff8d898p-29);
+  pc = sta_dfma(pc, z, -0x1.27e4fb7789f5cp-22);
+  pc = sta_dfma(pc, z, 0x1.a01a01a01a01ap-16);
+  pc = sta_dfma(pc, z, -0x1.6c16c16c16c17p-10);
+  pc = sta_dfma(pc, z, 0x1.5555555555555p-5);
+  pc = sta_dfma(pc, z, -0.5);                  /* -1/2! */
+  double sn = sta_dfma(sta_dmul(th, z), ps, th), cs = sta_dfma(z, pc, 1.0);
+  switch (q & 3) {
+  case 0: *c = cs; *s = sn; break;
+  case 1: *c = -sn; *s = cs; break;
+  case 2: *c = -cs; *s = -sn; break;
+  default: *c = sn; *s = -cs; break;
+  }
+}
+
+/* Normal draws 2*pair and 2*pair + 1 of stream seed. */
+STA_HD void sta_randn_pair(uint64_t seed, uint64_t pair, double *even,
+                           double *odd) {
+  uint64_t base = sta_splitmix64(seed) ^ (pair * 0xd1b54a32d192ed03ull);
+  uint64_t h1 = sta_splitmix64(base), h2 = sta_splitmix64(base ^ 0x8cb92ba72f3d8dd7ull);
+  double u1 = ((double)(h1 >> 11) + 1.0) * 0x1.0p-53; /* (0, 1] */
+  double r = sta_dsqrt(sta_dmul(-2.0, sta_rng_log(u1))), c, s;
+  sta_rng_sincos(h2 >> 11, &c, &s);
+  *even = sta_dmul(r, c);
+  *odd = sta_dmul(r, s);
+}
+
+/* The stored value of a draw: mean + std * g, rounded once to float. */
+STA_HD float sta_randn_value(double g, double mean, double std) {
+  return (float)sta_dadd(mean, sta_dmul(std, g));
+}
+
+/* Normal draw number i of stream seed (sta_randn_pair). */
 double sta_randn_at(uint64_t seed, uint64_t i);
 
 /* ---- runtime (strategy.c) ----------------------------------------------- */

@@ -159,6 +159,50 @@ sta_status sta_tensor_compare(const sta_tensor *a, const sta_tensor *b,
 
 /*
 ** {======================================================================
+** Elementwise operations and reductions
+** =======================================================================
+** On the tensors' own device: CUDA tensors are computed by device kernels
+** and never pass through host memory (the few numbers of a reduction
+** excepted); host tensors by the CPU.  Together with sta_tensor_copy,
+** _fill and _randn above (also device kernels on CUDA; randn gives the
+** same bits on every backend) these are what a pipeline step needs.
+** Operands: the same shape and device, any strides, any dtypes (mixed
+** freely; computed in float32, stored round-to-nearest-even).  An output
+** may be exactly one of the inputs (the same view); an output that
+** overlaps an input otherwise is STA_ERR_ARGUMENT.  Coefficients must be
+** finite and within float32's range.  On error nothing is changed.
+*/
+/* y = a*x + b*y. */
+sta_status sta_tensor_axpby(sta_tensor *y, double a, const sta_tensor *x,
+                            double b);
+/* t = a*t. */
+sta_status sta_tensor_scale(sta_tensor *t, double a);
+/* out = x + y. */
+sta_status sta_tensor_add(sta_tensor *out, const sta_tensor *x,
+                          const sta_tensor *y);
+
+/* Summary of a tensor's values: mean, std (population, divided by count),
+** min and max over the finite elements (all 0 when there are none). */
+typedef struct sta_stats {
+  double mean, std, min, max;
+  int64_t count;     /* finite elements */
+  int64_t nonfinite; /* NaN and +-inf elements */
+} sta_stats;
+/* Reduce t on its device (deterministic: the same tensor gives the same
+** bits run to run).  On error *out is unchanged. */
+sta_status sta_tensor_stats(const sta_tensor *t, sta_stats *out);
+
+/* Bytes of tensor data sta has copied between host and device memory in
+** this process, both directions (sta_tensor_to, _copy across devices,
+** file I/O of device tensors...).  Reduction results (sta_tensor_stats,
+** sta_head_diff) are not counted.  A pipeline step whose tensors are all
+** on the device leaves it unchanged. */
+int64_t sta_transfer_bytes(void);
+
+/* }====================================================================== */
+
+/*
+** {======================================================================
 ** Files: .npy and .safetensors
 ** =======================================================================
 ** Readers take untrusted files: a truncated or malformed file returns

@@ -354,49 +354,14 @@ sta_status sta_tensor_bshd(const sta_tensor *t, sta_layout layout,
   return STA_OK;
 }
 
-/* ---- host loops --------------------------------------------------------- */
-
-/* Pad a tensor's shape/strides to 4 dims (leading 1s). */
-static void as4(const sta_tensor *t, int64_t sh[4], int64_t st[4]) {
-  int32_t pad = 4 - t->ndim;
-  for (int32_t i = 0; i < 4; i++) {
-    sh[i] = i < pad ? 1 : t->shape[i - pad];
-    st[i] = i < pad ? 0 : t->stride[i - pad];
-  }
-}
-
-static void host_copy(sta_tensor *dst, const sta_tensor *src) {
-  int64_t sh[4], ds[4], ss[4];
-  as4(dst, sh, ds);
-  as4(src, sh, ss);
-  char *d = sta_tensor_data(dst);
-  const char *s = sta_tensor_data(src);
-  size_t de = sta_dtype_size(dst->dtype), se = sta_dtype_size(src->dtype);
-  sta_dtype dt = dst->dtype, st = src->dtype;
-  int64_t outer = sh[0] * sh[1] * sh[2];
-  #pragma omp parallel for schedule(static) if (outer * sh[3] > 65536)
-  for (int64_t o = 0; o < outer; o++) {
-    int64_t i0 = o / (sh[1] * sh[2]), i1 = (o / sh[2]) % sh[1], i2 = o % sh[2];
-    char *dr = d + (i0 * ds[0] + i1 * ds[1] + i2 * ds[2]) * (int64_t)de;
-    const char *sr = s + (i0 * ss[0] + i1 * ss[1] + i2 * ss[2]) * (int64_t)se;
-    if (dt == st && ds[3] == 1 && ss[3] == 1) {
-      memcpy(dr, sr, (size_t)sh[3] * de);
-      continue;
-    }
-    for (int64_t i = 0; i < sh[3]; i++)
-      sta_store_f32(dr + i * ds[3] * (int64_t)de, dt,
-                    sta_load_f32(sr + i * ss[3] * (int64_t)se, st));
-  }
-}
-
 static int same_shape(const sta_tensor *a, const sta_tensor *b) {
   if (a->ndim != b->ndim) return 0;
   for (int32_t i = 0; i < a->ndim; i++) if (a->shape[i] != b->shape[i]) return 0;
   return 1;
 }
 
-static sta_status shape_mismatch(const char *what, const sta_tensor *a,
-                                 const sta_tensor *b) {
+sta_status sta_shape_mismatch(const char *what, const char *an, const sta_tensor *a,
+                              const char *bn, const sta_tensor *b) {
   char sa[96], sb[96];
   int n = 0;
   sa[0] = sb[0] = '\0';
@@ -405,7 +370,28 @@ static sta_status shape_mismatch(const char *what, const sta_tensor *a,
   n = 0;
   for (int32_t i = 0; i < b->ndim; i++)
     n += snprintf(sb + n, sizeof sb - (size_t)n, "%s%lld", i ? "x" : "", (long long)b->shape[i]);
+  if (an && bn)
+    return sta_error(STA_ERR_SHAPE, "%s: shapes differ (%s %s vs %s %s)", what, an, sa, bn, sb);
   return sta_error(STA_ERR_SHAPE, "%s: shapes differ (%s vs %s)", what, sa, sb);
+}
+
+/* src converted to dt, contiguous, into host memory at host (src on a
+** device): converted on the device first when it is not already so. */
+static sta_status fetch(void *host, const sta_tensor *src, sta_dtype dt) {
+  const sta_backend_ops *b = sta_backend_get(src->storage->device);
+  sta_tensor *dc = NULL;
+  const sta_tensor *from = src;
+  sta_status rc = STA_OK;
+  if (!sta_tensor_is_contiguous(src) || src->dtype != dt) {
+    rc = sta_tensor_create(&dc, dt, src->storage->device, src->ndim, src->shape);
+    if (rc == STA_OK) rc = b->copy(dc, src);
+    from = dc;
+  }
+  if (rc == STA_OK)
+    rc = b->memcpy(host, STA_CPU, sta_tensor_data(from), from->storage->device,
+                   (size_t)sta_tensor_numel(src) * sta_dtype_size(dt));
+  sta_tensor_destroy(dc);
+  return rc;
 }
 
 /* New contiguous host tensor with src's shape and dtype `dt`, filled from
@@ -414,94 +400,58 @@ static sta_status to_host(sta_tensor **out, const sta_tensor *src, sta_dtype dt)
   sta_tensor *h = NULL;
   sta_status rc = sta_tensor_create(&h, dt, STA_CPU, src->ndim, src->shape);
   if (rc != STA_OK) return rc;
-  if (src->storage->device == STA_CPU) host_copy(h, src);
-  else {
-    const sta_backend_ops *b = sta_backend_get(src->storage->device);
-    sta_tensor *dc = NULL;
-    const sta_tensor *from = src;
-    if (!sta_tensor_is_contiguous(src) || src->dtype != dt) {
-      /* make a contiguous device copy first, or stage raw bytes */
-      if (b->copy) {
-        rc = sta_tensor_create(&dc, dt, src->storage->device, src->ndim, src->shape);
-        if (rc == STA_OK) rc = b->copy(dc, src);
-        if (rc != STA_OK) { sta_tensor_destroy(dc); sta_tensor_destroy(h); return rc; }
-        from = dc;
-      }
-    }
-    if (from == src && (!sta_tensor_is_contiguous(src) || src->dtype != dt)) {
-      /* no device copy kernel: fetch the whole span, convert on the host */
-      sta_tensor *raw = NULL, *rv = NULL;
-      int64_t n = (int64_t)(src->storage->nbytes / sta_dtype_size(src->dtype));
-      rc = sta_tensor_create(&raw, src->dtype, STA_CPU, 1, &n);
-      if (rc == STA_OK)
-        rc = b->memcpy(raw->storage->data, STA_CPU, src->storage->data,
-                       src->storage->device, src->storage->nbytes);
-      if (rc == STA_OK)
-        rc = sta_tensor_view(&rv, raw, src->offset, src->ndim, src->shape, src->stride);
-      if (rc == STA_OK) host_copy(h, rv);
-      sta_tensor_destroy(rv);
-      sta_tensor_destroy(raw);
-    } else {
-      rc = b->memcpy(sta_tensor_data(h), STA_CPU, sta_tensor_data(from),
-                     from->storage->device,
-                     (size_t)sta_tensor_numel(h) * sta_dtype_size(dt));
-    }
-    sta_tensor_destroy(dc);
-    if (rc != STA_OK) { sta_tensor_destroy(h); return rc; }
+  if (src->storage->device == STA_CPU) sta_host_copy(h, src);
+  else if ((rc = fetch(sta_tensor_data(h), src, dt)) != STA_OK) {
+    sta_tensor_destroy(h);
+    return rc;
   }
   *out = h;
   return STA_OK;
 }
 
-/* Write a contiguous host tensor (dst's shape and dtype) into dst. */
+/* Write a contiguous host tensor h (dst's shape and dtype) into device dst. */
 static sta_status from_host(sta_tensor *dst, const sta_tensor *h) {
-  if (dst->storage->device == STA_CPU) { host_copy(dst, h); return STA_OK; }
   const sta_backend_ops *b = sta_backend_get(dst->storage->device);
   size_t nbytes = (size_t)sta_tensor_numel(h) * sta_dtype_size(h->dtype);
   if (sta_tensor_is_contiguous(dst))
     return b->memcpy(sta_tensor_data(dst), dst->storage->device,
                      sta_tensor_data(h), STA_CPU, nbytes);
-  if (b->copy) {
-    sta_tensor *dc = NULL;
-    sta_status rc = sta_tensor_create(&dc, h->dtype, dst->storage->device, h->ndim, h->shape);
-    if (rc == STA_OK)
-      rc = b->memcpy(sta_tensor_data(dc), dst->storage->device, sta_tensor_data(h), STA_CPU, nbytes);
-    if (rc == STA_OK) rc = b->copy(dst, dc);
-    sta_tensor_destroy(dc);
-    return rc;
-  }
-  /* read-modify-write of the whole span through the host */
-  sta_tensor *raw = NULL, *rv = NULL;
-  int64_t n = (int64_t)(dst->storage->nbytes / sta_dtype_size(dst->dtype));
-  sta_status rc = sta_tensor_create(&raw, dst->dtype, STA_CPU, 1, &n);
+  sta_tensor *dc = NULL;
+  sta_status rc = sta_tensor_create(&dc, h->dtype, dst->storage->device, h->ndim, h->shape);
   if (rc == STA_OK)
-    rc = b->memcpy(raw->storage->data, STA_CPU, dst->storage->data,
-                   dst->storage->device, dst->storage->nbytes);
-  if (rc == STA_OK)
-    rc = sta_tensor_view(&rv, raw, dst->offset, dst->ndim, dst->shape, dst->stride);
-  if (rc == STA_OK) {
-    host_copy(rv, h);
-    rc = b->memcpy(dst->storage->data, dst->storage->device, raw->storage->data,
-                   STA_CPU, dst->storage->nbytes);
-  }
-  sta_tensor_destroy(rv);
-  sta_tensor_destroy(raw);
+    rc = b->memcpy(sta_tensor_data(dc), dst->storage->device, sta_tensor_data(h), STA_CPU, nbytes);
+  if (rc == STA_OK) rc = b->copy(dst, dc);
+  sta_tensor_destroy(dc);
   return rc;
+}
+
+/* The backend of a device tensor's device, or STA_ERR_BACKEND (a wrapped
+** device pointer in a build or on a machine without that backend). */
+static sta_status device_backend(sta_device d) {
+  return d == STA_CPU || sta_backend_available(d) ? STA_OK
+                                                  : sta_error(STA_ERR_BACKEND, "st attn not supported");
 }
 
 sta_status sta_tensor_copy(sta_tensor *dst, const sta_tensor *src) {
   if (!dst) return sta_error(STA_ERR_ARGUMENT, "dst: expected a tensor, got NULL");
   if (!src) return sta_error(STA_ERR_ARGUMENT, "src: expected a tensor, got NULL");
-  if (!same_shape(dst, src)) return shape_mismatch("copy", dst, src);
+  if (!same_shape(dst, src)) return sta_shape_mismatch("copy", NULL, dst, NULL, src);
   sta_device dd = dst->storage->device, sd = src->storage->device;
-  if (dd == STA_CPU && sd == STA_CPU) { host_copy(dst, src); return STA_OK; }
-  if (dd == sd) {
-    const sta_backend_ops *b = sta_backend_get(dd);
-    if (b->copy) return b->copy(dst, src);
-  }
+  sta_status rc = sta_copy_check_overlap(dst, src);
+  if (rc == STA_OK) rc = device_backend(dd);
+  if (rc == STA_OK) rc = device_backend(sd);
+  if (rc != STA_OK || sta_tensor_numel(dst) == 0) return rc;
+  if (dd == STA_CPU && sd == STA_CPU) { sta_host_copy(dst, src); return STA_OK; }
+  if (dd == sd) return sta_backend_get(dd)->copy(dst, src);
+  if (dd == STA_CPU && sta_tensor_is_contiguous(dst)) return fetch(sta_tensor_data(dst), src, dst->dtype);
+  if (sd == STA_CPU && sta_tensor_is_contiguous(src) && src->dtype == dst->dtype)
+    return from_host(dst, src);
   sta_tensor *h = NULL;
-  sta_status rc = to_host(&h, src, dst->dtype);
-  if (rc == STA_OK) rc = from_host(dst, h);
+  rc = to_host(&h, src, dst->dtype);
+  if (rc == STA_OK) {
+    if (dd == STA_CPU) sta_host_copy(dst, h);
+    else rc = from_host(dst, h);
+  }
   sta_tensor_destroy(h);
   return rc;
 }
@@ -519,73 +469,39 @@ sta_status sta_tensor_to(sta_tensor **out, const sta_tensor *src,
   return STA_OK;
 }
 
-/* ---- random numbers ------------------------------------------------------ */
-
-static uint64_t splitmix64(uint64_t x) {
-  x += 0x9e3779b97f4a7c15ull;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
-  return x ^ (x >> 31);
-}
+/* ---- random numbers and fills ------------------------------------------- */
 
 double sta_randn_at(uint64_t seed, uint64_t i) {
-  uint64_t pair = i >> 1, base = splitmix64(seed) ^ (pair * 0xd1b54a32d192ed03ull);
-  uint64_t h1 = splitmix64(base), h2 = splitmix64(base ^ 0x8cb92ba72f3d8dd7ull);
-  double u1 = ((double)(h1 >> 11) + 1.0) * 0x1.0p-53; /* (0, 1] */
-  double u2 = (double)(h2 >> 11) * 0x1.0p-53;
-  double r = sqrt(-2.0 * log(u1)), a = 6.283185307179586 * u2;
-  return (i & 1) ? r * sin(a) : r * cos(a);
-}
-
-/* Apply f to every element of a host tensor, in row-major logical order. */
-static void host_fill(sta_tensor *t, uint64_t seed, double mean, double std,
-                      int random) {
-  int64_t sh[4], st[4];
-  as4(t, sh, st);
-  char *d = sta_tensor_data(t);
-  size_t es = sta_dtype_size(t->dtype);
-  int64_t outer = sh[0] * sh[1] * sh[2];
-  #pragma omp parallel for schedule(static) if (outer * sh[3] > 65536)
-  for (int64_t o = 0; o < outer; o++) {
-    int64_t i0 = o / (sh[1] * sh[2]), i1 = (o / sh[2]) % sh[1], i2 = o % sh[2];
-    char *row = d + (i0 * st[0] + i1 * st[1] + i2 * st[2]) * (int64_t)es;
-    for (int64_t i = 0; i < sh[3]; i++) {
-      double v = random ? mean + std * sta_randn_at(seed, (uint64_t)(o * sh[3] + i)) : mean;
-      sta_store_f32(row + i * st[3] * (int64_t)es, t->dtype, (float)v);
-    }
-  }
-}
-
-static sta_status fill_any(sta_tensor *t, uint64_t seed, double mean,
-                           double std, int random) {
-  if (!t) return sta_error(STA_ERR_ARGUMENT, "t: expected a tensor, got NULL");
-  if (t->storage->device == STA_CPU) {
-    host_fill(t, seed, mean, std, random);
-    return STA_OK;
-  }
-  const sta_backend_ops *b = sta_backend_get(t->storage->device);
-  if (random && b->randn) return b->randn(t, seed, mean, std);
-  if (!random && b->fill) return b->fill(t, mean);
-  sta_tensor *h = NULL;
-  sta_status rc = sta_tensor_create(&h, t->dtype, STA_CPU, t->ndim, t->shape);
-  if (rc != STA_OK) return rc;
-  host_fill(h, seed, mean, std, random);
-  rc = from_host(t, h);
-  sta_tensor_destroy(h);
-  return rc;
+  double even, odd;
+  sta_randn_pair(seed, i >> 1, &even, &odd);
+  return (i & 1) ? odd : even;
 }
 
 sta_status sta_tensor_randn(sta_tensor *t, uint64_t seed, double mean,
                             double std) {
+  if (!t) return sta_error(STA_ERR_ARGUMENT, "t: expected a tensor, got NULL");
   if (!(std >= 0) || !isfinite(std))
     return sta_error(STA_ERR_ARGUMENT, "std: expected a finite value >= 0, got %g", std);
   if (!isfinite(mean))
     return sta_error(STA_ERR_ARGUMENT, "mean: expected a finite value, got %g", mean);
-  return fill_any(t, seed, mean, std, 1);
+  sta_status rc = device_backend(t->storage->device);
+  if (rc != STA_OK || sta_tensor_numel(t) == 0) return rc;
+  if (t->storage->device == STA_CPU) {
+    sta_host_randn(t, seed, mean, std);
+    return STA_OK;
+  }
+  return sta_backend_get(t->storage->device)->randn(t, seed, mean, std);
 }
 
 sta_status sta_tensor_fill(sta_tensor *t, double value) {
-  return fill_any(t, 0, value, 0, 0);
+  if (!t) return sta_error(STA_ERR_ARGUMENT, "t: expected a tensor, got NULL");
+  sta_status rc = device_backend(t->storage->device);
+  if (rc != STA_OK || sta_tensor_numel(t) == 0) return rc;
+  if (t->storage->device == STA_CPU) {
+    sta_host_fill(t, value);
+    return STA_OK;
+  }
+  return sta_backend_get(t->storage->device)->fill(t, value);
 }
 
 /* ---- element access --------------------------------------------------- */
@@ -628,9 +544,11 @@ sta_status sta_tensor_compare(const sta_tensor *a, const sta_tensor *b,
                               double *max_abs, double *rel_l2) {
   if (!a) return sta_error(STA_ERR_ARGUMENT, "a: expected a tensor, got NULL");
   if (!b) return sta_error(STA_ERR_ARGUMENT, "b: expected a tensor, got NULL");
-  if (!same_shape(a, b)) return shape_mismatch("compare", a, b);
+  if (!same_shape(a, b)) return sta_shape_mismatch("compare", NULL, a, NULL, b);
   sta_tensor *ha = NULL, *hb = NULL;
-  sta_status rc = to_host(&ha, a, STA_F32);
+  sta_status rc = device_backend(a->storage->device);
+  if (rc == STA_OK) rc = device_backend(b->storage->device);
+  if (rc == STA_OK) rc = to_host(&ha, a, STA_F32);
   if (rc == STA_OK) rc = to_host(&hb, b, STA_F32);
   if (rc == STA_OK) {
     const float *x = sta_tensor_data(ha), *y = sta_tensor_data(hb);

@@ -72,17 +72,26 @@ for l = 0, L - 1 do
     canvas = canvas, tile = tile, text_len = opts.text, backend = device }
 end
 
--- latent (video rows) and the two prompts' text rows, on the device
-local function on_device(t) return device == "cpu" and t or t:to(device) end
-local latent = on_device(sta.randn({ 1, V, H, D }, { seed = opts.seed, dtype = dtype }))
-local text_rows = {
-  pos = opts.text > 0 and on_device(sta.randn({ 1, opts.text, H, D }, { seed = opts.seed + 1, dtype = dtype })),
-  neg = opts.text > 0 and on_device(sta.randn({ 1, opts.text, H, D }, { seed = opts.seed + 2, dtype = dtype })),
-}
+-- latent (video rows) and the two prompts' text rows, drawn on the device
+-- (the same values on every device: a counter-based generator)
+local function randn(rows, seed)
+  return sta.randn({ 1, rows, H, D }, { seed = seed, dtype = dtype, device = device })
+end
+local latent = randn(V, opts.seed)
+local text_rows = { pos = opts.text > 0 and randn(opts.text, opts.seed + 1),
+  neg = opts.text > 0 and randn(opts.text, opts.seed + 2) }
+
+-- each pass's hidden sequence and its layers' outputs: two buffers per
+-- pass, reused every step; every operation below runs on the device
+local bufs = {}
+for _, pass in ipairs{ "pos", "neg" } do
+  bufs[pass] = { sta.tensor({ 1, S, H, D }, { dtype = dtype, device = device }),
+    sta.tensor({ 1, S, H, D }, { dtype = dtype, device = device }) }
+end
 
 -- the hidden sequence of one pass: latent rows, then the prompt's text rows
 local function hidden(pass)
-  local h = sta.tensor({ 1, S, H, D }, { dtype = dtype, device = device })
+  local h = bufs[pass][1]
   h:narrow(2, 1, V):copy(latent)
   if opts.text > 0 then h:narrow(2, V + 1, opts.text):copy(text_rows[pass]) end
   return h
@@ -92,7 +101,7 @@ local batch = sta.forward_batch{ batch_size = 1 }
 local flops_per_step, attn_time, total_flops, forwards = 0, 0, 0, 0
 local step_times = {}
 local bar = cli.progress(opts.steps * 2 * L, "denoising")
-local t_start = sta.now()
+local t_start, moved = sta.now(), sta.transfer_bytes()
 
 for step = 0, opts.steps - 1 do
   local t0 = sta.now()
@@ -103,15 +112,15 @@ for step = 0, opts.steps - 1 do
     local h = hidden(pass)
     local ctx <close> = sta.forward_context{ step = step, metadata = md, batch = batch }
     for l = 0, L - 1 do
+      if device ~= "cpu" then sta.synchronize() end -- time the attention alone
       local ta = sta.now()
-      local out = layers[l]:forward(h, h, h)
+      local out = layers[l]:forward(h, h, h, bufs[pass][2 - l % 2])
       if device ~= "cpu" then sta.synchronize() end
       attn_time = attn_time + (sta.now() - ta)
       local wins = md:row(l)
       total_flops = total_flops + sta.flops{ canvas = canvas, tile = tile, text_len = opts.text, window = wins,
         seq_len = S, heads = H, head_dim = D }
       forwards = forwards + 1
-      h:release()
       h = out
       bar:update(step * 2 * L + (pass == "neg" and L or 0) + l + 1,
         ("step %d/%d %s layer %d/%d"):format(step + 1, opts.steps, pass, l + 1, L))
@@ -122,8 +131,7 @@ for step = 0, opts.steps - 1 do
   local pred = preds.pos:axpby(1 - opts.guidance, preds.neg, opts.guidance)
   local dt = 1 / opts.steps
   latent:axpby(dt, pred:narrow(2, 1, V), 1 - dt)
-  preds.pos:release()
-  preds.neg:release()
+  if device ~= "cpu" then sta.synchronize() end
   local elapsed = sta.now() - t0
   step_times[#step_times + 1] = elapsed
   bar:finish()
@@ -133,7 +141,7 @@ for step = 0, opts.steps - 1 do
     elapsed * 1e3)
 end
 bar:finish()
-local total = sta.now() - t_start
+local total, moved_steps = sta.now() - t_start, sta.transfer_bytes() - moved
 
 local st = latent:stats()
 local finite = st.nonfinite == 0
@@ -146,6 +154,8 @@ say("  median step %.1f ms; attention %.2f s (%.0f%% of the run), %.3f TFLOP, %.
   total_flops / attn_time / 1e9)
 say("  strategy sparsity %.3f; search records %d; contexts left %d\n", strategy:sparsity(grid),
   batch:records(false) + batch:records(true), sta.context_depth())
-say("  latent mean %.4f std %.4f, %s\n", st.mean, st.std, finite and "all finite" or "NOT FINITE")
+say("  host<->device bytes moved by the steps: %d\n", moved_steps)
+say("  latent mean %.6f std %.6f min %.4f max %.4f, %s\n", st.mean, st.std, st.min, st.max,
+  finite and "all finite" or "NOT FINITE")
 if not finite or sta.context_depth() ~= 0 then os.exit(1) end
 say("ok\n")

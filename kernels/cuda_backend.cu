@@ -1,9 +1,8 @@
 /*
 ** cuda_backend.cu -- the CUDA backend table (core/internal.h): probe,
-** device memory, copies, fill, attention (sta_attention.cu), head_diff.
-** Never prints, never aborts: every failure is a status and a message.
-** randn is left to the core (host draws, one upload), so a seed gives the
-** same values on every backend bit for bit.
+** device memory, transfers, attention (sta_attention.cu), head_diff;
+** the elementwise operations are in ops.cu.  Never prints, never aborts:
+** every failure is a status and a message.
 */
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -115,6 +114,7 @@ sta_status cuda_memcpy(void *dst, sta_device dd, const void *src,
   cudaStream_t s = sta_cuda_stream();
   cudaError_t e = cudaMemcpyAsync(dst, src, n, kind, s);
   if (e != cudaSuccess) return sta_cuda_fail(e, "cudaMemcpyAsync");
+  if (kind != cudaMemcpyDeviceToDevice) sta_transfer_account((int64_t)n);
   /* the host side may be freed or read as soon as we return */
   if (kind != cudaMemcpyDeviceToDevice &&
       (e = cudaStreamSynchronize(s)) != cudaSuccess)
@@ -122,31 +122,35 @@ sta_status cuda_memcpy(void *dst, sta_device dd, const void *src,
   return STA_OK;
 }
 
+} /* namespace */
+
+int sta_cuda_sm_count(void) {
+  static int n[64];
+  int dev = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= 64) {
+    (void)cudaGetLastError();
+    return 132;
+  }
+  if (!n[dev]) {
+    int c = 0;
+    if (cudaDeviceGetAttribute(&c, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess || c <= 0) {
+      (void)cudaGetLastError();
+      c = 132;
+    }
+    n[dev] = c;
+  }
+  return n[dev];
+}
+
+namespace {
+
 sta_status cuda_synchronize(void) {
   cudaError_t e = cudaStreamSynchronize(sta_cuda_stream());
   if (e != cudaSuccess) return sta_cuda_fail(e, "cudaStreamSynchronize");
   return STA_OK;
 }
 
-/* ---- elementwise: copy with conversion, fill ------------------------------ */
-
-struct Strided4 {
-  void *data;
-  int dtype;
-  int64_t shape[4], stride[4];
-};
-
-Strided4 as4(const sta_tensor *t) {
-  Strided4 s;
-  int nd = t->ndim, pad = 4 - nd;
-  s.data = (char *)t->storage->data + t->offset * (int64_t)sta_dtype_size(t->dtype);
-  s.dtype = (int)t->dtype;
-  for (int i = 0; i < 4; i++) {
-    s.shape[i] = i < pad ? 1 : t->shape[i - pad];
-    s.stride[i] = i < pad ? 0 : t->stride[i - pad];
-  }
-  return s;
-}
+/* ---- head_diff: per-head mean |a-b| and (a-b)^2 ---------------------------- */
 
 __device__ __forceinline__ float load_as_f32(const void *base, int dt,
                                              int64_t off) {
@@ -155,110 +159,6 @@ __device__ __forceinline__ float load_as_f32(const void *base, int dt,
   if (dt == STA_F16) return __half2float(__ushort_as_half(h));
   return __uint_as_float((uint32_t)h << 16);
 }
-
-/* Same rounding as sta_f32_to_bf16 in internal.h (RNE, quiet NaN). */
-__device__ __forceinline__ uint16_t f32_to_bf16_bits(float f) {
-  uint32_t u = __float_as_uint(f);
-  if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40);
-  u += 0x7fffu + ((u >> 16) & 1u);
-  return (uint16_t)(u >> 16);
-}
-
-__device__ __forceinline__ void store_f32(void *base, int dt, int64_t off,
-                                          float v) {
-  if (dt == STA_F32)
-    ((float *)base)[off] = v;
-  else if (dt == STA_F16)
-    ((uint16_t *)base)[off] = __half_as_ushort(__float2half_rn(v));
-  else
-    ((uint16_t *)base)[off] = f32_to_bf16_bits(v);
-}
-
-__device__ __forceinline__ int64_t offset4(const Strided4 &t, int64_t i) {
-  int64_t i3 = i % t.shape[3];
-  i /= t.shape[3];
-  int64_t i2 = i % t.shape[2];
-  i /= t.shape[2];
-  int64_t i1 = i % t.shape[1];
-  int64_t i0 = i / t.shape[1];
-  return i0 * t.stride[0] + i1 * t.stride[1] + i2 * t.stride[2] +
-         i3 * t.stride[3];
-}
-
-__global__ void copy_kernel(Strided4 dst, Strided4 src, int64_t n) {
-  for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
-       i += (int64_t)gridDim.x * blockDim.x) {
-    int64_t so = offset4(src, i), d = offset4(dst, i);
-    if (dst.dtype == src.dtype && dst.dtype != STA_F32)
-      ((uint16_t *)dst.data)[d] = ((const uint16_t *)src.data)[so];
-    else
-      store_f32(dst.data, dst.dtype, d, load_as_f32(src.data, src.dtype, so));
-  }
-}
-
-__global__ void fill_kernel(Strided4 dst, int64_t n, float v) {
-  for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
-       i += (int64_t)gridDim.x * blockDim.x)
-    store_f32(dst.data, dst.dtype, offset4(dst, i), v);
-}
-
-unsigned blocks_for(int64_t n) {
-  int64_t b = (n + 255) / 256;
-  return (unsigned)(b < 65536 ? (b > 0 ? b : 1) : 65536);
-}
-
-/* Same dtype, rows contiguous and 16-byte aligned: 16 bytes per thread
-** (the SP all-to-all staging moves whole [rows, D] blocks this way). */
-__global__ void copy16_kernel(Strided4 dst, Strided4 src, int64_t rows,
-                              int64_t vpr, int64_t es) {
-  int64_t n = rows * vpr;
-  for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
-       i += (int64_t)gridDim.x * blockDim.x) {
-    int64_t r = i / vpr, v = i - r * vpr;
-    int64_t i2 = r % src.shape[2];
-    r /= src.shape[2];
-    int64_t i1 = r % src.shape[1], i0 = r / src.shape[1];
-    const uint4 *sp = (const uint4 *)((const char *)src.data +
-        (i0 * src.stride[0] + i1 * src.stride[1] + i2 * src.stride[2]) * es);
-    uint4 *dp = (uint4 *)((char *)dst.data +
-        (i0 * dst.stride[0] + i1 * dst.stride[1] + i2 * dst.stride[2]) * es);
-    dp[v] = sp[v];
-  }
-}
-
-static bool rows_vectorisable(const Strided4 &d, const Strided4 &s) {
-  int64_t es = d.dtype == STA_F32 ? 4 : 2;
-  if (d.dtype != s.dtype || d.stride[3] != 1 || s.stride[3] != 1) return false;
-  if ((d.shape[3] * es) % 16 || ((uintptr_t)d.data | (uintptr_t)s.data) % 16) return false;
-  for (int k = 0; k < 3; k++)
-    if (d.shape[k] > 1 && ((d.stride[k] * es) % 16 || (s.stride[k] * es) % 16)) return false;
-  return true;
-}
-
-sta_status cuda_copy(sta_tensor *dst, const sta_tensor *src) {
-  int64_t n = sta_tensor_numel(dst);
-  if (n == 0) return STA_OK;
-  Strided4 d = as4(dst), s = as4(src);
-  if (rows_vectorisable(d, s)) {
-    int64_t es = d.dtype == STA_F32 ? 4 : 2, vpr = d.shape[3] * es / 16;
-    int64_t rows = d.shape[0] * d.shape[1] * d.shape[2];
-    copy16_kernel<<<blocks_for(rows * vpr), 256, 0, sta_cuda_stream()>>>(d, s, rows, vpr, es);
-  } else
-    copy_kernel<<<blocks_for(n), 256, 0, sta_cuda_stream()>>>(d, s, n);
-  cudaError_t e = cudaGetLastError();
-  return e == cudaSuccess ? STA_OK : sta_cuda_fail(e, "copy kernel launch");
-}
-
-sta_status cuda_fill(sta_tensor *t, double value) {
-  int64_t n = sta_tensor_numel(t);
-  if (n == 0) return STA_OK;
-  fill_kernel<<<blocks_for(n), 256, 0, sta_cuda_stream()>>>(as4(t), n,
-                                                            (float)value);
-  cudaError_t e = cudaGetLastError();
-  return e == cudaSuccess ? STA_OK : sta_cuda_fail(e, "fill kernel launch");
-}
-
-/* ---- head_diff: per-head mean |a-b| and (a-b)^2 ---------------------------- */
 
 struct DiffArgs {
   const void *a, *b;
@@ -364,8 +264,9 @@ sta_status cuda_attention_backward(const sta_attn_params *p) {
 
 const sta_backend_ops cuda_ops = {
     "cuda",      cuda_probe,     cuda_alloc,  cuda_release,
-    cuda_memcpy, cuda_copy,      cuda_fill,   NULL /* randn: host draws */,
-    cuda_attention, cuda_head_diff, cuda_synchronize, cuda_attention_backward};
+    cuda_memcpy, sta_cuda_copy,  sta_cuda_fill, sta_cuda_randn,
+    cuda_attention, cuda_head_diff, cuda_synchronize, cuda_attention_backward,
+    sta_cuda_lincomb, sta_cuda_stats};
 
 } /* namespace */
 

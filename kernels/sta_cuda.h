@@ -18,6 +18,18 @@ static inline cudaStream_t sta_cuda_stream(void) {
 ** the sticky-free last error. */
 sta_status sta_cuda_fail(cudaError_t e, const char *what);
 
+/* Multiprocessors of the current device (132 when it cannot be asked). */
+int sta_cuda_sm_count(void);
+
+/* Elementwise operations and reductions (kernels/ops.cu), the backend
+** table's copy, fill, randn, lincomb and stats. */
+sta_status sta_cuda_copy(sta_tensor *dst, const sta_tensor *src);
+sta_status sta_cuda_fill(sta_tensor *t, double value);
+sta_status sta_cuda_randn(sta_tensor *t, uint64_t seed, double mean, double std);
+sta_status sta_cuda_lincomb(sta_tensor *out, float a, const sta_tensor *x, float b,
+                            const sta_tensor *y);
+sta_status sta_cuda_stats(const sta_tensor *t, sta_stats *out);
+
 /* The STA forward on device tensors (kernels/sta_attention.cu). */
 sta_status sta_cuda_attention(const sta_attn_params *p);
 

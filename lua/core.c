@@ -37,7 +37,7 @@ static int l_backend_available(lua_State *L) {
 }
 
 static int l_info(lua_State *L) {
-  lua_createtable(L, 0, 8);
+  lua_createtable(L, 0, 9);
   lua_pushstring(L, sta_version());
   lua_setfield(L, -2, "version");
   l_backends(L);
@@ -54,6 +54,8 @@ static int l_info(lua_State *L) {
   lua_setfield(L, -2, "device_peak");
   lua_pushinteger(L, sta_lua_device_soft_limit());
   lua_setfield(L, -2, "device_soft_limit");
+  lua_pushinteger(L, sta_transfer_bytes());
+  lua_setfield(L, -2, "transfer_bytes");
   return 1;
 }
 
@@ -69,6 +71,10 @@ static int l_synchronize(lua_State *L) {
   sta_status rc = sta_cuda_synchronize();
   if (rc != STA_OK) return sta_lua_fail(L, rc);
   lua_pushboolean(L, 1);
+  return 1;
+}
+static int l_transfer_bytes(lua_State *L) {
+  lua_pushinteger(L, sta_transfer_bytes());
   return 1;
 }
 static int l_device_bytes(lua_State *L) {
@@ -155,6 +161,7 @@ static const luaL_Reg core_funcs[] = {
   {"backends", l_backends}, {"backend_available", l_backend_available}, {"info", l_info},
   {"set_num_threads", l_set_num_threads}, {"get_num_threads", l_get_num_threads},
   {"synchronize", l_synchronize}, {"device_bytes", l_device_bytes},
+  {"transfer_bytes", l_transfer_bytes},
   {"set_device_soft_limit", l_set_device_soft_limit},
   {"status_name", l_status_name}, {"now", l_now}, {"history", l_history},
   {NULL, NULL}};

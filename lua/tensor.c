@@ -491,74 +491,57 @@ static int t_compare(lua_State *L) { /* a:compare(b) -> max_abs, rel_l2 */
   return 2;
 }
 
-/* Host f32 contiguous copy of t (a new handle), or raise/fail. */
-static sta_tensor *host_f32(lua_State *L, const sta_tensor *t, sta_status *rc) {
-  sta_tensor *h = NULL;
-  *rc = sta_tensor_to(&h, t, STA_F32, STA_CPU);
-  (void)L;
-  return h;
-}
-
-/* y:axpby(a, x, b): y = a*x + b*y elementwise (any dtype, device or
-** strides; computed in float32 on the host).  Returns y. */
+/* y:axpby(a, x, b): y = a*x + b*y on y's device (sta_tensor_axpby: any
+** dtypes and strides, float32 arithmetic).  Returns y. */
 static int t_axpby(lua_State *L) {
   sta_tensor *y = sta_lua_check_tensor(L, 1, "y");
-  float a = (float)luaL_checknumber(L, 2);
+  double a = luaL_checknumber(L, 2);
   sta_tensor *x = sta_lua_check_tensor(L, 3, "x");
-  float b = (float)luaL_checknumber(L, 4);
-  int32_t nd = sta_tensor_ndim(y);
-  int same = nd == sta_tensor_ndim(x);
-  for (int i = 0; same && i < nd; i++) same = sta_tensor_size(x, i) == sta_tensor_size(y, i);
-  if (!same) return sta_lua_misuse(L, "x: shape differs from y's");
-  sta_status rc;
-  sta_tensor *hx = host_f32(L, x, &rc), *hy = NULL;
-  if (rc == STA_OK) hy = host_f32(L, y, &rc);
-  if (rc == STA_OK) {
-    float *px = sta_tensor_data(hx), *py = sta_tensor_data(hy);
-    int64_t n = sta_tensor_numel(hy);
-    for (int64_t i = 0; i < n; i++) py[i] = a * px[i] + b * py[i];
-    rc = sta_tensor_copy(y, hy);
-  }
-  sta_tensor_destroy(hx);
-  sta_tensor_destroy(hy);
+  double b = luaL_checknumber(L, 4);
+  sta_status rc = sta_tensor_axpby(y, a, x, b);
   if (rc != STA_OK) return sta_lua_fail(L, rc);
   lua_settop(L, 1);
   return 1;
 }
 
-/* t:stats() -> {mean=, std=, min=, max=, nonfinite=} over all elements */
-static int t_stats(lua_State *L) {
+/* t:scale(a): t = a*t.  Returns t. */
+static int t_scale(lua_State *L) {
   sta_tensor *t = check_tensor(L, 1);
-  sta_status rc;
-  sta_tensor *h = host_f32(L, t, &rc);
+  sta_status rc = sta_tensor_scale(t, luaL_checknumber(L, 2));
   if (rc != STA_OK) return sta_lua_fail(L, rc);
-  const float *p = sta_tensor_data(h);
-  int64_t n = sta_tensor_numel(h), bad = 0, good = 0;
-  double sum = 0, sq = 0, lo = 0, hi = 0;
-  for (int64_t i = 0; i < n; i++) {
-    double v = p[i];
-    if (v != v || v > 3.4e38 || v < -3.4e38) { bad++; continue; }
-    if (good == 0 || v < lo) lo = v;
-    if (good == 0 || v > hi) hi = v;
-    good++;
-    sum += v;
-  }
-  double mean = good ? sum / (double)good : 0;
-  for (int64_t i = 0; i < n; i++) {
-    double v = p[i];
-    if (v == v && v <= 3.4e38 && v >= -3.4e38) sq += (v - mean) * (v - mean);
-  }
-  sta_tensor_destroy(h);
-  lua_createtable(L, 0, 5);
-  lua_pushnumber(L, mean);
+  lua_settop(L, 1);
+  return 1;
+}
+
+/* t:add(x): t = t + x; t:add(x, y): t = x + y (torch7's forms).  Returns t. */
+static int t_add(lua_State *L) {
+  sta_tensor *t = sta_lua_check_tensor(L, 1, "out");
+  sta_tensor *x = sta_lua_check_tensor(L, 2, "x");
+  sta_tensor *y = lua_isnoneornil(L, 3) ? NULL : sta_lua_check_tensor(L, 3, "y");
+  sta_status rc = y ? sta_tensor_add(t, x, y) : sta_tensor_add(t, t, x);
+  if (rc != STA_OK) return sta_lua_fail(L, rc);
+  lua_settop(L, 1);
+  return 1;
+}
+
+/* t:stats() -> {mean=, std=, min=, max=, count=, nonfinite=}, reduced on
+** t's device (sta_tensor_stats). */
+static int t_stats(lua_State *L) {
+  sta_stats s;
+  sta_status rc = sta_tensor_stats(check_tensor(L, 1), &s);
+  if (rc != STA_OK) return sta_lua_fail(L, rc);
+  lua_createtable(L, 0, 6);
+  lua_pushnumber(L, s.mean);
   lua_setfield(L, -2, "mean");
-  lua_pushnumber(L, good ? sqrt(sq / (double)good) : 0);
+  lua_pushnumber(L, s.std);
   lua_setfield(L, -2, "std");
-  lua_pushnumber(L, lo);
+  lua_pushnumber(L, s.min);
   lua_setfield(L, -2, "min");
-  lua_pushnumber(L, hi);
+  lua_pushnumber(L, s.max);
   lua_setfield(L, -2, "max");
-  lua_pushinteger(L, bad);
+  lua_pushinteger(L, (lua_Integer)s.count);
+  lua_setfield(L, -2, "count");
+  lua_pushinteger(L, (lua_Integer)s.nonfinite);
   lua_setfield(L, -2, "nonfinite");
   return 1;
 }
@@ -665,7 +648,7 @@ static const luaL_Reg tensor_methods[] = {
   {"view", t_view}, {"permute", t_permute}, {"narrow", t_narrow}, {"select", t_select},
   {"get", t_get}, {"set", t_set}, {"fill", t_fill}, {"randn", t_randn},
   {"totable", t_totable}, {"compare", t_compare}, {"save", sta_lua_tensor_save},
-  {"axpby", t_axpby}, {"stats", t_stats}, {NULL, NULL}};
+  {"axpby", t_axpby}, {"scale", t_scale}, {"add", t_add}, {"stats", t_stats}, {NULL, NULL}};
 static const luaL_Reg tensor_funcs[] = {
   {"tensor", l_tensor}, {"zeros", l_zeros}, {"randn", l_randn},
   {"from_table", l_from_table}, {NULL, NULL}};

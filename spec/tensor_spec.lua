@@ -180,7 +180,7 @@ describe("sta tensors", function()
     for i = 1, #xv do sum = sum + xv[i] end
     assert.is_true(math.abs(st.mean - sum / #xv) < 1e-6)
     assert.equal(0, st.nonfinite)
-    assert.equal("x: shape differs from y's", H.error_of(y.axpby, y, 1, H.randn({5, 3}), 1))
+    assert.equal("axpby: shapes differ (y 3x5 vs x 5x3)", H.error_of(y.axpby, y, 1, H.randn({5, 3}), 1))
   end)
 
   it("returns nil, message, code when host memory runs out", function()

@@ -1,0 +1,25 @@
+/* bench_util.h -- what the C benchmarks share: clocks and the median. */
+#ifndef STA_BENCH_UTIL_H
+#define STA_BENCH_UTIL_H
+
+#include <stdlib.h>
+#include <time.h>
+
+static inline double now(void) {
+  struct timespec t;
+  clock_gettime(CLOCK_MONOTONIC, &t);
+  return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
+}
+
+static inline int cmp_double(const void *a, const void *b) {
+  double x = *(const double *)a, y = *(const double *)b;
+  return x < y ? -1 : x > y;
+}
+
+/* Median of v[0..n-1] (sorts v). */
+static inline double median(double *v, int n) {
+  qsort(v, (size_t)n, sizeof *v, cmp_double);
+  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+#endif

@@ -1,0 +1,459 @@
+/*
+** ops.c -- elementwise operations and reductions: the checks of the public
+** calls (sta.h "Elementwise operations and reductions") and their host
+** loops; device tensors go to the backend (kernels/ops.cu for CUDA).
+** The host loops are also those of sta_tensor_copy, _fill and _randn.
+*/
+#include <float.h>
+#include <stdlib.h>
+
+#include "internal.h"
+
+/* ---- the iteration space ------------------------------------------------ */
+
+void sta_iter_init(sta_iter *it, int32_t nops, const sta_tensor *const *t) {
+  int64_t sh[4], st[STA_ITER_OPS][4];
+  int32_t n = 0;
+  memset(it, 0, sizeof *it);
+  it->nops = nops;
+  it->numel = sta_tensor_numel(t[0]);
+  for (int32_t k = 0; k < nops; k++) {
+    it->data[k] = sta_tensor_data(t[k]);
+    it->dtype[k] = (int32_t)t[k]->dtype;
+  }
+  for (int32_t d = 0; d < t[0]->ndim; d++) {
+    int64_t size = t[0]->shape[d];
+    int merge = n > 0;
+    if (size == 1) continue;
+    for (int32_t k = 0; k < nops && merge; k++)
+      merge = st[k][n - 1] == t[k]->stride[d] * size;
+    if (merge) {
+      sh[n - 1] *= size;
+      for (int32_t k = 0; k < nops; k++) st[k][n - 1] = t[k]->stride[d];
+      continue;
+    }
+    sh[n] = size;
+    for (int32_t k = 0; k < nops; k++) st[k][n] = t[k]->stride[d];
+    n++;
+  }
+  if (n == 0) { /* one element */
+    sh[0] = 1;
+    for (int32_t k = 0; k < nops; k++) st[k][0] = 1;
+    n = 1;
+  }
+  it->ndim = n;
+  for (int32_t i = 0; i < 4; i++) {
+    int32_t j = i - (4 - n);
+    it->shape[i] = j < 0 ? 1 : sh[j];
+    for (int32_t k = 0; k < nops; k++) it->stride[k][i] = j < 0 ? 0 : st[k][j];
+  }
+}
+
+/* ---- host loops ----------------------------------------------------------- */
+
+#define CHUNK 4096 /* elements per work item of the host loops */
+
+enum { OP_COPY, OP_FILL, OP_RANDN, OP_LINCOMB, OP_STATS };
+
+typedef struct host_job {
+  sta_iter it;
+  int op;
+  float a, b, shift;   /* lincomb; stats: the shift */
+  double mean, std;    /* randn (mean: also the fill value) */
+  uint64_t seed;
+} host_job;
+
+typedef struct stats_part {
+  double s1, s2;       /* sums of (x - shift) and its square, finite x */
+  float lo, hi;
+  int64_t bad;
+} stats_part;
+
+static void load_row(float *dst, const char *p, int64_t st, int32_t dt, int64_t n) {
+  if (dt == STA_F32) {
+    const float *s = (const float *)p;
+    if (st == 1) memcpy(dst, s, (size_t)n * sizeof *dst);
+    else for (int64_t i = 0; i < n; i++) dst[i] = s[i * st];
+  } else if (dt == STA_F16) {
+    const uint16_t *s = (const uint16_t *)p;
+    for (int64_t i = 0; i < n; i++) dst[i] = sta_f16_to_f32(s[i * st]);
+  } else {
+    const uint16_t *s = (const uint16_t *)p;
+    int64_t i = 0;
+    if (st == 1) /* blocks of 8: gcc -O2 vectorises a loop of constant trips */
+      for (; i + 8 <= n; i += 8)
+        for (int k = 0; k < 8; k++) dst[i + k] = sta_bf16_to_f32(s[i + k]);
+    for (; i < n; i++) dst[i] = sta_bf16_to_f32(s[i * st]);
+  }
+}
+
+static void store_row(char *p, int64_t st, int32_t dt, const float *src, int64_t n) {
+  if (dt == STA_F32) {
+    float *d = (float *)p;
+    if (st == 1) memcpy(d, src, (size_t)n * sizeof *src);
+    else for (int64_t i = 0; i < n; i++) d[i * st] = src[i];
+  } else if (dt == STA_F16) {
+    uint16_t *d = (uint16_t *)p;
+    for (int64_t i = 0; i < n; i++) d[i * st] = sta_f32_to_f16(src[i]);
+  } else {
+    uint16_t *d = (uint16_t *)p;
+    int64_t i = 0;
+    if (st == 1)
+      for (; i + 8 <= n; i += 8)
+        for (int k = 0; k < 8; k++) d[i + k] = sta_f32_to_bf16(src[i + k]);
+    for (; i < n; i++) d[i * st] = sta_f32_to_bf16(src[i]);
+  }
+}
+
+/* Same dtype: the elements' bits, no conversion (NaN payloads kept). */
+static void raw_row(char *d, int64_t ds, const char *s, int64_t ss, size_t es, int64_t n) {
+  if (ds == 1 && ss == 1) memcpy(d, s, (size_t)n * es);
+  else if (es == 4)
+    for (int64_t i = 0; i < n; i++) ((uint32_t *)d)[i * ds] = ((const uint32_t *)s)[i * ss];
+  else
+    for (int64_t i = 0; i < n; i++) ((uint16_t *)d)[i * ds] = ((const uint16_t *)s)[i * ss];
+}
+
+/* Draws g .. g+n-1 of the job's stream as stored values. */
+static void randn_row(float *dst, const host_job *j, uint64_t g, int64_t n) {
+  int64_t i = 0;
+  double e, o;
+  if (n > 0 && (g & 1)) { /* odd start: the second of a pair */
+    sta_randn_pair(j->seed, g >> 1, &e, &o);
+    dst[i++] = sta_randn_value(o, j->mean, j->std);
+  }
+  for (; i + 1 < n; i += 2) {
+    sta_randn_pair(j->seed, (g + (uint64_t)i) >> 1, &e, &o);
+    dst[i] = sta_randn_value(e, j->mean, j->std);
+    dst[i + 1] = sta_randn_value(o, j->mean, j->std);
+  }
+  if (i < n) {
+    sta_randn_pair(j->seed, (g + (uint64_t)i) >> 1, &e, &o);
+    dst[i] = sta_randn_value(e, j->mean, j->std);
+  }
+}
+
+/* Into s: n values, in 8 lanes (in blocks of 8: vectorised) merged in
+** lane order, so the sums' order is fixed. */
+static void stats_row(stats_part *s, const float *x, float shift, int64_t n) {
+  double a1[8] = {0}, a2[8] = {0};
+  float lo[8], hi[8];
+  int64_t bad[8] = {0}, i = 0;
+  for (int k = 0; k < 8; k++) { lo[k] = INFINITY; hi[k] = -INFINITY; }
+  for (; i < n; i += 8)
+    for (int k = 0; k < 8; k++) {
+      float v = i + k < n ? x[i + k] : shift; /* past the end: adds nothing */
+      int ok = isfinite(v);
+      double d = ok ? (double)v - shift : 0.0;
+      a1[k] += d;
+      a2[k] += d * d;
+      lo[k] = ok && v < lo[k] ? v : lo[k];
+      hi[k] = ok && v > hi[k] ? v : hi[k];
+      bad[k] += !ok;
+    }
+  for (int k = 0; k < 8; k++) {
+    s->s1 += a1[k];
+    s->s2 += a2[k];
+    if (lo[k] < s->lo) s->lo = lo[k];
+    if (hi[k] > s->hi) s->hi = hi[k];
+    s->bad += bad[k];
+  }
+}
+
+/* One run of n elements along the last dim, logical index g. */
+static void host_segment(const host_job *j, char *const *p, int64_t g, int64_t n,
+                         stats_part *part) {
+  const sta_iter *it = &j->it;
+  const int64_t *s0 = it->stride[0], *s1 = it->stride[1], *s2 = it->stride[2];
+  float x[CHUNK], y[CHUNK];
+  int32_t dt = it->dtype[0];
+  switch (j->op) {
+  case OP_COPY:
+    if (it->dtype[0] == it->dtype[1])
+      raw_row(p[0], s0[3], p[1], s1[3], sta_dtype_size((sta_dtype)dt), n);
+    else {
+      load_row(x, p[1], s1[3], it->dtype[1], n);
+      store_row(p[0], s0[3], dt, x, n);
+    }
+    break;
+  case OP_FILL: { /* the value's bits once, then copies of them */
+    uint32_t w = 0;
+    sta_store_f32(&w, dt, (float)j->mean);
+    if (dt == STA_F32)
+      for (int64_t i = 0; i < n; i++) ((uint32_t *)p[0])[i * s0[3]] = w;
+    else
+      for (int64_t i = 0; i < n; i++) ((uint16_t *)p[0])[i * s0[3]] = (uint16_t)w;
+    break;
+  }
+  case OP_RANDN:
+    randn_row(x, j, (uint64_t)g, n);
+    store_row(p[0], s0[3], dt, x, n);
+    break;
+  case OP_LINCOMB:
+    load_row(x, p[1], s1[3], it->dtype[1], n);
+    if (it->nops > 2) {
+      load_row(y, p[2], s2[3], it->dtype[2], n);
+      int64_t i = 0;
+      for (; i + 8 <= n; i += 8)
+        for (int k = 0; k < 8; k++) { /* one rounding each, as on the device */
+          float ax = j->a * x[i + k];
+          float by = j->b * y[i + k];
+          x[i + k] = ax + by;
+        }
+      for (; i < n; i++) {
+        float ax = j->a * x[i];
+        float by = j->b * y[i];
+        x[i] = ax + by;
+      }
+    } else
+      for (int64_t i = 0; i < n; i++) x[i] = j->a * x[i];
+    store_row(p[0], s0[3], dt, x, n);
+    break;
+  default: /* OP_STATS */
+    load_row(x, p[0], s0[3], dt, n);
+    stats_row(part, x, j->shift, n);
+    break;
+  }
+}
+
+/* Work item c: logical elements [c*CHUNK, (c+1)*CHUNK), row by row. */
+static void host_item(const host_job *j, int64_t c, stats_part *part) {
+  const sta_iter *it = &j->it;
+  int64_t g = c * CHUNK, end = g + CHUNK < it->numel ? g + CHUNK : it->numel;
+  while (g < end) {
+    int64_t i3 = g % it->shape[3], r = g / it->shape[3];
+    int64_t i2 = r % it->shape[2];
+    r /= it->shape[2];
+    int64_t i1 = r % it->shape[1], i0 = r / it->shape[1];
+    int64_t n = it->shape[3] - i3 < end - g ? it->shape[3] - i3 : end - g;
+    char *p[STA_ITER_OPS];
+    for (int32_t k = 0; k < it->nops; k++) {
+      const int64_t *st = it->stride[k];
+      p[k] = it->data[k] + (i0 * st[0] + i1 * st[1] + i2 * st[2] + i3 * st[3]) *
+                               (int64_t)sta_dtype_size((sta_dtype)it->dtype[k]);
+    }
+    host_segment(j, p, g, n, part);
+    g += n;
+  }
+}
+
+/* Run j over all elements; parts: one per work item (stats) or NULL. */
+static void host_run(const host_job *j, stats_part *parts) {
+  int64_t items = (j->it.numel + CHUNK - 1) / CHUNK;
+  #pragma omp parallel for schedule(static) if (items > 16)
+  for (int64_t c = 0; c < items; c++) host_item(j, c, parts ? parts + c : NULL);
+}
+
+static void host_job_init(host_job *j, int op, int32_t nops, const sta_tensor *const *t) {
+  memset(j, 0, sizeof *j);
+  j->op = op;
+  sta_iter_init(&j->it, nops, t);
+}
+
+void sta_host_copy(sta_tensor *dst, const sta_tensor *src) {
+  const sta_tensor *t[2] = {dst, src};
+  host_job j;
+  host_job_init(&j, OP_COPY, 2, t);
+  host_run(&j, NULL);
+}
+
+void sta_host_fill(sta_tensor *t, double value) {
+  const sta_tensor *tt[1] = {t};
+  host_job j;
+  host_job_init(&j, OP_FILL, 1, tt);
+  j.mean = value;
+  host_run(&j, NULL);
+}
+
+void sta_host_randn(sta_tensor *t, uint64_t seed, double mean, double std) {
+  const sta_tensor *tt[1] = {t};
+  host_job j;
+  host_job_init(&j, OP_RANDN, 1, tt);
+  j.seed = seed;
+  j.mean = mean;
+  j.std = std;
+  host_run(&j, NULL);
+}
+
+static void host_lincomb(sta_tensor *out, float a, const sta_tensor *x, float b,
+                         const sta_tensor *y) {
+  const sta_tensor *t[3] = {out, x, y};
+  host_job j;
+  host_job_init(&j, OP_LINCOMB, y ? 3 : 2, t);
+  j.a = a;
+  j.b = b;
+  host_run(&j, NULL);
+}
+
+/* The shift of the stats sums: element 0 when finite (sums of deviations
+** from a value of the data keep the variance accurate), else 0. */
+static float stats_shift(const sta_tensor *t) {
+  float v = sta_load_f32(sta_tensor_data(t), t->dtype);
+  return isfinite(v) ? v : 0.f;
+}
+
+static sta_status host_stats(const sta_tensor *t, sta_stats *out) {
+  const sta_tensor *tt[1] = {t};
+  host_job j;
+  host_job_init(&j, OP_STATS, 1, tt);
+  j.shift = stats_shift(t);
+  int64_t items = (j.it.numel + CHUNK - 1) / CHUNK;
+  stats_part *parts = sta_malloc((size_t)items * sizeof *parts);
+  if (!parts) return sta_error(STA_ERR_NOMEM, "stats: out of host memory");
+  for (int64_t c = 0; c < items; c++) {
+    parts[c].s1 = parts[c].s2 = 0;
+    parts[c].lo = INFINITY;
+    parts[c].hi = -INFINITY;
+    parts[c].bad = 0;
+  }
+  host_run(&j, parts);
+  /* merged in item order: the same bits for any thread count */
+  double s1 = 0, s2 = 0;
+  float lo = INFINITY, hi = -INFINITY;
+  int64_t bad = 0;
+  for (int64_t c = 0; c < items; c++) {
+    s1 += parts[c].s1;
+    s2 += parts[c].s2;
+    if (parts[c].lo < lo) lo = parts[c].lo;
+    if (parts[c].hi > hi) hi = parts[c].hi;
+    bad += parts[c].bad;
+  }
+  free(parts);
+  int64_t n = j.it.numel - bad;
+  memset(out, 0, sizeof *out);
+  out->count = n;
+  out->nonfinite = bad;
+  if (n > 0) {
+    double m = s1 / (double)n, var = s2 / (double)n - m * m;
+    out->mean = (double)j.shift + m;
+    out->std = var > 0 ? sqrt(var) : 0;
+    out->min = lo;
+    out->max = hi;
+  }
+  return STA_OK;
+}
+
+/* ---- checks -------------------------------------------------------------- */
+
+static int same_view(const sta_tensor *a, const sta_tensor *b) {
+  if (a->storage != b->storage || a->offset != b->offset || a->ndim != b->ndim) return 0;
+  for (int32_t i = 0; i < a->ndim; i++)
+    if (a->shape[i] != b->shape[i] || (a->shape[i] > 1 && a->stride[i] != b->stride[i]))
+      return 0;
+  return 1;
+}
+
+/* 1 when a and b may share an element without being the same view
+** (their storage extents intersect). */
+static int overlap(const sta_tensor *a, const sta_tensor *b) {
+  int64_t alo, ahi, blo, bhi;
+  if (a->storage != b->storage || sta_tensor_numel(a) == 0 || sta_tensor_numel(b) == 0 ||
+      same_view(a, b))
+    return 0;
+  sta_tensor_extent(a, &alo, &ahi);
+  sta_tensor_extent(b, &blo, &bhi);
+  return alo <= bhi && blo <= ahi;
+}
+
+/* The checks every elementwise call makes: t[0] is written, t[1..n-1]
+** read; every one non-NULL, one shape, one device whose backend runs. */
+static sta_status check_operands(const char *op, int32_t n, const sta_tensor *const *t,
+                                 const char *const *names) {
+  for (int32_t i = 0; i < n; i++)
+    if (!t[i]) return sta_error(STA_ERR_ARGUMENT, "%s: expected a tensor, got NULL", names[i]);
+  for (int32_t i = 1; i < n; i++) {
+    int same = t[i]->ndim == t[0]->ndim;
+    for (int32_t d = 0; same && d < t[0]->ndim; d++) same = t[i]->shape[d] == t[0]->shape[d];
+    if (!same) return sta_shape_mismatch(op, names[0], t[0], names[i], t[i]);
+  }
+  sta_device dev = t[0]->storage->device;
+  for (int32_t i = 1; i < n; i++)
+    if (t[i]->storage->device != dev)
+      return sta_error(STA_ERR_ARGUMENT, "%s: devices differ (%s %s vs %s %s)", op, names[0],
+                       sta_device_name(dev), names[i], sta_device_name(t[i]->storage->device));
+  if (dev != STA_CPU && !sta_backend_available(dev))
+    return sta_error(STA_ERR_BACKEND, "st attn not supported");
+  for (int32_t i = 1; i < n; i++)
+    if (overlap(t[0], t[i]))
+      return sta_error(STA_ERR_ARGUMENT, "%s: %s overlaps %s without being the same view", op,
+                       names[0], names[i]);
+  return STA_OK;
+}
+
+static sta_status check_coef(const char *name, double v, float *out) {
+  if (!isfinite(v) || fabs(v) > FLT_MAX)
+    return sta_error(STA_ERR_ARGUMENT, "%s: expected a finite float32 value, got %g", name, v);
+  *out = (float)v;
+  return STA_OK;
+}
+
+/* sta_tensor_copy's overlap check (tensor.c checks the rest). */
+sta_status sta_copy_check_overlap(const sta_tensor *dst, const sta_tensor *src) {
+  if (overlap(dst, src))
+    return sta_error(STA_ERR_ARGUMENT, "copy: dst overlaps src without being the same view");
+  return STA_OK;
+}
+
+/* ---- the calls ------------------------------------------------------------- */
+
+/* out = a*x + b*y (y NULL: a*x), operands checked. */
+static sta_status lincomb(const char *op, sta_tensor *out, float a, const sta_tensor *x,
+                          float b, const sta_tensor *y) {
+  if (sta_tensor_numel(out) == 0) return STA_OK;
+  sta_device dev = out->storage->device;
+  if (dev == STA_CPU) {
+    host_lincomb(out, a, x, b, y);
+    return STA_OK;
+  }
+  const sta_backend_ops *be = sta_backend_get(dev);
+  if (!be || !be->lincomb)
+    return sta_error(STA_ERR_UNSUPPORTED, "%s: not available on %s", op, sta_device_name(dev));
+  return be->lincomb(out, a, x, b, y);
+}
+
+sta_status sta_tensor_axpby(sta_tensor *y, double a, const sta_tensor *x, double b) {
+  const sta_tensor *t[2] = {y, x};
+  static const char *const names[2] = {"y", "x"};
+  float fa = 0, fb = 0;
+  sta_status rc = check_operands("axpby", 2, t, names);
+  if (rc == STA_OK) rc = check_coef("a", a, &fa);
+  if (rc == STA_OK) rc = check_coef("b", b, &fb);
+  return rc == STA_OK ? lincomb("axpby", y, fa, x, fb, y) : rc;
+}
+
+sta_status sta_tensor_scale(sta_tensor *t, double a) {
+  const sta_tensor *tt[1] = {t};
+  static const char *const names[1] = {"t"};
+  float fa = 0;
+  sta_status rc = check_operands("scale", 1, tt, names);
+  if (rc == STA_OK) rc = check_coef("a", a, &fa);
+  return rc == STA_OK ? lincomb("scale", t, fa, t, 0.f, NULL) : rc;
+}
+
+sta_status sta_tensor_add(sta_tensor *out, const sta_tensor *x, const sta_tensor *y) {
+  const sta_tensor *t[3] = {out, x, y};
+  static const char *const names[3] = {"out", "x", "y"};
+  sta_status rc = check_operands("add", 3, t, names);
+  return rc == STA_OK ? lincomb("add", out, 1.f, x, 1.f, y) : rc;
+}
+
+sta_status sta_tensor_stats(const sta_tensor *t, sta_stats *out) {
+  const sta_tensor *tt[1] = {t};
+  static const char *const names[1] = {"t"};
+  sta_status rc = check_operands("stats", 1, tt, names);
+  if (rc != STA_OK) return rc;
+  if (!out) return sta_error(STA_ERR_ARGUMENT, "out: expected a pointer, got NULL");
+  sta_stats r;
+  memset(&r, 0, sizeof r);
+  sta_device dev = t->storage->device;
+  if (sta_tensor_numel(t) == 0) rc = STA_OK;
+  else if (dev == STA_CPU) rc = host_stats(t, &r);
+  else {
+    const sta_backend_ops *be = sta_backend_get(dev);
+    rc = be && be->stats ? be->stats(t, &r)
+                         : sta_error(STA_ERR_UNSUPPORTED, "stats: not available on %s",
+                                     sta_device_name(dev));
+  }
+  if (rc == STA_OK) *out = r;
+  return rc;
+}
