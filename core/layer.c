@@ -15,6 +15,7 @@ struct sta_layer {
   sta_layout layout;
   sta_device backend;
   float scale;
+  sta_softmax softmax;
   const sta_strategy *strategy;
 };
 
@@ -91,6 +92,10 @@ sta_status sta_layer_create(sta_layer **out, const sta_layer_desc *desc) {
     return sta_error(STA_ERR_BACKEND, "st attn not supported");
   if (!isfinite(desc->scale))
     return sta_error(STA_ERR_ARGUMENT, "scale: expected a finite value, got %g", (double)desc->scale);
+  if (desc->softmax != STA_SOFTMAX_EXACT && desc->softmax != STA_SOFTMAX_FAST)
+    return sta_error(STA_ERR_ARGUMENT,
+                     "softmax: expected STA_SOFTMAX_EXACT (0) or STA_SOFTMAX_FAST (1), got %d",
+                     (int)desc->softmax);
   sta_layer *l = sta_calloc(1, sizeof *l);
   if (!l) return sta_error(STA_ERR_NOMEM, "out of host memory (STA layer)");
   l->index = index;
@@ -103,6 +108,7 @@ sta_status sta_layer_create(sta_layer **out, const sta_layer_desc *desc) {
   l->layout = desc->layout;
   l->backend = desc->backend;
   l->scale = desc->scale;
+  l->softmax = desc->softmax;
   l->strategy = desc->strategy;
   *out = l;
   return STA_OK;
@@ -251,6 +257,7 @@ static sta_status layer_windows(sta_layer *l, const sta_tensor *const *ops,
     if ((rc = check_operand(l, ops[i], names[i])) != STA_OK) goto fail;
   d->layout = l->layout;
   d->scale = l->scale;
+  d->softmax = l->softmax;
   if (n == total || n < 0) {
     d->n_windows = hl;
     d->windows = *owned ? *owned : row + 3 * (size_t)l->sp_rank * hl;

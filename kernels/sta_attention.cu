@@ -80,6 +80,7 @@ struct AttnArgs {
   int n_text_items;   /* batch * heads * n_text_qblocks: they come first */
   int n_items;        /* all work items of the sm_90a kernels */
   float scale_log2;
+  float rescale_th;   /* online softmax: 0 exact maximum, 8 fast (softmax_block) */
   int16_t win[3 * STA_MAX_HEADS];  /* min(K, C) per head and axis */
   int16_t horder[STA_MAX_HEADS];   /* heads, largest window first */
 };
@@ -813,21 +814,19 @@ __device__ __forceinline__ void mask_block(float *s, const BlkInfo &bi,
   }
 }
 
-/* The running row maximum moves only when a block's maximum exceeds it by
-** more than STA_RESCALE_TH (exp2 domain): P and l may then reach 2^TH (256),
-** which bf16/f16 P and the f32 sums hold without loss, and O is rescaled
-** only on such jumps (after the first blocks, almost never) instead of
-** whenever a row's maximum grows at all.  The result is the same softmax:
-** the maximum is only the stabiliser.  0: the exact running maximum. */
-#ifndef STA_RESCALE_TH
-#define STA_RESCALE_TH 8.0f
-#endif
-
 /* Online softmax of one block in place (S -> P), exp2 domain; m, l of the
-** thread's two rows updated; alpha: the factor for the old O and l. */
+** thread's two rows updated; alpha: the factor for the old O and l.
+** th: the rescale threshold (AttnArgs::rescale_th).  0 (STA_SOFTMAX_EXACT,
+** the default) keeps the exact running maximum, so every row's largest P
+** is exactly 1.  8 (STA_SOFTMAX_FAST) moves the maximum only when a
+** block's exceeds it by more than 8: P and l may then reach 2^8, which
+** bf16/f16 P and the f32 sums hold, and O is rescaled only on such jumps
+** (after the first blocks, almost never); the same softmax, since the
+** maximum is only the stabiliser, but P is rounded at another scale (up to
+** twice the max error on peaked rows, BENCHMARKS.md). */
 template <bool NOEXP = false, int BK = BW>
 __device__ __forceinline__ void softmax_block(float *s, float *m, float *l,
-                                              float *alpha, float sl2) {
+                                              float *alpha, float sl2, float th) {
   constexpr int NJ = BK / 8;
 #pragma unroll
   for (int hr = 0; hr < 2; hr++) {
@@ -838,7 +837,7 @@ __device__ __forceinline__ void softmax_block(float *s, float *m, float *l,
     mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
     mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
     const float bmx = mx * sl2;
-    const float mnew = bmx > m[hr] + STA_RESCALE_TH ? bmx : m[hr];
+    const float mnew = bmx > m[hr] + th ? bmx : m[hr];
     float muse = mnew == -INFINITY ? 0.f : mnew;
     alpha[hr] = ex2(m[hr] - muse);
     m[hr] = mnew;
@@ -1371,7 +1370,7 @@ __global__ void __launch_bounds__(128 * (NWG + 1), 1)
     asm volatile("setmaxnreg.inc.sync.aligned.u32 160;\n");
   else
     asm volatile("setmaxnreg.inc.sync.aligned.u32 " STA_STR(STA_CREG) ";\n");
-  const float sl2 = a.scale_log2;
+  const float sl2 = a.scale_log2, th = a.rescale_th;
   const uint32_t dq0 = sdesc_lo(sQ + wg * 64 * 64, 16);
   const uint32_t dk0 = sdesc_lo(sK, 16);
   const uint32_t dv0 = sdesc_lo(sV, BW * 128);
@@ -1409,7 +1408,7 @@ __global__ void __launch_bounds__(128 * (NWG + 1), 1)
           sta_wgmma::pin<BW / 2>(s);
           mask_block(s, bi, a, lane);
           float al[2];
-          softmax_block(s, m, l, al, sl2);
+          softmax_block(s, m, l, al, sl2, th);
           rescale_o<D>(o, al);
           pack_p<T>(s, pa);
           issue_pv<T, D>(o, pa, dv0 + stage * SOFF);
@@ -1435,7 +1434,7 @@ __global__ void __launch_bounds__(128 * (NWG + 1), 1)
       sta_wgmma::pin<BW / 2>(s);
       if (p.nkb == 1) mbar_arrive(qempty); /* Q free (see below) */
       mask_block(s, get_binfo(&binfo[g % STAGES]), a, lane);
-      softmax_block(s, m, l, al, sl2);
+      softmax_block(s, m, l, al, sl2, th);
       pack_p<T>(s, pa);
       int i = 0;
       for (; i + 1 < p.nkb; i++) {
@@ -1454,7 +1453,7 @@ __global__ void __launch_bounds__(128 * (NWG + 1), 1)
         sta_wgmma::pin<BW / 2>(s);
         if (i + 2 == p.nkb) mbar_arrive(qempty); /* the last S is done: Q free */
         mask_block(s, bn, a, lane);
-        softmax_block<(KO & 1) != 0>(s, m, l, al, sl2);
+        softmax_block<(KO & 1) != 0>(s, m, l, al, sl2, th);
         sta_wgmma::pin<BW / 2>(s);
         sta_wgmma::wait<0>();
         sta_wgmma::pin<D / 2>(o);
@@ -1583,7 +1582,7 @@ __global__ void __launch_bounds__(384, 1)
     return;
   }
   asm volatile("setmaxnreg.inc.sync.aligned.u32 240;\n");
-  const float sl2 = a.scale_log2;
+  const float sl2 = a.scale_log2, th = a.rescale_th;
   const uint32_t dq0 = sdesc_lo(sQ + wg * 64 * 64, 16);
   const uint32_t dk0 = sdesc_lo(sK, 16);
   const uint32_t dv0 = sdesc_lo(sV, BK * 128);
@@ -1622,7 +1621,7 @@ __global__ void __launch_bounds__(384, 1)
     mbar_arrive(&emptyK[k0]);
     if (p.nkb == 1) mbar_arrive(qempty); /* Q free (see below) */
     mask_block<BK>(s, b0, a, lane);
-    softmax_block<false, BK>(s, m, l, al, sl2);
+    softmax_block<false, BK>(s, m, l, al, sl2, th);
     pack_p<T, BK>(s, pa);
     int i = 0;
     for (; i + 1 < p.nkb; i++) {
@@ -1640,7 +1639,7 @@ __global__ void __launch_bounds__(384, 1)
       mbar_arrive(&emptyK[kn]); /* K(i + 1) read */
       if (i + 2 == p.nkb) mbar_arrive(qempty); /* the last S is done: Q free */
       mask_block<BK>(s, bn, a, lane);
-      softmax_block<false, BK>(s, m, l, al, sl2);
+      softmax_block<false, BK>(s, m, l, al, sl2, th);
       sta_wgmma::pin<BK / 2>(s);
       sta_wgmma::wait<0>();
       sta_wgmma::pin<D / 2>(o);
@@ -2032,6 +2031,7 @@ sta_status sta_cuda_attention(const sta_attn_params *p) {
   x.NT = p->grid[0]; x.NH = p->grid[1]; x.NW = p->grid[2];
   x.tile_vol = x.tt * x.th * x.tw;
   x.scale_log2 = p->scale * 1.4426950408889634f;
+  x.rescale_th = p->fast_softmax ? 8.0f : 0.0f;
   int64_t st[] = {p->q_sb, p->q_ss, p->q_sh, p->k_sb, p->k_ss, p->k_sh,
                   p->v_sb, p->v_ss, p->v_sh, p->o_sb, p->o_ss, p->o_sh};
   int vec = aligned16(p->q) && aligned16(p->k) && aligned16(p->v) &&

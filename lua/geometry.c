@@ -231,6 +231,7 @@ static int attention_common(lua_State *L, int ref) {
   }
   d.windows = opts_windows(L, 4, &d.n_windows);
   d.scale = lua_istable(L, 4) ? (float)sta_lua_num_field(L, 4, "scale", 0) : 0;
+  d.softmax = sta_lua_parse_softmax(L, lua_istable(L, 4) ? sta_lua_str_field(L, 4, "softmax") : NULL);
   sta_tensor *out = NULL, *lse = NULL;
   int want_lse = 0;
   int top = lua_gettop(L);

@@ -139,6 +139,8 @@ static void test_create_errors(void **state) {
   BAD(geom.tile[2], 0, STA_ERR_WINDOW, "tile: w = 0, expected 1..1048576");
   BAD(layout, (sta_layout)7, STA_ERR_ARGUMENT, "layout: expected STA_BSHD (0) or STA_BHSD (1), got 7");
   BAD(backend, (sta_device)9, STA_ERR_ARGUMENT, "backend: unknown device 9");
+  BAD(softmax, (sta_softmax)2, STA_ERR_ARGUMENT,
+      "softmax: expected STA_SOFTMAX_EXACT (0) or STA_SOFTMAX_FAST (1), got 2");
   setenv("STA_DISABLE_CUDA", "1", 1);
   BAD(backend, STA_CUDA, STA_ERR_BACKEND, "st attn not supported");
   unsetenv("STA_DISABLE_CUDA");
