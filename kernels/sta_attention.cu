@@ -7,17 +7,11 @@
 ** of BR rows of one query tile of the STA grid.  A CTA gathers its rows by
 ** coordinate straight from untiled memory (any strides: BSHD, BHSD, views),
 ** so no tile/untile pass is needed, and walks the key blocks of its head's
-** window: BN keys at a time from each key tile (in the tile's (t,h,w)
+** window: BK keys at a time from each key tile (in the tile's (t,h,w)
 ** order), then the valid text rows.  Keys past a partial border tile or
 ** past text_len are zero-filled and masked.
 **
-** Tensor cores through mma.sync m16n8k16 (bf16/f16 in, f32 accumulate),
-** ldmatrix from XOR-swizzled shared memory, cp.async double buffering of K
-** and V, online softmax in the exp2 domain (FlashAttention-2 layout: each
-** warp owns 16*MT query rows): the portable fallback (STA_CUDA_VARIANT=1).
-**
-** The default on sm_90a is the warp-specialised wgmma kernel further down
-** (sta_fwd_ws), persistent: one CTA per SM takes work items (128 query
+** The kernels are warp-specialised wgmma kernels (sm_90a), persistent: one CTA per SM takes work items (128 query
 ** rows of one head) from a counter, longest first.  A producer warpgroup
 ** fills a 3-stage K/V ring (TMA straight from untiled memory: 5-D tile
 ** boxes of 2 t-slices of an 8x8 tile, 128-row boxes for text, issued by
@@ -44,8 +38,6 @@
 #define STA_MAX_HEADS 1024
 
 namespace {
-
-constexpr int BN = 64; /* keys per block */
 
 struct AttnArgs {
   /* TMA maps (sm_90a kernels), each read in boxes of 64 columns with the
@@ -101,49 +93,15 @@ __device__ __forceinline__ void cp_async_commit() {
 __device__ __forceinline__ void cp_async_wait_all() {
   asm volatile("cp.async.wait_group 0;\n" ::: "memory");
 }
-__device__ __forceinline__ void ldsm_x4(uint32_t addr, uint32_t &r0,
-                                        uint32_t &r1, uint32_t &r2,
-                                        uint32_t &r3) {
-  asm volatile(
-      "ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-      : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3)
-      : "r"(addr));
-}
-__device__ __forceinline__ void ldsm_x4_t(uint32_t addr, uint32_t &r0,
-                                          uint32_t &r1, uint32_t &r2,
-                                          uint32_t &r3) {
-  asm volatile(
-      "ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-      : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3)
-      : "r"(addr));
-}
-
+/* Two floats -> a packed pair of T (round to nearest). */
 template <typename T> struct Mma;
 template <> struct Mma<__nv_bfloat16> {
-  static __device__ __forceinline__ void run(float *c, const uint32_t *a,
-                                             uint32_t b0, uint32_t b1) {
-    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
-                 "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-                 "{%0,%1,%2,%3};\n"
-                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0),
-                   "r"(b1));
-  }
   static __device__ __forceinline__ uint32_t pack(float x, float y) {
     __nv_bfloat162 h = __floats2bfloat162_rn(x, y);
     return *reinterpret_cast<uint32_t *>(&h);
   }
 };
 template <> struct Mma<__half> {
-  static __device__ __forceinline__ void run(float *c, const uint32_t *a,
-                                             uint32_t b0, uint32_t b1) {
-    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 "
-                 "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-                 "{%0,%1,%2,%3};\n"
-                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0),
-                   "r"(b1));
-  }
   static __device__ __forceinline__ uint32_t pack(float x, float y) {
     __half2 h = __floats2half2_rn(x, y);
     return *reinterpret_cast<uint32_t *>(&h);
@@ -190,7 +148,7 @@ __device__ __forceinline__ void window_plan(const AttnArgs &a, int head, int it,
 
 /* Global row of key j of key block kb (blocks of BK keys), or -1; *cnt =
 ** valid keys of the block (they form a prefix). */
-template <int BK = BN>
+template <int BK>
 __device__ __forceinline__ int key_row(const AttnArgs &a, const KeyPlan &p,
                                        int kb, int j, int *cnt) {
   constexpr int BN = BK;
@@ -221,341 +179,6 @@ __device__ __forceinline__ int key_row(const AttnArgs &a, const KeyPlan &p,
   int dt = li / ehw, r = li - dt * ehw;
   int dh = r / ew, dw = r - dh * ew;
   return ((t0 + dt) * a.cH + h0 + dh) * a.cW + w0 + dw;
-}
-
-/* Fill nrows x D of swizzled shared memory from the rows in rowtab (zeros
-** for -1).  vec: 16-byte cp.async; else element loads. */
-template <typename T, int D, int NTH>
-__device__ __forceinline__ void load_rows(T *s, const T *g, int64_t ss,
-                                          const int *rowtab, int nrows,
-                                          int tid, int vec) {
-  constexpr int CH = D / 8;
-  if (vec) {
-    for (int c = tid; c < nrows * CH; c += NTH) {
-      int r = c / CH, ch = c % CH, row = rowtab[r];
-      const T *src = row >= 0 ? g + (int64_t)row * ss + ch * 8 : g;
-      cp_async16(smem_u32(s + r * D + ((ch ^ (r & 7)) * 8)), src,
-                 row >= 0 ? 16 : 0);
-    }
-  } else {
-    for (int c = tid; c < nrows * CH; c += NTH) {
-      int r = c / CH, ch = c % CH, row = rowtab[r];
-      uint4 tmp = make_uint4(0, 0, 0, 0);
-      uint16_t *t16 = reinterpret_cast<uint16_t *>(&tmp);
-      if (row >= 0) {
-        const uint16_t *src = reinterpret_cast<const uint16_t *>(
-            g + (int64_t)row * ss + ch * 8);
-#pragma unroll
-        for (int e = 0; e < 8; e++) t16[e] = src[e];
-      }
-      *reinterpret_cast<uint4 *>(s + r * D + ((ch ^ (r & 7)) * 8)) = tmp;
-    }
-  }
-}
-
-/* ---- the kernel ---------------------------------------------------------- */
-
-template <typename T, int D, int MT, int NWARP, bool QREG>
-__global__ void __launch_bounds__(NWARP * 32)
-    sta_fwd_kernel(const __grid_constant__ AttnArgs a) {
-  constexpr int NTH = NWARP * 32, BR = 16 * MT * NWARP, KS = D / 16,
-                NT = BN / 8, DT = D / 8;
-  extern __shared__ __align__(128) unsigned char smem_raw[];
-  T *sQ = reinterpret_cast<T *>(smem_raw);
-  T *sK = sQ + BR * D;            /* [2][BN][D] */
-  T *sV = sK + 2 * BN * D;        /* [2][BN][D] */
-  int *rowtab = reinterpret_cast<int *>(sV + 2 * BN * D); /* [2][BN] */
-  int *qrow = rowtab + 2 * BN;                            /* [BR] */
-
-  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-  const int head = blockIdx.y, b = blockIdx.z;
-  const int bx = blockIdx.x;
-
-  KeyPlan p;
-  p.text = bx < a.n_text_qblocks;
-  int qrow0 = 0, qcount = 0; /* for text: rows V + qrow0 + r */
-  int qt0 = 0, qh0 = 0, qw0 = 0, qeh = 0, qew = 0;
-  if (p.text) {
-    qrow0 = bx * BR;
-    qcount = min(BR, a.S - a.V - qrow0);
-    p.st = p.sh = p.sw = p.ct = p.ch = p.cw = p.bpt = p.n_tblk = 0;
-    p.nkb = (a.V + a.text_len + BN - 1) / BN;
-  } else {
-    int vb = bx - a.n_text_qblocks;
-    int tl = vb / a.qbpt, qb = vb - tl * a.qbpt;
-    int it = tl / (a.NH * a.NW), rem = tl - it * (a.NH * a.NW);
-    int ih = rem / a.NW, iw = rem - ih * a.NW;
-    qt0 = it * a.tt;
-    qh0 = ih * a.th;
-    qw0 = iw * a.tw;
-    int qet = min(a.tt, a.cT - qt0);
-    qeh = min(a.th, a.cH - qh0);
-    qew = min(a.tw, a.cW - qw0);
-    qrow0 = qb * BR;
-    qcount = min(BR, qet * qeh * qew - qrow0);
-    if (qcount <= 0) return;
-    window_plan(a, head, it, ih, iw, BN, &p);
-  }
-
-  const T *gq = reinterpret_cast<const T *>(a.q) + b * a.q_sb + head * a.q_sh;
-  const T *gk = reinterpret_cast<const T *>(a.k) + b * a.k_sb + head * a.k_sh;
-  const T *gv = reinterpret_cast<const T *>(a.v) + b * a.v_sb + head * a.v_sh;
-  T *go = reinterpret_cast<T *>(a.o) + b * a.o_sb + head * a.o_sh;
-
-  /* row tables: queries, key blocks 0 and 1 */
-  for (int r = tid; r < BR; r += NTH) {
-    int row = -1;
-    if (r < qcount) {
-      if (p.text) {
-        row = a.V + qrow0 + r;
-      } else {
-        int li = qrow0 + r, ehw = qeh * qew;
-        int dt = li / ehw, rr = li - dt * ehw;
-        int dh = rr / qew, dw = rr - dh * qew;
-        row = ((qt0 + dt) * a.cH + qh0 + dh) * a.cW + qw0 + dw;
-      }
-    }
-    qrow[r] = row;
-  }
-  for (int j = tid; j < 2 * BN; j += NTH) {
-    int kb = j / BN, c;
-    rowtab[j] = kb < p.nkb ? key_row(a, p, kb, j % BN, &c) : -1;
-  }
-  __syncthreads();
-  load_rows<T, D, NTH>(sQ, gq, a.q_ss, qrow, BR, tid, a.vec);
-  cp_async_commit();
-  load_rows<T, D, NTH>(sK, gk, a.k_ss, rowtab, BN, tid, a.vec);
-  load_rows<T, D, NTH>(sV, gv, a.v_ss, rowtab, BN, tid, a.vec);
-  cp_async_commit();
-
-  const int wrow = warp * 16 * MT; /* first row of this warp */
-  float o[MT][DT][4];
-  float m[MT][2], l[MT][2];
-#pragma unroll
-  for (int mt = 0; mt < MT; mt++) {
-#pragma unroll
-    for (int dt = 0; dt < DT; dt++)
-#pragma unroll
-      for (int e = 0; e < 4; e++) o[mt][dt][e] = 0.f;
-    m[mt][0] = m[mt][1] = -INFINITY;
-    l[mt][0] = l[mt][1] = 0.f;
-  }
-  uint32_t qf[QREG ? MT : 1][QREG ? KS : 1][4];
-  if (QREG) {
-    cp_async_wait_all();
-    __syncthreads();
-#pragma unroll
-    for (int mt = 0; mt < (QREG ? MT : 1); mt++)
-#pragma unroll
-      for (int ks = 0; ks < (QREG ? KS : 1); ks++) {
-        int r = wrow + mt * 16 + (lane & 15), ch = ks * 2 + (lane >> 4);
-        ldsm_x4(smem_u32(sQ + r * D + ((ch ^ (r & 7)) * 8)), qf[mt][ks][0],
-                qf[mt][ks][1], qf[mt][ks][2], qf[mt][ks][3]);
-      }
-  }
-  const float sl2 = a.scale_log2;
-
-  for (int i = 0; i < p.nkb; i++) {
-    cp_async_wait_all();
-    __syncthreads();
-    const int stage = i & 1;
-    if (i + 1 < p.nkb) {
-      const int *rt = rowtab + ((i + 1) & 1) * BN;
-      load_rows<T, D, NTH>(sK + (stage ^ 1) * BN * D, gk, a.k_ss, rt, BN,
-                           tid, a.vec);
-      load_rows<T, D, NTH>(sV + (stage ^ 1) * BN * D, gv, a.v_ss, rt, BN,
-                           tid, a.vec);
-    }
-    cp_async_commit();
-    if (i + 2 < p.nkb) {
-      for (int j = tid; j < BN; j += NTH) {
-        int c;
-        rowtab[stage * BN + j] = key_row(a, p, i + 2, j, &c);
-      }
-    }
-    int cnt;
-    (void)key_row(a, p, i, 0, &cnt);
-    if (cnt <= 0) continue;
-
-    const T *k_s = sK + stage * BN * D;
-    const T *v_s = sV + stage * BN * D;
-    float s[MT][NT][4];
-#pragma unroll
-    for (int mt = 0; mt < MT; mt++)
-#pragma unroll
-      for (int nt = 0; nt < NT; nt++)
-#pragma unroll
-        for (int e = 0; e < 4; e++) s[mt][nt][e] = 0.f;
-
-#pragma unroll
-    for (int ks = 0; ks < KS; ks++) {
-      uint32_t af[MT][4];
-#pragma unroll
-      for (int mt = 0; mt < MT; mt++) {
-        if (QREG) {
-#pragma unroll
-          for (int e = 0; e < 4; e++) af[mt][e] = qf[QREG ? mt : 0][QREG ? ks : 0][e];
-        } else {
-          int r = wrow + mt * 16 + (lane & 15), ch = ks * 2 + (lane >> 4);
-          ldsm_x4(smem_u32(sQ + r * D + ((ch ^ (r & 7)) * 8)), af[mt][0],
-                  af[mt][1], af[mt][2], af[mt][3]);
-        }
-      }
-#pragma unroll
-      for (int np = 0; np < NT / 2; np++) {
-        uint32_t b0, b1, b2, b3;
-        int r = np * 16 + (lane & 7) + ((lane >> 4) << 3);
-        int ch = ks * 2 + ((lane >> 3) & 1);
-        ldsm_x4(smem_u32(k_s + r * D + ((ch ^ (r & 7)) * 8)), b0, b1, b2, b3);
-#pragma unroll
-        for (int mt = 0; mt < MT; mt++) {
-          Mma<T>::run(s[mt][2 * np], af[mt], b0, b1);
-          Mma<T>::run(s[mt][2 * np + 1], af[mt], b2, b3);
-        }
-      }
-    }
-
-    if (cnt < BN) {
-#pragma unroll
-      for (int nt = 0; nt < NT; nt++) {
-        int col = nt * 8 + 2 * (lane & 3);
-#pragma unroll
-        for (int mt = 0; mt < MT; mt++) {
-          if (col >= cnt) s[mt][nt][0] = s[mt][nt][2] = -INFINITY;
-          if (col + 1 >= cnt) s[mt][nt][1] = s[mt][nt][3] = -INFINITY;
-        }
-      }
-    }
-
-    uint32_t pa[MT][BN / 16][4];
-#pragma unroll
-    for (int mt = 0; mt < MT; mt++) {
-#pragma unroll
-      for (int hr = 0; hr < 2; hr++) {
-        float mx = -INFINITY;
-#pragma unroll
-        for (int nt = 0; nt < NT; nt++)
-          mx = fmaxf(mx, fmaxf(s[mt][nt][2 * hr], s[mt][nt][2 * hr + 1]));
-        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-        float mnew = fmaxf(m[mt][hr], mx * sl2);
-        float muse = mnew == -INFINITY ? 0.f : mnew;
-        float alpha = exp2f(m[mt][hr] - muse);
-        m[mt][hr] = mnew;
-        float sum = 0.f;
-#pragma unroll
-        for (int nt = 0; nt < NT; nt++) {
-          float p0 = exp2f(fmaf(s[mt][nt][2 * hr], sl2, -muse));
-          float p1 = exp2f(fmaf(s[mt][nt][2 * hr + 1], sl2, -muse));
-          s[mt][nt][2 * hr] = p0;
-          s[mt][nt][2 * hr + 1] = p1;
-          sum += p0 + p1;
-        }
-        l[mt][hr] = l[mt][hr] * alpha + sum;
-#pragma unroll
-        for (int dt = 0; dt < DT; dt++) {
-          o[mt][dt][2 * hr] *= alpha;
-          o[mt][dt][2 * hr + 1] *= alpha;
-        }
-      }
-#pragma unroll
-      for (int kk = 0; kk < BN / 16; kk++) {
-        pa[mt][kk][0] = Mma<T>::pack(s[mt][2 * kk][0], s[mt][2 * kk][1]);
-        pa[mt][kk][1] = Mma<T>::pack(s[mt][2 * kk][2], s[mt][2 * kk][3]);
-        pa[mt][kk][2] =
-            Mma<T>::pack(s[mt][2 * kk + 1][0], s[mt][2 * kk + 1][1]);
-        pa[mt][kk][3] =
-            Mma<T>::pack(s[mt][2 * kk + 1][2], s[mt][2 * kk + 1][3]);
-      }
-    }
-
-#pragma unroll
-    for (int kk = 0; kk < BN / 16; kk++) {
-#pragma unroll
-      for (int dp = 0; dp < D / 16; dp++) {
-        uint32_t b0, b1, b2, b3;
-        int r = kk * 16 + (lane & 7) + (((lane >> 3) & 1) << 3);
-        int ch = dp * 2 + (lane >> 4);
-        ldsm_x4_t(smem_u32(v_s + r * D + ((ch ^ (r & 7)) * 8)), b0, b1, b2,
-                  b3);
-#pragma unroll
-        for (int mt = 0; mt < MT; mt++) {
-          Mma<T>::run(o[mt][2 * dp], pa[mt][kk], b0, b1);
-          Mma<T>::run(o[mt][2 * dp + 1], pa[mt][kk], b2, b3);
-        }
-      }
-    }
-  }
-  cp_async_wait_all();
-
-  /* normalise, stage this warp's rows in its own part of sQ, store */
-  const float ln2 = 0.69314718055994530942f;
-#pragma unroll
-  for (int mt = 0; mt < MT; mt++) {
-#pragma unroll
-    for (int hr = 0; hr < 2; hr++) {
-      float sum = l[mt][hr];
-      sum += __shfl_xor_sync(0xffffffffu, sum, 1);
-      sum += __shfl_xor_sync(0xffffffffu, sum, 2);
-      float inv = sum > 0.f ? 1.f / sum : 0.f;
-      int r = wrow + mt * 16 + (lane >> 2) + 8 * hr;
-#pragma unroll
-      for (int dt = 0; dt < DT; dt++) {
-        uint32_t v = Mma<T>::pack(o[mt][dt][2 * hr] * inv,
-                                  o[mt][dt][2 * hr + 1] * inv);
-        *reinterpret_cast<uint32_t *>(sQ + r * D + ((dt ^ (r & 7)) * 8) +
-                                      2 * (lane & 3)) = v;
-      }
-      if (a.lse && (lane & 3) == 0) {
-        int row = qrow[r];
-        if (row >= 0)
-          a.lse[b * a.lse_sb + head * a.lse_sh + (int64_t)row * a.lse_ss] =
-              sum > 0.f ? (m[mt][hr] + log2f(sum)) * ln2 : -INFINITY;
-      }
-    }
-  }
-  __syncwarp();
-  for (int c = lane; c < 16 * MT * DT; c += 32) {
-    int r = wrow + c / DT, ch = c % DT;
-    int row = qrow[r];
-    if (row < 0) continue;
-    const T *src = sQ + r * D + ((ch ^ (r & 7)) * 8);
-    T *dst = go + (int64_t)row * a.o_ss + ch * 8;
-    if (a.vec) {
-      *reinterpret_cast<uint4 *>(dst) = *reinterpret_cast<const uint4 *>(src);
-    } else {
-      const uint16_t *s16 = reinterpret_cast<const uint16_t *>(src);
-      uint16_t *d16 = reinterpret_cast<uint16_t *>(dst);
-#pragma unroll
-      for (int e = 0; e < 8; e++) d16[e] = s16[e];
-    }
-  }
-}
-
-template <typename T, int D, int MT, int NWARP, bool QREG>
-sta_status launch(AttnArgs &a, int heads, int batch) {
-  constexpr int BR = 16 * MT * NWARP;
-  size_t smem = (size_t)(BR * D + 4 * BN * D) * sizeof(T) +
-                (size_t)(2 * BN + BR) * sizeof(int);
-  auto kern = sta_fwd_kernel<T, D, MT, NWARP, QREG>;
-  cudaError_t e = cudaFuncSetAttribute(
-      kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
-  if (e != cudaSuccess) return sta_cuda_fail(e, "cudaFuncSetAttribute");
-  int NHW = a.NH * a.NW;
-  a.qbpt = (a.tile_vol + BR - 1) / BR;
-  a.n_text_qblocks = (a.S - a.V + BR - 1) / BR;
-  int64_t gx = (int64_t)a.n_text_qblocks + (int64_t)a.NT * NHW * a.qbpt;
-  if (gx <= 0) return STA_OK;
-  if (gx > 0x7fffffff || heads > 65535 || batch > 65535)
-    return sta_error(STA_ERR_UNSUPPORTED,
-                     "attention: grid too large for the CUDA backend "
-                     "(%lld query blocks, %d heads, batch %d)",
-                     (long long)gx, heads, batch);
-  dim3 grid((unsigned)gx, (unsigned)heads, (unsigned)batch);
-  kern<<<grid, NWARP * 32, smem, sta_cuda_stream()>>>(a);
-  e = cudaGetLastError();
-  if (e != cudaSuccess) return sta_cuda_fail(e, "attention kernel launch");
-  return STA_OK;
 }
 
 /* ---- sm_90a building blocks: wgmma operands -------------------------------
@@ -644,13 +267,13 @@ template <> struct WgOps<__half, 64> {
 ** mbarriers): one thread issues TMA loads where setup_tma allowed them
 ** (tile maps: 2 t-slices of an 8x8 tile, zero-filled past the canvas; row
 ** maps: 128 consecutive rows), otherwise all producer threads gather rows
-** with cp.async (other tiles, strides TMA cannot take).  LEAN: where TMA
-** takes every load (Q, tile and row blocks), one thread runs the whole
-** producer (produce_lean) and the other 127 leave: no spinning warps and
-** no per-block divisions beside the consumers' warps.  Two consumer
+** with cp.async (other tiles, strides TMA cannot take).  Where TMA takes
+** every load (Q, tile and row blocks), one thread runs the whole producer
+** (produce_lean) and the other 127 leave: no spinning warps and no
+** per-block divisions beside the consumers' warps.  The consumer
 ** warpgroups (64 query rows each) run the wgmma loop without a CTA-wide
-** barrier.  OVL: S(i+1) is issued with PV(i) and its softmax overlaps
-** PV(i); PP: the warpgroups also take turns issuing (ping-pong). */
+** barrier: S(i+1) is issued with PV(i), its softmax overlaps PV(i), and
+** the warpgroups take turns issuing (ping-pong). */
 
 __device__ __forceinline__ void mbar_init(uint64_t *b, int count) {
   asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(smem_u32(b)),
@@ -824,7 +447,7 @@ __device__ __forceinline__ void mask_block(float *s, const BlkInfo &bi,
 ** (after the first blocks, almost never); the same softmax, since the
 ** maximum is only the stabiliser, but P is rounded at another scale (up to
 ** twice the max error on peaked rows, BENCHMARKS.md). */
-template <bool NOEXP = false, int BK = BW>
+template <int BK = BW>
 __device__ __forceinline__ void softmax_block(float *s, float *m, float *l,
                                               float *alpha, float sl2, float th) {
   constexpr int NJ = BK / 8;
@@ -846,10 +469,8 @@ __device__ __forceinline__ void softmax_block(float *s, float *m, float *l,
     for (int j = 0; j < NJ; j++) {
       float p0 = fmaf(s[4 * j + 2 * hr], sl2, -muse);
       float p1 = fmaf(s[4 * j + 2 * hr + 1], sl2, -muse);
-      if (!NOEXP) {
-        p0 = ex2(p0);
-        p1 = ex2(p1);
-      }
+      p0 = ex2(p0);
+      p1 = ex2(p1);
       s[4 * j + 2 * hr] = p0;
       s[4 * j + 2 * hr + 1] = p1;
       sum += p0 + p1;
@@ -1056,14 +677,14 @@ __device__ __forceinline__ void tma_load_half(T *dst, const CUtensorMap *tm,
 
 /* K and V of one key block by TMA into a stage, signalled on bar; one
 ** thread.  mode 1: tile maps at the box origin (bi.t0, bi.h0, bi.w0); else
-** row maps at row0.  NHF column halves of 64 (fewer: knockout 8). */
-template <typename T, int D, int NHF = D / 64>
+** row maps at row0. */
+template <typename T, int D>
 __device__ __forceinline__ void tma_load_kv(const AttnArgs &a, T *dk, T *dv,
                                             const BlkInfo &bi, int mode, int row0,
                                             int c0, int c4, uint64_t *bar) {
-  mbar_expect_tx(bar, 2 * BW * 64 * NHF * (int)sizeof(T));
+  mbar_expect_tx(bar, 2 * BW * D * (int)sizeof(T));
 #pragma unroll
-  for (int hf = 0; hf < NHF; hf++) {
+  for (int hf = 0; hf < D / 64; hf++) {
     tma_load_half<T>(dk + hf * BW * 64, &a.tmk, &a.rmk, bi, mode, row0, c0 + hf * 64, c4, bar);
     tma_load_half<T>(dv + hf * BW * 64, &a.tmv, &a.rmv, bi, mode, row0, c0 + hf * 64, c4, bar);
   }
@@ -1215,14 +836,13 @@ __device__ __forceinline__ void store_o(const AttnArgs &a, int item, const float
 ** PERSIST: one CTA per SM takes items from a global counter; the producer
 ** runs ahead into the next item's Q (released once every warpgroup's last
 ** S is done) and keys while the consumers finish the last item and write
-** its output.  LEAN: the one-thread producer where it applies. */
-template <typename T, int D, int STAGES, bool PP, bool OVL,
-          bool PERSIST, int KO = 0, bool LEAN = true, int NWG = 2>
+** its output; the one-thread producer where every load goes by TMA. */
+template <typename T, int D, int STAGES, bool PERSIST, int NWG = 2>
 __global__ void __launch_bounds__(128 * (NWG + 1), 1)
     sta_fwd_ws(const __grid_constant__ AttnArgs a) {
   /* NWG consumer warpgroups of 64 query rows; NWG 3 (D 64 only) runs the
   ** single-thread TMA producer only (launch_ws checks that it applies) */
-  static_assert(NWG == 2 || (NWG == 3 && D == 64 && LEAN), "NWG 3: D 64, lean");
+  static_assert(NWG == 2 || (NWG == 3 && D == 64), "NWG 3: D 64");
   constexpr int PTH = 128; /* producer threads: one warpgroup */
   constexpr int BR = 64 * NWG;
   constexpr int CTH = 128 * NWG; /* consumer threads */
@@ -1247,7 +867,7 @@ __global__ void __launch_bounds__(128 * (NWG + 1), 1)
 
   if (tid == 0) {
     for (int s = 0; s < STAGES; s++) {
-      mbar_init(&full[s], LEAN && a.tma && a.tma_q && a.tma_rows ? 1 : PTH);
+      mbar_init(&full[s], a.tma && a.tma_q && a.tma_rows ? 1 : PTH);
       mbar_init(&empty[s], CTH);
     }
     mbar_init(qfull, 1);
@@ -1267,7 +887,7 @@ __global__ void __launch_bounds__(128 * (NWG + 1), 1)
     ** at either (ptxas -v; a second producer warpgroup spilled at 48) */
     asm volatile("setmaxnreg.dec.sync.aligned.u32 " STA_STR(STA_PREG) ";\n");
     const int pt = tid - CTH;
-    if (LEAN && a.tma && a.tma_q && a.tma_rows) {
+    if (a.tma && a.tma_q && a.tma_rows) {
       /* every load by TMA: one thread runs the whole producer, the block
       ** coordinates stepped like an odometer (no divisions per block) */
       if (pt == 0) produce_lean<T, D, STAGES, PERSIST>(a, sQ, sK, sV, full, empty, qfull,
@@ -1328,15 +948,9 @@ __global__ void __launch_bounds__(128 * (NWG + 1), 1)
             mbar_arrive(&full[pend]);
             pend = -1;
           }
-          if (KO & 4) { /* knockout: no loads, stale shared memory */
-            mbar_arrive(&full[s]);
-            continue;
-          }
           if (pt == 0) {
-            /* knockout 8: only the first 64 columns of K and V (half the
-            ** bytes; the rest stale) */
-            tma_load_kv<T, D, (KO & 8) ? 1 : D / 64>(a, sK + s * BW * D, sV + s * BW * D, bi,
-                                                     mode, row0, c0, c4, &full[s]);
+            tma_load_kv<T, D>(a, sK + s * BW * D, sV + s * BW * D, bi, mode, row0, c0, c4,
+                              &full[s]);
           } else {
             mbar_arrive(&full[s]);
           }
@@ -1397,79 +1011,53 @@ __global__ void __launch_bounds__(128 * (NWG + 1), 1)
     for (int e = 0; e < D / 2; e++) o[e] = 0.f;
     float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
 
-    if (!OVL) {
-      for (int i = 0; i < p.nkb; i++) {
-        const int gi = g + i, stage = gi % STAGES;
-        mbar_wait(&full[stage], (gi / STAGES) & 1);
-        const BlkInfo bi = get_binfo(&binfo[stage]);
-        if (bi.cnt > 0) {
-          issue_qk<T, D>(s, dq0, dk0 + stage * SOFF);
-          sta_wgmma::wait<0>();
-          sta_wgmma::pin<BW / 2>(s);
-          mask_block(s, bi, a, lane);
-          float al[2];
-          softmax_block(s, m, l, al, sl2, th);
-          rescale_o<D>(o, al);
-          pack_p<T>(s, pa);
-          issue_pv<T, D>(o, pa, dv0 + stage * SOFF);
-          sta_wgmma::wait<0>();
-          sta_wgmma::pin<D / 2>(o);
-        }
-        mbar_arrive(&empty[stage]);
-      }
-      mbar_arrive(qempty); /* Q and sitem free: the producer loads the next */
-    } else {
-      /* S(i+1) and PV(i) are issued together; the softmax of S(i+1) runs
-      ** while PV(i) is still on the tensor cores.  PP: the two warpgroups
-      ** take turns issuing (named barriers 4, 5), so one's softmax runs
-      ** under the other's GEMMs.  Blocks without keys are computed too (all
-      ** -inf: P = 0), to keep the loop free of branches around the wgmmas. */
-      float al[2];
-      if (PP && wg == NWG - 1) bar_arrive_named(4, 256); /* WG 0 goes first */
-      mbar_wait(&full[g % STAGES], (g / STAGES) & 1);
-      if (PP) bar_named(4 + wg, 256);
-      issue_qk<T, D>(s, dq0, dk0 + (g % STAGES) * SOFF);
-      if (PP) bar_arrive_named(wg + 1 == NWG ? 4 : 5 + wg, 256);
-      sta_wgmma::wait<0>();
-      sta_wgmma::pin<BW / 2>(s);
-      if (p.nkb == 1) mbar_arrive(qempty); /* Q free (see below) */
-      mask_block(s, get_binfo(&binfo[g % STAGES]), a, lane);
-      softmax_block(s, m, l, al, sl2, th);
-      pack_p<T>(s, pa);
-      int i = 0;
-      for (; i + 1 < p.nkb; i++) {
-        const int stage = (g + i) % STAGES, gn = g + i + 1, ns = gn % STAGES;
-        mbar_wait(&full[ns], (gn / STAGES) & 1);
-        const BlkInfo bn = get_binfo(&binfo[ns]);
-        if (PP) bar_named(4 + wg, 256);
-        issue_qk<T, D>(s, dq0, dk0 + ns * SOFF);
-        rescale_o<D>(o, al);
-        if (!(KO & 2)) issue_pv<T, D>(o, pa, dv0 + stage * SOFF);
-        if (PP) bar_arrive_named(wg + 1 == NWG ? 4 : 5 + wg, 256);
-        if (KO & 2)
-          sta_wgmma::wait<0>();
-        else
-          sta_wgmma::wait<1>();
-        sta_wgmma::pin<BW / 2>(s);
-        if (i + 2 == p.nkb) mbar_arrive(qempty); /* the last S is done: Q free */
-        mask_block(s, bn, a, lane);
-        softmax_block<(KO & 1) != 0>(s, m, l, al, sl2, th);
-        sta_wgmma::pin<BW / 2>(s);
-        sta_wgmma::wait<0>();
-        sta_wgmma::pin<D / 2>(o);
-        sta_wgmma::pin_r<BW / 4>(&pa[0][0]); /* live until PV(i) is done */
-        mbar_arrive(&empty[stage]);
-        pack_p<T>(s, pa);
-      }
-      const int stage = (g + i) % STAGES;
+    /* S(i+1) and PV(i) are issued together; the softmax of S(i+1) runs
+    ** while PV(i) is still on the tensor cores.  The warpgroups take turns
+    ** issuing (named barriers 4, 5, 6: a ping-pong), so one's softmax runs
+    ** under the others' GEMMs.  Blocks without keys are computed too (all
+    ** -inf: P = 0), to keep the loop free of branches around the wgmmas. */
+    float al[2];
+    if (wg == NWG - 1) bar_arrive_named(4, 256); /* WG 0 goes first */
+    mbar_wait(&full[g % STAGES], (g / STAGES) & 1);
+    bar_named(4 + wg, 256);
+    issue_qk<T, D>(s, dq0, dk0 + (g % STAGES) * SOFF);
+    bar_arrive_named(wg + 1 == NWG ? 4 : 5 + wg, 256);
+    sta_wgmma::wait<0>();
+    sta_wgmma::pin<BW / 2>(s);
+    if (p.nkb == 1) mbar_arrive(qempty); /* Q free (see below) */
+    mask_block(s, get_binfo(&binfo[g % STAGES]), a, lane);
+    softmax_block(s, m, l, al, sl2, th);
+    pack_p<T>(s, pa);
+    int i = 0;
+    for (; i + 1 < p.nkb; i++) {
+      const int stage = (g + i) % STAGES, gn = g + i + 1, ns = gn % STAGES;
+      mbar_wait(&full[ns], (gn / STAGES) & 1);
+      const BlkInfo bn = get_binfo(&binfo[ns]);
+      bar_named(4 + wg, 256);
+      issue_qk<T, D>(s, dq0, dk0 + ns * SOFF);
       rescale_o<D>(o, al);
-      if (PP) bar_named(4 + wg, 256);
       issue_pv<T, D>(o, pa, dv0 + stage * SOFF);
-      if (PP && wg + 1 < NWG) bar_arrive_named(5 + wg, 256); /* the next WG's last turn */
+      bar_arrive_named(wg + 1 == NWG ? 4 : 5 + wg, 256);
+      sta_wgmma::wait<1>();
+      sta_wgmma::pin<BW / 2>(s);
+      if (i + 2 == p.nkb) mbar_arrive(qempty); /* the last S is done: Q free */
+      mask_block(s, bn, a, lane);
+      softmax_block(s, m, l, al, sl2, th);
+      sta_wgmma::pin<BW / 2>(s);
       sta_wgmma::wait<0>();
       sta_wgmma::pin<D / 2>(o);
+      sta_wgmma::pin_r<BW / 4>(&pa[0][0]); /* live until PV(i) is done */
       mbar_arrive(&empty[stage]);
+      pack_p<T>(s, pa);
     }
+    const int stage = (g + i) % STAGES;
+    rescale_o<D>(o, al);
+    bar_named(4 + wg, 256);
+    issue_pv<T, D>(o, pa, dv0 + stage * SOFF);
+    if (wg + 1 < NWG) bar_arrive_named(5 + wg, 256); /* the next WG's last turn */
+    sta_wgmma::wait<0>();
+    sta_wgmma::pin<D / 2>(o);
+    mbar_arrive(&empty[stage]);
     g += p.nkb;
 
     store_o<T, D, BR>(a, item, o, m, l, wg * 64 + wq * 16, lane);
@@ -1621,7 +1209,7 @@ __global__ void __launch_bounds__(384, 1)
     mbar_arrive(&emptyK[k0]);
     if (p.nkb == 1) mbar_arrive(qempty); /* Q free (see below) */
     mask_block<BK>(s, b0, a, lane);
-    softmax_block<false, BK>(s, m, l, al, sl2, th);
+    softmax_block<BK>(s, m, l, al, sl2, th);
     pack_p<T, BK>(s, pa);
     int i = 0;
     for (; i + 1 < p.nkb; i++) {
@@ -1639,7 +1227,7 @@ __global__ void __launch_bounds__(384, 1)
       mbar_arrive(&emptyK[kn]); /* K(i + 1) read */
       if (i + 2 == p.nkb) mbar_arrive(qempty); /* the last S is done: Q free */
       mask_block<BK>(s, bn, a, lane);
-      softmax_block<false, BK>(s, m, l, al, sl2, th);
+      softmax_block<BK>(s, m, l, al, sl2, th);
       sta_wgmma::pin<BK / 2>(s);
       sta_wgmma::wait<0>();
       sta_wgmma::pin<D / 2>(o);
@@ -1747,17 +1335,16 @@ sta_status count_items(AttnArgs &a, int BR) {
   return STA_OK;
 }
 
-template <typename T, int D, int STAGES, bool PP, bool OVL, bool PERSIST,
-          int KO = 0, bool LEAN = true, int NWG = 2>
+template <typename T, int D, int STAGES, bool PERSIST, int NWG = 2>
 sta_status launch_ws(AttnArgs &a) {
   if constexpr (NWG == 3) /* 192-row items: every load by TMA, the 192-row Q maps */
     if (!(a.tma && a.tma_q && a.tma_rows && a.tma_q3))
-      return launch_ws<T, D, 3, PP, OVL, PERSIST, KO, LEAN, 2>(a);
+      return launch_ws<T, D, 3, PERSIST, 2>(a);
   constexpr int BR = 64 * NWG;
   size_t smem = 1024 + (size_t)(BR * D + 2 * STAGES * BW * D) * sizeof(T) +
                 (2 * STAGES + 2) * sizeof(uint64_t) + STAGES * sizeof(int4) +
                 (size_t)(2 * BW + BR + 1) * sizeof(int);
-  auto kern = sta_fwd_ws<T, D, STAGES, PP, OVL, PERSIST, KO, LEAN, NWG>;
+  auto kern = sta_fwd_ws<T, D, STAGES, PERSIST, NWG>;
   cudaError_t e = cudaFuncSetAttribute(
       kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
   if (e != cudaSuccess) return sta_cuda_fail(e, "cudaFuncSetAttribute");
@@ -1770,7 +1357,7 @@ sta_status launch_ws(AttnArgs &a) {
     sta_status st = sched_slot(&a.sched);
     if (st != STA_OK) return st;
     if (!a.sched) /* no counters (first launch under capture) */
-      return launch_ws<T, D, STAGES, PP, OVL, false, KO, LEAN, NWG>(a);
+      return launch_ws<T, D, STAGES, false, NWG>(a);
     grid = sm_count() < n ? sm_count() : n;
   }
   kern<<<(unsigned)grid, 128 * (NWG + 1), smem, sta_cuda_stream()>>>(a);
@@ -1784,7 +1371,7 @@ sta_status launch_ws(AttnArgs &a) {
 template <typename T, bool PERSIST = true>
 sta_status launch_b192(AttnArgs &a) {
   if (!(a.tma && a.tma_q && a.tma_rows && a.tma_k3))
-    return launch_ws<T, 128, 3, true, true, PERSIST>(a);
+    return launch_ws<T, 128, 3, PERSIST>(a);
   constexpr int D = 128, BR = 128, BK = B192, NS = B192_NS;
   size_t smem = 1024 + (size_t)(BR * D + 2 * NS * BK * D) * sizeof(T) +
                 (4 * NS + 2) * sizeof(uint64_t) + NS * sizeof(int4) + sizeof(int);
@@ -1811,58 +1398,27 @@ sta_status launch_b192(AttnArgs &a) {
 }
 
 template <typename T>
-sta_status dispatch(AttnArgs &a, int D, int heads, int batch) {
-  /* 0 (default): warp-specialised wgmma (sm_90a), persistent (one CTA per
-  **    SM takes work items from a counter), S(i+1) issued with PV(i) and the
-  **    consumer warpgroups taking turns (ping-pong); TMA where it fits.
-  **    Where the TMA paths and 3 | tt allow it: D 128 in key blocks of 192
-  **    (sta_fwd_b192, K and V in rings of 2 stages each), D 64 in items of
-  **    192 query rows (three consumer warpgroups at 160 registers, the
-  **    one-thread producer at 32, 6 stages); else 128 x 128 blocks.  Each
-  **    was measured against the 128 x 128 kernel (BENCHMARKS.md, sixth
-  **    session): D 128 1-3.5 %, D 64 11 % faster;
-  ** 1: mma.sync (sm_80 style, the portable fallback);
-  ** 2: 128 x 128 blocks, one CTA per work item;
-  ** 3: 128 x 128 blocks without the ping-pong;
-  ** 4: one CTA per item, a serial S -> softmax -> PV loop (the first
-  **    warp-specialised design);
-  ** 6: 128 x 128 blocks with the 128-thread producer even where TMA takes
-  **    every load (the producer of gathers and of mixed TMA/gather calls);
-  ** 7, 8: the same as 0 (they were the 192-row and 192-key kernels before
-  **    those became the default);
-  ** 9: 128 x 128 blocks, the default before the fifth session. */
-  int var = sta_cuda_attention_variant();
+sta_status dispatch(AttnArgs &a, int D) {
+  /* 0 (default): persistent (one CTA per SM takes work items from a
+  **    counter), S(i+1) issued with PV(i), the consumer warpgroups taking
+  **    turns; TMA where it fits.  Where the TMA paths and 3 | tt allow it,
+  **    D 128 in key blocks of 192 (sta_fwd_b192, K and V in rings of 2
+  **    stages each) and D 64 in items of 192 query rows (three consumer
+  **    warpgroups at 160 registers, the one-thread producer at 32, 6
+  **    stages); else 128 x 128 blocks (BENCHMARKS.md: D 128 1-3.5 %, D 64
+  **    11 % faster than 128 x 128);
+  ** 2: as 0, one CTA per work item (the kernels the first launch under
+  **    CUDA-graph capture takes);
+  ** 9: 128 x 128 blocks, persistent (the kernel 0 falls back to). */
+  const int var = sta_cuda_attention_variant();
   if (D == 64) {
-    switch (var) {
-    case 1: return launch<T, 64, 2, 4, false>(a, heads, batch);
-    case 2: return launch_ws<T, 64, 3, true, true, false>(a);
-    case 3: return launch_ws<T, 64, 3, false, true, true>(a);
-    case 4: return launch_ws<T, 64, 3, false, false, false>(a);
-    case 6: return launch_ws<T, 64, 3, true, true, true, 0, false>(a);
-    case 9: return launch_ws<T, 64, 3, true, true, true>(a);
-    default: return launch_ws<T, 64, 6, true, true, true, 0, true, 3>(a);
-    }
+    if (var == 2) return launch_ws<T, 64, 6, false, 3>(a);
+    if (var == 9) return launch_ws<T, 64, 3, true>(a);
+    return launch_ws<T, 64, 6, true, 3>(a);
   }
-  switch (var) {
-  case 1: return launch<T, 128, 2, 4, false>(a, heads, batch);
-  case 2: return launch_ws<T, 128, 3, true, true, false>(a);
-  case 3: return launch_ws<T, 128, 3, false, true, true>(a);
-  case 4: return launch_ws<T, 128, 3, false, false, false>(a);
-  case 6: return launch_ws<T, 128, 3, true, true, true, 0, false>(a);
-  case 9: return launch_ws<T, 128, 3, true, true, true>(a);
-#ifdef STA_KNOCKOUTS
-  /* 0 with parts knocked out (wrong results; where the time goes):
-  ** +1 no exp2, +2 no PV GEMM, +4 no K/V loads; 98: half the K/V bytes */
-  case 91: return launch_ws<T, 128, 3, true, true, true, 1>(a);
-  case 92: return launch_ws<T, 128, 3, true, true, true, 2>(a);
-  case 93: return launch_ws<T, 128, 3, true, true, true, 3>(a);
-  /* (the load knockouts are in the 128-thread producer) */
-  case 94: return launch_ws<T, 128, 3, true, true, true, 4, false>(a);
-  case 97: return launch_ws<T, 128, 3, true, true, true, 7, false>(a);
-  case 98: return launch_ws<T, 128, 3, true, true, true, 8, false>(a);
-#endif
-  default: return launch_b192<T>(a);
-  }
+  if (var == 2) return launch_b192<T, false>(a);
+  if (var == 9) return launch_ws<T, 128, 3, true>(a);
+  return launch_b192<T>(a);
 }
 
 bool aligned16(const void *p) { return ((uintptr_t)p & 15) == 0; }
@@ -1956,7 +1512,7 @@ void setup_tma(AttnArgs &x, const sta_attn_params *p) {
   /* the default kernel's 192-row maps (3 t-slices): Q in items of 192
   ** rows at D 64, K and V in blocks of 192 keys at D 128 */
   const bool by3 = x.tma_q && x.tma_rows && p->tile[0] % 3 == 0 &&
-                   sta_cuda_attention_variant() == 0;
+                   sta_cuda_attention_variant() != 9;
   if (by3 && D == 64 &&
       encode_map(&x.tmq3, p->q, p, p->q_sb, p->q_ss, p->q_sh, fused, nhb, 1, 192) &&
       encode_map(&x.rmq3, p->q, p, p->q_sb, p->q_ss, p->q_sh, fused, nhb, 0, 192))
@@ -1973,11 +1529,8 @@ void setup_tma(AttnArgs &x, const sta_attn_params *p) {
 
 int sta_cuda_attention_variant(void) {
   const char *s = getenv("STA_CUDA_VARIANT"); /* read per call: benchmarks */
-  int x = s ? atoi(s) : 0;
-#ifdef STA_KNOCKOUTS
-  if (x >= 90) return x;
-#endif
-  return (x >= 1 && x <= 4) || x == 6 || x == 9 ? x : 0; /* 7, 8: 0 */
+  const int x = s ? atoi(s) : 0;
+  return x == 2 || x == 9 ? x : 0;
 }
 
 sta_status sta_cuda_attention(const sta_attn_params *p) {
@@ -2058,12 +1611,8 @@ sta_status sta_cuda_attention(const sta_attn_params *p) {
     }
     x.horder[j] = (int16_t)h;
   }
-  sta_status s;
-  int D = (int)p->head_dim, H = (int)p->heads, B = (int)p->batch;
-  if (p->dtype == STA_BF16)
-    s = dispatch<__nv_bfloat16>(x, D, H, B);
-  else
-    s = dispatch<__half>(x, D, H, B);
+  const int D = (int)p->head_dim;
+  const sta_status s = p->dtype == STA_BF16 ? dispatch<__nv_bfloat16>(x, D) : dispatch<__half>(x, D);
   free(ap);
   return s;
 }
