@@ -32,6 +32,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <type_traits>
+
 #include "sta_cuda.h"
 #include "wgmma.cuh"
 
@@ -52,7 +54,7 @@ struct AttnArgs {
   CUtensorMap tmq;
   CUtensorMap rmk, rmv, rmq;
   CUtensorMap tmq3, rmq3; /* Q in items of 192 rows: 3 t-slices, 192 rows */
-  CUtensorMap tmk3, tmv3, rmk3, rmv3; /* K, V in blocks of 192 (sta_fwd_b192) */
+  CUtensorMap tmk3, tmv3, rmk3, rmv3; /* K, V in blocks of 192 (Wide) */
   int tma;       /* tile maps of K and V: the tile key blocks */
   int tma_q;     /* tile map of Q: query blocks of 2 t-slices of a box */
   int tma_rows;  /* row maps: text key blocks, text query blocks */
@@ -191,19 +193,6 @@ __device__ __forceinline__ int key_row(const AttnArgs &a, const KeyPlan &p,
 
 constexpr int BW = 128; /* keys per block, wgmma kernel */
 
-/* register split of the warp-specialised kernel (setmaxnreg): producer
-** warpgroup, consumer warpgroups; 128 x (STA_PREG + 2 STA_CREG) <= 384 x
-** 168 = 64512, what the launch gives the CTA: setmaxnreg moves registers
-** only within that, and an increase beyond it never returns */
-#ifndef STA_PREG
-#define STA_PREG 64
-#endif
-#ifndef STA_CREG
-#define STA_CREG 216
-#endif
-#define STA_STR2(x) #x
-#define STA_STR(x) STA_STR2(x)
-
 /* element offset of (row r, 16-byte chunk ch) in a swizzled R-row tile */
 __device__ __forceinline__ int swz(int r, int ch, int R) {
   return ((ch >> 3) * R + r) * 64 + (((ch & 7) ^ (r & 7)) << 3);
@@ -269,7 +258,7 @@ template <> struct WgOps<__half, 64> {
 ** maps: 128 consecutive rows), otherwise all producer threads gather rows
 ** with cp.async (other tiles, strides TMA cannot take).  Where TMA takes
 ** every load (Q, tile and row blocks), one thread runs the whole producer
-** (produce_lean) and the other 127 leave: no spinning warps and no
+** (produce_tma) and the other 127 leave: no spinning warps and no
 ** per-block divisions beside the consumers' warps.  The consumer
 ** warpgroups (64 query rows each) run the wgmma loop without a CTA-wide
 ** barrier: S(i+1) is issued with PV(i), its softmax overlaps PV(i), and
@@ -347,6 +336,14 @@ __device__ __forceinline__ void tma_load_3d(void *dst, const CUtensorMap *m,
 }
 __device__ __forceinline__ void bar_arrive_named(int id, int n) {
   asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(n) : "memory");
+}
+/* setmaxnreg: this warpgroup's registers per thread down or up to N (the
+** kernel needs a register cap at entry: __launch_bounds__(threads, 1)). */
+template <int N> __device__ __forceinline__ void setmaxnreg_dec() {
+  asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(N));
+}
+template <int N> __device__ __forceinline__ void setmaxnreg_inc() {
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(N));
 }
 __device__ __forceinline__ void cp_async_wait_1() {
   asm volatile("cp.async.wait_group 1;\n" ::: "memory");
@@ -747,52 +744,6 @@ __device__ __forceinline__ void item_blocks(const AttnArgs &a, const Item &x, F 
   }
 }
 
-/* The producer of sta_fwd_ws when every load can go by TMA, run by one
-** thread: takes items, loads each item's Q, then its key blocks through the
-** ring.  The tile blocks are visited in the order of tma_block_origin
-** (2 t-slices within a tile, then w, h, t of the window) by stepping the
-** coordinates (item_blocks), so no block costs an integer division. */
-template <typename T, int D, int STAGES, bool PERSIST, int BR = 128>
-__device__ __forceinline__ void produce_lean(const AttnArgs &a, T *sQ, T *sK, T *sV,
-                                             uint64_t *full, uint64_t *empty,
-                                             uint64_t *qfull, uint64_t *qempty,
-                                             int4 *binfo, volatile int *sitem) {
-  int g = 0, s = 0, n = 0; /* blocks so far; their stage and lap */
-  /* one key block: wait for its stage, publish its info, load K and V
-  ** (mode 1: tile maps at (t0, h0, w0); else row maps at row0) */
-  auto put = [&](const BlkInfo &bi, int mode, int row0, int c0, int c4) {
-    if (g >= STAGES) mbar_wait(&empty[s], (n - 1) & 1);
-    binfo[s] = pack_binfo(bi);
-    tma_load_kv<T, D>(a, sK + s * BW * D, sV + s * BW * D, bi, mode, row0, c0, c4, &full[s]);
-    g++;
-    if (++s == STAGES) {
-      s = 0;
-      n++;
-    }
-  };
-  for (int k = 0;; k++) {
-    if (k > 0) mbar_wait(qempty, (k - 1) & 1);
-    const int item = next_item<PERSIST>(a, k);
-    *sitem = item;
-    if (item < 0) {
-      mbar_arrive(qfull); /* the consumers read -1 and stop */
-      return;
-    }
-    Item x;
-    decode_item<BR>(a, item, x);
-    if (x.qcount <= 0) {
-      mbar_arrive(qfull);
-      continue;
-    }
-    const int c0 = a.tma_fused ? x.head * D : 0;
-    const int c4 = a.tma_fused ? x.b : x.b * a.heads + x.head;
-    tma_load_q<T, D, BR>(a, x, sQ, c0, c4, qfull);
-    item_blocks<BW>(a, x, [&](const BlkInfo &bi, int mode, int row0) {
-      put(bi, mode, row0, c0, c4);
-    });
-  }
-}
-
 /* A consumer warp's output rows, normalised and stored straight from the
 ** accumulators (lane holds rows r0 + lane / 4 and + 8, column pairs
 ** 8j + 2 (lane & 3)), and their LSE. */
@@ -830,365 +781,259 @@ __device__ __forceinline__ void store_o(const AttnArgs &a, int item, const float
   }
 }
 
-/* ---- the sm_90a kernel -----------------------------------------------------
-** 64 * NWG query rows per item (NWG consumer warpgroups: 2, or 3 at D 64),
-** key blocks of BW = 128 through a STAGES-deep K/V ring in shared memory.
-** PERSIST: one CTA per SM takes items from a global counter; the producer
-** runs ahead into the next item's Q (released once every warpgroup's last
-** S is done) and keys while the consumers finish the last item and write
-** its output; the one-thread producer where every load goes by TMA. */
-template <typename T, int D, int STAGES, bool PERSIST, int NWG = 2>
-__global__ void __launch_bounds__(128 * (NWG + 1), 1)
-    sta_fwd_ws(const __grid_constant__ AttnArgs a) {
-  /* NWG consumer warpgroups of 64 query rows; NWG 3 (D 64 only) runs the
-  ** single-thread TMA producer only (launch_ws checks that it applies) */
-  static_assert(NWG == 2 || (NWG == 3 && D == 64), "NWG 3: D 64");
-  constexpr int PTH = 128; /* producer threads: one warpgroup */
-  constexpr int BR = 64 * NWG;
-  constexpr int CTH = 128 * NWG; /* consumer threads */
-  extern __shared__ unsigned char smem_raw[];
-  unsigned char *base = reinterpret_cast<unsigned char *>(
-      (reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~(uintptr_t)1023);
-  T *sQ = reinterpret_cast<T *>(base);
-  T *sK = sQ + BR * D;          /* [STAGES][BW][D] */
-  T *sV = sK + STAGES * BW * D; /* [STAGES][BW][D] */
-  uint64_t *full = reinterpret_cast<uint64_t *>(sV + STAGES * BW * D);
-  uint64_t *empty = full + STAGES;
-  uint64_t *qfull = empty + STAGES;  /* Q of the item loaded, sitem set */
-  uint64_t *qempty = qfull + 1;      /* consumers done with Q and sitem */
-  int4 *binfo = reinterpret_cast<int4 *>(qempty + 1); /* [STAGES]: pack_binfo */
-  int *rowtab = reinterpret_cast<int *>(binfo + STAGES); /* [2][BW] */
-  int *qrow = rowtab + 2 * BW;                       /* [BR] */
-  volatile int *sitem = qrow + BR;
+/* ---- kernel traits -----------------------------------------------------------
+** What varies between the forward kernels.  One kernel (sta_fwd) and one
+** mainloop serve all three shapes:
+**   Square<T, D>: 128 query rows (two consumer warpgroups) x 128-key blocks,
+**     K and V of a block in one ring of 3 stages, registers 64 / 216; the
+**     only one with the 128-thread gather producer (for what TMA cannot
+**     load), so the fallback wherever the tiles or strides rule out the
+**     others;
+**   Wide<T>: D 128, 128 query rows x 192-key blocks (3 t-slices of an 8x8
+**     tile), so the per-block work of the loop is spread over 1.5 times the
+**     keys; only two 96 KB K + V blocks fit beside Q, so K and V have rings
+**     of their own (2 stages each, as in FA3: K(i + 1) is released once
+**     S(i + 1) is done, V(i) once PV(i) is); registers 24 / 240;
+**   Tall<T>: D 64, 192 query rows (three consumer warpgroups) x 128-key
+**     blocks, 6 stages, registers 32 / 160.
+** setmaxnreg moves registers only within what the launch gives the CTA
+** (65536 / threads, rounded down to a multiple of 8, per thread); an
+** increase beyond it never returns and the consumers hang, hence the
+** static_assert. */
+template <typename T_, int D_, int BR_, int BK_, int STAGES_, bool SPLIT_, int PREG_, int CREG_,
+          bool GATHER_>
+struct FwdTraits {
+  using T = T_;
+  static constexpr int D = D_;           /* head dim */
+  static constexpr int BR = BR_;         /* query rows per work item */
+  static constexpr int BK = BK_;         /* keys per block */
+  static constexpr int STAGES = STAGES_; /* per ring */
+  static constexpr bool SPLIT = SPLIT_;  /* K and V in rings of their own */
+  static constexpr int PREG = PREG_, CREG = CREG_; /* setmaxnreg: producer, consumers */
+  static constexpr bool GATHER = GATHER_; /* the cp.async producer where TMA cannot load */
+  static constexpr int NWG = BR / 64;     /* consumer warpgroups */
+  static constexpr int CTH = 128 * NWG;   /* consumer threads */
+  static constexpr int THREADS = CTH + 128;
+  static_assert(BR % 64 == 0 && BK % 64 == 0 && D % 64 == 0, "64-row and 64-column units");
+  static_assert(!GATHER || (BK == 128 && !SPLIT), "the gather producer fills 128-key joint stages");
+  static_assert(128 * (PREG + NWG * CREG) <= (65536 / THREADS) / 8 * 8 * THREADS,
+                "setmaxnreg: more registers than the launch gives the CTA");
+  /* dynamic shared memory: 1024 for the alignment, Q, the K and V stages,
+  ** the barriers, the stages' block info, (joint rings) the gather's row
+  ** tables, the item number */
+  static constexpr size_t SMEM =
+      1024 + (size_t)(BR * D + 2 * STAGES * BK * D) * sizeof(T) +
+      ((SPLIT ? 4 : 2) * STAGES + 2) * sizeof(uint64_t) + STAGES * sizeof(int4) +
+      (SPLIT ? 0 : (size_t)(2 * BK + BR) * sizeof(int)) + sizeof(int);
+};
+template <typename T, int D> using Square = FwdTraits<T, D, 128, 128, 3, false, 64, 216, true>;
+template <typename T> using Wide = FwdTraits<T, 128, 128, 192, 2, true, 24, 240, false>;
+template <typename T> using Tall = FwdTraits<T, 64, 192, 128, 6, false, 32, 160, false>;
 
-  const int tid = threadIdx.x, lane = tid & 31;
-  /* warp-uniform by construction (the shuffle tells the compiler so) */
-  const int wg = __shfl_sync(0xffffffffu, tid >> 7, 0), wq = (tid >> 5) & 3;
+/* Where the kernel's shared memory is (sta_fwd lays it out). */
+template <class K> struct FwdSmem {
+  using T = typename K::T;
+  T *q, *k, *v;            /* Q [BR][D]; K, V [STAGES][BK][D] */
+  uint64_t *kfull, *kempty; /* per stage; joint rings: K and V of the stage */
+  uint64_t *vfull, *vempty; /* split rings: V's; joint: kfull, kempty */
+  uint64_t *qfull, *qempty; /* Q of the item loaded and sitem set / both free */
+  int4 *binfo;              /* [STAGES]: pack_binfo of each (K) stage's block */
+  int *rowtab, *qrow;       /* joint rings: the gather's [2][BK] and [BR] */
+  volatile int *sitem;      /* the item being computed, -1 at the end */
+};
 
-  if (tid == 0) {
-    for (int s = 0; s < STAGES; s++) {
-      mbar_init(&full[s], a.tma && a.tma_q && a.tma_rows ? 1 : PTH);
-      mbar_init(&empty[s], CTH);
-    }
-    mbar_init(qfull, 1);
-    mbar_init(qempty, CTH);
-  }
-  __syncthreads();
-
-  if (wg >= NWG) {
-    /* ---- producer ---- */
-    if constexpr (NWG == 3) { /* 128 x (32 + 3 x 160) = 65536 */
-      asm volatile("setmaxnreg.dec.sync.aligned.u32 32;\n");
-      if (tid == CTH) produce_lean<T, D, STAGES, PERSIST, BR>(a, sQ, sK, sV, full, empty, qfull,
-                                                            qempty, binfo, sitem);
-      return;
-    }
-    /* 384 threads x 168 registers: producer 64, consumers 216, no spills
-    ** at either (ptxas -v; a second producer warpgroup spilled at 48) */
-    asm volatile("setmaxnreg.dec.sync.aligned.u32 " STA_STR(STA_PREG) ";\n");
-    const int pt = tid - CTH;
-    if (a.tma && a.tma_q && a.tma_rows) {
-      /* every load by TMA: one thread runs the whole producer, the block
-      ** coordinates stepped like an odometer (no divisions per block) */
-      if (pt == 0) produce_lean<T, D, STAGES, PERSIST>(a, sQ, sK, sV, full, empty, qfull,
-                                                       qempty, binfo, sitem);
-      return;
-    }
-    int g = 0; /* key blocks through the ring so far */
-    for (int k = 0;; k++) {
-      if (k > 0) mbar_wait(qempty, (k - 1) & 1);
-      bar_named(3, PTH); /* every producer thread has read the last sitem */
-      if (pt == 0) *sitem = next_item<PERSIST>(a, k);
-      bar_named(3, PTH);
-      const int item = *sitem;
-      if (item < 0) {
-        if (pt == 0) mbar_arrive(qfull); /* the consumers read -1 and stop */
-        break;
-      }
-      Item x;
-      decode_item(a, item, x);
-      if (x.qcount <= 0) {
-        if (pt == 0) mbar_arrive(qfull);
-        continue;
-      }
-      const int c0 = a.tma_fused ? x.head * D : 0;
-      const int c4 = a.tma_fused ? x.b : x.b * a.heads + x.head;
-      const T *gq = reinterpret_cast<const T *>(a.q) + x.b * a.q_sb + x.head * a.q_sh;
-      const T *gk = reinterpret_cast<const T *>(a.k) + x.b * a.k_sb + x.head * a.k_sh;
-      const T *gv = reinterpret_cast<const T *>(a.v) + x.b * a.v_sb + x.head * a.v_sh;
-      /* Q */
-      if ((a.tma_q && !x.text) || (a.tma_rows && x.text)) {
-        if (pt == 0) tma_load_q<T, D>(a, x, sQ, c0, c4, qfull);
-      } else {
-        for (int r = pt; r < BR; r += PTH) qrow[r] = q_row(a, x, r);
-        bar_named(3, PTH);
-        load_rows_sw<T, D, PTH>(sQ, BR, gq, a.q_ss, qrow, BR, pt, a.vec);
-        cp_async_commit();
-        cp_async_wait_all();
-        fence_proxy_async();
-        bar_named(3, PTH);
-        if (pt == 0) mbar_arrive(qfull);
-      }
-      /* keys: a gather block is signalled once the next one is under way */
-      int pend = -1;
-      for (int kb = 0; kb < x.p.nkb; kb++, g++) {
-        const int s = g % STAGES, n = g / STAGES;
-        /* the block's bookkeeping (integer divisions) before the wait for
-        ** its stage, not between the consumers' release and the loads */
-        BlkInfo bi = {0, 0, 0, 0, 0};
-        if (pt == 0) bi = block_info(a, x.p, kb); /* with the tile box's origin */
-        int row0 = 0;
-        const int mode = block_mode(a, x, kb, &row0);
-        if (g >= STAGES) mbar_wait(&empty[s], (n - 1) & 1);
-        if (pt == 0) binfo[s] = pack_binfo(bi);
-        if (mode) {
-          if (pend >= 0) {
-            cp_async_wait_all();
-            fence_proxy_async();
-            mbar_arrive(&full[pend]);
-            pend = -1;
-          }
-          if (pt == 0) {
-            tma_load_kv<T, D>(a, sK + s * BW * D, sV + s * BW * D, bi, mode, row0, c0, c4,
-                              &full[s]);
-          } else {
-            mbar_arrive(&full[s]);
-          }
-          continue;
-        }
-        int *rt = rowtab + (g & 1) * BW;
-        int c;
-        if (pt < BW) rt[pt] = key_row<BW>(a, x.p, kb, pt, &c);
-        bar_named(3, PTH);
-        load_rows_sw<T, D, PTH>(sK + s * BW * D, BW, gk, a.k_ss, rt, BW, pt, a.vec);
-        load_rows_sw<T, D, PTH>(sV + s * BW * D, BW, gv, a.v_ss, rt, BW, pt, a.vec);
-        cp_async_commit();
-        if (pend >= 0) {
-          cp_async_wait_1();
-          fence_proxy_async();
-          mbar_arrive(&full[pend]);
-        }
-        pend = s;
-      }
-      if (pend >= 0) {
-        cp_async_wait_all();
-        fence_proxy_async();
-        mbar_arrive(&full[pend]);
-      }
-    }
-    return;
-  }
-
-  /* ---- consumers ---- */
-  if constexpr (NWG == 3)
-    asm volatile("setmaxnreg.inc.sync.aligned.u32 160;\n");
-  else
-    asm volatile("setmaxnreg.inc.sync.aligned.u32 " STA_STR(STA_CREG) ";\n");
-  const float sl2 = a.scale_log2, th = a.rescale_th;
-  const uint32_t dq0 = sdesc_lo(sQ + wg * 64 * 64, 16);
-  const uint32_t dk0 = sdesc_lo(sK, 16);
-  const uint32_t dv0 = sdesc_lo(sV, BW * 128);
-  constexpr uint32_t SOFF = (uint32_t)((BW * D * 2) >> 4); /* one stage */
-  float o[D / 2];
-  float s[BW / 2];
-  uint32_t pa[BW / 16][4];
-  int g = 0;
-  for (int k = 0;; k++) {
-    mbar_wait(qfull, k & 1);
-    const int item = *sitem;
-    if (item < 0) break;
-    KeyPlan p;
-    {
-      Item x;
-      decode_item<BR>(a, item, x);
-      if (x.qcount <= 0) {
-        mbar_arrive(qempty);
-        continue;
-      }
-      p = x.p;
-    }
+/* The producer where every load goes by TMA, run by one thread: takes items,
+** loads each item's Q, then its key blocks through the ring(s).  The tile
+** blocks are visited in the order of tma_block_origin by stepping the
+** coordinates (item_blocks), so no block costs an integer division.  Split
+** rings: K(j) and V(j) are issued together (fewer registers in this thread,
+** which spills at 24); V(j) waits for V(j - 2)'s release, after PV(j - 2),
+** and K(j + 1) behind it for K(j - 1)'s, after S(j - 1). */
+template <class K, bool PERSIST>
+__device__ __forceinline__ void produce_tma(const AttnArgs &a, const FwdSmem<K> &sm) {
+  using T = typename K::T;
+  constexpr int D = K::D, BK = K::BK, STAGES = K::STAGES;
+  int g = 0, s = 0, n = 0; /* blocks so far; their stage and lap */
+  auto put = [&](const BlkInfo &bi, int mode, int row0, int c0, int c4) {
+    if constexpr (K::SPLIT) {
+      constexpr int BYTES = BK * D * (int)sizeof(T); /* one of K, V */
+      auto load = [&](T *dst, const CUtensorMap *tm, const CUtensorMap *rm, uint64_t *bar) {
+        mbar_expect_tx(bar, BYTES);
 #pragma unroll
-    for (int e = 0; e < D / 2; e++) o[e] = 0.f;
-    float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
-
-    /* S(i+1) and PV(i) are issued together; the softmax of S(i+1) runs
-    ** while PV(i) is still on the tensor cores.  The warpgroups take turns
-    ** issuing (named barriers 4, 5, 6: a ping-pong), so one's softmax runs
-    ** under the others' GEMMs.  Blocks without keys are computed too (all
-    ** -inf: P = 0), to keep the loop free of branches around the wgmmas. */
-    float al[2];
-    if (wg == NWG - 1) bar_arrive_named(4, 256); /* WG 0 goes first */
-    mbar_wait(&full[g % STAGES], (g / STAGES) & 1);
-    bar_named(4 + wg, 256);
-    issue_qk<T, D>(s, dq0, dk0 + (g % STAGES) * SOFF);
-    bar_arrive_named(wg + 1 == NWG ? 4 : 5 + wg, 256);
-    sta_wgmma::wait<0>();
-    sta_wgmma::pin<BW / 2>(s);
-    if (p.nkb == 1) mbar_arrive(qempty); /* Q free (see below) */
-    mask_block(s, get_binfo(&binfo[g % STAGES]), a, lane);
-    softmax_block(s, m, l, al, sl2, th);
-    pack_p<T>(s, pa);
-    int i = 0;
-    for (; i + 1 < p.nkb; i++) {
-      const int stage = (g + i) % STAGES, gn = g + i + 1, ns = gn % STAGES;
-      mbar_wait(&full[ns], (gn / STAGES) & 1);
-      const BlkInfo bn = get_binfo(&binfo[ns]);
-      bar_named(4 + wg, 256);
-      issue_qk<T, D>(s, dq0, dk0 + ns * SOFF);
-      rescale_o<D>(o, al);
-      issue_pv<T, D>(o, pa, dv0 + stage * SOFF);
-      bar_arrive_named(wg + 1 == NWG ? 4 : 5 + wg, 256);
-      sta_wgmma::wait<1>();
-      sta_wgmma::pin<BW / 2>(s);
-      if (i + 2 == p.nkb) mbar_arrive(qempty); /* the last S is done: Q free */
-      mask_block(s, bn, a, lane);
-      softmax_block(s, m, l, al, sl2, th);
-      sta_wgmma::pin<BW / 2>(s);
-      sta_wgmma::wait<0>();
-      sta_wgmma::pin<D / 2>(o);
-      sta_wgmma::pin_r<BW / 4>(&pa[0][0]); /* live until PV(i) is done */
-      mbar_arrive(&empty[stage]);
-      pack_p<T>(s, pa);
+        for (int hf = 0; hf < D / 64; hf++)
+          tma_load_half<T>(dst + hf * BK * 64, tm, rm, bi, mode, row0, c0 + hf * 64, c4, bar);
+      };
+      const int sk = g % STAGES;
+      if (g >= STAGES) mbar_wait(&sm.kempty[sk], (g / STAGES - 1) & 1);
+      sm.binfo[sk] = pack_binfo(bi);
+      load(sm.k + sk * BK * D, &a.tmk3, &a.rmk3, &sm.kfull[sk]);
+      if (g >= STAGES) mbar_wait(&sm.vempty[sk], (g / STAGES - 1) & 1);
+      load(sm.v + sk * BK * D, &a.tmv3, &a.rmv3, &sm.vfull[sk]);
+      g++;
+    } else {
+      if (g >= STAGES) mbar_wait(&sm.kempty[s], (n - 1) & 1);
+      sm.binfo[s] = pack_binfo(bi);
+      tma_load_kv<T, D>(a, sm.k + s * BK * D, sm.v + s * BK * D, bi, mode, row0, c0, c4,
+                        &sm.kfull[s]);
+      g++;
+      if (++s == STAGES) {
+        s = 0;
+        n++;
+      }
     }
-    const int stage = (g + i) % STAGES;
-    rescale_o<D>(o, al);
-    bar_named(4 + wg, 256);
-    issue_pv<T, D>(o, pa, dv0 + stage * SOFF);
-    if (wg + 1 < NWG) bar_arrive_named(5 + wg, 256); /* the next WG's last turn */
-    sta_wgmma::wait<0>();
-    sta_wgmma::pin<D / 2>(o);
-    mbar_arrive(&empty[stage]);
-    g += p.nkb;
-
-    store_o<T, D, BR>(a, item, o, m, l, wg * 64 + wq * 16, lane);
-  }
-}
-
-
-/* ---- D 128 in key blocks of 192 (the default where it applies) ------------
-** Key blocks of 3 t-slices of an 8x8 tile (192 keys; 192-row blocks for
-** text), so that the per-block work of the loop (waits, turns, row maxima,
-** the rescale) is spread over 1.5 times the keys.  Only two 96 KB K + V
-** blocks fit beside Q, so K and V have rings of their own (2 stages each,
-** as in FA3): K(i + 1) is released once S(i + 1) is done, V(i) once PV(i)
-** is; one producer thread issues K(j) and V(j) together.  Consumers at
-** 240 registers (S 96, P 48, O 64), the producer warpgroup at 24 (its one
-** thread spills 32 bytes there, the consumers nothing).  Every load by TMA
-** (launch_b192 falls back to 128-key blocks otherwise).  1-3.5 % faster than
-** 128-key blocks (BENCHMARKS.md, fifth and sixth sessions). */
-constexpr int B192 = 192, B192_NS = 2;
-
-template <typename T, bool PERSIST>
-__device__ __forceinline__ void produce_b192(const AttnArgs &a, T *sQ, T *sK, T *sV,
-                                             uint64_t *fullK, uint64_t *emptyK,
-                                             uint64_t *fullV, uint64_t *emptyV,
-                                             uint64_t *qfull, uint64_t *qempty,
-                                             int4 *binfo, volatile int *sitem) {
-  constexpr int D = 128, BK = B192, NS = B192_NS;
-  constexpr int BYTES = BK * D * (int)sizeof(T); /* one of K, V */
-  int gk = 0; /* K blocks issued so far */
-  auto load = [&](T *dst, const CUtensorMap *tm, const CUtensorMap *rm, const BlkInfo &bi,
-                  int mode, int row0, int c0, int c4, uint64_t *bar) {
-    mbar_expect_tx(bar, BYTES);
-#pragma unroll
-    for (int hf = 0; hf < D / 64; hf++)
-      tma_load_half<T>(dst + hf * BK * 64, tm, rm, bi, mode, row0, c0 + hf * 64, c4, bar);
-  };
-  /* block j: K(j), then V(j) at once (no block kept back: fewer registers
-  ** in the producer thread, which spills at 24).  V(j) waits for V(j - 2)'s
-  ** release, after PV(j - 2); K(j + 1) behind it for K(j - 1)'s, after
-  ** S(j - 1). */
-  auto emit = [&](const BlkInfo &bi, int mode, int row0, int c0, int c4) {
-    const int sk = gk % NS;
-    if (gk >= NS) mbar_wait(&emptyK[sk], (gk / NS - 1) & 1);
-    binfo[sk] = pack_binfo(bi);
-    load(sK + sk * BK * D, &a.tmk3, &a.rmk3, bi, mode, row0, c0, c4, &fullK[sk]);
-    if (gk >= NS) mbar_wait(&emptyV[sk], (gk / NS - 1) & 1);
-    load(sV + sk * BK * D, &a.tmv3, &a.rmv3, bi, mode, row0, c0, c4, &fullV[sk]);
-    gk++;
   };
   for (int k = 0;; k++) {
-    if (k > 0) mbar_wait(qempty, (k - 1) & 1);
+    if (k > 0) mbar_wait(sm.qempty, (k - 1) & 1);
     const int item = next_item<PERSIST>(a, k);
-    *sitem = item;
+    *sm.sitem = item;
     if (item < 0) {
-      mbar_arrive(qfull);
+      mbar_arrive(sm.qfull); /* the consumers read -1 and stop */
       return;
     }
     Item x;
-    decode_item<128, BK>(a, item, x);
+    decode_item<K::BR, BK>(a, item, x);
     if (x.qcount <= 0) {
-      mbar_arrive(qfull);
+      mbar_arrive(sm.qfull);
       continue;
     }
     const int c0 = a.tma_fused ? x.head * D : 0;
     const int c4 = a.tma_fused ? x.b : x.b * a.heads + x.head;
-    tma_load_q<T, D, 128>(a, x, sQ, c0, c4, qfull);
+    tma_load_q<T, D, K::BR>(a, x, sm.q, c0, c4, sm.qfull);
     item_blocks<BK>(a, x, [&](const BlkInfo &bi, int mode, int row0) {
-      emit(bi, mode, row0, c0, c4);
+      put(bi, mode, row0, c0, c4);
     });
   }
 }
 
-template <typename T, bool PERSIST>
-__global__ void __launch_bounds__(384, 1)
-    sta_fwd_b192(const __grid_constant__ AttnArgs a) {
-  constexpr int D = 128, BR = 128, BK = B192, NS = B192_NS;
-  extern __shared__ unsigned char smem_raw[];
-  unsigned char *base = reinterpret_cast<unsigned char *>(
-      (reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~(uintptr_t)1023);
-  T *sQ = reinterpret_cast<T *>(base);
-  T *sK = sQ + BR * D;      /* [NS][BK][D] */
-  T *sV = sK + NS * BK * D; /* [NS][BK][D] */
-  uint64_t *fullK = reinterpret_cast<uint64_t *>(sV + NS * BK * D);
-  uint64_t *emptyK = fullK + NS, *fullV = emptyK + NS, *emptyV = fullV + NS;
-  uint64_t *qfull = emptyV + NS, *qempty = qfull + 1;
-  int4 *binfo = reinterpret_cast<int4 *>(qempty + 1); /* [NS], by K stage */
-  volatile int *sitem = reinterpret_cast<int *>(binfo + NS);
-
-  const int tid = threadIdx.x, lane = tid & 31;
-  const int wg = __shfl_sync(0xffffffffu, tid >> 7, 0), wq = (tid >> 5) & 3;
-  if (tid == 0) {
-    for (int s = 0; s < NS; s++) {
-      mbar_init(&fullK[s], 1);
-      mbar_init(&emptyK[s], 256);
-      mbar_init(&fullV[s], 1);
-      mbar_init(&emptyV[s], 256);
+/* The producer for what TMA cannot load (K::GATHER kernels; other tiles,
+** strides TMA cannot take), all 128 threads of the producer warpgroup
+** (pt: this thread's index there): TMA where a block or Q allows it, else
+** a cp.async gather of the rows by coordinate. */
+template <class K, bool PERSIST>
+__device__ __forceinline__ void produce_gather(const AttnArgs &a, const FwdSmem<K> &sm,
+                                               const int pt) {
+  using T = typename K::T;
+  constexpr int D = K::D, BR = K::BR, STAGES = K::STAGES, PTH = 128;
+  T *const sQ = sm.q, *const sK = sm.k, *const sV = sm.v;
+  uint64_t *const full = sm.kfull, *const empty = sm.kempty;
+  int *const rowtab = sm.rowtab, *const qrow = sm.qrow;
+  int g = 0; /* key blocks through the ring so far */
+  for (int k = 0;; k++) {
+    if (k > 0) mbar_wait(sm.qempty, (k - 1) & 1);
+    bar_named(3, PTH); /* every producer thread has read the last sitem */
+    if (pt == 0) *sm.sitem = next_item<PERSIST>(a, k);
+    bar_named(3, PTH);
+    const int item = *sm.sitem;
+    if (item < 0) {
+      if (pt == 0) mbar_arrive(sm.qfull); /* the consumers read -1 and stop */
+      break;
     }
-    mbar_init(qfull, 1);
-    mbar_init(qempty, 256);
+    Item x;
+    decode_item(a, item, x);
+    if (x.qcount <= 0) {
+      if (pt == 0) mbar_arrive(sm.qfull);
+      continue;
+    }
+    const int c0 = a.tma_fused ? x.head * D : 0;
+    const int c4 = a.tma_fused ? x.b : x.b * a.heads + x.head;
+    const T *gq = reinterpret_cast<const T *>(a.q) + x.b * a.q_sb + x.head * a.q_sh;
+    const T *gk = reinterpret_cast<const T *>(a.k) + x.b * a.k_sb + x.head * a.k_sh;
+    const T *gv = reinterpret_cast<const T *>(a.v) + x.b * a.v_sb + x.head * a.v_sh;
+    /* Q */
+    if ((a.tma_q && !x.text) || (a.tma_rows && x.text)) {
+      if (pt == 0) tma_load_q<T, D>(a, x, sQ, c0, c4, sm.qfull);
+    } else {
+      for (int r = pt; r < BR; r += PTH) qrow[r] = q_row(a, x, r);
+      bar_named(3, PTH);
+      load_rows_sw<T, D, PTH>(sQ, BR, gq, a.q_ss, qrow, BR, pt, a.vec);
+      cp_async_commit();
+      cp_async_wait_all();
+      fence_proxy_async();
+      bar_named(3, PTH);
+      if (pt == 0) mbar_arrive(sm.qfull);
+    }
+    /* keys: a gather block is signalled once the next one is under way */
+    int pend = -1;
+    for (int kb = 0; kb < x.p.nkb; kb++, g++) {
+      const int s = g % STAGES, n = g / STAGES;
+      /* the block's bookkeeping (integer divisions) before the wait for
+      ** its stage, not between the consumers' release and the loads */
+      BlkInfo bi = {0, 0, 0, 0, 0};
+      if (pt == 0) bi = block_info(a, x.p, kb); /* with the tile box's origin */
+      int row0 = 0;
+      const int mode = block_mode(a, x, kb, &row0);
+      if (g >= STAGES) mbar_wait(&empty[s], (n - 1) & 1);
+      if (pt == 0) sm.binfo[s] = pack_binfo(bi);
+      if (mode) {
+        if (pend >= 0) {
+          cp_async_wait_all();
+          fence_proxy_async();
+          mbar_arrive(&full[pend]);
+          pend = -1;
+        }
+        if (pt == 0) {
+          tma_load_kv<T, D>(a, sK + s * BW * D, sV + s * BW * D, bi, mode, row0, c0, c4,
+                            &full[s]);
+        } else {
+          mbar_arrive(&full[s]);
+        }
+        continue;
+      }
+      int *rt = rowtab + (g & 1) * BW;
+      int c;
+      if (pt < BW) rt[pt] = key_row<BW>(a, x.p, kb, pt, &c);
+      bar_named(3, PTH);
+      load_rows_sw<T, D, PTH>(sK + s * BW * D, BW, gk, a.k_ss, rt, BW, pt, a.vec);
+      load_rows_sw<T, D, PTH>(sV + s * BW * D, BW, gv, a.v_ss, rt, BW, pt, a.vec);
+      cp_async_commit();
+      if (pend >= 0) {
+        cp_async_wait_1();
+        fence_proxy_async();
+        mbar_arrive(&full[pend]);
+      }
+      pend = s;
+    }
+    if (pend >= 0) {
+      cp_async_wait_all();
+      fence_proxy_async();
+      mbar_arrive(&full[pend]);
+    }
   }
-  __syncthreads();
-  /* setmaxnreg moves registers only within what the launch gave the CTA,
-  ** 384 x 168 = 64512: 128 x (24 + 2 x 240) fits; 32 / 240 (65536) left
-  ** the consumers' increase waiting forever */
-  if (wg >= 2) {
-    asm volatile("setmaxnreg.dec.sync.aligned.u32 24;\n");
-    if (tid == 256)
-      produce_b192<T, PERSIST>(a, sQ, sK, sV, fullK, emptyK, fullV, emptyV, qfull, qempty,
-                               binfo, sitem);
-    return;
-  }
-  asm volatile("setmaxnreg.inc.sync.aligned.u32 240;\n");
+}
+
+/* The consumer warpgroups' loop: for each item, S = Q K^T and O += P V over
+** its key blocks with the online softmax, then the output (store_o).  S(i+1)
+** and PV(i) are issued together; the softmax of S(i+1) runs while PV(i) is
+** still on the tensor cores.  The warpgroups take turns issuing (named
+** barriers 4, 5, 6: a ping-pong), so one's softmax runs under the others'
+** GEMMs.  Blocks without keys are computed too (all -inf: P = 0), to keep
+** the loop free of branches around the wgmmas.  Q is released once this
+** warpgroup's last S is done; K (split rings) once S has read it, V once
+** PV has. */
+template <class K>
+__device__ __forceinline__ void consume(const AttnArgs &a, const FwdSmem<K> &sm, const int wg,
+                                        const int wq, const int lane) {
+  using T = typename K::T;
+  constexpr int D = K::D, BK = K::BK, STAGES = K::STAGES, NWG = K::NWG;
   const float sl2 = a.scale_log2, th = a.rescale_th;
-  const uint32_t dq0 = sdesc_lo(sQ + wg * 64 * 64, 16);
-  const uint32_t dk0 = sdesc_lo(sK, 16);
-  const uint32_t dv0 = sdesc_lo(sV, BK * 128);
+  const uint32_t dq0 = sdesc_lo(sm.q + wg * 64 * 64, 16);
+  const uint32_t dk0 = sdesc_lo(sm.k, 16);
+  const uint32_t dv0 = sdesc_lo(sm.v, BK * 128);
   constexpr uint32_t SOFF = (uint32_t)((BK * D * 2) >> 4); /* one stage */
   float o[D / 2];
   float s[BK / 2];
   uint32_t pa[BK / 16][4];
   int g = 0;
   for (int k = 0;; k++) {
-    mbar_wait(qfull, k & 1);
-    const int item = *sitem;
+    mbar_wait(sm.qfull, k & 1);
+    const int item = *sm.sitem;
     if (item < 0) break;
     KeyPlan p;
     {
       Item x;
-      decode_item<BR, BK>(a, item, x);
+      decode_item<K::BR, BK>(a, item, x);
       if (x.qcount <= 0) {
-        mbar_arrive(qempty);
+        mbar_arrive(sm.qempty);
         continue;
       }
       p = x.p;
@@ -1197,58 +1042,124 @@ __global__ void __launch_bounds__(384, 1)
     for (int e = 0; e < D / 2; e++) o[e] = 0.f;
     float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
     float al[2];
-    const int k0 = g % NS;
-    if (wg == 1) bar_arrive_named(4, 256); /* WG 0 goes first */
-    mbar_wait(&fullK[k0], (g / NS) & 1);
-    const BlkInfo b0 = get_binfo(&binfo[k0]);
+    if (wg == NWG - 1) bar_arrive_named(4, 256); /* WG 0 goes first */
+    mbar_wait(&sm.kfull[g % STAGES], (g / STAGES) & 1);
+    BlkInfo b0;
+    /* split rings: K's stage (and its block info) is released before the mask */
+    if constexpr (K::SPLIT) b0 = get_binfo(&sm.binfo[g % STAGES]);
     bar_named(4 + wg, 256);
-    issue_qk<T, D, BK>(s, dq0, dk0 + k0 * SOFF);
-    bar_arrive_named(wg == 1 ? 4 : 5, 256);
+    issue_qk<T, D, BK>(s, dq0, dk0 + (g % STAGES) * SOFF);
+    bar_arrive_named(wg + 1 == NWG ? 4 : 5 + wg, 256);
     sta_wgmma::wait<0>();
     sta_wgmma::pin<BK / 2>(s);
-    mbar_arrive(&emptyK[k0]);
-    if (p.nkb == 1) mbar_arrive(qempty); /* Q free (see below) */
+    if constexpr (K::SPLIT) mbar_arrive(&sm.kempty[g % STAGES]);
+    if (p.nkb == 1) mbar_arrive(sm.qempty); /* Q free (see below) */
+    if constexpr (!K::SPLIT) b0 = get_binfo(&sm.binfo[g % STAGES]);
     mask_block<BK>(s, b0, a, lane);
     softmax_block<BK>(s, m, l, al, sl2, th);
     pack_p<T, BK>(s, pa);
     int i = 0;
     for (; i + 1 < p.nkb; i++) {
-      const int gn = g + i + 1, kn = gn % NS, gi = g + i, vs = gi % NS;
-      mbar_wait(&fullK[kn], (gn / NS) & 1);
-      const BlkInfo bn = get_binfo(&binfo[kn]);
-      mbar_wait(&fullV[vs], (gi / NS) & 1);
+      const int vs = (g + i) % STAGES, gn = g + i + 1, kn = gn % STAGES;
+      mbar_wait(&sm.kfull[kn], (gn / STAGES) & 1);
+      const BlkInfo bn = get_binfo(&sm.binfo[kn]);
+      if constexpr (K::SPLIT) mbar_wait(&sm.vfull[vs], ((g + i) / STAGES) & 1);
       bar_named(4 + wg, 256);
       issue_qk<T, D, BK>(s, dq0, dk0 + kn * SOFF);
       rescale_o<D>(o, al);
       issue_pv<T, D, BK>(o, pa, dv0 + vs * SOFF);
-      bar_arrive_named(wg == 1 ? 4 : 5, 256);
+      bar_arrive_named(wg + 1 == NWG ? 4 : 5 + wg, 256);
       sta_wgmma::wait<1>();
       sta_wgmma::pin<BK / 2>(s);
-      mbar_arrive(&emptyK[kn]); /* K(i + 1) read */
-      if (i + 2 == p.nkb) mbar_arrive(qempty); /* the last S is done: Q free */
+      if constexpr (K::SPLIT) mbar_arrive(&sm.kempty[kn]); /* K(i + 1) read */
+      if (i + 2 == p.nkb) mbar_arrive(sm.qempty); /* the last S is done: Q free */
       mask_block<BK>(s, bn, a, lane);
       softmax_block<BK>(s, m, l, al, sl2, th);
       sta_wgmma::pin<BK / 2>(s);
       sta_wgmma::wait<0>();
       sta_wgmma::pin<D / 2>(o);
       sta_wgmma::pin_r<BK / 4>(&pa[0][0]); /* live until PV(i) is done */
-      mbar_arrive(&emptyV[vs]);
+      mbar_arrive(&sm.vempty[vs]);
       pack_p<T, BK>(s, pa);
     }
     {
-      const int gi = g + i, vs = gi % NS;
-      mbar_wait(&fullV[vs], (gi / NS) & 1);
+      const int vs = (g + i) % STAGES;
+      if constexpr (K::SPLIT) mbar_wait(&sm.vfull[vs], ((g + i) / STAGES) & 1);
       rescale_o<D>(o, al);
       bar_named(4 + wg, 256);
       issue_pv<T, D, BK>(o, pa, dv0 + vs * SOFF);
-      if (wg == 0) bar_arrive_named(5, 256); /* WG 1's last turn */
+      if (wg + 1 < NWG) bar_arrive_named(5 + wg, 256); /* the next WG's last turn */
       sta_wgmma::wait<0>();
       sta_wgmma::pin<D / 2>(o);
-      mbar_arrive(&emptyV[vs]);
+      mbar_arrive(&sm.vempty[vs]);
     }
     g += p.nkb;
-    store_o<T, D, BR>(a, item, o, m, l, wg * 64 + wq * 16, lane);
+    store_o<T, D, K::BR>(a, item, o, m, l, wg * 64 + wq * 16, lane);
   }
+}
+
+/* ---- the kernel --------------------------------------------------------------
+** One producer warpgroup (the last), K::NWG consumer warpgroups of 64 query
+** rows.  PERSIST: one CTA per SM takes items from a global counter; the
+** producer runs ahead into the next item's Q and keys while the consumers
+** finish the last item and write its output.  Otherwise one CTA per item. */
+template <class K, bool PERSIST>
+__global__ void __launch_bounds__(K::THREADS, 1) sta_fwd(const __grid_constant__ AttnArgs a) {
+  using T = typename K::T;
+  constexpr int D = K::D, BR = K::BR, BK = K::BK, STAGES = K::STAGES, CTH = K::CTH;
+  extern __shared__ unsigned char smem_raw[];
+  unsigned char *base = reinterpret_cast<unsigned char *>(
+      (reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~(uintptr_t)1023);
+  FwdSmem<K> sm;
+  sm.q = reinterpret_cast<T *>(base);
+  sm.k = sm.q + BR * D;
+  sm.v = sm.k + STAGES * BK * D;
+  sm.kfull = reinterpret_cast<uint64_t *>(sm.v + STAGES * BK * D);
+  sm.kempty = sm.kfull + STAGES;
+  sm.vfull = K::SPLIT ? sm.kempty + STAGES : sm.kfull;
+  sm.vempty = K::SPLIT ? sm.vfull + STAGES : sm.kempty;
+  sm.qfull = (K::SPLIT ? sm.vempty : sm.kempty) + STAGES;
+  sm.qempty = sm.qfull + 1;
+  sm.binfo = reinterpret_cast<int4 *>(sm.qempty + 1);
+  sm.rowtab = reinterpret_cast<int *>(sm.binfo + STAGES);
+  sm.qrow = sm.rowtab + 2 * BK;
+  sm.sitem = K::SPLIT ? sm.rowtab : sm.qrow + BR;
+
+  const int tid = threadIdx.x, lane = tid & 31;
+  /* warp-uniform by construction (the shuffle tells the compiler so) */
+  const int wg = __shfl_sync(0xffffffffu, tid >> 7, 0), wq = (tid >> 5) & 3;
+  if (tid == 0) {
+    for (int s = 0; s < STAGES; s++) {
+      if constexpr (K::SPLIT) {
+        mbar_init(&sm.kfull[s], 1);
+        mbar_init(&sm.kempty[s], CTH);
+        mbar_init(&sm.vfull[s], 1);
+        mbar_init(&sm.vempty[s], CTH);
+      } else { /* the gather producer's 128 threads arrive on full */
+        mbar_init(&sm.kfull[s], a.tma && a.tma_q && a.tma_rows ? 1 : 128);
+        mbar_init(&sm.kempty[s], CTH);
+      }
+    }
+    mbar_init(sm.qfull, 1);
+    mbar_init(sm.qempty, CTH);
+  }
+  __syncthreads();
+  if (wg >= K::NWG) { /* the producer */
+    setmaxnreg_dec<K::PREG>();
+    if constexpr (K::GATHER) {
+      const int pt = tid - CTH;
+      if (a.tma && a.tma_q && a.tma_rows) {
+        if (pt == 0) produce_tma<K, PERSIST>(a, sm);
+        return;
+      }
+      produce_gather<K, PERSIST>(a, sm, pt);
+    } else if (tid == CTH) {
+      produce_tma<K, PERSIST>(a, sm); /* the launch checked that TMA takes every load */
+    }
+    return;
+  }
+  setmaxnreg_inc<K::CREG>();
+  consume<K>(a, sm, wg, wq, lane);
 }
 
 int sm_count() {
@@ -1335,18 +1246,15 @@ sta_status count_items(AttnArgs &a, int BR) {
   return STA_OK;
 }
 
-template <typename T, int D, int STAGES, bool PERSIST, int NWG = 2>
-sta_status launch_ws(AttnArgs &a) {
-  if constexpr (NWG == 3) /* 192-row items: every load by TMA, the 192-row Q maps */
-    if (!(a.tma && a.tma_q && a.tma_rows && a.tma_q3))
-      return launch_ws<T, D, 3, PERSIST, 2>(a);
-  constexpr int BR = 64 * NWG;
-  size_t smem = 1024 + (size_t)(BR * D + 2 * STAGES * BW * D) * sizeof(T) +
-                (2 * STAGES + 2) * sizeof(uint64_t) + STAGES * sizeof(int4) +
-                (size_t)(2 * BW + BR + 1) * sizeof(int);
-  auto kern = sta_fwd_ws<T, D, STAGES, PERSIST, NWG>;
-  cudaError_t e = cudaFuncSetAttribute(
-      kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+/* The launch of sta_fwd<K, PERSIST>: items counted for K's rows, the
+** persistent kernel's counters (none under a first capture: one CTA per
+** item then), a grid of min(SMs, items) or one CTA per item. */
+template <class K, bool PERSIST>
+sta_status launch_fwd(AttnArgs &a) {
+  constexpr int BR = K::BR;
+  auto kern = sta_fwd<K, PERSIST>;
+  cudaError_t e = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                       (int)K::SMEM);
   if (e != cudaSuccess) return sta_cuda_fail(e, "cudaFuncSetAttribute");
   a.qbpt = a.tma_q ? a.tt / (BR / 64) : (a.tile_vol + BR - 1) / BR;
   sta_status cs = count_items(a, BR);
@@ -1357,68 +1265,26 @@ sta_status launch_ws(AttnArgs &a) {
     sta_status st = sched_slot(&a.sched);
     if (st != STA_OK) return st;
     if (!a.sched) /* no counters (first launch under capture) */
-      return launch_ws<T, D, STAGES, false, NWG>(a);
+      return launch_fwd<K, false>(a);
     grid = sm_count() < n ? sm_count() : n;
   }
-  kern<<<(unsigned)grid, 128 * (NWG + 1), smem, sta_cuda_stream()>>>(a);
+  kern<<<(unsigned)grid, K::THREADS, K::SMEM, sta_cuda_stream()>>>(a);
   e = cudaGetLastError();
   if (e != cudaSuccess) return sta_cuda_fail(e, "attention kernel launch");
   return STA_OK;
 }
 
-
-/* The launch of sta_fwd_b192; 128-key blocks where it does not apply. */
-template <typename T, bool PERSIST = true>
-sta_status launch_b192(AttnArgs &a) {
-  if (!(a.tma && a.tma_q && a.tma_rows && a.tma_k3))
-    return launch_ws<T, 128, 3, PERSIST>(a);
-  constexpr int D = 128, BR = 128, BK = B192, NS = B192_NS;
-  size_t smem = 1024 + (size_t)(BR * D + 2 * NS * BK * D) * sizeof(T) +
-                (4 * NS + 2) * sizeof(uint64_t) + NS * sizeof(int4) + sizeof(int);
-  auto kern = sta_fwd_b192<T, PERSIST>;
-  cudaError_t e = cudaFuncSetAttribute(
-      kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
-  if (e != cudaSuccess) return sta_cuda_fail(e, "cudaFuncSetAttribute");
-  a.qbpt = a.tt / 2;
-  sta_status cs = count_items(a, BR);
-  if (cs != STA_OK || a.n_items == 0) return cs;
-  const int n = a.n_items;
-  int grid = n;
-  if (PERSIST) {
-    sta_status st = sched_slot(&a.sched);
-    if (st != STA_OK) return st;
-    if (!a.sched) /* no counters (first launch under capture) */
-      return launch_b192<T, false>(a);
-    grid = sm_count() < n ? sm_count() : n;
-  }
-  kern<<<(unsigned)grid, 384, smem, sta_cuda_stream()>>>(a);
-  e = cudaGetLastError();
-  if (e != cudaSuccess) return sta_cuda_fail(e, "attention kernel launch");
-  return STA_OK;
-}
-
-template <typename T>
-sta_status dispatch(AttnArgs &a, int D) {
-  /* 0 (default): persistent (one CTA per SM takes work items from a
-  **    counter), S(i+1) issued with PV(i), the consumer warpgroups taking
-  **    turns; TMA where it fits.  Where the TMA paths and 3 | tt allow it,
-  **    D 128 in key blocks of 192 (sta_fwd_b192, K and V in rings of 2
-  **    stages each) and D 64 in items of 192 query rows (three consumer
-  **    warpgroups at 160 registers, the one-thread producer at 32, 6
-  **    stages); else 128 x 128 blocks (BENCHMARKS.md: D 128 1-3.5 %, D 64
-  **    11 % faster than 128 x 128);
-  ** 2: as 0, one CTA per work item (the kernels the first launch under
-  **    CUDA-graph capture takes);
-  ** 9: 128 x 128 blocks, persistent (the kernel 0 falls back to). */
-  const int var = sta_cuda_attention_variant();
-  if (D == 64) {
-    if (var == 2) return launch_ws<T, 64, 6, false, 3>(a);
-    if (var == 9) return launch_ws<T, 64, 3, true>(a);
-    return launch_ws<T, 64, 6, true, 3>(a);
-  }
-  if (var == 2) return launch_b192<T, false>(a);
-  if (var == 9) return launch_ws<T, 128, 3, true>(a);
-  return launch_b192<T>(a);
+/* The kernels of one (dtype, head dim): the default where the TMA paths and
+** 3 | tt allow it (D 128: Wide, the 192-key blocks and their 192-row maps;
+** D 64: Tall, the 192-row items and their maps), else Square.  Variant
+** (STA_CUDA_VARIANT, for tests and benchmarks) 2: one CTA per item, as
+** under a first capture; 9: Square. */
+template <typename T, int D>
+sta_status run_fwd(AttnArgs &a, int variant) {
+  using Big = typename std::conditional<D == 128, Wide<T>, Tall<T>>::type;
+  const bool big = variant != 9 && a.tma && a.tma_q && a.tma_rows && (D == 128 ? a.tma_k3 : a.tma_q3);
+  if (variant == 2) return big ? launch_fwd<Big, false>(a) : launch_fwd<Square<T, D>, false>(a);
+  return big ? launch_fwd<Big, true>(a) : launch_fwd<Square<T, D>, true>(a);
 }
 
 bool aligned16(const void *p) { return ((uintptr_t)p & 15) == 0; }
@@ -1611,8 +1477,12 @@ sta_status sta_cuda_attention(const sta_attn_params *p) {
     }
     x.horder[j] = (int16_t)h;
   }
-  const int D = (int)p->head_dim;
-  const sta_status s = p->dtype == STA_BF16 ? dispatch<__nv_bfloat16>(x, D) : dispatch<__half>(x, D);
+  const int var = sta_cuda_attention_variant();
+  sta_status s;
+  if (p->dtype == STA_BF16)
+    s = p->head_dim == 128 ? run_fwd<__nv_bfloat16, 128>(x, var) : run_fwd<__nv_bfloat16, 64>(x, var);
+  else
+    s = p->head_dim == 128 ? run_fwd<__half, 128>(x, var) : run_fwd<__half, 64>(x, var);
   free(ap);
   return s;
 }
