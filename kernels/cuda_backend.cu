@@ -1,6 +1,6 @@
 /*
 ** cuda_backend.cu -- the CUDA backend table (core/internal.h): probe,
-** device memory, copies, fill, attention (sta_attention.cu), head_diff.
+** device memory, copies, fill, attention (fwd_api.cu), head_diff.
 ** Never prints, never aborts: every failure is a status and a message.
 ** randn is left to the core (host draws, one upload), so a seed gives the
 ** same values on every backend bit for bit.
