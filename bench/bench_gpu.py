@@ -715,6 +715,7 @@ def variants(sta, reps, log, results):
             ref = None
             for var in [int(x) for x in os.environ.get('STA_VARIANTS', '0,9').split(',')]:
                 os.environ["STA_CUDA_VARIANT"] = str(var)
+                o.fill_(float("nan"))  # this variant's output, or NaN
                 ms, _ = time_ms(lambda: sta.forward(g, q, k, v, o, softmax=SOFTMAX[mode]), reps)
                 torch.cuda.synchronize()
                 if ref is None:
@@ -744,6 +745,8 @@ def ab(libs, reps, log, results):
             outs = []
             for rnd in range(rounds):
                 for i, lib in enumerate(libs):
+                    if rnd == 0:
+                        o.fill_(float("nan"))  # each library's own output, or NaN
                     ms[i].append(time_ms(lambda: lib.forward(g, q, k, v, o, softmax=SOFTMAX[mode]),
                                          reps)[0])
                     if rnd == 0:
