@@ -17,12 +17,15 @@ import sys
 
 
 def demangle(names):
-    try:
-        out = subprocess.run(["c++filt"], input="\n".join(names), capture_output=True,
-                             text=True, check=True).stdout.split("\n")
-        return out[:len(names)]
-    except (OSError, subprocess.CalledProcessError):
-        return names
+    for tool in ("cu++filt", "c++filt"):
+        try:
+            out = subprocess.run([tool], input="\n".join(names) + "\n", capture_output=True,
+                                 text=True, check=True).stdout.split("\n")
+            if len(out) >= len(names) and all(out[:len(names)]):
+                return out[:len(names)]
+        except (OSError, subprocess.CalledProcessError):
+            pass
+    return names
 
 
 def kernels(lib):
