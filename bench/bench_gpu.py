@@ -2,26 +2,38 @@
 """bench_gpu.py -- sta's CUDA forward against what a user would otherwise run.
 
 Runs on the GPU machine (python3 there has torch).  libsta.so is called
-through ctypes: torch tensors are wrapped as sta device tensors
-(sta_tensor_wrap, STA_CUDA) and sta_attention_forward runs on them.  A
-library without the public API (the kernels-only build of
-scripts/device-prep) is called through its backend table instead.
+through ctypes and its public API only (core/sta.h): torch tensors are
+wrapped as sta device tensors (sta_tensor_wrap, STA_CUDA) and
+sta_attention_forward runs on them.
 
-  bench_gpu.py [--lib build/libsta.so] [--check N] [--bench] [--sweep]
-               [--variants] [--dtypes] [--clocks S] [--graph] [--reps N]
-               [--out DIR]
+  bench_gpu.py [--lib build/libsta.so] [--check N] [--bench] [--accuracy]
+               [--sweep] [--variants] [--ab LIB,...] [--dtypes] [--clocks S]
+               [--graph] [--reps N] [--out DIR]
 
 --check N  N fresh random geometries against a float32 torch reference of
            the STA mask (odd canvases, partial tiles, per-head windows,
            text, BSHD/BHSD, bf16/f16, D 64/128, LSE).
---bench    STA.md section 8 workloads: sta vs cuDNN dense SDPA vs
-           FlexAttention with an STA block mask, same inputs, same run.
+--bench    STA.md section 8 workloads: sta (exact and fast softmax) vs
+           cuDNN dense SDPA vs FlexAttention with an STA block mask, same
+           inputs, same run; at wan-720p and hunyuan-720p the errors of sta
+           and of FlexAttention bf16 against float32 (--accuracy's).
+--accuracy at full size (STA_ACC_WORKLOADS, default hunyuan-720p and
+           wan-720p): sta exact, sta fast and FlexAttention bf16 against
+           FlexAttention in float32 with the same block mask (itself checked
+           against float64 on sampled rows), randn and peaked inputs
+           (FastVideo's: each row a random direction with a norm from
+           N(0.1, 10)); rel L2, mean and max abs error.
 --sweep    canvas sweep at window 3,3,3: sta vs dense.
---variants kernel variants (STA_CUDA_VARIANT, see kernels/sta_attention.cu's
-           dispatch) on the cases STA_CASES names (default hunyuan-720p,
-           wan-720p; "all": the section 8 workloads plus mixed per-head
-           windows, D 64 and fp16 at hunyuan-720p); STA_VARIANTS picks the
-           variants, the first is the reference for rel_vs_first.
+--variants kernel variants (STA_CUDA_VARIANT: 0 the default, 2 one CTA per
+           work item, 9 the 128 x 128 kernel) on the cases STA_CASES names
+           (default hunyuan-720p, wan-720p; "all": the section 8 workloads
+           plus mixed per-head windows, D 64 and fp16 at hunyuan-720p);
+           STA_VARIANTS picks the variants (the first is the reference for
+           rel_vs_first), STA_SOFTMAX the softmax modes ("exact,fast").
+--ab LIBS  the same cases with --lib and each library of LIBS (comma-
+           separated) loaded in this one process, alternated STA_AB_ROUNDS
+           times (3) per softmax mode on the same inputs: ms per library
+           and round, and whether the outputs are bit-identical.
 --graph    CUDA graph capture of the forward (first call captured, eager,
            captured again): outputs equal bit for bit.
 --dtypes   bf16 against fp16 at hunyuan-720p, sta, cuDNN dense and a plain
@@ -45,63 +57,60 @@ import torch
 STA_F32, STA_F16, STA_BF16 = 0, 1, 2
 STA_CPU, STA_CUDA = 0, 1
 STA_BSHD, STA_BHSD = 0, 1
+STA_SOFTMAX_EXACT, STA_SOFTMAX_FAST = 0, 1
+SOFTMAX = {"exact": STA_SOFTMAX_EXACT, "fast": STA_SOFTMAX_FAST}
 DT = {torch.bfloat16: STA_BF16, torch.float16: STA_F16, torch.float32: STA_F32}
+HERE = os.path.dirname(os.path.abspath(__file__))
 
 
-class Geometry(C.Structure):
+class Geometry(C.Structure):  # core/sta.h sta_geometry
     _fields_ = [("canvas", C.c_int32 * 3), ("tile", C.c_int32 * 3),
                 ("text_len", C.c_int64)]
 
 
-class Desc(C.Structure):
+class Desc(C.Structure):  # core/sta.h sta_attention_desc
     _fields_ = [("geom", Geometry), ("layout", C.c_int), ("n_windows", C.c_int32),
-                ("windows", C.POINTER(C.c_int32)), ("scale", C.c_float)]
+                ("windows", C.POINTER(C.c_int32)), ("scale", C.c_float),
+                ("softmax", C.c_int), ("deterministic", C.c_int32)]
 
 
-class Params(C.Structure):  # core/internal.h sta_attn_params
-    _fields_ = ([(n, C.c_void_p) for n in ("q", "k", "v", "o", "lse")] +
-                [("dtype", C.c_int)] +
-                [(n, C.c_int64) for n in ("batch", "seq_len", "heads", "head_dim",
-                                          "q_sb", "q_ss", "q_sh", "k_sb", "k_ss", "k_sh",
-                                          "v_sb", "v_ss", "v_sh", "o_sb", "o_ss", "o_sh",
-                                          "lse_sb", "lse_sh", "lse_ss")] +
-                [("canvas", C.c_int32 * 3), ("tile", C.c_int32 * 3), ("grid", C.c_int32 * 3),
-                 ("video_len", C.c_int64), ("text_len", C.c_int64),
-                 ("windows", C.POINTER(C.c_int32)), ("scale", C.c_float)])
-
-
-class Ops(C.Structure):  # core/internal.h sta_backend_ops
-    _fields_ = [("name", C.c_char_p)] + [(n, C.c_void_p) for n in (
-        "probe", "alloc", "release", "memcpy", "copy", "fill", "randn",
-        "attention", "head_diff", "synchronize")]
+def check_mirrors(header=os.path.join(HERE, "..", "core", "sta.h")):
+    """The two structs above mirror sta.h by hand: refuse to run when the
+    header's field names differ (a changed struct must not go unnoticed)."""
+    import re
+    try:
+        text = open(header).read()
+    except OSError:
+        return  # run outside the checkout: nothing to compare with
+    for cls, name in ((Geometry, "sta_geometry"), (Desc, "sta_attention_desc")):
+        m = re.search(r"typedef struct %s \{(.*?)\} %s;" % (name, name), text, re.S)
+        body = re.sub(r"/\*.*?\*/", "", m.group(1), flags=re.S) if m else ""
+        fields = [re.search(r"(\w+)\s*(\[\w*\])?\s*$", d).group(1)
+                  for d in body.split(";") if d.strip()]
+        if fields != [f[0] for f in cls._fields_]:
+            raise SystemExit("bench_gpu.py: %s mirrors %s as %s, sta.h has %s" %
+                             (cls.__name__, name, [f[0] for f in cls._fields_], fields))
 
 
 class Sta:
+    """libsta.so through its public API (core/sta.h) only."""
+
     def __init__(self, path):
-        self.lib = C.CDLL(path)
-        self.api = hasattr(self.lib, "sta_attention_forward")
-        L = self.lib
-        if self.api:
-            L.sta_tensor_wrap.argtypes = [C.POINTER(C.c_void_p), C.c_void_p, C.c_int, C.c_int,
-                                          C.c_int32, C.POINTER(C.c_int64), C.POINTER(C.c_int64)]
-            L.sta_attention_forward.argtypes = [C.POINTER(Desc)] + [C.c_void_p] * 5
-            L.sta_tensor_destroy.argtypes = [C.c_void_p]
-            L.sta_last_error.restype = C.c_char_p
-            L.sta_backend_available.argtypes = [C.c_int]
-            L.sta_backend_describe.restype = C.c_char_p
-            if not L.sta_backend_available(STA_CUDA):
-                raise SystemExit("sta: CUDA backend unavailable: %s" %
-                                 L.sta_backend_describe(STA_CUDA).decode())
-            self.describe = L.sta_backend_describe(STA_CUDA).decode()
-        else:
-            L.sta_cuda_backend.restype = C.POINTER(Ops)
-            ops = L.sta_cuda_backend().contents
-            why = C.c_char_p()
-            probe = C.CFUNCTYPE(C.c_int32, C.POINTER(C.c_char_p))(ops.probe)
-            if not probe(C.byref(why)):
-                raise SystemExit("sta: CUDA backend unavailable: %s" % why.value.decode())
-            self.describe = why.value.decode() + " (kernels-only library)"
-            self.attn = C.CFUNCTYPE(C.c_int, C.POINTER(Params))(ops.attention)
+        check_mirrors()
+        self.path = path
+        self.lib = L = C.CDLL(os.path.abspath(path))
+        L.sta_tensor_wrap.argtypes = [C.POINTER(C.c_void_p), C.c_void_p, C.c_int, C.c_int,
+                                      C.c_int32, C.POINTER(C.c_int64), C.POINTER(C.c_int64)]
+        L.sta_attention_forward.argtypes = [C.POINTER(Desc)] + [C.c_void_p] * 5
+        L.sta_tensor_destroy.argtypes = [C.c_void_p]
+        L.sta_last_error.restype = C.c_char_p
+        L.sta_backend_available.argtypes = [C.c_int]
+        L.sta_backend_describe.restype = C.c_char_p
+        L.sta_cuda_set_stream.argtypes = [C.c_void_p]
+        if not L.sta_backend_available(STA_CUDA):
+            raise SystemExit("sta: CUDA backend unavailable: %s" %
+                             L.sta_backend_describe(STA_CUDA).decode())
+        self.describe = L.sta_backend_describe(STA_CUDA).decode()
 
     def wrap(self, t):
         h = C.c_void_p()
@@ -114,55 +123,26 @@ class Sta:
             raise RuntimeError("sta_tensor_wrap: %s" % self.lib.sta_last_error().decode())
         return h
 
-    def forward(self, g, q, k, v, o, lse=None, layout=STA_BSHD):
+    def forward(self, g, q, k, v, o, lse=None, layout=STA_BSHD, softmax=STA_SOFTMAX_EXACT):
         """q, k, v, o: torch tensors in layout; g: dict geometry."""
         wins = g["windows"]
-        if self.api:
-            w = (C.c_int32 * len(wins))(*wins)
-            d = Desc()
-            d.geom.canvas[:] = list(g["canvas"])
-            d.geom.tile[:] = list(g["tile"])
-            d.geom.text_len = g["text_len"]
-            d.layout = layout
-            d.n_windows = len(wins) // 3
-            d.windows = C.cast(w, C.POINTER(C.c_int32))
-            d.scale = g.get("scale", 0.0)
-            hs = [self.wrap(t) for t in (q, k, v, o)] + [self.wrap(lse) if lse is not None else None]
-            rc = self.lib.sta_attention_forward(C.byref(d), *hs)
-            for h in hs:
-                if h is not None:
-                    self.lib.sta_tensor_destroy(h)
-            if rc != 0:
-                raise RuntimeError("sta_attention_forward: %s" % self.lib.sta_last_error().decode())
-            return
-        # kernels-only library: fill the resolved parameters ourselves
-        p = Params()
-        bshd = (lambda t: (t.stride(0), t.stride(1), t.stride(2))) if layout == STA_BSHD else \
-               (lambda t: (t.stride(0), t.stride(2), t.stride(1)))
-        B, S, H, D = (q.shape if layout == STA_BSHD else (q.shape[0], q.shape[2], q.shape[1], q.shape[3]))
-        p.q, p.k, p.v, p.o = q.data_ptr(), k.data_ptr(), v.data_ptr(), o.data_ptr()
-        p.dtype = DT[q.dtype]
-        p.batch, p.seq_len, p.heads, p.head_dim = B, S, H, D
-        p.q_sb, p.q_ss, p.q_sh = bshd(q)
-        p.k_sb, p.k_ss, p.k_sh = bshd(k)
-        p.v_sb, p.v_ss, p.v_sh = bshd(v)
-        p.o_sb, p.o_ss, p.o_sh = bshd(o)
-        if lse is not None:
-            p.lse = lse.data_ptr()
-            p.lse_sb, p.lse_sh, p.lse_ss = lse.stride()
-        p.canvas[:] = list(g["canvas"])
-        p.tile[:] = list(g["tile"])
-        p.grid[:] = [-(-c // t) for c, t in zip(g["canvas"], g["tile"])]
-        V = g["canvas"][0] * g["canvas"][1] * g["canvas"][2]
-        p.video_len = V
-        p.text_len = g["text_len"] if g["text_len"] >= 0 else S - V
-        ww = wins if len(wins) == 3 * H else wins * H
-        w = (C.c_int32 * len(ww))(*ww)
-        p.windows = C.cast(w, C.POINTER(C.c_int32))
-        p.scale = g.get("scale", 0.0) or 1.0 / math.sqrt(D)
-        rc = self.attn(C.byref(p))
+        w = (C.c_int32 * len(wins))(*wins)
+        d = Desc()
+        d.geom.canvas[:] = list(g["canvas"])
+        d.geom.tile[:] = list(g["tile"])
+        d.geom.text_len = g["text_len"]
+        d.layout = layout
+        d.n_windows = len(wins) // 3
+        d.windows = C.cast(w, C.POINTER(C.c_int32))
+        d.scale = g.get("scale", 0.0)
+        d.softmax = softmax
+        hs = [self.wrap(t) for t in (q, k, v, o)] + [self.wrap(lse) if lse is not None else None]
+        rc = self.lib.sta_attention_forward(C.byref(d), *hs)
+        for h in hs:
+            if h is not None:
+                self.lib.sta_tensor_destroy(h)
         if rc != 0:
-            raise RuntimeError("attention: status %d" % rc)
+            raise RuntimeError("sta_attention_forward: %s" % self.lib.sta_last_error().decode())
 
 
 # ---- the STA mask, reference and flops ---------------------------------------
@@ -176,27 +156,32 @@ def grid_of(g):
     return [-(-c // t) for c, t in zip(g["canvas"], g["tile"])]
 
 
-def dense_mask(g, S, heads, device):
-    """[heads, S, S] bool: True where query row attends key column."""
+def dense_mask(g, S, heads, device, rows=None):
+    """[heads, R, S] bool: True where query row attends key column (rows:
+    the query rows, default all S)."""
     T, Hc, W = g["canvas"]
     tt, th, tw = g["tile"]
     NT, NH, NW = grid_of(g)
     V = T * Hc * W
     tl = g["text_len"] if g["text_len"] >= 0 else S - V
     idx = torch.arange(S, device=device)
-    vi = idx.clamp(max=V - 1)
-    ct = (vi // (Hc * W)) // tt, ((vi // W) % Hc) // th, (vi % W) // tw
-    isv = idx < V
+    qi = idx if rows is None else rows
+
+    def tiles(i):
+        i = i.clamp(max=V - 1)
+        return (i // (Hc * W)) // tt, ((i // W) % Hc) // th, (i % W) // tw
+    kt, qt = tiles(idx), tiles(qi)
+    isv, qv = idx < V, qi < V
     keytext = (idx >= V) & (idx < V + tl)
     masks = []
     for (Kt, Kh, Kw) in eff_windows(g, heads):
-        ok = isv[:, None] & isv[None, :]
+        ok = qv[:, None] & isv[None, :]
         for ax, (K, Cn) in enumerate(((Kt, NT), (Kh, NH), (Kw, NW))):
             Ke = min(K, Cn)
-            start = (ct[ax] - Ke // 2).clamp(min=0, max=Cn - Ke)
-            ok &= (ct[ax][None, :] >= start[:, None]) & (ct[ax][None, :] < start[:, None] + Ke)
-        ok |= isv[:, None] & keytext[None, :]
-        ok |= (~isv)[:, None] & (isv | keytext)[None, :]
+            start = (qt[ax] - Ke // 2).clamp(min=0, max=Cn - Ke)
+            ok &= (kt[ax][None, :] >= start[:, None]) & (kt[ax][None, :] < start[:, None] + Ke)
+        ok |= qv[:, None] & keytext[None, :]
+        ok |= (~qv)[:, None] & (isv | keytext)[None, :]
         masks.append(ok)
     return torch.stack(masks)
 
@@ -416,56 +401,179 @@ def flex_tiled_mask_mod(g, S):
     return window_mask_mod(g, coords)
 
 
+def flex_setup():
+    """torch.compile'd flex_attention and create_block_mask, or None without
+    them.  float32 matmuls at "highest" precision, so that Flex in float32
+    runs IEEE float32 dots (not tf32): the accuracy reference."""
+    try:
+        from torch.nn.attention.flex_attention import flex_attention, create_block_mask
+    except ImportError:
+        return None
+    import torch._dynamo
+    # every workload and mask compiles anew: past the default limit
+    # create_block_mask falls back to eager and materialises S x S
+    for knob in ("cache_size_limit", "recompile_limit"):
+        if hasattr(torch._dynamo.config, knob):
+            setattr(torch._dynamo.config, knob, 256)
+    torch.set_float32_matmul_precision("highest")
+    return torch.compile(flex_attention, dynamic=False), create_block_mask
+
+
+def workload(name):
+    for w in WORKLOADS:
+        if w[0] == name:
+            _, canvas, text, win = w
+            S = canvas[0] * canvas[1] * canvas[2] + text
+            return dict(canvas=canvas, tile=(6, 8, 8), text_len=text, windows=list(win)), S
+    raise SystemExit("unknown workload %s" % name)
+
+
+def peaked(shape, sd, dt):
+    """FastVideo's peaked inputs: each row (last dim) a random direction
+    scaled to a norm drawn from N(0.1, sd), rounded to dt."""
+    x = torch.randn(*shape, device="cuda")
+    x = x / x.norm(dim=-1, keepdim=True)
+    return (x * (0.1 + sd * torch.randn(*shape[:-1], 1, device="cuda"))).to(dt)
+
+
+def errors(o, ref):
+    d = o.float() - ref
+    return dict(rel=(d.norm() / ref.norm()).item(), mean=d.abs().mean().item(),
+                max=d.abs().max().item())
+
+
+def accuracy(sta, name, inputs, flexfns, log):
+    """Errors against float32 at full size: FlexAttention in float32 on the
+    bf16 inputs, with the exact STA block mask of FastVideo's tiled order
+    (128-row blocks are thirds of tiles), is the reference; it is checked
+    against float64 on 256 sampled query rows.  sta (exact and fast softmax)
+    and Flex bf16 (same mask) are measured against it.  Returns
+    {which: {rel, mean, max}}."""
+    flex_c, create_block_mask = flexfns
+    g, S = workload(name)
+    q, k, v = inputs
+    H, D = q.shape[2], q.shape[3]
+    perm = tiled_perm(g, S, q.device)
+    bm = create_block_mask(flex_tiled_mask_mod(g, S), None, None, S, S, device="cuda",
+                           BLOCK_SIZE=128, _compile=True)
+    qt, kt, vt = (t[:, perm].transpose(1, 2).contiguous() for t in (q, k, v))
+
+    def untile(ot):
+        u = torch.empty(1, S, H, D, device="cuda", dtype=ot.dtype)
+        u[:, perm] = ot.transpose(1, 2)
+        return u
+    ref = untile(flex_c(qt.float(), kt.float(), vt.float(), block_mask=bm))
+    res = {"flex bf16": errors(untile(flex_c(qt, kt, vt, block_mask=bm)), ref)}
+    del qt, kt, vt, bm
+    # the reference itself, on sampled rows, against float64
+    gen = torch.Generator(device="cuda").manual_seed(7)
+    rows = torch.randint(0, S, (256,), device="cuda", generator=gen)
+    heads = torch.randint(0, H, (256,), device="cuda", generator=gen)
+    m = dense_mask(g, S, H, q.device, rows)  # [H, 256, S]
+    worst = 0.0
+    for i in range(0, 256, 8):
+        r, h = rows[i:i + 8], heads[i:i + 8]
+        qs = q[0, r, h].double()                                   # [8, D]
+        s_ = torch.einsum("rd,rsd->rs", qs, k[0, :, h].double().transpose(0, 1))
+        s_ = s_ / math.sqrt(D)
+        s_ = s_.masked_fill(~m[h, torch.arange(i, i + 8, device="cuda")], float("-inf"))
+        o64 = torch.einsum("rs,rsd->rd", torch.softmax(s_, -1), v[0, :, h].double().transpose(0, 1))
+        worst = max(worst, (ref[0, r, h].double() - o64).abs().max().item())
+    res["reference vs float64 (256 rows, max abs)"] = worst
+    o = torch.empty_like(q)
+    for mode in ("exact", "fast"):
+        sta.forward(g, q, k, v, o, softmax=SOFTMAX[mode])
+        torch.cuda.synchronize()
+        res["sta " + mode] = errors(o, ref)
+    del ref, o
+    torch.cuda.empty_cache()
+    log("accuracy %s %s" % (name, json.dumps(res)))
+    return res
+
+
+ACC_WORKLOADS = ["hunyuan-720p", "wan-720p"]
+
+
+def accuracy_table(sta, log, results, flexfns, names=None, kinds=("randn", "peaked N(0.1,10)"),
+                   rows=None):
+    """--accuracy: randn and peaked inputs at full size, one table (rows:
+    results already measured, e.g. --bench's randn ones)."""
+    names = names or os.environ.get("STA_ACC_WORKLOADS", ",".join(ACC_WORKLOADS)).split(",")
+    rows = list(rows or [])
+    for name in names:
+        g, S = workload(name)
+        for kind in kinds:
+            torch.manual_seed(1)
+            shape = (1, S, 24, 128)
+            if kind == "randn":
+                inputs = [torch.randn(*shape, device="cuda", dtype=torch.bfloat16) for _ in range(3)]
+            else:
+                inputs = [peaked(shape, 10.0, torch.bfloat16) for _ in range(3)]
+            try:
+                r = accuracy(sta, name, inputs, flexfns, log)
+                rows.append(dict(workload=name, inputs=kind, **r))
+            except Exception as ex:  # keep the rest of the table
+                log("accuracy %s %s failed: %s" % (name, kind, repr(ex)[:300]))
+            del inputs
+            torch.cuda.empty_cache()
+    results.setdefault("accuracy", []).extend(rows)
+    log("")
+    log("Errors against float32 (FlexAttention in float32, same block mask), bf16, 24 heads, D 128:")
+    log("")
+    log("| workload | inputs | which | rel L2 | mean abs | max abs |")
+    log("|---|---|---|---|---|---|")
+    for r in rows:
+        for which in ("sta exact", "sta fast", "flex bf16"):
+            e = r[which]
+            log("| %s | %s | %s | %.3e | %.3e | %.3e |" % (r["workload"], r["inputs"], which,
+                                                            e["rel"], e["mean"], e["max"]))
+    log("")
+    log("reference against float64 on sampled rows, max abs: %s" % ", ".join(
+        "%.1e" % r["reference vs float64 (256 rows, max abs)"] for r in rows))
+    return rows
+
+
 def bench(sta, reps, log, results, flex=True):
     from torch.nn.attention import SDPBackend, sdpa_kernel
     import torch.nn.functional as F
-    if flex:
-        from torch.nn.attention.flex_attention import flex_attention, create_block_mask
-        import torch._dynamo
-        # every workload and mask compiles anew: past the default limit
-        # create_block_mask falls back to eager and materialises S x S
-        for knob in ("cache_size_limit", "recompile_limit"):
-            if hasattr(torch._dynamo.config, knob):
-                setattr(torch._dynamo.config, knob, 256)
-        flex_c = torch.compile(flex_attention, dynamic=False)
+    flexfns = flex_setup() if flex else None
     H, D = 24, 128
     rows = []
     only = os.environ.get("STA_WORKLOADS")
     for name, canvas, text, win in WORKLOADS:
         if only and name not in only.split(","):
             continue
-        V = canvas[0] * canvas[1] * canvas[2]
-        S = V + text
-        g = dict(canvas=canvas, tile=(6, 8, 8), text_len=text, windows=list(win))
+        g, S = workload(name)
         torch.manual_seed(1)
         q, k, v = (torch.randn(1, S, H, D, device="cuda", dtype=torch.bfloat16) for _ in range(3))
         o = torch.empty_like(q)
         lse = torch.empty(1, H, S, device="cuda")
         fl = flops(g, S, H, D)
-        ms, _ = time_ms(lambda: sta.forward(g, q, k, v, o), reps)
+        ms, ms_fast = [], []
+        for _ in range(2):  # exact and fast alternated, twice
+            ms.append(time_ms(lambda: sta.forward(g, q, k, v, o), reps)[0])
+            ms_fast.append(time_ms(lambda: sta.forward(g, q, k, v, o, softmax=STA_SOFTMAX_FAST),
+                                   reps)[0])
         ms_lse, _ = time_ms(lambda: sta.forward(g, q, k, v, o, lse), max(3, reps // 3))
         qh, kh, vh = (t.transpose(1, 2) for t in (q, k, v))
         with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
             dense_ms, _ = time_ms(lambda: F.scaled_dot_product_attention(qh, kh, vh), max(3, reps // 4))
-        row = dict(name=name, S=S, window=win, tflop=fl / 1e12, sta_ms=ms, sta_lse_ms=ms_lse,
-                   sta_tflops=fl / ms / 1e9, dense_ms=dense_ms)
-        if flex:
+        row = dict(name=name, S=S, window=win, tflop=fl / 1e12, sta_ms=min(ms), sta_ms_all=ms,
+                   sta_fast_ms=min(ms_fast), sta_fast_ms_all=ms_fast, sta_lse_ms=ms_lse,
+                   sta_tflops=fl / min(ms) / 1e9, dense_ms=dense_ms)
+        if flexfns:
+            flex_c, create_block_mask = flexfns
             try:
                 t0 = time.time()
                 bm = create_block_mask(flex_mask_mod(g, S), None, None, S, S, device="cuda",
                                        BLOCK_SIZE=128, _compile=True)
                 qc, kc, vc = (t.contiguous() for t in (qh, kh, vh))
-                fo = flex_c(qc, kc, vc, block_mask=bm)
+                flex_c(qc, kc, vc, block_mask=bm)
                 torch.cuda.synchronize()
                 row["flex_setup_s"] = time.time() - t0
                 row["flex_sparsity"] = bm.sparsity()
-                flex_ms, _ = time_ms(lambda: flex_c(qc, kc, vc, block_mask=bm), max(3, reps // 2))
-                row["flex_ms"] = flex_ms
-                sta.forward(g, q, k, v, o)
-                torch.cuda.synchronize()
-                e, mx = rel_err(o, fo.transpose(1, 2))
-                row["err_vs_flex_rel"], row["err_vs_flex_max"] = e, mx
-                del fo, qc, kc, vc, bm
+                row["flex_ms"], _ = time_ms(lambda: flex_c(qc, kc, vc, block_mask=bm), max(3, reps // 2))
+                del qc, kc, vc, bm
             except Exception as ex:  # keep the rest of the table
                 row["flex_error"] = repr(ex)[:300]
             try:  # Flex on FastVideo's tiled order: 128-blocks align with tiles
@@ -473,37 +581,49 @@ def bench(sta, reps, log, results, flex=True):
                 qc, kc, vc = (t[:, perm].transpose(1, 2).contiguous() for t in (q, k, v))
                 bm = create_block_mask(flex_tiled_mask_mod(g, S), None, None, S, S, device="cuda",
                                        BLOCK_SIZE=128, _compile=True)
-                fo = flex_c(qc, kc, vc, block_mask=bm)
+                flex_c(qc, kc, vc, block_mask=bm)
                 torch.cuda.synchronize()
                 row["flex_tiled_sparsity"] = bm.sparsity()
                 row["flex_tiled_ms"], _ = time_ms(lambda: flex_c(qc, kc, vc, block_mask=bm), max(3, reps // 2))
-                fu = torch.empty_like(q)
-                fu[:, perm] = fo.transpose(1, 2)
-                sta.forward(g, q, k, v, o)
-                torch.cuda.synchronize()
-                row["err_vs_flex_tiled_rel"], row["err_vs_flex_tiled_max"] = rel_err(o, fu)
-                del fo, fu, qc, kc, vc, bm, perm
+                del qc, kc, vc, bm, perm
             except Exception as ex:
                 row["flex_tiled_error"] = repr(ex)[:300]
+            if name in ACC_WORKLOADS:
+                try:
+                    row["acc"] = accuracy(sta, name, (q, k, v), flexfns, log)
+                except Exception as ex:
+                    row["acc_error"] = repr(ex)[:300]
         log("bench %s" % json.dumps(row))
         rows.append(row)
         del q, k, v, o, lse, qh, kh, vh
         torch.cuda.empty_cache()
     results["bench"] = rows
     log("")
-    log("| workload | window | TFLOP | sta ms | sta TFLOP/s | sta+lse ms | Flex untiled ms | "
-        "Flex tiled ms | vs best Flex | cuDNN dense ms | vs dense | rel err vs Flex | "
-        "max abs err vs Flex |")
-    log("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+    log("sta ms: the better of two runs (median of REPS each), exact and fast softmax "
+        "alternated; errors against float32 (FlexAttention in float32, same block mask), "
+        "mean abs / max abs, randn inputs")
+    log("")
+    log("| workload | window | TFLOP | sta ms | sta TFLOP/s | sta fast ms | fast vs exact | "
+        "sta+lse ms | Flex untiled ms | Flex tiled ms | vs best Flex | cuDNN dense ms | vs dense | "
+        "sta err vs f32 | Flex bf16 err vs f32 |")
+    log("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     f2 = lambda r, k, f: f % r[k] if k in r else "n/a"  # noqa: E731
+    err = lambda r, w: ("%.2e / %.1e" % (r["acc"][w]["mean"], r["acc"][w]["max"])  # noqa: E731
+                        if "acc" in r else "n/a")
     for r in rows:
         best = min([r[k] for k in ("flex_ms", "flex_tiled_ms") if k in r] or [0])
-        log("| %s | %s | %.2f | %.2f | %.0f | %.2f | %s | %s | %s | %.1f | %.1fx | %s | %s |" % (
+        log("| %s | %s | %.2f | %.2f | %.0f | %.2f | %+.1f %% | %.2f | %s | %s | %s | %.1f | %.1fx | %s | %s |" % (
             r["name"], ",".join(map(str, r["window"])), r["tflop"], r["sta_ms"], r["sta_tflops"],
-            r["sta_lse_ms"], f2(r, "flex_ms", "%.2f"), f2(r, "flex_tiled_ms", "%.2f"),
+            r["sta_fast_ms"], 100 * (r["sta_fast_ms"] / r["sta_ms"] - 1), r["sta_lse_ms"],
+            f2(r, "flex_ms", "%.2f"), f2(r, "flex_tiled_ms", "%.2f"),
             "%.2fx" % (best / r["sta_ms"]) if best else "n/a",
-            r["dense_ms"], r["dense_ms"] / r["sta_ms"],
-            f2(r, "err_vs_flex_tiled_rel", "%.2e"), f2(r, "err_vs_flex_tiled_max", "%.2e")))
+            r["dense_ms"], r["dense_ms"] / r["sta_ms"], err(r, "sta exact"), err(r, "flex bf16")))
+    if flexfns:
+        names = [r["name"] for r in rows if "acc" in r]
+        if names:
+            accuracy_table(sta, log, results, flexfns, names, ("peaked N(0.1,10)",),
+                           [dict(workload=r["name"], inputs="randn", **r["acc"])
+                            for r in rows if "acc" in r])
 
 
 def sweep(sta, reps, log, results):
@@ -573,30 +693,88 @@ def variant_cases():
     return cases
 
 
+def softmax_modes():
+    return [m for m in os.environ.get("STA_SOFTMAX", "exact,fast").split(",") if m]
+
+
+def variant_inputs(case):
+    name, canvas, text, win, H, D, dt = case
+    S = canvas[0] * canvas[1] * canvas[2] + text
+    g = dict(canvas=canvas, tile=(6, 8, 8), text_len=text, windows=win)
+    torch.manual_seed(1)
+    q, k, v = (torch.randn(1, S, H, D, device="cuda", dtype=dt) for _ in range(3))
+    return g, S, (q, k, v, torch.empty_like(q)), flops(g, S, H, D)
+
+
 def variants(sta, reps, log, results):
     rows = []
-    for name, canvas, text, win, H, D, dt in variant_cases():
-        V = canvas[0] * canvas[1] * canvas[2]
-        S = V + text
-        g = dict(canvas=canvas, tile=(6, 8, 8), text_len=text, windows=win)
-        q, k, v = (torch.randn(1, S, H, D, device="cuda", dtype=dt) for _ in range(3))
-        o = torch.empty_like(q)
-        ref = None
-        fl = flops(g, S, H, D)
-        for var in [int(x) for x in os.environ.get('STA_VARIANTS', '0,1,2,3,4').split(',')]:
-            os.environ["STA_CUDA_VARIANT"] = str(var)
-            ms, _ = time_ms(lambda: sta.forward(g, q, k, v, o), reps)
-            torch.cuda.synchronize()
-            if ref is None:
-                ref = o.clone()
-            e, _ = rel_err(o, ref)
-            rows.append(dict(workload=name, heads=H, head_dim=D, dtype=str(dt).split(".")[-1],
-                             variant=var, ms=ms, tflop=fl / 1e12, tflops=fl / ms / 1e9,
-                             rel_vs_first=e))
-            log("variant %s" % json.dumps(rows[-1]))
-        os.environ.pop("STA_CUDA_VARIANT", None)
+    for case in variant_cases():
+        name, H, D, dt = case[0], case[4], case[5], case[6]
+        g, S, (q, k, v, o), fl = variant_inputs(case)
+        for mode in softmax_modes():
+            ref = None
+            for var in [int(x) for x in os.environ.get('STA_VARIANTS', '0,9').split(',')]:
+                os.environ["STA_CUDA_VARIANT"] = str(var)
+                o.fill_(float("nan"))  # this variant's output, or NaN
+                ms, _ = time_ms(lambda: sta.forward(g, q, k, v, o, softmax=SOFTMAX[mode]), reps)
+                torch.cuda.synchronize()
+                if ref is None:
+                    ref = o.clone()
+                e, _ = rel_err(o, ref)
+                rows.append(dict(workload=name, heads=H, head_dim=D, dtype=str(dt).split(".")[-1],
+                                 softmax=mode, variant=var, ms=ms, tflop=fl / 1e12,
+                                 tflops=fl / ms / 1e9, rel_vs_first=e))
+                log("variant %s" % json.dumps(rows[-1]))
+            os.environ.pop("STA_CUDA_VARIANT", None)
         del q, k, v, o
     results["variants"] = rows
+
+
+def ab(libs, reps, log, results):
+    """Libraries side by side in this process: every case of variant_cases
+    and softmax mode, the libraries alternated STA_AB_ROUNDS times on the same
+    inputs (default kernels); outputs compared bit for bit with the first."""
+    rounds = int(os.environ.get("STA_AB_ROUNDS", "3"))
+    names = [os.path.basename(os.path.dirname(os.path.abspath(x.path))) + "/" +
+             os.path.basename(x.path) for x in libs]
+    rows = []
+    for case in variant_cases():
+        g, S, (q, k, v, o), fl = variant_inputs(case)
+        for mode in softmax_modes():
+            ms = [[] for _ in libs]
+            outs = []
+            for rnd in range(rounds):
+                for i, lib in enumerate(libs):
+                    if rnd == 0:
+                        o.fill_(float("nan"))  # each library's own output, or NaN
+                    ms[i].append(time_ms(lambda: lib.forward(g, q, k, v, o, softmax=SOFTMAX[mode]),
+                                         reps)[0])
+                    if rnd == 0:
+                        torch.cuda.synchronize()
+                        outs.append(o.clone())
+            same = [bool(torch.equal(x, outs[0])) for x in outs]
+            diff = [(x.float() - outs[0].float()).abs().max().item() for x in outs]
+            row = dict(workload=case[0], softmax=mode, libs=names, ms=ms, identical=same,
+                       max_diff=diff, tflop=fl / 1e12)
+            rows.append(row)
+            log("ab %s" % json.dumps(row))
+            del outs
+        del q, k, v, o
+        torch.cuda.empty_cache()
+    results["ab"] = rows
+    log("")
+    log("A/B in one process, %d rounds alternated, median of %d runs each, ms (round by round); "
+        "last column: the later libraries' median against the first's" % (rounds, reps))
+    log("")
+    log("| case | softmax | " + " | ".join(names) + " | change | outputs |")
+    log("|---|---|" + "---|" * len(names) + "---|---|")
+    for r in rows:
+        med = [statistics.median(m) for m in r["ms"]]
+        log("| %s | %s | %s | %s | %s |" % (
+            r["workload"], r["softmax"], " | ".join(" / ".join("%.2f" % x for x in m) for m in r["ms"]),
+            ", ".join("%+.2f %%" % (100 * (x / med[0] - 1)) for x in med[1:]),
+            "bit-identical" if all(r["identical"]) else "differ (max %s)" % ", ".join(
+                "%.1e" % d for d in r["max_diff"])))
 
 
 def hunyuan_case():
@@ -747,6 +925,8 @@ def main():
     ap.add_argument("--check", type=int, default=0)
     ap.add_argument("--seed", type=int, default=int(time.time()) & 0xffff)
     ap.add_argument("--bench", action="store_true")
+    ap.add_argument("--accuracy", action="store_true")
+    ap.add_argument("--ab", default="", help="comma-separated libraries to A/B against --lib")
     ap.add_argument("--no-flex", action="store_true")
     ap.add_argument("--sweep", action="store_true")
     ap.add_argument("--variants", action="store_true")
@@ -777,6 +957,13 @@ def main():
         fails += check(sta, a.check, a.seed, log)
     if a.variants:
         variants(sta, a.reps, log, results)
+    if a.ab:
+        ab([sta] + [Sta(x) for x in a.ab.split(",")], a.reps, log, results)
+    if a.accuracy:
+        fx = flex_setup()
+        if not fx:
+            raise SystemExit("--accuracy needs torch's FlexAttention")
+        accuracy_table(sta, log, results, fx)
     if a.dtypes:
         dtypes(sta, a.reps, log, results)
     if a.clocks > 0:

@@ -1,7 +1,7 @@
 #!/usr/bin/python3
 """rounding_sim.py -- why sta's "rel err vs Flex" rose from 1.1e-03 to 3.0e-03
 when the online softmax stopped tracking the exact running maximum
-(STA_RESCALE_TH, kernels/sta_attention.cu), although its error against the
+(STA_SOFTMAX_FAST, now opt-in: the rescale threshold), although its error against the
 exact result did not move.
 
 One 64-row block of hunyuan-720p's attention (10624 keys, D 128, bf16 q, k,

@@ -178,9 +178,13 @@ sta_status sta_attention_forward(const sta_attention_desc *desc,
   sta_attn_params p;
   sta_status rc = sta_attn_resolve(desc, q, k, v, out, lse, &p);
   if (rc != STA_OK) return rc;
-  rc = sta_backend_get(q->storage->device)->attention(&p);
+  rc = sta_attn_run(&p, q->storage->device);
   free((void *)p.windows);
   return rc;
+}
+
+sta_status sta_attn_run(const sta_attn_params *p, sta_device device) {
+  return sta_backend_get(device)->attention(p);
 }
 
 sta_status sta_attention_reference(const sta_attention_desc *desc,

@@ -228,11 +228,14 @@ sta_status sta_cpu_attention_backward(const sta_attn_params *p);
 sta_status sta_cpu_attention_backward_reference(const sta_attn_params *p);
 
 /* Resolve desc and tensors into params (all checks of the forward).  On
-** success p->windows is a heads*3 array from sta_malloc: free() it. */
+** success p->windows is a heads*3 array from sta_malloc: free() it.
+** sta_attn_run: the forward of resolved params on device's backend (a
+** caller may change windows and the output between runs of one resolve). */
 sta_status sta_attn_resolve(const sta_attention_desc *desc,
                             const sta_tensor *q, const sta_tensor *k,
                             const sta_tensor *v, const sta_tensor *out,
                             const sta_tensor *lse, sta_attn_params *p);
+sta_status sta_attn_run(const sta_attn_params *p, sta_device device);
 
 /* ---- the counter-based normal generator --------------------------------- */
 

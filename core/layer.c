@@ -15,6 +15,7 @@ struct sta_layer {
   sta_layout layout;
   sta_device backend;
   float scale;
+  sta_softmax softmax;
   const sta_strategy *strategy;
 };
 
@@ -91,6 +92,10 @@ sta_status sta_layer_create(sta_layer **out, const sta_layer_desc *desc) {
     return sta_error(STA_ERR_BACKEND, "st attn not supported");
   if (!isfinite(desc->scale))
     return sta_error(STA_ERR_ARGUMENT, "scale: expected a finite value, got %g", (double)desc->scale);
+  if (desc->softmax != STA_SOFTMAX_EXACT && desc->softmax != STA_SOFTMAX_FAST)
+    return sta_error(STA_ERR_ARGUMENT,
+                     "softmax: expected STA_SOFTMAX_EXACT (0) or STA_SOFTMAX_FAST (1), got %d",
+                     (int)desc->softmax);
   sta_layer *l = sta_calloc(1, sizeof *l);
   if (!l) return sta_error(STA_ERR_NOMEM, "out of host memory (STA layer)");
   l->index = index;
@@ -103,6 +108,7 @@ sta_status sta_layer_create(sta_layer **out, const sta_layer_desc *desc) {
   l->layout = desc->layout;
   l->backend = desc->backend;
   l->scale = desc->scale;
+  l->softmax = desc->softmax;
   l->strategy = desc->strategy;
   *out = l;
   return STA_OK;
@@ -136,18 +142,10 @@ static sta_status check_operand(const sta_layer *l, const sta_tensor *t,
   return STA_OK;
 }
 
-/* Every check sta_attention_forward makes, without running it. */
-static sta_status dry_check(const sta_attention_desc *d, const sta_tensor *q,
-                            const sta_tensor *k, const sta_tensor *v,
-                            const sta_tensor *out) {
-  sta_attn_params p;
-  sta_status rc = sta_attn_resolve(d, q, k, v, out, NULL, &p);
-  if (rc == STA_OK) free((void *)p.windows);
-  return rc;
-}
-
 /* Search mode: every candidate on all local heads, full (last) into out
-** (and its log-sum-exp into lse when asked). */
+** (and its log-sum-exp into lse when asked).  Every candidate's window is
+** checked, then the operands are resolved once; the runs change only the
+** windows and the output (scratch tensors of out's shape). */
 static sta_status search_forward(sta_layer *l, sta_context *ctx,
                                  sta_attention_desc *d, int32_t n,
                                  const int32_t *row, const sta_tensor *q,
@@ -155,15 +153,17 @@ static sta_status search_forward(sta_layer *l, sta_context *ctx,
                                  sta_tensor *out, sta_tensor *lse) {
   sta_status rc;
   int32_t hl = l->local_heads;
-  for (int32_t c = 0; c < n; c++) {
-    d->windows = row + 3 * c;
-    if ((rc = dry_check(d, q, k, v, out)) != STA_OK) {
+  for (int32_t c = 0; c < n; c++)
+    if ((rc = sta_window_check(&d->geom, row + 3 * c)) != STA_OK) {
       char msg[512];
       snprintf(msg, sizeof msg, "search candidate %d [%d, %d, %d]: %s", (int)c,
                (int)row[3 * c], (int)row[3 * c + 1], (int)row[3 * c + 2], sta_last_error());
       return sta_error(rc, "%s", msg);
     }
-  }
+  sta_attn_params p;
+  d->windows = row + 3 * (n - 1);
+  if ((rc = sta_attn_resolve(d, q, k, v, out, lse, &p)) != STA_OK) return rc;
+  int32_t *win = (int32_t *)p.windows; /* heads * 3, set per run */
   sta_tensor *full = NULL, *cand = NULL;
   size_t nl = (size_t)(n > 1 ? n - 1 : 1) * (size_t)hl;
   float *l1 = sta_malloc(sizeof(float) * nl), *l2 = sta_malloc(sizeof(float) * nl);
@@ -174,13 +174,18 @@ static sta_status search_forward(sta_layer *l, sta_context *ctx,
   if ((rc = sta_tensor_create(&full, out->dtype, l->backend, 4, out->shape)) != STA_OK) goto done;
   if (n > 1 && (rc = sta_tensor_create(&cand, out->dtype, l->backend, 4, out->shape)) != STA_OK)
     goto done;
-  d->windows = row + 3 * (n - 1);
-  if ((rc = sta_attention_forward(d, q, k, v, full, lse)) != STA_OK) goto done;
-  for (int32_t c = 0; c + 1 < n; c++) {
-    d->windows = row + 3 * c;
-    if ((rc = sta_attention_forward(d, q, k, v, cand, NULL)) != STA_OK ||
-        (rc = sta_head_diff(cand, full, l->layout, l1 + (size_t)c * hl,
-                            l2 + (size_t)c * hl)) != STA_OK)
+  for (int32_t i = 0; i < n; i++) { /* the full window first, then the candidates */
+    const int32_t c = i == 0 ? n - 1 : i - 1;
+    sta_tensor *o = c == n - 1 ? full : cand;
+    sta_bshd ob;
+    if ((rc = sta_tensor_bshd(o, l->layout, "out", &ob)) != STA_OK) goto done;
+    p.o = sta_tensor_data(o);
+    p.o_sb = ob.sb; p.o_ss = ob.ss; p.o_sh = ob.sh;
+    if (c < n - 1) p.lse = NULL; /* the full window's only */
+    for (int32_t h = 0; h < hl; h++) memcpy(win + 3 * h, row + 3 * c, 3 * sizeof(int32_t));
+    if ((rc = sta_attn_run(&p, l->backend)) != STA_OK) goto done;
+    if (c < n - 1 && (rc = sta_head_diff(cand, full, l->layout, l1 + (size_t)c * hl,
+                                         l2 + (size_t)c * hl)) != STA_OK)
       goto done;
   }
   sta_forward_batch *fb = sta_context_batch(ctx);
@@ -195,6 +200,7 @@ done:
   sta_tensor_destroy(cand);
   free(l1);
   free(l2);
+  free(win);
   return rc;
 }
 
@@ -253,6 +259,7 @@ static sta_status layer_windows(sta_layer *l, const sta_tensor *const *ops,
     if ((rc = check_operand(l, ops[i], names[i])) != STA_OK) goto fail;
   d->layout = l->layout;
   d->scale = l->scale;
+  d->softmax = l->softmax;
   if (n == total || n < 0) {
     d->n_windows = hl;
     d->windows = *owned ? *owned : row + 3 * (size_t)l->sp_rank * hl;

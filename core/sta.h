@@ -549,6 +549,7 @@ typedef struct sta_layer_desc {
   float scale;                 /* <= 0: 1/sqrt(head_dim) */
   const sta_strategy *strategy; /* used when the context has no metadata;
                                    borrowed */
+  sta_softmax softmax;         /* 0 = STA_SOFTMAX_EXACT (sta_attention_desc) */
 } sta_layer_desc;
 
 /* prefix "transformer.double_blocks.7.attn.impl" gives layer 7. */

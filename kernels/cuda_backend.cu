@@ -1,7 +1,7 @@
 /*
 ** cuda_backend.cu -- the CUDA backend table (core/internal.h): probe,
-** device memory, transfers, attention (sta_attention.cu), head_diff;
-** the elementwise operations are in ops.cu.  Never prints, never aborts:
+** device memory, transfers, attention (fwd_api.cu), head_diff; the
+** elementwise operations are in ops.cu.  Never prints, never aborts:
 ** every failure is a status and a message.
 */
 #include <cuda_bf16.h>

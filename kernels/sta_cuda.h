@@ -30,22 +30,23 @@ sta_status sta_cuda_lincomb(sta_tensor *out, float a, const sta_tensor *x, float
                             const sta_tensor *y);
 sta_status sta_cuda_stats(const sta_tensor *t, sta_stats *out);
 
-/* The STA forward on device tensors (kernels/sta_attention.cu). */
+/* The STA forward on device tensors (kernels/fwd_api.cu). */
 sta_status sta_cuda_attention(const sta_attn_params *p);
 
 /* A CUtensorMap (m, 64-byte aligned) of a [B, S, heads, D] operand with
-** 64-column boxes and the 128-byte swizzle (sta_attention.cu's encode_map):
-** tile: dims (C0, W, H, T, N), box 64 x 8 x 8 x rows/64 x 1; else dims (C0,
-** S, N), box 64 x rows x 1.  fused: C0 = heads*D, N = batch; else C0 = D,
-** N = nhb.  0 when the driver refuses the layout. */
+** 64-column boxes and the 128-byte swizzle (tma_map.h's tma_encode, for C
+** callers): tile: dims (C0, W, H, T, N), box 64 x 8 x 8 x rows/64 x 1; else
+** dims (C0, S, N), box 64 x rows x 1.  fused: C0 = heads*D, N = batch; else
+** C0 = D, N = nhb.  0 when the driver refuses the layout. */
 int sta_cuda_encode_map(void *m, const void *base, const sta_attn_params *p, int64_t sb,
                         int64_t ss, int64_t sh, int fused, int64_t nhb, int tile, int rows);
 
 /* The STA backward on device tensors (kernels/sta_backward.cu). */
 sta_status sta_cuda_attention_backward(const sta_attn_params *p);
 
-/* Kernel variant for bf16/f16 D=128 (benchmarks): 0 = default; see
-** sta_attention.cu.  Read from STA_CUDA_VARIANT at each call. */
+/* The forward's kernel variant, read from STA_CUDA_VARIANT at each call
+** (tests and benchmarks): 0 the default, 2 one CTA per work item, 9 the
+** 128 x 128 kernel (launch_fwd.cuh's run_fwd); anything else is 0. */
 int sta_cuda_attention_variant(void);
 
 #endif

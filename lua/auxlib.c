@@ -161,6 +161,13 @@ sta_layout sta_lua_parse_layout(lua_State *L, const char *s) {
   return STA_BSHD;
 }
 
+sta_softmax sta_lua_parse_softmax(lua_State *L, const char *s) {
+  if (!s || strcmp(s, "exact") == 0) return STA_SOFTMAX_EXACT;
+  if (strcmp(s, "fast") == 0) return STA_SOFTMAX_FAST;
+  sta_lua_misuse(L, "softmax: expected \"exact\" or \"fast\", got '%s'", s);
+  return STA_SOFTMAX_EXACT;
+}
+
 /* Shape from a table of 1..4 sizes at idx. */
 int32_t sta_lua_read_shape(lua_State *L, int idx, int64_t shape[4]) {
   if (!lua_istable(L, idx))

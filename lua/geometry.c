@@ -211,7 +211,7 @@ static int32_t *opts_windows(lua_State *L, int opts, int32_t *n) {
 
 /* The descriptor of an attention call from its options table at opts (or
 ** nil): layout, canvas (else the known shape of q's length), tile,
-** text_len, window(s), scale, deterministic. */
+** text_len, window(s), scale, softmax, deterministic. */
 static void read_desc(lua_State *L, int opts, sta_tensor *q, sta_attention_desc *d) {
   sta_lua_check_opts(L, opts);
   memset(d, 0, sizeof *d);
@@ -230,6 +230,7 @@ static void read_desc(lua_State *L, int opts, sta_tensor *q, sta_attention_desc 
   if (lua_istable(L, opts)) {
     d->scale = (float)sta_lua_num_field(L, opts, "scale", 0);
     d->deterministic = sta_lua_bool_field(L, opts, "deterministic", 0);
+    d->softmax = sta_lua_parse_softmax(L, sta_lua_str_field(L, opts, "softmax"));
   }
 }
 

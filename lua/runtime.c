@@ -285,7 +285,7 @@ static int y_release(lua_State *L) {
 }
 
 /* layer{prefix= or layer=, heads=, head_dim=, sp_rank=, sp_size=, canvas=,
-** tile=, text_len=, layout=, backend=, scale=, strategy=} */
+** tile=, text_len=, layout=, backend=, scale=, softmax=, strategy=} */
 void sta_lua_layer_desc(lua_State *L, int opts, int pins, sta_layer_desc *d) {
   d->prefix = sta_lua_str_field(L, opts, "prefix");
   d->layer_index = (int32_t)sta_lua_int_field(L, opts, "layer", 0);
@@ -294,6 +294,7 @@ void sta_lua_layer_desc(lua_State *L, int opts, int pins, sta_layer_desc *d) {
   const char *be = sta_lua_str_field(L, opts, "backend");
   d->backend = be ? sta_lua_parse_device(L, be, "backend") : STA_CPU;
   d->scale = (float)sta_lua_num_field(L, opts, "scale", 0);
+  d->softmax = sta_lua_parse_softmax(L, sta_lua_str_field(L, opts, "softmax"));
   if (lua_getfield(L, opts, "strategy") != LUA_TNIL) {
     d->strategy = sta_lua_check_strategy(L, -1);
     lua_setfield(L, pins, "strategy");

@@ -98,6 +98,8 @@ const char *sta_lua_device_name(sta_device d);
 sta_dtype sta_lua_parse_dtype(lua_State *L, const char *s);
 /* "bshd" (also NULL) or "bhsd", either case. */
 sta_layout sta_lua_parse_layout(lua_State *L, const char *s);
+/* "exact" (also NULL) or "fast": sta_attention_desc.softmax. */
+sta_softmax sta_lua_parse_softmax(lua_State *L, const char *s);
 /* Shape from a table of 1..4 sizes at idx; returns the dimensions. */
 int32_t sta_lua_read_shape(lua_State *L, int idx, int64_t shape[4]);
 /* Windows list {{Kt,Kh,Kw}, ...} at idx into a userdata array left on the
@@ -144,7 +146,7 @@ sta_lua_strategy *sta_lua_new_strategy(lua_State *L);
 sta_strategy *sta_lua_check_strategy(lua_State *L, int idx);
 sta_metadata *sta_lua_check_metadata(lua_State *L, int idx);
 /* runtime.c: sta.layer's options at opts that SP layers share (prefix=,
-** layer=, heads=, head_dim=, backend=, scale=, strategy=) into d, the
+** layer=, heads=, head_dim=, backend=, scale=, softmax=, strategy=) into d, the
 ** strategy and prefix pinned in the table at pins. */
 void sta_lua_layer_desc(lua_State *L, int opts, int pins, sta_layer_desc *d);
 /* layer:set_strategy(s or nil) for l, the layer at 1; pins s in its user

@@ -141,6 +141,20 @@ describe("sta attention", function()
     assert.is_true(rel < 1e-5)
   end)
 
+  it("takes softmax = \"exact\" or \"fast\" (the CPU computes exact for both)", function()
+    local q, k, v = qkv({1, 144, 2, 8})
+    local o = { canvas = {4, 6, 6}, tile = {2, 2, 3}, window = {1, 3, 1} }
+    local exact = sta.attention(q, k, v, o)
+    o.softmax = "fast"
+    local fast = sta.attention(q, k, v, o)
+    local mx = fast:compare(exact)
+    assert.equal(0, mx)
+    o.softmax = "slow"
+    assert.equal("softmax: expected \"exact\" or \"fast\", got 'slow'", H.error_of(sta.attention, q, k, v, o))
+    o.softmax = 1
+    assert.equal("softmax: expected a string, got number", H.error_of(sta.attention, q, k, v, o))
+  end)
+
   it("reports bad inputs exactly and leaves out unchanged", function()
     local canvas = {4, 6, 6}
     local q, k, v = qkv({1, 144, 2, 8})

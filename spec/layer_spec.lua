@@ -56,6 +56,19 @@ describe("sta layers", function()
     assert.is_true(rel < 1e-6)
   end)
 
+  it("passes softmax = \"fast\" on to the forward, and refuses other names", function()
+    local s = sta.strategy.uniform{ steps = 1, layers = 1, heads = 2, window = {1, 1, 1} }
+    local layer = sta.layer{ layer = 0, heads = 2, head_dim = 8, canvas = canvas, tile = tile, strategy = s,
+      softmax = "fast" }
+    local q, k, v = qkv(2, 8)
+    local ctx <close> = sta.forward_context{ step = 0, batch = sta.forward_batch{} }
+    local out = layer:forward(q, k, v)
+    local expect = sta.attention(q, k, v, { canvas = canvas, tile = tile, window = {1, 1, 1} })
+    assert.equal(0, (out:compare(expect)))
+    assert.equal("softmax: expected \"exact\" or \"fast\", got 'quick'", H.error_of(sta.layer,
+      { layer = 0, heads = 2, head_dim = 8, canvas = canvas, tile = tile, softmax = "quick" }))
+  end)
+
   it("uses this rank's global heads under sequence parallelism", function()
     local s = sta.strategy.new()
     local wins = {{1, 1, 1}, {2, 2, 2}, {1, 2, 1}, {2, 1, 1}}

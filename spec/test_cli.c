@@ -178,12 +178,13 @@ static void test_npy_bshd(void **state) {
   sta_tensor_destroy(l);
   sta_tensor_destroy(fo);
   sta_tensor_destroy(fl);
-  /* --quiet, --scale and one window for all heads; --opt=value spelling */
+  /* --quiet, --scale and one window for all heads; --opt=value spelling;
+  ** --softmax fast (the CPU computes the exact softmax for both) */
   p.desc.scale = 0.3f;
   p.desc.n_windows = 1;
   p.desc.geom.text_len = -1;
   assert_int_equal(run("--q=q.npy --k k.npy --v v.npy --out o2.npy --canvas=4,8,8 --tile 2,4,4 "
-                       "--window 1,3,1 --scale 0.3 --quiet"), 0);
+                       "--window 1,3,1 --scale 0.3 --quiet --softmax=fast"), 0);
   assert_string_equal(out_text, "");
   assert_string_equal(err_text, "");
   int32_t w1[3] = {1, 3, 1};
@@ -324,7 +325,7 @@ static void test_help(void **state) {
   static const char *opts[] = {
     "--q ", "--k ", "--v ", "--out ", "--lse ", "--safetensors ", "--q-name", "--k-name",
     "--v-name", "--out-name", "--lse-name", "--canvas ", "--tile ", "--window ", "--text-len ",
-    "--scale ", "--layout ", "--threads ", "--device ", "--dtype ", "--reference", "--quiet",
+    "--scale ", "--softmax ", "exact", "fast", "--layout ", "--threads ", "--device ", "--dtype ", "--reference", "--quiet",
     "--help", "bshd", "bhsd", "cuda", "bf16", "FILE.safetensors:NAME", "Example", "Exit status"};
   for (size_t i = 0; i < sizeof opts / sizeof opts[0]; i++)
     if (!strstr(out_text, opts[i])) fail_msg("--help does not mention '%s'", opts[i]);
@@ -354,6 +355,7 @@ static void test_bad_options(void **state) {
     {"--scale 0", "sta-run: --scale '0': expected a number > 0"},
     {"--scale nan", "sta-run: --scale 'nan': expected a number > 0"},
     {"--scale ''", "sta-run: --scale '': expected a number > 0"},
+    {"--softmax slow", "sta-run: --softmax 'slow': expected exact or fast"},
     {"--layout bsdh", "sta-run: --layout 'bsdh': expected bshd or bhsd"},
     {"--threads 0", "sta-run: --threads '0': expected an integer 1..4096"},
     {"--device tpu", "sta-run: --device 'tpu': expected cpu or cuda"},

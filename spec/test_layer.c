@@ -139,6 +139,8 @@ static void test_create_errors(void **state) {
   BAD(geom.tile[2], 0, STA_ERR_WINDOW, "tile: w = 0, expected 1..1048576");
   BAD(layout, (sta_layout)7, STA_ERR_ARGUMENT, "layout: expected STA_BSHD (0) or STA_BHSD (1), got 7");
   BAD(backend, (sta_device)9, STA_ERR_ARGUMENT, "backend: unknown device 9");
+  BAD(softmax, (sta_softmax)2, STA_ERR_ARGUMENT,
+      "softmax: expected STA_SOFTMAX_EXACT (0) or STA_SOFTMAX_FAST (1), got 2");
   setenv("STA_DISABLE_CUDA", "1", 1);
   BAD(backend, STA_CUDA, STA_ERR_BACKEND, "st attn not supported");
   unsetenv("STA_DISABLE_CUDA");
@@ -530,8 +532,19 @@ static void test_search_mode(void **state) {
              "tiles on the t axis (use an odd window, or >= 3 for the whole axis)");
   assert_same(out, poison, 0.0);
   assert_int_equal(sta_forward_batch_records(fb, 1), 1);
-  /* an allocation failing anywhere in search mode changes nothing */
+  /* so does a bad lse (the operands are resolved once, before any run) */
   assert_int_equal(sta_metadata_set_row(md, 1, 3, cand), STA_OK);
+  int64_t lshape[3] = {1, 4, S + 1};
+  sta_tensor *badlse = NULL;
+  assert_int_equal(sta_tensor_create(&badlse, STA_F32, STA_CPU, 3, lshape), STA_OK);
+  char want[128];
+  snprintf(want, sizeof want, "lse: expected shape [B=1, heads=4, S=%d], got [1, 4, %d]", (int)S,
+           (int)S + 1);
+  EXPECT_ERR(sta_layer_forward_lse(l, q, q, q, out, badlse), STA_ERR_SHAPE, want);
+  assert_same(out, poison, 0.0);
+  assert_int_equal(sta_forward_batch_records(fb, 1), 1);
+  sta_tensor_destroy(badlse);
+  /* an allocation failing anywhere in search mode changes nothing */
   int ok = 0;
   for (int64_t n = 1; n < 40 && !ok; n++) {
     sta_fault_arm(n);

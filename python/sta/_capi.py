@@ -48,7 +48,7 @@ class LayerDesc(C.Structure):
                 ("local_heads", C.c_int32), ("head_dim", C.c_int32),
                 ("sp_rank", C.c_int32), ("sp_size", C.c_int32),
                 ("geom", Geometry), ("layout", _enum), ("backend", _enum),
-                ("scale", C.c_float), ("strategy", C.c_void_p)]
+                ("scale", C.c_float), ("strategy", C.c_void_p), ("softmax", _enum)]
 
 
 class TuneReport(C.Structure):

@@ -1,0 +1,164 @@
+/*
+** fwd_api.cu -- the STA forward on device tensors (sta_cuda_attention,
+** sta_cuda.h): the CUDA backend's limits, the kernel's argument from the
+** core's resolved problem (fwd_params_init, the one place it is built),
+** and the (dtype, head dim) dispatch.  The kernels are in kernel_fwd.cuh
+** and around it; README.md says which file holds what.
+*/
+#include <stdlib.h>
+#include <string.h>
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include "params.h"
+#include "tma_map.h"
+
+namespace sta {
+
+static bool aligned16(const void *p) { return ((uintptr_t)p & 15) == 0; }
+
+/* Which TMA paths a call can take.  All need 16-byte aligned bases and
+** strides (vec) and one way to address (batch, head): fused when the head
+** stride of q, k and v is D, else heads folded with the batch when the
+** batch strides allow it (or batch 1).  Tile maps also need 8x8 h/w tiles
+** and an even tt (key and query blocks are 2 t-slices); border tiles run
+** past the canvas: zero-filled there, masked by position.
+** STA_NO_TMA turns all of it off (the gather path), for tests. */
+static void setup_tma(FwdParams &x, const sta_attn_params *p, int variant) {
+  x.tma = x.tma_q = x.tma_rows = x.tma_q3 = x.tma_k3 = 0;
+  if (getenv("STA_NO_TMA") || !x.vec) return;
+  const int64_t D = p->head_dim;
+  int fused = p->q_sh == D && p->k_sh == D && p->v_sh == D;
+  int fold = p->batch == 1 || (p->q_sb == p->heads * p->q_sh && p->k_sb == p->heads * p->k_sh &&
+                               p->v_sb == p->heads * p->v_sh);
+  if (!fused && !fold) return;
+  if (p->heads * p->batch > 0x7fffffff || p->heads * D > 0x7fffffff) return;
+  int64_t nhb = p->heads * p->batch;
+  x.tma_fused = fused;
+  if (tma_encode(&x.rmk, p->k, p, p->k_sb, p->k_ss, p->k_sh, fused, nhb, 0) &&
+      tma_encode(&x.rmv, p->v, p, p->v_sb, p->v_ss, p->v_sh, fused, nhb, 0) &&
+      tma_encode(&x.rmq, p->q, p, p->q_sb, p->q_ss, p->q_sh, fused, nhb, 0))
+    x.tma_rows = 1;
+  if (p->tile[1] != 8 || p->tile[2] != 8 || p->tile[0] % 2) return;
+  if (tma_encode(&x.tmk, p->k, p, p->k_sb, p->k_ss, p->k_sh, fused, nhb, 1) &&
+      tma_encode(&x.tmv, p->v, p, p->v_sb, p->v_ss, p->v_sh, fused, nhb, 1))
+    x.tma = 1;
+  if (x.tma && !getenv("STA_NO_TMA_Q") &&
+      tma_encode(&x.tmq, p->q, p, p->q_sb, p->q_ss, p->q_sh, fused, nhb, 1))
+    x.tma_q = 1;
+  /* the default kernel's 192-row maps (3 t-slices): Q in items of 192
+  ** rows at D 64, K and V in blocks of 192 keys at D 128 */
+  const bool by3 = x.tma_q && x.tma_rows && p->tile[0] % 3 == 0 &&
+                   variant != 9;
+  if (by3 && D == 64 &&
+      tma_encode(&x.tmq3, p->q, p, p->q_sb, p->q_ss, p->q_sh, fused, nhb, 1, 192) &&
+      tma_encode(&x.rmq3, p->q, p, p->q_sb, p->q_ss, p->q_sh, fused, nhb, 0, 192))
+    x.tma_q3 = 1;
+  if (by3 && D == 128 &&
+      tma_encode(&x.tmk3, p->k, p, p->k_sb, p->k_ss, p->k_sh, fused, nhb, 1, 192) &&
+      tma_encode(&x.tmv3, p->v, p, p->v_sb, p->v_ss, p->v_sh, fused, nhb, 1, 192) &&
+      tma_encode(&x.rmk3, p->k, p, p->k_sb, p->k_ss, p->k_sh, fused, nhb, 0, 192) &&
+      tma_encode(&x.rmv3, p->v, p, p->v_sb, p->v_ss, p->v_sh, fused, nhb, 0, 192))
+    x.tma_k3 = 1;
+}
+
+void fwd_params_init(FwdParams &x, const sta_attn_params *p, int variant) {
+  memset(&x, 0, sizeof x);
+  x.q = p->q;
+  x.k = p->k;
+  x.v = p->v;
+  x.o = p->o;
+  x.lse = p->lse;
+  x.q_sb = p->q_sb; x.q_ss = p->q_ss; x.q_sh = p->q_sh;
+  x.k_sb = p->k_sb; x.k_ss = p->k_ss; x.k_sh = p->k_sh;
+  x.v_sb = p->v_sb; x.v_ss = p->v_ss; x.v_sh = p->v_sh;
+  x.o_sb = p->o_sb; x.o_ss = p->o_ss; x.o_sh = p->o_sh;
+  x.lse_sb = p->lse_sb; x.lse_sh = p->lse_sh; x.lse_ss = p->lse_ss;
+  x.S = (int)p->seq_len;
+  x.V = (int)p->video_len;
+  x.text_len = (int)p->text_len;
+  x.cT = p->canvas[0]; x.cH = p->canvas[1]; x.cW = p->canvas[2];
+  x.tt = p->tile[0]; x.th = p->tile[1]; x.tw = p->tile[2];
+  x.NT = p->grid[0]; x.NH = p->grid[1]; x.NW = p->grid[2];
+  x.tile_vol = x.tt * x.th * x.tw;
+  x.scale_log2 = p->scale * 1.4426950408889634f;
+  x.rescale_th = p->fast_softmax ? 8.0f : 0.0f;
+  int64_t st[] = {p->q_sb, p->q_ss, p->q_sh, p->k_sb, p->k_ss, p->k_sh,
+                  p->v_sb, p->v_ss, p->v_sh, p->o_sb, p->o_ss, p->o_sh};
+  int vec = aligned16(p->q) && aligned16(p->k) && aligned16(p->v) &&
+            aligned16(p->o);
+  for (int i = 0; i < 12; i++)
+    if (st[i] % 8) vec = 0;
+  x.vec = vec;
+  x.heads = (int)p->heads;
+  x.batch = (int)p->batch;
+  setup_tma(x, p, variant);
+  int64_t vol[STA_MAX_HEADS];
+  for (int64_t h = 0; h < p->heads; h++) {
+    vol[h] = 1;
+    for (int ax = 0; ax < 3; ax++) {
+      int k = p->windows[3 * h + ax], c = p->grid[ax];
+      x.win[3 * h + ax] = (int16_t)(k < c ? k : c);
+      vol[h] *= x.win[3 * h + ax];
+    }
+    /* insertion: largest window first, ties in head order (stable) */
+    int64_t j = h;
+    while (j > 0 && vol[x.horder[j - 1]] < vol[h]) {
+      x.horder[j] = x.horder[j - 1];
+      j--;
+    }
+    x.horder[j] = (int16_t)h;
+  }
+}
+
+} /* namespace sta */
+
+int sta_cuda_attention_variant(void) {
+  const char *s = getenv("STA_CUDA_VARIANT"); /* read per call: benchmarks */
+  const int x = s ? atoi(s) : 0;
+  return x == 2 || x == 9 ? x : 0;
+}
+
+sta_status sta_cuda_attention(const sta_attn_params *p) {
+  if (p->dtype != STA_BF16 && p->dtype != STA_F16)
+    return sta_error(STA_ERR_DTYPE,
+                     "attention: dtype %s not supported on cuda (use bf16 "
+                     "or f16)",
+                     sta_dtype_name(p->dtype));
+  if (p->head_dim != 64 && p->head_dim != 128)
+    return sta_error(STA_ERR_UNSUPPORTED,
+                     "attention: head_dim %lld not supported on cuda (64 or "
+                     "128)",
+                     (long long)p->head_dim);
+  if (p->heads > STA_MAX_HEADS)
+    return sta_error(STA_ERR_UNSUPPORTED,
+                     "attention: %lld heads exceed the CUDA backend's %d",
+                     (long long)p->heads, STA_MAX_HEADS);
+  if (p->seq_len > 0x3fffffff)
+    return sta_error(STA_ERR_UNSUPPORTED,
+                     "attention: seq_len %lld too long for the CUDA backend",
+                     (long long)p->seq_len);
+  if (p->grid[0] > 32767 || p->grid[1] > 32767 || p->grid[2] > 32767)
+    return sta_error(STA_ERR_UNSUPPORTED,
+                     "attention: tile grid %dx%dx%d too large for the CUDA "
+                     "backend",
+                     p->grid[0], p->grid[1], p->grid[2]);
+  if (p->batch == 0 || p->heads == 0 || p->seq_len == 0) return STA_OK;
+
+  /* about 10 KB: off the stack; the launch copies it */
+  const size_t al = alignof(sta::FwdParams);
+  const size_t asz = (sizeof(sta::FwdParams) + al - 1) & ~(al - 1);
+  sta::FwdParams *x = (sta::FwdParams *)aligned_alloc(al, asz); /* for CUtensorMap */
+  if (!x) return sta_error(STA_ERR_NOMEM, "attention: out of host memory");
+  const int var = sta_cuda_attention_variant();
+  sta::fwd_params_init(*x, p, var);
+  sta_status s;
+  if (p->dtype == STA_BF16)
+    s = p->head_dim == 128 ? sta::run_fwd<__nv_bfloat16, 128>(*x, var)
+                           : sta::run_fwd<__nv_bfloat16, 64>(*x, var);
+  else
+    s = p->head_dim == 128 ? sta::run_fwd<__half, 128>(*x, var) : sta::run_fwd<__half, 64>(*x, var);
+  free(x);
+  return s;
+}

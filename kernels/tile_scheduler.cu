@@ -1,0 +1,94 @@
+/*
+** tile_scheduler.cu -- the host side of tile_scheduler.cuh.
+*/
+#include <pthread.h>
+
+#include "tile_scheduler.cuh"
+
+namespace sta {
+
+int sm_count() {
+  static int n[64];
+  int dev = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= 64) {
+    (void)cudaGetLastError();
+    return 132;
+  }
+  if (!n[dev]) {
+    int c = 0;
+    if (cudaDeviceGetAttribute(&c, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess || c <= 0) {
+      (void)cudaGetLastError();
+      c = 132;
+    }
+    n[dev] = c;
+  }
+  return n[dev];
+}
+
+/* The persistent kernel's counters: a ring of slots per device, zeroed
+** once; each launch takes the next slot and its last CTA zeroes it again,
+** so launches in flight on different streams do not share one.  The ring
+** is allocated by the first launch on a device; *slot = NULL (use the
+** one-CTA-per-item kernel) when that launch is being captured into a CUDA
+** graph, where cudaMalloc is not allowed.  The allocation runs in relaxed
+** capture mode so that another thread's capture is not invalidated. */
+constexpr int SCHED_SLOTS = 256;
+sta_status sched_slot(int **slot) {
+  static int *ring[64];
+  static unsigned next[64];
+  static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
+  *slot = NULL;
+  int dev = 0;
+  cudaError_t e = cudaGetDevice(&dev);
+  if (e != cudaSuccess) return sta_cuda_fail(e, "cudaGetDevice");
+  if (dev < 0 || dev >= 64) return STA_OK;
+  pthread_mutex_lock(&mu);
+  if (!ring[dev]) {
+    cudaStream_t st = sta_cuda_stream();
+    cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
+    if (cudaStreamIsCapturing(st, &cs) != cudaSuccess) {
+      (void)cudaGetLastError();
+      cs = cudaStreamCaptureStatusActive;
+    }
+    if (cs != cudaStreamCaptureStatusNone) {
+      pthread_mutex_unlock(&mu);
+      return STA_OK;
+    }
+    cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
+    (void)cudaThreadExchangeStreamCaptureMode(&mode);
+    int *r = NULL;
+    e = cudaMalloc((void **)&r, SCHED_SLOTS * 2 * sizeof(int));
+    if (e == cudaSuccess) e = cudaMemsetAsync(r, 0, SCHED_SLOTS * 2 * sizeof(int), st);
+    if (e == cudaSuccess) e = cudaStreamSynchronize(st); /* for every stream */
+    (void)cudaThreadExchangeStreamCaptureMode(&mode);
+    if (e != cudaSuccess) {
+      if (r) cudaFree(r);
+      pthread_mutex_unlock(&mu);
+      return sta_cuda_fail(e, "attention scheduler counters");
+    }
+    ring[dev] = r;
+  }
+  *slot = ring[dev] + 2 * (next[dev]++ % SCHED_SLOTS);
+  pthread_mutex_unlock(&mu);
+  return STA_OK;
+}
+
+/* The work items of a launch with BR-row query items (a.qbpt set by the
+** caller): text query blocks first, then the tiles' query blocks; sets
+** a.n_text_qblocks, a.n_text_items, a.n_items (0: nothing to launch). */
+sta_status count_items(FwdParams &a, int BR) {
+  a.n_text_qblocks = (a.S - a.V + BR - 1) / BR;
+  int64_t nt = (int64_t)a.batch * a.heads * a.n_text_qblocks;
+  int64_t n = nt + (int64_t)a.batch * a.heads * a.NT * a.NH * a.NW * a.qbpt;
+  a.n_items = 0;
+  if (n <= 0) return STA_OK;
+  if (n > 0x7fffffff)
+    return sta_error(STA_ERR_UNSUPPORTED,
+                     "attention: %lld work items, too many for the CUDA backend",
+                     (long long)n);
+  a.n_text_items = (int)nt;
+  a.n_items = (int)n;
+  return STA_OK;
+}
+
+} /* namespace sta */

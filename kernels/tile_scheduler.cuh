@@ -1,0 +1,114 @@
+/*
+** tile_scheduler.cuh -- the forward's work items and the persistent
+** scheduler.  Items are numbered longest first: the text query blocks of
+** every (batch, head) (dense over all keys), then, head by head in horder
+** (largest window first) and batch by batch, the query blocks of the
+** tiles.  A CTA takes one item (grid of n_items) or, persistent, takes
+** items from a global counter until none is left (next_item); the host
+** side (tile_scheduler.cu) counts the items and hands each launch its
+** counters.
+*/
+#ifndef STA_TILE_SCHEDULER_CUH
+#define STA_TILE_SCHEDULER_CUH
+
+#include "block_walk.cuh"
+#include "params.h"
+
+namespace sta {
+
+struct Item {
+  int b, head, text;
+  int qrow0, qcount;   /* text: rows V + qrow0 + r; tile: see q_row */
+  int qt0, qh0, qw0, qet, qeh, qew;
+  KeyPlan p;           /* its keys in blocks of BK */
+};
+
+/* Item number item of items of BR query rows, keys in blocks of BK. */
+template <int BR = 128, int BK = 128>
+__device__ __forceinline__ void decode_item(const FwdParams &a, int item, Item &x) {
+  KeyPlan &p = x.p;
+  x.qt0 = x.qh0 = x.qw0 = x.qet = x.qeh = x.qew = 0;
+  if (item < a.n_text_items) {
+    int hb = item / a.n_text_qblocks, tb = item - hb * a.n_text_qblocks;
+    x.head = hb % a.heads;
+    x.b = hb / a.heads;
+    x.text = 1;
+    x.qrow0 = tb * BR;
+    x.qcount = min(BR, a.S - a.V - x.qrow0);
+    p.text = 1;
+    p.st = p.sh = p.sw = p.ct = p.ch = p.cw = p.bpt = p.n_tblk = 0;
+    p.nkb = (a.V + a.text_len + BK - 1) / BK;
+    return;
+  }
+  const int per = a.NT * a.NH * a.NW * a.qbpt;
+  int j = item - a.n_text_items;
+  int hb = j / per, vb = j - hb * per;
+  x.b = hb % a.batch;
+  x.head = a.horder[hb / a.batch];
+  x.text = 0;
+  int tl = vb / a.qbpt, qb = vb - tl * a.qbpt;
+  int it = tl / (a.NH * a.NW), rem = tl - it * (a.NH * a.NW);
+  int ih = rem / a.NW, iw = rem - ih * a.NW;
+  x.qt0 = it * a.tt;
+  x.qh0 = ih * a.th;
+  x.qw0 = iw * a.tw;
+  x.qet = min(a.tt, a.cT - x.qt0);
+  x.qeh = min(a.th, a.cH - x.qh0);
+  x.qew = min(a.tw, a.cW - x.qw0);
+  if (a.tma_q) { /* box layout: t-slices qrow0 .. qrow0 + BR / 64 - 1 of the 8x8 tile */
+    x.qrow0 = (BR / 64) * qb;
+    x.qcount = max(0, min(BR / 64, x.qet - x.qrow0)) * x.qeh * x.qew;
+  } else {
+    x.qrow0 = qb * BR;
+    x.qcount = min(BR, x.qet * x.qeh * x.qew - x.qrow0);
+  }
+  p.text = 0;
+  window_plan(a, x.head, it, ih, iw, BK, &p);
+}
+
+/* Global row of query row r (< the item's rows, 128 or 192) of an item, or -1. */
+__device__ __forceinline__ int q_row(const FwdParams &a, const Item &x, int r) {
+  if (x.text) return r < x.qcount ? a.V + x.qrow0 + r : -1;
+  if (a.tma_q) {
+    int dt = x.qrow0 + (r >> 6), dh = (r >> 3) & 7, dw = r & 7;
+    if (dt >= x.qet || dh >= x.qeh || dw >= x.qew) return -1;
+    return ((x.qt0 + dt) * a.cH + x.qh0 + dh) * a.cW + x.qw0 + dw;
+  }
+  if (r >= x.qcount) return -1;
+  int li = x.qrow0 + r, ehw = x.qeh * x.qew;
+  int dt = li / ehw, rr = li - dt * ehw;
+  int dh = rr / x.qew, dw = rr - dh * x.qew;
+  return ((x.qt0 + dt) * a.cH + x.qh0 + dh) * a.cW + x.qw0 + dw;
+}
+
+/* The producer's next work item (k: items taken so far), or -1 when none
+** is left; the last CTA out resets the persistent kernel's counters. */
+template <bool PERSIST, class P>
+__device__ __forceinline__ int next_item(const P &a, int k) {
+  int item = k == 0 ? (int)blockIdx.x
+                    : (PERSIST ? atomicAdd(a.sched, 1) + (int)gridDim.x : -1);
+  if (item >= a.n_items) item = -1;
+  if (item < 0 && PERSIST && atomicAdd(a.sched + 1, 1) == (int)gridDim.x - 1) {
+    a.sched[0] = 0;
+    a.sched[1] = 0;
+  }
+  return item;
+}
+
+/* ---- host ---------------------------------------------------------------- */
+
+/* Multiprocessors of the current device (132 when it cannot be read). */
+int sm_count();
+/* The persistent kernel's counters for one launch: *slot = two zeroed ints
+** that the launch's last CTA zeroes again, or NULL (launch one CTA per
+** item) when the first launch on a device is being captured into a graph,
+** where they cannot be allocated. */
+sta_status sched_slot(int **slot);
+/* The work items of a launch with BR-row query items (a.qbpt set by the
+** caller): text query blocks first, then the tiles' query blocks; sets
+** a.n_text_qblocks, a.n_text_items, a.n_items (0: nothing to launch). */
+sta_status count_items(FwdParams &a, int BR);
+
+} /* namespace sta */
+
+#endif

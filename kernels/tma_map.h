@@ -1,0 +1,28 @@
+/*
+** tma_map.h -- TMA tensor maps of STA operands straight from untiled
+** memory (core/sta.h's [B, S, heads, D] views, any strides TMA allows), in
+** the layout the wgmma kernels read: boxes of 64 columns, 128-byte swizzle.
+** Host only; the driver's encoder is looked up at run time (no -lcuda).
+*/
+#ifndef STA_TMA_MAP_H
+#define STA_TMA_MAP_H
+
+#include <cuda.h>
+
+#include "sta_cuda.h"
+
+namespace sta {
+
+/* One map of base (a tensor of p's shape and dtype, strides sb, ss, sh in
+** elements).  tile: dims (C0, W, H, T, N) with a 64 x 8 x 8 x rows/64 x 1
+** box, so one box is rows/64 t-slices of an 8x8 tile of one head, rows past
+** the canvas zero-filled; else rows: dims (C0, S, N) with a 64 x rows x 1
+** box.  fused: C0 = heads*D and N = batch (stride sb: the head is a column
+** offset, head*D); else C0 = D and N = nhb (stride sh: heads, with the
+** batch folded in when sb = heads*sh).  False when the driver refuses. */
+bool tma_encode(CUtensorMap *m, const void *base, const sta_attn_params *p, int64_t sb,
+                int64_t ss, int64_t sh, int fused, int64_t nhb, int tile, int rows = 128);
+
+} /* namespace sta */
+
+#endif
