@@ -142,14 +142,15 @@ static void stats_row(stats_part *s, const float *x, float shift, int64_t n) {
   for (int k = 0; k < 8; k++) { lo[k] = INFINITY; hi[k] = -INFINITY; }
   for (; i < n; i += 8)
     for (int k = 0; k < 8; k++) {
-      float v = i + k < n ? x[i + k] : shift; /* past the end: adds nothing */
-      int ok = isfinite(v);
+      int in = i + k < n; /* past the end: adds nothing, moves no bound */
+      float v = in ? x[i + k] : 0.0f;
+      int ok = in && isfinite(v);
       double d = ok ? (double)v - shift : 0.0;
       a1[k] += d;
       a2[k] += d * d;
       lo[k] = ok && v < lo[k] ? v : lo[k];
       hi[k] = ok && v > hi[k] ? v : hi[k];
-      bad[k] += !ok;
+      bad[k] += in && !ok;
     }
   for (int k = 0; k < 8; k++) {
     s->s1 += a1[k];

@@ -225,6 +225,36 @@ static void test_stats_views(void **state) {
   }
 }
 
+/* A row whose length is not a multiple of 8, all negative, its first
+** element NaN (so the sums' shift is 0): the bounds are the data's (the GPU
+** suite found the host's max at 0, the padding lanes' value). */
+static void test_stats_bounds_not_padding(void **state) {
+  (void)state;
+  for (int64_t n = 1; n <= 19; n += 3) {
+    sta_tensor *t = NULL;
+    int64_t shape[1] = {n};
+    assert_int_equal(sta_tensor_create(&t, STA_F32, STA_CPU, 1, shape), STA_OK);
+    assert_int_equal(sta_tensor_randn(t, 40 + (uint64_t)n, -5.0, 0.5), STA_OK);
+    int64_t i0 = 0;
+    assert_int_equal(sta_tensor_set(t, &i0, NAN), STA_OK);
+    double hi = -INFINITY, lo = INFINITY, x;
+    for (int64_t i = 1; i < n; i++) {
+      assert_int_equal(sta_tensor_get(t, &i, &x), STA_OK);
+      hi = x > hi ? x : hi;
+      lo = x < lo ? x : lo;
+    }
+    sta_stats s;
+    assert_int_equal(sta_tensor_stats(t, &s), STA_OK);
+    assert_int_equal(s.nonfinite, 1);
+    assert_int_equal(s.count, n - 1);
+    if (n > 1) {
+      assert_true(s.max == (float)hi && s.min == (float)lo);
+      assert_true(s.max < -2.0);
+    }
+    sta_tensor_destroy(t);
+  }
+}
+
 static void test_stats_empty(void **state) {
   (void)state;
   int64_t shape[2] = {3, 0};
@@ -388,6 +418,7 @@ int main(void) {
     cmocka_unit_test(test_fill_randn_views),
     cmocka_unit_test(test_randn_moments),
     cmocka_unit_test(test_stats_views),
+    cmocka_unit_test(test_stats_bounds_not_padding),
     cmocka_unit_test(test_stats_empty),
     cmocka_unit_test(test_iter_merges_dims),
     cmocka_unit_test(test_errors),
