@@ -10,10 +10,12 @@ torch autograd on the same inputs; their backward time is the median of
 forward+backward minus the median of the forward.
 
   bench_backward.py [--lib build/libsta.so] [--reps N] [--accuracy]
-                    [--workloads a,b] [--out DIR]
+                    [--deterministic] [--no-peers] [--workloads a,b] [--out DIR]
 
 --accuracy  at hunyuan-720p: sta's and Flex bf16's dq, dk, dv against Flex in
             float32 (the reference), rel L2 and max abs, on randn inputs.
+--deterministic  also time the deterministic mode (bit-identical gradients).
+--no-peers  sta only (no FlexAttention, no cuDNN).
 """
 import argparse
 import ctypes as C
@@ -91,8 +93,9 @@ class Sta:
     def forward(self, g, q, k, v, o, lse):
         self.call(self.lib.sta_attention_forward, g, (q, k, v, o, lse))
 
-    def backward(self, g, q, k, v, o, lse, do, dq, dk, dv):
-        self.call(self.lib.sta_attention_backward, g, (q, k, v, o, lse, do, dq, dk, dv))
+    def backward(self, g, q, k, v, o, lse, do, dq, dk, dv, deterministic=0):
+        self.call(self.lib.sta_attention_backward, g, (q, k, v, o, lse, do, dq, dk, dv),
+                  deterministic=deterministic)
 
 
 WORKLOADS = [  # name, canvas, text, heads, D, windows (one, or one per head)
@@ -111,7 +114,7 @@ def inputs(S, H, D, dt, seed):
     return [torch.randn(1, S, H, D, device="cuda", dtype=dt) for _ in range(4)]
 
 
-def run(sta, reps, log, only, accuracy):
+def run(sta, reps, log, only, accuracy, det=False, peers=True):
     import torch.nn.functional as F
     from torch.nn.attention import SDPBackend, sdpa_kernel
     from torch.nn.attention.flex_attention import create_block_mask, flex_attention
@@ -144,27 +147,31 @@ def run(sta, reps, log, only, accuracy):
                    sta_bwd_spread_ms=[min(ts), max(ts)],
                    workspace_mib=(S * H * (D + 1) * 4) / 2**20,
                    workspace_measured_mib=ws_measured / 2**20)
+        if det:
+            row["sta_bwd_det_ms"], _ = bg.time_ms(
+                lambda: sta.backward(g, q, k, v, o, lse, do, dq, dk, dv, 1), reps)
         # cuDNN dense (the full window's natural comparison)
-        try:
-            qh, kh, vh = (t.transpose(1, 2).detach().requires_grad_() for t in (q, k, v))
-            doh = do.transpose(1, 2)
+        if peers:
+            try:
+                qh, kh, vh = (t.transpose(1, 2).detach().requires_grad_() for t in (q, k, v))
+                doh = do.transpose(1, 2)
 
-            def dense_fb():
-                with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
-                    F.scaled_dot_product_attention(qh, kh, vh).backward(doh)
+                def dense_fb():
+                    with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+                        F.scaled_dot_product_attention(qh, kh, vh).backward(doh)
 
-            def dense_f():
-                with sdpa_kernel(SDPBackend.CUDNN_ATTENTION), torch.no_grad():
-                    F.scaled_dot_product_attention(qh, kh, vh)
-            n = max(3, reps // 4)
-            row["dense_fwdbwd_ms"], _ = bg.time_ms(dense_fb, n)
-            row["dense_fwd_ms"], _ = bg.time_ms(dense_f, n)
-            row["dense_bwd_ms"] = row["dense_fwdbwd_ms"] - row["dense_fwd_ms"]
-            del qh, kh, vh
-        except Exception as ex:
-            row["dense_error"] = repr(ex)[:300]
+                def dense_f():
+                    with sdpa_kernel(SDPBackend.CUDNN_ATTENTION), torch.no_grad():
+                        F.scaled_dot_product_attention(qh, kh, vh)
+                n = max(3, reps // 4)
+                row["dense_fwdbwd_ms"], _ = bg.time_ms(dense_fb, n)
+                row["dense_fwd_ms"], _ = bg.time_ms(dense_f, n)
+                row["dense_bwd_ms"] = row["dense_fwdbwd_ms"] - row["dense_fwd_ms"]
+                del qh, kh, vh
+            except Exception as ex:
+                row["dense_error"] = repr(ex)[:300]
         # FlexAttention on the tiled order (one window for all heads only)
-        if len(win) == 3:
+        if len(win) == 3 and peers:
             try:
                 t0 = time.time()
                 perm = bg.tiled_perm(g, S, q.device)
@@ -198,14 +205,14 @@ def run(sta, reps, log, only, accuracy):
         del q, k, v, do, o, dq, dk, dv, lse
         torch.cuda.empty_cache()
     log("")
-    log("| workload | bwd TFLOP | sta bwd ms | sta TFLOP/s | Flex bwd ms | vs Flex | "
-        "cuDNN dense bwd ms | vs dense | sta fwd ms | workspace MiB |")
-    log("|---|---|---|---|---|---|---|---|---|---|")
+    log("| workload | bwd TFLOP | sta bwd ms | sta TFLOP/s | deterministic ms | Flex bwd ms | "
+        "vs Flex | cuDNN dense bwd ms | vs dense | sta fwd ms | workspace MiB |")
+    log("|---|---|---|---|---|---|---|---|---|---|---|")
     f = lambda r, k, fmt: fmt % r[k] if k in r else "n/a"  # noqa: E731
     for r in rows:
-        log("| %s | %.2f | %.2f | %.0f | %s | %s | %s | %s | %.2f | %.0f |" % (
+        log("| %s | %.2f | %.2f | %.0f | %s | %s | %s | %s | %s | %.2f | %.0f |" % (
             r["name"], r["bwd_tflop"], r["sta_bwd_ms"], r["sta_bwd_tflops"],
-            f(r, "flex_bwd_ms", "%.2f"),
+            f(r, "sta_bwd_det_ms", "%.2f"), f(r, "flex_bwd_ms", "%.2f"),
             "%.2fx" % (r["flex_bwd_ms"] / r["sta_bwd_ms"]) if "flex_bwd_ms" in r else "n/a",
             f(r, "dense_bwd_ms", "%.1f"),
             "%.1fx" % (r["dense_bwd_ms"] / r["sta_bwd_ms"]) if "dense_bwd_ms" in r else "n/a",
@@ -240,6 +247,8 @@ def main():
     ap.add_argument("--lib", default="build/libsta.so")
     ap.add_argument("--reps", type=int, default=10)
     ap.add_argument("--accuracy", action="store_true")
+    ap.add_argument("--deterministic", action="store_true")
+    ap.add_argument("--no-peers", action="store_true")
     ap.add_argument("--workloads", default="")
     ap.add_argument("--out", default="")
     a = ap.parse_args()
@@ -252,7 +261,7 @@ def main():
     log("# sta backward benchmark: %s, torch %s, %s" % (
         sta.describe, torch.__version__, time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())))
     only = set(a.workloads.split(",")) if a.workloads else None
-    rows = run(sta, a.reps, log, only, a.accuracy)
+    rows = run(sta, a.reps, log, only, a.accuracy, a.deterministic, not a.no_peers)
     if a.out:
         os.makedirs(a.out, exist_ok=True)
         with open(os.path.join(a.out, "bench_backward.json"), "w") as f:
