@@ -34,6 +34,20 @@ describe("examples", function()
     assert.truthy(out:match("\nok\n$"), out)
   end)
 
+  it("finetune.lua fits a sparse layer to dense attention through the backward", function()
+    local out, ok = run_example("finetune", quoted{ "--steps", "6", "--heads", "2", "--head-dim", "16",
+      "--canvas", "6x8x16", "--tile", "3x4x4", "--text", "5", "--window", "1x1x1", "--device", "cpu" })
+    assert.is_true(ok, out)
+    local losses = {}
+    for l in out:gmatch("step +%d+  loss ([%d%.e%-+]+)") do losses[#losses + 1] = tonumber(l) end
+    assert.equal(7, #losses, out)
+    assert.is_true(losses[7] < 0.5 * losses[1], out)
+    assert.truthy(out:match("\nok\n$"), out)
+    out, ok = run_example("finetune", quoted{ "--steps", "0" })
+    assert.is_false(ok)
+    assert.truthy(out:find("finetune: --steps: expected >= 1, got 0", 1, true), out)
+  end)
+
   it("pipeline.lua takes the strategy from STA_ATTENTION_CONFIG", function()
     local sta = require "sta"
     local p = H.tmp(".json")
