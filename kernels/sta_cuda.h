@@ -41,7 +41,7 @@ sta_status sta_cuda_attention(const sta_attn_params *p);
 int sta_cuda_encode_map(void *m, const void *base, const sta_attn_params *p, int64_t sb,
                         int64_t ss, int64_t sh, int fused, int64_t nhb, int tile, int rows);
 
-/* The STA backward on device tensors (kernels/sta_backward.cu). */
+/* The STA backward on device tensors (kernels/bwd_api.cu). */
 sta_status sta_cuda_attention_backward(const sta_attn_params *p);
 
 /* The forward's kernel variant, read from STA_CUDA_VARIANT at each call

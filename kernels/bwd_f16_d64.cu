@@ -1,0 +1,7 @@
+/* bwd_f16_d64.cu -- the backward's kernels for f16, head dim 64. */
+#include "bwd_rows.cuh"
+
+namespace sta {
+template sta_status run_bwd<__half, 64>(const sta_attn_params *, const BwdArgs &, const RowArgs &,
+                                      cudaStream_t);
+} /* namespace sta */
