@@ -169,23 +169,12 @@ static double dist_timeout(void) {
   return s > 0 ? s : 300;
 }
 
-/* The bootstrap bytes (an NCCL id, a TCP port) to path: a temporary name,
-** then rename, so readers never see a partial file. */
+/* The bootstrap bytes (an NCCL id, a TCP port) to path, atomically, so
+** readers never see a partial file. */
 static sta_status write_id(const char *path, const void *id, size_t len) {
-  char tmp[4096];
-  if (snprintf(tmp, sizeof tmp, "%s.tmp.%ld", path, (long)getpid()) >= (int)sizeof tmp)
-    return sta_error(STA_ERR_ARGUMENT, "id_file: path too long");
-  FILE *f = fopen(tmp, "wb");
-  if (!f)
-    return sta_error(STA_ERR_IO, "id_file: cannot open \"%s\": %s", tmp, strerror(errno));
-  int ok = fwrite(id, len, 1, f) == 1;
-  ok = (fclose(f) == 0) && ok;
-  if (!ok || rename(tmp, path) != 0) {
-    int e = errno;
-    remove(tmp);
-    return sta_error(STA_ERR_IO, "id_file: cannot write \"%s\": %s", path, strerror(e));
-  }
-  return STA_OK;
+  char label[4200];
+  snprintf(label, sizeof label, "id_file \"%s\"", path);
+  return sta_write_text_file(path, label, id, len);
 }
 
 /* Wait up to STA_DIST_TIMEOUT for path, then read exactly len bytes. */

@@ -353,14 +353,34 @@ STA_HD float sta_randn_value(double g, double mean, double std) {
 /* Normal draw number i of stream seed (sta_randn_pair). */
 double sta_randn_at(uint64_t seed, uint64_t i);
 
-/* ---- runtime (strategy.c) ----------------------------------------------- */
+/* ---- files (fileio.c) ------------------------------------------------------ */
 
 /* Whole file into a NUL-terminated sta_malloc buffer; errors (STA_ERR_IO)
 ** read "<what>: cannot open \"<path>\": <reason>". */
 sta_status sta_read_text_file(const char *path, const char *what, char **data,
                               size_t *len);
-sta_status sta_write_text_file(const char *path, const char *what,
-                               const char *text);
+/* An output file written atomically: open makes a temporary file in the
+** target's directory; write appends (the first error is kept); commit
+** fsyncs it and renames it over the target; abort (or a failed commit)
+** removes the temporary file and nothing else.  A target that exists and
+** is not a regular file is written in place, never removed; a directory is
+** refused.  Errors: STA_ERR_IO "<label>: cannot open for writing: <why>",
+** "<label>: write failed: <why>". */
+typedef struct sta_outfile {
+  int fd, dirfd, direct, err;
+  char *target, *tmp;
+  const char *label;
+} sta_outfile;
+sta_status sta_out_open(sta_outfile *f, const char *path, const char *label);
+void sta_out_write(sta_outfile *f, const void *data, size_t n);
+sta_status sta_out_commit(sta_outfile *f);
+void sta_out_abort(sta_outfile *f);
+/* open, write, commit. */
+sta_status sta_write_text_file(const char *path, const char *label, const void *data,
+                               size_t len);
+
+/* ---- runtime (strategy.c) ----------------------------------------------- */
+
 /* 1 when s has an entry for step. */
 int32_t sta_strategy_has_step(const sta_strategy *s, int32_t step);
 

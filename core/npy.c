@@ -315,21 +315,16 @@ sta_status sta_npy_save(const sta_tensor *t, const char *path) {
   sta_status rc = sta_tensor_to(&h, t, dt, STA_CPU);
   if (rc != STA_OK) return rc;
   size_t numel = (size_t)sta_tensor_numel(h), es = sta_dtype_size(dt);
-  FILE *f = fopen(path, "wb");
-  if (!f) {
+  sta_outfile f;
+  if ((rc = sta_out_open(&f, path, path)) != STA_OK) {
     sta_tensor_destroy(h);
-    return sta_error(STA_ERR_IO, "%s: cannot open for writing: %s", path, strerror(errno));
+    return rc;
   }
   unsigned char pre[10] = {0x93, 'N', 'U', 'M', 'P', 'Y', 1, 0,
                            (unsigned char)(hlen & 0xff), (unsigned char)(hlen >> 8)};
-  int ok = fwrite(pre, 1, 10, f) == 10 && fwrite(hdr, 1, hlen, f) == hlen &&
-           (numel == 0 || fwrite(sta_tensor_data(h), es, numel, f) == numel);
-  int err = errno;
+  sta_out_write(&f, pre, 10);
+  sta_out_write(&f, hdr, hlen);
+  sta_out_write(&f, sta_tensor_data(h), es * numel);
   sta_tensor_destroy(h);
-  if (fclose(f) != 0 && ok) { ok = 0; err = errno; }
-  if (!ok) {
-    remove(path);
-    return sta_error(STA_ERR_IO, "%s: write failed: %s", path, strerror(err));
-  }
-  return STA_OK;
+  return sta_out_commit(&f);
 }

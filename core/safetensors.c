@@ -425,22 +425,13 @@ sta_status sta_safetensors_save(const char *path, int32_t n,
   sta_status rc = h ? STA_OK : sta_error(STA_ERR_NOMEM, "out of host memory (safetensors)");
   for (int32_t i = 0; i < n && rc == STA_OK; i++)
     rc = sta_tensor_to(&h[i], tensors[i], sta_tensor_dtype(tensors[i]), STA_CPU);
-  FILE *f = NULL;
-  if (rc == STA_OK && !(f = fopen(path, "wb")))
-    rc = sta_error(STA_ERR_IO, "%s: cannot open for writing: %s", path, strerror(errno));
-  if (rc == STA_OK) {
-    int ok = fwrite(hdr, 1, 8 + padded, f) == 8 + padded;
-    for (int32_t i = 0; i < n && ok; i++) {
-      size_t es = sta_dtype_size(sta_tensor_dtype(h[i]));
-      size_t cnt = (size_t)sta_tensor_numel(h[i]);
-      ok = cnt == 0 || fwrite(sta_tensor_data(h[i]), es, cnt, f) == cnt;
-    }
-    int err = errno;
-    if (fclose(f) != 0 && ok) { ok = 0; err = errno; }
-    if (!ok) {
-      remove(path);
-      rc = sta_error(STA_ERR_IO, "%s: write failed: %s", path, strerror(err));
-    }
+  sta_outfile f;
+  if (rc == STA_OK && (rc = sta_out_open(&f, path, path)) == STA_OK) {
+    sta_out_write(&f, hdr, 8 + padded);
+    for (int32_t i = 0; i < n; i++)
+      sta_out_write(&f, sta_tensor_data(h[i]),
+                    sta_dtype_size(sta_tensor_dtype(h[i])) * (size_t)sta_tensor_numel(h[i]));
+    rc = sta_out_commit(&f);
   }
   if (h)
     for (int32_t i = 0; i < n; i++) sta_tensor_destroy(h[i]);

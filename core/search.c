@@ -278,7 +278,9 @@ sta_status sta_forward_batch_save_search(const sta_forward_batch *fb,
   sta_status rc = search_text(fb, negative, &text);
   pthread_mutex_unlock(m);
   if (rc != STA_OK) return rc;
-  rc = sta_write_text_file(path, "search results", text);
+  char label[512];
+  snprintf(label, sizeof label, "search results \"%s\"", path);
+  rc = sta_write_text_file(path, label, text, strlen(text));
   free(text);
   return rc;
 }

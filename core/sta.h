@@ -231,6 +231,14 @@ sta_status sta_safetensors_read(const sta_safetensors *f, const char *name,
 sta_status sta_safetensors_save(const char *path, int32_t n,
                                 const char *const *names,
                                 const sta_tensor *const *tensors);
+/* Every file sta writes (these, strategies, search results) is written
+** atomically: a temporary file in the target's directory, fsync'd, then
+** renamed over the target.  On failure only that temporary file is removed:
+** an existing target keeps its old contents.  A target that exists and is
+** not a regular file (/dev/null, a FIFO) is written in place and never
+** removed; a directory is refused (STA_ERR_IO).  sta_file_write writes len
+** bytes of data to path that way. */
+sta_status sta_file_write(const char *path, const void *data, size_t len);
 
 /* }====================================================================== */
 

@@ -198,41 +198,6 @@ sta_status sta_strategy_parse(sta_strategy **out, const char *json,
   return parse_text(out, json, len, "mask strategy");
 }
 
-sta_status sta_read_text_file(const char *path, const char *what, char **data,
-                              size_t *len) {
-  FILE *f = fopen(path, "rb");
-  if (!f)
-    return sta_error(STA_ERR_IO, "%s: cannot open \"%s\": %s", what, path, strerror(errno));
-  size_t cap = 4096, n = 0;
-  char *buf = sta_malloc(cap);
-  if (!buf) { fclose(f); return sta_error(STA_ERR_NOMEM, "out of host memory (reading \"%s\")", path); }
-  for (;;) {
-    if (n + 1 >= cap) {
-      char *b = cap > SIZE_MAX / 2 ? NULL : sta_realloc(buf, cap * 2);
-      if (!b) {
-        free(buf);
-        fclose(f);
-        return sta_error(STA_ERR_NOMEM, "out of host memory (reading \"%s\")", path);
-      }
-      buf = b;
-      cap *= 2;
-    }
-    size_t got = fread(buf + n, 1, cap - 1 - n, f);
-    n += got;
-    if (got == 0) break;
-  }
-  int bad = ferror(f);
-  fclose(f);
-  if (bad) {
-    free(buf);
-    return sta_error(STA_ERR_IO, "%s: cannot read \"%s\"", what, path);
-  }
-  buf[n] = '\0';
-  *data = buf;
-  *len = n;
-  return STA_OK;
-}
-
 sta_status sta_strategy_load(sta_strategy **out, const char *path) {
   if (!out) return sta_error(STA_ERR_ARGUMENT, "out: expected a pointer, got NULL");
   if (!path) return sta_error(STA_ERR_ARGUMENT, "path: expected a file name, got NULL");
@@ -289,22 +254,11 @@ sta_status sta_strategy_save(const sta_strategy *s, const char *path) {
   char *json;
   sta_status rc = sta_strategy_to_json(s, &json);
   if (rc != STA_OK) return rc;
-  rc = sta_write_text_file(path, "mask strategy", json);
+  char label[512];
+  snprintf(label, sizeof label, "mask strategy \"%s\"", path);
+  rc = sta_write_text_file(path, label, json, strlen(json));
   free(json);
   return rc;
-}
-
-sta_status sta_write_text_file(const char *path, const char *what,
-                               const char *text) {
-  FILE *f = fopen(path, "wb");
-  if (!f)
-    return sta_error(STA_ERR_IO, "%s: cannot open \"%s\" for writing: %s", what, path,
-                     strerror(errno));
-  size_t len = strlen(text);
-  int bad = fwrite(text, 1, len, f) != len;
-  bad |= fclose(f) != 0;
-  if (bad) return sta_error(STA_ERR_IO, "%s: cannot write \"%s\"", what, path);
-  return STA_OK;
 }
 
 /* ---- building and asking ------------------------------------------------ */

@@ -23,13 +23,7 @@ static char tmpdir[256], exe[1024];
 static char out_text[8192], err_text[8192];
 static uint64_t seed_counter = 9001;
 
-static const char *tpath(const char *name) {
-  static char buf[8][512];
-  static int k = 0;
-  k = (k + 1) % 8;
-  snprintf(buf[k], sizeof buf[k], "%s/%s", tmpdir, name);
-  return buf[k];
-}
+static const char *tpath(const char *name) { return sta_test_path(tmpdir, name); }
 
 static void slurp(const char *path, char *buf, size_t cap) {
   FILE *f = fopen(path, "rb");

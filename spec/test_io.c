@@ -26,13 +26,7 @@ static uint64_t seed_counter = 1000;
 
 /* ---- helpers ---------------------------------------------------------- */
 
-static const char *tpath(const char *name) {
-  static char buf[4][512];
-  static int k = 0;
-  k = (k + 1) % 4;
-  snprintf(buf[k], sizeof buf[k], "%s/%s", tmpdir, name);
-  return buf[k];
-}
+static const char *tpath(const char *name) { return sta_test_path(tmpdir, name); }
 
 static void write_bytes(const char *path, const void *p, size_t n) {
   FILE *f = fopen(path, "wb");

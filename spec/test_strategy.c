@@ -166,7 +166,7 @@ static void test_roundtrip_files(void **state) {
   EXPECT_ERR(sta_strategy_load(&r, missing), STA_ERR_IO, msg);
   assert_null(r);
   snprintf(msg, sizeof msg,
-           "mask strategy: cannot open \"%s\" for writing: No such file or directory", missing);
+           "mask strategy \"%s\": cannot open for writing: No such file or directory", missing);
   EXPECT_ERR(sta_strategy_save(s, missing), STA_ERR_IO, msg);
   const char *bad = tmp_path("bad.json");
   write_file(bad, "{\"0_0_0\": [3, 3, 3], \"1_2\": [1, 1, 1]}");

@@ -36,6 +36,15 @@ static inline int sta_test_mkdtemp(char *buf, size_t n, const char *name) {
   return -1;
 }
 
+/* "<dir>/<name>" in one of 8 rotating buffers (so a call can take a few). */
+static inline const char *sta_test_path(const char *dir, const char *name) {
+  static char buf[8][512];
+  static int k = 0;
+  k = (k + 1) % 8;
+  snprintf(buf[k], sizeof buf[k], "%s/%s", dir, name);
+  return buf[k];
+}
+
 /* Remove a folder made by sta_test_mkdtemp and everything in it. */
 static inline int sta_test_rmdir(const char *dir) {
   char cmd[512];
