@@ -11,6 +11,7 @@
 #include "internal.h"
 
 struct sta_comm {
+  int32_t refs; /* the creator's and every SP layer's that holds it */
   sta_transport t;
   sta_tensor *ws; /* SP workspace, kept between forwards (grown, never shrunk) */
 };
@@ -32,25 +33,35 @@ sta_status sta_comm_create(sta_comm **out, const sta_transport *t) {
                      (int)r, (int)n);
   sta_comm *c = sta_calloc(1, sizeof *c);
   if (!c) return sta_error(STA_ERR_NOMEM, "out of host memory (communicator)");
+  sta_status rc = sta_handle_add(c, STA_KIND_COMM);
+  if (rc != STA_OK) { free(c); return rc; }
+  c->refs = 1;
   c->t = *t;
   if (!c->t.name) c->t.name = "custom";
   *out = c;
   return STA_OK;
 }
 
+void sta_comm_retain(sta_comm *c) { sta_ref_retain(&c->refs); }
+
 void sta_comm_destroy(sta_comm *c) {
-  if (!c) return;
+  if (!sta_handle_live(c, STA_KIND_COMM) || !sta_ref_release(&c->refs)) return;
+  sta_handle_remove(c);
   if (c->t.destroy) c->t.destroy(c->t.self);
   sta_tensor_destroy(c->ws);
   free(c);
 }
 
-int32_t sta_comm_rank(const sta_comm *c) { return c ? c->t.rank(c->t.self) : -1; }
-int32_t sta_comm_size(const sta_comm *c) { return c ? c->t.size(c->t.self) : 0; }
-const char *sta_comm_name(const sta_comm *c) { return c ? c->t.name : "none"; }
+static int live(const sta_comm *c) {
+  return sta_handle_check(c, STA_KIND_COMM, "comm") == STA_OK;
+}
+
+int32_t sta_comm_rank(const sta_comm *c) { return live(c) ? c->t.rank(c->t.self) : -1; }
+int32_t sta_comm_size(const sta_comm *c) { return live(c) ? c->t.size(c->t.self) : 0; }
+const char *sta_comm_name(const sta_comm *c) { return live(c) ? c->t.name : "none"; }
 
 sta_status sta_comm_barrier(sta_comm *c) {
-  if (!c) return sta_error(STA_ERR_ARGUMENT, "comm: expected a communicator, got NULL");
+  STA_CHECK_HANDLE(c, STA_KIND_COMM, "comm");
   return c->t.barrier(c->t.self);
 }
 
@@ -66,9 +77,9 @@ static sta_status check_moves(const sta_comm *c, const sta_tensor *t, const char
 static sta_status collective_args(const sta_comm *c, const sta_tensor *send,
                                   const sta_tensor *recv, size_t *bytes) {
   sta_status rc;
-  if (!c) return sta_error(STA_ERR_ARGUMENT, "comm: expected a communicator, got NULL");
-  if (!send) return sta_error(STA_ERR_ARGUMENT, "send: expected a tensor, got NULL");
-  if (!recv) return sta_error(STA_ERR_ARGUMENT, "recv: expected a tensor, got NULL");
+  STA_CHECK_HANDLE(c, STA_KIND_COMM, "comm");
+  STA_CHECK_HANDLE(send, STA_KIND_TENSOR, "send");
+  STA_CHECK_HANDLE(recv, STA_KIND_TENSOR, "recv");
   if (!sta_tensor_is_contiguous(send))
     return sta_error(STA_ERR_SHAPE, "send: expected a contiguous tensor");
   if (!sta_tensor_is_contiguous(recv))
@@ -306,7 +317,7 @@ sta_status sta_comm_loopback_run(sta_comm *const *comms, int32_t size, sta_rank_
   lb_world *w = NULL;
   for (int32_t r = 0; r < size; r++) {
     sta_comm *c = comms[r];
-    if (!c || c->t.destroy != lb_destroy)
+    if (!sta_handle_live(c, STA_KIND_COMM) || c->t.destroy != lb_destroy)
       return sta_error(STA_ERR_ARGUMENT, "comms[%d]: expected a loopback communicator",
                        (int)r);
     lb_rank *me = c->t.self;
@@ -320,11 +331,14 @@ sta_status sta_comm_loopback_run(sta_comm *const *comms, int32_t size, sta_rank_
     return sta_error(STA_ERR_ARGUMENT, "size: the world has %d ranks, got %d", (int)w->size,
                      (int)size);
   lb_reset(w); /* no rank is inside a collective: start clean */
+  /* the ranks may destroy their communicators: hold them for the run */
+  for (int32_t r = 0; r < size; r++) sta_comm_retain(comms[r]);
   lb_job *jobs = sta_calloc((size_t)size, sizeof *jobs);
   pthread_t *th = sta_calloc((size_t)size, sizeof *th);
   if (!jobs || !th) {
     free(jobs);
     free(th);
+    for (int32_t r = 0; r < size; r++) sta_comm_destroy(comms[r]);
     return sta_error(STA_ERR_NOMEM, "out of host memory (loopback run)");
   }
   int32_t started = 0;
@@ -350,6 +364,7 @@ sta_status sta_comm_loopback_run(sta_comm *const *comms, int32_t size, sta_rank_
   lb_reset(w); /* every thread has left */
   free(jobs);
   free(th);
+  for (int32_t r = 0; r < size; r++) sta_comm_destroy(comms[r]); /* the run's references */
   return rc;
 }
 
@@ -456,8 +471,8 @@ static sta_status shard_common(sta_tensor *full, const sta_tensor *local,
   sta_bshd xl, xf;
   split sp;
   sta_status rc;
-  if (!local) return sta_error(STA_ERR_ARGUMENT, "local: expected a tensor, got NULL");
-  if (!full) return sta_error(STA_ERR_ARGUMENT, "full: expected a tensor, got NULL");
+  STA_CHECK_HANDLE(local, STA_KIND_TENSOR, "local");
+  STA_CHECK_HANDLE(full, STA_KIND_TENSOR, "full");
   if ((rc = split_check(&sp, g, layout, t, names, rank, size)) != STA_OK) return rc;
   sta_tensor_bshd(local, layout, "local", &xl);
   sta_tensor_bshd(full, layout, "full", &xf);
@@ -537,9 +552,9 @@ static sta_status sp_run(sta_comm *c, const sta_geometry *g, sta_layout layout,
   sta_bshd x[4];
   split sp;
   sta_status rc;
-  if (!c) return sta_error(STA_ERR_ARGUMENT, "comm: expected a communicator, got NULL");
+  STA_CHECK_HANDLE(c, STA_KIND_COMM, "comm");
   for (int i = 0; i < 4; i++)
-    if (!t[i]) return sta_error(STA_ERR_ARGUMENT, "%s: expected a tensor, got NULL", names[i]);
+    STA_CHECK_HANDLE(t[i], STA_KIND_TENSOR, names[i]);
   if ((rc = split_check(&sp, g, layout, t, names, sta_comm_rank(c), sta_comm_size(c))) != STA_OK)
     return rc;
   for (int i = 0; i < 4; i++) sta_tensor_bshd(t[i], layout, names[i], &x[i]);
@@ -701,7 +716,7 @@ sta_status sta_sp_attention(sta_comm *c, const sta_attention_desc *desc,
                             const sta_tensor *q, const sta_tensor *k, const sta_tensor *v,
                             sta_tensor *out) {
   sta_status rc;
-  if (!c) return sta_error(STA_ERR_ARGUMENT, "comm: expected a communicator, got NULL");
+  STA_CHECK_HANDLE(c, STA_KIND_COMM, "comm");
   if (!desc) return sta_error(STA_ERR_ARGUMENT, "desc: expected a descriptor, got NULL");
   if (!desc->windows) return sta_error(STA_ERR_WINDOW, "windows: expected an array, got NULL");
   sp_job job;
@@ -711,7 +726,7 @@ sta_status sta_sp_attention(sta_comm *c, const sta_attention_desc *desc,
   job.desc = desc;
   if (desc->n_windows != 1) {
     sta_bshd x;
-    if (!q) return sta_error(STA_ERR_ARGUMENT, "q: expected a tensor, got NULL");
+    STA_CHECK_HANDLE(q, STA_KIND_TENSOR, "q");
     if ((desc->layout == STA_BSHD || desc->layout == STA_BHSD) &&
         sta_tensor_bshd(q, desc->layout, "q", &x) == STA_OK) {
       int32_t p = sta_comm_size(c), r = sta_comm_rank(c);
@@ -757,7 +772,7 @@ static sta_status layer_compute(sp_job *j, const sta_tensor *q, const sta_tensor
 
 sta_status sta_sp_layer_create(sta_sp_layer **out, sta_comm *c, const sta_layer_desc *desc) {
   if (!out) return sta_error(STA_ERR_ARGUMENT, "out: expected a pointer, got NULL");
-  if (!c) return sta_error(STA_ERR_ARGUMENT, "comm: expected a communicator, got NULL");
+  STA_CHECK_HANDLE(c, STA_KIND_COMM, "comm");
   if (!desc) return sta_error(STA_ERR_ARGUMENT, "desc: expected a layer description, got NULL");
   const int32_t *cv = desc->geom.canvas;
   if (cv[0] == 0 && cv[1] == 0 && cv[2] == 0)
@@ -773,11 +788,17 @@ sta_status sta_sp_layer_create(sta_sp_layer **out, sta_comm *c, const sta_layer_
                      c->t.name, sta_device_name(desc->backend));
   sta_sp_layer *l = sta_calloc(1, sizeof *l);
   if (!l) return sta_error(STA_ERR_NOMEM, "out of host memory (SP layer)");
+  if ((rc = sta_handle_add(l, STA_KIND_SP_LAYER)) != STA_OK) {
+    free(l);
+    return rc;
+  }
   if ((rc = sta_layer_create(&l->layer, &d)) != STA_OK) {
+    sta_handle_remove(l);
     free(l);
     return rc;
   }
   l->comm = c;
+  sta_comm_retain(c);
   l->geom = desc->geom;
   l->layout = desc->layout;
   l->local_heads = desc->local_heads;
@@ -786,16 +807,20 @@ sta_status sta_sp_layer_create(sta_sp_layer **out, sta_comm *c, const sta_layer_
 }
 
 void sta_sp_layer_destroy(sta_sp_layer *l) {
-  if (!l) return;
+  if (!sta_handle_live(l, STA_KIND_SP_LAYER)) return;
+  sta_handle_remove(l);
   sta_layer_destroy(l->layer);
+  sta_comm_destroy(l->comm); /* the layer's reference */
   free(l);
 }
 
-sta_layer *sta_sp_layer_base(const sta_sp_layer *l) { return l ? l->layer : NULL; }
+sta_layer *sta_sp_layer_base(const sta_sp_layer *l) {
+  return sta_handle_check(l, STA_KIND_SP_LAYER, "layer") == STA_OK ? l->layer : NULL;
+}
 
 sta_status sta_sp_layer_forward(sta_sp_layer *l, const sta_tensor *q, const sta_tensor *k,
                                 const sta_tensor *v, sta_tensor *out) {
-  if (!l) return sta_error(STA_ERR_ARGUMENT, "layer: expected an SP layer, got NULL");
+  STA_CHECK_HANDLE(l, STA_KIND_SP_LAYER, "layer");
   sp_job job;
   memset(&job, 0, sizeof job);
   job.compute = layer_compute;

@@ -44,6 +44,44 @@ int64_t sta_fault_count(void);
 ** and after to tell "out of memory" from "malformed". */
 int64_t sta_alloc_failures(void);
 
+/* ---- handles (handle.c) ------------------------------------------------ */
+
+/* Every object the API hands out is registered while it lives (sta.h's
+** ownership rules), so a NULL, released or foreign handle is refused
+** without being dereferenced. */
+typedef enum sta_kind {
+  STA_KIND_TENSOR = 1, STA_KIND_SAFETENSORS, STA_KIND_STRATEGY, STA_KIND_METADATA,
+  STA_KIND_BATCH, STA_KIND_CONTEXT, STA_KIND_LAYER, STA_KIND_COMM, STA_KIND_SP_LAYER
+} sta_kind;
+/* Register p (STA_ERR_NOMEM when the table cannot grow). */
+sta_status sta_handle_add(const void *p, sta_kind kind);
+/* Unregister p, just before it is freed. */
+void sta_handle_remove(const void *p);
+/* 1 when p is a live handle of kind. */
+int sta_handle_live(const void *p, sta_kind kind);
+/* STA_OK when live; else STA_ERR_ARGUMENT "<arg>: expected a <kind>, got
+** NULL" or "<arg>: not a live sta_<kind> (released already, or not made by
+** sta)". */
+sta_status sta_handle_check(const void *p, sta_kind kind, const char *arg);
+/* Live handles of every kind (tests: nothing leaks). */
+int64_t sta_handle_count(void);
+/* Return the check's status from the calling function when it fails. */
+#define STA_CHECK_HANDLE(p, kind, arg)                                        \
+  do {                                                                        \
+    sta_status check_rc_ = sta_handle_check((p), (kind), (arg));              \
+    if (check_rc_ != STA_OK) return check_rc_;                                \
+  } while (0)
+
+/* Reference counts of shared objects (strategy, metadata, forward batch,
+** communicator): the creator holds one, every holder one more. */
+static inline void sta_ref_retain(int32_t *refs) {
+  __atomic_add_fetch(refs, 1, __ATOMIC_ACQ_REL);
+}
+/* 1 when this was the last reference: free the object. */
+static inline int sta_ref_release(int32_t *refs) {
+  return __atomic_sub_fetch(refs, 1, __ATOMIC_ACQ_REL) == 0;
+}
+
 /* ---- tensors ---------------------------------------------------------- */
 
 #define STA_MAX_DIMS 4
@@ -383,6 +421,11 @@ sta_status sta_write_text_file(const char *path, const char *label, const void *
 
 /* 1 when s has an entry for step. */
 int32_t sta_strategy_has_step(const sta_strategy *s, int32_t step);
+/* One more reference for a holder; its *_destroy drops it. */
+void sta_strategy_retain(const sta_strategy *s);
+void sta_metadata_retain(sta_metadata *m);
+void sta_forward_batch_retain(sta_forward_batch *fb);
+void sta_comm_retain(sta_comm *c);
 
 #ifdef __cplusplus
 }

@@ -96,8 +96,10 @@ sta_status sta_layer_create(sta_layer **out, const sta_layer_desc *desc) {
     return sta_error(STA_ERR_ARGUMENT,
                      "softmax: expected STA_SOFTMAX_EXACT (0) or STA_SOFTMAX_FAST (1), got %d",
                      (int)desc->softmax);
+  if (desc->strategy) STA_CHECK_HANDLE(desc->strategy, STA_KIND_STRATEGY, "strategy");
   sta_layer *l = sta_calloc(1, sizeof *l);
   if (!l) return sta_error(STA_ERR_NOMEM, "out of host memory (STA layer)");
+  if ((rc = sta_handle_add(l, STA_KIND_LAYER)) != STA_OK) { free(l); return rc; }
   l->index = index;
   l->local_heads = desc->local_heads;
   l->head_dim = desc->head_dim;
@@ -110,18 +112,33 @@ sta_status sta_layer_create(sta_layer **out, const sta_layer_desc *desc) {
   l->scale = desc->scale;
   l->softmax = desc->softmax;
   l->strategy = desc->strategy;
+  if (l->strategy) sta_strategy_retain(l->strategy);
   *out = l;
   return STA_OK;
 }
 
-void sta_layer_destroy(sta_layer *l) { free(l); }
+void sta_layer_destroy(sta_layer *l) {
+  if (!sta_handle_live(l, STA_KIND_LAYER)) return;
+  sta_handle_remove(l);
+  sta_strategy_destroy((sta_strategy *)l->strategy); /* the layer's reference */
+  free(l);
+}
 
-int32_t sta_layer_index(const sta_layer *l) { return l ? l->index : -1; }
+int32_t sta_layer_index(const sta_layer *l) {
+  return sta_handle_check(l, STA_KIND_LAYER, "layer") == STA_OK ? l->index : -1;
+}
 
-sta_layout sta_layer_layout(const sta_layer *l) { return l ? l->layout : STA_BSHD; }
+sta_layout sta_layer_layout(const sta_layer *l) {
+  return sta_handle_check(l, STA_KIND_LAYER, "layer") == STA_OK ? l->layout : STA_BSHD;
+}
 
-void sta_layer_set_strategy(sta_layer *l, const sta_strategy *s) {
-  if (l) l->strategy = s;
+sta_status sta_layer_set_strategy(sta_layer *l, const sta_strategy *s) {
+  STA_CHECK_HANDLE(l, STA_KIND_LAYER, "layer");
+  if (s) STA_CHECK_HANDLE(s, STA_KIND_STRATEGY, "strategy");
+  if (s) sta_strategy_retain(s);
+  sta_strategy_destroy((sta_strategy *)l->strategy);
+  l->strategy = s;
+  return STA_OK;
 }
 
 /* Heads, head dim and device of one of q, k, v, out. */
@@ -215,7 +232,7 @@ static sta_status layer_windows(sta_layer *l, const sta_tensor *const *ops,
                                 const int32_t **row_out, int32_t **owned) {
   sta_status rc;
   *owned = NULL;
-  if (!l) return sta_error(STA_ERR_ARGUMENT, "layer: expected a layer, got NULL");
+  STA_CHECK_HANDLE(l, STA_KIND_LAYER, "layer");
   sta_context *ctx = sta_context_current();
   if (!ctx)
     return sta_error(STA_ERR_STATE,

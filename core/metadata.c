@@ -7,6 +7,7 @@
 #include "internal.h"
 
 struct sta_metadata {
+  int32_t refs; /* the creator's and every context's that holds it */
   int32_t layers;
   int32_t *n;     /* windows per row, 0 = unset */
   int32_t **rows; /* n[l]*3 ints each */
@@ -21,24 +22,32 @@ sta_status sta_metadata_create(sta_metadata **out, int32_t layers) {
     m->n = sta_calloc((size_t)layers, sizeof *m->n);
     m->rows = sta_calloc((size_t)layers, sizeof *m->rows);
   }
-  if (!m || !m->n || !m->rows) {
+  sta_status rc = STA_ERR_NOMEM;
+  if (!m || !m->n || !m->rows || (rc = sta_handle_add(m, STA_KIND_METADATA)) != STA_OK) {
     if (m) { free(m->n); free(m->rows); free(m); }
+    if (rc != STA_ERR_NOMEM) return rc;
     return sta_error(STA_ERR_NOMEM, "out of host memory (metadata of %d layers)", (int)layers);
   }
+  m->refs = 1;
   m->layers = layers;
   *out = m;
   return STA_OK;
 }
 
+void sta_metadata_retain(sta_metadata *m) { sta_ref_retain(&m->refs); }
+
 void sta_metadata_destroy(sta_metadata *m) {
-  if (!m) return;
+  if (!sta_handle_live(m, STA_KIND_METADATA) || !sta_ref_release(&m->refs)) return;
+  sta_handle_remove(m);
   for (int32_t l = 0; l < m->layers; l++) free(m->rows[l]);
   free(m->rows);
   free(m->n);
   free(m);
 }
 
-int32_t sta_metadata_layers(const sta_metadata *m) { return m ? m->layers : 0; }
+int32_t sta_metadata_layers(const sta_metadata *m) {
+  return sta_handle_check(m, STA_KIND_METADATA, "metadata") == STA_OK ? m->layers : 0;
+}
 
 static sta_status check_windows(int32_t n, const int32_t *w, const char *arg) {
   static const char AXIS[3] = {'t', 'h', 'w'};
@@ -54,7 +63,7 @@ static sta_status check_windows(int32_t n, const int32_t *w, const char *arg) {
 sta_status sta_metadata_set_row(sta_metadata *m, int32_t layer, int32_t n,
                                 const int32_t *windows) {
   sta_status rc;
-  if (!m) return sta_error(STA_ERR_ARGUMENT, "metadata: expected a table, got NULL");
+  STA_CHECK_HANDLE(m, STA_KIND_METADATA, "metadata");
   if (layer < 0 || layer >= m->layers)
     return sta_error(STA_ERR_ARGUMENT, "layer: expected 0..%d, got %d", (int)m->layers - 1,
                      (int)layer);
@@ -75,7 +84,7 @@ sta_status sta_metadata_set_row(sta_metadata *m, int32_t layer, int32_t n,
 
 sta_status sta_metadata_row(const sta_metadata *m, int32_t layer,
                             int32_t *n, const int32_t **windows) {
-  if (!m) return sta_error(STA_ERR_ARGUMENT, "metadata: expected a table, got NULL");
+  STA_CHECK_HANDLE(m, STA_KIND_METADATA, "metadata");
   if (!n || !windows) return sta_error(STA_ERR_ARGUMENT, "n, windows: expected pointers, got NULL");
   if (layer < 0 || layer >= m->layers)
     return sta_error(STA_ERR_ARGUMENT, "layer: expected 0..%d, got %d", (int)m->layers - 1,

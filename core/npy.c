@@ -289,7 +289,7 @@ sta_status sta_npy_load(sta_tensor **out, const char *path, int32_t as_bf16) {
 /* ---- save --------------------------------------------------------------- */
 
 sta_status sta_npy_save(const sta_tensor *t, const char *path) {
-  if (!t) return sta_error(STA_ERR_ARGUMENT, "t: expected a tensor, got NULL");
+  STA_CHECK_HANDLE(t, STA_KIND_TENSOR, "t");
   if (!path) return sta_error(STA_ERR_ARGUMENT, "path: expected a file name, got NULL");
   sta_dtype dt = sta_tensor_dtype(t);
   const char *descr = dt == STA_F32 ? "<f4" : dt == STA_F16 ? "<f2" : "<u2";

@@ -361,7 +361,7 @@ static int overlap(const sta_tensor *a, const sta_tensor *b) {
 static sta_status check_operands(const char *op, int32_t n, const sta_tensor *const *t,
                                  const char *const *names) {
   for (int32_t i = 0; i < n; i++)
-    if (!t[i]) return sta_error(STA_ERR_ARGUMENT, "%s: expected a tensor, got NULL", names[i]);
+    STA_CHECK_HANDLE(t[i], STA_KIND_TENSOR, names[i]);
   for (int32_t i = 1; i < n; i++) {
     int same = t[i]->ndim == t[0]->ndim;
     for (int32_t d = 0; same && d < t[0]->ndim; d++) same = t[i]->shape[d] == t[0]->shape[d];

@@ -64,12 +64,17 @@ static void free_entries(st_entry *e, int32_t n) {
   free(e);
 }
 
-void sta_safetensors_close(sta_safetensors *f) {
-  if (!f) return;
+static void st_free(sta_safetensors *f) {
   if (f->fd >= 0) close(f->fd);
   free_entries(f->e, f->n);
   free(f->path);
   free(f);
+}
+
+void sta_safetensors_close(sta_safetensors *f) {
+  if (!sta_handle_live(f, STA_KIND_SAFETENSORS)) return;
+  sta_handle_remove(f);
+  st_free(f);
 }
 
 /* Read exactly n bytes at off; short read = truncated file. */
@@ -252,27 +257,27 @@ sta_status sta_safetensors_open(sta_safetensors **out, const char *path) {
   if (!f) return sta_error(STA_ERR_NOMEM, "out of host memory (safetensors handle)");
   f->fd = -1;
   if (!(f->path = sta_strdup(path))) {
-    sta_safetensors_close(f);
+    st_free(f);
     return sta_error(STA_ERR_NOMEM, "out of host memory (safetensors handle)");
   }
   f->fd = open(path, O_RDONLY | O_CLOEXEC);
   if (f->fd < 0) {
     rc = sta_error(STA_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
-    sta_safetensors_close(f);
+    st_free(f);
     return rc;
   }
   if (fstat(f->fd, &st) != 0 || !S_ISREG(st.st_mode)) {
-    sta_safetensors_close(f);
+    st_free(f);
     return sta_error(STA_ERR_IO, "%s: not a regular file", path);
   }
   int64_t fsize = (int64_t)st.st_size;
   if (fsize < 8) {
-    sta_safetensors_close(f);
+    st_free(f);
     return sta_error(STA_ERR_FORMAT, "%s: not a .safetensors file (%lld bytes, too short "
                      "for the header length)", path, (long long)fsize);
   }
   if ((rc = pread_all(f->fd, lenb, 8, 0, path, "header length")) != STA_OK) {
-    sta_safetensors_close(f);
+    st_free(f);
     return rc;
   }
   uint64_t hlen = 0;
@@ -284,12 +289,12 @@ sta_status sta_safetensors_open(sta_safetensors **out, const char *path) {
     else
       rc = sta_error(STA_ERR_FORMAT, "%s: header length %llu is over the limit of %llu",
                      path, (unsigned long long)hlen, (unsigned long long)ST_MAX_HEADER);
-    sta_safetensors_close(f);
+    st_free(f);
     return rc;
   }
   char *text = sta_malloc((size_t)hlen);
   if (!text) {
-    sta_safetensors_close(f);
+    st_free(f);
     return sta_error(STA_ERR_NOMEM, "out of host memory (safetensors header)");
   }
   rc = pread_all(f->fd, text, (size_t)hlen, 8, path, "header");
@@ -300,20 +305,24 @@ sta_status sta_safetensors_open(sta_safetensors **out, const char *path) {
   f->data_start = 8 + (int64_t)hlen;
   if (rc == STA_OK) rc = parse_header(f, text, (size_t)hlen, fsize - f->data_start);
   free(text);
-  if (rc != STA_OK) { sta_safetensors_close(f); return rc; }
+  if (rc == STA_OK) rc = sta_handle_add(f, STA_KIND_SAFETENSORS);
+  if (rc != STA_OK) { st_free(f); return rc; }
   *out = f;
   return STA_OK;
 }
 
-int32_t sta_safetensors_count(const sta_safetensors *f) { return f ? f->n : 0; }
+int32_t sta_safetensors_count(const sta_safetensors *f) {
+  return sta_handle_check(f, STA_KIND_SAFETENSORS, "f") == STA_OK ? f->n : 0;
+}
 
 const char *sta_safetensors_name(const sta_safetensors *f, int32_t i) {
-  return f && i >= 0 && i < f->n ? f->e[i].name : NULL;
+  if (sta_handle_check(f, STA_KIND_SAFETENSORS, "f") != STA_OK) return NULL;
+  return i >= 0 && i < f->n ? f->e[i].name : NULL;
 }
 
 sta_status sta_safetensors_read(const sta_safetensors *f, const char *name,
                                 sta_tensor **out) {
-  if (!f) return sta_error(STA_ERR_ARGUMENT, "f: expected a safetensors file, got NULL");
+  STA_CHECK_HANDLE(f, STA_KIND_SAFETENSORS, "f");
   if (!name) return sta_error(STA_ERR_ARGUMENT, "name: expected a string, got NULL");
   if (!out) return sta_error(STA_ERR_ARGUMENT, "out: expected a pointer, got NULL");
   const st_entry *e = NULL;
@@ -403,8 +412,9 @@ sta_status sta_safetensors_save(const char *path, int32_t n,
   for (int32_t i = 0; i < n; i++) {
     if (!names[i])
       return sta_error(STA_ERR_ARGUMENT, "names[%d]: expected a string, got NULL", (int)i);
-    if (!tensors[i])
-      return sta_error(STA_ERR_ARGUMENT, "tensors[%d]: expected a tensor, got NULL", (int)i);
+    char arg[32];
+    snprintf(arg, sizeof arg, "tensors[%d]", (int)i);
+    STA_CHECK_HANDLE(tensors[i], STA_KIND_TENSOR, arg);
     if (strcmp(names[i], "__metadata__") == 0)
       return sta_error(STA_ERR_ARGUMENT, "names[%d]: '__metadata__' is reserved", (int)i);
     for (int32_t j = 0; j < i; j++)

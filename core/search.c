@@ -23,6 +23,7 @@ typedef struct record_list {
 } record_list;
 
 struct sta_forward_batch {
+  int32_t refs; /* the creator's and every context's that holds it */
   int32_t batch_size;
   int32_t negative;
   record_list list[2]; /* positive, negative */
@@ -40,6 +41,13 @@ sta_status sta_forward_batch_create(sta_forward_batch **out,
     free(fb);
     return sta_error(STA_ERR_NOMEM, "forward batch: cannot create its lock");
   }
+  sta_status rc = sta_handle_add(fb, STA_KIND_BATCH);
+  if (rc != STA_OK) {
+    pthread_mutex_destroy(&fb->lock);
+    free(fb);
+    return rc;
+  }
+  fb->refs = 1;
   fb->batch_size = batch_size;
   *out = fb;
   return STA_OK;
@@ -60,35 +68,43 @@ static void clear_lists(sta_forward_batch *fb) {
   }
 }
 
+/* A live batch, else 0 with the message left. */
+static int live(const sta_forward_batch *fb) {
+  return sta_handle_check(fb, STA_KIND_BATCH, "forward batch") == STA_OK;
+}
+
+void sta_forward_batch_retain(sta_forward_batch *fb) { sta_ref_retain(&fb->refs); }
+
 void sta_forward_batch_clear(sta_forward_batch *fb) {
-  if (!fb) return;
+  if (!live(fb)) return;
   pthread_mutex_lock(&fb->lock);
   clear_lists(fb);
   pthread_mutex_unlock(&fb->lock);
 }
 
 void sta_forward_batch_destroy(sta_forward_batch *fb) {
-  if (!fb) return;
+  if (!sta_handle_live(fb, STA_KIND_BATCH) || !sta_ref_release(&fb->refs)) return;
+  sta_handle_remove(fb);
   clear_lists(fb);
   pthread_mutex_destroy(&fb->lock);
   free(fb);
 }
 
 int32_t sta_forward_batch_size(const sta_forward_batch *fb) {
-  return fb ? fb->batch_size : 0;
+  return live(fb) ? fb->batch_size : 0;
 }
 
 void sta_forward_batch_set_negative(sta_forward_batch *fb, int32_t negative) {
-  if (fb) fb->negative = negative != 0;
+  if (live(fb)) fb->negative = negative != 0;
 }
 
 int32_t sta_forward_batch_is_negative(const sta_forward_batch *fb) {
-  return fb ? fb->negative : 0;
+  return live(fb) ? fb->negative : 0;
 }
 
 int32_t sta_forward_batch_records(const sta_forward_batch *fb,
                                   int32_t negative) {
-  if (!fb) return 0;
+  if (!live(fb)) return 0;
   pthread_mutex_t *m = (pthread_mutex_t *)&fb->lock;
   pthread_mutex_lock(m);
   int32_t n = fb->list[negative != 0].n;
@@ -101,7 +117,7 @@ sta_status sta_forward_batch_record(sta_forward_batch *fb, int32_t negative,
                                     const int32_t *candidates, int32_t heads,
                                     const float *l1, const float *l2) {
   static const char AXIS[3] = {'t', 'h', 'w'};
-  if (!fb) return sta_error(STA_ERR_ARGUMENT, "forward batch: expected a batch, got NULL");
+  STA_CHECK_HANDLE(fb, STA_KIND_BATCH, "forward batch");
   if (step < 0) return sta_error(STA_ERR_ARGUMENT, "step: expected >= 0, got %d", (int)step);
   if (layer < 0) return sta_error(STA_ERR_ARGUMENT, "layer: expected >= 0, got %d", (int)layer);
   if (n < 1 || n > 1024)
@@ -270,7 +286,7 @@ static sta_status search_text(const sta_forward_batch *fb, int32_t negative, cha
 
 sta_status sta_forward_batch_save_search(const sta_forward_batch *fb,
                                          int32_t negative, const char *path) {
-  if (!fb) return sta_error(STA_ERR_ARGUMENT, "forward batch: expected a batch, got NULL");
+  STA_CHECK_HANDLE(fb, STA_KIND_BATCH, "forward batch");
   if (!path) return sta_error(STA_ERR_ARGUMENT, "path: expected a file name, got NULL");
   pthread_mutex_t *m = (pthread_mutex_t *)&fb->lock;
   pthread_mutex_lock(m);

@@ -8,6 +8,28 @@
 ** otherwise -- nothing is changed: outputs, handles and the context stack are
 ** as they were.  The library never aborts, exits, prints or longjmps.
 **
+** Ownership.  Every handle (sta_tensor, sta_safetensors, sta_strategy,
+** sta_metadata, sta_forward_batch, sta_context, sta_layer, sta_comm,
+** sta_sp_layer) comes from one call that gives the caller a reference, and
+** one call drops it: *_destroy, sta_safetensors_close, sta_context_pop.
+** What holds another object keeps it alive with a reference of its own:
+**   a tensor view          its storage (views and bases in any order)
+**   a context              its metadata and forward batch, until popped
+**   a layer                its strategy, until replaced or destroyed
+**   an SP layer            its communicator and its wrapped layer
+**   sta_comm_loopback_run  every communicator, for the whole run
+** so handles may be destroyed in any order: an object goes when its last
+** holder lets go.  Pointers returned without a reference are borrowed and
+** valid while the handle they came from lives: sta_context_metadata,
+** sta_context_batch, sta_context_current, sta_sp_layer_base,
+** sta_safetensors_name, sta_tensor_data.  A handle whose object is gone
+** (or a pointer sta never made, or NULL) is refused without being touched:
+** STA_ERR_ARGUMENT "<arg>: not a live sta_<kind> (released already, or not
+** made by sta)"; functions that return no status return 0, -1 or NULL and
+** leave that message.  Destroying NULL or a dead handle does nothing.
+** (A dead handle's address can be handed out again to a new object of the
+** same kind; until then every use is caught.)
+**
 ** Keep preprocessor lines out of the declaration block between the
 ** STA_DECLS markers: lua/sta/ffi.lua feeds that block to ffi.cdef.
 */
@@ -515,8 +537,8 @@ void sta_forward_batch_clear(sta_forward_batch *fb);
 ** {======================================================================
 ** Forward contexts (STA.md section 6)
 ** =======================================================================
-** A per-thread stack.  A context borrows its metadata and forward batch:
-** keep them alive until it is popped.
+** A per-thread stack.  A context holds a reference to its metadata and
+** forward batch until it is popped.
 */
 typedef struct sta_context sta_context;
 
@@ -556,7 +578,7 @@ typedef struct sta_layer_desc {
   sta_device backend;
   float scale;                 /* <= 0: 1/sqrt(head_dim) */
   const sta_strategy *strategy; /* used when the context has no metadata;
-                                   borrowed */
+                                   the layer holds a reference */
   sta_softmax softmax;         /* 0 = STA_SOFTMAX_EXACT (sta_attention_desc) */
 } sta_layer_desc;
 
@@ -567,8 +589,9 @@ void sta_layer_destroy(sta_layer *l);
 int32_t sta_layer_index(const sta_layer *l);
 /* The layout of the layer's operands (STA_BSHD for NULL). */
 sta_layout sta_layer_layout(const sta_layer *l);
-/* Replace the layer's (borrowed) strategy; NULL clears it. */
-void sta_layer_set_strategy(sta_layer *l, const sta_strategy *s);
+/* Replace the layer's strategy (the layer holds a reference); NULL clears
+** it. */
+sta_status sta_layer_set_strategy(sta_layer *l, const sta_strategy *s);
 /* Run STA for the live context: its step's row for this layer, this rank's
 ** global heads.  Search rows run every candidate, write the full-window
 ** output and record L1/L2 into the context's forward batch.  Every check
@@ -733,7 +756,7 @@ sta_status sta_sp_attention(sta_comm *c, const sta_attention_desc *desc,
 
 /* An STA layer under sequence parallelism: desc as for sta_layer_create
 ** with local_heads = H / size and an explicit canvas; sp_rank and sp_size
-** are taken from c (borrowed: keep it alive).  forward takes shards as
+** are taken from c (the SP layer holds a reference to it).  forward takes shards as
 ** sta_sp_attention does and runs sta_layer_forward (live context, strategy
 ** or metadata row, search mode) on this rank's global heads. */
 typedef struct sta_sp_layer sta_sp_layer;

@@ -21,6 +21,7 @@ typedef struct entry {
 struct sta_strategy {
   entry *e;
   int64_t n, cap;
+  int32_t refs; /* the creator's and every layer's that holds it */
 };
 
 static int key_cmp(const int32_t *a, const int32_t *b) {
@@ -61,12 +62,20 @@ sta_status sta_strategy_create(sta_strategy **out) {
   if (!out) return sta_error(STA_ERR_ARGUMENT, "out: expected a pointer, got NULL");
   sta_strategy *s = sta_calloc(1, sizeof *s);
   if (!s) return sta_error(STA_ERR_NOMEM, "out of host memory (mask strategy)");
+  s->refs = 1;
+  sta_status rc = sta_handle_add(s, STA_KIND_STRATEGY);
+  if (rc != STA_OK) { free(s); return rc; }
   *out = s;
   return STA_OK;
 }
 
+void sta_strategy_retain(const sta_strategy *s) {
+  sta_ref_retain(&((sta_strategy *)s)->refs);
+}
+
 void sta_strategy_destroy(sta_strategy *s) {
-  if (!s) return;
+  if (!sta_handle_live(s, STA_KIND_STRATEGY) || !sta_ref_release(&s->refs)) return;
+  sta_handle_remove(s);
   free(s->e);
   free(s);
 }
@@ -226,7 +235,7 @@ sta_status sta_strategy_load_default(sta_strategy **out) {
 /* ---- writing ------------------------------------------------------------ */
 
 sta_status sta_strategy_to_json(const sta_strategy *s, char **json) {
-  if (!s) return sta_error(STA_ERR_ARGUMENT, "strategy: expected a strategy, got NULL");
+  STA_CHECK_HANDLE(s, STA_KIND_STRATEGY, "strategy");
   if (!json) return sta_error(STA_ERR_ARGUMENT, "json: expected a pointer, got NULL");
   /* each line at most 2 + 3*12 + 6 + 3*12 + 8 bytes */
   size_t cap = 8 + (size_t)s->n * 96, n = 0;
@@ -249,7 +258,7 @@ sta_status sta_strategy_to_json(const sta_strategy *s, char **json) {
 }
 
 sta_status sta_strategy_save(const sta_strategy *s, const char *path) {
-  if (!s) return sta_error(STA_ERR_ARGUMENT, "strategy: expected a strategy, got NULL");
+  STA_CHECK_HANDLE(s, STA_KIND_STRATEGY, "strategy");
   if (!path) return sta_error(STA_ERR_ARGUMENT, "path: expected a file name, got NULL");
   char *json;
   sta_status rc = sta_strategy_to_json(s, &json);
@@ -322,7 +331,7 @@ static sta_status check_key(int32_t step, int32_t layer, int32_t head) {
 sta_status sta_strategy_set(sta_strategy *s, int32_t step, int32_t layer,
                             int32_t head, const int32_t window[3]) {
   sta_status rc;
-  if (!s) return sta_error(STA_ERR_ARGUMENT, "strategy: expected a strategy, got NULL");
+  STA_CHECK_HANDLE(s, STA_KIND_STRATEGY, "strategy");
   if ((rc = check_key(step, layer, head)) || (rc = check_window(window, "window")))
     return rc;
   int32_t key[3] = {step, layer, head};
@@ -347,7 +356,7 @@ static sta_status missing(int32_t step, int32_t layer, int32_t head) {
 sta_status sta_strategy_get(const sta_strategy *s, int32_t step,
                             int32_t layer, int32_t head, int32_t window[3]) {
   sta_status rc;
-  if (!s) return sta_error(STA_ERR_ARGUMENT, "strategy: expected a strategy, got NULL");
+  STA_CHECK_HANDLE(s, STA_KIND_STRATEGY, "strategy");
   if (!window) return sta_error(STA_ERR_ARGUMENT, "window: expected 3 ints, got NULL");
   if ((rc = check_key(step, layer, head)) != STA_OK) return rc;
   int32_t key[3] = {step, layer, head};
@@ -357,12 +366,14 @@ sta_status sta_strategy_get(const sta_strategy *s, int32_t step,
   return STA_OK;
 }
 
-int64_t sta_strategy_count(const sta_strategy *s) { return s ? s->n : 0; }
+int64_t sta_strategy_count(const sta_strategy *s) {
+  return sta_handle_check(s, STA_KIND_STRATEGY, "strategy") == STA_OK ? s->n : 0;
+}
 
 void sta_strategy_extent(const sta_strategy *s, int32_t *steps,
                          int32_t *layers, int32_t *heads) {
   int32_t m[3] = {0, 0, 0};
-  if (s)
+  if (sta_handle_check(s, STA_KIND_STRATEGY, "strategy") == STA_OK)
     for (int64_t i = 0; i < s->n; i++)
       for (int j = 0; j < 3; j++)
         if (s->e[i].key[j] + 1 > m[j]) m[j] = s->e[i].key[j] + 1;
@@ -372,7 +383,7 @@ void sta_strategy_extent(const sta_strategy *s, int32_t *steps,
 }
 
 int32_t sta_strategy_has_step(const sta_strategy *s, int32_t step) {
-  if (!s) return 0;
+  if (!sta_handle_live(s, STA_KIND_STRATEGY)) return 0;
   int32_t key[3] = {step, 0, 0};
   int64_t i = find(s, key);
   if (i >= 0) return 1;
@@ -383,7 +394,7 @@ int32_t sta_strategy_has_step(const sta_strategy *s, int32_t step) {
 sta_status sta_strategy_check(const sta_strategy *s, int32_t steps,
                               int32_t layers, int32_t heads) {
   sta_status rc;
-  if (!s) return sta_error(STA_ERR_ARGUMENT, "strategy: expected a strategy, got NULL");
+  STA_CHECK_HANDLE(s, STA_KIND_STRATEGY, "strategy");
   if ((rc = check_count(steps, "steps", 0)) || (rc = check_count(layers, "layers", 0)) ||
       (rc = check_count(heads, "heads", 0)))
     return rc;
@@ -398,7 +409,7 @@ sta_status sta_strategy_check(const sta_strategy *s, int32_t steps,
 
 sta_status sta_strategy_sparsity(const sta_strategy *s,
                                  const int32_t grid[3], double *sparsity) {
-  if (!s) return sta_error(STA_ERR_ARGUMENT, "strategy: expected a strategy, got NULL");
+  STA_CHECK_HANDLE(s, STA_KIND_STRATEGY, "strategy");
   if (!sparsity) return sta_error(STA_ERR_ARGUMENT, "sparsity: expected a pointer, got NULL");
   if (!grid) return sta_error(STA_ERR_ARGUMENT, "grid: expected 3 ints, got NULL");
   for (int i = 0; i < 3; i++)
@@ -415,7 +426,9 @@ sta_status sta_strategy_sparsity(const sta_strategy *s,
 }
 
 int32_t sta_strategy_equal(const sta_strategy *a, const sta_strategy *b) {
-  if (!a || !b) return a == b;
+  if (sta_handle_check(a, STA_KIND_STRATEGY, "a") != STA_OK ||
+      sta_handle_check(b, STA_KIND_STRATEGY, "b") != STA_OK)
+    return 0;
   if (a->n != b->n) return 0;
   for (int64_t i = 0; i < a->n; i++)
     if (key_cmp(a->e[i].key, b->e[i].key) || memcmp(a->e[i].win, b->e[i].win, sizeof a->e[i].win))

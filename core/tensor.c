@@ -130,6 +130,10 @@ static sta_tensor *tensor_new(sta_storage *s, sta_dtype dtype, int64_t offset,
                               const int64_t *stride) {
   sta_tensor *t = sta_calloc(1, sizeof *t);
   if (!t) return NULL;
+  if (sta_handle_add(t, STA_KIND_TENSOR) != STA_OK) {
+    free(t);
+    return NULL;
+  }
   t->storage = s;
   t->dtype = dtype;
   t->offset = offset;
@@ -240,7 +244,7 @@ sta_status sta_tensor_view(sta_tensor **out, const sta_tensor *base,
   int64_t numel, lo, hi;
   sta_status rc;
   if (!out) return sta_error(STA_ERR_ARGUMENT, "out: expected a pointer, got NULL");
-  if (!base) return sta_error(STA_ERR_ARGUMENT, "base: expected a tensor, got NULL");
+  STA_CHECK_HANDLE(base, STA_KIND_TENSOR, "base");
   if ((rc = check_shape(ndim, shape, &numel)) != STA_OK) return rc;
   if (!strides) return sta_error(STA_ERR_SHAPE, "strides: expected an array, got NULL");
   if ((rc = check_strides(ndim, shape, strides)) != STA_OK) return rc;
@@ -269,7 +273,7 @@ sta_status sta_tensor_permute(sta_tensor **out, const sta_tensor *base,
                               const int32_t *perm) {
   int64_t shape[STA_MAX_DIMS], st[STA_MAX_DIMS];
   int seen[STA_MAX_DIMS] = {0};
-  if (!base) return sta_error(STA_ERR_ARGUMENT, "base: expected a tensor, got NULL");
+  STA_CHECK_HANDLE(base, STA_KIND_TENSOR, "base");
   if (!perm) return sta_error(STA_ERR_ARGUMENT, "perm: expected an array, got NULL");
   for (int32_t i = 0; i < base->ndim; i++) {
     int32_t p = perm[i];
@@ -286,7 +290,7 @@ sta_status sta_tensor_permute(sta_tensor **out, const sta_tensor *base,
 
 sta_status sta_tensor_narrow(sta_tensor **out, const sta_tensor *base,
                              int32_t dim, int64_t start, int64_t len) {
-  if (!base) return sta_error(STA_ERR_ARGUMENT, "base: expected a tensor, got NULL");
+  STA_CHECK_HANDLE(base, STA_KIND_TENSOR, "base");
   if (dim < 0 || dim >= base->ndim)
     return sta_error(STA_ERR_ARGUMENT, "dim: expected 0..%d, got %d",
                      (int)base->ndim - 1, (int)dim);
@@ -303,36 +307,48 @@ sta_status sta_tensor_narrow(sta_tensor **out, const sta_tensor *base,
 }
 
 void sta_tensor_destroy(sta_tensor *t) {
-  if (!t) return;
+  if (!sta_handle_live(t, STA_KIND_TENSOR)) return; /* NULL or released: nothing */
+  sta_handle_remove(t);
   storage_release(t->storage);
   free(t);
 }
 
-sta_dtype sta_tensor_dtype(const sta_tensor *t) { return t->dtype; }
-sta_device sta_tensor_device(const sta_tensor *t) { return t->storage->device; }
-int32_t sta_tensor_ndim(const sta_tensor *t) { return t->ndim; }
+/* The getters return these for a NULL or released handle (and leave the
+** message): STA_F32, STA_CPU, 0 dims, size -1, stride 0, numel 0, NULL. */
+#define LIVE_OR(t, dflt) \
+  do { if (sta_handle_check((t), STA_KIND_TENSOR, "t") != STA_OK) return (dflt); } while (0)
+
+sta_dtype sta_tensor_dtype(const sta_tensor *t) { LIVE_OR(t, STA_F32); return t->dtype; }
+sta_device sta_tensor_device(const sta_tensor *t) { LIVE_OR(t, STA_CPU); return t->storage->device; }
+int32_t sta_tensor_ndim(const sta_tensor *t) { LIVE_OR(t, 0); return t->ndim; }
 
 int64_t sta_tensor_size(const sta_tensor *t, int32_t dim) {
+  LIVE_OR(t, -1);
   return dim >= 0 && dim < t->ndim ? t->shape[dim] : -1;
 }
 
 int64_t sta_tensor_stride(const sta_tensor *t, int32_t dim) {
+  LIVE_OR(t, 0);
   return dim >= 0 && dim < t->ndim ? t->stride[dim] : 0;
 }
 
-int64_t sta_tensor_numel(const sta_tensor *t) {
+static int64_t numel_of(const sta_tensor *t) {
   int64_t n = 1;
   for (int32_t i = 0; i < t->ndim; i++) n *= t->shape[i];
   return n;
 }
 
+int64_t sta_tensor_numel(const sta_tensor *t) { LIVE_OR(t, 0); return numel_of(t); }
+
 void *sta_tensor_data(const sta_tensor *t) {
+  LIVE_OR(t, NULL);
   return (char *)t->storage->data + t->offset * (int64_t)sta_dtype_size(t->dtype);
 }
 
 int32_t sta_tensor_is_contiguous(const sta_tensor *t) {
   int64_t s = 1;
-  if (sta_tensor_numel(t) == 0) return 1; /* nothing to address */
+  LIVE_OR(t, 0);
+  if (numel_of(t) == 0) return 1; /* nothing to address */
   for (int32_t i = t->ndim - 1; i >= 0; i--) {
     if (t->shape[i] != 1 && t->stride[i] != s) return 0;
     s *= t->shape[i];
@@ -342,7 +358,7 @@ int32_t sta_tensor_is_contiguous(const sta_tensor *t) {
 
 sta_status sta_tensor_bshd(const sta_tensor *t, sta_layout layout,
                            const char *argname, sta_bshd *o) {
-  if (!t) return sta_error(STA_ERR_ARGUMENT, "%s: expected a tensor, got NULL", argname);
+  STA_CHECK_HANDLE(t, STA_KIND_TENSOR, argname);
   if (t->ndim != 4)
     return sta_error(STA_ERR_SHAPE, "%s: expected a 4-D tensor, got %d-D",
                      argname, (int)t->ndim);
@@ -433,8 +449,8 @@ static sta_status device_backend(sta_device d) {
 }
 
 sta_status sta_tensor_copy(sta_tensor *dst, const sta_tensor *src) {
-  if (!dst) return sta_error(STA_ERR_ARGUMENT, "dst: expected a tensor, got NULL");
-  if (!src) return sta_error(STA_ERR_ARGUMENT, "src: expected a tensor, got NULL");
+  STA_CHECK_HANDLE(dst, STA_KIND_TENSOR, "dst");
+  STA_CHECK_HANDLE(src, STA_KIND_TENSOR, "src");
   if (!same_shape(dst, src)) return sta_shape_mismatch("copy", NULL, dst, NULL, src);
   sta_device dd = dst->storage->device, sd = src->storage->device;
   sta_status rc = sta_copy_check_overlap(dst, src);
@@ -460,7 +476,7 @@ sta_status sta_tensor_to(sta_tensor **out, const sta_tensor *src,
                          sta_dtype dtype, sta_device device) {
   sta_tensor *t = NULL;
   if (!out) return sta_error(STA_ERR_ARGUMENT, "out: expected a pointer, got NULL");
-  if (!src) return sta_error(STA_ERR_ARGUMENT, "src: expected a tensor, got NULL");
+  STA_CHECK_HANDLE(src, STA_KIND_TENSOR, "src");
   sta_status rc = sta_tensor_create(&t, dtype, device, src->ndim, src->shape);
   if (rc != STA_OK) return rc;
   rc = sta_tensor_copy(t, src);
@@ -479,7 +495,7 @@ double sta_randn_at(uint64_t seed, uint64_t i) {
 
 sta_status sta_tensor_randn(sta_tensor *t, uint64_t seed, double mean,
                             double std) {
-  if (!t) return sta_error(STA_ERR_ARGUMENT, "t: expected a tensor, got NULL");
+  STA_CHECK_HANDLE(t, STA_KIND_TENSOR, "t");
   if (!(std >= 0) || !isfinite(std))
     return sta_error(STA_ERR_ARGUMENT, "std: expected a finite value >= 0, got %g", std);
   if (!isfinite(mean))
@@ -494,7 +510,7 @@ sta_status sta_tensor_randn(sta_tensor *t, uint64_t seed, double mean,
 }
 
 sta_status sta_tensor_fill(sta_tensor *t, double value) {
-  if (!t) return sta_error(STA_ERR_ARGUMENT, "t: expected a tensor, got NULL");
+  STA_CHECK_HANDLE(t, STA_KIND_TENSOR, "t");
   sta_status rc = device_backend(t->storage->device);
   if (rc != STA_OK || sta_tensor_numel(t) == 0) return rc;
   if (t->storage->device == STA_CPU) {
@@ -507,7 +523,7 @@ sta_status sta_tensor_fill(sta_tensor *t, double value) {
 /* ---- element access --------------------------------------------------- */
 
 static sta_status element(const sta_tensor *t, const int64_t *index, char **p) {
-  if (!t) return sta_error(STA_ERR_ARGUMENT, "t: expected a tensor, got NULL");
+  STA_CHECK_HANDLE(t, STA_KIND_TENSOR, "t");
   if (t->storage->device != STA_CPU)
     return sta_error(STA_ERR_ARGUMENT,
                      "t: element access needs a host tensor, got a %s tensor",
@@ -542,8 +558,8 @@ sta_status sta_tensor_set(sta_tensor *t, const int64_t *index, double value) {
 
 sta_status sta_tensor_compare(const sta_tensor *a, const sta_tensor *b,
                               double *max_abs, double *rel_l2) {
-  if (!a) return sta_error(STA_ERR_ARGUMENT, "a: expected a tensor, got NULL");
-  if (!b) return sta_error(STA_ERR_ARGUMENT, "b: expected a tensor, got NULL");
+  STA_CHECK_HANDLE(a, STA_KIND_TENSOR, "a");
+  STA_CHECK_HANDLE(b, STA_KIND_TENSOR, "b");
   if (!same_shape(a, b)) return sta_shape_mismatch("compare", NULL, a, NULL, b);
   sta_tensor *ha = NULL, *hb = NULL;
   sta_status rc = device_backend(a->storage->device);
