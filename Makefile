@@ -86,8 +86,14 @@ $(LUA_MOD): $(LUA_CSRC) $(wildcard lua/*.h) $(BUILD)/libsta.a
 
 $(BUILD)/test/%: spec/%.c $(wildcard spec/*.h) $(BUILD)/libsta.a
 	@mkdir -p $(@D)
-	$(CC) $(CFLAGS) $(STA_CFLAGS) -Ispec $< -o $@ $(BUILD)/libsta.a \
+	$(CC) $(CFLAGS) $(STA_CFLAGS) -Ispec -I$(BUILD)/gen $< -o $@ $(BUILD)/libsta.a \
 	  -lcmocka $(LDFLAGS) $(LIBS)
+
+# test_api's calls: every function of sta.h, generated from the header.
+$(BUILD)/test/test_api: $(BUILD)/gen/test_api_calls.h
+$(BUILD)/gen/test_api_calls.h: core/sta.h scripts/gen-api-test.lua
+	@mkdir -p $(@D)
+	$(LUA) scripts/gen-api-test.lua core/sta.h > $@.tmp && mv $@.tmp $@
 
 $(BUILD)/bench/%: bench/%.c $(wildcard bench/*.h) $(BUILD)/libsta.a
 	@mkdir -p $(@D)

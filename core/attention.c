@@ -110,6 +110,7 @@ static sta_status resolve(const sta_attention_desc *desc, const sta_tensor *q,
     return sta_error(STA_ERR_ARGUMENT, "scale: expected a finite value, got %g",
                      (double)desc->scale);
   if (lse) {
+    STA_CHECK_HANDLE(lse, STA_KIND_TENSOR, "lse");
     if (lse->dtype != STA_F32)
       return sta_error(STA_ERR_DTYPE, "lse: expected f32, got %s", sta_dtype_name(lse->dtype));
     if (lse->ndim != 3 || lse->shape[0] != b[0].b || lse->shape[1] != b[0].h ||
@@ -191,7 +192,7 @@ sta_status sta_attention_reference(const sta_attention_desc *desc,
                                    const sta_tensor *q, const sta_tensor *k,
                                    const sta_tensor *v, sta_tensor *out,
                                    sta_tensor *lse) {
-  if (q && q->storage->device != STA_CPU)
+  if (sta_handle_live(q, STA_KIND_TENSOR) && q->storage->device != STA_CPU)
     return sta_error(STA_ERR_ARGUMENT, "q: the reference runs on host tensors only");
   sta_attn_params p;
   sta_status rc = sta_attn_resolve(desc, q, k, v, out, lse, &p);
@@ -261,7 +262,7 @@ sta_status sta_attention_backward_reference(const sta_attention_desc *desc,
                                             const sta_tensor *q, const sta_tensor *k,
                                             const sta_tensor *v, const sta_tensor *dout,
                                             sta_tensor *dq, sta_tensor *dk, sta_tensor *dv) {
-  if (q && q->storage->device != STA_CPU)
+  if (sta_handle_live(q, STA_KIND_TENSOR) && q->storage->device != STA_CPU)
     return sta_error(STA_ERR_ARGUMENT, "q: the reference runs on host tensors only");
   sta_attn_params p;
   sta_status rc = resolve(desc, q, k, v, NULL, NULL, &p, 1);

@@ -317,7 +317,10 @@ sta_status sta_comm_loopback_run(sta_comm *const *comms, int32_t size, sta_rank_
   lb_world *w = NULL;
   for (int32_t r = 0; r < size; r++) {
     sta_comm *c = comms[r];
-    if (!sta_handle_live(c, STA_KIND_COMM) || c->t.destroy != lb_destroy)
+    char name[32];
+    snprintf(name, sizeof name, "comms[%d]", (int)r);
+    STA_CHECK_HANDLE(c, STA_KIND_COMM, name);
+    if (c->t.destroy != lb_destroy)
       return sta_error(STA_ERR_ARGUMENT, "comms[%d]: expected a loopback communicator",
                        (int)r);
     lb_rank *me = c->t.self;

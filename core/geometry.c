@@ -9,7 +9,11 @@
 static const char AXIS[3] = {'t', 'h', 'w'};
 #define MAX_CANVAS (1 << 20)
 
+#define NULL_GEOMETRY(g, ret) \
+  do { if (!(g)) { sta_error(STA_ERR_ARGUMENT, "geometry: expected a geometry, got NULL"); return ret; } } while (0)
+
 void sta_geometry_init(sta_geometry *g, int32_t t, int32_t h, int32_t w) {
+  NULL_GEOMETRY(g, );
   g->canvas[0] = t; g->canvas[1] = h; g->canvas[2] = w;
   g->tile[0] = 6; g->tile[1] = 8; g->tile[2] = 8;
   g->text_len = -1;
@@ -18,14 +22,18 @@ void sta_geometry_init(sta_geometry *g, int32_t t, int32_t h, int32_t w) {
 static int32_t cdiv(int32_t a, int32_t b) { return (a + b - 1) / b; }
 
 void sta_geometry_grid(const sta_geometry *g, int32_t grid[3]) {
+  NULL_GEOMETRY(g, );
+  if (!grid) { sta_error(STA_ERR_ARGUMENT, "grid: expected 3 ints, got NULL"); return; }
   for (int i = 0; i < 3; i++) grid[i] = cdiv(g->canvas[i], g->tile[i]);
 }
 
 int64_t sta_geometry_video_tokens(const sta_geometry *g) {
+  NULL_GEOMETRY(g, 0);
   return (int64_t)g->canvas[0] * g->canvas[1] * g->canvas[2];
 }
 
 int64_t sta_geometry_text_len(const sta_geometry *g, int64_t seq_len) {
+  NULL_GEOMETRY(g, 0);
   return g->text_len < 0 ? seq_len - sta_geometry_video_tokens(g) : g->text_len;
 }
 
@@ -74,10 +82,15 @@ sta_status sta_window_check(const sta_geometry *g, const int32_t window[3]) {
   return STA_OK;
 }
 
-void sta_window_default(int32_t window[3]) { window[0] = window[1] = window[2] = 3; }
+void sta_window_default(int32_t window[3]) {
+  if (!window) { sta_error(STA_ERR_ARGUMENT, "window: expected 3 ints, got NULL"); return; }
+  window[0] = window[1] = window[2] = 3;
+}
 
 sta_status sta_window_range(int32_t q, int32_t k, int32_t c, int32_t *start,
                             int32_t *count) {
+  if (!start || !count)
+    return sta_error(STA_ERR_ARGUMENT, "start, count: expected pointers, got NULL");
   if (c < 1 || q < 0 || q >= c)
     return sta_error(STA_ERR_WINDOW, "window: query tile %d outside 0..%d",
                      (int)q, (int)c - 1);
@@ -115,6 +128,7 @@ static int64_t padded_video(const sta_geometry *g) {
 }
 
 int64_t sta_geometry_tiled_len(const sta_geometry *g, int64_t seq_len) {
+  NULL_GEOMETRY(g, 0);
   return padded_video(g) + seq_len - sta_geometry_video_tokens(g);
 }
 

@@ -101,6 +101,7 @@ sta_status sta_metadata_from_strategy(sta_metadata **out,
   if (!out) return sta_error(STA_ERR_ARGUMENT, "out: expected a pointer, got NULL");
   if (!s)
     return sta_error(STA_ERR_NO_STRATEGY, "mask_strategy cannot be None for SlidingTileAttention");
+  STA_CHECK_HANDLE(s, STA_KIND_STRATEGY, "strategy");
   if (!sta_strategy_has_step(s, 0))
     return sta_error(STA_ERR_NO_STEP0, "mask_strategy[0] cannot be None for SlidingTileAttention");
   if (step < 0) return sta_error(STA_ERR_ARGUMENT, "step: expected >= 0, got %d", (int)step);

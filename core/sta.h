@@ -173,7 +173,8 @@ sta_status sta_tensor_get(const sta_tensor *t, const int64_t *index,
                           double *value);
 sta_status sta_tensor_set(sta_tensor *t, const int64_t *index, double value);
 /* Max |a-b| and ||a-b|| / ||b|| over all elements (same shape, any device
-** or dtype; computed in double on the host). */
+** or dtype; computed in double on the host).  max_abs, rel_l2: either may
+** be NULL. */
 sta_status sta_tensor_compare(const sta_tensor *a, const sta_tensor *b,
                               double *max_abs, double *rel_l2);
 

@@ -34,6 +34,7 @@ sta_status sta_dtype_parse(const char *name, sta_dtype *out) {
     {"float16", STA_F16}, {"fp16", STA_F16}, {"bf16", STA_BF16},
     {"bfloat16", STA_BF16}};
   if (!name) return sta_error(STA_ERR_DTYPE, "dtype: expected a name, got NULL");
+  if (!out) return sta_error(STA_ERR_ARGUMENT, "out: expected a pointer, got NULL");
   for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
     if (strcmp(name, names[i].n) == 0) { *out = names[i].d; return STA_OK; }
   return sta_error(STA_ERR_DTYPE,

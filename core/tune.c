@@ -195,10 +195,8 @@ out:
 }
 
 void sta_tune_defaults(int32_t full[3], int32_t *skip_steps) {
-  full[0] = 3;
-  full[1] = 6;
-  full[2] = 10;
-  *skip_steps = 12;
+  if (full) { full[0] = 3; full[1] = 6; full[2] = 10; }
+  if (skip_steps) *skip_steps = 12;
 }
 
 sta_status sta_tune(sta_strategy **out, int32_t n_files,
