@@ -172,6 +172,32 @@ sta_status sta_attn_resolve(const sta_attention_desc *desc, const sta_tensor *q,
   return resolve(desc, q, k, v, out, lse, p, 0);
 }
 
+/* Run a CPU attention into scratch copies of out and lse, copied over them
+** only when it finishes: a cancelled (or failed) call changes nothing. */
+static sta_status run_scratch(const sta_attn_params *p, sta_layout layout, sta_tensor *out,
+                              sta_tensor *lse, sta_status (*fn)(const sta_attn_params *)) {
+  sta_tensor *so = NULL, *sl = NULL;
+  sta_bshd b;
+  sta_attn_params s = *p;
+  sta_status rc = sta_tensor_create(&so, out->dtype, STA_CPU, out->ndim, out->shape);
+  if (rc == STA_OK && lse) rc = sta_tensor_create(&sl, STA_F32, STA_CPU, 3, lse->shape);
+  if (rc == STA_OK) rc = sta_tensor_bshd(so, layout, "out", &b);
+  if (rc == STA_OK) {
+    s.o = sta_tensor_data(so);
+    s.o_sb = b.sb; s.o_ss = b.ss; s.o_sh = b.sh;
+    if (sl) {
+      s.lse = sta_tensor_data(sl);
+      s.lse_sb = sl->stride[0]; s.lse_sh = sl->stride[1]; s.lse_ss = sl->stride[2];
+    }
+    rc = fn(&s);
+  }
+  if (rc == STA_OK) rc = sta_tensor_copy(out, so);
+  if (rc == STA_OK && sl) rc = sta_tensor_copy(lse, sl);
+  sta_tensor_destroy(so);
+  sta_tensor_destroy(sl);
+  return rc;
+}
+
 sta_status sta_attention_forward(const sta_attention_desc *desc,
                                  const sta_tensor *q, const sta_tensor *k,
                                  const sta_tensor *v, sta_tensor *out,
@@ -179,13 +205,15 @@ sta_status sta_attention_forward(const sta_attention_desc *desc,
   sta_attn_params p;
   sta_status rc = sta_attn_resolve(desc, q, k, v, out, lse, &p);
   if (rc != STA_OK) return rc;
-  rc = sta_attn_run(&p, q->storage->device);
+  rc = q->storage->device == STA_CPU ? run_scratch(&p, desc->layout, out, lse, sta_cpu_attention)
+                                     : sta_attn_run(&p, q->storage->device);
   free((void *)p.windows);
   return rc;
 }
 
 sta_status sta_attn_run(const sta_attn_params *p, sta_device device) {
-  return sta_backend_get(device)->attention(p);
+  sta_status rc = sta_cancel_point("attention"); /* before each launch */
+  return rc != STA_OK ? rc : sta_backend_get(device)->attention(p);
 }
 
 sta_status sta_attention_reference(const sta_attention_desc *desc,
@@ -197,7 +225,7 @@ sta_status sta_attention_reference(const sta_attention_desc *desc,
   sta_attn_params p;
   sta_status rc = sta_attn_resolve(desc, q, k, v, out, lse, &p);
   if (rc != STA_OK) return rc;
-  rc = sta_cpu_attention_reference(&p);
+  rc = run_scratch(&p, desc->layout, out, lse, sta_cpu_attention_reference);
   free((void *)p.windows);
   return rc;
 }

@@ -142,6 +142,7 @@ sta_status sta_cpu_attention(const sta_attn_params *p) {
   /* the GEMMs run inside the OpenMP region: one BLAS thread each (the
   ** pthread build would otherwise start its own pool per call) */
   sta_cpu_blas_single(1);
+  int64_t skipped = 0; /* work items not run: cancelled (sta_cancel) */
   #pragma omp parallel num_threads(nt)
   {
     int tid = omp_get_thread_num();
@@ -166,12 +167,16 @@ sta_status sta_cpu_attention(const sta_attn_params *p) {
                  p->dtype, D, 1.0f);
       }
       #pragma omp for schedule(dynamic, 1)
-      for (int64_t i = 0; i < pl.nitems; i++) run_item(&pl, b, h, &pl.items[i], &w);
+      for (int64_t i = 0; i < pl.nitems; i++) {
+        if (sta_cancel_requested()) { __atomic_add_fetch(&skipped, 1, __ATOMIC_RELAXED); continue; }
+        run_item(&pl, b, h, &pl.items[i], &w);
+      }
     }
   }
   sta_cpu_blas_single(0);
   sta_cpu_plan_free(&pl);
   free(fbuf);
   free(rbuf);
+  if (skipped) return sta_cancelled("attention");
   return STA_OK;
 }

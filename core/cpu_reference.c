@@ -50,12 +50,14 @@ sta_status sta_cpu_attention_reference(const sta_attn_params *p) {
   size_t per = (size_t)(keys + 2 * D);
   double *buf = sta_malloc(sizeof(double) * per * (size_t)nt);
   if (!buf) return sta_error(STA_ERR_NOMEM, "out of host memory (reference buffers)");
+  int64_t skipped = 0; /* rows not run: cancelled (sta_cancel) */
   #pragma omp parallel num_threads(nt)
   {
     int tid = omp_get_thread_num();
     double *logit = buf + per * (size_t)tid, *acc = logit + keys, *qd = acc + D;
     #pragma omp for schedule(dynamic, 16)
     for (int64_t r = 0; r < rows; r++) {
+      if (sta_cancel_requested()) { __atomic_add_fetch(&skipped, 1, __ATOMIC_RELAXED); continue; }
       int64_t b = r / (p->heads * S), h = (r / S) % p->heads, s = r % S;
       const int32_t *win = p->windows + 3 * h;
       const char *q = (const char *)p->q + (b * p->q_sb + s * p->q_ss + h * p->q_sh) * (int64_t)es;
@@ -88,6 +90,7 @@ sta_status sta_cpu_attention_reference(const sta_attn_params *p) {
     }
   }
   free(buf);
+  if (skipped) return sta_cancelled("attention reference");
   return STA_OK;
 }
 

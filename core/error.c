@@ -21,6 +21,23 @@ sta_status sta_error(sta_status status, const char *fmt, ...) {
 }
 
 const char *sta_last_error(void) { return err_msg; }
+
+/* ---- cancel ------------------------------------------------------------- */
+
+static int32_t cancel_flag = 0; /* __atomic builtins: lock-free, signal-safe */
+
+void sta_cancel(void) { __atomic_store_n(&cancel_flag, 1, __ATOMIC_RELEASE); }
+void sta_cancel_clear(void) { __atomic_store_n(&cancel_flag, 0, __ATOMIC_RELEASE); }
+int32_t sta_cancel_requested(void) { return __atomic_load_n(&cancel_flag, __ATOMIC_ACQUIRE); }
+
+sta_status sta_cancelled(const char *what) {
+  return sta_error(STA_ERR_CANCELLED,
+                   "%s: cancelled (sta_cancel) before it finished; no output was changed", what);
+}
+
+sta_status sta_cancel_point(const char *what) {
+  return sta_cancel_requested() ? sta_cancelled(what) : STA_OK;
+}
 sta_status sta_last_status(void) { return err_status; }
 
 void sta_clear_error(void) {
@@ -41,6 +58,7 @@ const char *sta_status_name(sta_status s) {
   case STA_ERR_NO_STRATEGY: return "STA_ERR_NO_STRATEGY";
   case STA_ERR_NO_STEP0: return "STA_ERR_NO_STEP0";
   case STA_ERR_STA_PARAM: return "STA_ERR_STA_PARAM";
+  case STA_ERR_CANCELLED: return "STA_ERR_CANCELLED";
   case STA_ERR_UNSUPPORTED: return "STA_ERR_UNSUPPORTED";
   case STA_ERR_SEQ_LEN: return "STA_ERR_SEQ_LEN";
   case STA_ERR_BACKEND: return "STA_ERR_BACKEND";

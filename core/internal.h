@@ -28,6 +28,14 @@ __attribute__((format(printf, 2, 3)))
 #endif
 sta_status sta_error(sta_status status, const char *fmt, ...);
 
+/* Cancel points of long calls (sta.h, sta_cancel): STA_OK, or
+** STA_ERR_CANCELLED "<what>: cancelled (sta_cancel) before it finished; no
+** output was changed" while the flag is raised.  Work loops check
+** sta_cancel_requested() per item and, when they skipped any, return
+** sta_cancelled (the flag may have been cleared meanwhile). */
+sta_status sta_cancel_point(const char *what);
+sta_status sta_cancelled(const char *what);
+
 /* Internal allocation hooks: every host allocation of the core goes
 ** through these, so fault injection (STA_FAULT_INJECTION builds) can fail
 ** the n-th one. */

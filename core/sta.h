@@ -70,6 +70,7 @@ typedef enum sta_status {
   STA_ERR_NO_STRATEGY = 202,  /* "mask_strategy cannot be None ..." */
   STA_ERR_NO_STEP0 = 203,     /* "mask_strategy[0] cannot be None ..." */
   STA_ERR_STA_PARAM = 204,    /* "Invalid STA_param" */
+  STA_ERR_CANCELLED = 205,    /* stopped by sta_cancel; outputs unchanged */
   /* 3xx: valid request the runtime cannot serve */
   STA_ERR_UNSUPPORTED = 300,
   STA_ERR_SEQ_LEN = 301,      /* "seq_len N not supported for STA" */
@@ -99,6 +100,19 @@ int32_t sta_status_group(sta_status s);
 const char *sta_version(void);
 /* Free memory that sta handed to the caller (strings from *_to_json...). */
 void sta_free(void *p);
+/* Cooperative cancel.  sta_cancel raises a process-wide flag; it is
+** async-signal-safe, so a SIGINT handler may call it.  Long calls (the
+** attention forwards, references and backwards, layer forward and
+** backward, search mode, SP attention) check it between work items (CPU)
+** or before each launch (GPU) and, while it is raised, stop and return
+** STA_ERR_CANCELLED ("<call>: cancelled (sta_cancel) ...") with every
+** output as it was: the CPU computes into a scratch output (one more
+** output's worth of host memory) and copies it at the end.  A call that
+** starts while the flag is raised stops at once.  The flag stays raised
+** until sta_cancel_clear. */
+void sta_cancel(void);
+void sta_cancel_clear(void);
+int32_t sta_cancel_requested(void);
 
 /* }====================================================================== */
 

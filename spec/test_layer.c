@@ -546,7 +546,7 @@ static void test_search_mode(void **state) {
   sta_tensor_destroy(badlse);
   /* an allocation failing anywhere in search mode changes nothing */
   int ok = 0;
-  for (int64_t n = 1; n < 40 && !ok; n++) {
+  for (int64_t n = 1; n < 200 && !ok; n++) {
     sta_fault_arm(n);
     sta_status rc = sta_layer_forward(l, q, q, q, out);
     sta_fault_arm(0);
