@@ -824,6 +824,7 @@ sta_layer *sta_sp_layer_base(const sta_sp_layer *l) {
 sta_status sta_sp_layer_forward(sta_sp_layer *l, const sta_tensor *q, const sta_tensor *k,
                                 const sta_tensor *v, sta_tensor *out) {
   STA_CHECK_HANDLE(l, STA_KIND_SP_LAYER, "layer");
+  STA_CHECK_HANDLE(l->comm, STA_KIND_COMM, "comm (the SP layer's)");
   sp_job job;
   memset(&job, 0, sizeof job);
   job.compute = layer_compute;

@@ -27,6 +27,9 @@
 #define LLVMFuzzerTestOneInput fuzz_forward_one
 #include "fuzz/fuzz_forward.c"
 #undef LLVMFuzzerTestOneInput
+#define LLVMFuzzerTestOneInput fuzz_api_one
+#include "fuzz/fuzz_api.c"
+#undef LLVMFuzzerTestOneInput
 
 static int by_name(const void *a, const void *b) {
   return strcmp(*(char *const *)a, *(char *const *)b);
@@ -73,9 +76,9 @@ static void replay(const char *name, int (*fn)(const uint8_t *, size_t)) {
 }
 
 static void cleanup_files(void) {
-  const char *tags[] = {"npy", "st", "tune"};
+  const char *tags[] = {"npy", "st", "tune", "api-search", "api-strategy"};
   for (int d = 0; d < 2; d++)
-    for (size_t i = 0; i < 3; i++) {
+    for (size_t i = 0; i < 5; i++) {
       char p[128];
       snprintf(p, sizeof p, "%s/sta-fuzz-%d-%s", d ? "/tmp" : "/dev/shm", (int)getpid(), tags[i]);
       remove(p);
@@ -90,12 +93,13 @@ static void test_replay_safetensors(void **state) {
 }
 static void test_replay_tune(void **state) { (void)state; replay("tune", fuzz_tune_one); }
 static void test_replay_forward(void **state) { (void)state; replay("forward", fuzz_forward_one); }
+static void test_replay_api(void **state) { (void)state; replay("api", fuzz_api_one); }
 
 int main(void) {
   const struct CMUnitTest tests[] = {
     cmocka_unit_test(test_replay_strategy),    cmocka_unit_test(test_replay_npy),
     cmocka_unit_test(test_replay_safetensors), cmocka_unit_test(test_replay_tune),
-    cmocka_unit_test(test_replay_forward),
+    cmocka_unit_test(test_replay_forward),   cmocka_unit_test(test_replay_api),
   };
   int rc = cmocka_run_group_tests(tests, NULL, NULL);
   cleanup_files();
