@@ -71,11 +71,13 @@ static float softmax_step(float *row, int64_t n, float *m, float *l) {
 
 typedef struct scratch {
   float *q, *o, *s, *m, *l;
+  float *kc, *vc; /* KC x D: short key ranges gathered into one block */
   int64_t *lo, *hi;
 } scratch;
 
+/* One work item of head (b, h); kf, vf: that head's keys x D. */
 static void run_item(const sta_cpu_plan *pl, int64_t b, int64_t h, const sta_cpu_item *it,
-                     scratch *w) {
+                     const float *kf, const float *vf, scratch *w) {
   const sta_attn_params *p = pl->p;
   const int64_t D = p->head_dim, nb = it->count;
   const size_t es = sta_dtype_size(p->dtype);
@@ -89,14 +91,29 @@ static void run_item(const sta_cpu_plan *pl, int64_t b, int64_t h, const sta_cpu
     w->l[i] = 0;
   }
   memset(w->o, 0, sizeof(float) * (size_t)(nb * D));
-  int64_t nr = sta_cpu_key_ranges(pl, h, it->tile, w->lo, w->hi);
+  int64_t nr = sta_cpu_key_ranges(pl, h, it->tile, w->lo, w->hi), total = 0;
+  for (int64_t r = 0; r < nr; r++) total += w->hi[r] - w->lo[r];
+  if (nr > 1 && total <= STA_CPU_KC && total < 16 * nr) {
+    /* many short ranges (small tiles): one block, one GEMM pair, instead
+    ** of a pair of tiny GEMMs per range */
+    for (int64_t r = 0, n = 0; r < nr; n += w->hi[r] - w->lo[r], r++) {
+      size_t bytes = sizeof(float) * (size_t)((w->hi[r] - w->lo[r]) * D);
+      memcpy(w->kc + n * D, kf + w->lo[r] * D, bytes);
+      memcpy(w->vc + n * D, vf + w->lo[r] * D, bytes);
+    }
+    kf = w->kc;
+    vf = w->vc;
+    w->lo[0] = 0;
+    w->hi[0] = total;
+    nr = 1;
+  }
   for (int64_t r = 0; r < nr; r++) {
     /* equal chunks of at most KC keys: 1152 = 3 x 384, not 512+512+128 */
     int64_t len = w->hi[r] - w->lo[r], parts = (len + STA_CPU_KC - 1) / STA_CPU_KC;
     for (int64_t c = 0, k0 = w->lo[r]; c < parts; c++) {
       int64_t nc = (w->hi[r] - k0) / (parts - c);
       cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)nb, (int)nc, (int)D,
-                  1.0f, w->q, (int)D, pl->kf + k0 * D, (int)D, 0.0f, w->s, (int)nc);
+                  1.0f, w->q, (int)D, kf + k0 * D, (int)D, 0.0f, w->s, (int)nc);
       for (int64_t i = 0; i < nb; i++) {
         float alpha = softmax_step(w->s + i * nc, nc, &w->m[i], &w->l[i]);
         if (alpha != 1.0f) {
@@ -105,7 +122,7 @@ static void run_item(const sta_cpu_plan *pl, int64_t b, int64_t h, const sta_cpu
         }
       }
       cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)nb, (int)D, (int)nc,
-                  1.0f, w->s, (int)nc, pl->vf + k0 * D, (int)D, 1.0f, w->o, (int)D);
+                  1.0f, w->s, (int)nc, vf + k0 * D, (int)D, 1.0f, w->o, (int)D);
       k0 += nc;
     }
   }
@@ -119,26 +136,47 @@ static void run_item(const sta_cpu_plan *pl, int64_t b, int64_t h, const sta_cpu
   }
 }
 
+#ifndef STA_CPU_KV_GROUP_BYTES
+#define STA_CPU_KV_GROUP_BYTES ((size_t)32 << 20)
+#endif
+
+/* Per pass over the heads, the K and V of several (batch, head) pairs are
+** gathered at once (as many as fit in STA_CPU_KV_GROUP_BYTES), so a small
+** problem runs as one parallel loop over all heads' items instead of two
+** barriers per head: with many heads of few tokens the barriers, not the
+** math, took the time (issue 16: 5x6x10 tokens, tile 1x1x1, 24 heads was
+** slower than the reference). */
 sta_status sta_cpu_attention(const sta_attn_params *p) {
   sta_cpu_plan pl;
-  const int64_t D = p->head_dim;
+  const int64_t D = p->head_dim, BH = p->batch * p->heads;
   const int nt = sta_get_num_threads();
   const size_t es = sta_dtype_size(p->dtype);
-  size_t per = (size_t)(STA_CPU_QB * (2 * D + STA_CPU_KC + 2));
-  float *fbuf = NULL;
-  int64_t *rbuf = NULL;
+  size_t per = (size_t)(STA_CPU_QB * (2 * D + STA_CPU_KC + 2) + 2 * STA_CPU_KC * D);
+  float *fbuf = NULL, *kvg = NULL;
+  int64_t *rbuf = NULL, hg = 1;
   sta_status rc = sta_cpu_plan_make(&pl, p);
   if (rc == STA_OK) {
+    size_t head_bytes = sizeof(float) * 2 * (size_t)(pl.keys * D) + 1;
+    hg = (int64_t)(STA_CPU_KV_GROUP_BYTES / head_bytes);
+    hg = hg < 1 ? 1 : hg > BH ? BH : hg;
     fbuf = sta_malloc(sizeof(float) * per * (size_t)nt);
     rbuf = sta_malloc(sizeof(int64_t) * 2 * (size_t)(pl.max_ranges * nt));
-    if (!fbuf || !rbuf) rc = STA_ERR_NOMEM;
+    if (hg > 1) kvg = sta_malloc(head_bytes * (size_t)hg);
+    if (!fbuf || !rbuf || (hg > 1 && !kvg)) rc = STA_ERR_NOMEM;
   }
   if (rc != STA_OK) {
     sta_cpu_plan_free(&pl);
     free(fbuf);
     free(rbuf);
+    free(kvg);
     return sta_error(STA_ERR_NOMEM, "out of host memory (CPU attention buffers)");
   }
+  /* group slot g: K at kf + g * stride, V at vf + g * stride */
+  float *kf = hg > 1 ? kvg : pl.kf, *vf = hg > 1 ? kvg + hg * pl.keys * D : pl.vf;
+  const int64_t stride = pl.keys * D, ni = pl.nitems;
+  /* items of a few rows (small tiles) are handed out several at a time */
+  int64_t rows_per_item = ni ? (p->seq_len + ni - 1) / ni : 1;
+  int chunk = rows_per_item >= 32 ? 1 : (int)(32 / rows_per_item);
   /* the GEMMs run inside the OpenMP region: one BLAS thread each (the
   ** pthread build would otherwise start its own pool per call) */
   sta_cpu_blas_single(1);
@@ -152,24 +190,29 @@ sta_status sta_cpu_attention(const sta_attn_params *p) {
     w.s = w.o + STA_CPU_QB * D;
     w.m = w.s + STA_CPU_QB * STA_CPU_KC;
     w.l = w.m + STA_CPU_QB;
+    w.kc = w.l + STA_CPU_QB;
+    w.vc = w.kc + STA_CPU_KC * D;
     w.lo = rbuf + 2 * pl.max_ranges * tid;
     w.hi = w.lo + pl.max_ranges;
-    for (int64_t bh = 0; bh < p->batch * p->heads; bh++) {
-      int64_t b = bh / p->heads, h = bh % p->heads;
+    for (int64_t g0 = 0; g0 < BH; g0 += hg) {
+      int64_t ng = BH - g0 < hg ? BH - g0 : hg;
       #pragma omp for schedule(static)
-      for (int64_t r = 0; r < pl.keys; r++) {
-        int64_t t = sta_cpu_row_token(&pl, r);
-        sta_cpu_load_row(pl.kf + r * D,
+      for (int64_t x = 0; x < ng * pl.keys; x++) {
+        int64_t g = x / pl.keys, r = x % pl.keys, bh = g0 + g;
+        int64_t b = bh / p->heads, h = bh % p->heads, t = sta_cpu_row_token(&pl, r);
+        sta_cpu_load_row(kf + g * stride + r * D,
                  (const char *)p->k + (b * p->k_sb + t * p->k_ss + h * p->k_sh) * (int64_t)es,
                  p->dtype, D, 1.0f);
-        sta_cpu_load_row(pl.vf + r * D,
+        sta_cpu_load_row(vf + g * stride + r * D,
                  (const char *)p->v + (b * p->v_sb + t * p->v_ss + h * p->v_sh) * (int64_t)es,
                  p->dtype, D, 1.0f);
       }
-      #pragma omp for schedule(dynamic, 1)
-      for (int64_t i = 0; i < pl.nitems; i++) {
+      #pragma omp for schedule(dynamic, chunk)
+      for (int64_t x = 0; x < ng * ni; x++) {
         if (sta_cancel_requested()) { __atomic_add_fetch(&skipped, 1, __ATOMIC_RELAXED); continue; }
-        run_item(&pl, b, h, &pl.items[i], &w);
+        int64_t g = x / ni, bh = g0 + g;
+        run_item(&pl, bh / p->heads, bh % p->heads, &pl.items[x % ni], kf + g * stride,
+                 vf + g * stride, &w);
       }
     }
   }
@@ -177,6 +220,7 @@ sta_status sta_cpu_attention(const sta_attn_params *p) {
   sta_cpu_plan_free(&pl);
   free(fbuf);
   free(rbuf);
+  free(kvg);
   if (skipped) return sta_cancelled("attention");
   return STA_OK;
 }
