@@ -2,7 +2,8 @@
 ** fuzz_api.c -- random sequences of C API calls (issue 16): create,
 ** release, view, push, pop, forward, backward, search, save, load, tune,
 ** SP layers, cancel, on a pool of handles that the bytes pick from, live
-** or already released, in any order.  Each input byte pair is one call.
+** or already released, in any order.  Each 3 input bytes are one call: the
+** operation, the slots (i, j, k: 2 bits each) and flags.
 ** Invariants: nothing crashes or touches freed memory (ASan); every failure
 ** carries its status and a message; the context stack has the depth the
 ** successful pushes and pops give; a forward that fails leaves its output
@@ -11,7 +12,7 @@
 */
 #include "fuzz.h"
 
-#define API_T 8 /* slots per kind */
+#define API_T 4 /* slots per kind */
 enum { API_S = 34, API_H = 2, API_D = 4 };
 
 typedef struct api_pool {
@@ -56,6 +57,9 @@ static sta_layer_desc api_layer_desc(const sta_strategy *s, unsigned x) {
   return d;
 }
 
+/* Calls that succeeded, by kind (random_api.c reports them). */
+static int64_t api_ok[24];
+
 /* A copy of t's elements when t is live (to check "unchanged"), else NULL. */
 static sta_tensor *api_snapshot(const sta_tensor *t) {
   sta_tensor *c = NULL;
@@ -80,9 +84,9 @@ static const char *api_path(const char *tag) {
   return s;
 }
 
-/* One call.  op and x come from the input; slots i, j, k from x. */
-static void api_step(api_pool *a, unsigned op, unsigned x) {
-  unsigned i = x % API_T, j = (x / API_T) % API_T, k = (x / 64) % API_T;
+/* One call: op, slots i, j, k (2 bits each of sl) and flags x. */
+static void api_step(api_pool *a, unsigned op, unsigned sl, unsigned x) {
+  unsigned i = sl % API_T, j = (sl / 4) % API_T, k = (sl / 16) % API_T;
   sta_status rc = STA_OK;
   sta_clear_error();
   switch (op % 24) {
@@ -90,7 +94,7 @@ static void api_step(api_pool *a, unsigned op, unsigned x) {
     int64_t sh[4] = {1, API_S, API_H, API_D}, bh[4] = {1, API_H, API_S, API_D}, odd[2] = {3, 5};
     sta_tensor *t = NULL;
     rc = (x & 128) ? sta_tensor_create(&t, STA_F32, STA_CPU, 2, odd)
-                   : sta_tensor_create(&t, (sta_dtype)(x % 3), STA_CPU, 4, (x & 64) ? bh : sh);
+                   : sta_tensor_create(&t, (sta_dtype)((x / 16) % 3), STA_CPU, 4, (x & 64) ? bh : sh);
     if (rc == STA_OK) FUZZ_CHECK(sta_tensor_randn(t, x, 0, 1) == STA_OK);
     if (rc == STA_OK) { sta_tensor_destroy(a->t[i]); a->t[i] = t; }
     break;
@@ -106,13 +110,13 @@ static void api_step(api_pool *a, unsigned op, unsigned x) {
   case 2: sta_tensor_destroy(a->t[i]); break; /* the slot keeps the dead handle */
   case 3: {
     sta_strategy *s = NULL;
-    rc = sta_strategy_uniform(&s, 1 + (int32_t)(x % 3), 3, API_H, API_WIN[j % 3],
-                              API_WIN[2], (int32_t)(x % 2));
+    rc = sta_strategy_uniform(&s, 1 + (int32_t)(x % 3), 3, API_H, API_WIN[(x / 4) % 3],
+                              API_WIN[2], (int32_t)((x / 16) % 2));
     if (rc == STA_OK) { sta_strategy_destroy(a->s[i]); a->s[i] = s; }
     break;
   }
-  case 4: rc = sta_strategy_set(a->s[i], (int32_t)(x % 4), (int32_t)(j % 3), (int32_t)(k % 3),
-                                API_WIN[k % 4]);
+  case 4: rc = sta_strategy_set(a->s[i], (int32_t)(x % 4), (int32_t)((x / 4) % 3),
+                                (int32_t)((x / 16) % 3), API_WIN[(x / 64) % 4]);
     break;
   case 5: sta_strategy_destroy(a->s[i]); break;
   case 6: {
@@ -134,7 +138,7 @@ static void api_step(api_pool *a, unsigned op, unsigned x) {
   case 9: sta_forward_batch_destroy(a->b[i]); break;
   case 10: { /* push with any metadata and batch slot, live, dead or none */
     sta_context *c = NULL;
-    rc = sta_context_push(&c, (int32_t)(x % 3), (x & 64) ? a->m[j] : NULL,
+    rc = sta_context_push(&c, (int32_t)(x % 3), (x & 64) ? NULL : a->m[j],
                           (x & 128) ? NULL : a->b[k]);
     if (rc == STA_OK) { a->c[i] = c; a->depth++; }
     break;
@@ -153,7 +157,7 @@ static void api_step(api_pool *a, unsigned op, unsigned x) {
   case 13: rc = sta_layer_set_strategy(a->l[i], (x & 64) ? a->s[j] : NULL); break;
   case 14: sta_layer_destroy(a->l[i]); break;
   case 15: case 16: { /* layer forward; out unchanged on failure */
-    sta_tensor *out = a->t[(k + 3) % API_T], *snap = api_snapshot(out);
+    sta_tensor *out = a->t[(j + 1 + (x % 3)) % API_T], *snap = api_snapshot(out);
     rc = sta_layer_forward(a->l[i], a->t[j], a->t[k], a->t[k], out);
     if (rc != STA_OK) api_same(out, snap); else sta_tensor_destroy(snap);
     break;
@@ -166,7 +170,8 @@ static void api_step(api_pool *a, unsigned op, unsigned x) {
     d.windows = API_WIN[x % 4];
     d.layout = (x & 4) ? STA_BHSD : STA_BSHD;
     sta_tensor *out = a->t[k], *snap = api_snapshot(out);
-    rc = sta_attention_forward(&d, a->t[i], a->t[j], a->t[j], out, (x & 8) ? a->t[(k + 1) % API_T] : NULL);
+    rc = sta_attention_forward(&d, a->t[i], a->t[j], a->t[j], out,
+                               (x & 8) ? a->t[(k + 1) % API_T] : NULL);
     if (rc != STA_OK) api_same(out, snap); else sta_tensor_destroy(snap);
     break;
   }
@@ -207,7 +212,7 @@ static void api_step(api_pool *a, unsigned op, unsigned x) {
     break;
   }
   case 21: {
-    sta_tensor *out = a->t[(k + 5) % API_T], *snap = api_snapshot(out);
+    sta_tensor *out = a->t[(j + 1 + (x % 3)) % API_T], *snap = api_snapshot(out);
     rc = sta_sp_layer_forward(a->sp[i], a->t[j], a->t[k], a->t[k], out);
     if (rc != STA_OK) api_same(out, snap); else sta_tensor_destroy(snap);
     break;
@@ -228,6 +233,7 @@ static void api_step(api_pool *a, unsigned op, unsigned x) {
     break;
   }
   fuzz_status(rc);
+  if (rc == STA_OK) api_ok[op % 24]++;
   if (rc == STA_ERR_CANCELLED) FUZZ_CHECK(sta_cancel_requested());
   FUZZ_CHECK(sta_context_depth() == a->depth);
 }
@@ -240,9 +246,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   memset(&a, 0, sizeof a);
   a.p = data;
   a.n = size > 512 ? 512 : size;
-  while (a.n >= 2) {
-    unsigned op = api_byte(&a), x = api_byte(&a);
-    api_step(&a, op, x | (api_byte(&a) << 8));
+  while (a.n >= 3) {
+    unsigned op = api_byte(&a), sl = api_byte(&a);
+    api_step(&a, op, sl, api_byte(&a));
   }
   /* unwind: every context, then every handle, in slot order */
   while (sta_context_current()) FUZZ_CHECK(sta_context_pop(sta_context_current()) == STA_OK);
