@@ -4,11 +4,15 @@
 ** message on stderr), 2 bad options (a message naming the option).
 */
 #include <errno.h>
+#include <fcntl.h>
+#include <libgen.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "sta.h"
 
@@ -35,6 +39,9 @@ static const char *USAGE =
 "  --lse PATH        also write the log-sum-exp, f32 [B, heads, S]; when it\n"
 "                    names the same .safetensors file as --out, both go in it\n"
 "  --lse-name N      its name in a .safetensors file (default lse)\n"
+"  Every output is checked before the inputs are read; outputs are written\n"
+"  next to their targets and moved over them only when the whole run\n"
+"  succeeded (a failed run leaves the old files).\n"
 "\n"
 "Geometry.\n"
 "  --canvas T,H,W    video canvas in tokens (T*H*W <= S); without it the\n"
@@ -288,8 +295,93 @@ static sta_status load(const char *spec, const char *dflt_name, sta_tensor **t) 
   return rc;
 }
 
-/* Write out (and lse when given) to their files. */
-static sta_status save(const options *o, const sta_tensor *out, const sta_tensor *lse) {
+/* ---- outputs ------------------------------------------------------------ */
+
+/* Every output is checked before anything is read or computed, written to
+** a staging file next to its target, and renamed over the targets only when
+** all are written: a failed run leaves no output behind and the targets'
+** old contents in place.  A target that is not a regular file (/dev/null)
+** is written in place. */
+typedef struct output {
+  const char *opt; /* "--out" or "--lse" */
+  char *file;      /* the target (a symbolic link resolved) */
+  char *stage;     /* staging file; NULL: written in place */
+  int written;     /* the staging file exists */
+} output;
+
+/* The file part of an output spec (FILE.safetensors:NAME -> FILE). */
+static char *output_file(const char *spec, const char *dflt, const char **name) {
+  char *file = NULL;
+  if (!split_st(spec, dflt, &file, name)) file = strdup(spec);
+  return file;
+}
+
+/* Check and prepare one output; 0 and a message when it cannot be written. */
+static int output_open(output *out, const char *opt, const char *spec, const char *dflt) {
+  struct stat st;
+  const char *name;
+  memset(out, 0, sizeof *out);
+  out->opt = opt;
+  char *file = output_file(spec, dflt, &name), *real = NULL;
+  if (!file) return fprintf(stderr, "sta-run: out of memory\n"), 0;
+  if (lstat(file, &st) == 0 && S_ISLNK(st.st_mode) && (real = realpath(file, NULL))) {
+    free(file);
+    file = real;
+  }
+  out->file = file;
+  if (stat(file, &st) == 0 && S_ISDIR(st.st_mode)) {
+    fprintf(stderr, "sta-run: %s %s: cannot write: Is a directory\n", opt, file);
+    return 0;
+  }
+  if (stat(file, &st) == 0 && !S_ISREG(st.st_mode)) {
+    if (access(file, W_OK) == 0) return 1;
+    fprintf(stderr, "sta-run: %s %s: cannot write: %s\n", opt, file, strerror(errno));
+    return 0;
+  }
+  char *copy = strdup(file);
+  const char *dir = copy ? dirname(copy) : ".";
+  size_t n = strlen(file) + 64;
+  out->stage = malloc(n);
+  if (!copy || !out->stage) return fprintf(stderr, "sta-run: out of memory\n"), free(copy), 0;
+  const char *base = strrchr(file, '/') ? strrchr(file, '/') + 1 : file;
+  snprintf(out->stage, n, "%s/.%s.sta-run.%ld", dir, base, (long)getpid());
+  free(copy);
+  /* the directory takes a new file: made now, empty, replaced when written */
+  int fd = open(out->stage, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
+  if (fd < 0) {
+    fprintf(stderr, "sta-run: %s %s: cannot write: %s (checked before computing)\n", opt,
+            file, strerror(errno));
+    free(out->stage);
+    out->stage = NULL;
+    return 0;
+  }
+  close(fd);
+  out->written = 1;
+  return 1;
+}
+
+/* Where sta writes this output now. */
+static const char *output_path(const output *out) { return out->stage ? out->stage : out->file; }
+
+/* Rename the staged files over their targets (commit), or remove them. */
+static int output_close(output *out, int commit) {
+  int ok = 1;
+  if (out->stage && out->written) {
+    if (commit && rename(out->stage, out->file) != 0) {
+      fprintf(stderr, "sta-run: %s %s: cannot write: %s\n", out->opt, out->file, strerror(errno));
+      ok = 0;
+    }
+    if (!commit || !ok) unlink(out->stage); /* ours: made with O_EXCL */
+  }
+  free(out->file);
+  free(out->stage);
+  memset(out, 0, sizeof *out);
+  return ok;
+}
+
+/* Write out (and lse when given) to their outputs' staging files. */
+static sta_status save(const options *o, const output *oo, const output *ol,
+                       const sta_tensor *out, const sta_tensor *lse) {
   char *fo = NULL, *fl = NULL;
   const char *no = NULL, *nl = NULL;
   int st_o = split_st(o->out, o->out_name, &fo, &no);
@@ -298,13 +390,13 @@ static sta_status save(const options *o, const sta_tensor *out, const sta_tensor
   if (st_o && st_l && strcmp(fo, fl) == 0) {
     const char *names[2] = {no, nl};
     const sta_tensor *ts[2] = {out, lse};
-    rc = sta_safetensors_save(fo, 2, names, ts);
+    rc = sta_safetensors_save(output_path(oo), 2, names, ts);
   } else {
-    if (st_o) rc = sta_safetensors_save(fo, 1, &no, &out);
-    else rc = sta_npy_save(out, o->out);
+    if (st_o) rc = sta_safetensors_save(output_path(oo), 1, &no, &out);
+    else rc = sta_npy_save(out, output_path(oo));
     if (rc == STA_OK && lse) {
-      if (st_l) rc = sta_safetensors_save(fl, 1, &nl, &lse);
-      else rc = sta_npy_save(lse, o->lse);
+      if (st_l) rc = sta_safetensors_save(output_path(ol), 1, &nl, &lse);
+      else rc = sta_npy_save(lse, output_path(ol));
     }
   }
   free(fo);
@@ -341,6 +433,22 @@ static int run(options *o) {
   sta_tensor *out = NULL, *lse = NULL, *hout = NULL, *hlse = NULL;
   int rc = 1;
   char sh[64];
+  output oo, ol;
+  memset(&ol, 0, sizeof ol);
+  /* every output first: nothing is read or computed for a run that could
+  ** not write its results (one file when --lse names --out's safetensors) */
+  const char *no, *nl;
+  char *fo = output_file(o->out, o->out_name, &no);
+  char *fl = o->lse ? output_file(o->lse, o->lse_name, &nl) : NULL;
+  int shared = fo && fl && strcmp(fo, fl) == 0;
+  free(fo);
+  free(fl);
+  if (!output_open(&oo, "--out", o->out, o->out_name) ||
+      (o->lse && !shared && !output_open(&ol, "--lse", o->lse, o->lse_name))) {
+    output_close(&oo, 0);
+    output_close(&ol, 0);
+    return 1;
+  }
   for (int i = 0; i < 3; i++) {
     if (load(spec[i], names[i], &in[i]) != STA_OK) { rc = fail(); goto done; }
     if (sta_tensor_ndim(in[i]) != 4) {
@@ -393,10 +501,11 @@ static int run(options *o) {
   if (st != STA_OK) { rc = fail(); goto done; }
   if (sta_tensor_to(&hout, out, file_dt, STA_CPU) != STA_OK ||
       (lse && sta_tensor_to(&hlse, lse, STA_F32, STA_CPU) != STA_OK) ||
-      save(o, hout, hlse) != STA_OK) {
+      save(o, &oo, shared ? &oo : &ol, hout, hlse) != STA_OK) {
     rc = fail();
     goto done;
   }
+  if (!output_close(&oo, 1) || !output_close(&ol, 1)) goto done;
   if (!o->quiet) {
     double flop = sta_attention_flops(&desc, B, S, H, D);
     char win[80];
@@ -420,6 +529,8 @@ static int run(options *o) {
   }
   rc = 0;
 done:
+  output_close(&oo, 0); /* after a failure: the staging files go */
+  output_close(&ol, 0);
   for (int i = 0; i < 3; i++) { sta_tensor_destroy(in[i]); sta_tensor_destroy(dev[i]); }
   sta_tensor_destroy(out);
   sta_tensor_destroy(lse);

@@ -6,6 +6,7 @@
 #include <stdarg.h>
 #include <stddef.h>
 #include <setjmp.h>
+#include <dirent.h>
 #include <libgen.h>
 #include <math.h>
 #include <stdint.h>
@@ -405,7 +406,8 @@ static void test_failed_runs(void **state) {
     {"--q q.npy --k k.npy --v v.npy --out fail.npy --canvas 4,8,8 --text-len 1 --window 1,1,1",
      "sta-run: text_len: 1 is outside 0..0", 1},
     {"--q q.npy --k k.npy --v v.npy --out /nonexistent-dir/o.npy --canvas 4,8,8 --window 1,1,1",
-     "sta-run: /nonexistent-dir/o.npy: cannot open for writing", 1},
+     "sta-run: --out /nonexistent-dir/o.npy: cannot write: No such file or directory "
+     "(checked before computing)", 1},
   };
   for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
     int rc = run("%s", cases[i].args);
@@ -420,6 +422,59 @@ static void test_failed_runs(void **state) {
   }
   assert_int_equal(access(tpath("fail.npy"), F_OK), -1); /* no failed run wrote it */
   sta_tensor_destroy(t3);
+  free_problem(&p);
+}
+
+/* 1 when a staging file of sta-run (".<name>.sta-run.<pid>") is left. */
+static int staging_left(void) {
+  DIR *d = opendir(tmpdir);
+  assert_non_null(d);
+  int left = 0;
+  for (struct dirent *e; (e = readdir(d)) != NULL;) left |= strstr(e->d_name, ".sta-run.") != NULL;
+  closedir(d);
+  return left;
+}
+
+/* Issue 16, defect 8: an output that cannot be written is found before
+** anything is read or computed (here the inputs do not even exist), and a
+** failed run leaves every output as it was: no file, or the old one. */
+static void test_outputs_checked_first(void **state) {
+  (void)state;
+  FILE *f = fopen(tpath("old.npy"), "wb");
+  assert_non_null(f);
+  fputs("the previous run's output", f);
+  fclose(f);
+  assert_int_equal(run("--q missing.npy --k missing.npy --v missing.npy --out old.npy "
+                       "--lse /nonexistent/l.npy --window 1,1,1"), 1);
+  assert_string_equal(err_text, "sta-run: --lse /nonexistent/l.npy: cannot write: No such file "
+                                "or directory (checked before computing)\n");
+  assert_int_equal(run("--q missing.npy --k k.npy --v v.npy --out . --window 1,1,1"), 1);
+  assert_string_equal(err_text, "sta-run: --out .: cannot write: Is a directory\n");
+  /* the inputs are read only after the outputs pass */
+  assert_int_equal(run("--q missing.npy --k k.npy --v v.npy --out o2.npy --window 1,1,1"), 1);
+  assert_non_null(strstr(err_text, "missing.npy: cannot open"));
+  /* a run that fails after computing (a shape error here comes late:
+  ** after the files are read) leaves old.npy and nothing else */
+  problem p;
+  make_problem(&p, STA_BSHD, STA_F32, 1, 4 * 8 * 8, 2, 16);
+  save_qkv_npy(&p);
+  assert_int_equal(run("--q q.npy --k k.npy --v v.npy --out old.npy --lse l2.npy "
+                       "--canvas 4,8,8 --window 2,1,1 --tile 1,8,8"), 1);
+  char buf[64];
+  slurp(tpath("old.npy"), buf, sizeof buf);
+  assert_string_equal(buf, "the previous run's output");
+  assert_int_equal(access(tpath("l2.npy"), F_OK), -1);
+  assert_false(staging_left());
+  /* and a good run replaces both */
+  assert_int_equal(run("--q q.npy --k k.npy --v v.npy --out old.npy --lse l2.npy "
+                       "--canvas 4,8,8 --window 1,1,1 --quiet"), 0);
+  sta_tensor *o = NULL, *l = NULL;
+  assert_int_equal(sta_npy_load(&o, tpath("old.npy"), 0), STA_OK);
+  assert_int_equal(sta_npy_load(&l, tpath("l2.npy"), 0), STA_OK);
+  assert_int_equal(sta_tensor_ndim(l), 3);
+  assert_false(staging_left());
+  sta_tensor_destroy(o);
+  sta_tensor_destroy(l);
   free_problem(&p);
 }
 
@@ -465,6 +520,7 @@ int main(void) {
     cmocka_unit_test(test_help),
     cmocka_unit_test(test_bad_options),
     cmocka_unit_test(test_failed_runs),
+    cmocka_unit_test(test_outputs_checked_first),
     cmocka_unit_test(test_cuda),
   };
   return cmocka_run_group_tests(tests, group_setup, group_teardown);
