@@ -152,7 +152,7 @@ FUNCS = {
     "sta_layer_create": (_st, [_pp, C.POINTER(LayerDesc)]),
     "sta_layer_destroy": (None, [_p]),
     "sta_layer_index": (_i32, [_p]),
-    "sta_layer_set_strategy": (None, [_p, _p]),
+    "sta_layer_set_strategy": (_st, [_p, _p]),
     "sta_layer_forward": (_st, [_p, _p, _p, _p, _p]),
     "sta_layer_forward_lse": (_st, [_p, _p, _p, _p, _p, _p]),
     "sta_layer_backward": (_st, [_p, _p, _p, _p, _p, _p, _p, _p, _p, _p]),

@@ -439,7 +439,7 @@ class Layer(_Handle):
     @strategy.setter
     def strategy(self, s):
         _optional(s, Strategy, "strategy")
-        _L().sta_layer_set_strategy(self.handle, s.handle if s is not None else None)
+        _L().check(_L().sta_layer_set_strategy(self.handle, s.handle if s is not None else None))
         self._strategy = s
 
     def forward(self, q, k, v):
