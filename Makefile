@@ -19,6 +19,7 @@ LUA_VERSION ?= 5.4
 LUA_INCDIR ?= $(shell $(PKG_CONFIG) --cflags-only-I lua5.4 2>/dev/null | sed 's/^-I//;s/ .*//')
 LUA_LIBDIR ?= $(PREFIX)/lib/lua/$(LUA_VERSION)
 LUA_SHAREDIR ?= $(PREFIX)/share/lua/$(LUA_VERSION)
+LUAJIT_SHAREDIR ?= $(PREFIX)/share/lua/5.1
 PYTHON_SITEDIR ?= $(PREFIX)/lib/python3/dist-packages
 CJSON_CFLAGS ?= $(shell $(PKG_CONFIG) --cflags libcjson 2>/dev/null || echo -I/usr/include/cjson)
 CJSON_LIBS ?= -lcjson
@@ -147,12 +148,13 @@ example: deps
 install: all
 	install -d $(DESTDIR)$(PREFIX)/include $(DESTDIR)$(PREFIX)/lib \
 	  $(DESTDIR)$(PREFIX)/bin $(DESTDIR)$(LUA_LIBDIR)/sta \
-	  $(DESTDIR)$(LUA_SHAREDIR)/sta
+	  $(DESTDIR)$(LUA_SHAREDIR)/sta $(DESTDIR)$(LUAJIT_SHAREDIR)/sta
 	install -m 644 core/sta.h $(DESTDIR)$(PREFIX)/include/
 	install -m 644 $(BUILD)/libsta.a $(BUILD)/libsta.so $(DESTDIR)$(PREFIX)/lib/
 	install -m 755 $(TOOLS) $(DESTDIR)$(PREFIX)/bin/
 	if [ -f $(LUA_MOD) ]; then install -m 755 $(LUA_MOD) $(DESTDIR)$(LUA_LIBDIR)/sta/; fi
 	if [ -d lua/sta ]; then install -m 644 lua/sta/*.lua $(DESTDIR)$(LUA_SHAREDIR)/sta/; fi
+	install -m 644 lua/sta/ffi.lua $(DESTDIR)$(LUAJIT_SHAREDIR)/sta/ # where luajit looks
 	if [ -f lua/sta.lua ]; then install -m 644 lua/sta.lua $(DESTDIR)$(LUA_SHAREDIR)/; fi
 	install -d $(DESTDIR)$(PYTHON_SITEDIR)/sta
 	install -m 644 python/sta/*.py $(DESTDIR)$(PYTHON_SITEDIR)/sta/

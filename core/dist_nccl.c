@@ -492,5 +492,12 @@ sta_status sta_comm_from_env(sta_comm **out) {
   int n = 0;
   if (cudaGetDeviceCount(&n) == 0 && n > 0) local %= n;
 #endif
-  return sta_comm_nccl(out, rank, size, getenv("STA_DIST_ID_FILE"), local);
+  rc = sta_comm_nccl(out, rank, size, getenv("STA_DIST_ID_FILE"), local);
+  if (rc == STA_ERR_BACKEND) { /* no GPU: say what works here */
+    char msg[1024];
+    snprintf(msg, sizeof msg, "%s; without GPUs set STA_DIST_BACKEND=tcp (scripts/sta-launch "
+             "does when it finds no CUDA device)", sta_last_error());
+    return sta_error(rc, "%s", msg);
+  }
+  return rc;
 }

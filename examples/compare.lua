@@ -24,6 +24,8 @@ local ok, opts = pcall(cli.parse, arg, {
 }, usage)
 if not ok then io.stderr:write(opts, "\n", usage, "\n") os.exit(2) end
 
+local function main()
+
 local function fail(msg)
   io.stderr:write("compare: ", msg, "\n")
   os.exit(1)
@@ -125,3 +127,6 @@ cli.table({ "head", "window", "sparsity", "L1 mean|d|", "L2 mean d^2", "rel. err
 local _, rel_all = out:compare(full)
 print(("all heads: relative L2 error %.4f (worst head %.4f); STA %.1f ms, full %.1f ms (%.2fx)"):format(
   rel_all, worst, t_sta * 1e3, t_full * 1e3, t_full / t_sta))
+end
+
+cli.main("compare", main, usage)

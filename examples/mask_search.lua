@@ -28,6 +28,10 @@ local ok, opts = pcall(cli.parse, arg, {
   canvas = "6x12x12", tile = "2x4x4", out = "mask_search_out", seed = 7, quiet = false,
 }, usage)
 if not ok then io.stderr:write(opts, "\n", usage, "\n") os.exit(2) end
+
+local function main()
+for _, n in ipairs{ "prompts", "steps", "layers", "heads", "head_dim" } do cli.int(opts, n, 1) end
+cli.int(opts, "skip_steps", 0)
 local say = opts.quiet and function() end or function(...) io.stdout:write(string.format(...)) end
 
 local canvas, tile = cli.triple(opts.canvas, "--canvas"), cli.triple(opts.tile, "--tile")
@@ -168,3 +172,6 @@ if wrong > 0 then
 end
 say("ok: local heads chose %s, wide heads %s, full window for the first %d steps\n",
   cli.fmt_triple(expect_local), cli.fmt_triple(expect_wide), opts.skip_steps)
+end
+
+cli.main("mask_search", main, usage)

@@ -27,11 +27,24 @@ STA_ATTENTION_CONFIG=file.json uses that mask strategy; STA_DEVICE sets the devi
 
 local ok, opts = pcall(cli.parse, arg, {
   steps = 10, layers = 4, heads = 4, head_dim = 64, canvas = "12x16x16", tile = "6x8x8",
-  text = 16, window = "1x1x1", full_steps = 2, guidance = 5.0, device = "auto", dtype = "",
+  text = 16, window = "1x1x1", full_steps = -1, guidance = 5.0, device = "auto", dtype = "",
   seed = 1234, threads = 0, quiet = false,
 }, usage)
 if not ok then io.stderr:write(opts, "\n", usage, "\n") os.exit(2) end
 
+local function main()
+for _, n in ipairs{ "steps", "layers", "heads", "head_dim" } do cli.int(opts, n, 1) end
+cli.int(opts, "text", 0)
+cli.int(opts, "threads", 0)
+if opts.full_steps == -1 then opts.full_steps = math.min(2, opts.steps) end -- the default
+cli.int(opts, "full_steps", 0)
+cli.check(opts.full_steps <= opts.steps, "--full-steps %d: more than --steps %d",
+  opts.full_steps, opts.steps)
+cli.check(opts.device == "auto" or opts.device == "cpu" or opts.device == "cuda",
+  "--device: expected auto, cpu or cuda, got '%s'", opts.device)
+if opts.device == "cuda" and not sta.backend_available("cuda") then
+  error(("--device cuda: no CUDA device here (%s); use --device cpu or auto"):format(sta.info().cuda), 0)
+end
 local canvas, tile = cli.triple(opts.canvas, "--canvas"), cli.triple(opts.tile, "--tile")
 local window = cli.triple(opts.window, "--window")
 local device = opts.device == "auto" and sta.default_device() or opts.device
@@ -54,9 +67,9 @@ if os.getenv("STA_ATTENTION_CONFIG") and os.getenv("STA_ATTENTION_CONFIG") ~= ""
   strategy:check(opts.steps, L, H) -- raises naming the first missing key
 else
   strategy = sta.strategy.uniform{ steps = opts.steps, layers = L, heads = H, window = window,
-    full = grid, full_steps = math.min(opts.full_steps, opts.steps) }
+    full = grid, full_steps = opts.full_steps }
   source = ("uniform %s, full %s for %d steps"):format(cli.fmt_triple(window), cli.fmt_triple(grid),
-    math.min(opts.full_steps, opts.steps))
+    opts.full_steps)
 end
 
 say("sta %s pipeline: %s on %s (%s)\n", sta.info().version, dtype, device,
@@ -159,3 +172,6 @@ say("  latent mean %.6f std %.6f min %.4f max %.4f, %s\n", st.mean, st.std, st.m
   finite and "all finite" or "NOT FINITE")
 if not finite or sta.context_depth() ~= 0 then os.exit(1) end
 say("ok\n")
+end
+
+cli.main("pipeline", main, usage)

@@ -17,6 +17,9 @@ Options: --ranks P (loopback; default 2)  --device cpu|cuda (default cpu)
 ]]
 local sta = require "sta"
 local dist = require "sta.dist"
+local cli = require "sta.cli"
+local usage = "usage: sp_pipeline.lua [--ranks P] [--device cpu|cuda] "
+  .. "[--shape small|medium|hunyuan] [--iters N] [--seed S]"
 
 local args = { ranks = 2, device = "cpu", shape = "small", iters = 0, seed = os.time() % 100000 }
 do
@@ -24,8 +27,7 @@ do
   while i <= #arg do
     local k = arg[i]:match("^%-%-(.+)$")
     if not k or args[k] == nil or arg[i + 1] == nil then
-      io.stderr:write("usage: sp_pipeline.lua [--ranks P] [--device cpu|cuda] "
-        .. "[--shape small|medium|hunyuan] [--iters N] [--seed S]\n")
+      io.stderr:write(usage, "\n")
       os.exit(2)
     end
     args[k] = math.tointeger(tonumber(arg[i + 1])) or arg[i + 1]
@@ -43,7 +45,22 @@ local shapes = {
   hunyuan = { canvas = { 30, 48, 80 }, tile = { 6, 8, 8 }, text = 256, heads = 24, d = 128,
               dtype = "bf16", windows = { { 3, 3, 3 } } },
 }
-local sh = assert(shapes[args.shape], "--shape: expected small, medium or hunyuan")
+local function main()
+local sh = cli.check(shapes[args.shape], "--shape: expected small, medium or hunyuan, got '%s'",
+  tostring(args.shape))
+cli.int(args, "ranks", 1)
+cli.int(args, "iters", 0)
+cli.check(args.device == "cpu" or args.device == "cuda", "--device: expected cpu or cuda, got '%s'",
+  tostring(args.device))
+if args.device == "cuda" and not sta.backend_available("cuda") then
+  error(("--device cuda: no CUDA device here (%s); use --device cpu"):format(sta.info().cuda), 0)
+end
+local P0 = os.getenv("STA_WORLD_SIZE") and math.tointeger(tonumber(os.getenv("STA_WORLD_SIZE")))
+  or args.ranks
+local V0 = sh.canvas[1] * sh.canvas[2] * sh.canvas[3]
+cli.check(sh.heads % P0 == 0 and V0 % P0 == 0,
+  "%s %d: the %s shape's %d heads and %d video tokens must divide among the ranks (try 1, 2, 4 or 8)",
+  os.getenv("STA_WORLD_SIZE") and "sta-launch -n" or "--ranks", P0, args.shape, sh.heads, V0)
 if args.device == "cpu" and sh.dtype == "bf16" then sh.dtype = "f32" end
 local now = sta.core.now or os.clock
 local function sync() if args.device == "cuda" then sta.synchronize() end end
@@ -139,3 +156,6 @@ if args.iters > 0 then
 end
 
 if bad then error("SP output differs from single-device STA", 0) end
+end
+
+cli.main("sp_pipeline", main, usage)

@@ -101,8 +101,20 @@ static int l_save_safetensors(lua_State *L) {
   return 1;
 }
 
+/* write_file(path, text): path replaced atomically (sta_file_write) ->
+** true, or nil, message, code */
+static int l_write_file(lua_State *L) {
+  const char *path = luaL_checkstring(L, 1);
+  size_t len;
+  const char *text = luaL_checklstring(L, 2, &len);
+  sta_status rc = sta_file_write(path, text, len);
+  if (rc != STA_OK) return sta_lua_fail(L, rc);
+  lua_pushboolean(L, 1);
+  return 1;
+}
+
 static const luaL_Reg files_funcs[] = {
   {"npy_load", l_npy_load}, {"load_safetensors", l_load_safetensors},
-  {"save_safetensors", l_save_safetensors}, {NULL, NULL}};
+  {"save_safetensors", l_save_safetensors}, {"write_file", l_write_file}, {NULL, NULL}};
 
 void sta_lua_open_files(lua_State *L) { luaL_setfuncs(L, files_funcs, 0); }

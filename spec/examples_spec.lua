@@ -129,3 +129,49 @@ describe("examples", function()
     assert.truthy(H.read(hist):find("print(#x, x:dtype())", 1, true))
   end)
 end)
+
+-- issue 16, defect 11: bad arguments end in a message and a status, never a
+-- traceback
+describe("examples' argument checks", function()
+  local function run(cmd)
+    local f = assert(io.popen(("LUA_PATH=%s LUA_CPATH=%s %s 2>&1"):format(H.quote(package.path),
+      H.quote(package.cpath), cmd)))
+    local out = f:read("a")
+    local _, _, code = f:close()
+    return out, code
+  end
+
+  it("pipeline.lua and sp_pipeline.lua refuse bad options with a status", function()
+    local sta = require "sta"
+    local cases = {
+      { "examples/pipeline.lua --steps 0", 2, "pipeline: --steps: expected an integer >= 1, got 0\nusage:" },
+      { "examples/pipeline.lua --steps 3 --full-steps 20", 2, "pipeline: --full-steps 20: more than --steps 3\n" },
+      { "examples/pipeline.lua --heads 2.5", 2, "pipeline: --heads: expected an integer, got 2.5\n" },
+      { "examples/pipeline.lua --device tpu", 2, "pipeline: --device: expected auto, cpu or cuda, got 'tpu'\n" },
+      { "examples/sp_pipeline.lua --ranks 3", 2, "sp_pipeline: --ranks 3: the small shape's 8 heads and 1536 "
+        .. "video tokens must divide among the ranks (try 1, 2, 4 or 8)\nusage:" },
+      { "examples/sp_pipeline.lua --shape big", 2, "sp_pipeline: --shape: expected small, medium or hunyuan, got 'big'\n" },
+      { "examples/mask_search.lua --steps 0", 2, "mask_search: --steps: expected an integer >= 1, got 0\n" },
+    }
+    if not sta.backend_available("cuda") then
+      cases[#cases + 1] = { "examples/pipeline.lua --device cuda", 1, "pipeline: --device cuda: no CUDA device here (" }
+      cases[#cases + 1] = { "examples/sp_pipeline.lua --device cuda", 1, "sp_pipeline: --device cuda: no CUDA device here (" }
+    end
+    for _, c in ipairs(cases) do
+      local out, code = run("lua5.4 " .. c[1])
+      assert.equal(c[2], code, c[1] .. ": " .. out)
+      assert.equal(1, out:find(c[3], 1, true), c[1] .. ": " .. out)
+      assert.falsy(out:find("traceback", 1, true), out)
+    end
+  end)
+
+  it("sta-launch on a machine without GPUs says it uses TCP, and runs", function()
+    local _, gpu = H.sh("nvidia-smi -L 2>/dev/null | grep -q '^GPU'")
+    if gpu then return end -- NCCL is the default there
+    local out, code = run("env -u STA_DIST_BACKEND scripts/sta-launch -n 2 examples/sp_pipeline.lua --seed 5")
+    assert.equal(0, code, out)
+    assert.truthy(out:find("sta-launch: no CUDA device found; the ranks join over TCP on 127.0.0.1 "
+      .. "(STA_DIST_BACKEND=tcp)", 1, true), out)
+    assert.truthy(out:find("[1] sp small P=2 rank 1 cpu f32: max|diff| 0 rel 0 ok (bitwise)", 1, true), out)
+  end)
+end)

@@ -66,4 +66,52 @@ describe("sta.ffi #ffi", function()
     assert.is_true(out[0] == nil)
     assert.equal("ndim: expected 1..4, got 5", select(2, pcall(S.tensor, {1, 1, 1, 1, 1})))
   end)
+
+  -- issue 16, defect 4: these crashed the interpreter
+  it("takes nil (NULL) in every call without crashing", function()
+    assert.equal(0, tonumber(C.sta_tensor_ndim(nil)))
+    assert.equal("t: expected a tensor, got NULL", ffi.string(C.sta_last_error()))
+    assert.equal(-1, tonumber(C.sta_tensor_size(nil, 0)))
+    assert.is_true(C.sta_tensor_data(nil) == nil)
+    assert.equal(tonumber(C.STA_ERR_ARGUMENT), tonumber(C.sta_tensor_fill(nil, 1)))
+    C.sta_tensor_destroy(nil)
+    C.sta_geometry_init(nil, 1, 2, 3)
+    assert.equal("geometry: expected a geometry, got NULL", ffi.string(C.sta_last_error()))
+    local q = S.randn({1, 70, 2, 8}, seed)
+    local o = { canvas = {2, 4, 8}, tile = {1, 2, 4}, window = {1, 1, 1} }
+    assert.equal("q: expected a tensor, got nil", select(2, pcall(S.attention, nil, q, q, o)))
+    assert.equal("v: expected a tensor, got nil", select(2, pcall(S.attention, q, q, ffi.cast("sta_tensor *", nil), o)))
+    assert.equal("dtype: unknown dtype 'f64' (expected f32, f16 or bf16)", select(2, pcall(S.tensor, {2, 2}, "f64")))
+    assert.equal("device: expected \"cpu\" or \"cuda\", got tpu", select(2, pcall(S.tensor, {2, 2}, "f32", "tpu")))
+    assert.equal("options: unknown key 'windws'", select(2, pcall(S.attention, q, q, q,
+      { canvas = {2, 4, 8}, windws = {{1, 1, 1}} })))
+    assert.equal("window: required ({Kt, Kh, Kw} for every head, or windows = one per head)",
+      select(2, pcall(S.attention, q, q, q, { canvas = {2, 4, 8} })))
+    -- a released handle: refused, not read
+    local t = S.tensor({2})
+    local raw = ffi.cast("sta_tensor *", t)
+    ffi.gc(t, nil)
+    C.sta_tensor_destroy(raw)
+    assert.equal(0, tonumber(C.sta_tensor_ndim(raw)))
+    assert.equal("t: not a live sta_tensor (released already, or not made by sta)", ffi.string(C.sta_last_error()))
+    C.sta_tensor_destroy(raw)
+  end)
+
+  -- issue 16, defect 13: luajit finds the installed binding, header and library
+  it("works from a make install prefix with no environment", function()
+    local build = os.getenv("STA_BUILD") or os.getenv("BUILD") or "build"
+    local prefix = os.tmpname()
+    os.remove(prefix)
+    local make = ("make -s --no-print-directory -o all install PREFIX='%s' BUILD='%s' NVCC= >/dev/null 2>&1")
+      :format(prefix, build)
+    assert.is_true(os.execute(make) == true or os.execute(make) == 0, make)
+    local probe = ("cd / && env -u STA_HEADER -u STA_LIB -u STA_BUILD -u BUILD -u LUA_PATH luajit -e "
+      .. "\"package.path='%s/share/lua/5.1/?.lua;'..package.path; local S = require 'sta.ffi'; "
+      .. "local t = S.randn({1, 20, 1, 4}, 3); print(S.header, S.library, S.shape(t)[2])\" 2>&1"):format(prefix)
+    local p = io.popen(probe)
+    local out = p:read("a")
+    p:close()
+    os.execute(("rm -rf '%s'"):format(prefix))
+    assert.equal(("%s/include/sta.h\t%s/lib/libsta.so\t20\n"):format(prefix, prefix), out)
+  end)
 end)

@@ -55,6 +55,38 @@ describe("sta.svg", function()
     assert.equal("window: query tile 3 outside 0..2", H.error_of(svg.tiles, g, {3, 0, 0}, {1, 1, 1}))
   end)
 
+  -- issue 16, defect 7: the literal "100%%" made the white background
+  -- invalid (a transparent picture, black text lost on dark viewers)
+  it("paints a white background of the whole picture", function()
+    local s = sta.strategy.uniform{ steps = 1, layers = 1, heads = 2, window = {1, 1, 1} }
+    for _, text in ipairs{ svg.strategy(s, { grid = {2, 2, 2} }),
+                           svg.tiles(sta.geometry{ canvas = {4, 8, 8}, tile = {2, 4, 4} }, {0, 0, 0}, {1, 1, 1}) } do
+      assert.truthy(text:find('<rect width="100%" height="100%" fill="white"/>', 1, true))
+      assert.falsy(text:find("%%", 1, true))
+    end
+  end)
+
+  it("replaces the file atomically and keeps the old one on a failed write", function()
+    local s = sta.strategy.uniform{ steps = 1, layers = 1, heads = 2, window = {1, 1, 1} }
+    local p = H.tmp(".svg")
+    local f = assert(io.open(p, "w"))
+    f:write("old picture")
+    f:close()
+    assert.truthy(svg.strategy(s, { grid = {2, 2, 2}, path = p }))
+    assert.truthy(H.read(p):find("<svg", 1, true))
+    -- a directory at the target: refused, nothing removed
+    local d = H.tmp("")
+    os.remove(d)
+    assert.is_true(os.execute("mkdir " .. H.quote(d)))
+    local none, msg = svg.strategy(s, { grid = {2, 2, 2}, path = d })
+    assert.is_nil(none)
+    assert.equal(d .. ": cannot open for writing: Is a directory", msg)
+    local none2, msg2 = svg.strategy(s, { grid = {2, 2, 2}, path = "/nonexistent/dir/x.svg" })
+    assert.is_nil(none2)
+    assert.equal("/nonexistent/dir/x.svg: cannot open for writing: No such file or directory", msg2)
+    assert.is_true(os.execute("rmdir " .. H.quote(d)))
+  end)
+
   it("renders with rsvg-convert when it is installed", function()
     local _, have = H.sh("command -v rsvg-convert")
     if not have then return end

@@ -59,6 +59,40 @@ end
 
 function cli.fmt_triple(t) return table.concat(t, "x") end
 
+--- Raise a bad-option error (cli.main: usage, status 2).
+function cli.bad(fmt, ...)
+  error({ bad_option = ("%s"):format(fmt:format(...)) }, 0)
+end
+
+--- cli.bad(...) unless cond.
+function cli.check(cond, ...)
+  if not cond then cli.bad(...) end
+  return cond
+end
+
+--- opts[name] must be an integer >= lo; raises naming --name.
+function cli.int(opts, name, lo)
+  local v = opts[name]
+  cli.check(math.type(v) == "integer" or (type(v) == "number" and v == math.floor(v)),
+    "--%s: expected an integer, got %s", name:gsub("_", "-"), tostring(v))
+  cli.check(v >= lo, "--%s: expected an integer >= %d, got %d", name:gsub("_", "-"), lo, v)
+  return math.tointeger(v)
+end
+
+--- Run an example's main(): an error ends the script with "name: message"
+-- on stderr and status 1, a bad option (cli.bad) with the usage and
+-- status 2; never a traceback.
+function cli.main(name, main, usage)
+  local ok, err = xpcall(main, function(e) return e end)
+  if ok then return end
+  if type(err) == "table" and err.bad_option then
+    io.stderr:write(name, ": ", err.bad_option, "\n", usage and (usage .. "\n") or "")
+    os.exit(2)
+  end
+  io.stderr:write(name, ": ", tostring(err), "\n")
+  os.exit(1)
+end
+
 local stderr_is_tty
 local function tty()
   if stderr_is_tty == nil then stderr_is_tty = os.execute("[ -t 2 ]") == true end

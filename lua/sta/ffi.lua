@@ -8,11 +8,15 @@ sta.ffi -- LuaJIT FFI binding of libsta.so, straight from core/sta.h.
 The declarations between the STA_DECLS_BEGIN / STA_DECLS_END markers of
 sta.h are fed to ffi.cdef with comments stripped, so the header is the one
 source.  The header is looked for in $STA_HEADER, next to this file's
-repository (core/sta.h) and in /usr/local/include and /usr/include; the
-library in $STA_LIB, then $STA_BUILD (or $BUILD, else build)/libsta.so of
-the repository, then the system's "sta".
+repository (core/sta.h), under the prefix this file is installed in
+(PREFIX/share/lua/5.1/sta/ffi.lua -> PREFIX/include/sta.h, as `make install`
+lays it out) and in /usr/local/include and /usr/include; the library in
+$STA_LIB, then $STA_BUILD (or $BUILD, else build)/libsta.so of the
+repository, then PREFIX/lib/libsta.so, then the system's "sta".
 Errors: helpers raise sta_last_error() (exact message, no position) for
-any failed call, as raw C calls return a status you check yourself.
+any failed call, or a message naming the bad argument (a nil tensor, an
+unknown dtype or option); raw C calls return a status you check yourself
+(every function of sta.h takes NULL/nil without crashing).
 ]]
 local ffi = require "ffi"
 
@@ -21,6 +25,8 @@ local M = { ffi = ffi }
 local function dirname(p) return p:match("^(.*)/[^/]*$") or "." end
 local here = debug.getinfo(1, "S").source:match("^@(.*)$") or "lua/sta/ffi.lua"
 local repo = dirname(dirname(dirname(here))) -- lua/sta/ffi.lua -> repository root
+-- installed: PREFIX/share/lua/<version>/sta/ffi.lua
+local prefix = here:match("^(.*)/share/lua/[^/]+/sta/ffi%.lua$")
 
 local function readable(p)
   local f = p and io.open(p, "r")
@@ -41,7 +47,8 @@ function M.declarations(header_text)
   return block
 end
 
-M.header = os.getenv("STA_HEADER") or first{ repo .. "/core/sta.h", "/usr/local/include/sta.h", "/usr/include/sta.h" }
+M.header = os.getenv("STA_HEADER") or first{ repo .. "/core/sta.h",
+  prefix and prefix .. "/include/sta.h", "/usr/local/include/sta.h", "/usr/include/sta.h" }
 if not M.header then error("sta.ffi: cannot find sta.h (set STA_HEADER)", 0) end
 do
   local f = assert(io.open(M.header, "r"))
@@ -52,7 +59,8 @@ ffi.cdef(M.decls)
 
 local build = os.getenv("STA_BUILD") or os.getenv("BUILD") or "build"
 if build:sub(1, 1) ~= "/" then build = repo .. "/" .. build end
-M.library = os.getenv("STA_LIB") or first{ build .. "/libsta.so" } or "sta"
+M.library = os.getenv("STA_LIB") or first{ build .. "/libsta.so", prefix and prefix .. "/lib/libsta.so" }
+  or "sta"
 M.C = ffi.load(M.library)
 local C = M.C
 -- LuaJIT unloads the library when the state closes, under the feet of its
@@ -71,14 +79,39 @@ end
 
 function M.last_error() return ffi.string(C.sta_last_error()), tonumber(C.sta_last_status()) end
 
-local dtypes = { f32 = C.STA_F32, f16 = C.STA_F16, bf16 = C.STA_BF16 }
 local devices = { cpu = C.STA_CPU, cuda = C.STA_CUDA }
+local tensor_ptr = ffi.typeof("sta_tensor *")
+
+-- Arguments: misuse raises naming the argument, as the C module does.
+local function bad(fmt, ...) error(fmt:format(...), 0) end
+
+local function check_tensor(t, name)
+  if type(t) ~= "cdata" or not ffi.istype(tensor_ptr, t) or t == nil then
+    error(("%s: expected a tensor, got %s"):format(name, t == nil and "nil" or type(t)), 0)
+  end
+  return t
+end
+
+--- A dtype name ("f32", "bf16", ...) as sta_dtype; the core's message when unknown.
+function M.dtype(name)
+  if type(name) ~= "string" then bad("dtype: expected a name, got %s", type(name)) end
+  local d = ffi.new("sta_dtype[1]")
+  M.check(C.sta_dtype_parse(name, d))
+  return d[0]
+end
+
+local function device(name)
+  local d = devices[name or "cpu"]
+  if not d then bad("device: expected \"cpu\" or \"cuda\", got %s", tostring(name)) end
+  return d
+end
 
 --- New contiguous tensor owned by the collector.
-function M.tensor(shape, dtype, device)
+function M.tensor(shape, dtype, dev)
+  if type(shape) ~= "table" then bad("shape: expected a list of sizes, got %s", type(shape)) end
   local dims = ffi.new("int64_t[?]", math.max(#shape, 1), shape)
   local out = ffi.new("sta_tensor *[1]")
-  M.check(C.sta_tensor_create(out, dtypes[dtype or "f32"], devices[device or "cpu"], #shape, dims))
+  M.check(C.sta_tensor_create(out, M.dtype(dtype or "f32"), device(dev), #shape, dims))
   return ffi.gc(out[0], C.sta_tensor_destroy)
 end
 
@@ -88,15 +121,28 @@ function M.randn(shape, seed, dtype)
   return t
 end
 
+local DESC_KEYS = { canvas = true, tile = true, text_len = true, window = true, windows = true,
+                    layout = true, scale = true }
+
 --- An sta_attention_desc from {canvas=, tile=, text_len=, window= or
 -- windows=, layout=, scale=}; keeps the window array alive in the result.
+-- canvas and a window (or windows, one per head) are required; an unknown
+-- key raises naming it.
 function M.desc(o)
+  if type(o) ~= "table" then bad("options: expected a table, got %s", type(o)) end
+  for k in pairs(o) do
+    if not DESC_KEYS[k] then bad("options: unknown key '%s'", tostring(k)) end
+  end
+  if type(o.canvas) ~= "table" then bad("canvas: expected {T, H, W}, got %s", type(o.canvas)) end
+  if o.window == nil and o.windows == nil then
+    bad("window: required ({Kt, Kh, Kw} for every head, or windows = one per head)")
+  end
   local d = ffi.new("sta_attention_desc")
   C.sta_geometry_init(d.geom, o.canvas[1], o.canvas[2], o.canvas[3])
   if o.tile then for i = 0, 2 do d.geom.tile[i] = o.tile[i + 1] end end
   d.geom.text_len = o.text_len or -1
   d.layout = o.layout == "bhsd" and C.STA_BHSD or C.STA_BSHD
-  local wins = o.windows or { o.window or { 3, 3, 3 } }
+  local wins = o.windows or { o.window }
   local flat = {}
   for _, w in ipairs(wins) do for a = 1, 3 do flat[#flat + 1] = w[a] end end
   local arr = ffi.new("int32_t[?]", #flat, flat)
@@ -107,6 +153,7 @@ function M.desc(o)
 end
 
 function M.shape(t)
+  check_tensor(t, "t")
   local s = {}
   for i = 0, C.sta_tensor_ndim(t) - 1 do s[i + 1] = tonumber(C.sta_tensor_size(t, i)) end
   return s
@@ -123,6 +170,9 @@ end
 --- out = STA(q, k, v) (reference = true: the brute-force reference); with
 -- o.lse also the f32 [B, heads, S] log-sum-exp (BSHD).
 function M.attention(q, k, v, o, reference)
+  check_tensor(q, "q")
+  check_tensor(k, "k")
+  check_tensor(v, "v")
   local d, keep = M.desc(o)
   local out, lse = M.like(q), nil
   if o.lse then
@@ -149,6 +199,8 @@ end
 
 --- max |a-b|, ||a-b|| / ||b||
 function M.compare(a, b)
+  check_tensor(a, "a")
+  check_tensor(b, "b")
   local m, r = ffi.new("double[1]"), ffi.new("double[1]")
   M.check(C.sta_tensor_compare(a, b, m, r))
   return m[0], r[0]

@@ -11,7 +11,10 @@ sta.svg -- pictures of masks as standalone SVG text, no dependencies.
       to: one H x W grid of tiles per T tile slice, attended tiles
       coloured, the query tile marked.
 Both return the SVG text, and write it to opts.path when given (then they
-return text, or nil, message on a write failure).
+return text, or nil, message on a write failure).  The file is replaced
+atomically, as every file sta writes: through sta.core's write_file (a
+temporary file beside it, fsync, rename) when the C module is there, else
+a temporary file renamed over it; a failed write leaves the old file.
 ]]
 local svg = {}
 
@@ -61,17 +64,37 @@ function Doc:render()
     ('<svg xmlns="http://www.w3.org/2000/svg" width="%d" height="%d" viewBox="0 0 %d %d" '
       .. 'font-family="DejaVu Sans, Helvetica, Arial, sans-serif" font-size="12">'):format(
       math.ceil(self.w), math.ceil(self.h), math.ceil(self.w), math.ceil(self.h)),
-    ('<rect width="100%%" height="100%%" fill="white"/>'),
+    '<rect width="100%" height="100%" fill="white"/>',
     table.concat(self.parts, "\n"),
     "</svg>\n" }, "\n")
 end
 
+local has_core, core = pcall(require, "sta.core")
+
+local function write_atomic(path, text)
+  if has_core and core.write_file then
+    local ok, msg = core.write_file(path, text)
+    return ok, msg
+  end
+  -- no C module (LuaJIT): a temporary name beside the target, then rename
+  local dir = path:match("^(.*)/[^/]*$") or "."
+  local tmp = ("%s/.%s.%d.tmp"):format(dir, path:match("[^/]*$"), math.random(1, 1e9))
+  local f, msg = io.open(tmp, "wb")
+  if not f then return nil, ("%s: cannot open for writing: %s"):format(path, msg) end
+  local ok, werr = f:write(text)
+  local closed = f:close()
+  if ok and closed then ok, werr = os.rename(tmp, path) end
+  if not ok or not closed then
+    os.remove(tmp)
+    return nil, ("%s: write failed: %s"):format(path, tostring(werr))
+  end
+  return true
+end
+
 local function finish(text, path)
   if path then
-    local f, msg = io.open(path, "w")
-    if not f then return nil, msg end
-    f:write(text)
-    f:close()
+    local ok, msg = write_atomic(path, text)
+    if not ok then return nil, msg end
   end
   return text
 end
