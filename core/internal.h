@@ -431,8 +431,6 @@ sta_status sta_write_text_file(const char *path, const char *label, const void *
 int32_t sta_strategy_has_step(const sta_strategy *s, int32_t step);
 /* One more reference for a holder; its *_destroy drops it. */
 void sta_strategy_retain(const sta_strategy *s);
-void sta_metadata_retain(sta_metadata *m);
-void sta_forward_batch_retain(sta_forward_batch *fb);
 void sta_comm_retain(sta_comm *c);
 
 #ifdef __cplusplus

@@ -34,7 +34,9 @@ sta_status sta_metadata_create(sta_metadata **out, int32_t layers) {
   return STA_OK;
 }
 
-void sta_metadata_retain(sta_metadata *m) { sta_ref_retain(&m->refs); }
+void sta_metadata_retain(sta_metadata *m) {
+  if (sta_handle_check(m, STA_KIND_METADATA, "metadata") == STA_OK) sta_ref_retain(&m->refs);
+}
 
 void sta_metadata_destroy(sta_metadata *m) {
   if (!sta_handle_live(m, STA_KIND_METADATA) || !sta_ref_release(&m->refs)) return;

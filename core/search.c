@@ -73,7 +73,9 @@ static int live(const sta_forward_batch *fb) {
   return sta_handle_check(fb, STA_KIND_BATCH, "forward batch") == STA_OK;
 }
 
-void sta_forward_batch_retain(sta_forward_batch *fb) { sta_ref_retain(&fb->refs); }
+void sta_forward_batch_retain(sta_forward_batch *fb) {
+  if (live(fb)) sta_ref_retain(&fb->refs);
+}
 
 void sta_forward_batch_clear(sta_forward_batch *fb) {
   if (!live(fb)) return;

@@ -495,6 +495,9 @@ typedef struct sta_metadata sta_metadata;
 
 sta_status sta_metadata_create(sta_metadata **out, int32_t layers);
 void sta_metadata_destroy(sta_metadata *m);
+/* One more reference, for a holder outside the core (a binding's context);
+** dropped by sta_metadata_destroy.  A NULL or dead handle: nothing. */
+void sta_metadata_retain(sta_metadata *m);
 int32_t sta_metadata_layers(const sta_metadata *m);
 /* Set row layer to n windows (n*3 ints). */
 sta_status sta_metadata_set_row(sta_metadata *m, int32_t layer, int32_t n,
@@ -524,6 +527,8 @@ typedef struct sta_forward_batch sta_forward_batch;
 sta_status sta_forward_batch_create(sta_forward_batch **out,
                                     int32_t batch_size);
 void sta_forward_batch_destroy(sta_forward_batch *fb);
+/* One more reference, as sta_metadata_retain. */
+void sta_forward_batch_retain(sta_forward_batch *fb);
 int32_t sta_forward_batch_size(const sta_forward_batch *fb);
 /* The classifier-free-guidance negative flag. */
 void sta_forward_batch_set_negative(sta_forward_batch *fb, int32_t negative);

@@ -3,6 +3,7 @@
 ** errors, device-memory pressure, option and argument readers, classes.
 */
 #include <stdarg.h>
+#include <signal.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <string.h>
@@ -54,11 +55,69 @@ static int64_t device_soft_limit = (int64_t)1 << 30;
 int64_t sta_lua_device_soft_limit(void) { return device_soft_limit; }
 void sta_lua_set_device_soft_limit(int64_t bytes) { device_soft_limit = bytes; }
 
+/* ---- interrupting long calls ------------------------------------------------ */
+
+static int interruptible = 0, long_depth = 0;
+static struct sigaction saved_int;
+
+static void on_sigint(int sig) {
+  sta_cancel(); /* async-signal-safe: one atomic store */
+  if (saved_int.sa_handler != SIG_DFL && saved_int.sa_handler != SIG_IGN &&
+      !(saved_int.sa_flags & SA_SIGINFO) && saved_int.sa_handler)
+    saved_int.sa_handler(sig);
+}
+
+void sta_lua_set_interruptible(int on) { interruptible = on != 0; }
+int sta_lua_interruptible(void) { return interruptible; }
+
+void sta_lua_long_begin(void) {
+  if (!interruptible || long_depth++ > 0) return;
+  struct sigaction sa;
+  memset(&sa, 0, sizeof sa);
+  sa.sa_handler = on_sigint;
+  sigemptyset(&sa.sa_mask);
+  sigaction(SIGINT, &sa, &saved_int);
+}
+
+void sta_lua_long_end(void) {
+  if (!interruptible || long_depth == 0 || --long_depth > 0) return;
+  sigaction(SIGINT, &saved_int, NULL);
+  sta_cancel_clear(); /* this call's interrupt is spent */
+}
+
 void sta_lua_device_pressure(lua_State *L) {
   if (sta_device_bytes_in_use() > device_soft_limit) lua_gc(L, LUA_GCSTEP, 0);
 }
 
 /* ---- argument helpers -------------------------------------------------- */
+
+/* v as an int32, or raise naming it: no silent truncation (issue 16). */
+static int32_t to_int32(lua_State *L, lua_Integer v, const char *name, int index) {
+  if (v < INT32_MIN || v > INT32_MAX) {
+    if (index > 0)
+      sta_lua_misuse(L, "%s[%d]: expected a 32-bit integer, got %I", name, index, v);
+    sta_lua_misuse(L, "%s: expected a 32-bit integer, got %I", name, v);
+  }
+  return (int32_t)v;
+}
+
+int32_t sta_lua_check_int32(lua_State *L, int idx, const char *name) {
+  int ok;
+  lua_Integer v = lua_tointegerx(L, idx, &ok);
+  if (!ok) {
+    if (lua_isnoneornil(L, idx)) sta_lua_misuse(L, "%s: expected an integer, got nil", name);
+    sta_lua_misuse(L, "%s: expected an integer, got %s", name, luaL_tolstring(L, idx, NULL));
+  }
+  return to_int32(L, v, name, 0);
+}
+
+int32_t sta_lua_opt_int32(lua_State *L, int idx, const char *name, int32_t def) {
+  return lua_isnoneornil(L, idx) ? def : sta_lua_check_int32(L, idx, name);
+}
+
+int32_t sta_lua_int32_field(lua_State *L, int t, const char *k, int32_t def) {
+  return to_int32(L, sta_lua_int_field(L, t, k, def), k, 0);
+}
 
 lua_Integer sta_lua_int_field(lua_State *L, int t, const char *k, lua_Integer def) {
   lua_Integer v = def;
@@ -104,9 +163,33 @@ const char *sta_lua_str_field(lua_State *L, int t, const char *k) {
   return s;
 }
 
-void sta_lua_check_opts(lua_State *L, int idx) {
+void sta_lua_check_keys(lua_State *L, int idx, const char *const *keys) {
+  idx = lua_absindex(L, idx);
+  if (!lua_istable(L, idx)) return;
+  lua_pushnil(L);
+  while (lua_next(L, idx)) {
+    lua_pop(L, 1);
+    int known = 0;
+    if (lua_type(L, -1) == LUA_TSTRING)
+      for (int i = 0; keys[i] && !known; i++) known = strcmp(lua_tostring(L, -1), keys[i]) == 0;
+    if (!known) {
+      luaL_Buffer b;
+      const char *key = luaL_tolstring(L, -1, NULL);
+      luaL_buffinit(L, &b);
+      for (int i = 0; keys[i]; i++) {
+        if (i) luaL_addstring(&b, ", ");
+        luaL_addstring(&b, keys[i]);
+      }
+      luaL_pushresult(&b);
+      sta_lua_misuse(L, "options: unknown key '%s' (known: %s)", key, lua_tostring(L, -1));
+    }
+  }
+}
+
+void sta_lua_check_opts(lua_State *L, int idx, const char *const *keys) {
   if (!lua_isnoneornil(L, idx) && !lua_istable(L, idx))
     sta_lua_misuse(L, "options: expected a table, got %s", luaL_typename(L, idx));
+  sta_lua_check_keys(L, idx, keys);
 }
 
 /* Read exactly n integers from the table at idx into out. */
@@ -124,7 +207,7 @@ void sta_lua_int_list(lua_State *L, int idx, int32_t *out, int n, const char *na
     if (!ok)
       sta_lua_misuse(L, "%s[%d]: expected an integer, got %s", name, i + 1,
                      luaL_tolstring(L, -1, NULL));
-    out[i] = (int32_t)v;
+    out[i] = to_int32(L, v, name, i + 1);
     lua_pop(L, 1);
   }
 }
@@ -210,12 +293,9 @@ int32_t *sta_lua_window_list(lua_State *L, int idx, int32_t *n, const char *name
 
 int32_t *sta_lua_windows(lua_State *L, int idx, int32_t *n) {
   idx = lua_absindex(L, idx);
-  if (lua_isnoneornil(L, idx)) {
-    int32_t *w = lua_newuserdatauv(L, 3 * sizeof(int32_t), 0);
-    sta_window_default(w);
-    *n = 1;
-    return w;
-  }
+  if (lua_isnoneornil(L, idx)) /* as sta-run: no silent default (issue 16) */
+    sta_lua_misuse(L, "window: required ({Kt, Kh, Kw} for every head, or a list of them, one "
+                      "per head)");
   if (!lua_istable(L, idx))
     sta_lua_misuse(L, "window: expected {Kt, Kh, Kw} or a list per head, got %s",
                    luaL_typename(L, idx));

@@ -60,7 +60,7 @@ static int l_info(lua_State *L) {
 }
 
 static int l_set_num_threads(lua_State *L) {
-  sta_set_num_threads((int32_t)luaL_checkinteger(L, 1));
+  sta_set_num_threads(sta_lua_check_int32(L, 1, "n"));
   return 0;
 }
 static int l_get_num_threads(lua_State *L) {
@@ -157,7 +157,24 @@ static int l_fault_arm(lua_State *L) {
 
 
 
+/* Cooperative cancel (sta.h): sta.cancel(), sta.cancel_clear(),
+** sta.cancelled(); sta.interruptible(on): SIGINT during a long call raises
+** the flag (the REPL turns it on). */
+static int l_cancel(lua_State *L) { (void)L; sta_cancel(); return 0; }
+static int l_cancel_clear(lua_State *L) { (void)L; sta_cancel_clear(); return 0; }
+static int l_cancelled(lua_State *L) {
+  lua_pushboolean(L, sta_cancel_requested());
+  return 1;
+}
+static int l_interruptible(lua_State *L) {
+  if (!lua_isnone(L, 1)) sta_lua_set_interruptible(lua_toboolean(L, 1));
+  lua_pushboolean(L, sta_lua_interruptible());
+  return 1;
+}
+
 static const luaL_Reg core_funcs[] = {
+  {"cancel", l_cancel}, {"cancel_clear", l_cancel_clear}, {"cancelled", l_cancelled},
+  {"interruptible", l_interruptible},
   {"backends", l_backends}, {"backend_available", l_backend_available}, {"info", l_info},
   {"set_num_threads", l_set_num_threads}, {"get_num_threads", l_get_num_threads},
   {"synchronize", l_synchronize}, {"device_bytes", l_device_bytes},

@@ -75,9 +75,9 @@ static int d_init(lua_State *L) {
     u = push_comm(L);
     rc = sta_comm_from_env(&u->c);
   } else {
-    int32_t rank = (int32_t)luaL_checkinteger(L, 1), size = (int32_t)luaL_checkinteger(L, 2);
+    int32_t rank = sta_lua_check_int32(L, 1, "rank"), size = sta_lua_check_int32(L, 2, "size");
     const char *id = luaL_optstring(L, 3, NULL);
-    int32_t dev = (int32_t)luaL_optinteger(L, 4, -1);
+    int32_t dev = sta_lua_opt_int32(L, 4, "device", -1);
     const char *be = luaL_optstring(L, 5, "nccl");
     if (strcmp(be, "nccl") != 0 && strcmp(be, "tcp") != 0)
       return sta_lua_misuse(L, "backend: expected \"nccl\" or \"tcp\", got '%s'", be);
@@ -156,7 +156,7 @@ static int d_shard(lua_State *L) {
              *full = sta_lua_check_tensor(L, 2, "full");
   sta_geometry *g = sta_lua_check_geometry(L, 3);
   sta_layout layout = sta_lua_parse_layout(L, luaL_optstring(L, 4, NULL));
-  int32_t rank = (int32_t)luaL_checkinteger(L, 5), size = (int32_t)luaL_checkinteger(L, 6);
+  int32_t rank = sta_lua_check_int32(L, 5, "rank"), size = sta_lua_check_int32(L, 6, "size");
   sta_status rc = lua_toboolean(L, 7) ? sta_sp_unshard(full, local, g, layout, rank, size)
                                       : sta_sp_shard(local, full, g, layout, rank, size);
   if (rc != STA_OK) return sta_lua_fail(L, rc);
@@ -236,7 +236,8 @@ static int d_run_attention(lua_State *L) {
   tensors_of(L, 7, "k", n, j->k);
   tensors_of(L, 8, "v", n, j->v);
   tensors_of(L, 9, "out", n, j->o);
-  sta_status rc = sta_comm_loopback_run(cs, n, run_attention_rank, j);
+  sta_status rc;
+  STA_LUA_LONG(rc, sta_comm_loopback_run(cs, n, run_attention_rank, j));
   if (rc != STA_OK) return sta_lua_fail(L, rc);
   lua_pushvalue(L, 9);
   return 1;
@@ -288,9 +289,12 @@ static int d_layer(lua_State *L) {
 /* layer:_forward(q, k, v, out) -> out */
 static int sp_forward(lua_State *L) {
   sta_sp_layer *l = check_splayer(L, 1);
-  sta_status rc =
-      sta_sp_layer_forward(l, sta_lua_check_tensor(L, 2, "q"), sta_lua_check_tensor(L, 3, "k"),
-                           sta_lua_check_tensor(L, 4, "v"), sta_lua_check_tensor(L, 5, "out"));
+  sta_tensor *q = sta_lua_check_tensor(L, 2, "q"), *k = sta_lua_check_tensor(L, 3, "k");
+  sta_tensor *v = sta_lua_check_tensor(L, 4, "v"), *out = sta_lua_check_tensor(L, 5, "out");
+  sta_context *c = sta_lua_context_enter(L);
+  sta_status rc;
+  STA_LUA_LONG(rc, sta_sp_layer_forward(l, q, k, v, out));
+  sta_lua_context_leave(c);
   if (rc != STA_OK) return sta_lua_fail(L, rc);
   lua_pushvalue(L, 5);
   return 1;
@@ -330,12 +334,15 @@ static int d_run_layers(lua_State *L) {
   tensors_of(L, 4, "k", n, j->k);
   tensors_of(L, 5, "v", n, j->v);
   tensors_of(L, 6, "out", n, j->o);
-  sta_context *ctx = sta_context_current();
+  sta_context *entered = sta_lua_context_enter(L), *ctx = sta_context_current();
+  if (ctx) { /* md and fb stay alive: the Lua context (or C's) holds them */
+    j->step = sta_context_step(ctx);
+    j->md = sta_context_metadata(ctx);
+    j->fb = sta_context_batch(ctx);
+  }
+  sta_lua_context_leave(entered);
   if (!ctx)
     return sta_lua_misuse(L, "STA forward called outside a forward context (no context is live)");
-  j->step = sta_context_step(ctx);
-  j->md = sta_context_metadata(ctx);
-  j->fb = sta_context_batch(ctx);
   if (j->md) {
     int32_t idx = sta_layer_index(sta_sp_layer_base(j->layers[0])), nw = 0;
     const int32_t *row = NULL;
@@ -351,7 +358,8 @@ static int d_run_layers(lua_State *L) {
                     "row); search records need one rank per process", (int)idx, (int)nw);
     }
   }
-  sta_status rc = sta_comm_loopback_run(cs, n, run_layer_rank, j);
+  sta_status rc;
+  STA_LUA_LONG(rc, sta_comm_loopback_run(cs, n, run_layer_rank, j));
   if (rc != STA_OK) return sta_lua_fail(L, rc);
   lua_pushvalue(L, 6);
   return 1;

@@ -44,6 +44,8 @@ int sta_lua_read_geometry(lua_State *L, int idx, sta_geometry *g) {
 
 static int l_geometry(lua_State *L) {
   luaL_checktype(L, 1, LUA_TTABLE);
+  static const char *const keys[] = {"canvas", "tile", "text_len", NULL};
+  sta_lua_check_keys(L, 1, keys);
   sta_geometry g;
   if (!sta_lua_read_geometry(L, 1, &g))
     return sta_lua_misuse(L, "canvas: expected {T, H, W}, got nil");
@@ -154,8 +156,8 @@ static int g_tostring(lua_State *L) {
 static int l_window_range(lua_State *L) { /* window_range(q, k, c) -> start, count */
   int32_t s, c;
   sta_status rc =
-      sta_window_range((int32_t)luaL_checkinteger(L, 1), (int32_t)luaL_checkinteger(L, 2),
-                       (int32_t)luaL_checkinteger(L, 3), &s, &c);
+      sta_window_range(sta_lua_check_int32(L, 1, "q"), sta_lua_check_int32(L, 2, "k"),
+                       sta_lua_check_int32(L, 3, "c"), &s, &c);
   if (rc != STA_OK) return sta_lua_fail(L, rc);
   lua_pushinteger(L, s);
   lua_pushinteger(L, c);
@@ -212,8 +214,9 @@ static int32_t *opts_windows(lua_State *L, int opts, int32_t *n) {
 /* The descriptor of an attention call from its options table at opts (or
 ** nil): layout, canvas (else the known shape of q's length), tile,
 ** text_len, window(s), scale, softmax, deterministic. */
-static void read_desc(lua_State *L, int opts, sta_tensor *q, sta_attention_desc *d) {
-  sta_lua_check_opts(L, opts);
+static void read_desc(lua_State *L, int opts, const char *const *keys, sta_tensor *q,
+                      sta_attention_desc *d) {
+  sta_lua_check_opts(L, opts, keys);
   memset(d, 0, sizeof *d);
   d->layout = sta_lua_parse_layout(L, lua_istable(L, opts) ? sta_lua_str_field(L, opts, "layout") : NULL);
   if (!sta_lua_read_geometry(L, opts, &d->geom)) {
@@ -251,7 +254,9 @@ static int attention_common(lua_State *L, int ref) {
   sta_tensor *k = sta_lua_check_tensor(L, 2, "k");
   sta_tensor *v = sta_lua_check_tensor(L, 3, "v");
   sta_attention_desc d;
-  read_desc(L, 4, q, &d);
+  static const char *const keys[] = {"canvas", "tile", "text_len", "geometry", "window", "layout",
+                                     "scale", "softmax", "deterministic", "out", "lse", NULL};
+  read_desc(L, 4, keys, q, &d);
   sta_tensor *lse = NULL;
   int want_lse = 0;
   if (lua_istable(L, 4) && lua_getfield(L, 4, "lse") != LUA_TNIL) {
@@ -276,8 +281,8 @@ static int attention_common(lua_State *L, int ref) {
     }
   }
   sta_status rc;
-  if (ref) rc = sta_attention_reference(&d, q, k, v, out, lse);
-  else STA_LUA_CALL(rc, sta_attention_forward(&d, q, k, v, out, lse));
+  if (ref) STA_LUA_LONG(rc, sta_attention_reference(&d, q, k, v, out, lse));
+  else STA_LUA_LONG(rc, sta_attention_forward(&d, q, k, v, out, lse));
   if (rc != STA_OK) return sta_lua_fail(L, rc);
   return want_lse ? 2 : 1;
 }
@@ -289,7 +294,9 @@ static int l_attention_backward(lua_State *L) {
   sta_tensor *t[6];
   for (int i = 0; i < 6; i++) t[i] = sta_lua_check_tensor(L, i + 1, N[i]);
   sta_attention_desc d;
-  read_desc(L, 7, t[0], &d);
+  static const char *const keys[] = {"canvas", "tile", "text_len", "geometry", "window", "layout",
+                                     "scale", "softmax", "deterministic", "dq", "dk", "dv", NULL};
+  read_desc(L, 7, keys, t[0], &d);
   lua_settop(L, 7);
   sta_tensor *g[3];
   static const char *G[3] = {"dq", "dk", "dv"};
@@ -298,7 +305,7 @@ static int l_attention_backward(lua_State *L) {
     if (r != 1) return r;
   }
   sta_status rc;
-  STA_LUA_CALL(rc, sta_attention_backward(&d, t[0], t[1], t[2], t[3], t[4], t[5], g[0], g[1], g[2]));
+  STA_LUA_LONG(rc, sta_attention_backward(&d, t[0], t[1], t[2], t[3], t[4], t[5], g[0], g[1], g[2]));
   if (rc != STA_OK) return sta_lua_fail(L, rc);
   return 3;
 }
@@ -309,6 +316,9 @@ static int l_reference(lua_State *L) { return attention_common(L, 1); }
 /* flops{canvas=, tile=, text_len=, window=, batch=, seq_len=, heads=, head_dim=} */
 static int l_flops(lua_State *L) {
   luaL_checktype(L, 1, LUA_TTABLE);
+  static const char *const keys[] = {"canvas", "tile", "text_len", "geometry", "window",
+                                     "batch", "seq_len", "heads", "head_dim", NULL};
+  sta_lua_check_keys(L, 1, keys);
   sta_attention_desc d;
   memset(&d, 0, sizeof d);
   if (!sta_lua_read_geometry(L, 1, &d.geom))

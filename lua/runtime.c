@@ -31,8 +31,9 @@ static int b_release(lua_State *L) {
 
 /* forward_batch{batch_size=1, negative=false} */
 static int l_forward_batch(lua_State *L) {
-  sta_lua_check_opts(L, 1);
-  int32_t bs = lua_istable(L, 1) ? (int32_t)sta_lua_int_field(L, 1, "batch_size", 1) : 1;
+  static const char *const keys[] = {"batch_size", "negative", NULL};
+  sta_lua_check_opts(L, 1, keys);
+  int32_t bs = lua_istable(L, 1) ? sta_lua_int32_field(L, 1, "batch_size", 1) : 1;
   int neg = lua_istable(L, 1) ? sta_lua_bool_field(L, 1, "negative", 0) : 0;
   LBatch *u = lua_newuserdatauv(L, sizeof *u, 0);
   u->fb = NULL;
@@ -96,9 +97,11 @@ static int b_record(lua_State *L) {
   sta_forward_batch *fb = check_batch(L, 1);
   luaL_checktype(L, 2, LUA_TTABLE);
   lua_settop(L, 2);
+  static const char *const keys[] = {"negative", "step", "layer", "candidates", "l1", "l2", NULL};
+  sta_lua_check_keys(L, 2, keys);
   int neg = sta_lua_bool_field(L, 2, "negative", 0);
-  int32_t step = (int32_t)sta_lua_int_field(L, 2, "step", 0),
-          layer = (int32_t)sta_lua_int_field(L, 2, "layer", 0);
+  int32_t step = sta_lua_int32_field(L, 2, "step", 0),
+          layer = sta_lua_int32_field(L, 2, "layer", 0);
   int32_t n, heads = -1;
   lua_getfield(L, 2, "candidates");
   int32_t *cand = sta_lua_window_list(L, -1, &n, "candidates");
@@ -138,19 +141,166 @@ static int b_tostring(lua_State *L) {
 
 /* ---- contexts ------------------------------------------------------------ */
 
-typedef struct { sta_context *c; } LContext;
+/* Contexts live per coroutine (STA.md section 6), as Python's contextvars
+** do per task: each Lua thread has its own stack, a Lua table
+**   { n = depth, steps = {step of each level}, [level] = context (weak) }
+** (contexts in the weak-valued subtable ctx: { n =, steps = {...}, ctx =
+** {[level] = context} }) kept in the registry under STA_LUA_STACKS, weakly
+** keyed by the thread.  A
+** coroutine that pushed nothing sees the main coroutine's stack.  The core
+** stack of the OS thread only ever holds a context for the length of one
+** call that reads it (sta_lua_context_enter/leave), so coroutines that
+** yield with contexts open cannot disorder it.  A context collected
+** without being popped leaves its level empty: the next forward that
+** would have used it raises naming the leak, and the level goes. */
+#define STA_LUA_STACKS "sta.context_stacks"
 
-/* forward_context{step=, metadata=, batch=} -- pushed; a to-be-closed
-** value.  User value 1 pins {metadata, batch}. */
+typedef struct {
+  int32_t step;
+  sta_metadata *md;       /* a reference of this context (sta_metadata_retain) */
+  sta_forward_batch *fb;  /* likewise */
+  int32_t level;          /* 1.. in its stack; 0: popped */
+} LContext;
+
+/* Push the stack table of thread th (the value at index th), made on
+** first use. */
+static void stack_of(lua_State *L, int th) {
+  th = lua_absindex(L, th);
+  if (luaL_getsubtable(L, LUA_REGISTRYINDEX, STA_LUA_STACKS) == 0) {
+    lua_createtable(L, 0, 1);
+    lua_pushliteral(L, "k");
+    lua_setfield(L, -2, "__mode");
+    lua_setmetatable(L, -2);
+  }
+  lua_pushvalue(L, th);
+  if (lua_rawget(L, -2) == LUA_TNIL) {
+    lua_pop(L, 1);
+    lua_createtable(L, 0, 3);
+    lua_newtable(L);
+    lua_createtable(L, 0, 1); /* weak values: a forgotten context can be collected */
+    lua_pushliteral(L, "v");
+    lua_setfield(L, -2, "__mode");
+    lua_setmetatable(L, -2);
+    lua_setfield(L, -2, "ctx");
+    lua_pushinteger(L, 0);
+    lua_setfield(L, -2, "n");
+    lua_newtable(L);
+    lua_setfield(L, -2, "steps");
+    lua_pushvalue(L, th);
+    lua_pushvalue(L, -2);
+    lua_rawset(L, -4);
+  }
+  lua_remove(L, -2);
+}
+
+static lua_Integer stack_n(lua_State *L, int st) {
+  lua_getfield(L, st, "n");
+  lua_Integer n = lua_tointeger(L, -1);
+  lua_pop(L, 1);
+  return n;
+}
+
+static void stack_set_n(lua_State *L, int st, lua_Integer n) {
+  lua_pushinteger(L, n);
+  lua_setfield(L, st, "n");
+}
+
+/* Push the context at level lv of stack st (nil: collected or none). */
+static void stack_get(lua_State *L, int st, lua_Integer lv) {
+  lua_getfield(L, st, "ctx");
+  lua_rawgeti(L, -1, lv);
+  lua_remove(L, -2);
+}
+
+/* Set level lv of stack st to the value on top (popped). */
+static void stack_put(lua_State *L, int st, lua_Integer lv) {
+  lua_getfield(L, st, "ctx");
+  lua_insert(L, -2);
+  lua_rawseti(L, -2, lv);
+  lua_pop(L, 1);
+}
+
+/* The stack the running coroutine sees: its own when it holds a level,
+** else the main coroutine's.  Pushes it. */
+static void visible_stack(lua_State *L) {
+  lua_pushthread(L);
+  stack_of(L, -1);
+  lua_remove(L, -2);
+  if (stack_n(L, lua_gettop(L)) == 0) {
+    lua_pop(L, 1);
+    lua_rawgeti(L, LUA_REGISTRYINDEX, LUA_RIDX_MAINTHREAD);
+    stack_of(L, -1);
+    lua_remove(L, -2);
+  }
+}
+
+/* Raise for a context that was collected at level lv of stack st (and drop
+** it, with the collected levels right below it): the forward it would have
+** served does not run. */
+static int leaked(lua_State *L, int st, lua_Integer lv) {
+  lua_getfield(L, st, "steps");
+  lua_rawgeti(L, -1, lv);
+  lua_Integer step = lua_tointeger(L, -1), below = lv - 1;
+  lua_pop(L, 2);
+  for (; below > 0; below--) {
+    stack_get(L, st, below);
+    int live = lua_touserdata(L, -1) != NULL;
+    lua_pop(L, 1);
+    if (live) break;
+  }
+  stack_set_n(L, st, below);
+  if (below < lv - 1)
+    return sta_lua_misuse(L,
+                          "forward context: the context of step %I (level %I) and %I below it were "
+                          "garbage-collected without being closed; they have been popped (open "
+                          "contexts with `local ctx <close> = sta.forward_context{...}`)", step, lv,
+                          lv - 1 - below);
+  return sta_lua_misuse(L,
+                        "forward context: the context of step %I (level %I) was garbage-collected "
+                        "without being closed; it has been popped (open contexts with `local ctx "
+                        "<close> = sta.forward_context{...}`)", step, lv);
+}
+
+/* The innermost live context the running coroutine sees, or NULL; raises
+** when that level's context was collected (leak). */
+static LContext *innermost(lua_State *L) {
+  visible_stack(L);
+  int st = lua_gettop(L);
+  lua_Integer n = stack_n(L, st);
+  LContext *u = NULL;
+  if (n > 0) {
+    stack_get(L, st, n);
+    u = lua_touserdata(L, -1);
+    lua_pop(L, 1);
+    if (!u) leaked(L, st, n);
+  }
+  lua_pop(L, 1);
+  return u;
+}
+
+sta_context *sta_lua_context_enter(lua_State *L) {
+  LContext *u = innermost(L);
+  if (!u) return NULL; /* none of ours: the thread's own stack (contexts from C) decides */
+  sta_context *c = NULL;
+  if (sta_context_push(&c, u->step, u->md, u->fb) != STA_OK)
+    sta_lua_misuse(L, "%s", sta_last_error());
+  return c;
+}
+
+void sta_lua_context_leave(sta_context *c) {
+  if (c) sta_context_pop(c);
+}
+
 static int l_forward_context(lua_State *L) {
-  sta_lua_check_opts(L, 1);
+  static const char *const keys[] = {"step", "metadata", "batch", NULL};
+  sta_lua_check_opts(L, 1, keys);
   int32_t step = 0;
   sta_metadata *md = NULL;
   sta_forward_batch *fb = NULL;
   lua_settop(L, 1);
   lua_createtable(L, 0, 2); /* 2: pins */
   if (lua_istable(L, 1)) {
-    step = (int32_t)sta_lua_int_field(L, 1, "step", 0);
+    step = sta_lua_int32_field(L, 1, "step", 0);
     if (lua_getfield(L, 1, "metadata") != LUA_TNIL) {
       md = sta_lua_check_metadata(L, -1);
       lua_setfield(L, 2, "metadata");
@@ -160,49 +310,102 @@ static int l_forward_context(lua_State *L) {
       lua_setfield(L, 2, "batch");
     } else lua_pop(L, 1);
   }
+  if (step < 0) return sta_lua_misuse(L, "step: expected >= 0, got %d", (int)step);
+  lua_pushthread(L);
+  stack_of(L, -1); /* 4: this coroutine's stack */
+  lua_Integer n = stack_n(L, 4);
+  if (n >= (1 << 16))
+    return sta_lua_misuse(L, "forward context: stack too deep (%d contexts)", (int)n);
   LContext *u = lua_newuserdatauv(L, sizeof *u, 1);
-  u->c = NULL;
+  u->step = step;
+  u->md = NULL;
+  u->fb = NULL;
+  u->level = 0;
   luaL_setmetatable(L, STA_LUA_CONTEXT);
   lua_pushvalue(L, 2);
   lua_setiuservalue(L, -2, 1);
-  sta_status rc = sta_context_push(&u->c, step, md, fb);
-  if (rc != STA_OK) return sta_lua_fail(L, rc);
-  /* anchor while pushed */
-  luaL_getsubtable(L, LUA_REGISTRYINDEX, STA_LUA_ANCHOR);
-  lua_pushlightuserdata(L, u->c);
-  lua_pushvalue(L, -3);
-  lua_rawset(L, -3);
+  /* the context's own references, dropped when it is popped or collected */
+  if (md) sta_metadata_retain(u->md = md);
+  if (fb) sta_forward_batch_retain(u->fb = fb);
+  u->level = (int32_t)n + 1;
+  lua_pushvalue(L, -1);
+  stack_put(L, 4, n + 1);
+  lua_getfield(L, 4, "steps");
+  lua_pushinteger(L, step);
+  lua_rawseti(L, -2, n + 1);
   lua_pop(L, 1);
+  stack_set_n(L, 4, n + 1);
   return 1;
 }
 
-static void unanchor(lua_State *L, sta_context *c) {
-  luaL_getsubtable(L, LUA_REGISTRYINDEX, STA_LUA_ANCHOR);
-  lua_pushlightuserdata(L, c);
-  lua_pushnil(L);
-  lua_rawset(L, -3);
-  lua_pop(L, 1);
+static void drop_refs(LContext *u) {
+  sta_metadata_destroy(u->md);
+  sta_forward_batch_destroy(u->fb);
+  u->md = NULL;
+  u->fb = NULL;
+  u->level = 0;
 }
 
-/* ctx:pop() / __close: pops once; later calls do nothing */
+/* ctx:pop() / __close: pops once; later calls do nothing.  Levels above it
+** whose contexts were collected go with it. */
 static int c_pop(lua_State *L) {
   LContext *u = luaL_checkudata(L, 1, STA_LUA_CONTEXT);
-  if (!u->c) return 0;
-  sta_status rc = sta_context_pop(u->c);
-  if (rc != STA_OK) return sta_lua_fail(L, rc);
-  unanchor(L, u->c);
-  u->c = NULL;
+  if (!u->level) return 0;
+  /* find the stack holding it: the running coroutine's, else the main one's */
+  lua_pushthread(L);
+  stack_of(L, -1);
+  int st = lua_gettop(L);
+  int found = 0;
+  for (int pass = 0; pass < 2 && !found; pass++) {
+    if (pass) {
+      lua_rawgeti(L, LUA_REGISTRYINDEX, LUA_RIDX_MAINTHREAD);
+      stack_of(L, -1);
+      lua_replace(L, st);
+      lua_pop(L, 1);
+    }
+    stack_get(L, st, u->level);
+    found = lua_touserdata(L, -1) == u;
+    lua_pop(L, 1);
+  }
+  if (!found)
+    return sta_lua_misuse(L, "forward context: pop of a context of another coroutine (step %d)",
+                          (int)u->step);
+  lua_Integer n = stack_n(L, st);
+  for (lua_Integer i = n; i > u->level; i--) {
+    stack_get(L, st, i);
+    int live = lua_touserdata(L, -1) != NULL;
+    lua_pop(L, 1);
+    if (live)
+      return sta_lua_misuse(L,
+                            "forward context: pop of a context that is not the innermost (it is "
+                            "at level %d of depth %d)", (int)u->level, (int)n);
+  }
+  for (lua_Integer i = n; i >= u->level; i--) {
+    lua_pushnil(L);
+    stack_put(L, st, i);
+  }
+  stack_set_n(L, st, u->level - 1);
+  drop_refs(u);
+  return 0;
+}
+
+/* __gc: a context collected while pushed (no <close>, no pop): its level
+** is already empty (weak); drop its references.  The leak is reported by
+** the next forward that would have used it. */
+static int c_gc(lua_State *L) {
+  LContext *u = luaL_checkudata(L, 1, STA_LUA_CONTEXT);
+  drop_refs(u);
   return 0;
 }
 
 static LContext *check_live_context(lua_State *L, int idx) {
   LContext *u = luaL_checkudata(L, idx, STA_LUA_CONTEXT);
-  if (!u->c) sta_lua_misuse(L, "context: already popped");
+  if (!u->level) sta_lua_misuse(L, "context: already popped");
   return u;
 }
 
 static int c_step(lua_State *L) {
-  lua_pushinteger(L, sta_context_step(check_live_context(L, 1)->c));
+  lua_pushinteger(L, check_live_context(L, 1)->step);
   return 1;
 }
 
@@ -216,54 +419,57 @@ static int c_metadata(lua_State *L) { return c_pinned(L, "metadata"); }
 static int c_batch(lua_State *L) { return c_pinned(L, "batch"); }
 
 static int c_live(lua_State *L) {
-  lua_pushboolean(L, luaL_checkudata(L, 1, STA_LUA_CONTEXT) == NULL
-                         ? 0
-                         : ((LContext *)lua_touserdata(L, 1))->c != NULL);
+  lua_pushboolean(L, ((LContext *)luaL_checkudata(L, 1, STA_LUA_CONTEXT))->level != 0);
   return 1;
 }
 
 static int c_tostring(lua_State *L) {
   LContext *u = luaL_checkudata(L, 1, STA_LUA_CONTEXT);
-  if (!u->c) lua_pushliteral(L, "sta.Context(popped)");
-  else lua_pushfstring(L, "sta.Context(step %d)", (int)sta_context_step(u->c));
+  if (!u->level) lua_pushliteral(L, "sta.Context(popped)");
+  else lua_pushfstring(L, "sta.Context(step %d)", (int)u->step);
   return 1;
 }
 
-/* At lua_close: pop what this state pushed and never popped, innermost
-** first, so the thread's context stack keeps no pointer into a closed
-** state.  Runs from a sentinel's __gc made in luaopen (finalized last). */
-static int contexts_atclose(lua_State *L) {
-  luaL_getsubtable(L, LUA_REGISTRYINDEX, STA_LUA_ANCHOR);
-  for (sta_context *c; (c = sta_context_current()) != NULL;) {
-    lua_pushlightuserdata(L, c);
-    if (lua_rawget(L, -2) == LUA_TNIL) break; /* not ours */
-    LContext *u = lua_touserdata(L, -1);
+/* The innermost live context the running coroutine sees (skipping levels
+** whose contexts were collected), pushed, or nil; *depth: its live levels. */
+static void visible_live(lua_State *L, int *depth) {
+  visible_stack(L);
+  int st = lua_gettop(L);
+  lua_Integer n = stack_n(L, st);
+  int d = 0, pushed = 0;
+  for (lua_Integer i = n; i >= 1; i--) {
+    stack_get(L, st, i);
+    if (lua_touserdata(L, -1)) {
+      d++;
+      if (!pushed) { pushed = 1; lua_insert(L, st); st++; continue; }
+    }
     lua_pop(L, 1);
-    if (sta_context_pop(c) != STA_OK) break;
-    if (u) u->c = NULL;
-    lua_pushlightuserdata(L, c);
-    lua_pushnil(L);
-    lua_rawset(L, -3);
   }
-  return 0;
+  lua_pop(L, 1); /* the stack */
+  if (!pushed) lua_pushnil(L);
+  *depth = d;
 }
 
 static int l_current_context(lua_State *L) {
-  sta_context *c = sta_context_current();
-  if (!c) { lua_pushnil(L); return 1; }
-  luaL_getsubtable(L, LUA_REGISTRYINDEX, STA_LUA_ANCHOR);
-  lua_pushlightuserdata(L, c);
-  lua_rawget(L, -2);
-  return 1; /* nil when pushed from C, not from this binding */
-}
-
-static int l_in_forward_pass(lua_State *L) {
-  lua_pushboolean(L, sta_in_forward_pass());
+  int d;
+  visible_live(L, &d); /* nil also when only C pushed contexts */
   return 1;
 }
 
+static int l_in_forward_pass(lua_State *L) {
+  int d;
+  visible_live(L, &d);
+  LContext *u = lua_touserdata(L, -1);
+  lua_pushboolean(L, u ? u->fb != NULL : sta_in_forward_pass());
+  return 1;
+}
+
+/* Live contexts the running coroutine sees, plus any pushed from C on this
+** thread. */
 static int l_context_depth(lua_State *L) {
-  lua_pushinteger(L, sta_context_depth());
+  int d;
+  visible_live(L, &d);
+  lua_pushinteger(L, d + sta_context_depth());
   return 1;
 }
 
@@ -288,9 +494,9 @@ static int y_release(lua_State *L) {
 ** tile=, text_len=, layout=, backend=, scale=, softmax=, strategy=} */
 void sta_lua_layer_desc(lua_State *L, int opts, int pins, sta_layer_desc *d) {
   d->prefix = sta_lua_str_field(L, opts, "prefix");
-  d->layer_index = (int32_t)sta_lua_int_field(L, opts, "layer", 0);
-  d->local_heads = (int32_t)sta_lua_int_field(L, opts, "heads", 0);
-  d->head_dim = (int32_t)sta_lua_int_field(L, opts, "head_dim", 0);
+  d->layer_index = sta_lua_int32_field(L, opts, "layer", 0);
+  d->local_heads = sta_lua_int32_field(L, opts, "heads", 0);
+  d->head_dim = sta_lua_int32_field(L, opts, "head_dim", 0);
   const char *be = sta_lua_str_field(L, opts, "backend");
   d->backend = be ? sta_lua_parse_device(L, be, "backend") : STA_CPU;
   d->scale = (float)sta_lua_num_field(L, opts, "scale", 0);
@@ -307,13 +513,17 @@ void sta_lua_layer_desc(lua_State *L, int opts, int pins, sta_layer_desc *d) {
 
 static int l_layer(lua_State *L) {
   luaL_checktype(L, 1, LUA_TTABLE);
+  static const char *const keys[] = {"prefix", "layer", "heads", "head_dim", "backend", "scale",
+                                     "strategy", "sp_rank", "sp_size", "geometry", "canvas",
+                                     "tile", "text_len", "layout", NULL};
+  sta_lua_check_keys(L, 1, keys);
   lua_settop(L, 1);
   lua_createtable(L, 0, 2); /* 2: pins */
   sta_layer_desc d;
   memset(&d, 0, sizeof d);
   sta_lua_layer_desc(L, 1, 2, &d);
-  d.sp_rank = (int32_t)sta_lua_int_field(L, 1, "sp_rank", 0);
-  d.sp_size = (int32_t)sta_lua_int_field(L, 1, "sp_size", 1);
+  d.sp_rank = sta_lua_int32_field(L, 1, "sp_rank", 0);
+  d.sp_size = sta_lua_int32_field(L, 1, "sp_size", 1);
   sta_lua_read_geometry(L, 1, &d.geom);
   d.layout = sta_lua_parse_layout(L, sta_lua_str_field(L, 1, "layout"));
   LLayer *u = lua_newuserdatauv(L, sizeof *u, 1);
@@ -335,7 +545,8 @@ static int y_forward(lua_State *L) {
   int want_lse = 0, r;
   lua_settop(L, 5);
   if (lua_istable(L, 5)) {
-    sta_lua_check_opts(L, 5);
+    static const char *const keys[] = {"out", "lse", NULL};
+    sta_lua_check_opts(L, 5, keys);
     if (lua_getfield(L, 5, "out") != LUA_TNIL) out = sta_lua_check_tensor(L, -1, "out");
     if (lua_getfield(L, 5, "lse") != LUA_TNIL) {
       if (lua_isboolean(L, -1)) want_lse = lua_toboolean(L, -1);
@@ -363,7 +574,9 @@ static int y_forward(lua_State *L) {
     }
   }
   sta_status rc;
-  STA_LUA_CALL(rc, sta_layer_forward_lse(l, q, k, v, out, lse));
+  sta_context *c = sta_lua_context_enter(L);
+  STA_LUA_LONG(rc, sta_layer_forward_lse(l, q, k, v, out, lse));
+  sta_lua_context_leave(c);
   if (rc != STA_OK) return sta_lua_fail(L, rc);
   return want_lse ? 2 : 1;
 }
@@ -375,7 +588,8 @@ static int y_backward(lua_State *L) {
   sta_layer *l = check_layer(L, 1);
   sta_tensor *t[6], *g[3];
   for (int i = 0; i < 6; i++) t[i] = sta_lua_check_tensor(L, i + 2, N[i]);
-  sta_lua_check_opts(L, 8);
+  static const char *const keys[] = {"dq", "dk", "dv", NULL};
+  sta_lua_check_opts(L, 8, keys);
   lua_settop(L, 8);
   for (int i = 0; i < 3; i++) {
     if (lua_istable(L, 8) && lua_getfield(L, 8, G[i]) != LUA_TNIL) {
@@ -387,7 +601,9 @@ static int y_backward(lua_State *L) {
     if (r != 1) return r;
   }
   sta_status rc;
-  STA_LUA_CALL(rc, sta_layer_backward(l, t[0], t[1], t[2], t[3], t[4], t[5], g[0], g[1], g[2]));
+  sta_context *c = sta_lua_context_enter(L);
+  STA_LUA_LONG(rc, sta_layer_backward(l, t[0], t[1], t[2], t[3], t[4], t[5], g[0], g[1], g[2]));
+  sta_lua_context_leave(c);
   if (rc != STA_OK) return sta_lua_fail(L, rc);
   return 3;
 }
@@ -436,7 +652,7 @@ static const luaL_Reg batch_methods[] = {
   {"clear", b_clear}, {NULL, NULL}};
 
 static const luaL_Reg context_meta[] = {
-  {"__close", c_pop}, {"__tostring", c_tostring}, {NULL, NULL}};
+  {"__close", c_pop}, {"__gc", c_gc}, {"__tostring", c_tostring}, {NULL, NULL}};
 static const luaL_Reg context_methods[] = {
   {"pop", c_pop}, {"step", c_step}, {"metadata", c_metadata},
   {"batch", c_batch}, {"live", c_live}, {NULL, NULL}};
@@ -458,8 +674,5 @@ void sta_lua_open_runtime(lua_State *L) {
   sta_lua_new_class(L, STA_LUA_BATCH, batch_meta, batch_methods, 1);
   sta_lua_new_class(L, STA_LUA_CONTEXT, context_meta, context_methods, 1);
   sta_lua_new_class(L, STA_LUA_LAYER, layer_meta, layer_methods, 1);
-  if (lua_getfield(L, LUA_REGISTRYINDEX, "sta.atclose") == LUA_TNIL)
-    sta_lua_registry_sentinel(L, "sta.atclose", contexts_atclose);
-  lua_pop(L, 1);
   luaL_setfuncs(L, runtime_funcs, 0);
 }

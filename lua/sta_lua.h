@@ -27,7 +27,8 @@
 ** limit, and an STA_ERR_DEVICE_NOMEM is retried once after a full collect.
 ** Objects: userdata created released (NULL handle) before allocating;
 ** __gc and __close are one idempotent release; views pin their base with a
-** user value; pushed contexts are anchored in the registry until popped.
+** user value; forward contexts are kept per coroutine (runtime.c) and put
+** on the core's stack only for the length of a call that reads them.
 */
 #ifndef STA_LUA_H
 #define STA_LUA_H
@@ -48,7 +49,6 @@
 #define STA_LUA_LAYER "sta.Layer"
 #define STA_LUA_COMM "sta.Comm"
 #define STA_LUA_SPLAYER "sta.SPLayer"
-#define STA_LUA_ANCHOR "sta.contexts" /* registry: lightuserdata ctx -> userdata */
 
 typedef struct sta_lua_tensor { sta_tensor *t; } sta_lua_tensor;       /* NULL: released */
 typedef struct sta_lua_strategy { sta_strategy *s; } sta_lua_strategy; /* NULL: released */
@@ -73,6 +73,21 @@ int sta_lua_misuse(lua_State *L, const char *fmt, ...);
       (rc) = (expr);                                                        \
     }                                                                       \
   } while (0)
+/* A long call (attention, layer forwards): while sta.interruptible(true)
+** is on, SIGINT raises the core's cancel flag (sta_cancel), so the call
+** stops at its next work item with STA_ERR_CANCELLED; the previous handler
+** runs too (lua.c's, which stops the chunk), and the flag is cleared when
+** the call returns. */
+#define STA_LUA_LONG(rc, expr)                                              \
+  do {                                                                      \
+    sta_lua_long_begin();                                                   \
+    STA_LUA_CALL(rc, expr);                                                 \
+    sta_lua_long_end();                                                     \
+  } while (0)
+void sta_lua_long_begin(void);
+void sta_lua_long_end(void);
+void sta_lua_set_interruptible(int on);
+int sta_lua_interruptible(void);
 /* Step the collector when device bytes in use pass the soft limit. */
 void sta_lua_device_pressure(lua_State *L);
 int64_t sta_lua_device_soft_limit(void);
@@ -80,14 +95,23 @@ void sta_lua_set_device_soft_limit(int64_t bytes);
 
 /* ---- arguments (auxlib.c) ------------------------------------------------- */
 
+/* Argument idx as a 32-bit integer; raise "<name>: expected a 32-bit
+** integer, got N" outside int32 (no silent truncation), or on a non-integer. */
+int32_t sta_lua_check_int32(lua_State *L, int idx, const char *name);
+int32_t sta_lua_opt_int32(lua_State *L, int idx, const char *name, int32_t def);
+/* An int32 field of the options table at t, def when absent, range-checked. */
+int32_t sta_lua_int32_field(lua_State *L, int t, const char *k, int32_t def);
 /* Fields of the options table at t, def when absent; raise on a wrong type. */
 lua_Integer sta_lua_int_field(lua_State *L, int t, const char *k, lua_Integer def);
 double sta_lua_num_field(lua_State *L, int t, const char *k, double def);
 int sta_lua_bool_field(lua_State *L, int t, const char *k, int def);
 /* String field or NULL; the string stays alive in the table. */
 const char *sta_lua_str_field(lua_State *L, int t, const char *k);
-/* Raise unless idx is none, nil or a table. */
-void sta_lua_check_opts(lua_State *L, int idx);
+/* Raise unless idx is none, nil or a table whose keys are all in keys
+** (NULL-terminated): "options: unknown key 'windws' (known: ...)". */
+void sta_lua_check_opts(lua_State *L, int idx, const char *const *keys);
+/* The same for a table known to be there. */
+void sta_lua_check_keys(lua_State *L, int idx, const char *const *keys);
 /* Exactly n integers from the table at idx into out. */
 void sta_lua_int_list(lua_State *L, int idx, int32_t *out, int n, const char *name);
 void sta_lua_push_ints(lua_State *L, const int32_t *v, int n);
@@ -105,9 +129,8 @@ int32_t sta_lua_read_shape(lua_State *L, int idx, int64_t shape[4]);
 /* Windows list {{Kt,Kh,Kw}, ...} at idx into a userdata array left on the
 ** stack. */
 int32_t *sta_lua_window_list(lua_State *L, int idx, int32_t *n, const char *name);
-/* Windows at idx: nil (sta_window_default), {Kt, Kh, Kw} for every
-** head, or a list of them, one per head; a userdata array left on the
-** stack. */
+/* Windows at idx: {Kt, Kh, Kw} for every head, or a list of them, one per
+** head; a userdata array left on the stack.  nil raises (no default). */
 int32_t *sta_lua_windows(lua_State *L, int idx, int32_t *n);
 void sta_lua_push_window_list(lua_State *L, const int32_t *w, int32_t n);
 
@@ -149,6 +172,12 @@ sta_metadata *sta_lua_check_metadata(lua_State *L, int idx);
 ** layer=, heads=, head_dim=, backend=, scale=, softmax=, strategy=) into d, the
 ** strategy and prefix pinned in the table at pins. */
 void sta_lua_layer_desc(lua_State *L, int opts, int pins, sta_layer_desc *d);
+/* Around a core call that reads the live forward context: push on this OS
+** thread's core stack the context the running coroutine sees (runtime.c;
+** raises when that context was collected without being closed), and pop it
+** again.  NULL: the coroutine sees none of the binding's contexts. */
+sta_context *sta_lua_context_enter(lua_State *L);
+void sta_lua_context_leave(sta_context *c);
 /* layer:set_strategy(s or nil) for l, the layer at 1; pins s in its user
 ** value 1. */
 int sta_lua_layer_set_strategy(lua_State *L, sta_layer *l);

@@ -64,20 +64,24 @@ static int l_strategy_default(lua_State *L) {
 /* uniform{steps=, layers=, heads=, window=, full=, full_steps=} */
 static int l_strategy_uniform(lua_State *L) {
   luaL_checktype(L, 1, LUA_TTABLE);
+  static const char *const keys[] = {"steps", "layers", "heads", "window", "full", "full_steps",
+                                     NULL};
+  sta_lua_check_keys(L, 1, keys);
   int32_t w[3], full[3];
   int have_full = 0;
-  sta_window_default(w);
-  if (lua_getfield(L, 1, "window") != LUA_TNIL) sta_lua_int_list(L, -1, w, 3, "window");
+  if (lua_getfield(L, 1, "window") == LUA_TNIL)
+    return sta_lua_misuse(L, "window: required ({Kt, Kh, Kw})");
+  sta_lua_int_list(L, -1, w, 3, "window");
   lua_pop(L, 1);
   if (lua_getfield(L, 1, "full") != LUA_TNIL) {
     sta_lua_int_list(L, -1, full, 3, "full");
     have_full = 1;
   }
   lua_pop(L, 1);
-  int32_t steps = (int32_t)sta_lua_int_field(L, 1, "steps", 1);
-  int32_t layers = (int32_t)sta_lua_int_field(L, 1, "layers", 1);
-  int32_t heads = (int32_t)sta_lua_int_field(L, 1, "heads", 1);
-  int32_t full_steps = (int32_t)sta_lua_int_field(L, 1, "full_steps", 0);
+  int32_t steps = sta_lua_int32_field(L, 1, "steps", 1);
+  int32_t layers = sta_lua_int32_field(L, 1, "layers", 1);
+  int32_t heads = sta_lua_int32_field(L, 1, "heads", 1);
+  int32_t full_steps = sta_lua_int32_field(L, 1, "full_steps", 0);
   sta_lua_strategy *u = sta_lua_new_strategy(L);
   sta_status rc = sta_strategy_uniform(&u->s, steps, layers, heads, w, have_full ? full : NULL,
                                        full_steps);
@@ -88,8 +92,8 @@ static int s_get(lua_State *L) {
   sta_strategy *s = sta_lua_check_strategy(L, 1);
   int32_t w[3];
   sta_status rc =
-      sta_strategy_get(s, (int32_t)luaL_checkinteger(L, 2), (int32_t)luaL_checkinteger(L, 3),
-                       (int32_t)luaL_checkinteger(L, 4), w);
+      sta_strategy_get(s, sta_lua_check_int32(L, 2, "step"), sta_lua_check_int32(L, 3, "layer"),
+                       sta_lua_check_int32(L, 4, "head"), w);
   if (rc != STA_OK) return sta_lua_fail(L, rc);
   sta_lua_push_ints(L, w, 3);
   return 1;
@@ -100,8 +104,8 @@ static int s_set(lua_State *L) {
   int32_t w[3];
   sta_lua_int_list(L, 5, w, 3, "window");
   sta_status rc =
-      sta_strategy_set(s, (int32_t)luaL_checkinteger(L, 2), (int32_t)luaL_checkinteger(L, 3),
-                       (int32_t)luaL_checkinteger(L, 4), w);
+      sta_strategy_set(s, sta_lua_check_int32(L, 2, "step"), sta_lua_check_int32(L, 3, "layer"),
+                       sta_lua_check_int32(L, 4, "head"), w);
   if (rc != STA_OK) return sta_lua_fail(L, rc);
   lua_settop(L, 1);
   return 1;
@@ -142,8 +146,8 @@ static int s_extent(lua_State *L) {
 static int s_check(lua_State *L) {
   sta_strategy *s = sta_lua_check_strategy(L, 1);
   sta_status rc =
-      sta_strategy_check(s, (int32_t)luaL_checkinteger(L, 2), (int32_t)luaL_checkinteger(L, 3),
-                         (int32_t)luaL_checkinteger(L, 4));
+      sta_strategy_check(s, sta_lua_check_int32(L, 2, "steps"), sta_lua_check_int32(L, 3, "layers"),
+                         sta_lua_check_int32(L, 4, "heads"));
   if (rc != STA_OK) return sta_lua_fail(L, rc);
   lua_pushboolean(L, 1);
   return 1;
@@ -204,18 +208,17 @@ static int m_release(lua_State *L) {
 }
 
 static int l_metadata_new(lua_State *L) {
-  lua_Integer layers = luaL_checkinteger(L, 1);
+  int32_t layers = sta_lua_check_int32(L, 1, "layers");
   LMetadata *u = new_metadata_ud(L);
-  sta_status rc = sta_metadata_create(&u->m, (int32_t)layers);
+  sta_status rc = sta_metadata_create(&u->m, layers);
   return rc == STA_OK ? 1 : sta_lua_fail(L, rc);
 }
 
 static int m_set_row(lua_State *L) { /* md:set_row(layer, {{..}, ...}) */
   sta_metadata *m = sta_lua_check_metadata(L, 1);
-  lua_Integer layer = luaL_checkinteger(L, 2);
-  int32_t n;
+  int32_t layer = sta_lua_check_int32(L, 2, "layer"), n;
   int32_t *w = sta_lua_window_list(L, 3, &n, "windows");
-  sta_status rc = sta_metadata_set_row(m, (int32_t)layer, n, w);
+  sta_status rc = sta_metadata_set_row(m, layer, n, w);
   if (rc != STA_OK) return sta_lua_fail(L, rc);
   lua_settop(L, 1);
   return 1;
@@ -225,7 +228,7 @@ static int m_row(lua_State *L) {
   sta_metadata *m = sta_lua_check_metadata(L, 1);
   int32_t n;
   const int32_t *w;
-  sta_status rc = sta_metadata_row(m, (int32_t)luaL_checkinteger(L, 2), &n, &w);
+  sta_status rc = sta_metadata_row(m, sta_lua_check_int32(L, 2, "layer"), &n, &w);
   if (rc != STA_OK) return sta_lua_fail(L, rc);
   sta_lua_push_window_list(L, w, n);
   return 1;
@@ -246,8 +249,8 @@ static int m_tostring(lua_State *L) {
 /* metadata_from_strategy(strategy_or_nil, step, layers, heads) */
 static int l_metadata_from_strategy(lua_State *L) {
   const sta_strategy *s = lua_isnil(L, 1) ? NULL : sta_lua_check_strategy(L, 1);
-  int32_t step = (int32_t)luaL_checkinteger(L, 2), layers = (int32_t)luaL_checkinteger(L, 3);
-  int32_t heads = (int32_t)luaL_checkinteger(L, 4);
+  int32_t step = sta_lua_check_int32(L, 2, "step"), layers = sta_lua_check_int32(L, 3, "layers");
+  int32_t heads = sta_lua_check_int32(L, 4, "heads");
   LMetadata *u = new_metadata_ud(L);
   sta_status rc = sta_metadata_from_strategy(&u->m, s, step, layers, heads);
   return rc == STA_OK ? 1 : sta_lua_fail(L, rc);
@@ -255,7 +258,7 @@ static int l_metadata_from_strategy(lua_State *L) {
 
 /* metadata_search(layers, {{..}, ..., full}) */
 static int l_metadata_search(lua_State *L) {
-  int32_t layers = (int32_t)luaL_checkinteger(L, 1), n;
+  int32_t layers = sta_lua_check_int32(L, 1, "layers"), n;
   int32_t *w = sta_lua_window_list(L, 2, &n, "candidates");
   LMetadata *u = new_metadata_ud(L);
   sta_status rc = sta_metadata_search(&u->m, layers, n, w);

@@ -79,10 +79,11 @@ int sta_lua_push_like(lua_State *L, const sta_tensor *t, sta_tensor **out) {
   return r;
 }
 
-static void tensor_opts(lua_State *L, int idx, sta_dtype *dt, sta_device *dev) {
+static void tensor_opts(lua_State *L, int idx, sta_dtype *dt, sta_device *dev,
+                        const char *const *keys) {
   *dt = STA_F32;
   *dev = STA_CPU;
-  sta_lua_check_opts(L, idx);
+  sta_lua_check_opts(L, idx, keys);
   if (lua_istable(L, idx)) {
     const char *s = sta_lua_str_field(L, idx, "dtype");
     if (s) *dt = sta_lua_parse_dtype(L, s);
@@ -98,7 +99,8 @@ static int l_tensor(lua_State *L) {
   sta_dtype dt;
   sta_device dev;
   sta_lua_tensor *u;
-  tensor_opts(L, 2, &dt, &dev);
+  static const char *const keys[] = {"dtype", "device", NULL};
+  tensor_opts(L, 2, &dt, &dev, keys);
   return sta_lua_push_new_tensor(L, dt, dev, nd, shape, &u);
 }
 
@@ -109,7 +111,8 @@ static int l_zeros(lua_State *L) {
   sta_device dev;
   sta_lua_tensor *u;
   double value = 0;
-  tensor_opts(L, 2, &dt, &dev);
+  static const char *const keys[] = {"dtype", "device", "value", NULL};
+  tensor_opts(L, 2, &dt, &dev, keys);
   if (lua_istable(L, 2)) value = sta_lua_num_field(L, 2, "value", 0);
   int n = sta_lua_push_new_tensor(L, dt, dev, nd, shape, &u);
   if (n != 1) return n;
@@ -134,7 +137,8 @@ static int l_randn(lua_State *L) {
   sta_lua_tensor *u;
   uint64_t seed;
   double mean = 0, std = 1;
-  tensor_opts(L, 2, &dt, &dev);
+  static const char *const keys[] = {"seed", "dtype", "device", "mean", "std", NULL};
+  tensor_opts(L, 2, &dt, &dev, keys);
   seed = fresh_seed();
   if (lua_istable(L, 2)) {
     seed = (uint64_t)sta_lua_int_field(L, 2, "seed", (lua_Integer)seed);
@@ -181,6 +185,8 @@ static int t_to(lua_State *L) {
   sta_device dev = sta_tensor_device(t);
   int top = lua_gettop(L);
   if (lua_istable(L, 2)) {
+    static const char *const keys[] = {"dtype", "device", NULL};
+    sta_lua_check_keys(L, 2, keys);
     const char *s = sta_lua_str_field(L, 2, "dtype");
     if (s) dt = sta_lua_parse_dtype(L, s);
     s = sta_lua_str_field(L, 2, "device");
@@ -262,7 +268,7 @@ static int t_permute(lua_State *L) {
   else {
     if (lua_gettop(L) - 1 != nd)
       return sta_lua_misuse(L, "perm: expected %d dimensions, got %d", (int)nd, lua_gettop(L) - 1);
-    for (int i = 0; i < nd; i++) perm[i] = (int32_t)luaL_checkinteger(L, i + 2);
+    for (int i = 0; i < nd; i++) perm[i] = sta_lua_check_int32(L, i + 2, "perm");
   }
   for (int i = 0; i < nd; i++) perm[i]--;
   sta_lua_tensor *u = push_view_ud(L);
@@ -339,7 +345,7 @@ static int t_size(lua_State *L) {
   if (lua_isnoneornil(L, 2)) return t_shape(L);
   lua_Integer d = luaL_checkinteger(L, 2);
   if (d < 1 || d > sta_tensor_ndim(t))
-    return sta_lua_misuse(L, "dim: %d outside 1..%d", (int)d, (int)sta_tensor_ndim(t));
+    return sta_lua_misuse(L, "dim: %I outside 1..%d", d, (int)sta_tensor_ndim(t));
   lua_pushinteger(L, sta_tensor_size(t, (int32_t)(d - 1)));
   return 1;
 }
@@ -451,7 +457,8 @@ static int l_from_table(lua_State *L) {
   } else nd = sta_lua_read_shape(L, 2, shape);
   sta_dtype dt;
   sta_device dev;
-  tensor_opts(L, 3, &dt, &dev);
+  static const char *const keys[] = {"dtype", "device", NULL};
+  tensor_opts(L, 3, &dt, &dev, keys);
   int64_t numel = 1;
   for (int i = 0; i < nd; i++) numel *= shape[i];
   if ((int64_t)luaL_len(L, 1) != numel)

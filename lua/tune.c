@@ -17,12 +17,14 @@
 ** for what is left out */
 static int l_tune(lua_State *L) {
   luaL_checktype(L, 1, LUA_TTABLE);
+  static const char *const keys[] = {"files", "skip_steps", "full", NULL};
+  sta_lua_check_keys(L, 1, keys);
   lua_settop(L, 1);
   int32_t full[3], skip;
   sta_tune_defaults(full, &skip);
   if (lua_getfield(L, 1, "full") != LUA_TNIL) sta_lua_int_list(L, -1, full, 3, "full");
   lua_pop(L, 1);
-  skip = (int32_t)sta_lua_int_field(L, 1, "skip_steps", skip);
+  skip = sta_lua_int32_field(L, 1, "skip_steps", skip);
   if (lua_getfield(L, 1, "files") != LUA_TTABLE)
     return sta_lua_misuse(L, "files: expected a list of search files, got %s",
                           luaL_typename(L, -1));

@@ -217,6 +217,9 @@ for _, fn in ipairs(funcs) do
     elseif kind == "dead" and not kills then
       emit("    fx_dead_reported(\"%s\", \"%s\");", fn.name, argname)
     end
+    if kind == "valid" and fn.name:match("_retain$") then -- give the extra reference back
+      emit("    %s(a1);", (fn.name:gsub("_retain$", "_destroy")))
+    end
     emit("    fx_close(&x);")
     emit("  }")
   end

@@ -16,10 +16,12 @@ local function shards(t, opts, p)
   return out
 end
 
-local function check_sp(opts, b, text, heads, d, ps)
-  local c = opts.canvas
+local function check_sp(o, b, text, heads, d, ps)
+  local c = o.canvas
   local v = c[1] * c[2] * c[3]
-  local q, k, vv = full_qkv(b, v + text, heads, d, opts.layout, opts.dtype)
+  local q, k, vv = full_qkv(b, v + text, heads, d, o.layout, o.dtype)
+  local opts = {} -- the attention's options: all but dtype
+  for key, val in pairs(o) do if key ~= "dtype" then opts[key] = val end end
   local ref = sta.attention(q, k, vv, opts)
   for _, p in ipairs(ps) do
     local comms = dist.loopback(p)
@@ -125,19 +127,19 @@ describe("sta.dist", function()
     local out = H.randn({ 1, 52 + 3, 4, 8 })
     local before = out:clone()
     assert.equal("canvas: V = 105 video tokens (3x5x7) is not divisible by the 2 ranks",
-      H.error_of(comms[1].attention, comms[1], q, q, q, { canvas = { 3, 5, 7 }, out = out }))
+      H.error_of(comms[1].attention, comms[1], q, q, q, { canvas = { 3, 5, 7 }, window = { 1, 1, 1 }, out = out }))
     local q3 = H.randn({ 1, 32 + 3, 3, 8 })
     assert.equal("heads: 3 heads are not divisible by the 2 ranks",
-      H.error_of(comms[2].attention, comms[2], q3, q3, q3, { canvas = { 4, 4, 4 } }))
+      H.error_of(comms[2].attention, comms[2], q3, q3, q3, { canvas = { 4, 4, 4 }, window = { 1, 1, 1 } }))
     assert.equal("n_windows: expected 1 or heads (4), got 2",
       H.error_of(comms[1].attention, comms[1], q, q, q,
         { canvas = { 2, 4, 13 }, window = { { 1, 1, 1 }, { 1, 1, 1 } }, out = out }))
     assert.equal("canvas: sequence parallelism needs the canvas {T, H, W} (or geometry=)",
       H.error_of(comms[1].attention, comms[1], q, q, q, {}))
     assert.equal("comms: expected 1..64 communicators, got 0",
-      H.error_of(dist.run_attention, {}, {}, {}, {}, { canvas = { 4, 4, 4 } }))
+      H.error_of(dist.run_attention, {}, {}, {}, {}, { canvas = { 4, 4, 4 }, window = { 1, 1, 1 } }))
     assert.equal("q: expected 2 entries (one per rank), got 1",
-      H.error_of(dist.run_attention, comms, { q }, { q }, { q }, { canvas = { 4, 4, 4 } }))
+      H.error_of(dist.run_attention, comms, { q }, { q }, { q }, { canvas = { 4, 4, 4 }, window = { 1, 1, 1 } }))
     -- windows are read by the one reader sta.attention uses
     for w, msg in pairs({
       [{ 1, 1 }] = "window: expected 3 integers, got 2",

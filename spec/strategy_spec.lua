@@ -106,7 +106,7 @@ describe("sta mask strategies", function()
     local out = H.run_lua(code, unset)
     assert.equal("STA_ATTENTION_CONFIG is not set", out)
     local p = H.tmp(".json")
-    sta.strategy.uniform{ steps = 2, layers = 1, heads = 3 }:save(p)
+    sta.strategy.uniform{ steps = 2, layers = 1, heads = 3, window = { 3, 3, 3 } }:save(p)
     unset.FASTVIDEO_ATTENTION_CONFIG = p
     assert.equal("loaded 6", H.run_lua(code, unset))
   end)

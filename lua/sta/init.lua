@@ -80,14 +80,19 @@ end
 -- strategy=, layers=, heads=, batch=} to build the step's metadata from a
 -- strategy.  Use as a to-be-closed value:
 --   local ctx <close> = sta.forward_context{step = 3, metadata = md, batch = fb}
+local CONTEXT_KEYS = { step = true, metadata = true, batch = true, strategy = true, layers = true,
+                       heads = true }
 function sta.forward_context(opts)
   if type(opts) == "table" and opts.strategy ~= nil and opts.metadata == nil then
+    for k in pairs(opts) do
+      if not CONTEXT_KEYS[k] then
+        error(("options: unknown key '%s' (known: step, metadata, batch, strategy, layers, heads)")
+          :format(tostring(k)), 0)
+      end
+    end
     local md = core.metadata.from_strategy(opts.strategy, opts.step or 0,
       opts.layers or 1, opts.heads or 1)
-    local o = {}
-    for k, v in pairs(opts) do o[k] = v end
-    o.metadata, o.strategy = md, nil
-    opts = o
+    opts = { step = opts.step, metadata = md, batch = opts.batch }
   end
   return core.forward_context(opts)
 end
@@ -115,6 +120,35 @@ local tensor_methods = debug.getregistry()["sta.Tensor"].methods
 function tensor_methods.info(t)
   return ("sta.Tensor(%s, %s, %s)"):format(t:dtype(), t:device(),
     table.concat(t:shape(), "x"))
+end
+
+-- t:totable() and t:stats() print readably (the REPL prints with tostring)
+local function fmt_number(x)
+  return math.type(x) == "integer" and tostring(x) or ("%.6g"):format(x)
+end
+local list_mt = { __tostring = function(t)
+  local parts, n = {}, #t
+  for i = 1, math.min(n, 16) do parts[i] = fmt_number(t[i]) end
+  if n > 16 then parts[#parts + 1] = ("... (%d values)"):format(n) end
+  return "{" .. table.concat(parts, ", ") .. "}"
+end }
+local stats_mt = { __tostring = function(s)
+  local parts = {}
+  for _, k in ipairs{ "mean", "std", "min", "max", "nonfinite" } do
+    if s[k] ~= nil then parts[#parts + 1] = ("%s=%s"):format(k, fmt_number(s[k])) end
+  end
+  return "{" .. table.concat(parts, ", ") .. "}"
+end }
+-- the C methods, kept once: this file may be loaded again (busted)
+local class = debug.getregistry()["sta.Tensor"]
+class.c_methods = class.c_methods or { totable = tensor_methods.totable, stats = tensor_methods.stats }
+for name, mt in pairs{ totable = list_mt, stats = stats_mt } do
+  local f = class.c_methods[name]
+  tensor_methods[name] = function(...)
+    local r = f(...)
+    if type(r) == "table" and getmetatable(r) == nil then setmetatable(r, mt) end
+    return r
+  end
 end
 
 sta.sorted_keys = sorted_keys

@@ -5,6 +5,9 @@ sessions ($STA_HISTORY), then lua5.4's own prompt takes over (tensors print
 as one line, with values when small).
 ]]
 sta = require "sta"
+-- Ctrl-C during a long call (a forward) cancels it (sta.cancel) instead of
+-- being noticed only when it returns
+sta.interruptible(true)
 
 local info = sta.info()
 local hist = os.getenv("STA_HISTORY") or ((os.getenv("HOME") or ".") .. "/.sta_history")
@@ -15,7 +18,7 @@ io.write(("  backends: %s; cpu threads: %s; cuda: %s\n"):format(table.concat(inf
   info.threads == 0 and "OpenMP default" or tostring(info.threads), info.cuda))
 io.write("  try: q = sta.randn{1, 1024 + 8, 2, 64}   out = sta.attention(q, q, q, {canvas = {4, 16, 16}, "
   .. "tile = {2, 8, 8}, window = {1, 1, 1}})\n")
-io.write("  help() lists the API" .. (has_history and ("; history in " .. hist) or "") .. "\n")
+io.write("  help() lists the API; Ctrl-C interrupts a long call" .. (has_history and ("; history in " .. hist) or "") .. "\n")
 
 function help()
   local names = {}
