@@ -129,6 +129,12 @@ describe("issue 16 through Lua", function()
       H.error_of(sta.layer, { head = 2 }))
     assert.equal("options: unknown key 'window_size' (known: steps, layers, heads, window, full, full_steps)",
       H.error_of(sta.strategy.uniform, { steps = 1, layers = 1, heads = 1, window_size = { 1, 1, 1 } }))
+    local comm = sta.dist.loopback(1)[1]
+    assert.equal("options: unknown key 'windows' (known: canvas, tile, text_len, geometry, window, layout, "
+      .. "scale, out)", H.error_of(comm.attention, comm, q, q, q, { canvas = canvas, windows = { 1, 1, 1 } }))
+    assert.equal("options: unknown key 'head' (known: prefix, layer, heads, head_dim, canvas, tile, "
+      .. "text_len, geometry, layout, backend, scale, strategy)",
+      H.error_of(sta.dist.layer, comm, { canvas = canvas, heads = 2, head = 2 }))
   end)
 
   it("prints totable and stats readably (defect 12)", function()

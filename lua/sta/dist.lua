@@ -41,6 +41,25 @@ local C = open()
 local dist = {}
 dist.loopback = C.loopback
 
+-- An unknown option key raises naming it, as the C module's functions do.
+local function known(list)
+  local set = {}
+  for k in list:gmatch("[%w_]+") do set[k] = true end
+  return set, list
+end
+local ATTENTION_KEYS = { known("canvas, tile, text_len, geometry, window, layout, scale, out") }
+local LAYER_KEYS = { known("prefix, layer, heads, head_dim, canvas, tile, text_len, geometry, "
+  .. "layout, backend, scale, strategy") }
+local INIT_KEYS = { known("rank, size, id_file, device, backend") }
+
+local function check_keys(opts, keys)
+  for k in pairs(opts) do
+    if not keys[1][k] then
+      error(("options: unknown key '%s' (known: %s)"):format(tostring(k), keys[2]), 0)
+    end
+  end
+end
+
 local function geometry_of(opts)
   if type(opts) ~= "table" then
     error(("options: expected a table, got %s"):format(type(opts)), 0)
@@ -77,6 +96,7 @@ function dist.init(opts)
   if type(opts) ~= "table" then
     error(("options: expected a table, got %s"):format(type(opts)), 0)
   end
+  check_keys(opts, INIT_KEYS)
   return C._init(opts.rank or 0, opts.size or 1, opts.id_file, opts.device or -1, opts.backend)
 end
 
@@ -86,6 +106,7 @@ local comm_methods = debug.getregistry()["sta.Comm"].methods
 function comm_methods.attention(comm, q, k, v, opts)
   opts = opts or {}
   local g = geometry_of(opts)
+  check_keys(opts, ATTENTION_KEYS)
   local out = opts.out or like(q)
   return C._attention(comm, g, opts.window, opts.layout, opts.scale, q, k, v, out)
 end
@@ -94,6 +115,7 @@ end
 function dist.run_attention(comms, qs, ks, vs, opts)
   opts = opts or {}
   local g = geometry_of(opts)
+  check_keys(opts, ATTENTION_KEYS)
   local outs = opts.out
   if outs == nil then
     outs = {}
@@ -145,6 +167,7 @@ function dist.layer(comm, opts)
   if type(opts) ~= "table" then
     error(("options: expected a table, got %s"):format(type(opts)), 0)
   end
+  check_keys(opts, LAYER_KEYS)
   local size = comm:size()
   local heads = opts.heads or 0
   if math.type(heads) ~= "integer" or heads < 1 then
