@@ -514,8 +514,8 @@ void sta_lua_layer_desc(lua_State *L, int opts, int pins, sta_layer_desc *d) {
 static int l_layer(lua_State *L) {
   luaL_checktype(L, 1, LUA_TTABLE);
   static const char *const keys[] = {"prefix", "layer", "heads", "head_dim", "backend", "scale",
-                                     "strategy", "sp_rank", "sp_size", "geometry", "canvas",
-                                     "tile", "text_len", "layout", NULL};
+                                     "softmax", "strategy", "sp_rank", "sp_size", "geometry",
+                                     "canvas", "tile", "text_len", "layout", NULL};
   sta_lua_check_keys(L, 1, keys);
   lua_settop(L, 1);
   lua_createtable(L, 0, 2); /* 2: pins */

@@ -133,6 +133,7 @@ local BY_TYPE = {
   ["const int32_t *"] = "x.win", ["int32_t *"] = "x.iout", ["double *"] = "x.dout",
   ["float *"] = "x.fout", ["sta_dtype *"] = "&x.dtype_out", ["sta_tune_report *"] = "&x.report",
   ["char **"] = "&x.json", ["const char *"] = "x.path_out", ["void *"] = "NULL",
+  ["sta_stats *"] = "&x.stats",
 }
 
 local SCALAR = { -- by parameter name, any integer or float type
@@ -141,7 +142,7 @@ local SCALAR = { -- by parameter name, any integer or float type
   batch_size = "1", rank = "0", size = "1", seed = "1", mean = "0", std = "1", value = "0",
   i = "0", as_bf16 = "0", n_files = "1", skip_steps = "0", full_steps = "0",
   n_candidates = "2", seq_len = "FX_S", batch = "1", head_dim = "FX_D", t = "FX_T",
-  h = "FX_HH", w = "FX_W", q = "0", k = "1", c = "1", device = "-1",
+  h = "FX_HH", w = "FX_W", q = "0", k = "1", c = "1", device = "-1", a = "0.5", b = "2",
 }
 local ENUM = { sta_dtype = "STA_F32", sta_device = "STA_CPU", sta_layout = "STA_BSHD",
                sta_status = "STA_ERR_SHAPE" }

@@ -40,6 +40,7 @@ typedef struct fx {
   double dout[4];
   float fout[64], fout2[64], loss[64], buf[FX_NUMEL];
   sta_dtype dtype_out;
+  sta_stats stats;
   char *json;
   int64_t live0; /* live handles before the fixture */
 } fx;

@@ -122,7 +122,7 @@ function M.randn(shape, seed, dtype)
 end
 
 local DESC_KEYS = { canvas = true, tile = true, text_len = true, window = true, windows = true,
-                    layout = true, scale = true }
+                    layout = true, scale = true, lse = true, deterministic = true }
 
 --- An sta_attention_desc from {canvas=, tile=, text_len=, window= or
 -- windows=, layout=, scale=}; keeps the window array alive in the result.
