@@ -181,7 +181,7 @@ static sta_status search_forward(sta_layer *l, sta_context *ctx,
   d->windows = row + 3 * (n - 1);
   if ((rc = sta_attn_resolve(d, q, k, v, out, lse, &p)) != STA_OK) return rc;
   int32_t *win = (int32_t *)p.windows; /* heads * 3, set per run */
-  sta_tensor *full = NULL, *cand = NULL;
+  sta_tensor *full = NULL, *cand = NULL, *lse_s = NULL;
   size_t nl = (size_t)(n > 1 ? n - 1 : 1) * (size_t)hl;
   float *l1 = sta_malloc(sizeof(float) * nl), *l2 = sta_malloc(sizeof(float) * nl);
   if (!l1 || !l2) {
@@ -189,6 +189,11 @@ static sta_status search_forward(sta_layer *l, sta_context *ctx,
     goto done;
   }
   if ((rc = sta_tensor_create(&full, out->dtype, l->backend, 4, out->shape)) != STA_OK) goto done;
+  if (lse) { /* into scratch too: a cancelled search changes no output */
+    if ((rc = sta_tensor_create(&lse_s, STA_F32, l->backend, 3, lse->shape)) != STA_OK) goto done;
+    p.lse = sta_tensor_data(lse_s);
+    p.lse_sb = lse_s->stride[0]; p.lse_sh = lse_s->stride[1]; p.lse_ss = lse_s->stride[2];
+  }
   if (n > 1 && (rc = sta_tensor_create(&cand, out->dtype, l->backend, 4, out->shape)) != STA_OK)
     goto done;
   for (int32_t i = 0; i < n; i++) { /* the full window first, then the candidates */
@@ -212,9 +217,11 @@ static sta_status search_forward(sta_layer *l, sta_context *ctx,
                                      l2)) != STA_OK)
     goto done;
   rc = sta_tensor_copy(out, full);
+  if (rc == STA_OK && lse_s) rc = sta_tensor_copy(lse, lse_s);
 done:
   sta_tensor_destroy(full);
   sta_tensor_destroy(cand);
+  sta_tensor_destroy(lse_s);
   free(l1);
   free(l2);
   free(win);
