@@ -8,12 +8,13 @@
 ** carries its status and a message; the context stack has the depth the
 ** successful pushes and pops give; a forward that fails leaves its output
 ** as it was; at the end, after everything is released, no handle is left.
-** Small problem: canvas 2x4x4, tile 1x2x2, 2 text rows, 2 heads, D 4.
+** Small problem: canvas 2x4x4, tile 1x2x2, 2 text rows, 4 heads, D 4 (a
+** search row of 2 windows is shorter than the heads: search mode records).
 */
 #include "fuzz.h"
 
 #define API_T 4 /* slots per kind */
-enum { API_S = 34, API_H = 2, API_D = 4 };
+enum { API_S = 34, API_H = 4, API_D = 4 };
 
 typedef struct api_pool {
   sta_tensor *t[API_T];

@@ -39,7 +39,7 @@ int main(int argc, char **argv) {
       static const uint8_t setup[][3] = {
         {0, 0, 0}, {0, 1, 0}, {0, 2, 0}, {0, 3, 0}, /* f32 tensors in slots 0-3 */
         {3, 0, 0},                                  /* strategy 0: 1 step, 3 layers */
-        {6, 0, 0},                                  /* metadata 0 from strategy 0, step 0 */
+        {6, 0, 0},                                  /* metadata 0: strategy 0's step 0, or search */
         {8, 0, 0},                                  /* batch 0 */
         {10, 0, 0},                                 /* push step 0, metadata 0, batch 0 */
         {12, 0, 0x40}};                             /* layer 0 (index 0) with strategy 0 */
@@ -47,7 +47,9 @@ int main(int argc, char **argv) {
       for (size_t k = 0; k < sizeof setup / sizeof setup[0]; k++) {
         buf[j++] = setup[k][0];
         buf[j++] = setup[k][1];
-        buf[j++] = (uint8_t)(setup[k][2] | (k < 4 && (r & 1) ? 0x10 : 0)); /* or f16 tensors */
+        uint8_t flags = setup[k][2] | (k < 4 && (r & 1) ? 0x10 : 0); /* or f16 tensors */
+        if (setup[k][0] == 6 && (r & 2)) flags |= 0x80; /* or a search table */
+        buf[j++] = flags;
       }
     }
     for (int c = 0; c < calls; c++)
