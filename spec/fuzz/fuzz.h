@@ -34,6 +34,18 @@ static inline sta_status fuzz_status(sta_status rc) {
   return rc;
 }
 
+/* The input read a byte at a time; 0 once it runs out. */
+typedef struct fuzz_bytes {
+  const uint8_t *p;
+  size_t n;
+} fuzz_bytes;
+
+static inline unsigned fuzz_take(fuzz_bytes *b) {
+  if (!b->n) return 0;
+  b->n--;
+  return *b->p++;
+}
+
 /* The input as a file (readers take paths): /dev/shm when there is one. */
 static inline const char *fuzz_file(const char *tag, const uint8_t *data, size_t size) {
   static char path[8][128];

@@ -26,15 +26,7 @@ typedef struct api_pool {
   sta_comm *comm[API_T];
   sta_sp_layer *sp[API_T];
   int32_t depth; /* the model of the context stack */
-  const uint8_t *p;
-  size_t n;
 } api_pool;
-
-static unsigned api_byte(api_pool *a) {
-  if (!a->n) return 0;
-  a->n--;
-  return *a->p++;
-}
 
 static sta_geometry api_geom(void) {
   sta_geometry g;
@@ -245,11 +237,10 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   if (live0 < 0) live0 = sta_handle_count();
   api_pool a;
   memset(&a, 0, sizeof a);
-  a.p = data;
-  a.n = size > 512 ? 512 : size;
-  while (a.n >= 3) {
-    unsigned op = api_byte(&a), sl = api_byte(&a);
-    api_step(&a, op, sl, api_byte(&a));
+  fuzz_bytes in = {data, size > 512 ? 512 : size};
+  while (in.n >= 3) {
+    unsigned op = fuzz_take(&in), sl = fuzz_take(&in);
+    api_step(&a, op, sl, fuzz_take(&in));
   }
   /* unwind: every context, then every handle, in slot order */
   while (sta_context_current()) FUZZ_CHECK(sta_context_pop(sta_context_current()) == STA_OK);

@@ -11,17 +11,6 @@
 
 #include "fuzz.h"
 
-typedef struct fz_bytes {
-  const uint8_t *p;
-  size_t n;
-} fz_bytes;
-
-static unsigned fz_take(fz_bytes *b) {
-  if (!b->n) return 0;
-  b->n--;
-  return *b->p++;
-}
-
 static sta_tensor *fz_tensor(sta_dtype dt, int32_t nd, const int64_t *shape, uint64_t seed) {
   sta_tensor *t = NULL;
   if (sta_tensor_create(&t, dt, STA_CPU, nd, shape) != STA_OK) return NULL;
@@ -37,31 +26,31 @@ static int fz_same(const sta_tensor *a, const sta_tensor *b) {
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
-  fz_bytes in = {data, size};
+  fuzz_bytes in = {data, size};
   sta_attention_desc d;
   memset(&d, 0, sizeof d);
-  for (int i = 0; i < 3; i++) d.geom.canvas[i] = (int32_t)(fz_take(&in) % 7);   /* 0 bad */
-  for (int i = 0; i < 3; i++) d.geom.tile[i] = (int32_t)(fz_take(&in) % 6);     /* 0 bad */
+  for (int i = 0; i < 3; i++) d.geom.canvas[i] = (int32_t)(fuzz_take(&in) % 7);   /* 0 bad */
+  for (int i = 0; i < 3; i++) d.geom.tile[i] = (int32_t)(fuzz_take(&in) % 6);     /* 0 bad */
   int64_t V = (int64_t)d.geom.canvas[0] * d.geom.canvas[1] * d.geom.canvas[2];
-  unsigned flags = fz_take(&in);
-  int64_t extra = (int64_t)(fz_take(&in) % 12) - 2;       /* < 0: too short */
+  unsigned flags = fuzz_take(&in);
+  int64_t extra = (int64_t)(fuzz_take(&in) % 12) - 2;       /* < 0: too short */
   int64_t S = V + extra < 0 ? 0 : V + extra;
-  int64_t tl = (int64_t)(fz_take(&in) % 16) - 2;
+  int64_t tl = (int64_t)(fuzz_take(&in) % 16) - 2;
   d.geom.text_len = (flags & 1) ? -1 : tl;
-  int64_t B = 1 + fz_take(&in) % 2, H = fz_take(&in) % 4; /* H 0 bad */
+  int64_t B = 1 + fuzz_take(&in) % 2, H = fuzz_take(&in) % 4; /* H 0 bad */
   static const int64_t dims[4] = {8, 16, 3, 0};
-  int64_t D = dims[fz_take(&in) % 4];
-  sta_dtype dt = (sta_dtype)(fz_take(&in) % 3);
-  d.layout = (sta_layout)(fz_take(&in) % 3); /* 2 bad */
-  unsigned nw = fz_take(&in);
+  int64_t D = dims[fuzz_take(&in) % 4];
+  sta_dtype dt = (sta_dtype)(fuzz_take(&in) % 3);
+  d.layout = (sta_layout)(fuzz_take(&in) % 3); /* 2 bad */
+  unsigned nw = fuzz_take(&in);
   d.n_windows = nw < 200 ? (nw % 2 ? (int32_t)H : 1) : (int32_t)(nw % 6) - 1;
   int32_t win[3 * 8];
-  for (int i = 0; i < 3 * 8; i++) win[i] = (int32_t)(fz_take(&in) % 8); /* 0, even: bad */
+  for (int i = 0; i < 3 * 8; i++) win[i] = (int32_t)(fuzz_take(&in) % 8); /* 0, even: bad */
   d.windows = (flags & 2) ? NULL : win;
-  unsigned sc = fz_take(&in);
+  unsigned sc = fuzz_take(&in);
   d.scale = sc < 200 ? 0.0f : sc < 250 ? (float)(sc - 199) * 0.05f : sc == 250 ? NAN : INFINITY;
-  uint64_t seed = (uint64_t)fz_take(&in) << 8 | fz_take(&in);
-  unsigned mismatch = fz_take(&in) % 16; /* 1..4: break one operand */
+  uint64_t seed = (uint64_t)fuzz_take(&in) << 8 | fuzz_take(&in);
+  unsigned mismatch = fuzz_take(&in) % 16; /* 1..4: break one operand */
 
   int bhsd = d.layout == STA_BHSD;
   int64_t shape[4] = {B, bhsd ? H : S, bhsd ? S : H, D}, other[4];
