@@ -172,29 +172,43 @@ sta_status sta_attn_resolve(const sta_attention_desc *desc, const sta_tensor *q,
   return resolve(desc, q, k, v, out, lse, p, 0);
 }
 
-/* Run a CPU attention into scratch copies of out and lse, copied over them
-** only when it finishes: a cancelled (or failed) call changes nothing. */
-static sta_status run_scratch(const sta_attn_params *p, sta_layout layout, sta_tensor *out,
-                              sta_tensor *lse, sta_status (*fn)(const sta_attn_params *)) {
-  sta_tensor *so = NULL, *sl = NULL;
-  sta_bshd b;
-  sta_attn_params s = *p;
-  sta_status rc = sta_tensor_create(&so, out->dtype, STA_CPU, out->ndim, out->shape);
-  if (rc == STA_OK && lse) rc = sta_tensor_create(&sl, STA_F32, STA_CPU, 3, lse->shape);
-  if (rc == STA_OK) rc = sta_tensor_bshd(so, layout, "out", &b);
-  if (rc == STA_OK) {
-    s.o = sta_tensor_data(so);
-    s.o_sb = b.sb; s.o_ss = b.ss; s.o_sh = b.sh;
-    if (sl) {
-      s.lse = sta_tensor_data(sl);
-      s.lse_sb = sl->stride[0]; s.lse_sh = sl->stride[1]; s.lse_ss = sl->stride[2];
-    }
-    rc = fn(&s);
+/* The tensors a call writes: out, lse (forward), dq, dk, dv (backward). */
+enum { W_OUT, W_LSE, W_DQ, W_DK, W_DV, W_N };
+
+/* Point p's output w at t (its data and strides). */
+static void point_output(sta_attn_params *p, int w, const sta_tensor *t, const sta_bshd *b) {
+  void *d = sta_tensor_data(t);
+  switch (w) {
+  case W_OUT: p->o = d; p->o_sb = b->sb; p->o_ss = b->ss; p->o_sh = b->sh; break;
+  case W_LSE:
+    p->lse = d;
+    p->lse_sb = t->stride[0]; p->lse_sh = t->stride[1]; p->lse_ss = t->stride[2];
+    break;
+  case W_DQ: p->dq = d; p->dq_sb = b->sb; p->dq_ss = b->ss; p->dq_sh = b->sh; break;
+  case W_DK: p->dk = d; p->dk_sb = b->sb; p->dk_ss = b->ss; p->dk_sh = b->sh; break;
+  default: p->dv = d; p->dv_sb = b->sb; p->dv_ss = b->ss; p->dv_sh = b->sh; break;
   }
-  if (rc == STA_OK) rc = sta_tensor_copy(out, so);
-  if (rc == STA_OK && sl) rc = sta_tensor_copy(lse, sl);
-  sta_tensor_destroy(so);
-  sta_tensor_destroy(sl);
+}
+
+/* Run a CPU attention (forward or backward) into scratch copies of the
+** tensors it writes (outs[w], NULL where it writes none), copied over them
+** only when it finishes: a cancelled (or failed) call changes nothing. */
+static sta_status run_scratch(const sta_attn_params *p, sta_layout layout,
+                              sta_tensor *const *outs, sta_status (*fn)(const sta_attn_params *)) {
+  sta_tensor *sc[W_N] = {NULL, NULL, NULL, NULL, NULL};
+  sta_attn_params s = *p;
+  sta_status rc = STA_OK;
+  for (int w = 0; w < W_N && rc == STA_OK; w++) {
+    sta_bshd b;
+    if (!outs[w]) continue;
+    rc = sta_tensor_create(&sc[w], outs[w]->dtype, STA_CPU, outs[w]->ndim, outs[w]->shape);
+    if (rc == STA_OK && w != W_LSE) rc = sta_tensor_bshd(sc[w], layout, "out", &b);
+    if (rc == STA_OK) point_output(&s, w, sc[w], &b);
+  }
+  if (rc == STA_OK) rc = fn(&s);
+  for (int w = 0; w < W_N && rc == STA_OK; w++)
+    if (outs[w]) rc = sta_tensor_copy(outs[w], sc[w]);
+  for (int w = 0; w < W_N; w++) sta_tensor_destroy(sc[w]);
   return rc;
 }
 
@@ -205,7 +219,8 @@ sta_status sta_attention_forward(const sta_attention_desc *desc,
   sta_attn_params p;
   sta_status rc = sta_attn_resolve(desc, q, k, v, out, lse, &p);
   if (rc != STA_OK) return rc;
-  rc = q->storage->device == STA_CPU ? run_scratch(&p, desc->layout, out, lse, sta_cpu_attention)
+  sta_tensor *outs[W_N] = {out, lse, NULL, NULL, NULL};
+  rc = q->storage->device == STA_CPU ? run_scratch(&p, desc->layout, outs, sta_cpu_attention)
                                      : sta_attn_run(&p, q->storage->device);
   free((void *)p.windows);
   return rc;
@@ -225,7 +240,8 @@ sta_status sta_attention_reference(const sta_attention_desc *desc,
   sta_attn_params p;
   sta_status rc = sta_attn_resolve(desc, q, k, v, out, lse, &p);
   if (rc != STA_OK) return rc;
-  rc = run_scratch(&p, desc->layout, out, lse, sta_cpu_attention_reference);
+  sta_tensor *outs[W_N] = {out, lse, NULL, NULL, NULL};
+  rc = run_scratch(&p, desc->layout, outs, sta_cpu_attention_reference);
   free((void *)p.windows);
   return rc;
 }
@@ -275,7 +291,10 @@ sta_status sta_attention_backward(const sta_attention_desc *desc, const sta_tens
   const sta_tensor *ro[6] = {q, k, v, out, lse, dout};
   static const char *RN[6] = {"q", "k", "v", "out", "lse", "dout"};
   rc = bwd_operands(desc, q, dout, g, ro, RN, 6, &p);
-  if (rc == STA_OK) {
+  sta_tensor *outs[W_N] = {NULL, NULL, dq, dk, dv};
+  if (rc == STA_OK && q->storage->device == STA_CPU)
+    rc = run_scratch(&p, desc->layout, outs, sta_cpu_attention_backward);
+  else if (rc == STA_OK && (rc = sta_cancel_point("backward")) == STA_OK) {
     const sta_backend_ops *be = sta_backend_get(q->storage->device);
     rc = be->attention_backward
              ? be->attention_backward(&p)
@@ -299,7 +318,8 @@ sta_status sta_attention_backward_reference(const sta_attention_desc *desc,
   const sta_tensor *ro[4] = {q, k, v, dout};
   static const char *RN[4] = {"q", "k", "v", "dout"};
   rc = bwd_operands(desc, q, dout, g, ro, RN, 4, &p);
-  if (rc == STA_OK) rc = sta_cpu_attention_backward_reference(&p);
+  sta_tensor *outs[W_N] = {NULL, NULL, dq, dk, dv};
+  if (rc == STA_OK) rc = run_scratch(&p, desc->layout, outs, sta_cpu_attention_backward_reference);
   free((void *)p.windows);
   return rc;
 }

@@ -136,9 +136,6 @@ static void run_item(const sta_cpu_plan *pl, int64_t b, int64_t h, const sta_cpu
   }
 }
 
-#ifndef STA_CPU_KV_GROUP_BYTES
-#define STA_CPU_KV_GROUP_BYTES ((size_t)32 << 20)
-#endif
 
 /* Per pass over the heads, the K and V of several (batch, head) pairs are
 ** gathered at once (as many as fit in STA_CPU_KV_GROUP_BYTES), so a small

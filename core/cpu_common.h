@@ -24,6 +24,11 @@
 #ifndef STA_CPU_KC
 #define STA_CPU_KC 512 /* keys per GEMM chunk */
 #endif
+#ifndef STA_CPU_KV_GROUP_BYTES
+/* per-(batch, head) buffers gathered at once: as many heads as fit, so a
+** small problem is one parallel loop over every head's items */
+#define STA_CPU_KV_GROUP_BYTES ((size_t)32 << 20)
+#endif
 
 typedef struct sta_cpu_item {
   int64_t row;   /* first row in the compact query order */

@@ -131,6 +131,7 @@ sta_status sta_cpu_attention_backward_reference(const sta_attn_params *p) {
   size_t per = (size_t)(2 * keys + 2 * keys * D + 4 * D);
   double *buf = sta_malloc(sizeof(double) * per * (size_t)nt);
   if (!buf) return sta_error(STA_ERR_NOMEM, "out of host memory (backward reference buffers)");
+  int64_t skipped = 0; /* (batch, head) pairs not run: cancelled (sta_cancel) */
 #define ROW(base, sb, ss, sh, s) ((const char *)(base) + (b * (sb) + (s) * (ss) + h * (sh)) * (int64_t)es)
   #pragma omp parallel num_threads(nt)
   {
@@ -139,6 +140,7 @@ sta_status sta_cpu_attention_backward_reference(const sta_attn_params *p) {
     double *qd = dv + keys * D, *dod = qd + D, *od = dod + D, *dq = od + D;
     #pragma omp for schedule(dynamic, 1)
     for (int64_t bh = 0; bh < p->batch * p->heads; bh++) {
+      if (sta_cancel_requested()) { __atomic_add_fetch(&skipped, 1, __ATOMIC_RELAXED); continue; }
       int64_t b = bh / p->heads, h = bh % p->heads;
       const int32_t *win = p->windows + 3 * h;
       memset(dk, 0, sizeof(double) * (size_t)(2 * keys * D));
@@ -202,5 +204,5 @@ sta_status sta_cpu_attention_backward_reference(const sta_attn_params *p) {
   }
 #undef ROW
   free(buf);
-  return STA_OK;
+  return skipped ? sta_cancelled("backward reference") : STA_OK;
 }

@@ -162,10 +162,49 @@ static void test_thread_cancel_and_search(void **state) {
   drop(&p);
 }
 
+/* The backward and its reference, cancelled before they start, return
+** the status and leave dq, dk, dv as they were; cleared, they run. */
+static void test_cancel_backward(void **state) {
+  (void)state;
+  problem p;
+  make(&p, 2);
+  sta_tensor *g[4], *g0[3];
+  int64_t s[4] = {1, 2 * 256 + 8, 4, 64};
+  for (int i = 0; i < 4; i++) {
+    assert_int_equal(sta_tensor_create(&g[i], STA_F32, STA_CPU, 4, s), STA_OK);
+    assert_int_equal(sta_tensor_randn(g[i], 40 + (uint64_t)i, 0, 1), STA_OK);
+  }
+  for (int i = 0; i < 3; i++) assert_int_equal(sta_tensor_to(&g0[i], g[1 + i], STA_F32, STA_CPU), STA_OK);
+  assert_int_equal(sta_attention_forward(&p.d, p.q, p.k, p.v, p.out, p.lse), STA_OK);
+  sta_cancel();
+  EXPECT_ERR(sta_attention_backward(&p.d, p.q, p.k, p.v, p.out, p.lse, g[0], g[1], g[2], g[3]),
+             STA_ERR_CANCELLED,
+             "backward: cancelled (sta_cancel) before it finished; no output was changed");
+  EXPECT_ERR(sta_attention_backward_reference(&p.d, p.q, p.k, p.v, g[0], g[1], g[2], g[3]),
+             STA_ERR_CANCELLED,
+             "backward reference: cancelled (sta_cancel) before it finished; no output was "
+             "changed");
+  for (int i = 0; i < 3; i++) {
+    double m = -1;
+    assert_int_equal(sta_tensor_compare(g[1 + i], g0[i], &m, NULL), STA_OK);
+    assert_true(m == 0.0);
+  }
+  sta_cancel_clear();
+  assert_int_equal(sta_attention_backward(&p.d, p.q, p.k, p.v, p.out, p.lse, g[0], g[1], g[2], g[3]),
+                   STA_OK);
+  double m = -1;
+  assert_int_equal(sta_tensor_compare(g[1], g0[0], &m, NULL), STA_OK);
+  assert_true(m > 0.0);
+  for (int i = 0; i < 4; i++) sta_tensor_destroy(g[i]);
+  for (int i = 0; i < 3; i++) sta_tensor_destroy(g0[i]);
+  drop(&p);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
     cmocka_unit_test(test_sigint_stops_forward),
     cmocka_unit_test(test_thread_cancel_and_search),
+    cmocka_unit_test(test_cancel_backward),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
