@@ -115,8 +115,9 @@ class Strategy(_Handle):
         return cls(_new(_L().sta_strategy_load_default))
 
     @classmethod
-    def uniform(cls, steps, layers, heads, window=(3, 3, 3), full=None, full_steps=0):
-        """One window everywhere; full for steps < full_steps."""
+    def uniform(cls, steps, layers, heads, window, full=None, full_steps=0):
+        """One window everywhere (required, as in the C, Lua and FFI APIs); full for
+        steps < full_steps."""
         w = ints(_triple(window, "window"))
         f = ints(_triple(full, "full")) if full is not None else None
         return cls(_new(_L().sta_strategy_uniform, steps, layers, heads, w, f, full_steps))

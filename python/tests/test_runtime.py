@@ -183,7 +183,7 @@ def test_layer_errors_are_the_cores(gen):
         with pytest.raises(sta.ArgumentError) as info:
             with sta.forward_context(step=0, batch=sta.ForwardBatch(),
                                      metadata=sta.Metadata.from_strategy(
-                                         sta.Strategy.uniform(1, 2, 3), 0, 2, 3)):
+                                         sta.Strategy.uniform(1, 2, 3, (3, 3, 3)), 0, 2, 3)):
                 ly(q[:, :, :2], k[:, :, :2], v[:, :, :2])
         assert str(info.value) == "q: expected 3 heads (local_heads), got 2"
 
@@ -247,9 +247,14 @@ def test_layer_index_from_prefix():
 
 
 def test_handles_release_once():
-    s = sta.Strategy.uniform(1, 1, 1)
+    s = sta.Strategy.uniform(1, 1, 1, (3, 3, 3))
     s.close()
     s.close()
     assert repr(s) == "sta.Strategy(released)"
     with pytest.raises(sta.StateError):
         len(s)
+
+
+def test_uniform_needs_a_window():
+    with pytest.raises(TypeError):
+        sta.Strategy.uniform(1, 1, 1)  # no default window, as in C, Lua and the FFI
