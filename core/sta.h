@@ -357,7 +357,9 @@ typedef struct sta_attention_desc {
   float scale;            /* <= 0: 1/sqrt(D) */
   sta_softmax softmax;    /* forward numerics; 0 = STA_SOFTMAX_EXACT */
   int32_t deterministic;  /* backward: 1 = bit-identical gradients run to
-                             run (slower on the GPU; the CPU always is) */
+                             run; on the GPU the dQ adds are then ordered,
+                             about 3x the time (BENCHMARKS.md); the CPU is
+                             always deterministic */
 } sta_attention_desc;
 
 /* out = STA(q, k, v).  q, k, v, out: 4-D in desc->layout, one shape
