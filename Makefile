@@ -58,7 +58,7 @@ BENCH_BIN  = $(BENCH_SRC:bench/%.c=$(BUILD)/bench/%)
 
 .PHONY: all lib deps tests test test-c test-lua test-python test-gpu bench bench-gpu \
         sanitize fuzz valgrind repl example install clean
-all: lib $(TOOLS) $(if $(LUA_CSRC),$(LUA_MOD)) $(TEST_BIN) $(BENCH_BIN)
+all: lib $(TOOLS) $(LUA_MOD) $(TEST_BIN) $(BENCH_BIN)
 lib: $(BUILD)/libsta.a $(BUILD)/libsta.so
 
 $(BUILD)/obj/core/%.o: core/%.c $(wildcard core/*.h)
@@ -92,9 +92,9 @@ $(BUILD)/test/%: spec/%.c $(wildcard spec/*.h) $(BUILD)/libsta.a
 
 # test_api's calls: every function of sta.h, generated from the header.
 $(BUILD)/test/test_api: $(BUILD)/gen/test_api_calls.h
-$(BUILD)/gen/test_api_calls.h: core/sta.h scripts/gen-api-test.lua
+$(BUILD)/gen/test_api_calls.h: core/sta.h scripts/test/gen-api-test.lua
 	@mkdir -p $(@D)
-	$(LUA) scripts/gen-api-test.lua core/sta.h > $@.tmp && mv $@.tmp $@
+	$(LUA) scripts/test/gen-api-test.lua core/sta.h > $@.tmp && mv $@.tmp $@
 
 $(BUILD)/bench/%: bench/%.c $(wildcard bench/*.h) $(BUILD)/libsta.a
 	@mkdir -p $(@D)
@@ -105,44 +105,44 @@ deps:
 	@scripts/install-deps
 
 test: deps
-	@$(MAKE) --no-print-directory all >/dev/null
-	@BUILD=$(BUILD) LUA=$(LUA) scripts/run-tests
+	@$(MAKE) -s --no-print-directory all
+	@BUILD=$(BUILD) LUA=$(LUA) scripts/test/run-tests
 
 test-c: deps
-	@$(MAKE) --no-print-directory all >/dev/null
-	@BUILD=$(BUILD) STA_TESTS=c scripts/run-tests
+	@$(MAKE) -s --no-print-directory all
+	@BUILD=$(BUILD) STA_TESTS=c scripts/test/run-tests
 
 test-lua: deps
-	@$(MAKE) --no-print-directory all >/dev/null
-	@BUILD=$(BUILD) LUA=$(LUA) STA_TESTS=lua scripts/run-tests
+	@$(MAKE) -s --no-print-directory all
+	@BUILD=$(BUILD) LUA=$(LUA) STA_TESTS=lua scripts/test/run-tests
 
 test-python: deps
-	@$(MAKE) --no-print-directory lib >/dev/null
-	@BUILD=$(BUILD) STA_TESTS=python scripts/run-tests
+	@$(MAKE) -s --no-print-directory lib
+	@BUILD=$(BUILD) STA_TESTS=python scripts/test/run-tests
 
 test-gpu: all
-	@BUILD=$(BUILD) scripts/test-gpu
+	@BUILD=$(BUILD) scripts/test/test-gpu
 
 bench: all
-	@BUILD=$(BUILD) scripts/bench-cpu
+	@$(BUILD)/bench/bench_cpu
 
 bench-gpu: all
-	@BUILD=$(BUILD) scripts/bench-gpu
+	@BUILD=$(BUILD) scripts/device/bench-gpu
 
 sanitize:
-	@scripts/sanitize
+	@scripts/test/sanitize
 
 fuzz:
-	@scripts/fuzz
+	@scripts/test/fuzz
 
 valgrind:
-	@scripts/valgrind
+	@scripts/test/valgrind
 
 repl: all
 	@BUILD=$(BUILD) scripts/sta-repl
 
 example: deps
-	@$(MAKE) --no-print-directory all >/dev/null
+	@$(MAKE) -s --no-print-directory all
 	@BUILD=$(BUILD) scripts/run-example
 
 install: all
@@ -152,10 +152,9 @@ install: all
 	install -m 644 core/sta.h $(DESTDIR)$(PREFIX)/include/
 	install -m 644 $(BUILD)/libsta.a $(BUILD)/libsta.so $(DESTDIR)$(PREFIX)/lib/
 	install -m 755 $(TOOLS) $(DESTDIR)$(PREFIX)/bin/
-	if [ -f $(LUA_MOD) ]; then install -m 755 $(LUA_MOD) $(DESTDIR)$(LUA_LIBDIR)/sta/; fi
-	if [ -d lua/sta ]; then install -m 644 lua/sta/*.lua $(DESTDIR)$(LUA_SHAREDIR)/sta/; fi
+	install -m 755 $(LUA_MOD) $(DESTDIR)$(LUA_LIBDIR)/sta/
+	install -m 644 lua/sta/*.lua $(DESTDIR)$(LUA_SHAREDIR)/sta/
 	install -m 644 lua/sta/ffi.lua $(DESTDIR)$(LUAJIT_SHAREDIR)/sta/ # where luajit looks
-	if [ -f lua/sta.lua ]; then install -m 644 lua/sta.lua $(DESTDIR)$(LUA_SHAREDIR)/; fi
 	install -d $(DESTDIR)$(PYTHON_SITEDIR)/sta
 	install -m 644 python/sta/*.py $(DESTDIR)$(PYTHON_SITEDIR)/sta/
 

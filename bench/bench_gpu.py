@@ -668,7 +668,7 @@ def sweep(sta, reps, log, results):
             r["sta_peak_mib"], r["io_mib"], r["dense_peak_mib"]))
 
 
-# Issue 6's cases: the canonical workloads plus a searched-like mix of
+# The kernel work's cases: the canonical workloads plus a searched-like mix of
 # per-head windows, D 64 and fp16 (each at hunyuan-720p).  STA_CASES picks
 # them by name (comma-separated), STA_VARIANTS the kernel variants.
 MIXED_WINDOWS = [(3, 3, 3), (1, 3, 3), (3, 6, 10), (1, 3, 5), (1, 1, 1), (3, 3, 5),

@@ -141,8 +141,8 @@ static void run_item(const sta_cpu_plan *pl, int64_t b, int64_t h, const sta_cpu
 ** gathered at once (as many as fit in STA_CPU_KV_GROUP_BYTES), so a small
 ** problem runs as one parallel loop over all heads' items instead of two
 ** barriers per head: with many heads of few tokens the barriers, not the
-** math, took the time (issue 16: 5x6x10 tokens, tile 1x1x1, 24 heads was
-** slower than the reference). */
+** math, took the time (5x6x10 tokens, tile 1x1x1, 24 heads was slower
+** than the reference). */
 sta_status sta_cpu_attention(const sta_attn_params *p) {
   sta_cpu_plan pl;
   const int64_t D = p->head_dim, BH = p->batch * p->heads;

@@ -309,7 +309,7 @@ int64_t sta_geometry_text_len(const sta_geometry *g, int64_t seq_len);
 sta_status sta_window_check(const sta_geometry *g, const int32_t window[3]);
 /* FastVideo's usual window, 3, 3, 3 tiles: a value to offer.  The Lua
 ** and FFI bindings, like sta-run, apply no default: a window must be
-** given (issue 16; a silent default hid typos such as windows=). */
+** given (a silent default hid typos such as windows=). */
 void sta_window_default(int32_t window[3]);
 /* Key-tile range on one axis (STA.md section 2): q the query tile, k the
 ** window, c the tiles on the axis.  Returns STA_ERR_WINDOW for bad k. */

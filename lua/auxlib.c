@@ -91,7 +91,7 @@ void sta_lua_device_pressure(lua_State *L) {
 
 /* ---- argument helpers -------------------------------------------------- */
 
-/* v as an int32, or raise naming it: no silent truncation (issue 16). */
+/* v as an int32, or raise naming it: no silent truncation. */
 static int32_t to_int32(lua_State *L, lua_Integer v, const char *name, int index) {
   if (v < INT32_MIN || v > INT32_MAX) {
     if (index > 0)
@@ -293,7 +293,7 @@ int32_t *sta_lua_window_list(lua_State *L, int idx, int32_t *n, const char *name
 
 int32_t *sta_lua_windows(lua_State *L, int idx, int32_t *n) {
   idx = lua_absindex(L, idx);
-  if (lua_isnoneornil(L, idx)) /* as sta-run: no silent default (issue 16) */
+  if (lua_isnoneornil(L, idx)) /* as sta-run: no silent default */
     sta_lua_misuse(L, "window: required ({Kt, Kh, Kw} for every head, or a list of them, one "
                       "per head)");
   if (!lua_istable(L, idx))

@@ -130,8 +130,7 @@ describe("examples", function()
   end)
 end)
 
--- issue 16, defect 11: bad arguments end in a message and a status, never a
--- traceback
+-- bad arguments end in a message and a status, never a traceback
 describe("examples' argument checks", function()
   local function run(cmd)
     local f = assert(io.popen(("LUA_PATH=%s LUA_CPATH=%s %s 2>&1"):format(H.quote(package.path),

@@ -67,7 +67,7 @@ describe("sta.ffi #ffi", function()
     assert.equal("ndim: expected 1..4, got 5", select(2, pcall(S.tensor, {1, 1, 1, 1, 1})))
   end)
 
-  -- issue 16, defect 4: these crashed the interpreter
+  -- these crashed the interpreter once
   it("takes nil (NULL) in every call without crashing", function()
     assert.equal(0, tonumber(C.sta_tensor_ndim(nil)))
     assert.equal("t: expected a tensor, got NULL", ffi.string(C.sta_last_error()))
@@ -97,7 +97,7 @@ describe("sta.ffi #ffi", function()
     C.sta_tensor_destroy(raw)
   end)
 
-  -- issue 16, defect 13: luajit finds the installed binding, header and library
+  -- luajit finds the installed binding, header and library
   it("works from a make install prefix with no environment", function()
     local build = os.getenv("STA_BUILD") or os.getenv("BUILD") or "build"
     local prefix = os.tmpname()

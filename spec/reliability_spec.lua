@@ -1,6 +1,6 @@
 -- reliability_spec.lua -- memory stays flat over many create/drop cycles,
 -- errors inside <close> forward contexts leave the context stack as it was,
--- and injected allocation failures reach Lua as clean errors (issue 7).
+-- and injected allocation failures reach Lua as clean errors.
 local sta = require "sta"
 local H = require "helpers"
 

@@ -55,7 +55,7 @@ describe("sta.svg", function()
     assert.equal("window: query tile 3 outside 0..2", H.error_of(svg.tiles, g, {3, 0, 0}, {1, 1, 1}))
   end)
 
-  -- issue 16, defect 7: the literal "100%%" made the white background
+  -- the literal "100%%" once made the white background
   -- invalid (a transparent picture, black text lost on dark viewers)
   it("paints a white background of the whole picture", function()
     local s = sta.strategy.uniform{ steps = 1, layers = 1, heads = 2, window = {1, 1, 1} }

@@ -1,10 +1,10 @@
 /* test_api.c -- every public function of sta.h, called with NULL in each
 ** pointer argument and with a released handle in each handle argument (the
-** calls are generated from sta.h by scripts/gen-api-test.lua into
+** calls are generated from sta.h by scripts/test/gen-api-test.lua into
 ** $(BUILD)/gen/test_api_calls.h; a new function is covered by the next
 ** build, or the build stops naming the argument it cannot fill).  Here:
-** the fixture that makes valid arguments, and the checks.  Issue 16: the
-** class behind "S.C.sta_tensor_ndim(nil) segfaults". */
+** the fixture that makes valid arguments, and the checks: the class
+** behind "S.C.sta_tensor_ndim(nil) segfaults". */
 #include <unistd.h>
 
 #include "internal.h"

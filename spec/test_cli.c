@@ -435,7 +435,7 @@ static int staging_left(void) {
   return left;
 }
 
-/* Issue 16, defect 8: an output that cannot be written is found before
+/* An output that cannot be written is found before
 ** anything is read or computed (here the inputs do not even exist), and a
 ** failed run leaves every output as it was: no file, or the old one. */
 static void test_outputs_checked_first(void **state) {

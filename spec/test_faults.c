@@ -1,11 +1,11 @@
 /*
-** test_faults.c -- allocation fault injection (issue 7).  For each
+** test_faults.c -- allocation fault injection.  For each
 ** operation: count its allocations through the sta hooks (cJSON's included,
 ** see sta_fault_arm), then fail the i-th one for every i and check the
 ** status (STA_ERR_NOMEM), the message, that nothing changed (outputs
 ** poisoned and compared, strategies and batches as they were, the context
 ** stack as deep as before, no file left behind) and -- under make sanitize
-** (LeakSanitizer) and scripts/valgrind -- that nothing leaked.  The counts
+** (LeakSanitizer) and scripts/test/valgrind -- that nothing leaked.  The counts
 ** are printed as "# faults: <operation>: <n> allocation sites".
 */
 #include <stdarg.h>

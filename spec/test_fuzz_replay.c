@@ -2,7 +2,7 @@
 ** test_fuzz_replay.c -- every libFuzzer target (spec/fuzz/fuzz_*.c) built
 ** into one cmocka binary, replaying its committed corpus
 ** spec/fuzz/corpus/<target>/ (seeds, and every input that ever crashed:
-** the regression tests of scripts/fuzz's findings).  A broken invariant
+** the regression tests of scripts/test/fuzz's findings).  A broken invariant
 ** traps, so this runs under make test and, with ASan/UBSan, make sanitize.
 */
 #include <stdarg.h>

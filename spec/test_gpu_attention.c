@@ -307,7 +307,7 @@ static void test_random_geometries(void **state) {
   printf("# %d random geometries: worst rel L2 %.3e\n", n, worst);
 }
 
-/* ---- accuracy against float64 (issue 23) ----------------------------------
+/* ---- accuracy against float64 ----------------------------------------------
 ** The GPU's bf16/f16 output against the exact result: the CPU's float64
 ** reference (sta_attention_reference) on the same rounded inputs.  The
 ** yardstick is what a careful bf16/f16 attention kernel must round: P is

@@ -1,5 +1,5 @@
 /*
-** test_numerics.c -- bad numbers and absurd sizes (issue 7).
+** test_numerics.c -- bad numbers and absurd sizes.
 **
 ** The NaN/Inf rule (RELIABILITY.md), per batch b and head h, keys(s) the key
 ** set of query row s (STA.md sections 2-3):

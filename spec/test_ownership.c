@@ -1,7 +1,7 @@
 /* test_ownership.c -- sta.h's ownership rules: a context holds its
 ** metadata and forward batch, a layer its strategy, an SP layer its
-** communicator, so the caller may destroy them in any order (issue 16,
-** defects 2 and 3: both were use-after-free).  The freed memory is handed
+** communicator, so the caller may destroy them in any order (both
+** were use-after-free once).  The freed memory is handed
 ** straight to a look-alike object with other windows, so a holder that
 ** kept only a pointer computes with the wrong windows even without ASan.
 ** A handle whose last reference went is refused by every call, and

@@ -1,8 +1,8 @@
-/* test_small_tiles.c -- issue 16, defect 10: with tiny tiles (a token or
-** two each) and many heads the fast CPU forward was slower than the
-** brute-force reference (5x6x10 tokens, tile 1x1x1, 24 heads, D 64: 84 ms
-** against 43 ms), its time going to two barriers per head and a pair of
-** tiny GEMMs per key range.  Here: on such geometries the forward must beat
+/* test_small_tiles.c -- with tiny tiles (a token or two each) and many
+** heads the fast CPU forward was slower than the brute-force reference
+** (5x6x10 tokens, tile 1x1x1, 24 heads, D 64: 84 ms against 43 ms), its
+** time going to two barriers per head and a pair of tiny GEMMs per key
+** range.  Here: on such geometries the forward must beat
 ** the reference (best of several runs each, so load on the machine does not
 ** decide) and agree with it. */
 #include <time.h>

@@ -14,8 +14,8 @@ For each shape, the same forward four ways, on the same inputs:
 Columns: host us/call (the CPU time to issue one call, calls back to back,
 no synchronisation: the per-call overhead) and us/call end to end (calls
 issued back to back, then one synchronisation, divided by the calls; the
-median of --reps), and the end-to-end overhead against direct.  Targets
-(issue 19): within 2 % at hunyuan-720p, under 20 us per call at the small
+median of --reps), and the end-to-end overhead against direct.  Targets:
+within 2 % at hunyuan-720p, under 20 us per call at the small
 shape.  Prints a table; writes overhead.json to --out.
 """
 import argparse

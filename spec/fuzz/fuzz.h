@@ -1,6 +1,6 @@
 /*
 ** fuzz.h -- shared by the libFuzzer targets spec/fuzz/fuzz_*.c (built by
-** scripts/fuzz) and by spec/test_fuzz_replay.c, which includes every target
+** scripts/test/fuzz) and by spec/test_fuzz_replay.c, which includes every target
 ** and replays the committed corpora through it in make test / make sanitize.
 ** A broken invariant calls FUZZ_CHECK, which traps: libFuzzer saves the
 ** input as a crash, the replay test dies.

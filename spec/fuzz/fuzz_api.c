@@ -1,5 +1,5 @@
 /*
-** fuzz_api.c -- random sequences of C API calls (issue 16): create,
+** fuzz_api.c -- random sequences of C API calls: create,
 ** release, view, push, pop, forward, backward, search, save, load, tune,
 ** SP layers, cancel, on a pool of handles that the bytes pick from, live
 ** or already released, in any order.  Each 3 input bytes are one call: the

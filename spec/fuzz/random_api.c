@@ -1,5 +1,5 @@
 /*
-** random_api.c -- the seeded random driver of fuzz_api.c (scripts/fuzz-api):
+** random_api.c -- the seeded random driver of fuzz_api.c (scripts/test/fuzz):
 ** random sequences of 1..max_calls calls, each a fresh input for the same
 ** target, so millions of sequences run under ASan + UBSan without
 ** libFuzzer's corpus work.  Half the sequences start by making objects

@@ -8,7 +8,7 @@ a status must fail with a 1xx status and a message naming the argument
 (nullable arguments, listed below, need only not crash); every call must
 leave no live handle behind.
 
-  lua5.4 scripts/gen-api-test.lua core/sta.h > build/gen/test_api_calls.h
+  lua5.4 scripts/test/gen-api-test.lua core/sta.h > build/gen/test_api_calls.h
 
 A public function with an argument this script cannot make a valid value for
 stops the build with a message naming it: add the value here.
@@ -177,7 +177,7 @@ end
 local out = {}
 local function emit(s, ...) out[#out + 1] = select("#", ...) > 0 and s:format(...) or s end
 
-emit("/* Generated from %s by scripts/gen-api-test.lua: do not edit. */", header)
+emit("/* Generated from %s by scripts/test/gen-api-test.lua: do not edit. */", header)
 emit("#define FX_NFUNCS %d", #funcs)
 
 local tests = {}
