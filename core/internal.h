@@ -287,7 +287,7 @@ sta_status sta_attn_run(const sta_attn_params *p, sta_device device);
 
 /* Normal draws 2p and 2p+1 of stream seed come from one pair of splitmix64
 ** hashes by Box-Muller.  The one body below runs on the host and on the
-** device (kernels/ops.cu), so a seed gives the same bits everywhere: no
+** device (kernels/ops_elementwise.cu), so a seed gives the same bits everywhere: no
 ** libm (log, sin and cos are polynomials here), only integer hashing and
 ** IEEE operations rounded once each.  The sta_d* helpers keep compilers
 ** from contracting a*b+c into an fma on one side only (nvcc would; clang

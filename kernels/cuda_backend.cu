@@ -1,16 +1,15 @@
 /*
 ** cuda_backend.cu -- the CUDA backend table (core/internal.h): probe,
-** device memory, transfers, attention (fwd_api.cu), head_diff; the
-** elementwise operations are in ops.cu.  Never prints, never aborts:
+** device memory, transfers, the SM count, attention (fwd_api.cu),
+** head_diff; the elementwise operations are in ops_elementwise.cu and
+** ops_stats.cu.  Never prints, never aborts:
 ** every failure is a status and a message.
 */
-#include <cuda_bf16.h>
-#include <cuda_fp16.h>
 #include <cuda_runtime.h>
 #include <stdio.h>
 #include <stdlib.h>
 
-#include "sta_cuda.h"
+#include "ops.cuh" /* to_f32: the elementwise operations' conversion */
 
 sta_status sta_cuda_fail(cudaError_t e, const char *what) {
   (void)cudaGetLastError(); /* clear a non-sticky error */
@@ -152,12 +151,11 @@ sta_status cuda_synchronize(void) {
 
 /* ---- head_diff: per-head mean |a-b| and (a-b)^2 ---------------------------- */
 
-__device__ __forceinline__ float load_as_f32(const void *base, int dt,
-                                             int64_t off) {
+/* Element off of base (element-indexed: ops.cuh's ld1 takes a byte address,
+** which costs this kernel 2 more registers); the conversion is ops.cuh's. */
+__device__ __forceinline__ float load_as_f32(const void *base, int dt, int64_t off) {
   if (dt == STA_F32) return ((const float *)base)[off];
-  uint16_t h = ((const uint16_t *)base)[off];
-  if (dt == STA_F16) return __half2float(__ushort_as_half(h));
-  return __uint_as_float((uint32_t)h << 16);
+  return to_f32(((const uint16_t *)base)[off], dt);
 }
 
 struct DiffArgs {

@@ -32,7 +32,7 @@ sta_status launch_fwd(FwdParams &a) {
     if (st != STA_OK) return st;
     if (!a.sched) /* no counters (first launch under capture) */
       return launch_fwd<K, false>(a);
-    grid = sm_count() < n ? sm_count() : n;
+    grid = sta_cuda_sm_count() < n ? sta_cuda_sm_count() : n;
   }
   kern<<<(unsigned)grid, K::THREADS, K::SMEM, sta_cuda_stream()>>>(a);
   e = cudaGetLastError();

@@ -18,11 +18,12 @@ static inline cudaStream_t sta_cuda_stream(void) {
 ** the sticky-free last error. */
 sta_status sta_cuda_fail(cudaError_t e, const char *what);
 
-/* Multiprocessors of the current device (132 when it cannot be asked). */
+/* Multiprocessors of the current device (132 when it cannot be asked):
+** the persistent forward's grid, the elementwise operations' block cap. */
 int sta_cuda_sm_count(void);
 
-/* Elementwise operations and reductions (kernels/ops.cu), the backend
-** table's copy, fill, randn, lincomb and stats. */
+/* Elementwise operations and reductions (ops_elementwise.cu,
+** ops_stats.cu), the backend table's copy, fill, randn, lincomb and stats. */
 sta_status sta_cuda_copy(sta_tensor *dst, const sta_tensor *src);
 sta_status sta_cuda_fill(sta_tensor *t, double value);
 sta_status sta_cuda_randn(sta_tensor *t, uint64_t seed, double mean, double std);

@@ -7,24 +7,6 @@
 
 namespace sta {
 
-int sm_count() {
-  static int n[64];
-  int dev = 0;
-  if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= 64) {
-    (void)cudaGetLastError();
-    return 132;
-  }
-  if (!n[dev]) {
-    int c = 0;
-    if (cudaDeviceGetAttribute(&c, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess || c <= 0) {
-      (void)cudaGetLastError();
-      c = 132;
-    }
-    n[dev] = c;
-  }
-  return n[dev];
-}
-
 /* The persistent kernel's counters: a ring of slots per device, zeroed
 ** once; each launch takes the next slot and its last CTA zeroes it again,
 ** so launches in flight on different streams do not share one.  The ring

@@ -97,8 +97,6 @@ __device__ __forceinline__ int next_item(const P &a, int k) {
 
 /* ---- host ---------------------------------------------------------------- */
 
-/* Multiprocessors of the current device (132 when it cannot be read). */
-int sm_count();
 /* The persistent kernel's counters for one launch: *slot = two zeroed ints
 ** that the launch's last CTA zeroes again, or NULL (launch one CTA per
 ** item) when the first launch on a device is being captured into a graph,
