@@ -216,11 +216,18 @@ static void check_sp(const sp_case *c) {
     if (v % p || c->h % p) continue;
     sta_comm *comms[MAXP];
     assert_int_equal(sta_comm_loopback(comms, p), STA_OK);
-    run_sp(c, p, &j, sp_rank, f.q, f.k, f.v, f.o, comms);
+    /* every chunk count of the pipeline (0: the default), in a world of
+    ** one too, on the same communicators (their buffers regrown) */
+    for (int32_t n = 0; n <= c->h / p; n++) {
+      if (n > 0 && (c->h / p) % n) continue;
+      for (int32_t r = 0; r < p; r++) assert_int_equal(sta_comm_set_chunks(comms[r], n), STA_OK);
+      assert_int_equal(sta_comm_chunks(comms[0]), n);
+      run_sp(c, p, &j, sp_rank, f.q, f.k, f.v, f.o, comms);
+      ran++;
+    }
     for (int32_t r = 0; r < p; r++) sta_comm_destroy(comms[r]);
-    ran++;
   }
-  assert_true(ran >= 2);
+  assert_true(ran >= 4);
   full_free(&f);
 }
 
@@ -540,6 +547,10 @@ static void *custom_thread(void *p) {
   return NULL;
 }
 
+/* A caller's transport without all_to_all_spans: sta packs the strided
+** side of each exchange.  Every chunk count gives single-device bits; the
+** calls are counted: the descriptor (one all-gather), then per chunk
+** three all-to-alls in (q, k, v), one out and the text all-gather. */
 static void test_custom_transport(void **state) {
   (void)state;
   const int32_t p = 2;
@@ -550,7 +561,7 @@ static void test_custom_transport(void **state) {
   for (int32_t r = 0; r < p; r++) {
     cnt[r].inner = inner[r];
     sta_transport t = {"counting", 1u << STA_CPU, &cnt[r], cnt_rank, cnt_size,
-                       cnt_a2a, cnt_gather, cnt_barrier, cnt_destroy};
+                       cnt_a2a, cnt_gather, cnt_barrier, cnt_destroy, NULL};
     assert_int_equal(sta_comm_create(&comms[r], &t), STA_OK);
     assert_string_equal(sta_comm_name(comms[r]), "counting");
     assert_int_equal(sta_comm_rank(comms[r]), r);
@@ -566,49 +577,53 @@ static void test_custom_transport(void **state) {
     sta_tensor *full = randn4(STA_BF16, STA_BSHD, 1, 96 + text, 4, 8);
     sta_tensor *ref = new4(STA_BF16, STA_BSHD, 1, 96 + text, 4, 8);
     assert_int_equal(sta_attention_forward(&d, full, full, full, ref, NULL), STA_OK);
-    for (int fail = 0; fail <= (text > 0); fail++) {
-      custom_job jobs[2];
-      pthread_t th[2];
-      sta_tensor *before[2];
-      for (int32_t r = 0; r < p; r++) {
-        memset(&jobs[r], 0, sizeof jobs[r]);
-        cnt[r].a2a = cnt[r].gather = 0;
-        cnt[r].fail_gather = fail;
-        jobs[r].comm = comms[r];
-        jobs[r].desc = &d;
-        jobs[r].q = new4(STA_BF16, STA_BSHD, 1, 48 + text, 4, 8);
-        jobs[r].o = randn4(STA_BF16, STA_BSHD, 1, 48 + text, 4, 8);
-        before[r] = snapshot(jobs[r].o);
-        assert_int_equal(sta_sp_shard(jobs[r].q, full, &d.geom, STA_BSHD, r, p), STA_OK);
-        assert_int_equal(pthread_create(&th[r], NULL, custom_thread, &jobs[r]), 0);
-      }
-      for (int32_t r = 0; r < p; r++) pthread_join(th[r], NULL);
-      for (int32_t r = 0; r < p; r++) {
-        assert_int_equal(cnt[r].a2a, 2);            /* q/k/v in, video out */
-        assert_int_equal(cnt[r].gather, text > 0);  /* text out over heads */
-        if (fail) {
-          assert_int_equal(jobs[r].rc, STA_ERR_DEVICE);
-          assert_string_equal(jobs[r].msg, "fake: link down");
-          assert_bitwise(jobs[r].o, before[r]);
-        } else {
-          assert_int_equal(jobs[r].rc, STA_OK);
-          sta_tensor *want = new4(STA_BF16, STA_BSHD, 1, 48 + text, 4, 8);
-          assert_int_equal(sta_sp_shard(want, ref, &d.geom, STA_BSHD, r, p), STA_OK);
-          assert_bitwise(jobs[r].o, want);
-          sta_tensor_destroy(want);
+    for (int32_t n = 1; n <= 2; n++)
+      for (int fail = 0; fail <= (text > 0 && n == 1); fail++) {
+        custom_job jobs[2];
+        pthread_t th[2];
+        sta_tensor *before[2];
+        for (int32_t r = 0; r < p; r++) {
+          memset(&jobs[r], 0, sizeof jobs[r]);
+          cnt[r].a2a = cnt[r].gather = 0;
+          cnt[r].fail_gather = fail;
+          assert_int_equal(sta_comm_set_chunks(comms[r], n), STA_OK);
+          jobs[r].comm = comms[r];
+          jobs[r].desc = &d;
+          jobs[r].q = new4(STA_BF16, STA_BSHD, 1, 48 + text, 4, 8);
+          jobs[r].o = randn4(STA_BF16, STA_BSHD, 1, 48 + text, 4, 8);
+          before[r] = snapshot(jobs[r].o);
+          assert_int_equal(sta_sp_shard(jobs[r].q, full, &d.geom, STA_BSHD, r, p), STA_OK);
+          assert_int_equal(pthread_create(&th[r], NULL, custom_thread, &jobs[r]), 0);
         }
-        sta_tensor_destroy(jobs[r].q);
-        sta_tensor_destroy(jobs[r].o);
-        sta_tensor_destroy(before[r]);
+        for (int32_t r = 0; r < p; r++) pthread_join(th[r], NULL);
+        for (int32_t r = 0; r < p; r++) {
+          if (fail) { /* the descriptor's all-gather fails: nothing moved */
+            assert_int_equal(cnt[r].gather, 1);
+            assert_int_equal(cnt[r].a2a, 0);
+            assert_int_equal(jobs[r].rc, STA_ERR_DEVICE);
+            assert_string_equal(jobs[r].msg, "fake: link down");
+            assert_bitwise(jobs[r].o, before[r]);
+          } else {
+            assert_int_equal(cnt[r].gather, 1 + n * (text > 0));
+            assert_int_equal(cnt[r].a2a, 4 * n);
+            if (jobs[r].rc != STA_OK) fail_msg("rank %d: %s", (int)r, jobs[r].msg);
+            sta_tensor *want = new4(STA_BF16, STA_BSHD, 1, 48 + text, 4, 8);
+            assert_int_equal(sta_sp_shard(want, ref, &d.geom, STA_BSHD, r, p), STA_OK);
+            assert_bitwise(jobs[r].o, want);
+            sta_tensor_destroy(want);
+          }
+          sta_tensor_destroy(jobs[r].q);
+          sta_tensor_destroy(jobs[r].o);
+          sta_tensor_destroy(before[r]);
+        }
       }
-    }
     sta_tensor_destroy(full);
     sta_tensor_destroy(ref);
   }
   /* a rank outside the size is refused */
   counting bad = {inner[0], 0, 0, 0, 0, 0};
   sta_transport t = {"counting", 1u << STA_CPU, &bad, cnt_size, cnt_size, cnt_a2a,
-                     cnt_gather, cnt_barrier, cnt_destroy};
+                     cnt_gather, cnt_barrier, cnt_destroy, NULL};
   sta_comm *c = NULL;
   sta_expect_err(sta_comm_create(&c, &t), STA_ERR_ARGUMENT,
                "transport: rank 2 of size 2 is not a rank");
@@ -701,7 +716,7 @@ static void test_tcp_transport(void **state) {
   /* errors: arguments, no rank 0, a file that is not a TCP bootstrap */
   sta_comm *c = (sta_comm *)0x1;
   sta_expect_err(sta_comm_tcp(&c, 0, 2, NULL), STA_ERR_ARGUMENT,
-               "id_file: expected a path to share the TCP port (world size 2)");
+               "id_file: expected a path or tcp://HOST:PORT to share the TCP port (world size 2)");
   sta_expect_err(sta_comm_tcp(&c, 3, 2, "/tmp/x"), STA_ERR_ARGUMENT, "rank: expected 0..1, got 3");
   sta_expect_err(sta_comm_tcp(&c, 0, 65, "/tmp/x"), STA_ERR_ARGUMENT,
                "size: expected 1..64 ranks, got 65");
@@ -717,7 +732,7 @@ static void test_tcp_transport(void **state) {
   assert_non_null(f);
   fwrite("0123456789ab", 1, 12, f);
   fclose(f);
-  snprintf(want, sizeof want, "id_file: \"%s\" holds no sta-tcp bootstrap (an NCCL id?)", id_file);
+  snprintf(want, sizeof want, "id_file: \"%s\" holds no sta bootstrap", id_file);
   sta_expect_err(sta_comm_tcp(&c, 1, 2, id_file), STA_ERR_FORMAT, want);
   f = fopen(id_file, "wb");
   fwrite("01234", 1, 5, f);
@@ -725,8 +740,17 @@ static void test_tcp_transport(void **state) {
   snprintf(want, sizeof want, "id_file: \"%s\" holds 5 bytes, expected 12", id_file);
   sta_expect_err(sta_comm_tcp(&c, 1, 2, id_file), STA_ERR_FORMAT, want);
   remove(id_file);
-  sta_expect_err(sta_comm_tcp(&c, 0, 2, id_file), STA_ERR_IO,
-               "tcp: rank 0 waited 0.1 s for rank connections (0 of 1 came; STA_DIST_TIMEOUT)");
+  sta_status rc = sta_comm_tcp(&c, 0, 2, id_file);
+  assert_int_equal(rc, STA_ERR_IO);
+  unsigned port = 0;
+  const char *at = strstr(sta_last_error(), "127.0.0.1:");
+  if (at) port = (unsigned)atoi(at + 10);
+  char got[256];
+  snprintf(got, sizeof got, "%s", sta_last_error());
+  snprintf(want, sizeof want, "rendezvous: rank 0 waited 0.1 s for the other ranks at "
+           "127.0.0.1:%u (0 of 1 came; STA_DIST_TIMEOUT)", port);
+  assert_true(port > 0);
+  assert_string_equal(got, want);
   remove(id_file);
   setenv("STA_DIST_TIMEOUT", "30", 1);
   assert_ptr_equal(c, (sta_comm *)0x1);
@@ -1005,9 +1029,9 @@ static void test_errors_nccl_env(void **state) {
   sta_expect_err(sta_comm_nccl(&c, 2, 2, "/tmp/x", -1), STA_ERR_ARGUMENT,
                "rank: expected 0..1, got 2");
   sta_expect_err(sta_comm_nccl(&c, 1, 2, NULL, -1), STA_ERR_ARGUMENT,
-               "id_file: expected a path to share the NCCL id (world size 2)");
+               "id_file: expected a path or tcp://HOST:PORT to share the NCCL id (world size 2)");
   sta_expect_err(sta_comm_nccl(&c, 0, 0, NULL, -1), STA_ERR_ARGUMENT,
-               "size: expected >= 1 ranks, got 0");
+               "size: expected 1..1048576 ranks, got 0");
 
   setenv("STA_WORLD_SIZE", "two", 1);
   sta_expect_err(sta_comm_from_env(&c), STA_ERR_ENV,
@@ -1023,8 +1047,9 @@ static void test_errors_nccl_env(void **state) {
   sta_expect_err(sta_comm_from_env(&c), STA_ERR_ENV,
                "STA_DIST_BACKEND: expected nccl, tcp or loopback, got \"mpi\"");
   unsetenv("STA_DIST_BACKEND");
-  sta_expect_err(sta_comm_from_env(&c), STA_ERR_ARGUMENT,
-               "id_file: expected a path to share the NCCL id (world size 2)");
+  sta_expect_err(sta_comm_from_env(&c), STA_ERR_ENV,
+               "MASTER_ADDR: not set; a world of 2 ranks (from scripts/sta-launch's "
+               "STA_WORLD_SIZE) meets at MASTER_ADDR:MASTER_PORT (or STA_DIST_ID_FILE)");
   setenv("STA_DIST_ID_FILE", "/tmp/sta-test-dist-id", 1);
   assert_int_equal(sta_comm_from_env(&c), STA_ERR_BACKEND); /* no NCCL here */
   unsetenv("STA_DIST_ID_FILE");
