@@ -1054,8 +1054,8 @@ static sta_status disagree(const sp_desc *a, const sp_desc *b, int32_t r) {
                      b->canvas[1], b->canvas[2], b->tile[0], b->tile[1], b->tile[2],
                      (long long)b->text_len);
   if (a->n_windows != b->n_windows || a->windows != b->windows)
-    return sta_error(STA_ERR_WINDOW, "%s the windows: rank %d's (%d) differ from rank 0's (%d)",
-                     pre, (int)r, (int)b->n_windows, (int)a->n_windows);
+    return sta_error(STA_ERR_WINDOW, "%s the windows: rank %d's differ from rank 0's "
+                     "(n_windows %d and %d)", pre, (int)r, (int)b->n_windows, (int)a->n_windows);
   if (a->scale != b->scale || a->softmax != b->softmax) {
     float fa, fb;
     memcpy(&fa, &a->scale, 4);

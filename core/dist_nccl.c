@@ -722,11 +722,11 @@ static sta_status env_rendezvous(char *at, size_t cap, int32_t size, int32_t fam
   int32_t port;
   sta_status rc;
   at[0] = '\0';
+  if (size == 1) return STA_OK; /* nobody to meet */
   if (file) {
     snprintf(at, cap, "%s", file);
     return STA_OK;
   }
-  if (size == 1 && !addr) return STA_OK;
   if (!addr)
     return sta_error(STA_ERR_ENV, "MASTER_ADDR: not set; a world of %d ranks (from %s's %s) "
                      "meets at MASTER_ADDR:MASTER_PORT (or STA_DIST_ID_FILE)", (int)size,

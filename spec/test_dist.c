@@ -943,6 +943,143 @@ static void test_errors_comm(void **state) {
   }
 }
 
+/* ---- ranks that disagree ------------------------------------------------------------- */
+
+/* Each rank's own call (desc, q as q, k and v, out) and its result. */
+typedef struct dis_job {
+  sta_attention_desc desc[2];
+  int32_t windows[2][3];
+  sta_tensor *q[2], *o[2], *before[2];
+  sta_status rc[2];
+  char msg[2][512];
+} dis_job;
+
+static sta_status sp_error_rank(void *arg, int32_t r, sta_comm *c);
+
+static sta_status dis_rank(void *arg, int32_t r, sta_comm *c) {
+  dis_job *j = arg;
+  j->rc[r] = sta_sp_attention(c, &j->desc[r], j->q[r], j->q[r], j->q[r], j->o[r]);
+  snprintf(j->msg[r], sizeof j->msg[r], "%s", j->rc[r] == STA_OK ? "" : sta_last_error());
+  return STA_OK; /* each rank's result is checked below */
+}
+
+static sta_status sp_error_rank(void *arg, int32_t r, sta_comm *c) {
+  dis_job *j = arg;
+  return sta_sp_attention(c, &j->desc[r], j->q[r], j->q[r], j->q[r], j->o[r]);
+}
+
+/* A valid rank call: canvas 4x4x4, tile 2, window 1,1,1, q [1, 32 + 3, 4, 8]. */
+static void dis_rank_init(dis_job *j, int r, sta_dtype dt, sta_layout layout, int64_t rows,
+                          int64_t h) {
+  sta_attention_desc *d = &j->desc[r];
+  memset(d, 0, sizeof *d);
+  sta_geometry_init(&d->geom, 4, 4, 4);
+  d->geom.tile[0] = d->geom.tile[1] = d->geom.tile[2] = 2;
+  d->layout = layout;
+  d->n_windows = 1;
+  j->windows[r][0] = j->windows[r][1] = j->windows[r][2] = 1;
+  d->windows = j->windows[r];
+  j->q[r] = randn4(dt, layout, 1, rows, h, 8);
+  j->o[r] = randn4(dt, layout, 1, rows, h, 8);
+  j->before[r] = snapshot(j->o[r]);
+}
+
+/* Both ranks return msg (status want) and leave out unchanged; then the
+** same communicators run a valid call that equals one device. */
+static void dis_check(dis_job *j, sta_comm **comms, sta_status want, const char *msg) {
+  assert_int_equal(sta_comm_loopback_run(comms, 2, dis_rank, j), STA_OK);
+  for (int r = 0; r < 2; r++) {
+    if (j->rc[r] != want || strcmp(j->msg[r], msg) != 0)
+      fail_msg("rank %d: %s (%d), wanted \"%s\" (%d)", r, j->msg[r], (int)j->rc[r], msg, (int)want);
+    assert_bitwise(j->o[r], j->before[r]);
+    sta_tensor_destroy(j->q[r]);
+    sta_tensor_destroy(j->o[r]);
+    sta_tensor_destroy(j->before[r]);
+    assert_int_equal(sta_comm_set_chunks(comms[r], 0), STA_OK);
+  }
+  sp_case c;
+  memset(&c, 0, sizeof c);
+  c.canvas[0] = c.canvas[1] = c.canvas[2] = 4;
+  c.tile[0] = c.tile[1] = c.tile[2] = 2;
+  c.text = 3; c.text_len = -1;
+  c.b = 1; c.h = 4; c.d = 8;
+  c.dtype = STA_F32;
+  c.layout = STA_BSHD;
+  c.n_windows = 1;
+  c.windows[0] = 3; c.windows[1] = 1; c.windows[2] = 3;
+  sp_job sj;
+  memset(&sj, 0, sizeof sj);
+  case_desc(&c, &sj.desc);
+  full_qkvo f = full_make(&c, 64 + 3);
+  assert_int_equal(sta_attention_forward(&sj.desc, f.q, f.k, f.v, f.o, NULL), STA_OK);
+  run_sp(&c, 2, &sj, sp_rank, f.q, f.k, f.v, f.o, comms);
+  full_free(&f);
+}
+
+static void test_ranks_disagree(void **state) {
+  (void)state;
+  sta_comm *comms[2];
+  dis_job j;
+  assert_int_equal(sta_comm_loopback(comms, 2), STA_OK);
+  dis_rank_init(&j, 0, STA_F32, STA_BSHD, 35, 4);
+  dis_rank_init(&j, 1, STA_F32, STA_BSHD, 35, 6);
+  dis_check(&j, comms, STA_ERR_SHAPE, "ranks disagree on the heads: rank 0 has 4, rank 1 has 6");
+  dis_rank_init(&j, 0, STA_F32, STA_BSHD, 35, 4);
+  dis_rank_init(&j, 1, STA_F32, STA_BSHD, 36, 4);
+  dis_check(&j, comms, STA_ERR_SHAPE, "ranks disagree on q's shape: rank 0 has [B=1, S=35, "
+            "heads=4, D=8], rank 1 has [B=1, S=36, heads=4, D=8]");
+  dis_rank_init(&j, 0, STA_F32, STA_BSHD, 35, 4);
+  dis_rank_init(&j, 1, STA_F16, STA_BSHD, 35, 4);
+  dis_check(&j, comms, STA_ERR_DTYPE, "ranks disagree on the dtype: rank 0 has f32, rank 1 has f16");
+  dis_rank_init(&j, 0, STA_F32, STA_BSHD, 35, 4);
+  dis_rank_init(&j, 1, STA_F32, STA_BHSD, 35, 4);
+  dis_check(&j, comms, STA_ERR_ARGUMENT,
+            "ranks disagree on the layout: rank 0 has BSHD, rank 1 has BHSD");
+  dis_rank_init(&j, 0, STA_F32, STA_BSHD, 35, 4);
+  dis_rank_init(&j, 1, STA_F32, STA_BSHD, 35, 4);
+  j.windows[1][1] = 3;
+  dis_check(&j, comms, STA_ERR_WINDOW,
+            "ranks disagree on the windows: rank 1's differ from rank 0's (n_windows 1 and 1)");
+  dis_rank_init(&j, 0, STA_F32, STA_BSHD, 35, 4);
+  dis_rank_init(&j, 1, STA_F32, STA_BSHD, 35, 4);
+  sta_geometry_init(&j.desc[1].geom, 2, 8, 4); /* the same V = 64 */
+  j.desc[1].geom.tile[0] = j.desc[1].geom.tile[1] = j.desc[1].geom.tile[2] = 2;
+  dis_check(&j, comms, STA_ERR_WINDOW,
+            "ranks disagree on the geometry: rank 0 has canvas 4x4x4, tile 2x2x2, text_len -1; "
+            "rank 1 has canvas 2x8x4, tile 2x2x2, text_len -1");
+  dis_rank_init(&j, 0, STA_F32, STA_BSHD, 35, 4);
+  dis_rank_init(&j, 1, STA_F32, STA_BSHD, 35, 4);
+  j.desc[1].scale = 0.5f;
+  dis_check(&j, comms, STA_ERR_ARGUMENT,
+            "ranks disagree on the scale or softmax: rank 0 has 0 and 0, rank 1 has 0.5 and 0");
+  dis_rank_init(&j, 0, STA_F32, STA_BSHD, 35, 4);
+  dis_rank_init(&j, 1, STA_F32, STA_BSHD, 35, 4);
+  assert_int_equal(sta_comm_set_chunks(comms[0], 2), STA_OK);
+  dis_check(&j, comms, STA_ERR_ARGUMENT,
+            "ranks disagree on the chunks: rank 0 runs 2, rank 1 runs 1 (sta_comm_set_chunks)");
+  /* one rank's own error: in a loopback world it returns at once and its
+  ** run aborts the other */
+  dis_rank_init(&j, 0, STA_F32, STA_BSHD, 35, 4);
+  dis_rank_init(&j, 1, STA_F32, STA_BSHD, 35, 4);
+  assert_int_equal(sta_comm_set_chunks(comms[1], 3), STA_OK);
+  sta_expect_err(sta_comm_loopback_run(comms, 2, sp_error_rank, &j), STA_ERR_ARGUMENT,
+                 "rank 1: chunks: 3 do not divide the 2 heads of each rank (4 heads / 2 ranks; "
+                 "sta_comm_set_chunks)");
+  for (int r = 0; r < 2; r++) {
+    assert_bitwise(j.o[r], j.before[r]);
+    sta_tensor_destroy(j.q[r]);
+    sta_tensor_destroy(j.o[r]);
+    sta_tensor_destroy(j.before[r]);
+  }
+  sta_expect_err(sta_comm_set_chunks(comms[0], 65), STA_ERR_ARGUMENT,
+                 "n: expected 0 (choose) or 1..64 chunks, got 65");
+  sta_expect_err(sta_comm_set_chunks(NULL, 1), STA_ERR_ARGUMENT,
+                 "comm: expected a communicator, got NULL");
+  assert_int_equal(sta_comm_chunks(comms[1]), 3);
+  sta_comm_destroy(comms[0]);
+  sta_comm_destroy(comms[1]);
+}
+
 /* A failing rank aborts the others (no hang); the world is usable after. */
 static sta_status fail_rank1(void *arg, int32_t r, sta_comm *c) {
   (void)arg;
@@ -1096,6 +1233,29 @@ static void test_errors_out_of_memory(void **state) {
   }
   /* one rank runs the plain forward (nothing to move): its allocations */
   assert_true(failures >= 2);
+  /* the pipeline of two chunks in a world of one: a failure before data
+  ** moves (buffers, views) leaves out unchanged; a later one (in the
+  ** second chunk's forward) may have written the first chunk's heads */
+  sta_tensor *ref = randn4(STA_F32, STA_BSHD, 1, 66, 2, 8);
+  assert_int_equal(sta_attention_forward(&d, q, q, q, ref, NULL), STA_OK);
+  assert_int_equal(sta_comm_set_chunks(c, 2), STA_OK);
+  int before_moving = 0;
+  failures = 0;
+  for (int64_t n = 1; n < 500; n++) {
+    assert_int_equal(sta_tensor_copy(o, before), STA_OK);
+    sta_fault_arm(n);
+    sta_status rc = sta_sp_attention(c, &d, q, q, q, o);
+    sta_fault_arm(0);
+    if (rc == STA_OK) break;
+    assert_int_equal(rc, STA_ERR_NOMEM);
+    double mx = -1;
+    assert_int_equal(sta_tensor_compare(o, before, &mx, NULL), STA_OK);
+    before_moving += mx == 0.0;
+    failures++;
+  }
+  assert_true(before_moving >= 3 && failures > before_moving);
+  assert_bitwise(o, ref);
+  sta_tensor_destroy(ref);
   /* shard and unshard: the destination unchanged on every failure */
   sta_tensor *local = randn4(STA_F32, STA_BSHD, 1, 66, 2, 8);
   sta_tensor *lbefore = snapshot(local);
@@ -1143,6 +1303,7 @@ int main(void) {
     cmocka_unit_test(test_errors_sp_attention),
     cmocka_unit_test(test_errors_shard),
     cmocka_unit_test(test_errors_comm),
+    cmocka_unit_test(test_ranks_disagree),
     cmocka_unit_test(test_loopback_abort_and_timeout),
     cmocka_unit_test(test_errors_layer),
     cmocka_unit_test(test_errors_nccl_env),
