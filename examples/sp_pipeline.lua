@@ -178,6 +178,7 @@ end
 local bad = false
 for _, n in ipairs(chunk_list) do
   for _, c in ipairs(comms) do c:set_chunks(n) end
+  local label = args.chunks == "0" and "" or (" chunks %d"):format(n) -- as asked
   local outs = sp_forward()
   sync()
   local tol = sh.dtype == "f32" and 1e-6 or 1e-3
@@ -186,16 +187,16 @@ for _, n in ipairs(chunk_list) do
     local mx, rel = outs[i]:compare(want)
     local ok = rel <= tol
     bad = bad or not ok
-    say("sp %s P=%d rank %d %s %s chunks %d: max|diff| %.3g rel %.3g %s%s", args.shape, P, r,
-      args.device, sh.dtype, n, mx, rel, ok and "ok" or "MISMATCH", mx == 0 and " (bitwise)" or "")
+    say("sp %s P=%d rank %d %s %s%s: max|diff| %.3g rel %.3g %s%s", args.shape, P, r,
+      args.device, sh.dtype, label, mx, rel, ok and "ok" or "MISMATCH", mx == 0 and " (bitwise)" or "")
   end
   if args.iters > 0 then
     local sp = time(sp_forward, launched)
     local flops = sta.flops { canvas = sh.canvas, tile = sh.tile, window = windows,
       batch = 1, seq_len = S, heads = sh.heads, head_dim = sh.d }
-    local msg = ("time %s P=%d %s %s chunks %d: single device %.2f ms, SP %.2f ms (%.2fx, "
+    local msg = ("time %s P=%d %s %s%s: single device %.2f ms, SP %.2f ms (%.2fx, "
       .. "%.0f %% parallel efficiency), %.3g TFLOP/s SP"):format(args.shape, P, args.device,
-      launched and comms[1]:name() or "loopback", n, single, sp, single / sp,
+      launched and comms[1]:name() or "loopback", label, single, sp, single / sp,
       100 * single / (P * sp), flops / (sp * 1e-3) / 1e12)
     if alone then
       local exposed = sp - alone
