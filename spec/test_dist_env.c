@@ -248,15 +248,20 @@ static sta_tensor *randn(int64_t s, int64_t h, int64_t d) {
   return t;
 }
 
+/* Canvas 4x6x6 (V 144), tile 2x3x3, one window w. */
+static void small_desc(sta_attention_desc *d, const int32_t *w) {
+  memset(d, 0, sizeof *d);
+  sta_geometry_init(&d->geom, 4, 6, 6);
+  d->geom.tile[0] = 2; d->geom.tile[1] = 3; d->geom.tile[2] = 3;
+  d->n_windows = 1;
+  d->windows = w;
+}
+
 static void test_tcp_url_worlds(void **state) {
   (void)state;
   int32_t w[3] = {3, 1, 3};
   sta_attention_desc d;
-  memset(&d, 0, sizeof d);
-  sta_geometry_init(&d.geom, 4, 6, 6);
-  d.geom.tile[0] = 2; d.geom.tile[1] = 3; d.geom.tile[2] = 3;
-  d.n_windows = 1;
-  d.windows = w;
+  small_desc(&d, w);
   int64_t v = 144, text = 3;
   sta_tensor *fq = randn(v + text, 6, 8), *fk = randn(v + text, 6, 8), *fv = randn(v + text, 6, 8);
   sta_tensor *fo = randn(v + text, 6, 8);
@@ -419,11 +424,7 @@ static void test_tcp_join_on_error(void **state) {
   (void)state;
   int32_t w[3] = {1, 3, 1}, w2[6] = {1, 1, 1, 3, 3, 3};
   sta_attention_desc d;
-  memset(&d, 0, sizeof d);
-  sta_geometry_init(&d.geom, 4, 6, 6);
-  d.geom.tile[0] = 2; d.geom.tile[1] = 3; d.geom.tile[2] = 3;
-  d.n_windows = 1;
-  d.windows = w;
+  small_desc(&d, w);
   int64_t v = 144, text = 2;
   sta_tensor *fq = randn(v + text, 4, 8), *fo = randn(v + text, 4, 8);
   assert_int_equal(sta_attention_forward(&d, fq, fq, fq, fo, NULL), STA_OK);
