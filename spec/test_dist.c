@@ -383,6 +383,32 @@ static void test_sp_layer_strategy(void **state) {
       assert_int_equal(sta_layer_index(sta_sp_layer_base(j.layers[r])), 5);
     }
     run_sp(&c, p, &j, layer_rank, f.q, f.k, f.v, f.o, comms);
+    if (p == 2) { /* ranks at different layers: refused before anything moves */
+      sta_layer_desc ld;
+      memset(&ld, 0, sizeof ld);
+      ld.layer_index = 6;
+      ld.local_heads = 2;
+      ld.head_dim = (int32_t)c.d;
+      ld.geom = j.desc.geom;
+      ld.backend = STA_CPU;
+      ld.strategy = j.strategy;
+      sta_sp_layer_destroy(j.layers[1]);
+      assert_int_equal(sta_sp_layer_create(&j.layers[1], comms[1], &ld), STA_OK);
+      for (int32_t r = 0; r < 2; r++) {
+        j.q[r] = j.k[r] = j.v[r] = randn4(STA_F32, STA_BSHD, 1, v / 2 + c.text, c.h, c.d);
+        j.o[r] = randn4(STA_F32, STA_BSHD, 1, v / 2 + c.text, c.h, c.d);
+      }
+      sta_tensor *before = snapshot(j.o[0]);
+      sta_expect_err(sta_comm_loopback_run(comms, 2, layer_rank, &j), STA_ERR_ARGUMENT,
+                     "rank 0: ranks disagree on the layer: rank 0 runs layer 5 at step 2, rank 1 "
+                     "layer 6 at step 2");
+      assert_bitwise(j.o[0], before);
+      sta_tensor_destroy(before);
+      for (int32_t r = 0; r < 2; r++) {
+        sta_tensor_destroy(j.q[r]);
+        sta_tensor_destroy(j.o[r]);
+      }
+    }
     for (int32_t r = 0; r < p; r++) {
       sta_sp_layer_destroy(j.layers[r]);
       sta_comm_destroy(comms[r]);
