@@ -664,7 +664,7 @@ static void test_custom_transport(void **state) {
 /* ---- TCP: ranks as threads here (as processes under scripts/sta-launch) ----------- */
 
 typedef struct tcp_job {
-  int32_t rank, size;
+  int32_t rank, size, chunks;
   const char *id_file;
   const sta_attention_desc *desc;
   sta_tensor *q, *k, *v, *o;
@@ -676,6 +676,7 @@ static void *tcp_thread(void *p) {
   tcp_job *j = p;
   sta_comm *c = NULL;
   j->rc = sta_comm_tcp(&c, j->rank, j->size, j->id_file);
+  if (j->rc == STA_OK) j->rc = sta_comm_set_chunks(c, j->chunks);
   if (j->rc == STA_OK && (sta_comm_rank(c) != j->rank || sta_comm_size(c) != j->size))
     j->rc = sta_error(STA_ERR_STATE, "rank/size mismatch");
   if (j->rc == STA_OK) j->rc = sta_comm_barrier(c);
@@ -697,48 +698,56 @@ static void test_tcp_transport(void **state) {
   d.n_windows = 6;
   d.windows = w;
   int64_t text = 5, v = 144;
-  sta_tensor *fq = randn4(STA_F32, STA_BSHD, 1, v + text, 6, 8);
-  sta_tensor *fk = randn4(STA_F32, STA_BSHD, 1, v + text, 6, 8);
-  sta_tensor *fv = randn4(STA_F32, STA_BSHD, 1, v + text, 6, 8);
-  sta_tensor *fo = new4(STA_F32, STA_BSHD, 1, v + text, 6, 8);
-  assert_int_equal(sta_attention_forward(&d, fq, fk, fv, fo, NULL), STA_OK);
-  for (int32_t p = 1; p <= 3; p++) {
-    tcp_job jobs[3];
-    pthread_t th[3];
-    snprintf(id_file, sizeof id_file, "/tmp/sta-test-dist-%d-tcp%d.id", (int)getpid(), (int)p);
-    remove(id_file);
-    for (int32_t r = 0; r < p; r++) {
-      tcp_job *j = &jobs[r];
-      memset(j, 0, sizeof *j);
-      j->rank = r; j->size = p; j->id_file = id_file; j->desc = &d;
-      j->q = new4(STA_F32, STA_BSHD, 1, v / p + text, 6, 8);
-      j->k = new4(STA_F32, STA_BSHD, 1, v / p + text, 6, 8);
-      j->v = new4(STA_F32, STA_BSHD, 1, v / p + text, 6, 8);
-      j->o = new4(STA_F32, STA_BSHD, 1, v / p + text, 6, 8);
-      assert_int_equal(sta_sp_shard(j->q, fq, &d.geom, STA_BSHD, r, p), STA_OK);
-      assert_int_equal(sta_sp_shard(j->k, fk, &d.geom, STA_BSHD, r, p), STA_OK);
-      assert_int_equal(sta_sp_shard(j->v, fv, &d.geom, STA_BSHD, r, p), STA_OK);
-      assert_int_equal(pthread_create(&th[r], NULL, tcp_thread, j), 0);
+  /* BSHD, one batch (sta packs the shard side of each exchange); BHSD, two
+  ** (both sides packed), one head per chunk */
+  for (int cfg = 0; cfg < 2; cfg++) {
+    sta_layout lo = cfg ? STA_BHSD : STA_BSHD;
+    int64_t b = cfg ? 2 : 1;
+    d.layout = lo;
+    sta_tensor *fq = randn4(STA_F32, lo, b, v + text, 6, 8);
+    sta_tensor *fk = randn4(STA_F32, lo, b, v + text, 6, 8);
+    sta_tensor *fv = randn4(STA_F32, lo, b, v + text, 6, 8);
+    sta_tensor *fo = new4(STA_F32, lo, b, v + text, 6, 8);
+    assert_int_equal(sta_attention_forward(&d, fq, fk, fv, fo, NULL), STA_OK);
+    for (int32_t p = 1; p <= 3; p++) {
+      tcp_job jobs[3];
+      pthread_t th[3];
+      snprintf(id_file, sizeof id_file, "/tmp/sta-test-dist-%d-tcp%d.id", (int)getpid(), (int)p);
+      remove(id_file);
+      for (int32_t r = 0; r < p; r++) {
+        tcp_job *j = &jobs[r];
+        memset(j, 0, sizeof *j);
+        j->rank = r; j->size = p; j->id_file = id_file; j->desc = &d;
+        j->chunks = cfg ? 6 / p : 0;
+        j->q = new4(STA_F32, lo, b, v / p + text, 6, 8);
+        j->k = new4(STA_F32, lo, b, v / p + text, 6, 8);
+        j->v = new4(STA_F32, lo, b, v / p + text, 6, 8);
+        j->o = new4(STA_F32, lo, b, v / p + text, 6, 8);
+        assert_int_equal(sta_sp_shard(j->q, fq, &d.geom, lo, r, p), STA_OK);
+        assert_int_equal(sta_sp_shard(j->k, fk, &d.geom, lo, r, p), STA_OK);
+        assert_int_equal(sta_sp_shard(j->v, fv, &d.geom, lo, r, p), STA_OK);
+        assert_int_equal(pthread_create(&th[r], NULL, tcp_thread, j), 0);
+      }
+      for (int32_t r = 0; r < p; r++) pthread_join(th[r], NULL);
+      for (int32_t r = 0; r < p; r++) {
+        tcp_job *j = &jobs[r];
+        if (j->rc != STA_OK) fail_msg("P=%d rank %d: %s", (int)p, (int)r, j->msg);
+        sta_tensor *want = new4(STA_F32, lo, b, v / p + text, 6, 8);
+        assert_int_equal(sta_sp_shard(want, fo, &d.geom, lo, r, p), STA_OK);
+        assert_bitwise(j->o, want);
+        sta_tensor_destroy(want);
+        sta_tensor_destroy(j->q);
+        sta_tensor_destroy(j->k);
+        sta_tensor_destroy(j->v);
+        sta_tensor_destroy(j->o);
+      }
+      remove(id_file);
     }
-    for (int32_t r = 0; r < p; r++) pthread_join(th[r], NULL);
-    for (int32_t r = 0; r < p; r++) {
-      tcp_job *j = &jobs[r];
-      if (j->rc != STA_OK) fail_msg("P=%d rank %d: %s", (int)p, (int)r, j->msg);
-      sta_tensor *want = new4(STA_F32, STA_BSHD, 1, v / p + text, 6, 8);
-      assert_int_equal(sta_sp_shard(want, fo, &d.geom, STA_BSHD, r, p), STA_OK);
-      assert_bitwise(j->o, want);
-      sta_tensor_destroy(want);
-      sta_tensor_destroy(j->q);
-      sta_tensor_destroy(j->k);
-      sta_tensor_destroy(j->v);
-      sta_tensor_destroy(j->o);
-    }
-    remove(id_file);
+    sta_tensor_destroy(fq);
+    sta_tensor_destroy(fk);
+    sta_tensor_destroy(fv);
+    sta_tensor_destroy(fo);
   }
-  sta_tensor_destroy(fq);
-  sta_tensor_destroy(fk);
-  sta_tensor_destroy(fv);
-  sta_tensor_destroy(fo);
   /* errors: arguments, no rank 0, a file that is not a TCP bootstrap */
   sta_comm *c = (sta_comm *)0x1;
   sta_expect_err(sta_comm_tcp(&c, 0, 2, NULL), STA_ERR_ARGUMENT,
