@@ -790,7 +790,8 @@ const char *sta_comm_name(const sta_comm *c);
 ** heads), or 0 (the default) to choose: 1 on the CPU and in a world of
 ** one, else the largest divisor of the rank's heads up to 4.  In a world
 ** of one, n > 1 still runs the pipeline (to test it).  SP layers run one
-** chunk.  Every rank must use the same n (the SP call checks). */
+** chunk.  Every rank must use the same n (the SP call checks).  n outside
+** 0..64: STA_ERR_ARGUMENT and the setting unchanged. */
 sta_status sta_comm_set_chunks(sta_comm *c, int32_t n);
 int32_t sta_comm_chunks(const sta_comm *c);
 sta_status sta_comm_barrier(sta_comm *c);
