@@ -1,7 +1,8 @@
 /*
 ** dist.c -- sequence parallelism (Ulysses): communicators over a transport
-** table, the in-process loopback transport, and SP attention / SP layers.
-** The NCCL transport is dist_nccl.c.
+** table, the in-process loopback transport, strided block copies, and SP
+** attention / SP layers as a pipeline over head chunks.  The process
+** transports (NCCL, TCP) and the bootstrap are dist_nccl.c.
 */
 #include <errno.h>
 #include <pthread.h>
@@ -10,13 +11,40 @@
 
 #include "internal.h"
 
+#ifdef STA_WITH_CUDA
+/* cudart (linked in with the CUDA backend): the pipeline's second stream,
+** its events, strided copies.  Opaque pointers for cudaStream_t and
+** cudaEvent_t, int for cudaError_t and cudaMemcpyKind. */
+int cudaStreamCreateWithFlags(void **stream, unsigned flags);
+int cudaStreamDestroy(void *stream);
+int cudaEventCreateWithFlags(void **event, unsigned flags);
+int cudaEventDestroy(void *event);
+int cudaEventRecord(void *event, void *stream);
+int cudaStreamWaitEvent(void *stream, void *event, unsigned flags);
+int cudaMemcpy2DAsync(void *dst, size_t dpitch, const void *src, size_t spitch, size_t width,
+                      size_t height, int kind, void *stream);
+int cudaMemcpyAsync(void *dst, const void *src, size_t n, int kind, void *stream);
+const char *cudaGetErrorString(int error);
+enum { CUDA_STREAM_NON_BLOCKING = 1, CUDA_EVENT_NO_TIMING = 2, CUDA_COPY_DEFAULT = 4 };
+#endif
+
+#define MAX_LOOPBACK 64
+#define MAX_CHUNKS 64
+
+/* The pipeline's CUDA stream and events: in[c], comp[c], out[c], then
+** start and end (see sp_pipeline). */
+enum { EV_IN = 0, EV_COMP = MAX_CHUNKS, EV_OUT = 2 * MAX_CHUNKS, EV_START = 3 * MAX_CHUNKS,
+       EV_END, N_EVENTS };
+
 struct sta_comm {
   int32_t refs; /* the creator's and every SP layer's that holds it */
   sta_transport t;
+  int32_t chunks; /* sta_comm_set_chunks; 0: choose */
   sta_tensor *ws; /* SP workspace, kept between forwards (grown, never shrunk) */
+  sta_tensor *dbuf; /* the descriptor's device bytes (a transport of CUDA memory only) */
+  void *side;       /* CUDA: the second stream, made on first use */
+  void *ev[N_EVENTS];
 };
-
-#define MAX_LOOPBACK 64
 
 /* ---- communicators -------------------------------------------------------- */
 
@@ -49,6 +77,12 @@ void sta_comm_destroy(sta_comm *c) {
   sta_handle_remove(c);
   if (c->t.destroy) c->t.destroy(c->t.self);
   sta_tensor_destroy(c->ws);
+  sta_tensor_destroy(c->dbuf);
+#ifdef STA_WITH_CUDA
+  for (int i = 0; i < N_EVENTS; i++)
+    if (c->ev[i]) (void)cudaEventDestroy(c->ev[i]);
+  if (c->side) (void)cudaStreamDestroy(c->side);
+#endif
   free(c);
 }
 
@@ -59,6 +93,17 @@ static int live(const sta_comm *c) {
 int32_t sta_comm_rank(const sta_comm *c) { return live(c) ? c->t.rank(c->t.self) : -1; }
 int32_t sta_comm_size(const sta_comm *c) { return live(c) ? c->t.size(c->t.self) : 0; }
 const char *sta_comm_name(const sta_comm *c) { return live(c) ? c->t.name : "none"; }
+
+sta_status sta_comm_set_chunks(sta_comm *c, int32_t n) {
+  STA_CHECK_HANDLE(c, STA_KIND_COMM, "comm");
+  if (n < 0 || n > MAX_CHUNKS)
+    return sta_error(STA_ERR_ARGUMENT, "n: expected 0 (choose) or 1..%d chunks, got %d",
+                     MAX_CHUNKS, (int)n);
+  c->chunks = n;
+  return STA_OK;
+}
+
+int32_t sta_comm_chunks(const sta_comm *c) { return live(c) ? c->chunks : 0; }
 
 sta_status sta_comm_barrier(sta_comm *c) {
   STA_CHECK_HANDLE(c, STA_KIND_COMM, "comm");
@@ -122,6 +167,102 @@ sta_status sta_comm_all_gather(sta_comm *c, const sta_tensor *send, sta_tensor *
                      (long long)sta_tensor_numel(recv), (int)p, (long long)n);
   return c->t.all_gather(c->t.self, sta_tensor_data(send), sta_tensor_data(recv), bytes,
                          sta_tensor_device(send));
+}
+
+/* ---- strided blocks (sta_span) --------------------------------------------- */
+
+static int64_t span_bytes(const sta_span *s) { return s->run * s->n[0] * s->n[1] * s->n[2]; }
+
+/* Block 0 of s when its runs lie back to back and so do the size blocks
+** (one buffer of size chunks, as all_to_all takes), else NULL. */
+static void *span_dense(const sta_span *s, int32_t size) {
+  int64_t b = s->run;
+  for (int i = 0; i < 3; i++) {
+    if (s->n[i] > 1 && s->pitch[i] != b) return NULL;
+    b *= s->n[i];
+  }
+  return size == 1 || s->peer == b ? s->base : NULL;
+}
+
+/* s's shape with dense blocks at base. */
+static sta_span span_packed(const sta_span *s, void *base) {
+  sta_span d = *s;
+  d.base = base;
+  d.pitch[0] = s->run;
+  d.pitch[1] = s->run * s->n[0];
+  d.pitch[2] = d.pitch[1] * s->n[1];
+  d.peer = span_bytes(s);
+  return d;
+}
+
+/* Fold the levels two spans of one shape both keep contiguous into the
+** run (and drop levels of one), so a copy takes few, long runs. */
+static void span_fold(sta_span *a, sta_span *b) {
+  int64_t n[3], pa[3], pb[3];
+  int k = 0;
+  for (int i = 0; i < 3; i++) {
+    if (a->n[i] == 1) continue;
+    int64_t ea = k ? n[k - 1] * pa[k - 1] : a->run, eb = k ? n[k - 1] * pb[k - 1] : b->run;
+    if (a->pitch[i] == ea && b->pitch[i] == eb) {
+      if (k) n[k - 1] *= a->n[i];
+      else { a->run *= a->n[i]; b->run *= a->n[i]; }
+      continue;
+    }
+    n[k] = a->n[i]; pa[k] = a->pitch[i]; pb[k] = b->pitch[i];
+    k++;
+  }
+  for (; k < 3; k++) { n[k] = 1; pa[k] = pb[k] = 0; }
+  for (int i = 0; i < 3; i++) {
+    a->n[i] = b->n[i] = n[i];
+    a->pitch[i] = pa[i];
+    b->pitch[i] = pb[i];
+  }
+}
+
+#ifdef STA_WITH_CUDA
+static sta_status cuda_check(int e, const char *what) {
+  if (e == 0) return STA_OK;
+  return sta_error(STA_ERR_DEVICE, "cuda: %s failed: %s (%d)", what, cudaGetErrorString(e), e);
+}
+#endif
+
+/* Block dj of dst <- block sj of src (one run and n[]; folded here), on
+** dev: CUDA copies are queued on this thread's stream. */
+static sta_status span_copy(const sta_span *dst_, int64_t dj, const sta_span *src_, int64_t sj,
+                            sta_device dev) {
+  sta_span dst = *dst_, src = *src_;
+  span_fold(&dst, &src);
+  const char *s0 = (const char *)src.base + sj * src.peer;
+  char *d0 = (char *)dst.base + dj * dst.peer;
+  int64_t run = src.run, n0 = src.n[0];
+  for (int64_t i2 = 0; i2 < src.n[2]; i2++)
+    for (int64_t i1 = 0; i1 < src.n[1]; i1++) {
+      const char *s = s0 + i2 * src.pitch[2] + i1 * src.pitch[1];
+      char *d = d0 + i2 * dst.pitch[2] + i1 * dst.pitch[1];
+      if (dev == STA_CPU) {
+        for (int64_t i0 = 0; i0 < n0; i0++)
+          memcpy(d + i0 * dst.pitch[0], s + i0 * src.pitch[0], (size_t)run);
+        continue;
+      }
+#ifdef STA_WITH_CUDA
+      void *st = sta_cuda_get_stream();
+      sta_status rc = STA_OK;
+      if (n0 == 1 || (src.pitch[0] >= run && dst.pitch[0] >= run))
+        rc = cuda_check(cudaMemcpy2DAsync(d, (size_t)(n0 == 1 ? run : dst.pitch[0]), s,
+                                          (size_t)(n0 == 1 ? run : src.pitch[0]), (size_t)run,
+                                          (size_t)n0, CUDA_COPY_DEFAULT, st),
+                        "cudaMemcpy2DAsync");
+      else /* overlapping or negative pitches: run by run */
+        for (int64_t i0 = 0; i0 < n0 && rc == STA_OK; i0++)
+          rc = cuda_check(cudaMemcpyAsync(d + i0 * dst.pitch[0], s + i0 * src.pitch[0],
+                                          (size_t)run, CUDA_COPY_DEFAULT, st),
+                          "cudaMemcpyAsync");
+      if (rc != STA_OK) return rc;
+#else
+      return sta_error(STA_ERR_BACKEND, "st attn not supported");
+#endif
+    }
+  return STA_OK;
 }
 
 /* ---- loopback transport ---------------------------------------------------- */
@@ -207,18 +348,28 @@ static sta_status lb_copy(void *dst, const void *src, size_t n, sta_device d) {
   return sta_backend_get(d)->memcpy(dst, d, src, d, n);
 }
 
-/* Post my send buffer, wait, copy what I need, wait again so no one
-** reuses a buffer still being read.  stride: bytes between the chunks of
-** one sender that go to different ranks (0 for all-gather). */
+/* Post what I send (once my device work that writes it is done), wait,
+** copy what I need from the others' posts, wait again so no one reuses a
+** buffer still being read.  Either bytes (chunk, stride: bytes between
+** one sender's chunks for different ranks, 0 for all-gather) or n spans. */
 static sta_status lb_exchange(lb_rank *me, const void *send, void *recv, size_t chunk,
-                              size_t stride, sta_device d) {
+                              size_t stride, int32_t n, const sta_span *spans, sta_device d) {
   lb_world *w = me->w;
-  sta_status rc;
+  sta_status rc = STA_OK;
+  if (d != STA_CPU && (rc = sta_backend_get(d)->synchronize()) != STA_OK) {
+    lb_abort(w);
+    return rc;
+  }
   w->posted[me->rank] = send;
   if ((rc = lb_wait(me)) != STA_OK) return rc;
-  for (int32_t j = 0; j < w->size && rc == STA_OK; j++)
-    rc = lb_copy((char *)recv + (size_t)j * chunk,
-                 (const char *)w->posted[j] + (size_t)me->rank * stride, chunk, d);
+  for (int32_t j = 0; j < w->size && rc == STA_OK; j++) {
+    if (spans)
+      for (int32_t i = 0; i < n && rc == STA_OK; i++)
+        rc = span_copy(&spans[i], j, (const sta_span *)w->posted[j] + i, me->rank, d);
+    else
+      rc = lb_copy((char *)recv + (size_t)j * chunk,
+                   (const char *)w->posted[j] + (size_t)me->rank * stride, chunk, d);
+  }
   if (rc == STA_OK && d != STA_CPU) rc = sta_backend_get(d)->synchronize();
   if (rc != STA_OK) { lb_abort(w); return rc; }
   return lb_wait(me);
@@ -226,12 +377,18 @@ static sta_status lb_exchange(lb_rank *me, const void *send, void *recv, size_t 
 
 static sta_status lb_all_to_all(void *self, const void *send, void *recv, size_t chunk,
                                 sta_device d) {
-  return lb_exchange(self, send, recv, chunk, chunk, d);
+  return lb_exchange(self, send, recv, chunk, chunk, 0, NULL, d);
 }
 
 static sta_status lb_all_gather(void *self, const void *send, void *recv, size_t chunk,
                                 sta_device d) {
-  return lb_exchange(self, send, recv, chunk, 0, d);
+  return lb_exchange(self, send, recv, chunk, 0, 0, NULL, d);
+}
+
+/* Strided blocks straight from the senders' memory into the receivers'. */
+static sta_status lb_all_to_all_spans(void *self, int32_t n, const sta_span *send,
+                                      const sta_span *recv, sta_device d) {
+  return lb_exchange(self, send, NULL, 0, 0, n, recv, d);
 }
 
 static sta_status lb_barrier(void *self) { return lb_wait(self); }
@@ -273,7 +430,8 @@ sta_status sta_comm_loopback(sta_comm **comms, int32_t size) {
     me->w = w;
     me->rank = r;
     sta_transport t = {"loopback", (1u << STA_CPU) | (1u << STA_CUDA), me, lb_rank_of,
-                       lb_size_of, lb_all_to_all, lb_all_gather, lb_barrier, lb_destroy};
+                       lb_size_of, lb_all_to_all, lb_all_gather, lb_barrier, lb_destroy,
+                       lb_all_to_all_spans};
     if ((rc = sta_comm_create(&made[r], &t)) != STA_OK) { free(me); break; }
     w->refs++;
   }
@@ -385,27 +543,6 @@ static sta_status block(sta_tensor **out, const sta_tensor *t, sta_layout layout
   return rc;
 }
 
-/* dst block <- src block (same extents). */
-static sta_status copy_block(sta_tensor *dst, int64_t ds0, int64_t dh0, const sta_tensor *src,
-                             int64_t ss0, int64_t sh0, int64_t sn, int64_t hn,
-                             sta_layout layout) {
-  sta_tensor *a = NULL, *b = NULL;
-  sta_status rc = block(&a, dst, layout, ds0, sn, dh0, hn);
-  if (rc == STA_OK) rc = block(&b, src, layout, ss0, sn, sh0, hn);
-  if (rc == STA_OK) rc = sta_tensor_copy(a, b);
-  sta_tensor_destroy(a);
-  sta_tensor_destroy(b);
-  return rc;
-}
-
-/* A contiguous [B, S, H, D] (in layout) view at element offset of buf. */
-static sta_status region(sta_tensor **out, const sta_tensor *buf, int64_t offset,
-                         sta_layout layout, int64_t b, int64_t s, int64_t h, int64_t d) {
-  int64_t shape[4] = {b, layout == STA_BSHD ? s : h, layout == STA_BSHD ? h : s, d};
-  int64_t st[4] = {shape[1] * shape[2] * d, shape[2] * d, d, 1};
-  return sta_tensor_view(out, buf, offset, 4, shape, st);
-}
-
 /* The split of one problem: P ranks, V video tokens, local rows, ... */
 typedef struct split {
   int32_t p, r;
@@ -514,28 +651,64 @@ sta_status sta_sp_unshard(sta_tensor *full, const sta_tensor *local, const sta_g
   return shard_common(full, local, g, layout, rank, size, 0);
 }
 
-/* ---- Ulysses --------------------------------------------------------------------- */
+/* ---- Ulysses: the job, the descriptor, the pipeline -------------------------------- */
 
-/* What runs on the gathered [B, V + text, H/P, D] problem. */
+struct pipe;
+
+/* What runs on the gathered [B, V + text, heads of a chunk, D] problem. */
 typedef struct sp_job {
-  /* check before the first collective (may be NULL) and compute */
+  /* checks that need the split (may be NULL), before any data moves */
+  sta_status (*prepare)(struct sp_job *j, const struct pipe *p);
+  /* check the gathered operands of chunk 0 (may be NULL) */
   sta_status (*check)(struct sp_job *j, const sta_tensor *q, const sta_tensor *k,
                       const sta_tensor *v, const sta_tensor *out);
-  sta_status (*compute)(struct sp_job *j, const sta_tensor *q, const sta_tensor *k,
+  /* the chunk whose first local head is h0 */
+  sta_status (*compute)(struct sp_job *j, int64_t h0, const sta_tensor *q, const sta_tensor *k,
                         const sta_tensor *v, sta_tensor *out);
   const sta_attention_desc *desc; /* sp_attention: the global desc */
-  int32_t *windows;               /* sp_attention: this rank's windows */
-  sta_layer *layer;               /* sp layer */
+  int32_t *windows;               /* sp_attention, per-head windows: this rank's */
+  uint64_t hash;                  /* sp_attention: of the global windows */
+  sta_layer *layer;               /* SP layer */
 } sp_job;
 
+/* One SP call of this rank: the split, the shards, the gathered buffers of
+** two chunks (slot c % 2) and the pack buffer, all in c's workspace. */
+typedef struct pipe {
+  sta_comm *c;
+  sp_job *job;
+  split sp;
+  sta_layout layout;
+  sta_device dev;
+  int64_t es, n, hc;   /* element bytes, chunks, heads per chunk */
+  const sta_tensor *t[4];
+  sta_bshd x[4], gx;
+  sta_tensor *g[2][4]; /* q, k, v, out of [B, S, hc, D] per slot */
+  char *scratch;
+  int lanes;           /* CUDA streams: the caller's (main) and c->side */
+  void *main;
+} pipe;
+
+/* What every rank sends before any data moves; all fields are compared. */
+typedef struct sp_desc {
+  char magic[8]; /* "sta-sp1" */
+  int32_t status, dtype, layout, device, chunks, softmax, n_windows, layer, step;
+  int32_t canvas[3], tile[3];
+  int64_t b, s, h, d, text_len;
+  uint32_t scale;
+  uint64_t windows;
+  char msg[384]; /* status's message */
+} sp_desc;
+
+static int is_loopback(const sta_comm *c);
+
 /* Workspace sizes in 256-byte units (aligned sub-buffers). */
-static size_t ws_round(size_t n) { return (n + 255) & ~(size_t)255; }
+static int64_t ws_round(int64_t n) { return (n + 255) & ~(int64_t)255; }
 
 /* At least bytes of c's workspace on dev; a failed growth keeps the old one. */
-static sta_status workspace(sta_comm *c, sta_device dev, size_t bytes, char **base) {
+static sta_status workspace(sta_comm *c, sta_device dev, int64_t bytes, char **base) {
   sta_tensor *w = c->ws;
-  if (!w || sta_tensor_device(w) != dev || (size_t)sta_tensor_numel(w) * 4 < bytes) {
-    int64_t n = (int64_t)(bytes / 4) + 64;
+  if (!w || sta_tensor_device(w) != dev || sta_tensor_numel(w) * 4 < bytes) {
+    int64_t n = bytes / 4 + 64;
     w = NULL;
     sta_status rc = sta_tensor_create(&w, STA_F32, dev, 1, &n);
     if (rc != STA_OK) return rc;
@@ -547,213 +720,514 @@ static sta_status workspace(sta_comm *c, sta_device dev, size_t bytes, char **ba
   return STA_OK;
 }
 
-static sta_status sp_run(sta_comm *c, const sta_geometry *g, sta_layout layout,
-                         const sta_tensor *q, const sta_tensor *k, const sta_tensor *v,
-                         sta_tensor *out, sp_job *job) {
-  static const char *const names[4] = {"q", "k", "v", "out"};
-  const sta_tensor *t[4] = {q, k, v, out};
-  sta_bshd x[4];
-  split sp;
-  sta_status rc;
-  STA_CHECK_HANDLE(c, STA_KIND_COMM, "comm");
-  for (int i = 0; i < 4; i++)
-    STA_CHECK_HANDLE(t[i], STA_KIND_TENSOR, names[i]);
-  if ((rc = split_check(&sp, g, layout, t, names, sta_comm_rank(c), sta_comm_size(c))) != STA_OK)
-    return rc;
-  for (int i = 0; i < 4; i++) sta_tensor_bshd(t[i], layout, names[i], &x[i]);
-  for (int i = 1; i < 4; i++) {
-    if (x[i].b != x[0].b || x[i].s != x[0].s || x[i].h != x[0].h || x[i].d != x[0].d)
-      return sta_error(STA_ERR_SHAPE,
-                       "%s: shape [B=%lld, S=%lld, heads=%lld, D=%lld] differs from "
-                       "q's [B=%lld, S=%lld, heads=%lld, D=%lld]", names[i],
-                       (long long)x[i].b, (long long)x[i].s, (long long)x[i].h,
-                       (long long)x[i].d, (long long)x[0].b, (long long)x[0].s,
-                       (long long)x[0].h, (long long)x[0].d);
-    if (t[i]->dtype != q->dtype)
-      return sta_error(STA_ERR_DTYPE, "%s: dtype %s differs from q's %s", names[i],
-                       sta_dtype_name(t[i]->dtype), sta_dtype_name(q->dtype));
-    if (sta_tensor_device(t[i]) != sta_tensor_device(q))
-      return sta_error(STA_ERR_ARGUMENT, "%s: on %s while q is on %s", names[i],
-                       sta_device_name(sta_tensor_device(t[i])), sta_device_name(sta_tensor_device(q)));
-  }
-  if (x[0].b < 1 || x[0].h < 1 || x[0].d < 1)
-    return sta_error(STA_ERR_SHAPE,
-                     "q: batch, heads and D must be >= 1, got B=%lld heads=%lld D=%lld",
-                     (long long)x[0].b, (long long)x[0].h, (long long)x[0].d);
-  if ((rc = check_moves(c, q, "q")) != STA_OK) return rc;
-  if ((rc = split_local(&sp, g, &x[0], "q")) != STA_OK) return rc;
-  /* one rank holds every token and head: no data to move */
-  if (sp.p == 1) return job->compute(job, q, k, v, out);
+/* The CUDA stream and events of c's pipeline, made once. */
+static sta_status lanes_ready(sta_comm *c) {
+#ifdef STA_WITH_CUDA
+  sta_status rc = STA_OK;
+  if (!c->side)
+    rc = cuda_check(cudaStreamCreateWithFlags(&c->side, CUDA_STREAM_NON_BLOCKING),
+                    "cudaStreamCreateWithFlags");
+  for (int i = 0; i < N_EVENTS && rc == STA_OK; i++)
+    if (!c->ev[i])
+      rc = cuda_check(cudaEventCreateWithFlags(&c->ev[i], CUDA_EVENT_NO_TIMING),
+                      "cudaEventCreateWithFlags");
+  return rc;
+#else
+  (void)c;
+  return sta_error(STA_ERR_BACKEND, "st attn not supported");
+#endif
+}
 
-  sta_device dev = sta_tensor_device(q);
-  sta_dtype dt = q->dtype;
-  size_t es = sta_dtype_size(dt);
-  int64_t chunk = sp.b * sp.vr * sp.hl * sp.d, tchunk = sp.b * sp.text * sp.hl * sp.d;
-  int64_t fshape[4] = {sp.b, layout == STA_BSHD ? sp.s : sp.hl,
-                       layout == STA_BSHD ? sp.hl : sp.s, sp.d};
-  int64_t nbuf = 3 * sp.p * chunk, ntext = (sp.p + 1) * tchunk;
-  sta_tensor *full[4] = {NULL, NULL, NULL, NULL}, *send = NULL, *recv = NULL, *txt = NULL;
-  sta_tensor *a = NULL;
-  int64_t one = 1;
-  /* every buffer lives in the communicator's workspace: no allocation (and,
-  ** on a GPU, no cudaMalloc/cudaFree) per forward once it has grown */
-  size_t fbytes = ws_round((size_t)(sp.b * sp.s * sp.hl * sp.d) * es);
-  size_t bbytes = ws_round((size_t)(nbuf ? nbuf : 1) * es);
-  size_t tbytes = ws_round((size_t)(ntext ? ntext : 1) * es);
-  char *ws = NULL;
-  if ((rc = workspace(c, dev, 4 * fbytes + 2 * bbytes + tbytes, &ws)) != STA_OK) goto done;
-  for (int i = 0; i < 4 && rc == STA_OK; i++)
-    rc = sta_tensor_wrap(&full[i], ws + (size_t)i * fbytes, dt, dev, 4, fshape, NULL);
-  ws += 4 * fbytes;
-  if (rc == STA_OK) rc = sta_tensor_wrap(&send, ws, dt, dev, 1, nbuf ? &nbuf : &one, NULL);
-  if (rc == STA_OK) rc = sta_tensor_wrap(&recv, ws + bbytes, dt, dev, 1, nbuf ? &nbuf : &one, NULL);
-  if (rc == STA_OK)
-    rc = sta_tensor_wrap(&txt, ws + 2 * bbytes, dt, dev, 1, ntext ? &ntext : &one, NULL);
-  if (rc == STA_OK && job->check) rc = job->check(job, full[0], full[1], full[2], full[3]);
-  if (rc != STA_OK) goto done;
+/* Work after this goes to the side lane (side) or the caller's stream. */
+static void lane_use(const pipe *p, int side) {
+  if (p->lanes) sta_cuda_set_stream(side ? p->c->side : p->main);
+}
 
-  /* 1. video rows of every head -> all video rows of my heads */
-  for (int32_t j = 0; j < sp.p && rc == STA_OK; j++)
-    for (int i = 0; i < 3 && rc == STA_OK; i++) {
-      rc = region(&a, send, (j * 3 + i) * chunk, layout, sp.b, sp.vr, sp.hl, sp.d);
-      if (rc == STA_OK) rc = copy_block(a, 0, 0, t[i], 0, j * sp.hl, sp.vr, sp.hl, layout);
-      sta_tensor_destroy(a);
-      a = NULL;
-    }
-  if (rc == STA_OK)
-    rc = c->t.all_to_all(c->t.self, sta_tensor_data(send), sta_tensor_data(recv),
-                         (size_t)(3 * chunk) * es, dev);
-  for (int32_t j = 0; j < sp.p && rc == STA_OK; j++)
-    for (int i = 0; i < 3 && rc == STA_OK; i++) {
-      rc = region(&a, recv, (j * 3 + i) * chunk, layout, sp.b, sp.vr, sp.hl, sp.d);
-      if (rc == STA_OK) rc = copy_block(full[i], j * sp.vr, 0, a, 0, 0, sp.vr, sp.hl, layout);
-      sta_tensor_destroy(a);
-      a = NULL;
-    }
-  /* my heads of the (replicated) text rows */
-  for (int i = 0; i < 3 && rc == STA_OK && sp.text > 0; i++)
-    rc = copy_block(full[i], sp.v, 0, t[i], sp.vr, sp.r * sp.hl, sp.text, sp.hl, layout);
-  /* 2. attention on my heads.  Loopback ranks share this machine's cores
-  ** and the BLAS library's global settings: they compute one at a time. */
-  if (rc == STA_OK) {
-    pthread_mutex_t *turn = c->t.destroy == lb_destroy ? &((lb_rank *)c->t.self)->w->compute : NULL;
-    if (turn) pthread_mutex_lock(turn);
-    rc = job->compute(job, full[0], full[1], full[2], full[3]);
-    if (turn) pthread_mutex_unlock(turn);
-  }
-  /* 3. video output back to the token split; text output gathered over heads */
-  for (int32_t j = 0; j < sp.p && rc == STA_OK; j++) {
-    rc = region(&a, send, j * chunk, layout, sp.b, sp.vr, sp.hl, sp.d);
-    if (rc == STA_OK) rc = copy_block(a, 0, 0, full[3], j * sp.vr, 0, sp.vr, sp.hl, layout);
-    sta_tensor_destroy(a);
-    a = NULL;
-  }
-  if (rc == STA_OK)
-    rc = c->t.all_to_all(c->t.self, sta_tensor_data(send), sta_tensor_data(recv),
-                         (size_t)chunk * es, dev);
-  if (rc == STA_OK && sp.text > 0) {
-    rc = region(&a, txt, sp.p * tchunk, layout, sp.b, sp.text, sp.hl, sp.d);
-    if (rc == STA_OK) rc = copy_block(a, 0, 0, full[3], sp.v, 0, sp.text, sp.hl, layout);
-    sta_tensor_destroy(a);
-    a = NULL;
+/* Record event ev on a lane, or make a lane wait for it. */
+static sta_status lane_mark(const pipe *p, int ev, int side) {
+#ifdef STA_WITH_CUDA
+  if (p->lanes)
+    return cuda_check(cudaEventRecord(p->c->ev[ev], side ? p->c->side : p->main),
+                      "cudaEventRecord");
+#else
+  (void)p; (void)ev; (void)side;
+#endif
+  return STA_OK;
+}
+
+static sta_status lane_wait(const pipe *p, int side, int ev) {
+#ifdef STA_WITH_CUDA
+  if (p->lanes)
+    return cuda_check(cudaStreamWaitEvent(side ? p->c->side : p->main, p->c->ev[ev], 0),
+                      "cudaStreamWaitEvent");
+#else
+  (void)p; (void)ev; (void)side;
+#endif
+  return STA_OK;
+}
+
+/* Rows [s0, s0 + rows) and heads [h0, h0 + hn) of t (x its sizes), block j
+** jr rows and jh heads further on (rank j's). */
+static sta_span span_of(const pipe *p, const sta_tensor *t, const sta_bshd *x, int64_t s0,
+                        int64_t rows, int64_t h0, int64_t hn, int64_t jr, int64_t jh) {
+  int64_t es = p->es;
+  int bshd = p->layout == STA_BSHD;
+  sta_span s;
+  s.base = (char *)sta_tensor_data(t) + (s0 * x->ss + h0 * x->sh) * es;
+  s.peer = (jr * x->ss + jh * x->sh) * es;
+  s.run = x->d * es;
+  s.n[0] = bshd ? hn : rows;
+  s.pitch[0] = (bshd ? x->sh : x->ss) * es;
+  s.n[1] = bshd ? rows : hn;
+  s.pitch[1] = (bshd ? x->ss : x->sh) * es;
+  s.n[2] = x->b;
+  s.pitch[2] = x->sb * es;
+  return s;
+}
+
+/* An all-to-all of n strided blocks: in place through the transport's
+** all_to_all_spans, else each block packed (or received) in the scratch
+** buffer where it is not already one dense buffer. */
+static sta_status move(const pipe *p, int32_t n, const sta_span *send, const sta_span *recv) {
+  sta_transport *t = &p->c->t;
+  int32_t np = p->sp.p;
+  sta_status rc = STA_OK;
+  if (t->all_to_all_spans) return t->all_to_all_spans(t->self, n, send, recv, p->dev);
+  for (int32_t i = 0; i < n && rc == STA_OK; i++) {
+    int64_t blk = span_bytes(&send[i]);
+    const void *sb = span_dense(&send[i], np);
+    void *rb = span_dense(&recv[i], np);
+    sta_span packed = span_packed(&send[i], p->scratch);
+    sta_span staged = span_packed(&recv[i], p->scratch + np * blk);
+    for (int32_t j = 0; j < np && !sb && rc == STA_OK; j++)
+      rc = span_copy(&packed, j, &send[i], j, p->dev);
     if (rc == STA_OK)
-      rc = c->t.all_gather(c->t.self, (char *)sta_tensor_data(txt) + (size_t)(sp.p * tchunk) * es,
-                           sta_tensor_data(txt), (size_t)tchunk * es, dev);
+      rc = t->all_to_all(t->self, sb ? sb : packed.base, rb ? rb : staged.base, (size_t)blk,
+                         p->dev);
+    for (int32_t j = 0; j < np && !rb && rc == STA_OK; j++)
+      rc = span_copy(&recv[i], j, &staged, j, p->dev);
   }
-  /* 4. only now write out: every view first, so a failure leaves out as it was */
-  if (rc == STA_OK) {
-    int32_t nv = sp.text > 0 ? 4 : 2;
-    sta_tensor **views = sta_calloc((size_t)(nv * sp.p), sizeof *views);
-    if (!views) rc = sta_error(STA_ERR_NOMEM, "out of host memory (SP output views)");
-    for (int32_t j = 0; j < sp.p && rc == STA_OK; j++) {
-      sta_tensor **w = views + nv * j;
-      rc = region(&w[0], recv, j * chunk, layout, sp.b, sp.vr, sp.hl, sp.d);
-      if (rc == STA_OK) rc = block(&w[1], out, layout, 0, sp.vr, j * sp.hl, sp.hl);
-      if (rc == STA_OK && nv == 4)
-        rc = region(&w[2], txt, j * tchunk, layout, sp.b, sp.text, sp.hl, sp.d);
-      if (rc == STA_OK && nv == 4)
-        rc = block(&w[3], out, layout, sp.vr, sp.text, j * sp.hl, sp.hl);
-    }
-    for (int32_t j = 0; j < sp.p && rc == STA_OK; j++) {
-      sta_tensor **w = views + nv * j;
-      rc = sta_tensor_copy(w[1], w[0]);
-      if (rc == STA_OK && nv == 4) rc = sta_tensor_copy(w[3], w[2]);
-    }
-    if (views)
-      for (int32_t i = 0; i < nv * sp.p; i++) sta_tensor_destroy(views[i]);
-    free(views);
-  }
-done:
-  for (int i = 0; i < 4; i++) sta_tensor_destroy(full[i]);
-  sta_tensor_destroy(send);
-  sta_tensor_destroy(recv);
-  sta_tensor_destroy(txt);
   return rc;
 }
 
-/* sp_attention: the desc of my heads over the gathered sequence. */
-static void local_desc(const sp_job *j, sta_attention_desc *d, int64_t hl) {
+/* Chunk c in: the video rows of its heads from every rank (all-to-all),
+** its heads of the (replicated) text rows from the shards. */
+static sta_status step_in(const pipe *p, int64_t c) {
+  const split *sp = &p->sp;
+  sta_tensor *const *g = p->g[c & 1];
+  sta_span send[3], recv[3];
+  sta_status rc;
+  for (int i = 0; i < 3; i++) {
+    send[i] = span_of(p, p->t[i], &p->x[i], 0, sp->vr, c * p->hc, p->hc, 0, sp->hl);
+    recv[i] = span_of(p, g[i], &p->gx, 0, sp->vr, 0, p->hc, sp->vr, 0);
+  }
+  rc = move(p, 3, send, recv);
+  for (int i = 0; i < 3 && rc == STA_OK && sp->text > 0; i++) {
+    sta_span src = span_of(p, p->t[i], &p->x[i], sp->vr, sp->text,
+                           sp->r * sp->hl + c * p->hc, p->hc, 0, 0);
+    sta_span dst = span_of(p, g[i], &p->gx, sp->v, sp->text, 0, p->hc, 0, 0);
+    rc = span_copy(&dst, 0, &src, 0, p->dev);
+  }
+  return rc;
+}
+
+/* Chunk c's attention.  Loopback ranks share this machine's cores and the
+** BLAS library's global settings: they compute one at a time. */
+static sta_status step_compute(const pipe *p, int64_t c) {
+  sta_tensor *const *g = p->g[c & 1];
+  const sta_comm *cm = p->c;
+  pthread_mutex_t *turn = is_loopback(cm) ? &((lb_rank *)cm->t.self)->w->compute : NULL;
+  if (turn) pthread_mutex_lock(turn);
+  sta_status rc = p->job->compute(p->job, c * p->hc, g[0], g[1], g[2], g[3]);
+  if (turn) pthread_mutex_unlock(turn);
+  return rc;
+}
+
+/* Chunk c out: its video output to the ranks that hold those rows (into
+** their out, in place), its text output to every rank (all-gather). */
+static sta_status step_out(const pipe *p, int64_t c) {
+  const split *sp = &p->sp;
+  sta_tensor *o = p->g[c & 1][3];
+  sta_span send = span_of(p, o, &p->gx, 0, sp->vr, 0, p->hc, sp->vr, 0);
+  sta_span recv = span_of(p, p->t[3], &p->x[3], 0, sp->vr, c * p->hc, p->hc, 0, sp->hl);
+  sta_status rc = move(p, 1, &send, &recv);
+  if (rc != STA_OK || sp->text == 0) return rc;
+  sta_span src = span_of(p, o, &p->gx, sp->v, sp->text, 0, p->hc, 0, 0);
+  sta_span mine = span_packed(&src, p->scratch), all = span_packed(&src, p->scratch + mine.peer);
+  sta_span dst = span_of(p, p->t[3], &p->x[3], sp->vr, sp->text, c * p->hc, p->hc, 0, sp->hl);
+  rc = span_copy(&mine, 0, &src, 0, p->dev);
+  if (rc == STA_OK)
+    rc = p->c->t.all_gather(p->c->t.self, mine.base, all.base, (size_t)mine.peer, p->dev);
+  for (int32_t j = 0; j < sp->p && rc == STA_OK; j++) rc = span_copy(&dst, j, &all, j, p->dev);
+  return rc;
+}
+
+/* The chunk schedule: in(0), in(1), then for each chunk c: compute(c);
+** out(c); in(c + 2).  With CUDA lanes the exchanges run on the side
+** stream and compute on the caller's, ordered by events: in(c) before
+** compute(c); compute(c) before out(c) and before in(c + 2) (which
+** reuses its slot); out(c - 2) before compute(c) (which reuses its output
+** slot).  So out(c - 1) and in(c + 1) run while compute(c) does.  Without
+** lanes the same steps run one after another in this order. */
+static sta_status pipeline(const pipe *p) {
+  int64_t n = p->n;
+  sta_status rc = lane_mark(p, EV_START, 0);
+  if (rc == STA_OK) rc = lane_wait(p, 1, EV_START);
+  lane_use(p, 1);
+  for (int64_t c = 0; c < 2 && c < n && rc == STA_OK; c++) {
+    rc = step_in(p, c);
+    if (rc == STA_OK) rc = lane_mark(p, EV_IN + (int)c, 1);
+  }
+  for (int64_t c = 0; c < n && rc == STA_OK; c++) {
+    rc = lane_wait(p, 0, EV_IN + (int)c);
+    if (rc == STA_OK && c >= 2) rc = lane_wait(p, 0, EV_OUT + (int)c - 2);
+    lane_use(p, 0);
+    if (rc == STA_OK) rc = step_compute(p, c);
+    if (rc == STA_OK) rc = lane_mark(p, EV_COMP + (int)c, 0);
+    if (rc == STA_OK) rc = lane_wait(p, 1, EV_COMP + (int)c);
+    lane_use(p, 1);
+    if (rc == STA_OK) rc = step_out(p, c);
+    if (rc == STA_OK) rc = lane_mark(p, EV_OUT + (int)c, 1);
+    if (rc == STA_OK && c + 2 < n) rc = step_in(p, c + 2);
+    if (rc == STA_OK && c + 2 < n) rc = lane_mark(p, EV_IN + (int)c + 2, 1);
+  }
+  /* the caller's stream waits for the side lane, after a failure too (the
+  ** workspace is in use until then) */
+  if (lane_mark(p, EV_END, 1) == STA_OK) (void)lane_wait(p, 0, EV_END);
+  lane_use(p, 0);
+  return rc;
+}
+
+/* ---- Ulysses: this rank's checks, then every rank's agreement ---------------------- */
+
+static const char *const OPS[4] = {"q", "k", "v", "out"};
+
+/* Byte range [lo, hi] of t's view in its storage. */
+static void bytes_of(const sta_tensor *t, int64_t *lo, int64_t *hi) {
+  int64_t es = (int64_t)sta_dtype_size(t->dtype);
+  sta_tensor_extent(t, lo, hi);
+  *lo *= es;
+  *hi = *hi * es + es - 1;
+}
+
+/* This rank's own checks (with the caller's status pre), then the chunk
+** count and, when data will move, the gathered buffers and the lanes.
+** Everything that can fail before any data moves fails here. */
+static sta_status prepare(pipe *p, sta_comm *c, const sta_geometry *g, sta_layout layout,
+                          const sta_tensor *const t[4], sp_job *job, sta_status pre) {
+  sta_status rc;
+  split *sp = &p->sp;
+  memset(p, 0, sizeof *p);
+  p->c = c;
+  p->job = job;
+  p->layout = layout;
+  if (pre != STA_OK) return pre;
+  for (int i = 0; i < 4; i++) {
+    STA_CHECK_HANDLE(t[i], STA_KIND_TENSOR, OPS[i]);
+    p->t[i] = t[i];
+  }
+  if ((rc = split_check(sp, g, layout, t, OPS, sta_comm_rank(c), sta_comm_size(c))) != STA_OK)
+    return rc;
+  for (int i = 0; i < 4; i++) {
+    sta_bshd *x = &p->x[i];
+    sta_tensor_bshd(t[i], layout, OPS[i], x);
+    if (i > 0 && (x->b != p->x[0].b || x->s != p->x[0].s || x->h != p->x[0].h || x->d != p->x[0].d))
+      return sta_error(STA_ERR_SHAPE,
+                       "%s: shape [B=%lld, S=%lld, heads=%lld, D=%lld] differs from "
+                       "q's [B=%lld, S=%lld, heads=%lld, D=%lld]", OPS[i],
+                       (long long)x->b, (long long)x->s, (long long)x->h,
+                       (long long)x->d, (long long)p->x[0].b, (long long)p->x[0].s,
+                       (long long)p->x[0].h, (long long)p->x[0].d);
+    if (t[i]->dtype != t[0]->dtype)
+      return sta_error(STA_ERR_DTYPE, "%s: dtype %s differs from q's %s", OPS[i],
+                       sta_dtype_name(t[i]->dtype), sta_dtype_name(t[0]->dtype));
+    if (sta_tensor_device(t[i]) != sta_tensor_device(t[0]))
+      return sta_error(STA_ERR_ARGUMENT, "%s: on %s while q is on %s", OPS[i],
+                       sta_device_name(sta_tensor_device(t[i])),
+                       sta_device_name(sta_tensor_device(t[0])));
+    if (x->d > 1 && x->sd != 1)
+      return sta_error(STA_ERR_SHAPE,
+                       "%s: the head dimension must be contiguous (stride 1), got stride %lld",
+                       OPS[i], (long long)x->sd);
+  }
+  const sta_bshd *x = &p->x[0];
+  if (x->b < 1 || x->h < 1 || x->d < 1)
+    return sta_error(STA_ERR_SHAPE,
+                     "q: batch, heads and D must be >= 1, got B=%lld heads=%lld D=%lld",
+                     (long long)x->b, (long long)x->h, (long long)x->d);
+  for (int i = 0; i < 3; i++) { /* out is written while the inputs are read */
+    int64_t a0, a1, b0, b1;
+    if (t[3]->storage != t[i]->storage || sta_tensor_numel(t[i]) == 0) continue;
+    bytes_of(t[3], &a0, &a1);
+    bytes_of(t[i], &b0, &b1);
+    if (a0 <= b1 && b0 <= a1)
+      return sta_error(STA_ERR_ARGUMENT, "out: shares memory with %s (the forward writes out "
+                       "while reading %s; use a separate tensor)", OPS[i], OPS[i]);
+  }
+  if ((rc = check_moves(c, t[0], "q")) != STA_OK) return rc;
+  if ((rc = split_local(sp, g, x, "q")) != STA_OK) return rc;
+  if (job->prepare && (rc = job->prepare(job, p)) != STA_OK) return rc;
+  p->dev = sta_tensor_device(t[0]);
+  p->es = (int64_t)sta_dtype_size(t[0]->dtype);
+  if (c->chunks > 0 && sp->hl % c->chunks != 0)
+    return sta_error(STA_ERR_ARGUMENT, "chunks: %d do not divide the %lld heads of each rank "
+                     "(%lld heads / %d ranks; sta_comm_set_chunks)", (int)c->chunks,
+                     (long long)sp->hl, (long long)sp->h, (int)sp->p);
+  p->n = c->chunks > 0 ? c->chunks : 1;
+  if (c->chunks == 0 && p->dev == STA_CUDA && sp->p > 1)
+    for (p->n = 4; sp->hl % p->n != 0; p->n--) {}
+  if (job->layer) p->n = 1; /* a layer's windows come whole from its context */
+  p->hc = sp->hl / p->n;
+  if (sp->p == 1 && p->n == 1) return STA_OK; /* nothing to move */
+
+  /* the gathered [B, V + text, hc, D] of two slots, then the pack buffer */
+  int64_t fshape[4] = {sp->b, layout == STA_BSHD ? sp->s : p->hc,
+                       layout == STA_BSHD ? p->hc : sp->s, sp->d};
+  int64_t fbytes = ws_round(sp->b * sp->s * p->hc * sp->d * p->es);
+  int64_t blk = sp->b * sp->vr * p->hc * sp->d * p->es;
+  int64_t tb = sp->b * sp->text * p->hc * sp->d * p->es;
+  int64_t pack = c->t.all_to_all_spans ? 0 : 2 * sp->p * blk;
+  int64_t slots = p->n > 1 ? 2 : 1;
+  char *ws = NULL;
+  if (pack < (sp->p + 1) * tb) pack = (sp->p + 1) * tb;
+  if ((rc = workspace(c, p->dev, slots * 4 * fbytes + ws_round(pack + 1), &ws)) != STA_OK)
+    return rc;
+  for (int64_t s = 0; s < slots; s++)
+    for (int i = 0; i < 4 && rc == STA_OK; i++)
+      rc = sta_tensor_wrap(&p->g[s][i], ws + (s * 4 + i) * fbytes, t[0]->dtype, p->dev, 4,
+                           fshape, NULL);
+  p->scratch = ws + slots * 4 * fbytes;
+  if (rc == STA_OK) rc = sta_tensor_bshd(p->g[0][0], layout, "q", &p->gx);
+  if (rc == STA_OK && job->check)
+    rc = job->check(job, p->g[0][0], p->g[0][1], p->g[0][2], p->g[0][3]);
+  if (rc == STA_OK && p->dev == STA_CUDA && p->n > 1) {
+    rc = lanes_ready(c);
+    p->lanes = rc == STA_OK;
+    p->main = sta_cuda_get_stream();
+  }
+  return rc;
+}
+
+static void pipe_free(pipe *p) {
+  for (int s = 0; s < 2; s++)
+    for (int i = 0; i < 4; i++) sta_tensor_destroy(p->g[s][i]);
+}
+
+/* FNV-1a over n bytes. */
+static uint64_t fnv(const void *data, size_t n) {
+  const unsigned char *b = data;
+  uint64_t h = 1469598103934665603ull;
+  for (size_t i = 0; i < n; i++) h = (h ^ b[i]) * 1099511628211ull;
+  return h;
+}
+
+static const char *layout_name(int32_t l) {
+  return l == STA_BSHD ? "BSHD" : l == STA_BHSD ? "BHSD" : "?";
+}
+
+/* The first field in which rank r's call differs from rank 0's. */
+static sta_status disagree(const sp_desc *a, const sp_desc *b, int32_t r) {
+  const char *pre = "ranks disagree on";
+  if (a->dtype != b->dtype)
+    return sta_error(STA_ERR_DTYPE, "%s the dtype: rank 0 has %s, rank %d has %s", pre,
+                     sta_dtype_name(a->dtype), (int)r, sta_dtype_name(b->dtype));
+  if (a->layout != b->layout)
+    return sta_error(STA_ERR_ARGUMENT, "%s the layout: rank 0 has %s, rank %d has %s", pre,
+                     layout_name(a->layout), (int)r, layout_name(b->layout));
+  if (a->device != b->device)
+    return sta_error(STA_ERR_ARGUMENT, "%s the device: rank 0 has %s, rank %d has %s", pre,
+                     sta_device_name(a->device), (int)r, sta_device_name(b->device));
+  if (a->h != b->h)
+    return sta_error(STA_ERR_SHAPE, "%s the heads: rank 0 has %lld, rank %d has %lld", pre,
+                     (long long)a->h, (int)r, (long long)b->h);
+  if (a->b != b->b || a->s != b->s || a->d != b->d)
+    return sta_error(STA_ERR_SHAPE, "%s q's shape: rank 0 has [B=%lld, S=%lld, heads=%lld, "
+                     "D=%lld], rank %d has [B=%lld, S=%lld, heads=%lld, D=%lld]", pre,
+                     (long long)a->b, (long long)a->s, (long long)a->h, (long long)a->d, (int)r,
+                     (long long)b->b, (long long)b->s, (long long)b->h, (long long)b->d);
+  if (memcmp(a->canvas, b->canvas, sizeof a->canvas) || memcmp(a->tile, b->tile, sizeof a->tile) ||
+      a->text_len != b->text_len)
+    return sta_error(STA_ERR_WINDOW, "%s the geometry: rank 0 has canvas %dx%dx%d, tile "
+                     "%dx%dx%d, text_len %lld; rank %d has canvas %dx%dx%d, tile %dx%dx%d, "
+                     "text_len %lld", pre, a->canvas[0], a->canvas[1], a->canvas[2], a->tile[0],
+                     a->tile[1], a->tile[2], (long long)a->text_len, (int)r, b->canvas[0],
+                     b->canvas[1], b->canvas[2], b->tile[0], b->tile[1], b->tile[2],
+                     (long long)b->text_len);
+  if (a->n_windows != b->n_windows || a->windows != b->windows)
+    return sta_error(STA_ERR_WINDOW, "%s the windows: rank %d's differ from rank 0's "
+                     "(n_windows %d and %d)", pre, (int)r, (int)b->n_windows, (int)a->n_windows);
+  if (a->scale != b->scale || a->softmax != b->softmax) {
+    float fa, fb;
+    memcpy(&fa, &a->scale, 4);
+    memcpy(&fb, &b->scale, 4);
+    return sta_error(STA_ERR_ARGUMENT, "%s the scale or softmax: rank 0 has %g and %d, rank %d "
+                     "has %g and %d", pre, (double)fa, (int)a->softmax, (int)r, (double)fb,
+                     (int)b->softmax);
+  }
+  if (a->chunks != b->chunks)
+    return sta_error(STA_ERR_ARGUMENT, "%s the chunks: rank 0 runs %d, rank %d runs %d "
+                     "(sta_comm_set_chunks)", pre, (int)a->chunks, (int)r, (int)b->chunks);
+  if (a->layer != b->layer || a->step != b->step)
+    return sta_error(STA_ERR_ARGUMENT, "%s the layer: rank 0 runs layer %d at step %d, rank %d "
+                     "layer %d at step %d", pre, (int)a->layer, (int)a->step, (int)r,
+                     (int)b->layer, (int)b->step);
+  return STA_OK;
+}
+
+/* Exchange every rank's descriptor (host memory, else the transport's
+** device memory) and compare.  mine->status: this rank's own checks. */
+static sta_status agree(sta_comm *c, sp_desc *mine) {
+  int32_t np = sta_comm_size(c);
+  sta_status rc;
+  sp_desc *all = sta_calloc((size_t)np, sizeof *all);
+  if (!all) return sta_error(STA_ERR_NOMEM, "out of host memory (SP descriptors)");
+  if (c->t.devices & (1u << STA_CPU))
+    rc = c->t.all_gather(c->t.self, mine, all, sizeof *mine, STA_CPU);
+  else { /* a transport of device memory only */
+    sta_device d = STA_CUDA;
+    int64_t n = (int64_t)((size_t)(np + 1) * sizeof *mine);
+    const sta_backend_ops *b = sta_backend_get(d);
+    rc = c->dbuf && sta_tensor_numel(c->dbuf) >= n ? STA_OK
+         : (sta_tensor_destroy(c->dbuf), c->dbuf = NULL,
+            sta_tensor_create(&c->dbuf, STA_F16, d, 1, &n));
+    char *db = rc == STA_OK ? sta_tensor_data(c->dbuf) : NULL;
+    if (rc == STA_OK) rc = b->memcpy(db, d, mine, STA_CPU, sizeof *mine);
+    if (rc == STA_OK) rc = c->t.all_gather(c->t.self, db, db + sizeof *mine, sizeof *mine, d);
+    if (rc == STA_OK) rc = b->memcpy(all, STA_CPU, db + sizeof *mine, d, (size_t)np * sizeof *mine);
+  }
+  for (int32_t r = 0; r < np && rc == STA_OK; r++)
+    if (memcmp(all[r].magic, "sta-sp1", 8) != 0)
+      rc = sta_error(STA_ERR_STATE, "rank %d sent no SP descriptor (is it in another "
+                     "collective?)", (int)r);
+  if (rc == STA_OK && mine->status != STA_OK) rc = sta_error(mine->status, "%s", mine->msg);
+  for (int32_t r = 0; r < np && rc == STA_OK; r++)
+    if (all[r].status != STA_OK) rc = sta_error(all[r].status, "rank %d: %s", (int)r, all[r].msg);
+  for (int32_t r = 1; r < np && rc == STA_OK; r++) rc = disagree(&all[0], &all[r], r);
+  free(all);
+  return rc;
+}
+
+/* This rank's descriptor (status: its own checks). */
+static void describe(sp_desc *d, const pipe *p, const sta_geometry *g, sta_status status) {
+  memset(d, 0, sizeof *d);
+  memcpy(d->magic, "sta-sp1", 8);
+  d->status = status;
+  if (status != STA_OK) {
+    snprintf(d->msg, sizeof d->msg, "%s", sta_last_error());
+    return;
+  }
+  d->dtype = p->t[0]->dtype;
+  d->layout = p->layout;
+  d->device = p->dev;
+  d->chunks = (int32_t)p->n;
+  d->b = p->sp.b;
+  d->s = p->sp.sl;
+  d->h = p->sp.h;
+  d->d = p->sp.d;
+  memcpy(d->canvas, g->canvas, sizeof d->canvas);
+  memcpy(d->tile, g->tile, sizeof d->tile);
+  d->text_len = g->text_len;
+  d->layer = d->step = -1;
+  if (p->job->desc) {
+    d->n_windows = p->job->desc->n_windows;
+    d->windows = p->job->hash;
+    memcpy(&d->scale, &p->job->desc->scale, 4);
+    d->softmax = p->job->desc->softmax;
+  } else {
+    sta_context *ctx = sta_context_current();
+    d->layer = sta_layer_index(p->job->layer);
+    d->step = ctx ? sta_context_step(ctx) : -1;
+  }
+}
+
+static int is_loopback(const sta_comm *c) { return c->t.destroy == lb_destroy; }
+
+static sta_status sp_run(sta_comm *c, const sta_geometry *g, sta_layout layout,
+                         const sta_tensor *q, const sta_tensor *k, const sta_tensor *v,
+                         sta_tensor *out, sp_job *job, sta_status pre) {
+  const sta_tensor *t[4] = {q, k, v, out};
+  pipe p;
+  STA_CHECK_HANDLE(c, STA_KIND_COMM, "comm");
+  sta_status rc = prepare(&p, c, g, layout, t, job, pre);
+  /* every rank learns of every rank's failed checks, unless this is a
+  ** loopback world, whose run aborts the others when this rank returns */
+  if (sta_comm_size(c) > 1 && !(rc != STA_OK && is_loopback(c))) {
+    sp_desc mine;
+    describe(&mine, &p, g, rc);
+    rc = agree(c, &mine);
+  }
+  if (rc == STA_OK)
+    rc = p.sp.p == 1 && p.n == 1 ? job->compute(job, 0, q, k, v, out) : pipeline(&p);
+  pipe_free(&p);
+  return rc;
+}
+
+/* sp_attention: the desc of heads h0 .. h0 + hn - 1 of this rank. */
+static void local_desc(const sp_job *j, sta_attention_desc *d, int64_t h0, int64_t hn) {
   *d = *j->desc;
-  d->n_windows = j->desc->n_windows == 1 ? 1 : (int32_t)hl;
-  d->windows = j->desc->n_windows == 1 ? j->desc->windows : j->windows;
+  d->n_windows = j->desc->n_windows == 1 ? 1 : (int32_t)hn;
+  d->windows = j->desc->n_windows == 1 ? j->desc->windows : j->windows + 3 * h0;
+}
+
+static int64_t heads_of(const sp_job *j, const sta_tensor *q) {
+  return q->shape[j->desc->layout == STA_BSHD ? 2 : 1];
+}
+
+/* The windows: 1 or one per global head, each valid (named by its global
+** head); this rank's copied. */
+static sta_status attn_prepare(sp_job *j, const pipe *p) {
+  const sta_attention_desc *d = j->desc;
+  int64_t nh = p->sp.h, hl = p->sp.hl;
+  sta_status rc;
+  if (d->n_windows != 1 && d->n_windows != nh)
+    return sta_error(STA_ERR_WINDOW, "n_windows: expected 1 or heads (%lld), got %d",
+                     (long long)nh, (int)d->n_windows);
+  j->hash = fnv(d->windows, sizeof(int32_t) * 3 * (size_t)d->n_windows);
+  if (d->n_windows == 1) return STA_OK;
+  for (int64_t h = 0; h < nh; h++)
+    if ((rc = sta_window_check(&d->geom, d->windows + 3 * h)) != STA_OK) {
+      char msg[512];
+      snprintf(msg, sizeof msg, "head %lld: %s", (long long)h, sta_last_error());
+      return sta_error(rc, "%s", msg);
+    }
+  j->windows = sta_malloc(sizeof(int32_t) * 3 * (size_t)hl);
+  if (!j->windows) return sta_error(STA_ERR_NOMEM, "out of host memory (windows)");
+  memcpy(j->windows, d->windows + 3 * (size_t)p->sp.r * (size_t)hl, sizeof(int32_t) * 3 * (size_t)hl);
+  return STA_OK;
 }
 
 static sta_status attn_check(sp_job *j, const sta_tensor *q, const sta_tensor *k,
                              const sta_tensor *v, const sta_tensor *out) {
   sta_attention_desc d;
   sta_attn_params p;
-  local_desc(j, &d, q->shape[j->desc->layout == STA_BSHD ? 2 : 1]);
+  local_desc(j, &d, 0, heads_of(j, q));
   sta_status rc = sta_attn_resolve(&d, q, k, v, out, NULL, &p);
   if (rc == STA_OK) free((void *)p.windows);
   return rc;
 }
 
-static sta_status attn_compute(sp_job *j, const sta_tensor *q, const sta_tensor *k,
+static sta_status attn_compute(sp_job *j, int64_t h0, const sta_tensor *q, const sta_tensor *k,
                                const sta_tensor *v, sta_tensor *out) {
   sta_attention_desc d;
-  local_desc(j, &d, q->shape[j->desc->layout == STA_BSHD ? 2 : 1]);
+  local_desc(j, &d, h0, heads_of(j, q));
   return sta_attention_forward(&d, q, k, v, out, NULL);
 }
 
 sta_status sta_sp_attention(sta_comm *c, const sta_attention_desc *desc,
                             const sta_tensor *q, const sta_tensor *k, const sta_tensor *v,
                             sta_tensor *out) {
-  sta_status rc;
-  STA_CHECK_HANDLE(c, STA_KIND_COMM, "comm");
-  if (!desc) return sta_error(STA_ERR_ARGUMENT, "desc: expected a descriptor, got NULL");
-  if (!desc->windows) return sta_error(STA_ERR_WINDOW, "windows: expected an array, got NULL");
+  sta_status pre = STA_OK;
   sp_job job;
+  STA_CHECK_HANDLE(c, STA_KIND_COMM, "comm");
+  if (!desc) pre = sta_error(STA_ERR_ARGUMENT, "desc: expected a descriptor, got NULL");
+  else if (!desc->windows) pre = sta_error(STA_ERR_WINDOW, "windows: expected an array, got NULL");
   memset(&job, 0, sizeof job);
+  job.prepare = attn_prepare;
   job.check = attn_check;
   job.compute = attn_compute;
   job.desc = desc;
-  if (desc->n_windows != 1) {
-    sta_bshd x;
-    STA_CHECK_HANDLE(q, STA_KIND_TENSOR, "q");
-    if ((desc->layout == STA_BSHD || desc->layout == STA_BHSD) &&
-        sta_tensor_bshd(q, desc->layout, "q", &x) == STA_OK) {
-      int32_t p = sta_comm_size(c), r = sta_comm_rank(c);
-      if (desc->n_windows != x.h)
-        return sta_error(STA_ERR_WINDOW, "n_windows: expected 1 or heads (%lld), got %d",
-                         (long long)x.h, (int)desc->n_windows);
-      if (x.h % p == 0) {
-        int64_t hl = x.h / p;
-        job.windows = sta_malloc(sizeof(int32_t) * 3 * (size_t)hl);
-        if (!job.windows) return sta_error(STA_ERR_NOMEM, "out of host memory (windows)");
-        /* check every global window here so the message names the global head */
-        for (int64_t h = 0; h < x.h; h++)
-          if ((rc = sta_window_check(&desc->geom, desc->windows + 3 * h)) != STA_OK) {
-            char msg[512];
-            snprintf(msg, sizeof msg, "head %lld: %s", (long long)h, sta_last_error());
-            free(job.windows);
-            return sta_error(rc, "%s", msg);
-          }
-        memcpy(job.windows, desc->windows + 3 * (size_t)r * (size_t)hl,
-               sizeof(int32_t) * 3 * (size_t)hl);
-      }
-    }
-  }
-  rc = sp_run(c, &desc->geom, desc->layout, q, k, v, out, &job);
+  sta_status rc = sp_run(c, desc ? &desc->geom : NULL, desc ? desc->layout : STA_BSHD, q, k, v,
+                         out, &job, pre);
   free(job.windows);
   return rc;
 }
@@ -768,8 +1242,9 @@ struct sta_sp_layer {
   int32_t local_heads;
 };
 
-static sta_status layer_compute(sp_job *j, const sta_tensor *q, const sta_tensor *k,
+static sta_status layer_compute(sp_job *j, int64_t h0, const sta_tensor *q, const sta_tensor *k,
                                 const sta_tensor *v, sta_tensor *out) {
+  (void)h0; /* one chunk */
   return sta_layer_forward(j->layer, q, k, v, out);
 }
 
@@ -830,12 +1305,11 @@ sta_status sta_sp_layer_forward(sta_sp_layer *l, const sta_tensor *q, const sta_
   job.compute = layer_compute;
   job.layer = l->layer;
   sta_bshd x;
+  sta_status pre = STA_OK;
   int32_t p = sta_comm_size(l->comm);
   if (q && sta_tensor_bshd(q, l->layout, "q", &x) == STA_OK &&
       x.h != (int64_t)l->local_heads * p)
-    return sta_error(STA_ERR_SHAPE,
-                     "q: expected %lld heads (local_heads %d x %d ranks), got %lld",
-                     (long long)l->local_heads * p, (int)l->local_heads, (int)p,
-                     (long long)x.h);
-  return sp_run(l->comm, &l->geom, l->layout, q, k, v, out, &job);
+    pre = sta_error(STA_ERR_SHAPE, "q: expected %lld heads (local_heads %d x %d ranks), got %lld",
+                    (long long)l->local_heads * p, (int)l->local_heads, (int)p, (long long)x.h);
+  return sp_run(l->comm, &l->geom, l->layout, q, k, v, out, &job, pre);
 }

@@ -679,17 +679,38 @@ void sta_tune_defaults(int32_t full[3], int32_t *skip_steps);
 ** P ranks each hold V/P video tokens of ALL heads plus every text row:
 ** q, k, v, out are [B, V/P + text, H, D] (or BHSD), rank r holding video
 ** tokens r*V/P .. (r+1)*V/P - 1 in the untiled order; text rows are
-** replicated.  One all-to-all gives rank r the whole video for its heads
+** replicated.  An all-to-all gives rank r the whole video for its heads
 ** r*H/P .. (r+1)*H/P - 1, it runs STA with those GLOBAL heads' windows on
 ** [B, V + text, H/P, D], a second all-to-all returns the video output to
 ** the token split and an all-gather over heads gives every rank the text
 ** output of all heads.  V % P and H % P must be 0.
 **
+** The rank's heads go in chunks (sta_comm_set_chunks): the all-to-all of
+** chunk c+1 and the return of chunk c-1 run while STA computes chunk c.
+** The shards are read and written in place (no staging copy of q, k, v or
+** out) where the transport moves strided blocks (all_to_all_spans);
+** otherwise one side of each exchange is packed into a per-chunk buffer.
+** On CUDA the exchanges run on a second stream of the communicator,
+** ordered by events with the calling thread's stream (sta_cuda_set_stream):
+** the call returns without waiting for the device, like any forward.
+**
 ** A communicator moves bytes through a transport: loopback (P ranks in one
-** process, one thread each, sharing one world) or NCCL (libnccl.so.2, or
-** $STA_NCCL_LIB, loaded at run time; CUDA memory only).  Collectives must
-** be entered by every rank of the group in the same order.
+** process, one thread each, sharing one world), NCCL (libnccl.so.2, or
+** $STA_NCCL_LIB, loaded at run time) or TCP (CPU processes).  Collectives
+** must be entered by every rank of the group in the same order.
 */
+/* A strided block of bytes per rank: block j (the one for, or from, rank
+** j) starts j * peer bytes after base; it is n[2] x n[1] x n[0] runs of
+** run contiguous bytes, consecutive runs of level i pitch[i] bytes apart,
+** read in that order (n[0] fastest). */
+typedef struct sta_span {
+  void *base;
+  int64_t peer;
+  int64_t run;
+  int64_t n[3];
+  int64_t pitch[3];
+} sta_span;
+
 typedef struct sta_transport {
   const char *name;     /* "loopback", "nccl", ... */
   uint32_t devices;     /* bit (1u << sta_device) per memory it moves */
@@ -705,6 +726,11 @@ typedef struct sta_transport {
                            size_t chunk_bytes, sta_device device);
   sta_status (*barrier)(void *self);
   void (*destroy)(void *self); /* may be NULL */
+  /* May be NULL (sta then packs strided blocks for all_to_all).  For each
+  ** i < n: send[i]'s block j goes to rank j, into its recv[i] block r (r
+  ** this rank); send[i] and recv[i] have the same run and n[]. */
+  sta_status (*all_to_all_spans)(void *self, int32_t n, const sta_span *send,
+                                 const sta_span *recv, sta_device device);
 } sta_transport;
 
 typedef struct sta_comm sta_comm;
@@ -715,31 +741,59 @@ sta_status sta_comm_create(sta_comm **out, const sta_transport *t);
 /* size (1..64) communicators of one in-process world, comms[r] is rank r.
 ** Each rank's collectives must run on its own thread (see
 ** sta_comm_loopback_run); a wait longer than $STA_DIST_TIMEOUT seconds
-** (default 300) fails.  Destroy each one.  On error none is made. */
+** (default 300) fails.  Moves CPU and CUDA memory, strided blocks in place.
+** Destroy each one.  On error none is made. */
 sta_status sta_comm_loopback(sta_comm **comms, int32_t size);
-/* NCCL rank of size ranks.  Rank 0 makes the unique id and, when size > 1,
-** writes it to id_file (atomically, by rename); the others wait for the
-** file up to $STA_DIST_TIMEOUT seconds.  device: the CUDA device to use
-** (-1 = keep the current one).  No NCCL library or no GPU: STA_ERR_BACKEND
-** saying which. */
+/* NCCL rank of size ranks.  The ranks meet at id_file (NULL for a world
+** of one): a file path (rank 0 listens on 127.0.0.1 and writes its port
+** there atomically, the others wait for the file) or tcp://HOST:PORT
+** (rank 0 listens on PORT: of HOST when HOST is a loopback address, else
+** of every interface; the others connect, retrying).  Every wait is
+** bounded by $STA_DIST_TIMEOUT seconds.  Rank 0 sends the NCCL unique id;
+** the sockets stay as the world's host links, which move CPU memory (NCCL
+** moves CUDA memory).  device: the CUDA device to use (-1 = keep the
+** current one).  No NCCL library or no GPU: STA_ERR_BACKEND saying which;
+** a rendezvous that fails (timeout, address in use, a rank of another
+** world size): STA_ERR_IO saying so. */
 sta_status sta_comm_nccl(sta_comm **out, int32_t rank, int32_t size,
                          const char *id_file, int32_t device);
-/* TCP rank of size ranks on this machine (127.0.0.1, a star through rank
-** 0, whose port goes through id_file as for NCCL); CPU memory only.  For
+/* TCP rank of size (1..64) ranks: the rendezvous of sta_comm_nccl, then
+** every collective through rank 0 over those sockets; CPU memory only.  For
 ** processes without GPUs: tests, the launcher on a CPU machine. */
 sta_status sta_comm_tcp(sta_comm **out, int32_t rank, int32_t size,
                         const char *id_file);
-/* From the launcher's environment (scripts/sta-launch): STA_RANK (0),
-** STA_WORLD_SIZE (1), STA_LOCAL_RANK (STA_RANK; the CUDA device, modulo
-** the visible devices),
-** STA_DIST_ID_FILE (needed when the world size > 1), STA_DIST_BACKEND
-** ("nccl", the default; "tcp"; or "loopback" for a world of one). */
+/* The world the launcher's environment describes, from the first of these
+** families that is set (its rank and size variables both, else
+** STA_ERR_ENV naming the missing one): scripts/sta-launch (STA_RANK,
+** STA_WORLD_SIZE, STA_LOCAL_RANK), torchrun (RANK, WORLD_SIZE,
+** LOCAL_RANK), mpirun (OMPI_COMM_WORLD_RANK, OMPI_COMM_WORLD_SIZE,
+** OMPI_COMM_WORLD_LOCAL_RANK), srun (SLURM_PROCID, SLURM_NTASKS,
+** SLURM_LOCALID).  local_rank defaults to the rank; none set: rank 0 of
+** 1.  *family: 0 none, 1 sta-launch, 2 torchrun, 3 mpirun, 4 srun.  On
+** error nothing is written. */
+sta_status sta_comm_env(int32_t *rank, int32_t *size, int32_t *local_rank,
+                        int32_t *family);
+/* A communicator for sta_comm_env's world.  The ranks meet at
+** STA_DIST_ID_FILE (scripts/sta-launch) or else at
+** tcp://MASTER_ADDR:PORT, PORT being STA_MASTER_PORT or MASTER_PORT + 1
+** (torchrun's agent, or torch.distributed, holds MASTER_PORT itself); a
+** world of one needs neither.  STA_DIST_BACKEND: "nccl" (the default; the
+** CUDA device is the local rank modulo the visible devices), "tcp", or
+** "loopback" for a world of one. */
 sta_status sta_comm_from_env(sta_comm **out);
 void sta_comm_destroy(sta_comm *c);
 int32_t sta_comm_rank(const sta_comm *c);
 int32_t sta_comm_size(const sta_comm *c);
 /* The transport's name, e.g. "loopback". */
 const char *sta_comm_name(const sta_comm *c);
+/* Head chunks of the SP pipeline: n >= 1 (it must divide each rank's
+** heads), or 0 (the default) to choose: 1 on the CPU and in a world of
+** one, else the largest divisor of the rank's heads up to 4.  In a world
+** of one, n > 1 still runs the pipeline (to test it).  SP layers run one
+** chunk.  Every rank must use the same n (the SP call checks).  n outside
+** 0..64: STA_ERR_ARGUMENT and the setting unchanged. */
+sta_status sta_comm_set_chunks(sta_comm *c, int32_t n);
+int32_t sta_comm_chunks(const sta_comm *c);
 sta_status sta_comm_barrier(sta_comm *c);
 /* Tensor collectives: contiguous tensors of one dtype, on a device the
 ** transport moves.  all_to_all: send and recv have equal numel, a multiple
@@ -770,19 +824,28 @@ sta_status sta_sp_unshard(sta_tensor *full, const sta_tensor *local,
                           int32_t rank, int32_t size);
 /* Ulysses STA: desc as for sta_attention_forward on the whole problem
 ** (global canvas and text_len; n_windows 1 or the global heads H); q, k,
-** v, out this rank's shards.  Every argument check runs before the first
-** collective; on error out is unchanged.  The buffers (the gathered q, k,
-** v, out of this rank's heads and two copies of the q/k/v shards) stay in
-** c for the next call, grown as needed, until sta_comm_destroy. */
+** v, out this rank's shards (the head dimension contiguous; out shares no
+** memory with q, k or v).  Before any data moves, the ranks exchange a
+** descriptor of their call (shapes, dtype, layout, device, geometry,
+** windows, scale, chunks) and all return the same error when they
+** disagree ("ranks disagree on ..."), or when one rank's own checks fail
+** ("rank r: <its error>"; in a loopback world that rank returns at once
+** and its run aborts the others).  After such an error nothing has moved,
+** out is unchanged and the communicator is ready for the next call.  A
+** transport or device failure after data started moving may leave out
+** partly written.  The buffers (the gathered q, k, v, out of two chunks
+** and the pack buffer) stay in c for the next call, grown as needed, until
+** sta_comm_destroy. */
 sta_status sta_sp_attention(sta_comm *c, const sta_attention_desc *desc,
                             const sta_tensor *q, const sta_tensor *k,
                             const sta_tensor *v, sta_tensor *out);
 
 /* An STA layer under sequence parallelism: desc as for sta_layer_create
 ** with local_heads = H / size and an explicit canvas; sp_rank and sp_size
-** are taken from c (the SP layer holds a reference to it).  forward takes shards as
-** sta_sp_attention does and runs sta_layer_forward (live context, strategy
-** or metadata row, search mode) on this rank's global heads. */
+** are taken from c (the SP layer holds a reference to it).  forward takes
+** shards as sta_sp_attention does (the descriptor also compares the layer
+** index and the context's step) and runs sta_layer_forward (live context,
+** strategy or metadata row, search mode) on this rank's global heads. */
 typedef struct sta_sp_layer sta_sp_layer;
 sta_status sta_sp_layer_create(sta_sp_layer **out, sta_comm *c,
                                const sta_layer_desc *desc);

@@ -3,25 +3,36 @@ sp_pipeline.lua -- sequence-parallel (Ulysses) STA, end to end.
 
 Every rank builds the same full q, k, v (same seeds), keeps its shard (V/P
 video rows of all heads + every text row), runs SP attention and checks its
-output shard against single-device STA on the whole problem; optionally
-times both.
+output shard against single-device STA on the whole problem, for each head
+chunk count asked; optionally times them.
 
-  under scripts/sta-launch:  one rank per process, NCCL (dist.init()):
+  launched, one rank per process (dist.init(): scripts/sta-launch, or
+  torchrun / mpirun / srun with MASTER_ADDR and MASTER_PORT):
     scripts/sta-launch -n 2 examples/sp_pipeline.lua --device cuda --shape hunyuan
   alone: --ranks P simulated ranks in this process (loopback, a thread each):
     lua5.4 examples/sp_pipeline.lua --ranks 4
 
 Options: --ranks P (loopback; default 2)  --device cpu|cuda (default cpu)
   --shape small|medium|hunyuan (default small)  --iters N (timing; 0 = none)
-  --seed S.  Exits with an error when a rank's output differs.
+  --chunks LIST (head chunks of the pipeline, e.g. 0,1,2,4; 0 = chosen per
+  call; default 0)  --seed S.  Exits with an error when a rank's output
+  differs.
+
+Timing, launched: the median of N runs of each, between barriers: "single"
+is sta.attention on the whole problem on rank 0's device; "compute alone"
+the attention each rank runs (all tokens, H/P heads); "exchanges alone" the
+all-to-alls and the all-gather an SP call makes, on contiguous buffers,
+with nothing else running; "exposed" = SP - compute alone, and "hidden" the
+share of the exchanges that SP did not add to the compute.
 ]]
 local sta = require "sta"
 local dist = require "sta.dist"
 local cli = require "sta.cli"
 local usage = "usage: sp_pipeline.lua [--ranks P] [--device cpu|cuda] "
-  .. "[--shape small|medium|hunyuan] [--iters N] [--seed S]"
+  .. "[--shape small|medium|hunyuan] [--iters N] [--chunks LIST] [--seed S]"
 
-local args = { ranks = 2, device = "cpu", shape = "small", iters = 0, seed = os.time() % 100000 }
+local args = { ranks = 2, device = "cpu", shape = "small", iters = 0, chunks = "0",
+               seed = os.time() % 100000 }
 do
   local i = 1
   while i <= #arg do
@@ -30,7 +41,7 @@ do
       io.stderr:write(usage, "\n")
       os.exit(2)
     end
-    args[k] = math.tointeger(tonumber(arg[i + 1])) or arg[i + 1]
+    args[k] = k == "chunks" and arg[i + 1] or math.tointeger(tonumber(arg[i + 1])) or arg[i + 1]
     i = i + 2
   end
 end
@@ -50,17 +61,25 @@ local sh = cli.check(shapes[args.shape], "--shape: expected small, medium or hun
   tostring(args.shape))
 cli.int(args, "ranks", 1)
 cli.int(args, "iters", 0)
+local chunk_list = {}
+for c in tostring(args.chunks):gmatch("[^,]+") do
+  chunk_list[#chunk_list + 1] = cli.check(math.tointeger(tonumber(c)),
+    "--chunks: expected a list of integers >= 0 (0,1,2), got '%s'", tostring(args.chunks))
+end
+cli.check(#chunk_list > 0, "--chunks: expected a list of integers >= 0 (0,1,2), got '%s'",
+  tostring(args.chunks))
 cli.check(args.device == "cpu" or args.device == "cuda", "--device: expected cpu or cuda, got '%s'",
   tostring(args.device))
 if args.device == "cuda" and not sta.backend_available("cuda") then
   error(("--device cuda: no CUDA device here (%s); use --device cpu"):format(sta.info().cuda), 0)
 end
-local P0 = os.getenv("STA_WORLD_SIZE") and math.tointeger(tonumber(os.getenv("STA_WORLD_SIZE")))
-  or args.ranks
+local _, world, _, launcher = dist.world()
+local launched = launcher ~= nil
+local P0 = launched and world or args.ranks
 local V0 = sh.canvas[1] * sh.canvas[2] * sh.canvas[3]
 cli.check(sh.heads % P0 == 0 and V0 % P0 == 0,
   "%s %d: the %s shape's %d heads and %d video tokens must divide among the ranks (try 1, 2, 4 or 8)",
-  os.getenv("STA_WORLD_SIZE") and "sta-launch -n" or "--ranks", P0, args.shape, sh.heads, V0)
+  launched and "world size" or "--ranks", P0, args.shape, sh.heads, V0)
 if args.device == "cpu" and sh.dtype == "bf16" then sh.dtype = "f32" end
 local now = sta.core.now or os.clock
 local function sync() if args.device == "cuda" then sta.synchronize() end end
@@ -71,8 +90,7 @@ local windows = {}
 for h = 0, sh.heads - 1 do windows[h + 1] = sh.windows[h % #sh.windows + 1] end
 local opts = { canvas = sh.canvas, tile = sh.tile, window = windows }
 
--- the world: NCCL ranks from the launcher, else a loopback world here
-local launched = os.getenv("STA_WORLD_SIZE") ~= nil
+-- the world: the launcher's ranks, else a loopback world here
 local comms, P
 if launched then
   local c, msg = dist.init()
@@ -89,12 +107,13 @@ local function say(fmt, ...)
 end
 
 local topt = { dtype = sh.dtype, device = args.device }
-local function randn(seed)
+local function randn(shape, seed)
   local o = { seed = seed }
   for k, v in pairs(topt) do o[k] = v end
-  return sta.randn({ 1, S, sh.heads, sh.d }, o)
+  return sta.randn(shape, o)
 end
-local q, k, v = randn(args.seed), randn(args.seed + 1), randn(args.seed + 2)
+local full = { 1, S, sh.heads, sh.d }
+local q, k, v = randn(full, args.seed), randn(full, args.seed + 1), randn(full, args.seed + 2)
 local ref = sta.attention(q, k, v, opts)
 
 local ranks = launched and { me } or {}
@@ -109,50 +128,85 @@ local function sp_forward()
   return dist.run_attention(comms, qs, ks, vs, opts)
 end
 
-local outs = sp_forward()
-sync()
-local tol = sh.dtype == "f32" and 1e-6 or 1e-3
-local bad = false
-for i, r in ipairs(ranks) do
-  local want = dist.shard(ref, opts, r, P)
-  local mx, rel = outs[i]:compare(want)
-  local ok = rel <= tol
-  bad = bad or not ok
-  say("sp %s P=%d rank %d %s %s: max|diff| %.3g rel %.3g %s%s", args.shape, P, r, args.device,
-    sh.dtype, mx, rel, ok and "ok" or "MISMATCH", mx == 0 and " (bitwise)" or "")
+-- median of args.iters runs; collective runs start and end at a barrier
+local function time(fn, collective)
+  local ms = {}
+  for i = 1, args.iters do
+    if collective then comms[1]:barrier() end
+    sync()
+    local t0 = now()
+    fn()
+    sync()
+    if collective then comms[1]:barrier() end
+    ms[i] = (now() - t0) * 1000
+  end
+  table.sort(ms)
+  return ms[(#ms + 1) // 2]
 end
 
+local single, alone, moving = 0, nil, nil
 if args.iters > 0 then
-  -- median of args.iters runs; SP runs start and end at a barrier
-  local function time(fn, collective)
-    local ms = {}
-    for i = 1, args.iters do
-      if collective then comms[1]:barrier() end
-      sync()
-      local t0 = now()
-      fn()
-      sync()
-      if collective then comms[1]:barrier() end
-      ms[i] = (now() - t0) * 1000
-    end
-    table.sort(ms)
-    return ms[(#ms + 1) // 2]
-  end
   -- the single-device baseline on rank 0 alone (the other ranks wait, so
   -- ranks sharing CPU cores do not slow it down)
-  local single = 0
   if not launched or me == 0 then
     single = time(function() sta.attention(q, k, v, { canvas = opts.canvas, tile = opts.tile,
       window = windows, out = ref }) end, false)
   end
-  if launched then comms[1]:barrier() end
-  local sp = time(sp_forward, launched)
-  local flops = sta.flops { canvas = sh.canvas, tile = sh.tile, window = windows,
-    batch = 1, seq_len = S, heads = sh.heads, head_dim = sh.d }
-  local msg = ("time %s P=%d %s %s: single device %.2f ms, SP %.2f ms (%.2fx), %.3g TFLOP/s "
-    .. "SP; median of %d"):format(args.shape, P, args.device, launched and comms[1]:name()
-    or "loopback", single, sp, single / sp, flops / (sp * 1e-3) / 1e12, args.iters)
-  if not launched or me == 0 then say("%s", msg) end
+  if launched then
+    comms[1]:barrier()
+    local hl = sh.heads // P
+    local mine = {}
+    for h = 1, hl do mine[h] = windows[me * hl + h] end
+    local lshape = { 1, S, hl, sh.d }
+    local lq, lk, lv = randn(lshape, args.seed + 3), randn(lshape, args.seed + 4),
+      randn(lshape, args.seed + 5)
+    local lo = sta.attention(lq, lk, lv, { canvas = opts.canvas, tile = opts.tile, window = mine })
+    alone = time(function() sta.attention(lq, lk, lv, { canvas = opts.canvas, tile = opts.tile,
+      window = mine, out = lo }) end, true)
+    local n = V // P * sh.heads * sh.d
+    local send, recv = randn({ n }, args.seed + 6), randn({ n }, args.seed + 7)
+    local tsend, trecv = randn({ sh.text * hl * sh.d }, args.seed + 8),
+      randn({ P * sh.text * hl * sh.d }, args.seed + 9)
+    local c = comms[1]
+    moving = time(function()
+      for _ = 1, 4 do c:all_to_all(send, recv) end -- q, k, v in; out back
+      if sh.text > 0 then c:all_gather(tsend, trecv) end
+    end, true)
+  end
+end
+
+local bad = false
+for _, n in ipairs(chunk_list) do
+  for _, c in ipairs(comms) do c:set_chunks(n) end
+  local label = args.chunks == "0" and "" or (" chunks %d"):format(n) -- as asked
+  local outs = sp_forward()
+  sync()
+  local tol = sh.dtype == "f32" and 1e-6 or 1e-3
+  for i, r in ipairs(ranks) do
+    local want = dist.shard(ref, opts, r, P)
+    local mx, rel = outs[i]:compare(want)
+    local ok = rel <= tol
+    bad = bad or not ok
+    say("sp %s P=%d rank %d %s %s%s: max|diff| %.3g rel %.3g %s%s", args.shape, P, r,
+      args.device, sh.dtype, label, mx, rel, ok and "ok" or "MISMATCH", mx == 0 and " (bitwise)" or "")
+  end
+  if args.iters > 0 then
+    local sp = time(sp_forward, launched)
+    local flops = sta.flops { canvas = sh.canvas, tile = sh.tile, window = windows,
+      batch = 1, seq_len = S, heads = sh.heads, head_dim = sh.d }
+    local msg = ("time %s P=%d %s %s%s: single device %.2f ms, SP %.2f ms (%.2fx, "
+      .. "%.0f %% parallel efficiency), %.3g TFLOP/s SP"):format(args.shape, P, args.device,
+      launched and comms[1]:name() or "loopback", label, single, sp, single / sp,
+      100 * single / (P * sp), flops / (sp * 1e-3) / 1e12)
+    if alone then
+      local exposed = sp - alone
+      msg = msg .. ("; compute alone %.2f ms, exchanges alone %.2f ms, exposed %.2f ms "
+        .. "(%.0f %% hidden)"):format(alone, moving, exposed,
+        moving > 0 and math.max(0, 100 * (1 - math.max(exposed, 0) / moving)) or 0)
+    end
+    msg = msg .. ("; median of %d"):format(args.iters)
+    if not launched or me == 0 then say("%s", msg) end
+  end
 end
 
 if bad then error("SP output differs from single-device STA", 0) end

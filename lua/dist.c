@@ -67,7 +67,8 @@ static int d_loopback(lua_State *L) {
 }
 
 /* _init(nil) from the environment, or _init(rank, size, id_file, device,
-** backend) with backend "nccl" (default) or "tcp" */
+** backend) with backend "nccl" (default) or "tcp"; id_file: a path or
+** tcp://HOST:PORT */
 static int d_init(lua_State *L) {
   LComm *u;
   sta_status rc;
@@ -86,6 +87,33 @@ static int d_init(lua_State *L) {
                                 : sta_comm_nccl(&u->c, rank, size, id, dev);
   }
   return rc == STA_OK ? 1 : sta_lua_fail(L, rc);
+}
+
+/* _env() -> rank, size, local_rank, launcher name (nil: none) */
+static int d_env(lua_State *L) {
+  static const char *const names[] = {NULL, "sta-launch", "torchrun", "mpirun", "srun"};
+  int32_t r, n, l, f;
+  sta_status rc = sta_comm_env(&r, &n, &l, &f);
+  if (rc != STA_OK) return sta_lua_fail(L, rc);
+  lua_pushinteger(L, r);
+  lua_pushinteger(L, n);
+  lua_pushinteger(L, l);
+  if (f > 0 && f < 5) lua_pushstring(L, names[f]);
+  else lua_pushnil(L);
+  return 4;
+}
+
+/* comm:set_chunks(n) -> comm;  comm:chunks() -> n (0: chosen per call) */
+static int comm_set_chunks(lua_State *L) {
+  sta_comm *c = check_comm(L, 1);
+  sta_status rc = sta_comm_set_chunks(c, sta_lua_check_int32(L, 2, "n"));
+  if (rc != STA_OK) return sta_lua_fail(L, rc);
+  lua_settop(L, 1);
+  return 1;
+}
+static int comm_chunks(lua_State *L) {
+  lua_pushinteger(L, sta_comm_chunks(check_comm(L, 1)));
+  return 1;
 }
 
 static int comm_rank(lua_State *L) {
@@ -372,7 +400,7 @@ static const luaL_Reg comm_meta[] = {
 static const luaL_Reg comm_methods[] = {
   {"release", comm_release}, {"rank", comm_rank}, {"size", comm_size}, {"name", comm_name},
   {"barrier", comm_barrier}, {"all_to_all", comm_all_to_all}, {"all_gather", comm_all_gather},
-  {NULL, NULL}};
+  {"set_chunks", comm_set_chunks}, {"chunks", comm_chunks}, {NULL, NULL}};
 static const luaL_Reg splayer_meta[] = {
   {"__gc", sp_release}, {"__close", sp_release}, {"__tostring", sp_tostring}, {NULL, NULL}};
 static const luaL_Reg splayer_methods[] = {
@@ -380,7 +408,7 @@ static const luaL_Reg splayer_methods[] = {
   {"set_strategy", sp_set_strategy}, {NULL, NULL}};
 
 static const luaL_Reg dist_funcs[] = {
-  {"loopback", d_loopback}, {"_init", d_init}, {"_attention", d_attention},
+  {"loopback", d_loopback}, {"_init", d_init}, {"_env", d_env}, {"_attention", d_attention},
   {"_shard", d_shard}, {"_run_attention", d_run_attention}, {"_layer", d_layer},
   {"_run_layers", d_run_layers}, {NULL, NULL}};
 

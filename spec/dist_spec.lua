@@ -25,15 +25,22 @@ local function check_sp(o, b, text, heads, d, ps)
   local ref = sta.attention(q, k, vv, opts)
   for _, p in ipairs(ps) do
     local comms = dist.loopback(p)
-    local outs = dist.run_attention(comms, shards(q, opts, p), shards(k, opts, p),
-      shards(vv, opts, p), opts)
-    for r = 1, p do
-      local want = dist.shard(ref, opts, r - 1, p)
-      local mx = outs[r]:compare(want)
-      assert.equal(0, mx, ("P=%d rank %d: max |diff| %g"):format(p, r - 1, mx))
+    -- every head chunk count of the pipeline (0: chosen per call)
+    for n = 0, heads // p do
+      if n == 0 or (heads // p) % n == 0 then
+        for _, c in ipairs(comms) do assert.equal(c, c:set_chunks(n)) end
+        assert.equal(n, comms[1]:chunks())
+        local outs = dist.run_attention(comms, shards(q, opts, p), shards(k, opts, p),
+          shards(vv, opts, p), opts)
+        for r = 1, p do
+          local want = dist.shard(ref, opts, r - 1, p)
+          local mx = outs[r]:compare(want)
+          assert.equal(0, mx, ("P=%d chunks %d rank %d: max |diff| %g"):format(p, n, r - 1, mx))
+        end
+        local mx = dist.unshard(outs, opts):compare(ref)
+        assert.equal(0, mx)
+      end
     end
-    local mx = dist.unshard(outs, opts):compare(ref)
-    assert.equal(0, mx)
   end
 end
 
@@ -229,11 +236,60 @@ describe("sta.dist", function()
       assert.truthy(c:find("^nccl: "), c)
       assert.equal(sta.status.BACKEND, select(2, sta.debug.last_error()))
     end
-    assert.equal("id_file: expected a path to share the NCCL id (world size 2)",
+    assert.equal("id_file: expected a path or tcp://HOST:PORT to share the NCCL id (world size 2)",
       H.error_of(dist.init, { rank = 1, size = 2 }))
+    assert.equal("id_file: expected a path or tcp://HOST:PORT (port 1..65535), got \"tcp://x\"",
+      H.error_of(dist.init, { rank = 1, size = 2, id_file = "tcp://x" }))
     assert.equal("rank: expected 0..1, got 2", H.error_of(dist.init, { rank = 2, size = 2 }))
     assert.equal(0, dist.rank())
     assert.equal(1, dist.size())
+    assert.equal(0, dist.local_rank())
+  end)
+
+  it("reads the world that torchrun, mpirun, srun or sta-launch describe", function()
+    local lua = os.getenv("LUA") or "lua5.4"
+    local build = os.getenv("STA_BUILD") or os.getenv("BUILD") or "build"
+    local function world(env)
+      local p = io.popen(("env -u STA_RANK -u STA_WORLD_SIZE %s %s -e \"package.path='lua/?.lua;"
+        .. "lua/?/init.lua;'..package.path; package.cpath='%s/lua/?.so;'..package.cpath; "
+        .. "local d = require 'sta.dist'; print(pcall(d.world))\" 2>&1"):format(env, lua, build))
+      local out = p:read("a")
+      p:close()
+      return out
+    end
+    assert.equal("true\t0\t1\t0\tnil\n", world(""))
+    assert.equal("true\t2\t4\t1\ttorchrun\n", world("RANK=2 WORLD_SIZE=4 LOCAL_RANK=1"))
+    assert.equal("true\t3\t8\t3\tmpirun\n",
+      world("SLURM_PROCID=0 SLURM_NTASKS=1 OMPI_COMM_WORLD_RANK=3 OMPI_COMM_WORLD_SIZE=8"))
+    assert.equal("true\t1\t2\t0\tsrun\n", world("SLURM_PROCID=1 SLURM_NTASKS=2 SLURM_LOCALID=0"))
+    assert.equal("true\t1\t2\t1\tsta-launch\n", world("STA_RANK=1 STA_WORLD_SIZE=2 RANK=0 WORLD_SIZE=1"))
+    assert.equal("false\tWORLD_SIZE: not set, but RANK is (torchrun sets both)\n", world("RANK=1"))
+  end)
+
+  it("raises the same error on every rank when the ranks disagree, and runs after", function()
+    local opts = { canvas = { 4, 4, 4 }, tile = { 2, 2, 2 }, window = { 1, 1, 1 } }
+    local comms = dist.loopback(2)
+    local q4, q6 = H.randn({ 1, 32 + 3, 4, 8 }), H.randn({ 1, 32 + 3, 6, 8 })
+    local o4, o6 = H.randn({ 1, 32 + 3, 4, 8 }), H.randn({ 1, 32 + 3, 6, 8 })
+    local b4, b6 = o4:clone(), o6:clone()
+    local o = {}
+    for k, v in pairs(opts) do o[k] = v end
+    o.out = { o4, o6 }
+    assert.equal("rank 0: ranks disagree on the heads: rank 0 has 4, rank 1 has 6",
+      H.error_of(dist.run_attention, comms, { q4, q6 }, { q4, q6 }, { q4, q6 }, o))
+    assert.is_true(H.same_values(o4, b4))
+    assert.is_true(H.same_values(o6, b6))
+    comms[1]:set_chunks(2)
+    assert.equal("rank 0: ranks disagree on the chunks: rank 0 runs 2, rank 1 runs 1 "
+      .. "(sta_comm_set_chunks)",
+      H.error_of(dist.run_attention, comms, { q4, q4 }, { q4, q4 }, { q4, q4 }, opts))
+    assert.equal("n: expected 0 (choose) or 1..64 chunks, got 65", H.error_of(comms[1].set_chunks, comms[1], 65))
+    assert.equal("n: expected an integer, got x", H.error_of(comms[1].set_chunks, comms[1], "x"))
+    comms[1]:set_chunks(0)
+    local full = H.randn({ 1, 64 + 3, 4, 8 })
+    local outs = dist.run_attention(comms, shards(full, opts, 2), shards(full, opts, 2),
+      shards(full, opts, 2), opts)
+    assert.equal(0, (dist.unshard(outs, opts):compare(sta.attention(full, full, full, opts))))
   end)
 
   it("launches ranks with scripts/sta-launch", function()
@@ -282,17 +338,29 @@ describe("sta.dist", function()
   end)
 
   it("runs sp_pipeline as separate processes over TCP with scripts/sta-launch", function()
-    for _, n in ipairs { 4 } do
-      local p = io.popen(("STA_DIST_BACKEND=tcp scripts/sta-launch -n %d examples/sp_pipeline.lua "
-        .. "--seed %d 2>&1"):format(n, H.seed()))
+    -- sta-launch's own variables, and those of torchrun, srun and mpirun
+    -- (the ranks meeting at MASTER_ADDR:MASTER_PORT + 1)
+    for _, run in ipairs { { 4, "sta", "0,2" }, { 2, "torchrun", "0,4" }, { 2, "srun", "1" },
+                           { 2, "mpirun", "2" } } do
+      local n, env, chunks = run[1], run[2], run[3]
+      local p = io.popen(("STA_DIST_BACKEND=tcp scripts/sta-launch -n %d --env %s --timeout 60 "
+        .. "examples/sp_pipeline.lua --chunks %s --seed %d 2>&1"):format(n, env, chunks, H.seed()))
       local out = p:read("a")
       local ok = p:close()
       assert.is_true(ok, out)
       for r = 0, n - 1 do
-        assert.truthy(out:find(("[%d] sp small P=%d rank %d cpu f32: max|diff| 0 rel 0 ok (bitwise)"):format(
-          r, n, r), 1, true), out)
+        for c in chunks:gmatch("%d+") do
+          assert.truthy(out:find(("[%d] sp small P=%d rank %d cpu f32 chunks %s: max|diff| 0 rel 0 ok "
+            .. "(bitwise)"):format(r, n, r, c), 1, true), env .. ": " .. out)
+        end
       end
     end
+    local p = io.popen("scripts/sta-launch --env slurm -- true 2>&1")
+    local out = p:read("a")
+    local _, _, code = p:close()
+    assert.equal(2, code)
+    assert.truthy(out:find("sta-launch: --env: expected sta, torchrun, srun or mpirun, got 'slurm'",
+      1, true), out)
     local c = dist.init { backend = "tcp" } -- a world of one
     assert.equal("sta.Comm(tcp, rank 0 of 1)", tostring(c))
     assert.is_true(c:barrier())
@@ -319,10 +387,14 @@ describe("sta.dist on the GPU #gpu", function()
     local ref = sta.attention(q, k, v, opts)
     for _, p in ipairs { 1, 2, 4 } do
       local comms = dist.loopback(p)
-      local outs = dist.run_attention(comms, shards(q, opts, p), shards(k, opts, p), shards(v, opts, p), opts)
-      assert.equal("cuda:0", outs[1]:device())
-      local _, rel = dist.unshard(outs, opts):compare(ref)
-      assert.is_true(rel < 1e-3, ("P=%d rel %g"):format(p, rel))
+      -- the pipeline on two CUDA streams per rank (chunks > 1) too
+      for _, n in ipairs { 0, 1, 4 // p > 1 and 4 // p or 1 } do
+        for _, c in ipairs(comms) do c:set_chunks(n) end
+        local outs = dist.run_attention(comms, shards(q, opts, p), shards(k, opts, p), shards(v, opts, p), opts)
+        assert.equal("cuda:0", outs[1]:device())
+        local mx = dist.unshard(outs, opts):compare(ref)
+        assert.equal(0, mx, ("P=%d chunks %d max |diff| %g"):format(p, n, mx))
+      end
     end
   end)
 
@@ -337,11 +409,15 @@ describe("sta.dist on the GPU #gpu", function()
     assert.equal("nccl", c:name())
     local opts = { canvas = { 6, 16, 16 }, tile = { 6, 8, 8 }, window = { 1, 1, 1 } }
     local q = H.randn({ 1, 1536 + 8, 2, 128 }, { dtype = "bf16", device = "cuda" })
-    local out = c:attention(q, q, q, opts)
-    local _, rel = out:compare(sta.attention(q, q, q, opts))
-    assert.is_true(rel < 1e-3, "rel " .. rel)
+    local ref = sta.attention(q, q, q, opts)
+    for _, n in ipairs { 0, 2 } do -- 2: the pipeline through NCCL on a second stream
+      c:set_chunks(n)
+      local out = c:attention(q, q, q, opts)
+      assert.equal(0, (out:compare(ref)), "chunks " .. n)
+    end
     assert.is_true(c:barrier())
-    assert.equal("send: on cpu, but the nccl communicator does not move cpu memory",
-      H.error_of(c.all_gather, c, H.randn({ 2 }), H.randn({ 2 })))
+    local send, recv = H.randn({ 2 }), H.randn({ 2 }) -- host memory goes over the host links
+    c:all_gather(send, recv)
+    assert.is_true(H.same_values(send, recv))
   end)
 end)

@@ -116,7 +116,7 @@ static void fx_open(fx *x) {
   OK(sta_sp_layer_create(&x->sp_layer, x->comm, &x->ldesc));
   OK(sta_safetensors_open(&x->safetensors, path_st));
   sta_transport t = {"fake", 1u << STA_CPU, NULL, tr_rank, tr_size, tr_move, tr_move,
-                     tr_barrier, NULL};
+                     tr_barrier, NULL, NULL};
   x->transport = t;
 }
 

@@ -216,11 +216,18 @@ static void check_sp(const sp_case *c) {
     if (v % p || c->h % p) continue;
     sta_comm *comms[MAXP];
     assert_int_equal(sta_comm_loopback(comms, p), STA_OK);
-    run_sp(c, p, &j, sp_rank, f.q, f.k, f.v, f.o, comms);
+    /* every chunk count of the pipeline (0: the default), in a world of
+    ** one too, on the same communicators (their buffers regrown) */
+    for (int32_t n = 0; n <= c->h / p; n++) {
+      if (n > 0 && (c->h / p) % n) continue;
+      for (int32_t r = 0; r < p; r++) assert_int_equal(sta_comm_set_chunks(comms[r], n), STA_OK);
+      assert_int_equal(sta_comm_chunks(comms[0]), n);
+      run_sp(c, p, &j, sp_rank, f.q, f.k, f.v, f.o, comms);
+      ran++;
+    }
     for (int32_t r = 0; r < p; r++) sta_comm_destroy(comms[r]);
-    ran++;
   }
-  assert_true(ran >= 2);
+  assert_true(ran >= 4);
   full_free(&f);
 }
 
@@ -376,6 +383,32 @@ static void test_sp_layer_strategy(void **state) {
       assert_int_equal(sta_layer_index(sta_sp_layer_base(j.layers[r])), 5);
     }
     run_sp(&c, p, &j, layer_rank, f.q, f.k, f.v, f.o, comms);
+    if (p == 2) { /* ranks at different layers: refused before anything moves */
+      sta_layer_desc ld;
+      memset(&ld, 0, sizeof ld);
+      ld.layer_index = 6;
+      ld.local_heads = 2;
+      ld.head_dim = (int32_t)c.d;
+      ld.geom = j.desc.geom;
+      ld.backend = STA_CPU;
+      ld.strategy = j.strategy;
+      sta_sp_layer_destroy(j.layers[1]);
+      assert_int_equal(sta_sp_layer_create(&j.layers[1], comms[1], &ld), STA_OK);
+      for (int32_t r = 0; r < 2; r++) {
+        j.q[r] = j.k[r] = j.v[r] = randn4(STA_F32, STA_BSHD, 1, v / 2 + c.text, c.h, c.d);
+        j.o[r] = randn4(STA_F32, STA_BSHD, 1, v / 2 + c.text, c.h, c.d);
+      }
+      sta_tensor *before = snapshot(j.o[0]);
+      sta_expect_err(sta_comm_loopback_run(comms, 2, layer_rank, &j), STA_ERR_ARGUMENT,
+                     "rank 0: ranks disagree on the layer: rank 0 runs layer 5 at step 2, rank 1 "
+                     "layer 6 at step 2");
+      assert_bitwise(j.o[0], before);
+      sta_tensor_destroy(before);
+      for (int32_t r = 0; r < 2; r++) {
+        sta_tensor_destroy(j.q[r]);
+        sta_tensor_destroy(j.o[r]);
+      }
+    }
     for (int32_t r = 0; r < p; r++) {
       sta_sp_layer_destroy(j.layers[r]);
       sta_comm_destroy(comms[r]);
@@ -540,6 +573,10 @@ static void *custom_thread(void *p) {
   return NULL;
 }
 
+/* A caller's transport without all_to_all_spans: sta packs the strided
+** side of each exchange.  Every chunk count gives single-device bits; the
+** calls are counted: the descriptor (one all-gather), then per chunk
+** three all-to-alls in (q, k, v), one out and the text all-gather. */
 static void test_custom_transport(void **state) {
   (void)state;
   const int32_t p = 2;
@@ -550,7 +587,7 @@ static void test_custom_transport(void **state) {
   for (int32_t r = 0; r < p; r++) {
     cnt[r].inner = inner[r];
     sta_transport t = {"counting", 1u << STA_CPU, &cnt[r], cnt_rank, cnt_size,
-                       cnt_a2a, cnt_gather, cnt_barrier, cnt_destroy};
+                       cnt_a2a, cnt_gather, cnt_barrier, cnt_destroy, NULL};
     assert_int_equal(sta_comm_create(&comms[r], &t), STA_OK);
     assert_string_equal(sta_comm_name(comms[r]), "counting");
     assert_int_equal(sta_comm_rank(comms[r]), r);
@@ -566,49 +603,53 @@ static void test_custom_transport(void **state) {
     sta_tensor *full = randn4(STA_BF16, STA_BSHD, 1, 96 + text, 4, 8);
     sta_tensor *ref = new4(STA_BF16, STA_BSHD, 1, 96 + text, 4, 8);
     assert_int_equal(sta_attention_forward(&d, full, full, full, ref, NULL), STA_OK);
-    for (int fail = 0; fail <= (text > 0); fail++) {
-      custom_job jobs[2];
-      pthread_t th[2];
-      sta_tensor *before[2];
-      for (int32_t r = 0; r < p; r++) {
-        memset(&jobs[r], 0, sizeof jobs[r]);
-        cnt[r].a2a = cnt[r].gather = 0;
-        cnt[r].fail_gather = fail;
-        jobs[r].comm = comms[r];
-        jobs[r].desc = &d;
-        jobs[r].q = new4(STA_BF16, STA_BSHD, 1, 48 + text, 4, 8);
-        jobs[r].o = randn4(STA_BF16, STA_BSHD, 1, 48 + text, 4, 8);
-        before[r] = snapshot(jobs[r].o);
-        assert_int_equal(sta_sp_shard(jobs[r].q, full, &d.geom, STA_BSHD, r, p), STA_OK);
-        assert_int_equal(pthread_create(&th[r], NULL, custom_thread, &jobs[r]), 0);
-      }
-      for (int32_t r = 0; r < p; r++) pthread_join(th[r], NULL);
-      for (int32_t r = 0; r < p; r++) {
-        assert_int_equal(cnt[r].a2a, 2);            /* q/k/v in, video out */
-        assert_int_equal(cnt[r].gather, text > 0);  /* text out over heads */
-        if (fail) {
-          assert_int_equal(jobs[r].rc, STA_ERR_DEVICE);
-          assert_string_equal(jobs[r].msg, "fake: link down");
-          assert_bitwise(jobs[r].o, before[r]);
-        } else {
-          assert_int_equal(jobs[r].rc, STA_OK);
-          sta_tensor *want = new4(STA_BF16, STA_BSHD, 1, 48 + text, 4, 8);
-          assert_int_equal(sta_sp_shard(want, ref, &d.geom, STA_BSHD, r, p), STA_OK);
-          assert_bitwise(jobs[r].o, want);
-          sta_tensor_destroy(want);
+    for (int32_t n = 1; n <= 2; n++)
+      for (int fail = 0; fail <= (text > 0 && n == 1); fail++) {
+        custom_job jobs[2];
+        pthread_t th[2];
+        sta_tensor *before[2];
+        for (int32_t r = 0; r < p; r++) {
+          memset(&jobs[r], 0, sizeof jobs[r]);
+          cnt[r].a2a = cnt[r].gather = 0;
+          cnt[r].fail_gather = fail;
+          assert_int_equal(sta_comm_set_chunks(comms[r], n), STA_OK);
+          jobs[r].comm = comms[r];
+          jobs[r].desc = &d;
+          jobs[r].q = new4(STA_BF16, STA_BSHD, 1, 48 + text, 4, 8);
+          jobs[r].o = randn4(STA_BF16, STA_BSHD, 1, 48 + text, 4, 8);
+          before[r] = snapshot(jobs[r].o);
+          assert_int_equal(sta_sp_shard(jobs[r].q, full, &d.geom, STA_BSHD, r, p), STA_OK);
+          assert_int_equal(pthread_create(&th[r], NULL, custom_thread, &jobs[r]), 0);
         }
-        sta_tensor_destroy(jobs[r].q);
-        sta_tensor_destroy(jobs[r].o);
-        sta_tensor_destroy(before[r]);
+        for (int32_t r = 0; r < p; r++) pthread_join(th[r], NULL);
+        for (int32_t r = 0; r < p; r++) {
+          if (fail) { /* the descriptor's all-gather fails: nothing moved */
+            assert_int_equal(cnt[r].gather, 1);
+            assert_int_equal(cnt[r].a2a, 0);
+            assert_int_equal(jobs[r].rc, STA_ERR_DEVICE);
+            assert_string_equal(jobs[r].msg, "fake: link down");
+            assert_bitwise(jobs[r].o, before[r]);
+          } else {
+            assert_int_equal(cnt[r].gather, 1 + n * (text > 0));
+            assert_int_equal(cnt[r].a2a, 4 * n);
+            if (jobs[r].rc != STA_OK) fail_msg("rank %d: %s", (int)r, jobs[r].msg);
+            sta_tensor *want = new4(STA_BF16, STA_BSHD, 1, 48 + text, 4, 8);
+            assert_int_equal(sta_sp_shard(want, ref, &d.geom, STA_BSHD, r, p), STA_OK);
+            assert_bitwise(jobs[r].o, want);
+            sta_tensor_destroy(want);
+          }
+          sta_tensor_destroy(jobs[r].q);
+          sta_tensor_destroy(jobs[r].o);
+          sta_tensor_destroy(before[r]);
+        }
       }
-    }
     sta_tensor_destroy(full);
     sta_tensor_destroy(ref);
   }
   /* a rank outside the size is refused */
   counting bad = {inner[0], 0, 0, 0, 0, 0};
   sta_transport t = {"counting", 1u << STA_CPU, &bad, cnt_size, cnt_size, cnt_a2a,
-                     cnt_gather, cnt_barrier, cnt_destroy};
+                     cnt_gather, cnt_barrier, cnt_destroy, NULL};
   sta_comm *c = NULL;
   sta_expect_err(sta_comm_create(&c, &t), STA_ERR_ARGUMENT,
                "transport: rank 2 of size 2 is not a rank");
@@ -623,7 +664,7 @@ static void test_custom_transport(void **state) {
 /* ---- TCP: ranks as threads here (as processes under scripts/sta-launch) ----------- */
 
 typedef struct tcp_job {
-  int32_t rank, size;
+  int32_t rank, size, chunks;
   const char *id_file;
   const sta_attention_desc *desc;
   sta_tensor *q, *k, *v, *o;
@@ -635,6 +676,7 @@ static void *tcp_thread(void *p) {
   tcp_job *j = p;
   sta_comm *c = NULL;
   j->rc = sta_comm_tcp(&c, j->rank, j->size, j->id_file);
+  if (j->rc == STA_OK) j->rc = sta_comm_set_chunks(c, j->chunks);
   if (j->rc == STA_OK && (sta_comm_rank(c) != j->rank || sta_comm_size(c) != j->size))
     j->rc = sta_error(STA_ERR_STATE, "rank/size mismatch");
   if (j->rc == STA_OK) j->rc = sta_comm_barrier(c);
@@ -656,52 +698,60 @@ static void test_tcp_transport(void **state) {
   d.n_windows = 6;
   d.windows = w;
   int64_t text = 5, v = 144;
-  sta_tensor *fq = randn4(STA_F32, STA_BSHD, 1, v + text, 6, 8);
-  sta_tensor *fk = randn4(STA_F32, STA_BSHD, 1, v + text, 6, 8);
-  sta_tensor *fv = randn4(STA_F32, STA_BSHD, 1, v + text, 6, 8);
-  sta_tensor *fo = new4(STA_F32, STA_BSHD, 1, v + text, 6, 8);
-  assert_int_equal(sta_attention_forward(&d, fq, fk, fv, fo, NULL), STA_OK);
-  for (int32_t p = 1; p <= 3; p++) {
-    tcp_job jobs[3];
-    pthread_t th[3];
-    snprintf(id_file, sizeof id_file, "/tmp/sta-test-dist-%d-tcp%d.id", (int)getpid(), (int)p);
-    remove(id_file);
-    for (int32_t r = 0; r < p; r++) {
-      tcp_job *j = &jobs[r];
-      memset(j, 0, sizeof *j);
-      j->rank = r; j->size = p; j->id_file = id_file; j->desc = &d;
-      j->q = new4(STA_F32, STA_BSHD, 1, v / p + text, 6, 8);
-      j->k = new4(STA_F32, STA_BSHD, 1, v / p + text, 6, 8);
-      j->v = new4(STA_F32, STA_BSHD, 1, v / p + text, 6, 8);
-      j->o = new4(STA_F32, STA_BSHD, 1, v / p + text, 6, 8);
-      assert_int_equal(sta_sp_shard(j->q, fq, &d.geom, STA_BSHD, r, p), STA_OK);
-      assert_int_equal(sta_sp_shard(j->k, fk, &d.geom, STA_BSHD, r, p), STA_OK);
-      assert_int_equal(sta_sp_shard(j->v, fv, &d.geom, STA_BSHD, r, p), STA_OK);
-      assert_int_equal(pthread_create(&th[r], NULL, tcp_thread, j), 0);
+  /* BSHD, one batch (sta packs the shard side of each exchange); BHSD, two
+  ** (both sides packed), one head per chunk */
+  for (int cfg = 0; cfg < 2; cfg++) {
+    sta_layout lo = cfg ? STA_BHSD : STA_BSHD;
+    int64_t b = cfg ? 2 : 1;
+    d.layout = lo;
+    sta_tensor *fq = randn4(STA_F32, lo, b, v + text, 6, 8);
+    sta_tensor *fk = randn4(STA_F32, lo, b, v + text, 6, 8);
+    sta_tensor *fv = randn4(STA_F32, lo, b, v + text, 6, 8);
+    sta_tensor *fo = new4(STA_F32, lo, b, v + text, 6, 8);
+    assert_int_equal(sta_attention_forward(&d, fq, fk, fv, fo, NULL), STA_OK);
+    for (int32_t p = 1; p <= 3; p++) {
+      tcp_job jobs[3];
+      pthread_t th[3];
+      snprintf(id_file, sizeof id_file, "/tmp/sta-test-dist-%d-tcp%d.id", (int)getpid(), (int)p);
+      remove(id_file);
+      for (int32_t r = 0; r < p; r++) {
+        tcp_job *j = &jobs[r];
+        memset(j, 0, sizeof *j);
+        j->rank = r; j->size = p; j->id_file = id_file; j->desc = &d;
+        j->chunks = cfg ? 6 / p : 0;
+        j->q = new4(STA_F32, lo, b, v / p + text, 6, 8);
+        j->k = new4(STA_F32, lo, b, v / p + text, 6, 8);
+        j->v = new4(STA_F32, lo, b, v / p + text, 6, 8);
+        j->o = new4(STA_F32, lo, b, v / p + text, 6, 8);
+        assert_int_equal(sta_sp_shard(j->q, fq, &d.geom, lo, r, p), STA_OK);
+        assert_int_equal(sta_sp_shard(j->k, fk, &d.geom, lo, r, p), STA_OK);
+        assert_int_equal(sta_sp_shard(j->v, fv, &d.geom, lo, r, p), STA_OK);
+        assert_int_equal(pthread_create(&th[r], NULL, tcp_thread, j), 0);
+      }
+      for (int32_t r = 0; r < p; r++) pthread_join(th[r], NULL);
+      for (int32_t r = 0; r < p; r++) {
+        tcp_job *j = &jobs[r];
+        if (j->rc != STA_OK) fail_msg("P=%d rank %d: %s", (int)p, (int)r, j->msg);
+        sta_tensor *want = new4(STA_F32, lo, b, v / p + text, 6, 8);
+        assert_int_equal(sta_sp_shard(want, fo, &d.geom, lo, r, p), STA_OK);
+        assert_bitwise(j->o, want);
+        sta_tensor_destroy(want);
+        sta_tensor_destroy(j->q);
+        sta_tensor_destroy(j->k);
+        sta_tensor_destroy(j->v);
+        sta_tensor_destroy(j->o);
+      }
+      remove(id_file);
     }
-    for (int32_t r = 0; r < p; r++) pthread_join(th[r], NULL);
-    for (int32_t r = 0; r < p; r++) {
-      tcp_job *j = &jobs[r];
-      if (j->rc != STA_OK) fail_msg("P=%d rank %d: %s", (int)p, (int)r, j->msg);
-      sta_tensor *want = new4(STA_F32, STA_BSHD, 1, v / p + text, 6, 8);
-      assert_int_equal(sta_sp_shard(want, fo, &d.geom, STA_BSHD, r, p), STA_OK);
-      assert_bitwise(j->o, want);
-      sta_tensor_destroy(want);
-      sta_tensor_destroy(j->q);
-      sta_tensor_destroy(j->k);
-      sta_tensor_destroy(j->v);
-      sta_tensor_destroy(j->o);
-    }
-    remove(id_file);
+    sta_tensor_destroy(fq);
+    sta_tensor_destroy(fk);
+    sta_tensor_destroy(fv);
+    sta_tensor_destroy(fo);
   }
-  sta_tensor_destroy(fq);
-  sta_tensor_destroy(fk);
-  sta_tensor_destroy(fv);
-  sta_tensor_destroy(fo);
   /* errors: arguments, no rank 0, a file that is not a TCP bootstrap */
   sta_comm *c = (sta_comm *)0x1;
   sta_expect_err(sta_comm_tcp(&c, 0, 2, NULL), STA_ERR_ARGUMENT,
-               "id_file: expected a path to share the TCP port (world size 2)");
+               "id_file: expected a path or tcp://HOST:PORT to share the TCP port (world size 2)");
   sta_expect_err(sta_comm_tcp(&c, 3, 2, "/tmp/x"), STA_ERR_ARGUMENT, "rank: expected 0..1, got 3");
   sta_expect_err(sta_comm_tcp(&c, 0, 65, "/tmp/x"), STA_ERR_ARGUMENT,
                "size: expected 1..64 ranks, got 65");
@@ -717,7 +767,7 @@ static void test_tcp_transport(void **state) {
   assert_non_null(f);
   fwrite("0123456789ab", 1, 12, f);
   fclose(f);
-  snprintf(want, sizeof want, "id_file: \"%s\" holds no sta-tcp bootstrap (an NCCL id?)", id_file);
+  snprintf(want, sizeof want, "id_file: \"%s\" holds no sta bootstrap", id_file);
   sta_expect_err(sta_comm_tcp(&c, 1, 2, id_file), STA_ERR_FORMAT, want);
   f = fopen(id_file, "wb");
   fwrite("01234", 1, 5, f);
@@ -725,8 +775,17 @@ static void test_tcp_transport(void **state) {
   snprintf(want, sizeof want, "id_file: \"%s\" holds 5 bytes, expected 12", id_file);
   sta_expect_err(sta_comm_tcp(&c, 1, 2, id_file), STA_ERR_FORMAT, want);
   remove(id_file);
-  sta_expect_err(sta_comm_tcp(&c, 0, 2, id_file), STA_ERR_IO,
-               "tcp: rank 0 waited 0.1 s for rank connections (0 of 1 came; STA_DIST_TIMEOUT)");
+  sta_status rc = sta_comm_tcp(&c, 0, 2, id_file);
+  assert_int_equal(rc, STA_ERR_IO);
+  unsigned port = 0;
+  const char *at = strstr(sta_last_error(), "127.0.0.1:");
+  if (at) port = (unsigned)atoi(at + 10);
+  char got[256];
+  snprintf(got, sizeof got, "%s", sta_last_error());
+  snprintf(want, sizeof want, "rendezvous: rank 0 waited 0.1 s for the other ranks at "
+           "127.0.0.1:%u (0 of 1 came; STA_DIST_TIMEOUT)", port);
+  assert_true(port > 0);
+  assert_string_equal(got, want);
   remove(id_file);
   setenv("STA_DIST_TIMEOUT", "30", 1);
   assert_ptr_equal(c, (sta_comm *)0x1);
@@ -919,6 +978,143 @@ static void test_errors_comm(void **state) {
   }
 }
 
+/* ---- ranks that disagree ------------------------------------------------------------- */
+
+/* Each rank's own call (desc, q as q, k and v, out) and its result. */
+typedef struct dis_job {
+  sta_attention_desc desc[2];
+  int32_t windows[2][3];
+  sta_tensor *q[2], *o[2], *before[2];
+  sta_status rc[2];
+  char msg[2][512];
+} dis_job;
+
+static sta_status sp_error_rank(void *arg, int32_t r, sta_comm *c);
+
+static sta_status dis_rank(void *arg, int32_t r, sta_comm *c) {
+  dis_job *j = arg;
+  j->rc[r] = sta_sp_attention(c, &j->desc[r], j->q[r], j->q[r], j->q[r], j->o[r]);
+  snprintf(j->msg[r], sizeof j->msg[r], "%s", j->rc[r] == STA_OK ? "" : sta_last_error());
+  return STA_OK; /* each rank's result is checked below */
+}
+
+static sta_status sp_error_rank(void *arg, int32_t r, sta_comm *c) {
+  dis_job *j = arg;
+  return sta_sp_attention(c, &j->desc[r], j->q[r], j->q[r], j->q[r], j->o[r]);
+}
+
+/* A valid rank call: canvas 4x4x4, tile 2, window 1,1,1, q [1, 32 + 3, 4, 8]. */
+static void dis_rank_init(dis_job *j, int r, sta_dtype dt, sta_layout layout, int64_t rows,
+                          int64_t h) {
+  sta_attention_desc *d = &j->desc[r];
+  memset(d, 0, sizeof *d);
+  sta_geometry_init(&d->geom, 4, 4, 4);
+  d->geom.tile[0] = d->geom.tile[1] = d->geom.tile[2] = 2;
+  d->layout = layout;
+  d->n_windows = 1;
+  j->windows[r][0] = j->windows[r][1] = j->windows[r][2] = 1;
+  d->windows = j->windows[r];
+  j->q[r] = randn4(dt, layout, 1, rows, h, 8);
+  j->o[r] = randn4(dt, layout, 1, rows, h, 8);
+  j->before[r] = snapshot(j->o[r]);
+}
+
+/* Both ranks return msg (status want) and leave out unchanged; then the
+** same communicators run a valid call that equals one device. */
+static void dis_check(dis_job *j, sta_comm **comms, sta_status want, const char *msg) {
+  assert_int_equal(sta_comm_loopback_run(comms, 2, dis_rank, j), STA_OK);
+  for (int r = 0; r < 2; r++) {
+    if (j->rc[r] != want || strcmp(j->msg[r], msg) != 0)
+      fail_msg("rank %d: %s (%d), wanted \"%s\" (%d)", r, j->msg[r], (int)j->rc[r], msg, (int)want);
+    assert_bitwise(j->o[r], j->before[r]);
+    sta_tensor_destroy(j->q[r]);
+    sta_tensor_destroy(j->o[r]);
+    sta_tensor_destroy(j->before[r]);
+    assert_int_equal(sta_comm_set_chunks(comms[r], 0), STA_OK);
+  }
+  sp_case c;
+  memset(&c, 0, sizeof c);
+  c.canvas[0] = c.canvas[1] = c.canvas[2] = 4;
+  c.tile[0] = c.tile[1] = c.tile[2] = 2;
+  c.text = 3; c.text_len = -1;
+  c.b = 1; c.h = 4; c.d = 8;
+  c.dtype = STA_F32;
+  c.layout = STA_BSHD;
+  c.n_windows = 1;
+  c.windows[0] = 3; c.windows[1] = 1; c.windows[2] = 3;
+  sp_job sj;
+  memset(&sj, 0, sizeof sj);
+  case_desc(&c, &sj.desc);
+  full_qkvo f = full_make(&c, 64 + 3);
+  assert_int_equal(sta_attention_forward(&sj.desc, f.q, f.k, f.v, f.o, NULL), STA_OK);
+  run_sp(&c, 2, &sj, sp_rank, f.q, f.k, f.v, f.o, comms);
+  full_free(&f);
+}
+
+static void test_ranks_disagree(void **state) {
+  (void)state;
+  sta_comm *comms[2];
+  dis_job j;
+  assert_int_equal(sta_comm_loopback(comms, 2), STA_OK);
+  dis_rank_init(&j, 0, STA_F32, STA_BSHD, 35, 4);
+  dis_rank_init(&j, 1, STA_F32, STA_BSHD, 35, 6);
+  dis_check(&j, comms, STA_ERR_SHAPE, "ranks disagree on the heads: rank 0 has 4, rank 1 has 6");
+  dis_rank_init(&j, 0, STA_F32, STA_BSHD, 35, 4);
+  dis_rank_init(&j, 1, STA_F32, STA_BSHD, 36, 4);
+  dis_check(&j, comms, STA_ERR_SHAPE, "ranks disagree on q's shape: rank 0 has [B=1, S=35, "
+            "heads=4, D=8], rank 1 has [B=1, S=36, heads=4, D=8]");
+  dis_rank_init(&j, 0, STA_F32, STA_BSHD, 35, 4);
+  dis_rank_init(&j, 1, STA_F16, STA_BSHD, 35, 4);
+  dis_check(&j, comms, STA_ERR_DTYPE, "ranks disagree on the dtype: rank 0 has f32, rank 1 has f16");
+  dis_rank_init(&j, 0, STA_F32, STA_BSHD, 35, 4);
+  dis_rank_init(&j, 1, STA_F32, STA_BHSD, 35, 4);
+  dis_check(&j, comms, STA_ERR_ARGUMENT,
+            "ranks disagree on the layout: rank 0 has BSHD, rank 1 has BHSD");
+  dis_rank_init(&j, 0, STA_F32, STA_BSHD, 35, 4);
+  dis_rank_init(&j, 1, STA_F32, STA_BSHD, 35, 4);
+  j.windows[1][1] = 3;
+  dis_check(&j, comms, STA_ERR_WINDOW,
+            "ranks disagree on the windows: rank 1's differ from rank 0's (n_windows 1 and 1)");
+  dis_rank_init(&j, 0, STA_F32, STA_BSHD, 35, 4);
+  dis_rank_init(&j, 1, STA_F32, STA_BSHD, 35, 4);
+  sta_geometry_init(&j.desc[1].geom, 2, 8, 4); /* the same V = 64 */
+  j.desc[1].geom.tile[0] = j.desc[1].geom.tile[1] = j.desc[1].geom.tile[2] = 2;
+  dis_check(&j, comms, STA_ERR_WINDOW,
+            "ranks disagree on the geometry: rank 0 has canvas 4x4x4, tile 2x2x2, text_len -1; "
+            "rank 1 has canvas 2x8x4, tile 2x2x2, text_len -1");
+  dis_rank_init(&j, 0, STA_F32, STA_BSHD, 35, 4);
+  dis_rank_init(&j, 1, STA_F32, STA_BSHD, 35, 4);
+  j.desc[1].scale = 0.5f;
+  dis_check(&j, comms, STA_ERR_ARGUMENT,
+            "ranks disagree on the scale or softmax: rank 0 has 0 and 0, rank 1 has 0.5 and 0");
+  dis_rank_init(&j, 0, STA_F32, STA_BSHD, 35, 4);
+  dis_rank_init(&j, 1, STA_F32, STA_BSHD, 35, 4);
+  assert_int_equal(sta_comm_set_chunks(comms[0], 2), STA_OK);
+  dis_check(&j, comms, STA_ERR_ARGUMENT,
+            "ranks disagree on the chunks: rank 0 runs 2, rank 1 runs 1 (sta_comm_set_chunks)");
+  /* one rank's own error: in a loopback world it returns at once and its
+  ** run aborts the other */
+  dis_rank_init(&j, 0, STA_F32, STA_BSHD, 35, 4);
+  dis_rank_init(&j, 1, STA_F32, STA_BSHD, 35, 4);
+  assert_int_equal(sta_comm_set_chunks(comms[1], 3), STA_OK);
+  sta_expect_err(sta_comm_loopback_run(comms, 2, sp_error_rank, &j), STA_ERR_ARGUMENT,
+                 "rank 1: chunks: 3 do not divide the 2 heads of each rank (4 heads / 2 ranks; "
+                 "sta_comm_set_chunks)");
+  for (int r = 0; r < 2; r++) {
+    assert_bitwise(j.o[r], j.before[r]);
+    sta_tensor_destroy(j.q[r]);
+    sta_tensor_destroy(j.o[r]);
+    sta_tensor_destroy(j.before[r]);
+  }
+  sta_expect_err(sta_comm_set_chunks(comms[0], 65), STA_ERR_ARGUMENT,
+                 "n: expected 0 (choose) or 1..64 chunks, got 65");
+  sta_expect_err(sta_comm_set_chunks(NULL, 1), STA_ERR_ARGUMENT,
+                 "comm: expected a communicator, got NULL");
+  assert_int_equal(sta_comm_chunks(comms[1]), 3);
+  sta_comm_destroy(comms[0]);
+  sta_comm_destroy(comms[1]);
+}
+
 /* A failing rank aborts the others (no hang); the world is usable after. */
 static sta_status fail_rank1(void *arg, int32_t r, sta_comm *c) {
   (void)arg;
@@ -1005,9 +1201,9 @@ static void test_errors_nccl_env(void **state) {
   sta_expect_err(sta_comm_nccl(&c, 2, 2, "/tmp/x", -1), STA_ERR_ARGUMENT,
                "rank: expected 0..1, got 2");
   sta_expect_err(sta_comm_nccl(&c, 1, 2, NULL, -1), STA_ERR_ARGUMENT,
-               "id_file: expected a path to share the NCCL id (world size 2)");
+               "id_file: expected a path or tcp://HOST:PORT to share the NCCL id (world size 2)");
   sta_expect_err(sta_comm_nccl(&c, 0, 0, NULL, -1), STA_ERR_ARGUMENT,
-               "size: expected >= 1 ranks, got 0");
+               "size: expected 1..1048576 ranks, got 0");
 
   setenv("STA_WORLD_SIZE", "two", 1);
   sta_expect_err(sta_comm_from_env(&c), STA_ERR_ENV,
@@ -1023,8 +1219,9 @@ static void test_errors_nccl_env(void **state) {
   sta_expect_err(sta_comm_from_env(&c), STA_ERR_ENV,
                "STA_DIST_BACKEND: expected nccl, tcp or loopback, got \"mpi\"");
   unsetenv("STA_DIST_BACKEND");
-  sta_expect_err(sta_comm_from_env(&c), STA_ERR_ARGUMENT,
-               "id_file: expected a path to share the NCCL id (world size 2)");
+  sta_expect_err(sta_comm_from_env(&c), STA_ERR_ENV,
+               "MASTER_ADDR: not set; a world of 2 ranks (from scripts/sta-launch's "
+               "STA_WORLD_SIZE) meets at MASTER_ADDR:MASTER_PORT (or STA_DIST_ID_FILE)");
   setenv("STA_DIST_ID_FILE", "/tmp/sta-test-dist-id", 1);
   assert_int_equal(sta_comm_from_env(&c), STA_ERR_BACKEND); /* no NCCL here */
   unsetenv("STA_DIST_ID_FILE");
@@ -1071,6 +1268,29 @@ static void test_errors_out_of_memory(void **state) {
   }
   /* one rank runs the plain forward (nothing to move): its allocations */
   assert_true(failures >= 2);
+  /* the pipeline of two chunks in a world of one: a failure before data
+  ** moves (buffers, views) leaves out unchanged; a later one (in the
+  ** second chunk's forward) may have written the first chunk's heads */
+  sta_tensor *ref = randn4(STA_F32, STA_BSHD, 1, 66, 2, 8);
+  assert_int_equal(sta_attention_forward(&d, q, q, q, ref, NULL), STA_OK);
+  assert_int_equal(sta_comm_set_chunks(c, 2), STA_OK);
+  int before_moving = 0;
+  failures = 0;
+  for (int64_t n = 1; n < 500; n++) {
+    assert_int_equal(sta_tensor_copy(o, before), STA_OK);
+    sta_fault_arm(n);
+    sta_status rc = sta_sp_attention(c, &d, q, q, q, o);
+    sta_fault_arm(0);
+    if (rc == STA_OK) break;
+    assert_int_equal(rc, STA_ERR_NOMEM);
+    double mx = -1;
+    assert_int_equal(sta_tensor_compare(o, before, &mx, NULL), STA_OK);
+    before_moving += mx == 0.0;
+    failures++;
+  }
+  assert_true(before_moving >= 3 && failures > before_moving);
+  assert_bitwise(o, ref);
+  sta_tensor_destroy(ref);
   /* shard and unshard: the destination unchanged on every failure */
   sta_tensor *local = randn4(STA_F32, STA_BSHD, 1, 66, 2, 8);
   sta_tensor *lbefore = snapshot(local);
@@ -1118,6 +1338,7 @@ int main(void) {
     cmocka_unit_test(test_errors_sp_attention),
     cmocka_unit_test(test_errors_shard),
     cmocka_unit_test(test_errors_comm),
+    cmocka_unit_test(test_ranks_disagree),
     cmocka_unit_test(test_loopback_abort_and_timeout),
     cmocka_unit_test(test_errors_layer),
     cmocka_unit_test(test_errors_nccl_env),

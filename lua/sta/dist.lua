@@ -4,19 +4,28 @@ sta.dist -- sequence parallelism (Ulysses) for Lua:  local dist = require "sta.d
 P ranks each hold V/P video tokens of ALL heads plus every text row:
 q, k, v are [B, V/P + text, H, D] (BSHD; or BHSD), rank r holding video
 tokens r*V/P .. (r+1)*V/P - 1.  SP attention gathers the whole video for the
-rank's heads r*H/P .. (r+1)*H/P - 1 (one all-to-all), runs STA with those
-GLOBAL heads' windows, and brings the output back to the token split.
-V % P and H % P must be 0.
+rank's heads r*H/P .. (r+1)*H/P - 1 (all-to-all), runs STA with those GLOBAL
+heads' windows, and brings the output back to the token split, head chunk
+by head chunk so the exchanges of one chunk run while another computes.
+V % P and H % P must be 0.  Before any data moves the ranks compare their
+calls and all raise the same error when they disagree.
 
-  dist.init()                     NCCL communicator from scripts/sta-launch's
-                                  environment (STA_RANK, STA_WORLD_SIZE, ...);
-                                  raises without NCCL or a GPU (as
-                                  "st attn not supported" does); nil,
-                                  message, code when NCCL or a file fails
+  dist.init()                     a communicator for the launcher's world
+                                  (scripts/sta-launch, torchrun, mpirun or
+                                  srun: see dist.world), NCCL unless
+                                  STA_DIST_BACKEND=tcp; raises without NCCL
+                                  or a GPU (as "st attn not supported"
+                                  does); nil, message, code when NCCL, the
+                                  rendezvous or a file fails
   dist.init{rank=, size=, id_file=, device=, backend="nccl"|"tcp"}
+                                  id_file: a path or tcp://HOST:PORT
   dist.loopback(P)                P communicators of one in-process world
-  dist.rank(), dist.size()        from the environment, without a communicator
+  dist.world() -> rank, size, local_rank, launcher ("sta-launch",
+                                  "torchrun", "mpirun", "srun" or nil), from
+                                  the environment without a communicator
+  dist.rank(), dist.size(), dist.local_rank()
   comm:rank() comm:size() comm:name() comm:barrier()
+  comm:set_chunks(n) comm:chunks()   head chunks of the pipeline (0: chosen)
   comm:all_to_all(send, recv)     comm:all_gather(send, recv)
   comm:attention(q, k, v, opts)   opts as sta.attention on the WHOLE problem:
                                   canvas= (or geometry=), tile=, text_len=,
@@ -75,16 +84,13 @@ local function like(t)
   return core.tensor(t:shape(), { dtype = t:dtype(), device = t:device() })
 end
 
-local function env_int(name, default)
-  local s = os.getenv(name)
-  if s == nil or s == "" then return default end
-  return math.tointeger(tonumber(s)) or error(("%s: expected an integer, got \"%s\""):format(name, s), 0)
-end
-
---- This process's rank and world size from the launcher's environment.
-function dist.rank() return env_int("STA_RANK", 0) end
-function dist.size() return env_int("STA_WORLD_SIZE", 1) end
-function dist.local_rank() return env_int("STA_LOCAL_RANK", dist.rank()) end
+--- This process's rank, world size, local rank and launcher, from the
+-- environment (sta_comm_env: the first of sta-launch's STA_*, torchrun's,
+-- mpirun's OMPI_COMM_WORLD_* and srun's SLURM_* that is set).
+dist.world = C._env
+function dist.rank() return (C._env()) end
+function dist.size() return select(2, C._env()) end
+function dist.local_rank() return select(3, C._env()) end
 
 --- A communicator: from the environment (no argument) or explicit settings
 -- {rank=, size=, id_file=, device=, backend=} (backend "nccl", the default,
