@@ -158,6 +158,8 @@ static sta_status resolve(const sta_attention_desc *desc, const sta_tensor *q,
   for (int i = 0; i < 3; i++) { p->canvas[i] = desc->geom.canvas[i]; p->tile[i] = desc->geom.tile[i]; }
   sta_geometry_grid(&desc->geom, p->grid);
   p->video_len = sta_geometry_video_tokens(&desc->geom);
+  p->video_rows = sta_geometry_video_rows(&desc->geom);
+  p->tiled = desc->geom.order == STA_ORDER_TILED;
   p->text_len = sta_geometry_text_len(&desc->geom, b[0].s);
   p->windows = w;
   p->scale = desc->scale > 0 ? desc->scale : (float)(1.0 / sqrt((double)b[0].d));
@@ -342,13 +344,14 @@ double sta_attention_flops(const sta_attention_desc *desc, int64_t batch,
   if (!desc || !desc->windows || heads < 1) return 0;
   const sta_geometry *g = &desc->geom;
   int64_t v = sta_geometry_video_tokens(g), tl = sta_geometry_text_len(g, seq_len);
+  int64_t text_rows = seq_len - sta_geometry_video_rows(g); /* padding rows: no work */
   double total = 0;
   for (int64_t h = 0; h < heads; h++) {
     const int32_t *w = desc->windows + (desc->n_windows == 1 ? 0 : 3 * h);
     double pairs = 1;
     for (int i = 0; i < 3; i++) pairs *= axis_pairs(g->canvas[i], g->tile[i], w[i]);
     pairs += (double)v * (double)tl;                          /* video -> text */
-    pairs += (double)(seq_len - v) * (double)(v + tl);        /* text queries */
+    pairs += (double)text_rows * (double)(v + tl);            /* text queries */
     total += pairs;
   }
   return 4.0 * (double)head_dim * (double)batch * total;

@@ -2,7 +2,7 @@
 ** cpu_attention.c -- the CPU STA forward: blocked, OpenMP + OpenBLAS.
 **
 ** Per (batch, head): K and V are gathered once (f32) into the compact tiled
-** order of cpu_common.h, so the key tiles of one window row along w are one
+** order of cpu_common.h (from the untiled or the tiled order in place), so the key tiles of one window row along w are one
 ** contiguous block, and a full window is a single block.  Query work
 ** items (a query tile, split into blocks of at most QB rows, or a block of
 ** text rows) then run in parallel: gather and pre-scale Q, and for each
@@ -214,6 +214,13 @@ sta_status sta_cpu_attention(const sta_attn_params *p) {
     }
   }
   sta_cpu_blas_single(0);
+  /* padding rows of the tiled order: no keys, out 0 and lse -inf */
+  for (int64_t bh = 0; bh < BH && !skipped; bh++)
+    for (int64_t i = 0; i < pl.npad; i++) {
+      int64_t b = bh / p->heads, h = bh % p->heads, t = pl.pad[i];
+      sta_cpu_zero_row(p, p->o, p->o_sb, p->o_ss, p->o_sh, b, t, h);
+      if (p->lse) p->lse[b * p->lse_sb + h * p->lse_sh + t * p->lse_ss] = -INFINITY;
+    }
   sta_cpu_plan_free(&pl);
   free(fbuf);
   free(rbuf);

@@ -31,7 +31,7 @@
 
 typedef struct bwd {
   sta_cpu_plan pl;        /* query items, tile offsets */
-  int64_t rows;           /* S: every row is a query */
+  int64_t rows;           /* compact rows (pl.rows): every row is a query */
   int64_t hg, per_head;   /* heads per pass; floats of one head's buffers */
   float *buf;             /* hg x per_head */
   sta_cpu_item *kitems;   /* key items */
@@ -249,27 +249,32 @@ static void gather_row(const bwd *w, const head_bufs *hb, int64_t b, int64_t h, 
 #undef AT
 }
 
-/* dK = dV = 0 on the rows that are never keys (>= V + text_len). */
-static void zero_pad_rows(const sta_attn_params *p, int64_t b, int64_t h, int64_t r0) {
-  const size_t es = sta_dtype_size(p->dtype);
-  for (int64_t t = r0; t < p->seq_len; t++) {
-    memset((char *)p->dk + (b * p->dk_sb + t * p->dk_ss + h * p->dk_sh) * (int64_t)es, 0,
-           es * (size_t)p->head_dim);
-    memset((char *)p->dv + (b * p->dv_sb + t * p->dv_ss + h * p->dv_sh) * (int64_t)es, 0,
-           es * (size_t)p->head_dim);
+/* dK = dV = 0 on the rows that are never keys (past the valid text, and
+** the tiled order's padding rows, whose dQ is 0 too). */
+static void zero_pad_rows(const sta_cpu_plan *pl, int64_t b, int64_t h) {
+  const sta_attn_params *p = pl->p;
+  for (int64_t t = p->video_rows + p->text_len; t < p->seq_len; t++) {
+    sta_cpu_zero_row(p, p->dk, p->dk_sb, p->dk_ss, p->dk_sh, b, t, h);
+    sta_cpu_zero_row(p, p->dv, p->dv_sb, p->dv_ss, p->dv_sh, b, t, h);
+  }
+  for (int64_t i = 0; i < pl->npad; i++) {
+    int64_t t = pl->pad[i];
+    sta_cpu_zero_row(p, p->dk, p->dk_sb, p->dk_ss, p->dk_sh, b, t, h);
+    sta_cpu_zero_row(p, p->dv, p->dv_sb, p->dv_ss, p->dv_sh, b, t, h);
+    sta_cpu_zero_row(p, p->dq, p->dq_sb, p->dq_ss, p->dq_sh, b, t, h);
   }
 }
 
 sta_status sta_cpu_attention_backward(const sta_attn_params *p) {
   bwd w;
-  const int64_t D = p->head_dim, S = p->seq_len, BH = p->batch * p->heads;
+  const int64_t D = p->head_dim, BH = p->batch * p->heads;
   const int nt = sta_get_num_threads();
   memset(&w, 0, sizeof w);
-  w.rows = S;
   size_t per = (size_t)(2 * STA_CPU_QB * STA_CPU_KC + 2 * STA_CPU_KC * D);
   float *fbuf = NULL;
   int64_t *rbuf = NULL;
   sta_status rc = sta_cpu_plan_make(&w.pl, p);
+  const int64_t S = w.rows = w.pl.rows; /* the tiled order's padding rows: none */
   if (rc == STA_OK) rc = sta_cpu_items(&w.pl, p->text_len, &w.kitems, &w.nkitems);
   if (rc == STA_OK) {
     w.max_qranges = (int64_t)p->grid[0] * p->grid[1] + 1;
@@ -327,8 +332,8 @@ sta_status sta_cpu_attention_backward(const sta_attn_params *p) {
         query_item(&w, &hb, bh / p->heads, bh % p->heads, &w.pl.items[i % nq], &x);
       }
       #pragma omp for schedule(static)
-      for (int64_t g = 0; g < ng; g++) zero_pad_rows(p, (g0 + g) / p->heads, (g0 + g) % p->heads,
-                                                    w.pl.keys);
+      for (int64_t g = 0; g < ng; g++) zero_pad_rows(&w.pl, (g0 + g) / p->heads,
+                                                    (g0 + g) % p->heads);
     }
   }
   sta_cpu_blas_single(0);

@@ -7,7 +7,9 @@
 ** Compact order: the video tokens tile by tile (each tile holding only
 ** its existing tokens, in (t, h, w) order), then the text rows.  The key
 ** tiles of one window row along w are one contiguous block, and a full
-** window is a single block.
+** window is a single block.  Compact row r is sequence row token[r] (r <
+** V) or r - V + video_rows: FastVideo's tiled order is the compact order
+** with the partial tiles padded, so a tiled input maps the same way.
 */
 #ifndef STA_CPU_COMMON_H
 #define STA_CPU_COMMON_H
@@ -39,8 +41,10 @@ typedef struct sta_cpu_item {
 typedef struct sta_cpu_plan {
   const sta_attn_params *p;
   int64_t ntiles, keys;   /* keys: V + text_len */
+  int64_t rows;           /* compact rows: V + text rows (every query) */
   int64_t *tile_off;      /* ntiles + 1 row offsets, compact order */
-  int64_t *token;         /* compact video row -> token index */
+  int64_t *token;         /* compact video row -> sequence row */
+  int64_t *pad, npad;     /* the padding rows of the tiled order */
   sta_cpu_item *items;
   int64_t nitems, max_ranges;
   float *kf, *vf;         /* keys x D */
@@ -88,8 +92,9 @@ static inline __m512 exp2_neg16(__m512 x) {
 #endif
 
 
-/* Tile offsets, compact-row -> token map, the query work items (text rows
-** first: the largest items start first) and kf/vf (keys x D floats).  On
+/* Tile offsets, compact-row -> sequence-row map, the padding rows (tiled
+** order), the query work items (text rows first: the largest items start
+** first) and kf/vf (keys x D floats).  On
 ** failure returns STA_ERR_NOMEM (no message); free with sta_cpu_plan_free
 ** either way. */
 sta_status sta_cpu_plan_make(sta_cpu_plan *pl, const sta_attn_params *p);
@@ -106,9 +111,16 @@ sta_status sta_cpu_items(const sta_cpu_plan *pl, int64_t text_rows, sta_cpu_item
 ** pl->max_ranges. */
 int64_t sta_cpu_key_ranges(const sta_cpu_plan *pl, int64_t head, int64_t tile,
                            int64_t *lo, int64_t *hi);
-/* Token (sequence index) of compact row r. */
+/* Sequence row of compact row r. */
 static inline int64_t sta_cpu_row_token(const sta_cpu_plan *pl, int64_t r) {
-  return r < pl->p->video_len ? pl->token[r] : r;
+  return r < pl->p->video_len ? pl->token[r] : r - pl->p->video_len + pl->p->video_rows;
+}
+/* Zero the D elements of row t of (b, h) of an operand at base (strides
+** sb, ss, sh in elements, d stride 1). */
+static inline void sta_cpu_zero_row(const sta_attn_params *p, void *base, int64_t sb,
+                                    int64_t ss, int64_t sh, int64_t b, int64_t t, int64_t h) {
+  memset((char *)base + (b * sb + t * ss + h * sh) * (int64_t)sta_dtype_size(p->dtype), 0,
+         sta_dtype_size(p->dtype) * (size_t)p->head_dim);
 }
 /* Convert one row of D elements at src (dtype dt) into f32 dst, times s. */
 void sta_cpu_load_row(float *dst, const char *src, sta_dtype dt, int64_t D, float s);

@@ -55,10 +55,13 @@ sta_status sta_cpu_plan_make(sta_cpu_plan *pl, const sta_attn_params *p) {
   pl->p = p;
   pl->ntiles = (int64_t)g[0] * g[1] * g[2];
   pl->keys = p->video_len + p->text_len;
+  pl->rows = p->video_len + p->seq_len - p->video_rows;
+  pl->npad = p->video_rows - p->video_len;
   pl->max_ranges = (int64_t)g[0] * g[1] + 1;
   pl->tile_off = sta_malloc(sizeof(int64_t) * (size_t)(pl->ntiles + 1));
   pl->token = sta_malloc(sizeof(int64_t) * (size_t)p->video_len);
-  if (!pl->tile_off || !pl->token) return STA_ERR_NOMEM;
+  pl->pad = sta_malloc(sizeof(int64_t) * (size_t)pl->npad + 1);
+  if (!pl->tile_off || !pl->token || !pl->pad) return STA_ERR_NOMEM;
   int64_t r = 0;
   for (int64_t id = 0; id < pl->ntiles; id++) {
     int64_t it = id / ((int64_t)g[1] * g[2]), ih = (id / g[2]) % g[1], iw = id % g[2];
@@ -69,10 +72,15 @@ sta_status sta_cpu_plan_make(sta_cpu_plan *pl, const sta_attn_params *p) {
     pl->tile_off[id] = r;
     for (int64_t t = t0; t < t1; t++)
       for (int64_t hh = h0; hh < h1; hh++)
-        for (int64_t ww = w0; ww < w1; ww++) pl->token[r++] = (t * cv[1] + hh) * cv[2] + ww;
+        for (int64_t ww = w0; ww < w1; ww++) {
+          int64_t x = (t * cv[1] + hh) * cv[2] + ww;
+          pl->token[r++] = p->tiled ? sta_tiled_row(cv, tl, g, x) : x;
+        }
   }
   pl->tile_off[pl->ntiles] = r;
-  if (sta_cpu_items(pl, p->seq_len - p->video_len, &pl->items, &pl->nitems) != STA_OK)
+  for (int64_t j = 0, n = 0; n < pl->npad; j++)
+    if (sta_tiled_token(cv, tl, g, j) < 0) pl->pad[n++] = j;
+  if (sta_cpu_items(pl, p->seq_len - p->video_rows, &pl->items, &pl->nitems) != STA_OK)
     return STA_ERR_NOMEM;
   pl->kf = sta_malloc(sizeof(float) * (size_t)(pl->keys * p->head_dim) + 1);
   pl->vf = sta_malloc(sizeof(float) * (size_t)(pl->keys * p->head_dim) + 1);
@@ -132,6 +140,7 @@ void sta_cpu_blas_single(int enter) {
 void sta_cpu_plan_free(sta_cpu_plan *pl) {
   free(pl->tile_off);
   free(pl->token);
+  free(pl->pad);
   free(pl->items);
   free(pl->kf);
   free(pl->vf);

@@ -21,20 +21,24 @@ static int axis_member(int64_t qt, int64_t kt, int64_t k, int64_t c) {
   return d >= -r && d <= r;
 }
 
-/* Token coordinates (t, h, w) of video row s. */
-static void coords(const sta_attn_params *p, int64_t s, int64_t c[3]) {
+/* Sequence row s: 1 a video token (coordinates c), 0 a text row, -1 a
+** padding row of the tiled order (no token). */
+static int row_coords(const sta_attn_params *p, int64_t s, int64_t c[3]) {
   int64_t H = p->canvas[1], W = p->canvas[2];
+  if (s >= p->video_rows) return 0;
+  if (p->tiled && (s = sta_tiled_token(p->canvas, p->tile, p->grid, s)) < 0) return -1;
   c[0] = s / (H * W); c[1] = (s / W) % H; c[2] = s % W;
+  return 1;
 }
 
-/* Does query row s (coordinates qc when video) attend to key row j? */
-static int is_key(const sta_attn_params *p, const int32_t *win, int64_t s,
-                  const int64_t qc[3], int64_t j) {
-  int64_t vl = p->video_len;
-  if (j >= vl + p->text_len) return 0;
-  if (j >= vl || s >= vl) return 1;
+/* Does a query row (kind qk of row_coords, coordinates qc when video)
+** attend to key row j? */
+static int is_key(const sta_attn_params *p, const int32_t *win, int qk, const int64_t qc[3],
+                  int64_t j) {
   int64_t kc[3];
-  coords(p, j, kc);
+  if (qk < 0 || j >= p->video_rows + p->text_len) return 0;
+  int kk = row_coords(p, j, kc);
+  if (kk <= 0 || qk == 0) return kk >= 0;
   for (int i = 0; i < 3; i++) {
     int64_t c = (p->canvas[i] + p->tile[i] - 1) / p->tile[i];
     if (!axis_member(qc[i] / p->tile[i], kc[i] / p->tile[i], win[i], c)) return 0;
@@ -43,7 +47,7 @@ static int is_key(const sta_attn_params *p, const int32_t *win, int64_t s,
 }
 
 sta_status sta_cpu_attention_reference(const sta_attn_params *p) {
-  int64_t S = p->seq_len, D = p->head_dim, keys = p->video_len + p->text_len;
+  int64_t S = p->seq_len, D = p->head_dim, keys = p->video_rows + p->text_len;
   int64_t rows = p->batch * p->heads * S;
   int nt = sta_get_num_threads();
   size_t es = sta_dtype_size(p->dtype);
@@ -63,12 +67,18 @@ sta_status sta_cpu_attention_reference(const sta_attn_params *p) {
       const char *q = (const char *)p->q + (b * p->q_sb + s * p->q_ss + h * p->q_sh) * (int64_t)es;
       double m = -INFINITY;
       int64_t qc[3] = {0, 0, 0};
-      if (s < p->video_len) coords(p, s, qc);
+      int qk = row_coords(p, s, qc);
+      char *o = (char *)p->o + (b * p->o_sb + s * p->o_ss + h * p->o_sh) * (int64_t)es;
+      if (qk < 0) { /* a padding row: no keys */
+        for (int64_t d = 0; d < D; d++) sta_store_f32(o + d * es, p->dtype, 0.0f);
+        if (p->lse) p->lse[b * p->lse_sb + h * p->lse_sh + s * p->lse_ss] = -INFINITY;
+        continue;
+      }
       for (int64_t d = 0; d < D; d++) qd[d] = sta_load_f32(q + d * es, p->dtype);
       for (int64_t j = 0; j < keys; j++) {
         /* -Inf marks "not a key" (a real -Inf logit has weight 0 anyway);
         ** NaN logits must reach the sum, so NaN inputs give NaN rows */
-        if (!is_key(p, win, s, qc, j)) { logit[j] = -INFINITY; continue; }
+        if (!is_key(p, win, qk, qc, j)) { logit[j] = -INFINITY; continue; }
         const char *k = (const char *)p->k + (b * p->k_sb + j * p->k_ss + h * p->k_sh) * (int64_t)es;
         double dot = 0;
         for (int64_t d = 0; d < D; d++) dot += qd[d] * (double)sta_load_f32(k + d * es, p->dtype);
@@ -84,7 +94,6 @@ sta_status sta_cpu_attention_reference(const sta_attn_params *p) {
         const char *v = (const char *)p->v + (b * p->v_sb + j * p->v_ss + h * p->v_sh) * (int64_t)es;
         for (int64_t d = 0; d < D; d++) acc[d] += e * (double)sta_load_f32(v + d * es, p->dtype);
       }
-      char *o = (char *)p->o + (b * p->o_sb + s * p->o_ss + h * p->o_sh) * (int64_t)es;
       for (int64_t d = 0; d < D; d++) sta_store_f32(o + d * es, p->dtype, (float)(acc[d] / l));
       if (p->lse) p->lse[b * p->lse_sb + h * p->lse_sh + s * p->lse_ss] = (float)(m + log(l));
     }
@@ -125,7 +134,7 @@ sta_status sta_cpu_head_diff(const sta_attn_params *p, float *l1, float *l2) {
 ** and stored once.  P is recomputed per row, exactly as the forward
 ** reference computes it. */
 sta_status sta_cpu_attention_backward_reference(const sta_attn_params *p) {
-  int64_t S = p->seq_len, D = p->head_dim, keys = p->video_len + p->text_len;
+  int64_t S = p->seq_len, D = p->head_dim, keys = p->video_rows + p->text_len;
   int nt = sta_get_num_threads();
   size_t es = sta_dtype_size(p->dtype);
   size_t per = (size_t)(2 * keys + 2 * keys * D + 4 * D);
@@ -146,7 +155,12 @@ sta_status sta_cpu_attention_backward_reference(const sta_attn_params *p) {
       memset(dk, 0, sizeof(double) * (size_t)(2 * keys * D));
       for (int64_t s = 0; s < S; s++) {
         int64_t qc[3] = {0, 0, 0};
-        if (s < p->video_len) coords(p, s, qc);
+        int qk = row_coords(p, s, qc);
+        if (qk < 0) { /* a padding row sees no keys: dq 0 */
+          char *o = (char *)ROW(p->dq, p->dq_sb, p->dq_ss, p->dq_sh, s);
+          for (int64_t d = 0; d < D; d++) sta_store_f32(o + d * es, p->dtype, 0.0f);
+          continue;
+        }
         for (int64_t d = 0; d < D; d++) {
           qd[d] = sta_load_f32(ROW(p->q, p->q_sb, p->q_ss, p->q_sh, s) + d * es, p->dtype);
           dod[d] = sta_load_f32(ROW(p->dout, p->do_sb, p->do_ss, p->do_sh, s) + d * es, p->dtype);
@@ -154,7 +168,7 @@ sta_status sta_cpu_attention_backward_reference(const sta_attn_params *p) {
         }
         double m = -INFINITY, l = 0;
         for (int64_t j = 0; j < keys; j++) {
-          if (!is_key(p, win, s, qc, j)) { pr[j] = -INFINITY; continue; }
+          if (!is_key(p, win, qk, qc, j)) { pr[j] = -INFINITY; continue; }
           const char *kr = ROW(p->k, p->k_sb, p->k_ss, p->k_sh, j);
           double dot = 0;
           for (int64_t d = 0; d < D; d++) dot += qd[d] * (double)sta_load_f32(kr + d * es, p->dtype);

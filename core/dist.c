@@ -549,6 +549,14 @@ typedef struct split {
   int64_t b, h, d, hl, v, vr, sl, s, text;
 } split;
 
+/* Shards are ranges of untiled tokens: the tiled order is refused. */
+static sta_status untiled_only(const sta_geometry *g) {
+  if (g->order == STA_ORDER_UNTILED) return STA_OK;
+  return sta_error(STA_ERR_UNSUPPORTED,
+                   "order: sequence parallelism takes the untiled order (shards are ranges "
+                   "of untiled tokens), got %d", (int)g->order);
+}
+
 static sta_status split_check(split *sp, const sta_geometry *g, sta_layout layout,
                               const sta_tensor *const t[4], const char *const names[4],
                               int32_t rank, int32_t size) {
@@ -565,6 +573,7 @@ static sta_status split_check(split *sp, const sta_geometry *g, sta_layout layou
     if (!t[i]) continue;
     if ((rc = sta_tensor_bshd(t[i], layout, names[i], &x[i])) != STA_OK) return rc;
   }
+  if ((rc = untiled_only(g)) != STA_OK) return rc;
   memset(sp, 0, sizeof *sp);
   sp->p = size;
   sp->r = rank;
@@ -1257,10 +1266,11 @@ sta_status sta_sp_layer_create(sta_sp_layer **out, sta_comm *c, const sta_layer_
     return sta_error(STA_ERR_WINDOW,
                      "geom: sequence parallelism needs the canvas (0x0x0 picks a known "
                      "shape by sequence length, which a rank's shard does not have)");
+  sta_status rc = untiled_only(&desc->geom);
+  if (rc != STA_OK) return rc;
   sta_layer_desc d = *desc;
   d.sp_rank = sta_comm_rank(c);
   d.sp_size = sta_comm_size(c);
-  sta_status rc;
   if (!(c->t.devices & (1u << (desc->backend == STA_CUDA ? STA_CUDA : STA_CPU))))
     return sta_error(STA_ERR_ARGUMENT, "backend: the %s communicator does not move %s memory",
                      c->t.name, sta_device_name(desc->backend));

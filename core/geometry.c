@@ -17,6 +17,7 @@ void sta_geometry_init(sta_geometry *g, int32_t t, int32_t h, int32_t w) {
   g->canvas[0] = t; g->canvas[1] = h; g->canvas[2] = w;
   g->tile[0] = 6; g->tile[1] = 8; g->tile[2] = 8;
   g->text_len = -1;
+  g->order = STA_ORDER_UNTILED;
 }
 
 static int32_t cdiv(int32_t a, int32_t b) { return (a + b - 1) / b; }
@@ -32,9 +33,20 @@ int64_t sta_geometry_video_tokens(const sta_geometry *g) {
   return (int64_t)g->canvas[0] * g->canvas[1] * g->canvas[2];
 }
 
+static int64_t padded_video(const sta_geometry *g) {
+  int32_t grid[3];
+  sta_geometry_grid(g, grid);
+  return (int64_t)grid[0] * grid[1] * grid[2] * g->tile[0] * g->tile[1] * g->tile[2];
+}
+
+int64_t sta_geometry_video_rows(const sta_geometry *g) {
+  NULL_GEOMETRY(g, 0);
+  return g->order == STA_ORDER_TILED ? padded_video(g) : sta_geometry_video_tokens(g);
+}
+
 int64_t sta_geometry_text_len(const sta_geometry *g, int64_t seq_len) {
   NULL_GEOMETRY(g, 0);
-  return g->text_len < 0 ? seq_len - sta_geometry_video_tokens(g) : g->text_len;
+  return g->text_len < 0 ? seq_len - sta_geometry_video_rows(g) : g->text_len;
 }
 
 sta_status sta_geometry_check(const sta_geometry *g, int64_t seq_len) {
@@ -47,18 +59,41 @@ sta_status sta_geometry_check(const sta_geometry *g, int64_t seq_len) {
       return sta_error(STA_ERR_WINDOW, "tile: %c = %d, expected 1..%d",
                        AXIS[i], (int)g->tile[i], MAX_CANVAS);
   }
-  int64_t v = sta_geometry_video_tokens(g);
-  if (v > ((int64_t)1 << 40))
-    return sta_error(STA_ERR_WINDOW, "canvas: %dx%dx%d has too many tokens",
-                     (int)g->canvas[0], (int)g->canvas[1], (int)g->canvas[2]);
-  if (seq_len < v)
-    return sta_error(STA_ERR_SEQ_LEN, "seq_len %lld not supported for STA",
-                     (long long)seq_len);
-  if (g->text_len < -1 || g->text_len > seq_len - v)
+  if (g->order != STA_ORDER_UNTILED && g->order != STA_ORDER_TILED)
     return sta_error(STA_ERR_ARGUMENT,
-                     "text_len: %lld is outside 0..%lld (seq_len %lld - %lld video tokens)",
-                     (long long)g->text_len, (long long)(seq_len - v),
-                     (long long)seq_len, (long long)v);
+                     "order: expected STA_ORDER_UNTILED (0) or STA_ORDER_TILED (1), got %d",
+                     (int)g->order);
+  const int tiled = g->order == STA_ORDER_TILED;
+  int64_t v = sta_geometry_video_tokens(g);
+  /* padded: each factor <= 2^20 tiles x 2^20 tokens, so no overflow */
+  double pv = 1;
+  for (int i = 0; i < 3; i++)
+    pv *= (double)((g->canvas[i] + g->tile[i] - 1) / g->tile[i]) * (double)g->tile[i];
+  if (v > ((int64_t)1 << 40) || (tiled && pv > (double)((int64_t)1 << 40)))
+    return sta_error(STA_ERR_WINDOW, "canvas: %dx%dx%d has too many tokens%s",
+                     (int)g->canvas[0], (int)g->canvas[1], (int)g->canvas[2],
+                     tiled ? " (tiled order, tiles padded)" : "");
+  int64_t rows = sta_geometry_video_rows(g);
+  if (seq_len < rows) {
+    if (!tiled)
+      return sta_error(STA_ERR_SEQ_LEN, "seq_len %lld not supported for STA",
+                       (long long)seq_len);
+    int32_t grid[3];
+    sta_geometry_grid(g, grid);
+    return sta_error(STA_ERR_SEQ_LEN,
+                     "seq_len %lld not supported for STA (the tiled order of canvas "
+                     "%dx%dx%d has %lld video rows: %dx%dx%d tiles of %dx%dx%d, partial "
+                     "ones padded; then the text)",
+                     (long long)seq_len, (int)g->canvas[0], (int)g->canvas[1],
+                     (int)g->canvas[2], (long long)rows, (int)grid[0], (int)grid[1],
+                     (int)grid[2], (int)g->tile[0], (int)g->tile[1], (int)g->tile[2]);
+  }
+  if (g->text_len < -1 || g->text_len > seq_len - rows)
+    return sta_error(STA_ERR_ARGUMENT,
+                     "text_len: %lld is outside 0..%lld (seq_len %lld - %lld video %s)",
+                     (long long)g->text_len, (long long)(seq_len - rows),
+                     (long long)seq_len, (long long)rows,
+                     tiled ? "rows of the tiled order" : "tokens");
   return STA_OK;
 }
 
@@ -121,30 +156,36 @@ sta_status sta_geometry_from_seq_len(sta_geometry *g, int64_t seq_len) {
                    (long long)seq_len);
 }
 
-static int64_t padded_video(const sta_geometry *g) {
-  int32_t grid[3];
-  sta_geometry_grid(g, grid);
-  return (int64_t)grid[0] * grid[1] * grid[2] * g->tile[0] * g->tile[1] * g->tile[2];
-}
-
 int64_t sta_geometry_tiled_len(const sta_geometry *g, int64_t seq_len) {
   NULL_GEOMETRY(g, 0);
   return padded_video(g) + seq_len - sta_geometry_video_tokens(g);
+}
+
+int64_t sta_tiled_token(const int32_t canvas[3], const int32_t tile[3], const int32_t grid[3],
+                        int64_t j) {
+  int64_t tv = (int64_t)tile[0] * tile[1] * tile[2];
+  int64_t id = j / tv, in = j % tv;
+  int64_t it = id / ((int64_t)grid[1] * grid[2]), ih = (id / grid[2]) % grid[1], iw = id % grid[2];
+  int64_t lt = in / ((int64_t)tile[1] * tile[2]), lh = (in / tile[2]) % tile[1], lw = in % tile[2];
+  int64_t t = it * tile[0] + lt, h = ih * tile[1] + lh, w = iw * tile[2] + lw;
+  if (t >= canvas[0] || h >= canvas[1] || w >= canvas[2]) return -1;
+  return (t * canvas[1] + h) * canvas[2] + w;
+}
+
+int64_t sta_tiled_row(const int32_t canvas[3], const int32_t tile[3], const int32_t grid[3],
+                      int64_t x) {
+  int64_t t = x / ((int64_t)canvas[1] * canvas[2]), h = (x / canvas[2]) % canvas[1],
+          w = x % canvas[2];
+  int64_t id = ((t / tile[0]) * grid[1] + h / tile[1]) * grid[2] + w / tile[2];
+  return id * tile[0] * tile[1] * tile[2] +
+         ((t % tile[0]) * tile[1] + h % tile[1]) * tile[2] + w % tile[2];
 }
 
 /* Source row of tiled row j, or -1 for padding. */
 static int64_t tiled_source(const sta_geometry *g, const int32_t grid[3],
                             int64_t pv, int64_t j) {
   if (j >= pv) return sta_geometry_video_tokens(g) + (j - pv);
-  int64_t tv = (int64_t)g->tile[0] * g->tile[1] * g->tile[2];
-  int64_t id = j / tv, in = j % tv;
-  int64_t it = id / ((int64_t)grid[1] * grid[2]), ih = (id / grid[2]) % grid[1],
-          iw = id % grid[2];
-  int64_t lt = in / ((int64_t)g->tile[1] * g->tile[2]),
-          lh = (in / g->tile[2]) % g->tile[1], lw = in % g->tile[2];
-  int64_t t = it * g->tile[0] + lt, h = ih * g->tile[1] + lh, w = iw * g->tile[2] + lw;
-  if (t >= g->canvas[0] || h >= g->canvas[1] || w >= g->canvas[2]) return -1;
-  return (t * g->canvas[1] + h) * g->canvas[2] + w;
+  return sta_tiled_token(g->canvas, g->tile, grid, j);
 }
 
 /* Move rows between the untiled tensor u and the tiled tensor tl (host). */
@@ -159,6 +200,9 @@ static sta_status tile_rows(sta_tensor *dst, const sta_tensor *src,
                      (int)layout);
   if ((rc = sta_tensor_bshd(u, layout, to_tiled ? "in" : "out", &bu)) != STA_OK) return rc;
   if ((rc = sta_tensor_bshd(tl, layout, to_tiled ? "out" : "in", &bt)) != STA_OK) return rc;
+  sta_geometry gu = *g; /* u is untiled whatever g's order says */
+  gu.order = STA_ORDER_UNTILED;
+  g = &gu;
   if ((rc = sta_geometry_check(g, bu.s)) != STA_OK) return rc;
   int64_t want = sta_geometry_tiled_len(g, bu.s);
   if (bt.b != bu.b || bt.h != bu.h || bt.d != bu.d || bt.s != want)

@@ -208,7 +208,10 @@ typedef struct sta_attn_params {
   int64_t o_sb, o_ss, o_sh;
   int64_t lse_sb, lse_sh, lse_ss;
   int32_t canvas[3], tile[3], grid[3];
-  int64_t video_len, text_len;
+  int64_t video_len, text_len; /* V tokens, valid text tokens */
+  int32_t tiled;          /* rows in FastVideo's tiled order (sta_order) */
+  int64_t video_rows;     /* rows of the video: V, or the padded tiles'
+                             NT*NH*NW*tile volume (tiled); text follows */
   const int32_t *windows; /* heads * 3 */
   float scale;
   int32_t fast_softmax;   /* desc->softmax == STA_SOFTMAX_FAST */
@@ -222,6 +225,14 @@ typedef struct sta_attn_params {
   int64_t dk_sb, dk_ss, dk_sh;
   int64_t dv_sb, dv_ss, dv_sh;
 } sta_attn_params;
+
+/* FastVideo's tiled order (sta.h, sta_order): the untiled video index
+** (t*H + h)*W + w of row j < NT*NH*NW*tile volume of the tiled order, or
+** -1 for a padding row; and the tiled row of untiled video index x. */
+int64_t sta_tiled_token(const int32_t canvas[3], const int32_t tile[3], const int32_t grid[3],
+                        int64_t j);
+int64_t sta_tiled_row(const int32_t canvas[3], const int32_t tile[3], const int32_t grid[3],
+                      int64_t x);
 
 /* ---- backends ----------------------------------------------------------- */
 

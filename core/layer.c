@@ -76,12 +76,14 @@ sta_status sta_layer_create(sta_layer **out, const sta_layer_desc *desc) {
   int auto_geom = c[0] == 0 && c[1] == 0 && c[2] == 0;
   if (!auto_geom) {
     int64_t tl = desc->geom.text_len > 0 ? desc->geom.text_len : 0;
-    int64_t v = (int64_t)c[0] * c[1] * c[2];
     if (c[0] < 1 || c[1] < 1 || c[2] < 1)
       return sta_error(STA_ERR_WINDOW,
                        "geom: canvas %dx%dx%d (all 0 for a known shape by seq_len, else each >= 1)",
                        (int)c[0], (int)c[1], (int)c[2]);
-    if ((rc = sta_geometry_check(&desc->geom, v + tl)) != STA_OK) return rc;
+    if ((rc = sta_geometry_check(&desc->geom, INT64_MAX)) != STA_OK ||
+        (rc = sta_geometry_check(&desc->geom, sta_geometry_video_rows(&desc->geom) + tl)) !=
+            STA_OK)
+      return rc;
   }
   if (desc->layout != STA_BSHD && desc->layout != STA_BHSD)
     return sta_error(STA_ERR_ARGUMENT, "layout: expected STA_BSHD (0) or STA_BHSD (1), got %d",
@@ -277,6 +279,8 @@ static sta_status layer_windows(sta_layer *l, const sta_tensor *const *ops,
   d->geom = l->geom;
   if (l->auto_geom) {
     if ((rc = sta_geometry_from_seq_len(&d->geom, qb.s)) != STA_OK) goto fail;
+    d->geom.order = l->geom.order; /* the known shapes' tiles are whole: the same rows */
+    if ((rc = sta_geometry_check(&d->geom, qb.s)) != STA_OK) goto fail;
   } else if ((rc = sta_geometry_check(&d->geom, qb.s)) != STA_OK)
     goto fail;
   for (int i = 0; i < n_ops; i++)

@@ -289,21 +289,40 @@ typedef enum sta_layout {
   STA_BHSD = 1  /* [B, heads, S, D] */
 } sta_layout;
 
+/* The order of the sequence's rows (STA.md section 1).  UNTILED: video
+** token (t, h, w) at row (t*H + h)*W + w, V rows.  TILED: FastVideo's
+** tiled order, tile by tile (tile_id = (it*NH + ih)*NW + iw), each tile's
+** rows ((t%tt)*th + h%th)*tw + w%tw, every tile padded to the full tile
+** volume: NT*NH*NW*tt*th*tw video rows.  The text rows follow the video
+** rows in both.  A padding row (a place of a partial tile with no token)
+** is no token: never a key, and as a query it sees no keys: its output is
+** 0, its log-sum-exp -inf, its dq, dk, dv 0; what its q, k, v hold
+** (NaN included) changes nothing. */
+typedef enum sta_order {
+  STA_ORDER_UNTILED = 0,
+  STA_ORDER_TILED = 1
+} sta_order;
+
 typedef struct sta_geometry {
   int32_t canvas[3]; /* T, H, W in tokens */
   int32_t tile[3];   /* tt, th, tw; default 6, 8, 8 */
-  int64_t text_len;  /* valid text tokens; -1 = S - V */
+  int64_t text_len;  /* valid text tokens; -1 = S - video rows */
+  sta_order order;   /* of the rows; 0 = STA_ORDER_UNTILED */
 } sta_geometry;
 
-/* canvas T x H x W, tile 6x8x8, text_len -1. */
+/* canvas T x H x W, tile 6x8x8, text_len -1, untiled order. */
 void sta_geometry_init(sta_geometry *g, int32_t t, int32_t h, int32_t w);
-/* Check canvas, tile and (seq_len) text length; seq_len < V gives
-** "seq_len N not supported for STA". */
+/* Check canvas, tile, order and (seq_len) text length; seq_len shorter
+** than the video rows gives "seq_len N not supported for STA" (in the
+** tiled order followed by the rows it needs). */
 sta_status sta_geometry_check(const sta_geometry *g, int64_t seq_len);
 /* Tile grid NT, NH, NW; video tokens V. */
 void sta_geometry_grid(const sta_geometry *g, int32_t grid[3]);
 int64_t sta_geometry_video_tokens(const sta_geometry *g);
-/* Resolved text length for a sequence of seq_len tokens. */
+/* Rows the video takes in g's order: V untiled, NT*NH*NW*tile volume
+** tiled (partial tiles padded); the text rows start there. */
+int64_t sta_geometry_video_rows(const sta_geometry *g);
+/* Resolved text length for a sequence of seq_len rows. */
 int64_t sta_geometry_text_len(const sta_geometry *g, int64_t seq_len);
 /* Check one window against the grid (odd or >= axis tiles, >= 1). */
 sta_status sta_window_check(const sta_geometry *g, const int32_t window[3]);
@@ -318,11 +337,14 @@ sta_status sta_window_range(int32_t q, int32_t k, int32_t c, int32_t *start,
 /* Known FastVideo canvas for seq_len (115456 and 115200: 30x48x80,
 ** 82944: 36x48x48, 69120: 18x48x80), else STA_ERR_SEQ_LEN. */
 sta_status sta_geometry_from_seq_len(sta_geometry *g, int64_t seq_len);
-/* Tiled sequence length: NT*NH*NW*tile volume (padded) + text rows. */
+/* Tiled sequence length of an untiled one of seq_len rows: NT*NH*NW*tile
+** volume (padded) + text rows (g's order is not read). */
 int64_t sta_geometry_tiled_len(const sta_geometry *g, int64_t seq_len);
-/* FastVideo's tiled order, interop only.  in/out: 4-D in layout; tile
-** maps [.., S, ..] to [.., tiled_len, ..] (padding rows zero), untile the
-** reverse (padding ignored).  Text rows keep their order after the video. */
+/* Conversions between the untiled and FastVideo's tiled order (the
+** attention reads either in place: set geom.order).  in/out: 4-D in
+** layout; tile maps [.., S, ..] to [.., tiled_len, ..] (padding rows
+** zero), untile the reverse (padding ignored).  Text rows keep their
+** order after the video.  g's order is not read. */
 sta_status sta_tensor_tile(sta_tensor *out, const sta_tensor *in,
                            const sta_geometry *g, sta_layout layout);
 sta_status sta_tensor_untile(sta_tensor *out, const sta_tensor *in,
@@ -363,7 +385,8 @@ typedef struct sta_attention_desc {
 } sta_attention_desc;
 
 /* out = STA(q, k, v).  q, k, v, out: 4-D in desc->layout, one shape
-** [B, S, heads, D] (or BHSD), same dtype and device, last dim contiguous.
+** [B, S, heads, D] (or BHSD), same dtype and device, last dim contiguous;
+** rows in desc->geom.order (the tiled order is read in place, no copy).
 ** lse: NULL or f32 [B, heads, S] on the same device (natural log).  Runs on
 ** the backend of the tensors' device.  On error out and lse are unchanged. */
 sta_status sta_attention_forward(const sta_attention_desc *desc,
@@ -381,7 +404,9 @@ sta_status sta_attention_reference(const sta_attention_desc *desc,
 ** dout = dLoss/dout, write dq, dk, dv = dLoss/dq, dk, dv.  desc, q, k, v
 ** as for the forward (same windows, text_len and scale); out, dout, dq,
 ** dk, dv: the shape, dtype, device and layout of q, last dim contiguous,
-** strides free.  Rows >= V + text_len get dk = dv = 0 exactly.  Every
+** strides free.  Rows that are never keys (past the valid text; padding
+** rows of the tiled order) get dk = dv = 0 exactly, padding rows dq = 0
+** too.  Every
 ** check runs before any work; on error dq, dk, dv are unchanged. */
 sta_status sta_attention_backward(const sta_attention_desc *desc,
                                   const sta_tensor *q, const sta_tensor *k,
@@ -678,7 +703,8 @@ void sta_tune_defaults(int32_t full[3], int32_t *skip_steps);
 ** =======================================================================
 ** P ranks each hold V/P video tokens of ALL heads plus every text row:
 ** q, k, v, out are [B, V/P + text, H, D] (or BHSD), rank r holding video
-** tokens r*V/P .. (r+1)*V/P - 1 in the untiled order; text rows are
+** tokens r*V/P .. (r+1)*V/P - 1 in the untiled order (the only order
+** taken here: a tiled geometry is STA_ERR_UNSUPPORTED); text rows are
 ** replicated.  An all-to-all gives rank r the whole video for its heads
 ** r*H/P .. (r+1)*H/P - 1, it runs STA with those GLOBAL heads' windows on
 ** [B, V + text, H/P, D], a second all-to-all returns the video output to

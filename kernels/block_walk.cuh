@@ -13,6 +13,12 @@
 ** text query block, the rows [0, V + text_len).  A TMA tile block is BK/64
 ** t-slices of an 8x8 tile (a box), which may run past the canvas: its keys
 ** are then masked by position.
+**
+** Rows: in the untiled order token (t, h, w) is row (t*cH + h)*cW + w; in
+** FastVideo's tiled order (a.tiled) tile after tile, each padded to
+** tile_vol rows, so a box of t-slices of an 8x8 tile is a run of rows
+** (read by the row maps) and the text starts at row VR, after the padded
+** tiles.  tok_row and video_row are the only places that tell them apart.
 */
 #ifndef STA_BLOCK_WALK_CUH
 #define STA_BLOCK_WALK_CUH
@@ -29,6 +35,27 @@ struct KeyPlan {
   int n_tblk;            /* key blocks from tiles */
   int nkb;               /* all key blocks */
 };
+
+/* Row of the token at (dt, dh, dw) in tile `tile` (its id (it*NH + ih)*NW
+** + iw), whose first token is (t0, h0, w0). */
+template <class P>
+__device__ __forceinline__ int tok_row(const P &a, int tile, int t0, int h0, int w0, int dt,
+                                       int dh, int dw) {
+  return a.tiled ? tile * a.tile_vol + (dt * a.th + dh) * a.tw + dw
+                 : ((t0 + dt) * a.cH + h0 + dh) * a.cW + w0 + dw;
+}
+
+/* Row of key x of a text query, x < V + text_len: the video tokens in
+** untiled order (x < V), then the text rows. */
+template <class P>
+__device__ __forceinline__ int video_row(const P &a, int x) {
+  if (x >= a.V) return a.VR + x - a.V;
+  if (!a.tiled) return x;
+  const int hw = a.cH * a.cW, t = x / hw, r = x - t * hw, h = r / a.cW, w = r - h * a.cW;
+  const int it = t / a.tt, ih = h / a.th, iw = w / a.tw;
+  return tok_row(a, (it * a.NH + ih) * a.NW + iw, 0, 0, 0, t - it * a.tt, h - ih * a.th,
+                 w - iw * a.tw);
+}
 
 /* First key tile of query tile q on an axis of c tiles, window k <= c. */
 __device__ __forceinline__ int axis_start(int q, int k, int c) {
@@ -63,13 +90,13 @@ __device__ __forceinline__ int key_row(const P &a, const KeyPlan &p,
     int lim = a.V + a.text_len, r0 = kb * BN;
     int c = lim - r0;
     *cnt = c < BN ? c : BN;
-    return j < *cnt ? r0 + j : -1;
+    return j < *cnt ? video_row(a, r0 + j) : -1;
   }
   if (kb >= p.n_tblk) {
     int r0 = (kb - p.n_tblk) * BN;
     int c = a.text_len - r0;
     *cnt = c < BN ? c : BN;
-    return j < *cnt ? a.V + r0 + j : -1;
+    return j < *cnt ? a.VR + r0 + j : -1;
   }
   int tl = kb / p.bpt, blk = kb - tl * p.bpt;
   int hw = p.ch * p.cw;
@@ -85,7 +112,18 @@ __device__ __forceinline__ int key_row(const P &a, const KeyPlan &p,
   int li = blk * BN + j, ehw = eh * ew;
   int dt = li / ehw, r = li - dt * ehw;
   int dh = r / ew, dw = r - dh * ew;
-  return ((t0 + dt) * a.cH + h0 + dh) * a.cW + w0 + dw;
+  return tok_row(a, ((p.st + i0) * a.NH + p.sh + i1) * a.NW + p.sw + i2, t0, h0, w0, dt, dh, dw);
+}
+
+/* Tiled order: the first row of key block kb (< n_tblk) of BK keys, BK/64
+** t-slices of an 8x8 tile. */
+template <int BK, class P>
+__device__ __forceinline__ int tile_block_row(const P &a, const KeyPlan &p, int kb) {
+  int tl = kb / p.bpt, blk = kb - tl * p.bpt;
+  int hw = p.ch * p.cw;
+  int i0 = tl / hw, rem = tl - i0 * hw;
+  int i1 = rem / p.cw, i2 = rem - i1 * p.cw;
+  return (((p.st + i0) * a.NH + p.sh + i1) * a.NW + p.sw + i2) * a.tile_vol + blk * BK;
 }
 
 /* TMA key block kb (< n_tblk) of BK keys: origin of its BK/64 t-slices of
@@ -149,10 +187,12 @@ __device__ __forceinline__ BlkInfo get_binfo(const int4 *bi) {
 }
 
 /* Every key block of plan p in order, as put(bi, mode, row0): a text query
-** block's rows [0, V + text_len) (mode 2: rows from row0), else the
-** window's tile blocks of BK / 64 t-slices (mode 1: the box at bi's
-** origin), their coordinates stepped like an odometer (no divisions per
-** block), then the text rows (mode 2).  8x8 tiles (the TMA boxes). */
+** block's rows [0, V + text_len) (mode 2: rows from row0; in the tiled
+** order only without padding rows, V = VR), else the window's tile blocks
+** of BK / 64 t-slices (mode 1: the box at bi's origin; tiled order: mode
+** 2, the box's run of rows), their coordinates stepped like an odometer
+** (no divisions per block), then the text rows (mode 2).  8x8 tiles (the
+** TMA boxes). */
 template <int BK, class P, typename F>
 __device__ __forceinline__ void item_blocks(const P &a, const KeyPlan &p, F &&put) {
   BlkInfo bi;
@@ -166,9 +206,9 @@ __device__ __forceinline__ void item_blocks(const P &a, const KeyPlan &p, F &&pu
     }
     return;
   }
-  const int tb = p.st * a.tt, hb = p.sh * 8, wb = p.sw * 8;
-  int tbase = tb, blk = 0, i1 = 0, i2 = 0;
-  bi.t0 = tb;
+  const int hb = p.sh * 8, wb = p.sw * 8;
+  int ti = p.st, blk = 0, i1 = 0, i2 = 0;
+  bi.t0 = ti * a.tt;
   bi.h0 = hb;
   bi.w0 = wb;
   for (int kb = 0; kb < p.n_tblk; kb++) {
@@ -176,7 +216,11 @@ __device__ __forceinline__ void item_blocks(const P &a, const KeyPlan &p, F &&pu
               nw = min(8, a.cW - bi.w0);
     bi.cnt = nt > 0 ? nt * nh * nw : 0;
     bi.posmask = bi.cnt > 0 && bi.cnt < BK;
-    put(bi, 1, 0);
+    if (a.tiled)
+      put(bi, 2, ((ti * a.NH + (bi.h0 >> 3)) * a.NW + (bi.w0 >> 3)) * a.tile_vol +
+                     blk * BK);
+    else
+      put(bi, 1, 0);
     if (++blk < p.bpt) {
       bi.t0 += BK / 64;
       continue;
@@ -192,16 +236,16 @@ __device__ __forceinline__ void item_blocks(const P &a, const KeyPlan &p, F &&pu
       } else {
         i1 = 0;
         bi.h0 = hb;
-        tbase += a.tt;
+        ti++;
       }
     }
-    bi.t0 = tbase;
+    bi.t0 = ti * a.tt;
   }
   bi.t0 = bi.h0 = bi.w0 = 0;
   bi.posmask = 0;
   for (int r0 = 0; r0 < a.text_len; r0 += BK) {
     bi.cnt = min(BK, a.text_len - r0);
-    put(bi, 2, a.V + r0);
+    put(bi, 2, a.VR + r0);
   }
 }
 

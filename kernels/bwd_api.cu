@@ -37,7 +37,11 @@
 ** waiting for its turn on a per-block counter and waiting for its add to
 ** land before passing the turn on.
 ** Rows outside the canvas or past a partial tile are zero-filled: a zero Q,
-** dO or K row adds nothing to any gradient, so no mask is needed.
+** dO or K row adds nothing to any gradient, so no mask is needed.  In the
+** tiled order (rows tile by tile, partial tiles padded) a t-slice is a run
+** of 64 rows, read by the row maps when every tile is whole; with padding
+** rows (which may hold anything) queries are gathered by token, and the
+** padding rows' dq, dk, dv are zeroed by one more launch (tiled_pad.cu).
 */
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -58,6 +62,7 @@ int aligned16(const void *p) { return ((uintptr_t)p & 15) == 0; }
 void setup_tma(BwdArgs &x, const sta_attn_params *p) {
   x.tma = 0;
   if (getenv("STA_NO_TMA") || !x.vec || p->tile[1] != 8 || p->tile[2] != 8) return;
+  if (p->tiled && p->video_rows != p->video_len) return;
   const int64_t D = p->head_dim;
   int fused = p->q_sh == D && p->do_sh == D;
   int fold = p->batch == 1 || (p->q_sb == p->heads * p->q_sh && p->do_sb == p->heads * p->do_sh);
@@ -65,8 +70,9 @@ void setup_tma(BwdArgs &x, const sta_attn_params *p) {
   if (p->heads * p->batch > 0x7fffffff || p->heads * D > 0x7fffffff) return;
   int64_t nhb = p->heads * p->batch;
   x.tma_fused = fused;
-  x.tma = sta_cuda_encode_map(&x.tmq, p->q, p, p->q_sb, p->q_ss, p->q_sh, fused, nhb, 1, 64) &&
-          sta_cuda_encode_map(&x.tmdo, p->dout, p, p->do_sb, p->do_ss, p->do_sh, fused, nhb, 1, 64) &&
+  const int tl = !p->tiled; /* tile maps: untiled order only */
+  x.tma = (!tl || sta_cuda_encode_map(&x.tmq, p->q, p, p->q_sb, p->q_ss, p->q_sh, fused, nhb, 1, 64)) &&
+          (!tl || sta_cuda_encode_map(&x.tmdo, p->dout, p, p->do_sb, p->do_ss, p->do_sh, fused, nhb, 1, 64)) &&
           sta_cuda_encode_map(&x.rmq, p->q, p, p->q_sb, p->q_ss, p->q_sh, fused, nhb, 0, 64) &&
           sta_cuda_encode_map(&x.rmdo, p->dout, p, p->do_sb, p->do_ss, p->do_sh, fused, nhb, 0, 64);
 }
@@ -112,6 +118,8 @@ sta_status sta_cuda_attention_backward(const sta_attn_params *p) {
   x.tt = p->tile[0]; x.th = p->tile[1]; x.tw = p->tile[2];
   x.NT = p->grid[0]; x.NH = p->grid[1]; x.NW = p->grid[2];
   x.tile_vol = x.tt * x.th * x.tw;
+  x.tiled = p->tiled;
+  x.VR = (int)p->video_rows;
   x.kbpt = (x.tile_vol + BK - 1) / BK;
   x.n_text_kb = (x.text_len + BK - 1) / BK;
   x.scale = p->scale;
@@ -124,7 +132,7 @@ sta_status sta_cuda_attention_backward(const sta_attn_params *p) {
   x.vec = vec;
   setup_tma(x, p);
   x.qbpt = x.tma ? x.tt : (x.tile_vol + BQ - 1) / BQ;
-  const int64_t nqb = (int64_t)x.NT * x.NH * x.NW * x.qbpt + (p->seq_len - p->video_len + BQ - 1) / BQ;
+  const int64_t nqb = (int64_t)x.NT * x.NH * x.NW * x.qbpt + (p->seq_len - p->video_rows + BQ - 1) / BQ;
   x.nqb = (int)nqb;
   for (int64_t h = 0; h < p->heads; h++)
     for (int ax = 0; ax < 3; ax++) {
@@ -141,7 +149,7 @@ sta_status sta_cuda_attention_backward(const sta_attn_params *p) {
   ra.dv_sb = p->dv_sb; ra.dv_ss = p->dv_ss; ra.dv_sh = p->dv_sh;
   ra.dq_sb = p->dq_sb; ra.dq_ss = p->dq_ss; ra.dq_sh = p->dq_sh;
   ra.lse_sb = p->lse_sb; ra.lse_sh = p->lse_sh; ra.lse_ss = p->lse_ss;
-  ra.keys = x.V + x.text_len;
+  ra.keys = x.VR + x.text_len;
   ra.rows = p->batch * p->heads * nqb * BQ;
 
   /* workspace, stream-ordered: the f32 dQ accumulator, LSE2 and D */
@@ -168,6 +176,13 @@ sta_status sta_cuda_attention_backward(const sta_attn_params *p) {
       s = D == 128 ? run_bwd<__nv_bfloat16, 128>(p, x, ra, sm) : run_bwd<__nv_bfloat16, 64>(p, x, ra, sm);
     else
       s = D == 128 ? run_bwd<__half, 128>(p, x, ra, sm) : run_bwd<__half, 64>(p, x, ra, sm);
+    if (p->video_rows > p->video_len) /* the tiled order's padding rows */
+      for (int i = 0; i < 3 && s == STA_OK; i++) {
+        void *g[3] = {p->dq, p->dk, p->dv};
+        const int64_t st3[3][3] = {{p->dq_sb, p->dq_ss, p->dq_sh}, {p->dk_sb, p->dk_ss, p->dk_sh},
+                                   {p->dv_sb, p->dv_ss, p->dv_sh}};
+        s = sta_cuda_pad_rows(p, g[i], st3[i][0], st3[i][1], st3[i][2], NULL);
+      }
   }
   if (ws) {
     e = cudaFreeAsync(ws, sm);

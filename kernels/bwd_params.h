@@ -25,7 +25,8 @@ constexpr float LOG2E = 1.4426950408889634f;
 
 struct BwdArgs {
   CUtensorMap tmq, tmdo; /* tile maps: one t-slice of an 8x8 tile, 64 columns */
-  CUtensorMap rmq, rmdo; /* row maps: 64 consecutive rows, 64 columns */
+  CUtensorMap rmq, rmdo; /* row maps: 64 consecutive rows, 64 columns (the
+                            tiled order's t-slices too: no tile maps) */
   int tma;               /* tile and row maps of Q and dO in use */
   int tma_fused;         /* dim 0 = heads * D (coordinate head * D), last = batch */
   const void *q, *k, *v, *dout;
@@ -38,6 +39,7 @@ struct BwdArgs {
   int64_t dk_sb, dk_ss, dk_sh, dv_sb, dv_ss, dv_sh;
   int S, V, text_len, heads, batch, vec;
   int cT, cH, cW, tt, th, tw, NT, NH, NW, tile_vol;
+  int tiled, VR; /* FastVideo's tiled order; video rows (text from VR) */
   int kbpt;      /* key blocks per tile */
   int n_text_kb; /* text key blocks per (batch, head) */
   int qbpt;      /* query block slots per tile: tt (TMA) or ceil(tile_vol / 64) */
@@ -52,7 +54,7 @@ struct RowArgs {
   void *dk, *dv, *dq;
   int64_t o_sb, o_ss, o_sh, do_sb, do_ss, do_sh, dk_sb, dk_ss, dk_sh, dv_sb, dv_ss, dv_sh;
   int64_t dq_sb, dq_ss, dq_sh, lse_sb, lse_sh, lse_ss;
-  int keys;       /* V + text_len */
+  int keys;       /* VR + text_len: rows from there are never keys */
   int64_t rows;   /* B * heads * nqb * 64 slot rows */
 };
 

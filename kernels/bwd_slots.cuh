@@ -8,6 +8,7 @@
 #ifndef STA_BWD_SLOTS_CUH
 #define STA_BWD_SLOTS_CUH
 
+#include "block_walk.cuh" /* tok_row */
 #include "bwd_params.h"
 
 namespace sta {
@@ -18,12 +19,14 @@ __host__ __device__ __forceinline__ int dq_off(int r, int c) {
   return r * 64 + ((((c >> 3) ^ (r & 7))) << 3) + (c & 7);
 }
 
-/* Extents of tile (it, ih, iw) on each axis (partial at the borders). */
+/* Extents of tile (it, ih, iw) on each axis (partial at the borders), and
+** its id. */
 struct Ext {
-  int t0, h0, w0, et, eh, ew;
+  int t0, h0, w0, et, eh, ew, id;
 };
 __device__ __forceinline__ Ext tile_ext(const BwdArgs &a, int it, int ih, int iw) {
   Ext e;
+  e.id = (it * a.NH + ih) * a.NW + iw;
   e.t0 = it * a.tt;
   e.h0 = ih * a.th;
   e.w0 = iw * a.tw;
@@ -50,13 +53,13 @@ __device__ __forceinline__ int tile_row(const BwdArgs &a, const Ext &e, int blk,
     dh = rr / e.ew;
     dw = rr - dh * e.ew;
   }
-  return ((e.t0 + dt) * a.cH + e.h0 + dh) * a.cW + e.w0 + dw;
+  return tok_row(a, e.id, e.t0, e.h0, e.w0, dt, dh, dw);
 }
 /* Global row of row r of slot s, or -1. */
 __device__ __forceinline__ int slot_row(const BwdArgs &a, int s, int r) {
   const int tiles = a.NT * a.NH * a.NW;
   if (s >= tiles * a.qbpt) {
-    int row = a.V + (s - tiles * a.qbpt) * BQ + r;
+    int row = a.VR + (s - tiles * a.qbpt) * BQ + r;
     return row < a.S ? row : -1;
   }
   int tl = s / a.qbpt, blk = s - tl * a.qbpt;
@@ -141,14 +144,14 @@ struct QWalk {
         if (++ih > hz) {
           ih = ha;
           if (++it > tz) {
-            kind = a.S > a.V ? 1 : 2;
+            kind = a.S > a.VR ? 1 : 2;
             return;
           }
         }
       }
       enter(a);
     } else if (kind == 1) {
-      if (++tb * BQ >= a.S - a.V) kind = 2;
+      if (++tb * BQ >= a.S - a.VR) kind = 2;
     }
   }
   __device__ __forceinline__ int slot(const BwdArgs &a) const {

@@ -23,7 +23,11 @@ static bool aligned16(const void *p) { return ((uintptr_t)p & 15) == 0; }
 ** stride of q, k and v is D, else heads folded with the batch when the
 ** batch strides allow it (or batch 1).  Tile maps also need 8x8 h/w tiles
 ** and an even tt (key and query blocks are 2 t-slices); border tiles run
-** past the canvas: zero-filled there, masked by position.
+** past the canvas: zero-filled there, masked by position.  In the tiled
+** order a tile block is a run of rows: the row maps read it (no tile
+** maps), which needs whole tiles: a padding row must never be read as a
+** key (it may hold anything), so with partial tiles the tiles' blocks are
+** gathered by token.
 ** STA_NO_TMA turns all of it off (the gather path), for tests. */
 static void setup_tma(FwdParams &x, const sta_attn_params *p, int variant) {
   x.tma = x.tma_q = x.tma_rows = x.tma_q3 = x.tma_k3 = 0;
@@ -41,23 +45,26 @@ static void setup_tma(FwdParams &x, const sta_attn_params *p, int variant) {
       tma_encode(&x.rmq, p->q, p, p->q_sb, p->q_ss, p->q_sh, fused, nhb, 0))
     x.tma_rows = 1;
   if (p->tile[1] != 8 || p->tile[2] != 8 || p->tile[0] % 2) return;
-  if (tma_encode(&x.tmk, p->k, p, p->k_sb, p->k_ss, p->k_sh, fused, nhb, 1) &&
-      tma_encode(&x.tmv, p->v, p, p->v_sb, p->v_ss, p->v_sh, fused, nhb, 1))
+  if (p->tiled)
+    x.tma = x.tma_rows && p->video_rows == p->video_len;
+  else if (tma_encode(&x.tmk, p->k, p, p->k_sb, p->k_ss, p->k_sh, fused, nhb, 1) &&
+           tma_encode(&x.tmv, p->v, p, p->v_sb, p->v_ss, p->v_sh, fused, nhb, 1))
     x.tma = 1;
   if (x.tma && !getenv("STA_NO_TMA_Q") &&
-      tma_encode(&x.tmq, p->q, p, p->q_sb, p->q_ss, p->q_sh, fused, nhb, 1))
+      (p->tiled || tma_encode(&x.tmq, p->q, p, p->q_sb, p->q_ss, p->q_sh, fused, nhb, 1)))
     x.tma_q = 1;
   /* the default kernel's 192-row maps (3 t-slices): Q in items of 192
   ** rows at D 64, K and V in blocks of 192 keys at D 128 */
   const bool by3 = x.tma_q && x.tma_rows && p->tile[0] % 3 == 0 &&
                    variant != 9;
+  const int tl = !p->tiled; /* tile maps: untiled order only */
   if (by3 && D == 64 &&
-      tma_encode(&x.tmq3, p->q, p, p->q_sb, p->q_ss, p->q_sh, fused, nhb, 1, 192) &&
+      (!tl || tma_encode(&x.tmq3, p->q, p, p->q_sb, p->q_ss, p->q_sh, fused, nhb, 1, 192)) &&
       tma_encode(&x.rmq3, p->q, p, p->q_sb, p->q_ss, p->q_sh, fused, nhb, 0, 192))
     x.tma_q3 = 1;
   if (by3 && D == 128 &&
-      tma_encode(&x.tmk3, p->k, p, p->k_sb, p->k_ss, p->k_sh, fused, nhb, 1, 192) &&
-      tma_encode(&x.tmv3, p->v, p, p->v_sb, p->v_ss, p->v_sh, fused, nhb, 1, 192) &&
+      (!tl || tma_encode(&x.tmk3, p->k, p, p->k_sb, p->k_ss, p->k_sh, fused, nhb, 1, 192)) &&
+      (!tl || tma_encode(&x.tmv3, p->v, p, p->v_sb, p->v_ss, p->v_sh, fused, nhb, 1, 192)) &&
       tma_encode(&x.rmk3, p->k, p, p->k_sb, p->k_ss, p->k_sh, fused, nhb, 0, 192) &&
       tma_encode(&x.rmv3, p->v, p, p->v_sb, p->v_ss, p->v_sh, fused, nhb, 0, 192))
     x.tma_k3 = 1;
@@ -82,6 +89,8 @@ void fwd_params_init(FwdParams &x, const sta_attn_params *p, int variant) {
   x.tt = p->tile[0]; x.th = p->tile[1]; x.tw = p->tile[2];
   x.NT = p->grid[0]; x.NH = p->grid[1]; x.NW = p->grid[2];
   x.tile_vol = x.tt * x.th * x.tw;
+  x.tiled = p->tiled;
+  x.VR = (int)p->video_rows;
   x.scale_log2 = p->scale * 1.4426950408889634f;
   x.rescale_th = p->fast_softmax ? 8.0f : 0.0f;
   int64_t st[] = {p->q_sb, p->q_ss, p->q_sh, p->k_sb, p->k_ss, p->k_sh,
@@ -160,5 +169,7 @@ sta_status sta_cuda_attention(const sta_attn_params *p) {
   else
     s = p->head_dim == 128 ? sta::run_fwd<__half, 128>(*x, var) : sta::run_fwd<__half, 64>(*x, var);
   free(x);
+  if (s == STA_OK && p->video_rows > p->video_len) /* the tiled order's padding rows */
+    s = sta_cuda_pad_rows(p, p->o, p->o_sb, p->o_ss, p->o_sh, p->lse);
   return s;
 }

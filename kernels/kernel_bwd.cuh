@@ -71,7 +71,7 @@ __global__ void __launch_bounds__(NTH, 1) sta_bwd_kernel(const __grid_constant__
   int b, h, text, kb, kt = 0, khh = 0, kw = 0, kcount;
   const int n_text = a.batch * a.heads * a.n_text_kb;
   Ext ke;
-  ke.t0 = ke.h0 = ke.w0 = 0;
+  ke.t0 = ke.h0 = ke.w0 = ke.id = 0;
   ke.et = ke.eh = ke.ew = 1;
   if (item < n_text) {
     int bh = item / a.n_text_kb;
@@ -101,11 +101,11 @@ __global__ void __launch_bounds__(NTH, 1) sta_bwd_kernel(const __grid_constant__
     int r = tid, row = -1;
     if (r < kcount) {
       if (text) {
-        row = a.V + kb * BK + r;
+        row = a.VR + kb * BK + r;
       } else {
         int li = kb * BK + r, ehw = ke.eh * ke.ew, dt = li / ehw, rr = li - dt * ehw;
         int dh = rr / ke.ew, dw = rr - dh * ke.ew;
-        row = ((ke.t0 + dt) * a.cH + ke.h0 + dh) * a.cW + ke.w0 + dw;
+        row = tok_row(a, ke.id, ke.t0, ke.h0, ke.w0, dt, dh, dw);
       }
     }
     skrow[r] = row;
@@ -166,9 +166,12 @@ __global__ void __launch_bounds__(NTH, 1) sta_bwd_kernel(const __grid_constant__
       if (a.tma) {
 #pragma unroll
         for (int hf = 0; hf < D / 64; hf++) {
-          if (qw.kind == 1) {
-            tma_load_3d(q + hf * BQ * 64, &a.rmq, c0 + hf * 64, a.V + qw.tb * BQ, c4, &full[st]);
-            tma_load_3d(g + hf * BQ * 64, &a.rmdo, c0 + hf * 64, a.V + qw.tb * BQ, c4, &full[st]);
+          if (qw.kind == 1 || a.tiled) { /* text rows, or a t-slice of a tiled tile */
+            const int r0 = qw.kind == 1 ? a.VR + qw.tb * BQ
+                                        : ((qw.it * a.NH + qw.ih) * a.NW + qw.iw) * a.tile_vol +
+                                              qw.blk * BQ;
+            tma_load_3d(q + hf * BQ * 64, &a.rmq, c0 + hf * 64, r0, c4, &full[st]);
+            tma_load_3d(g + hf * BQ * 64, &a.rmdo, c0 + hf * 64, r0, c4, &full[st]);
           } else {
             const int t0 = qw.it * a.tt + qw.blk, h0 = qw.ih * 8, w0 = qw.iw * 8;
             tma_load_5d(q + hf * BQ * 64, &a.tmq, c0 + hf * 64, w0, h0, t0, c4, &full[st]);

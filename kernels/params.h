@@ -24,7 +24,8 @@ struct FwdParams {
   /* TMA maps, each read in boxes of 64 columns with the 128-byte swizzle
   ** (tma_map.h).  Tile maps: 2 t-slices of an 8x8 tile of K, V or Q
   ** straight from untiled memory; row maps: 128 consecutive rows (text
-  ** keys and queries, the keys of text queries).  Either the heads are
+  ** keys and queries, the keys of text queries; in the tiled order also
+  ** the tiles' blocks, which are runs of rows there: no tile maps).  Either the heads are
   ** fused with D in dim 0 (head stride D: BSHD, any batch), or dim 4 / 2
   ** counts heads (batch folded in when the batch stride allows, else
   ** batch 1); the producer derives a work item's coordinates c0 / c4. */
@@ -50,6 +51,7 @@ struct FwdParams {
   /* geometry (STA.md sections 1-3) */
   int S, V, text_len, vec, heads, batch; /* vec: 16-byte aligned rows */
   int cT, cH, cW, tt, th, tw, NT, NH, NW, tile_vol;
+  int tiled, VR; /* FastVideo's tiled order (sta_order); video rows (text from VR) */
   /* work items (tile_scheduler.cuh), set by the launch */
   int qbpt;           /* query blocks per tile */
   int n_text_qblocks; /* blocks of text query rows (per head and batch) */

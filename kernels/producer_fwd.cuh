@@ -46,20 +46,27 @@ __device__ __forceinline__ void load_rows_sw(T *s, int R, const T *g,
 }
 
 /* How key block kb of an item is loaded: 1 tile map, 2 row map (first row
-** *row0), 0 cp.async gather. */
+** *row0), 0 cp.async gather.  Tiled order: a tile block is a run of rows;
+** a text query's keys are rows [0, V + text_len) only without padding
+** rows (V = VR), else gathered. */
 __device__ __forceinline__ int block_mode(const FwdParams &a, const Item &x,
                                           int kb, int *row0) {
   if (x.text) {
     *row0 = kb * BW;
-    return a.tma_rows ? 2 : 0;
+    return a.tma_rows && a.VR == a.V ? 2 : 0;
   }
-  if (kb < x.p.n_tblk) return a.tma ? 1 : 0;
-  *row0 = a.V + (kb - x.p.n_tblk) * BW;
+  if (kb < x.p.n_tblk) {
+    if (!a.tma) return 0;
+    if (!a.tiled) return 1;
+    *row0 = tile_block_row<BW>(a, x.p, kb);
+    return 2;
+  }
+  *row0 = a.VR + (kb - x.p.n_tblk) * BW;
   return a.tma_rows ? 2 : 0;
 }
 
-/* An item's Q tile by TMA (row map for text rows, tile map otherwise),
-** signalled on qfull; one thread. */
+/* An item's Q tile by TMA (row map for text rows and in the tiled order,
+** tile map otherwise), signalled on qfull; one thread. */
 template <typename T, int D, int BR = 128>
 __device__ __forceinline__ void tma_load_q(const FwdParams &a, const Item &x, T *sQ,
                                            int c0, int c4, uint64_t *qfull) {
@@ -68,7 +75,10 @@ __device__ __forceinline__ void tma_load_q(const FwdParams &a, const Item &x, T 
 #pragma unroll
   for (int hf = 0; hf < D / 64; hf++) {
     if (x.text)
-      tma_load_3d(sQ + hf * BR * 64, rm, c0 + hf * 64, a.V + x.qrow0, c4, qfull);
+      tma_load_3d(sQ + hf * BR * 64, rm, c0 + hf * 64, a.VR + x.qrow0, c4, qfull);
+    else if (a.tiled) /* qrow0: the item's first t-slice of the tile */
+      tma_load_3d(sQ + hf * BR * 64, rm, c0 + hf * 64, x.qtile * a.tile_vol + x.qrow0 * 64,
+                  c4, qfull);
     else
       tma_load_5d(sQ + hf * BR * 64, tm, c0 + hf * 64, x.qw0, x.qh0,
                   x.qt0 + x.qrow0, c4, qfull);

@@ -42,6 +42,13 @@ sta_status sta_cuda_attention(const sta_attn_params *p);
 int sta_cuda_encode_map(void *m, const void *base, const sta_attn_params *p, int64_t sb,
                         int64_t ss, int64_t sh, int fused, int64_t nhb, int tile, int rows);
 
+/* The padding rows of the tiled order (p->tiled, video_rows > video_len;
+** kernels/tiled_pad.cu): row j of every (batch, head) of t (bf16 or f16,
+** element strides sb, ss, sh) set to 0 and, lse given, lse (p's lse
+** strides) to -inf, on this thread's stream. */
+sta_status sta_cuda_pad_rows(const sta_attn_params *p, void *t, int64_t sb, int64_t ss,
+                             int64_t sh, float *lse);
+
 /* The STA backward on device tensors (kernels/bwd_api.cu). */
 sta_status sta_cuda_attention_backward(const sta_attn_params *p);
 

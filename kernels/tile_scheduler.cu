@@ -59,7 +59,7 @@ sta_status sched_slot(int **slot) {
 ** caller): text query blocks first, then the tiles' query blocks; sets
 ** a.n_text_qblocks, a.n_text_items, a.n_items (0: nothing to launch). */
 sta_status count_items(FwdParams &a, int BR) {
-  a.n_text_qblocks = (a.S - a.V + BR - 1) / BR;
+  a.n_text_qblocks = (a.S - a.VR + BR - 1) / BR;
   int64_t nt = (int64_t)a.batch * a.heads * a.n_text_qblocks;
   int64_t n = nt + (int64_t)a.batch * a.heads * a.NT * a.NH * a.NW * a.qbpt;
   a.n_items = 0;

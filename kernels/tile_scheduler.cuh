@@ -18,7 +18,8 @@ namespace sta {
 
 struct Item {
   int b, head, text;
-  int qrow0, qcount;   /* text: rows V + qrow0 + r; tile: see q_row */
+  int qrow0, qcount;   /* text: rows VR + qrow0 + r; tile: see q_row */
+  int qtile;           /* the query tile's id (it*NH + ih)*NW + iw */
   int qt0, qh0, qw0, qet, qeh, qew;
   KeyPlan p;           /* its keys in blocks of BK */
 };
@@ -27,14 +28,14 @@ struct Item {
 template <int BR = 128, int BK = 128>
 __device__ __forceinline__ void decode_item(const FwdParams &a, int item, Item &x) {
   KeyPlan &p = x.p;
-  x.qt0 = x.qh0 = x.qw0 = x.qet = x.qeh = x.qew = 0;
+  x.qt0 = x.qh0 = x.qw0 = x.qet = x.qeh = x.qew = x.qtile = 0;
   if (item < a.n_text_items) {
     int hb = item / a.n_text_qblocks, tb = item - hb * a.n_text_qblocks;
     x.head = hb % a.heads;
     x.b = hb / a.heads;
     x.text = 1;
     x.qrow0 = tb * BR;
-    x.qcount = min(BR, a.S - a.V - x.qrow0);
+    x.qcount = min(BR, a.S - a.VR - x.qrow0);
     p.text = 1;
     p.st = p.sh = p.sw = p.ct = p.ch = p.cw = p.bpt = p.n_tblk = 0;
     p.nkb = (a.V + a.text_len + BK - 1) / BK;
@@ -47,6 +48,7 @@ __device__ __forceinline__ void decode_item(const FwdParams &a, int item, Item &
   x.head = a.horder[hb / a.batch];
   x.text = 0;
   int tl = vb / a.qbpt, qb = vb - tl * a.qbpt;
+  x.qtile = tl;
   int it = tl / (a.NH * a.NW), rem = tl - it * (a.NH * a.NW);
   int ih = rem / a.NW, iw = rem - ih * a.NW;
   x.qt0 = it * a.tt;
@@ -66,19 +68,23 @@ __device__ __forceinline__ void decode_item(const FwdParams &a, int item, Item &
   window_plan(a, x.head, it, ih, iw, BK, &p);
 }
 
-/* Global row of query row r (< the item's rows, 128 or 192) of an item, or -1. */
+/* Global row of query row r (< the item's rows, 128 or 192) of an item, or
+** -1 (past the canvas: no token, nothing stored; the tiled order's padding
+** rows are written apart, tiled_pad.cu). */
 __device__ __forceinline__ int q_row(const FwdParams &a, const Item &x, int r) {
-  if (x.text) return r < x.qcount ? a.V + x.qrow0 + r : -1;
+  if (x.text) return r < x.qcount ? a.VR + x.qrow0 + r : -1;
+  int dt, dh, dw;
   if (a.tma_q) {
-    int dt = x.qrow0 + (r >> 6), dh = (r >> 3) & 7, dw = r & 7;
+    dt = x.qrow0 + (r >> 6), dh = (r >> 3) & 7, dw = r & 7;
     if (dt >= x.qet || dh >= x.qeh || dw >= x.qew) return -1;
-    return ((x.qt0 + dt) * a.cH + x.qh0 + dh) * a.cW + x.qw0 + dw;
+  } else {
+    if (r >= x.qcount) return -1;
+    int li = x.qrow0 + r, ehw = x.qeh * x.qew;
+    dt = li / ehw;
+    int rr = li - dt * ehw;
+    dh = rr / x.qew, dw = rr - dh * x.qew;
   }
-  if (r >= x.qcount) return -1;
-  int li = x.qrow0 + r, ehw = x.qeh * x.qew;
-  int dt = li / ehw, rr = li - dt * ehw;
-  int dh = rr / x.qew, dw = rr - dh * x.qew;
-  return ((x.qt0 + dt) * a.cH + x.qh0 + dh) * a.cW + x.qw0 + dw;
+  return tok_row(a, x.qtile, x.qt0, x.qh0, x.qw0, dt, dh, dw);
 }
 
 /* The producer's next work item (k: items taken so far), or -1 when none

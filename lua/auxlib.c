@@ -251,6 +251,17 @@ sta_softmax sta_lua_parse_softmax(lua_State *L, const char *s) {
   return STA_SOFTMAX_EXACT;
 }
 
+sta_order sta_lua_parse_order(lua_State *L, const char *s) {
+  if (!s || strcmp(s, "untiled") == 0) return STA_ORDER_UNTILED;
+  if (strcmp(s, "tiled") == 0) return STA_ORDER_TILED;
+  sta_lua_misuse(L, "order: expected \"untiled\" or \"tiled\", got '%s'", s);
+  return STA_ORDER_UNTILED;
+}
+
+const char *sta_lua_order_name(sta_order o) {
+  return o == STA_ORDER_TILED ? "tiled" : "untiled";
+}
+
 /* Shape from a table of 1..4 sizes at idx. */
 int32_t sta_lua_read_shape(lua_State *L, int idx, int64_t shape[4]) {
   if (!lua_istable(L, idx))

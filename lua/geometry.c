@@ -19,7 +19,7 @@ sta_geometry *sta_lua_check_geometry(lua_State *L, int idx) {
 }
 
 /* Geometry from options at idx: geometry=G, or canvas={T,H,W}, tile=,
-** text_len=.  Returns 0 when no canvas was given (g canvas 0,0,0). */
+** text_len=, order=.  Returns 0 when no canvas was given (g canvas 0,0,0). */
 int sta_lua_read_geometry(lua_State *L, int idx, sta_geometry *g) {
   sta_geometry_init(g, 0, 0, 0); /* the core's default tile */
   if (!lua_istable(L, idx)) return 0;
@@ -39,18 +39,21 @@ int sta_lua_read_geometry(lua_State *L, int idx, sta_geometry *g) {
   if (lua_getfield(L, idx, "tile") != LUA_TNIL) sta_lua_int_list(L, -1, g->tile, 3, "tile");
   lua_pop(L, 1);
   g->text_len = (int64_t)sta_lua_int_field(L, idx, "text_len", -1);
+  g->order = sta_lua_parse_order(L, sta_lua_str_field(L, idx, "order"));
   return have;
 }
 
 static int l_geometry(lua_State *L) {
   luaL_checktype(L, 1, LUA_TTABLE);
-  static const char *const keys[] = {"canvas", "tile", "text_len", NULL};
+  static const char *const keys[] = {"canvas", "tile", "text_len", "order", NULL};
   sta_lua_check_keys(L, 1, keys);
   sta_geometry g;
   if (!sta_lua_read_geometry(L, 1, &g))
     return sta_lua_misuse(L, "canvas: expected {T, H, W}, got nil");
-  sta_status rc = sta_geometry_check(&g, sta_geometry_video_tokens(&g) +
-                                             (g.text_len > 0 ? g.text_len : 0));
+  /* canvas and tile first: the video rows divide by the tile */
+  sta_status rc = sta_geometry_check(&g, INT64_MAX);
+  if (rc == STA_OK)
+    rc = sta_geometry_check(&g, sta_geometry_video_rows(&g) + (g.text_len > 0 ? g.text_len : 0));
   if (rc != STA_OK) return sta_lua_fail(L, rc);
   sta_geometry *u = lua_newuserdatauv(L, sizeof *u, 0);
   *u = g;
@@ -76,6 +79,10 @@ static int g_grid(lua_State *L) {
 }
 static int g_video_tokens(lua_State *L) {
   lua_pushinteger(L, sta_geometry_video_tokens(sta_lua_check_geometry(L, 1)));
+  return 1;
+}
+static int g_video_rows(lua_State *L) {
+  lua_pushinteger(L, sta_geometry_video_rows(sta_lua_check_geometry(L, 1)));
   return 1;
 }
 static int g_text_len(lua_State *L) {
@@ -135,6 +142,7 @@ static int g_index(lua_State *L) {
   if (strcmp(k, "canvas") == 0) sta_lua_push_ints(L, g->canvas, 3);
   else if (strcmp(k, "tile") == 0) sta_lua_push_ints(L, g->tile, 3);
   else if (strcmp(k, "text_len") == 0) lua_pushinteger(L, g->text_len);
+  else if (strcmp(k, "order") == 0) lua_pushstring(L, sta_lua_order_name(g->order));
   else {
     luaL_getmetatable(L, STA_LUA_GEOMETRY);
     lua_getfield(L, -1, "methods");
@@ -147,9 +155,10 @@ static int g_tostring(lua_State *L) {
   sta_geometry *g = sta_lua_check_geometry(L, 1);
   int32_t grid[3];
   sta_geometry_grid(g, grid);
-  lua_pushfstring(L, "sta.Geometry(canvas %dx%dx%d, tile %dx%dx%d, grid %dx%dx%d, text_len %d)",
+  lua_pushfstring(L, "sta.Geometry(canvas %dx%dx%d, tile %dx%dx%d, grid %dx%dx%d, text_len %d%s)",
                   g->canvas[0], g->canvas[1], g->canvas[2], g->tile[0], g->tile[1], g->tile[2],
-                  grid[0], grid[1], grid[2], (int)g->text_len);
+                  grid[0], grid[1], grid[2], (int)g->text_len,
+                  g->order == STA_ORDER_TILED ? ", tiled order" : "");
   return 1;
 }
 
@@ -227,6 +236,7 @@ static void read_desc(lua_State *L, int opts, const char *const *keys, sta_tenso
     if (rc != STA_OK) sta_lua_fail(L, rc);
     gk.text_len = d->geom.text_len;
     gk.tile[0] = d->geom.tile[0]; gk.tile[1] = d->geom.tile[1]; gk.tile[2] = d->geom.tile[2];
+    gk.order = d->geom.order;
     d->geom = gk;
   }
   d->windows = opts_windows(L, opts, &d->n_windows);
@@ -254,8 +264,9 @@ static int attention_common(lua_State *L, int ref) {
   sta_tensor *k = sta_lua_check_tensor(L, 2, "k");
   sta_tensor *v = sta_lua_check_tensor(L, 3, "v");
   sta_attention_desc d;
-  static const char *const keys[] = {"canvas", "tile", "text_len", "geometry", "window", "layout",
-                                     "scale", "softmax", "deterministic", "out", "lse", NULL};
+  static const char *const keys[] = {"canvas", "tile", "text_len", "order", "geometry", "window",
+                                     "layout", "scale", "softmax", "deterministic", "out", "lse",
+                                     NULL};
   read_desc(L, 4, keys, q, &d);
   sta_tensor *lse = NULL;
   int want_lse = 0;
@@ -294,8 +305,9 @@ static int l_attention_backward(lua_State *L) {
   sta_tensor *t[6];
   for (int i = 0; i < 6; i++) t[i] = sta_lua_check_tensor(L, i + 1, N[i]);
   sta_attention_desc d;
-  static const char *const keys[] = {"canvas", "tile", "text_len", "geometry", "window", "layout",
-                                     "scale", "softmax", "deterministic", "dq", "dk", "dv", NULL};
+  static const char *const keys[] = {"canvas", "tile", "text_len", "order", "geometry", "window",
+                                     "layout", "scale", "softmax", "deterministic", "dq", "dk",
+                                     "dv", NULL};
   read_desc(L, 7, keys, t[0], &d);
   lua_settop(L, 7);
   sta_tensor *g[3];
@@ -316,15 +328,15 @@ static int l_reference(lua_State *L) { return attention_common(L, 1); }
 /* flops{canvas=, tile=, text_len=, window=, batch=, seq_len=, heads=, head_dim=} */
 static int l_flops(lua_State *L) {
   luaL_checktype(L, 1, LUA_TTABLE);
-  static const char *const keys[] = {"canvas", "tile", "text_len", "geometry", "window",
-                                     "batch", "seq_len", "heads", "head_dim", NULL};
+  static const char *const keys[] = {"canvas", "tile", "text_len", "order", "geometry",
+                                     "window", "batch", "seq_len", "heads", "head_dim", NULL};
   sta_lua_check_keys(L, 1, keys);
   sta_attention_desc d;
   memset(&d, 0, sizeof d);
   if (!sta_lua_read_geometry(L, 1, &d.geom))
     return sta_lua_misuse(L, "canvas: expected {T, H, W}, got nil");
   d.windows = opts_windows(L, 1, &d.n_windows);
-  int64_t seq = (int64_t)sta_lua_int_field(L, 1, "seq_len", sta_geometry_video_tokens(&d.geom) +
+  int64_t seq = (int64_t)sta_lua_int_field(L, 1, "seq_len", sta_geometry_video_rows(&d.geom) +
                                                       (d.geom.text_len > 0 ? d.geom.text_len : 0));
   lua_pushnumber(L, sta_attention_flops(&d, (int64_t)sta_lua_int_field(L, 1, "batch", 1), seq,
                                         (int64_t)sta_lua_int_field(L, 1, "heads", 1),
@@ -360,7 +372,8 @@ static int l_head_diff(lua_State *L) {
 static const luaL_Reg geometry_meta[] = {
   {"__index", g_index}, {"__tostring", g_tostring}, {NULL, NULL}};
 static const luaL_Reg geometry_methods[] = {
-  {"grid", g_grid}, {"video_tokens", g_video_tokens}, {"text_len_for", g_text_len},
+  {"grid", g_grid}, {"video_tokens", g_video_tokens}, {"video_rows", g_video_rows},
+  {"text_len_for", g_text_len},
   {"tiled_len", g_tiled_len}, {"check", g_check}, {"window_check", g_window_check},
   {"key_tiles", g_key_tiles}, {NULL, NULL}};
 static const luaL_Reg geometry_funcs[] = {

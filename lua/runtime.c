@@ -491,7 +491,7 @@ static int y_release(lua_State *L) {
 }
 
 /* layer{prefix= or layer=, heads=, head_dim=, sp_rank=, sp_size=, canvas=,
-** tile=, text_len=, layout=, backend=, scale=, softmax=, strategy=} */
+** tile=, text_len=, order=, layout=, backend=, scale=, softmax=, strategy=} */
 void sta_lua_layer_desc(lua_State *L, int opts, int pins, sta_layer_desc *d) {
   d->prefix = sta_lua_str_field(L, opts, "prefix");
   d->layer_index = sta_lua_int32_field(L, opts, "layer", 0);
@@ -515,7 +515,7 @@ static int l_layer(lua_State *L) {
   luaL_checktype(L, 1, LUA_TTABLE);
   static const char *const keys[] = {"prefix", "layer", "heads", "head_dim", "backend", "scale",
                                      "softmax", "strategy", "sp_rank", "sp_size", "geometry",
-                                     "canvas", "tile", "text_len", "layout", NULL};
+                                     "canvas", "tile", "text_len", "order", "layout", NULL};
   sta_lua_check_keys(L, 1, keys);
   lua_settop(L, 1);
   lua_createtable(L, 0, 2); /* 2: pins */

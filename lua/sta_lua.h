@@ -124,6 +124,9 @@ sta_dtype sta_lua_parse_dtype(lua_State *L, const char *s);
 sta_layout sta_lua_parse_layout(lua_State *L, const char *s);
 /* "exact" (also NULL) or "fast": sta_attention_desc.softmax. */
 sta_softmax sta_lua_parse_softmax(lua_State *L, const char *s);
+/* "untiled" (also NULL) or "tiled" (FastVideo's): sta_geometry.order. */
+sta_order sta_lua_parse_order(lua_State *L, const char *s);
+const char *sta_lua_order_name(sta_order o);
 /* Shape from a table of 1..4 sizes at idx; returns the dimensions. */
 int32_t sta_lua_read_shape(lua_State *L, int idx, int64_t shape[4]);
 /* Windows list {{Kt,Kh,Kw}, ...} at idx into a userdata array left on the
@@ -162,7 +165,8 @@ int sta_lua_tensor_save(lua_State *L);
 /* geometry.c */
 sta_geometry *sta_lua_check_geometry(lua_State *L, int idx);
 /* Geometry from options at idx: geometry=G, or canvas={T,H,W}, tile=,
-** text_len=.  Returns 0 when no canvas was given. */
+** text_len=, order=.  Returns 0 when no canvas was given (g: canvas
+** 0,0,0 with the tile, text_len and order given). */
 int sta_lua_read_geometry(lua_State *L, int idx, sta_geometry *g);
 /* strategy.c */
 sta_lua_strategy *sta_lua_new_strategy(lua_State *L);

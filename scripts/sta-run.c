@@ -51,8 +51,13 @@ static const char *USAGE =
 "  --tile TT,TH,TW   tile in tokens (default 6,8,8)\n"
 "  --window KT,KH,KW window in tiles, odd or >= the tiles on that axis;\n"
 "                    one per head: --window 3,3,3:1,5,7:... (required)\n"
-"  --text-len N      valid text tokens after the video (default S - T*H*W)\n"
+"  --text-len N      valid text tokens after the video (default S - the\n"
+"                    video rows)\n"
 "  --layout L        bshd (default) or bhsd\n"
+"  --order O         the rows' token order: untiled (default; t slowest, w\n"
+"                    fastest) or tiled (FastVideo's: tile after tile, each\n"
+"                    padded to the tile volume; read in place, and the\n"
+"                    output comes out in it)\n"
 "\n"
 "Compute.\n"
 "  --scale S         softmax scale (default 1/sqrt(D))\n"
@@ -95,6 +100,7 @@ typedef struct options {
   double scale;
   sta_softmax softmax;
   sta_layout layout;
+  sta_order order;
   int32_t threads;
   sta_device device;
   sta_dtype dtype;
@@ -187,8 +193,8 @@ static int parse_args(int argc, char **argv, options *o) {
     static const char *const WITH_VALUE[] = {
       "--q", "--k", "--v", "--out", "--lse", "--safetensors", "--q-name", "--k-name",
       "--v-name", "--out-name", "--lse-name", "--canvas", "--tile", "--window",
-      "--text-len", "--scale", "--softmax", "--layout", "--threads", "--device", "--dtype",
-      NULL};
+      "--text-len", "--scale", "--softmax", "--layout", "--order", "--threads", "--device",
+      "--dtype", NULL};
     int known = 0;
     for (int j = 0; WITH_VALUE[j]; j++) known |= !strcmp(a, WITH_VALUE[j]);
     if (!known) return bad(a, NULL, "unknown option");
@@ -239,6 +245,10 @@ static int parse_args(int argc, char **argv, options *o) {
       if (!strcmp(val, "bshd")) o->layout = STA_BSHD;
       else if (!strcmp(val, "bhsd")) o->layout = STA_BHSD;
       else return bad(a, val, "expected bshd or bhsd");
+    } else if (!strcmp(a, "--order")) {
+      if (!strcmp(val, "untiled")) o->order = STA_ORDER_UNTILED;
+      else if (!strcmp(val, "tiled")) o->order = STA_ORDER_TILED;
+      else return bad(a, val, "expected untiled or tiled");
     } else if (!strcmp(a, "--threads")) {
       if (!parse_i64(val, 1, 4096, &n)) return bad(a, val, "expected an integer 1..4096");
       o->threads = (int32_t)n;
@@ -469,6 +479,7 @@ static int run(options *o) {
   else if (sta_geometry_from_seq_len(&desc.geom, S) != STA_OK) { rc = fail(); goto done; }
   if (o->have_tile) memcpy(desc.geom.tile, o->tile, sizeof o->tile);
   desc.geom.text_len = o->text_len;
+  desc.geom.order = o->order;
   desc.layout = o->layout;
   desc.n_windows = o->n_windows;
   desc.windows = o->windows;
@@ -517,9 +528,10 @@ static int run(options *o) {
     if (wl >= sizeof win) /* too long for one line */
       snprintf(win, sizeof win, "%d per head", (int)o->n_windows);
     shape_str(in[0], sh, sizeof sh);
-    printf("sta-run: q %s %s %s, canvas %dx%dx%d tile %dx%dx%d text %lld, window %s, "
+    printf("sta-run: q %s %s %s%s, canvas %dx%dx%d tile %dx%dx%d text %lld, window %s, "
            "%s %s%s, %.3f ms, %.2f GFLOP/s (%.3f GFLOP)\n",
            sh, sta_dtype_name(file_dt), o->layout == STA_BSHD ? "bshd" : "bhsd",
+           o->order == STA_ORDER_TILED ? " tiled" : "",
            (int)desc.geom.canvas[0], (int)desc.geom.canvas[1], (int)desc.geom.canvas[2],
            (int)desc.geom.tile[0], (int)desc.geom.tile[1], (int)desc.geom.tile[2],
            (long long)sta_geometry_text_len(&desc.geom, S), win,

@@ -105,6 +105,44 @@ describe("sta attention", function()
     end
   end)
 
+  it("reads FastVideo's tiled order in place (order = \"tiled\")", function()
+    -- partial tiles: 2x2x2 tiles of 2x3x4 = 24, 192 video rows for 60 tokens
+    local canvas, tile = {3, 5, 7}, {2, 3, 4}
+    local g = sta.geometry{ canvas = canvas, tile = tile }
+    local S = 105 + 4
+    for _, layout in ipairs{ "bshd", "bhsd" } do
+      local shape = layout == "bshd" and {2, S, 2, 8} or {2, 2, S, 8}
+      local q, k, v, dout = H.randn(shape), H.randn(shape), H.randn(shape), H.randn(shape)
+      local o = { canvas = canvas, tile = tile, window = {{1, 1, 3}, {3, 1, 1}}, text_len = 3,
+                  layout = layout }
+      local out, lse = sta.attention(q, k, v, { canvas = canvas, tile = tile, text_len = 3,
+                                                window = o.window, layout = layout, lse = true })
+      local dq, dk, dv = sta.attention_backward(q, k, v, out, lse, dout, o)
+      local tq, tk, tv, tdo = sta.tile(q, g, layout), sta.tile(k, g, layout),
+                              sta.tile(v, g, layout), sta.tile(dout, g, layout)
+      o.order = "tiled"
+      o.lse = true
+      local tout, tlse = sta.attention(tq, tk, tv, o)
+      o.lse = nil
+      assert.is_true(H.same_values(sta.tile(out, g, layout), tout)) -- padding rows 0 both
+      local tdq, tdk, tdv = sta.attention_backward(tq, tk, tv, tout, tlse, tdo, o)
+      for i, pair in ipairs{ {dq, tdq}, {dk, tdk}, {dv, tdv} } do
+        assert.is_true(H.same_values(pair[1], sta.untile(pair[2], g, S, layout)), "gradient " .. i)
+        assert.is_true(H.same_values(sta.tile(pair[1], g, layout), pair[2]), "padding " .. i)
+      end
+      local ref = sta.reference(tq, tk, tv, o)
+      local _, rel = ref:compare(tout)
+      assert.is_true(rel < 1e-5)
+      -- an untiled length in the tiled order, a bad order: named
+      assert.equal("seq_len 109 not supported for STA (the tiled order of canvas 3x5x7 has 192 "
+        .. "video rows: 2x2x2 tiles of 2x3x4, partial ones padded; then the text)",
+        H.error_of(sta.attention, q, k, v, o))
+      o.order = "fastvideo"
+      assert.equal("order: expected \"untiled\" or \"tiled\", got 'fastvideo'",
+        H.error_of(sta.attention, tq, tk, tv, o))
+    end
+  end)
+
   it("is dense attention with the full window", function()
     local canvas, tile = {4, 4, 4}, {2, 2, 2}
     local q, k, v = qkv({1, 64, 2, 16})

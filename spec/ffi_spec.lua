@@ -9,7 +9,7 @@ describe("sta.ffi #ffi", function()
   it("parses the declaration block of sta.h", function()
     assert.truthy(S.decls:find("sta_attention_forward", 1, true))
     assert.falsy(S.decls:find("/*", 1, true))
-    assert.equal(32, ffi.sizeof("sta_geometry"))
+    assert.equal(40, ffi.sizeof("sta_geometry"))
     assert.equal("0.1.0", ffi.string(C.sta_version()))
     assert.equal(101, tonumber(C.STA_ERR_SHAPE))
     assert.equal("STA_ERR_SEQ_LEN", ffi.string(C.sta_status_name(C.STA_ERR_SEQ_LEN)))
@@ -55,6 +55,24 @@ describe("sta.ffi #ffi", function()
     end
     assert.equal("lse: expected the forward's f32 [B, heads, S] log-sum-exp, got NULL",
                  select(2, pcall(S.attention_backward, q, k, v, out, nil, g, o)))
+  end)
+
+  it("reads FastVideo's tiled order in place (order = \"tiled\")", function()
+    local canvas, tile = {3, 5, 7}, {2, 4, 4} -- 2x2x2 tiles of 32: 256 video rows
+    local q, k, v = S.randn({1, 259, 2, 16}, seed + 8), S.randn({1, 259, 2, 16}, seed + 9),
+                    S.randn({1, 259, 2, 16}, seed + 10)
+    local o = { canvas = canvas, tile = tile, order = "tiled", window = {1, 1, 1} }
+    local out = S.attention(q, k, v, o)
+    local ref = S.attention(q, k, v, o, true)
+    local _, rel = S.compare(out, ref)
+    assert.is_true(rel < 1e-5, rel)
+    local d, keep = S.desc(o)
+    assert.equal(tonumber(C.STA_ORDER_TILED), tonumber(d.geom.order))
+    assert.equal(256, tonumber(C.sta_geometry_video_rows(d.geom)))
+    local _ = keep
+    o.order = "zigzag"
+    assert.equal("order: expected \"untiled\" or \"tiled\", got 'zigzag'",
+                 select(2, pcall(S.attention, q, k, v, o)))
   end)
 
   it("reports errors through the status and sta_last_error", function()

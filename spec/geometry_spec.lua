@@ -68,6 +68,23 @@ describe("sta geometry", function()
     assert.equal("seq_len 1234 not supported for STA", H.error_of(sta.geometry_from_seq_len, 1234))
   end)
 
+  it("knows the rows of the tiled order", function()
+    local g = sta.geometry{ canvas = {3, 5, 6}, tile = {2, 2, 4}, order = "tiled" }
+    assert.equal("tiled", g.order)
+    assert.equal(192, g:video_rows()) -- 2x3x2 tiles of 16, partial ones padded
+    assert.equal(90, g:video_tokens())
+    assert.equal(4, g:text_len_for(196))
+    assert.is_true(g:check(196))
+    assert.equal("seq_len 94 not supported for STA (the tiled order of canvas 3x5x6 has 192 "
+      .. "video rows: 2x3x2 tiles of 2x2x4, partial ones padded; then the text)",
+      H.error_of(g.check, g, 94))
+    assert.equal("untiled", sta.geometry{ canvas = {3, 5, 6} }.order)
+    assert.equal(90, sta.geometry{ canvas = {3, 5, 6} }:video_rows())
+    assert.matches("tiled order", tostring(g))
+    assert.equal("order: expected \"untiled\" or \"tiled\", got 'zigzag'",
+      H.error_of(sta.geometry, { canvas = {3, 5, 6}, order = "zigzag" }))
+  end)
+
   it("tiles and untiles back to the same tensor", function()
     local g = sta.geometry{ canvas = {3, 5, 6}, tile = {2, 2, 4} } -- partial tiles
     local S = 3 * 5 * 6 + 4

@@ -18,6 +18,20 @@ describe("sta layers", function()
     assert.has_error(function() sta.layer_index_from_prefix("attn") end)
   end)
 
+  it("takes order = \"tiled\": FastVideo's tiled rows, read in place", function()
+    local c, t = {3, 5, 7}, {2, 3, 4} -- partial tiles: 192 video rows
+    local St = 192 + 2
+    local s = sta.strategy.uniform{ steps = 1, layers = 1, heads = 2, window = {1, 1, 3} }
+    local layer = sta.layer{ layer = 0, heads = 2, head_dim = 8, canvas = c, tile = t,
+                             order = "tiled", strategy = s }
+    local q, k, v = H.randn({1, St, 2, 8}), H.randn({1, St, 2, 8}), H.randn({1, St, 2, 8})
+    local fb = sta.forward_batch{}
+    local ctx <close> = sta.forward_context{ step = 0, batch = fb }
+    local out = layer:forward(q, k, v)
+    local expect = sta.attention(q, k, v, { canvas = c, tile = t, order = "tiled", window = {1, 1, 3} })
+    assert.is_true(H.same_values(expect, out))
+  end)
+
   it("runs the step's windows from the context, per head", function()
     local heads, D = 3, 16
     local s = sta.strategy.new()

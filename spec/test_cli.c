@@ -193,6 +193,46 @@ static void test_npy_bshd(void **state) {
   free_problem(&p);
 }
 
+/* --order tiled: q, k, v in FastVideo's tiled order (partial tiles
+** padded) are read as they are, the output comes out in that order, equal
+** to the direct forward in it; the untiled length is refused naming it. */
+static void test_tiled_order(void **state) {
+  (void)state;
+  problem p;
+  sta_geometry g;
+  sta_geometry_init(&g, 3, 5, 7);
+  g.tile[0] = 2; g.tile[1] = 4; g.tile[2] = 4; /* 2x2x2 tiles of 32, 256 rows */
+  g.order = STA_ORDER_TILED;
+  assert_int_equal(sta_geometry_video_rows(&g), 256);
+  make_problem(&p, STA_BHSD, STA_F32, 1, 256 + 4, 2, 8);
+  p.desc.geom = g;
+  int32_t w[3] = {1, 1, 1};
+  memcpy(p.windows, w, sizeof w);
+  p.desc.n_windows = 1;
+  save_qkv_npy(&p);
+  assert_int_equal(run("--q q.npy --k k.npy --v v.npy --out o.npy --lse l.npy --canvas 3,5,7 "
+                       "--tile 2,4,4 --window 1,1,1 --layout bhsd --order tiled"), 0);
+  assert_string_equal(err_text, "");
+  assert_non_null(strstr(out_text, "sta-run: q 1x2x260x8 f32 bhsd tiled, canvas 3x5x7 tile "
+                         "2x4x4 text 4, window 1,1,1, cpu f32, "));
+  sta_tensor *o = NULL, *l = NULL, *fo = load_npy("o.npy"), *fl = load_npy("l.npy");
+  direct(&p, 0, &o, &l);
+  assert_close(fo, o, 0);
+  sta_tensor_destroy(o);
+  sta_tensor_destroy(l);
+  sta_tensor_destroy(fo);
+  sta_tensor_destroy(fl);
+  free_problem(&p);
+  /* the untiled length (105 video tokens + 4) in the tiled order */
+  make_problem(&p, STA_BSHD, STA_F32, 1, 105 + 4, 1, 8);
+  save_qkv_npy(&p);
+  assert_int_equal(run("--q q.npy --k k.npy --v v.npy --out o3.npy --canvas 3,5,7 --tile 2,4,4 "
+                       "--window 1,1,1 --order tiled"), 1);
+  assert_non_null(strstr(err_text, "seq_len 109 not supported for STA (the tiled order of "
+                                   "canvas 3x5x7 has 256 video rows"));
+  free_problem(&p);
+}
+
 static void test_bhsd_bf16_reference(void **state) {
   (void)state;
   problem p;
@@ -352,6 +392,7 @@ static void test_bad_options(void **state) {
     {"--scale ''", "sta-run: --scale '': expected a number > 0"},
     {"--softmax slow", "sta-run: --softmax 'slow': expected exact or fast"},
     {"--layout bsdh", "sta-run: --layout 'bsdh': expected bshd or bhsd"},
+    {"--order fastvideo", "sta-run: --order 'fastvideo': expected untiled or tiled"},
     {"--threads 0", "sta-run: --threads '0': expected an integer 1..4096"},
     {"--device tpu", "sta-run: --device 'tpu': expected cpu or cuda"},
     {"--dtype f64", "sta-run: --dtype 'f64': expected f32, f16 or bf16"},
@@ -515,6 +556,7 @@ int main(void) {
   const struct CMUnitTest tests[] = {
     cmocka_unit_test(test_npy_bshd),
     cmocka_unit_test(test_bhsd_bf16_reference),
+    cmocka_unit_test(test_tiled_order),
     cmocka_unit_test(test_safetensors),
     cmocka_unit_test(test_inferred_canvas),
     cmocka_unit_test(test_help),

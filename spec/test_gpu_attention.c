@@ -1,7 +1,8 @@
 /* test_gpu_attention.c -- the CUDA backend against the CPU: STA forward on
 ** many fresh random geometries (odd canvases, partial tiles, non-default
 ** tiles, border and whole-axis windows, text with padding rows, per-head
-** windows, BSHD/BHSD and strided views, batch, D 64/128, bf16/f16, LSE);
+** windows, BSHD/BHSD and strided views, batch, D 64/128, bf16/f16, LSE,
+** the untiled and FastVideo's tiled token order with NaN in its padding);
 ** accuracy against the float64 reference on randn and peaked inputs, for
 ** both softmax modes (STA_ACC_CASES geometries per input distribution,
 ** default 6); head_diff, device copy/fill, and the dtype refusal.  Skips cleanly when
@@ -20,6 +21,7 @@
 #include <cmocka.h>
 
 #include "internal.h"
+#include "test_util.h"
 
 #define MAXH 4
 
@@ -82,7 +84,8 @@ typedef struct gcase {
   int64_t text, text_len, B, H, D;
   sta_dtype dtype;
   sta_layout layout;
-  int order, lse;
+  int order, lse;  /* order: storage (0 contiguous, 1 permuted) */
+  int tiled;       /* the rows in FastVideo's tiled order */
   int32_t n_windows, windows[3 * MAXH];
   float scale;
   uint64_t seed;
@@ -91,15 +94,28 @@ typedef struct gcase {
 static void describe(const gcase *c, char *buf, size_t n) {
   snprintf(buf, n,
            "canvas %dx%dx%d tile %dx%dx%d text %lld/%lld B%lld H%lld D%lld %s %s order %d "
-           "lse %d windows(%d) %d,%d,%d scale %g seed %llu",
+           "%s lse %d windows(%d) %d,%d,%d scale %g seed %llu",
            c->canvas[0], c->canvas[1], c->canvas[2], c->tile[0], c->tile[1], c->tile[2],
            (long long)c->text, (long long)c->text_len, (long long)c->B, (long long)c->H,
            (long long)c->D, sta_dtype_name(c->dtype), c->layout == STA_BSHD ? "BSHD" : "BHSD",
-           c->order, c->lse, c->n_windows, c->windows[0], c->windows[1], c->windows[2],
+           c->order, c->tiled ? "tiled" : "untiled", c->lse, c->n_windows, c->windows[0], c->windows[1], c->windows[2],
            (double)c->scale, (unsigned long long)c->seed);
 }
 
-/* GPU forward vs CPU forward on f32 copies of the same (rounded) inputs. */
+/* lse a (device) against b (host): within 1e-3, and -inf exactly where b
+** is (the tiled order's padding rows). */
+static void lse_close(const char *what, const sta_tensor *a, const sta_tensor *b) {
+  sta_tensor *h = NULL;
+  assert_int_equal(sta_tensor_to(&h, a, STA_F32, STA_CPU), STA_OK);
+  const float *x = sta_tensor_data(h), *y = sta_tensor_data(b);
+  for (int64_t i = 0; i < sta_tensor_numel(h); i++)
+    if (x[i] != y[i] && !(fabsf(x[i] - y[i]) < 1e-3f))
+      fail_msg("%s: lse[%lld] = %g, CPU %g", what, (long long)i, (double)x[i], (double)y[i]);
+  sta_tensor_destroy(h);
+}
+
+/* GPU forward vs CPU forward on f32 copies of the same (rounded) inputs;
+** tiled order: NaN in the padding rows of q, k, v. */
 static void run_case(const gcase *c, double *worst) {
   char what[320];
   describe(c, what, sizeof what);
@@ -112,7 +128,8 @@ static void run_case(const gcase *c, double *worst) {
   d.n_windows = c->n_windows;
   d.windows = c->windows;
   d.scale = c->scale;
-  int64_t V = (int64_t)c->canvas[0] * c->canvas[1] * c->canvas[2], S = V + c->text;
+  d.geom.order = c->tiled ? STA_ORDER_TILED : STA_ORDER_UNTILED;
+  int64_t S = sta_geometry_video_rows(&d.geom) + c->text;
 
   /* host inputs in the device dtype (so both sides see the same values) */
   dev4 hq, hk, hv, q, k, v, o;
@@ -122,6 +139,11 @@ static void run_case(const gcase *c, double *worst) {
   assert_int_equal(sta_tensor_randn(hq.view, c->seed * 3 + 0, 0.0, 1.0), STA_OK);
   assert_int_equal(sta_tensor_randn(hk.view, c->seed * 3 + 1, 0.0, 1.0), STA_OK);
   assert_int_equal(sta_tensor_randn(hv.view, c->seed * 3 + 2, 0.3, 1.0), STA_OK);
+  if (c->tiled) {
+    sta_test_fill_pad(hq.view, &d.geom, c->layout, NAN);
+    sta_test_fill_pad(hk.view, &d.geom, c->layout, NAN);
+    sta_test_fill_pad(hv.view, &d.geom, c->layout, NAN);
+  }
   dev4_make(&q, c->dtype, STA_CUDA, c->layout, c->order, c->B, S, c->H, c->D);
   dev4_make(&k, c->dtype, STA_CUDA, c->layout, c->order, c->B, S, c->H, c->D);
   dev4_make(&v, c->dtype, STA_CUDA, c->layout, 1 - c->order, c->B, S, c->H, c->D);
@@ -154,7 +176,8 @@ static void run_case(const gcase *c, double *worst) {
   double tol = c->dtype == STA_BF16 ? 1e-2 : 2e-3;
   if (!(rel < tol)) fail_msg("%s: rel L2 %g (tol %g), max %g", what, rel, tol, mx);
   if (rel > *worst) *worst = rel;
-  if (c->lse) {
+  if (c->lse && c->tiled) lse_close(what, lse, fl);
+  else if (c->lse) {
     assert_int_equal(sta_tensor_compare(lse, fl, &mx, &rel), STA_OK);
     if (!(mx < 1e-3)) fail_msg("%s: lse max err %g rel %g", what, mx, rel);
   }
@@ -292,6 +315,7 @@ static void random_case(gcase *c) {
   c->lse = (int)(rnd() % 3 != 0);
   c->scale = rnd() % 3 ? 0.f : 0.05f;
   c->seed = rnd() % 100000;
+  c->tiled = rnd() % 3 == 0;
 }
 
 static void test_random_geometries(void **state) {
@@ -305,6 +329,53 @@ static void test_random_geometries(void **state) {
     run_case(&c, &worst);
   }
   printf("# %d random geometries: worst rel L2 %.3e\n", n, worst);
+}
+
+/* FastVideo's tiled token order read in place (issue 19): whole 6x8x8
+** tiles take the default kernels' row-map paths (D 128: Wide, D 64: Tall;
+** STA_CUDA_VARIANT 9: the 128 x 128 kernel with every load by TMA, 2: one
+** CTA per item), whole 2x8x8 tiles the 128 x 128 kernel's, partial tiles
+** and other tiles the gather (the padding rows, NaN in q, k, v, are never
+** keys; out 0 and lse -inf there). */
+static void test_tiled_order(void **state) {
+  NEED_GPU();
+  double worst = 0;
+  gcase c;
+  case_init(&c, 18, 24, 32); /* 3x3x4 whole tiles: Wide */
+  c.tiled = 1; c.text = 70; c.text_len = 50;
+  run_case(&c, &worst);
+  c.D = 64; c.seed = 2; c.windows[2] = 1; /* Tall */
+  run_case(&c, &worst);
+  c.D = 128; c.dtype = STA_F16; c.layout = STA_BHSD; c.order = 1; c.B = 2; c.seed = 3;
+  run_case(&c, &worst);
+  static const char *const variants[] = {"9", "2"};
+  for (int i = 0; i < 2; i++) {
+    setenv("STA_CUDA_VARIANT", variants[i], 1);
+    case_init(&c, 12, 16, 24);
+    c.tiled = 1; c.text = 33; c.seed = 4 + (uint64_t)i; c.D = i ? 64 : 128;
+    run_case(&c, &worst);
+    unsetenv("STA_CUDA_VARIANT");
+  }
+  case_init(&c, 6, 16, 16); /* 2x8x8 whole tiles: 128 x 128 */
+  c.tile[0] = 2; c.tiled = 1; c.text = 9; c.seed = 6;
+  run_case(&c, &worst);
+  case_init(&c, 13, 21, 19); /* partial 6x8x8 tiles: padding rows, gathered */
+  c.tiled = 1; c.text = 40; c.text_len = 31; c.H = 3; c.n_windows = 3;
+  int32_t w[9] = {1, 3, 3, 3, 1, 1, 3, 3, 5};
+  memcpy(c.windows, w, sizeof w);
+  c.seed = 7;
+  run_case(&c, &worst);
+  c.D = 64; c.lse = 1; c.seed = 8;
+  run_case(&c, &worst);
+  case_init(&c, 7, 9, 11); /* 3x4x5 tiles */
+  c.tile[0] = 3; c.tile[1] = 4; c.tile[2] = 5; c.tiled = 1; c.text = 5; c.seed = 9;
+  run_case(&c, &worst);
+  for (int i = 0; i < 20; i++) {
+    random_case(&c);
+    c.tiled = 1;
+    run_case(&c, &worst);
+  }
+  printf("# tiled order: worst rel L2 %.3e\n", worst);
 }
 
 /* ---- accuracy against float64 ----------------------------------------------
@@ -686,7 +757,8 @@ int main(void) {
       cmocka_unit_test(test_copy_fill),       cmocka_unit_test(test_f32_refused),
       cmocka_unit_test(test_default_tiles),   cmocka_unit_test(test_d64_tiles),
       cmocka_unit_test(test_layouts),         cmocka_unit_test(test_large_scores),
-      cmocka_unit_test(test_random_geometries), cmocka_unit_test(test_accuracy_f64),
+      cmocka_unit_test(test_random_geometries), cmocka_unit_test(test_tiled_order),
+      cmocka_unit_test(test_accuracy_f64),
       cmocka_unit_test(test_head_diff),
   };
   return cmocka_run_group_tests(tests, gpu_setup, NULL);

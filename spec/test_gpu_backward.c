@@ -1,7 +1,8 @@
 /* test_gpu_backward.c -- the CUDA backward against the CPU on fresh random
 ** geometries (odd canvases, partial tiles, non-default tiles, border and
 ** whole-axis windows, text with padding rows, per-head windows, BSHD/BHSD
-** and strided views, batch, D 64/128, bf16/f16).  The reference is the CPU
+** and strided views, batch, D 64/128, bf16/f16; the untiled and FastVideo's
+** tiled token order, NaN in its padding rows).  The reference is the CPU
 ** backward in f32 on the same (rounded) inputs, with the CPU forward's out
 ** and LSE.  Outputs are poisoned (NaN) first: every element must be
 ** written.  Skips cleanly without a CUDA device.  STA_TEST_SEED fixes the
@@ -19,6 +20,7 @@
 #include <cmocka.h>
 
 #include "internal.h"
+#include "test_util.h"
 
 #define MAXH 4
 
@@ -44,7 +46,8 @@ typedef struct bcase {
   int64_t text, text_len, B, H, D;
   sta_dtype dtype;
   sta_layout layout;
-  int order;
+  int order;  /* storage: 0 contiguous, 1 permuted */
+  int tiled;  /* the rows in FastVideo's tiled order */
   int32_t n_windows, windows[3 * MAXH];
   float scale;
   uint64_t seed;
@@ -53,11 +56,11 @@ typedef struct bcase {
 static void describe(const bcase *c, char *buf, size_t n) {
   snprintf(buf, n,
            "canvas %dx%dx%d tile %dx%dx%d text %lld/%lld B%lld H%lld D%lld %s %s order %d "
-           "windows(%d) %d,%d,%d scale %g seed %llu",
+           "%s windows(%d) %d,%d,%d scale %g seed %llu",
            c->canvas[0], c->canvas[1], c->canvas[2], c->tile[0], c->tile[1], c->tile[2],
            (long long)c->text, (long long)c->text_len, (long long)c->B, (long long)c->H,
            (long long)c->D, sta_dtype_name(c->dtype), c->layout == STA_BSHD ? "BSHD" : "BHSD",
-           c->order, c->n_windows, c->windows[0], c->windows[1], c->windows[2],
+           c->order, c->tiled ? "tiled" : "untiled", c->n_windows, c->windows[0], c->windows[1], c->windows[2],
            (double)c->scale, (unsigned long long)c->seed);
 }
 
@@ -93,13 +96,15 @@ static void run_case(const bcase *c) {
   d.n_windows = c->n_windows;
   d.windows = c->windows;
   d.scale = c->scale;
-  const int64_t V = (int64_t)c->canvas[0] * c->canvas[1] * c->canvas[2], S = V + c->text;
+  d.geom.order = c->tiled ? STA_ORDER_TILED : STA_ORDER_UNTILED;
+  const int64_t V = sta_geometry_video_rows(&d.geom), S = V + c->text; /* V: video rows */
   enum { NT = 8 };
   sta_tensor *hb[4], *h[4], *hf[4], *gb[NT], *g[NT]; /* q k v dout | out dq dk dv */
   for (int i = 0; i < 4; i++) {
     h[i] = make4(&hb[i], c->dtype, STA_CPU, c->layout, 0, c->B, S, c->H, c->D);
     assert_int_equal(sta_tensor_randn(h[i], c->seed * 5 + (uint64_t)i, i == 2 ? 0.3 : 0.0, 1.0),
                      STA_OK);
+    if (c->tiled) sta_test_fill_pad(h[i], &d.geom, c->layout, NAN); /* never read */
     hf[i] = NULL;
     assert_int_equal(sta_tensor_to(&hf[i], h[i], STA_F32, STA_CPU), STA_OK);
   }
@@ -246,6 +251,43 @@ static void test_random_geometries(void **state) {
          worst_rel[1][2]);
 }
 
+/* FastVideo's tiled token order read in place (issue 19): whole 6x8x8 tiles
+** take the row maps (a t-slice is a run of 64 rows), partial and other
+** tiles the gather; padding rows hold NaN in q, k, v, dout and get dq = dk
+** = dv = 0 (compared with the CPU's, which are 0: every gradient element
+** is checked, the poison included). */
+static void test_tiled_order(void **state) {
+  NEED_GPU();
+  bcase c;
+  case_init(&c, 12, 24, 24); /* whole tiles: TMA */
+  c.tiled = 1; c.text = 70; c.text_len = 50;
+  run_case(&c);
+  c.D = 64; c.dtype = STA_F16; c.layout = STA_BHSD; c.order = 1; c.B = 2; c.seed = rnd();
+  run_case(&c);
+  case_init(&c, 13, 21, 19); /* partial tiles: padding rows, gathered */
+  c.tiled = 1; c.H = 3; c.n_windows = 3; c.text = 9;
+  int32_t w[9] = {1, 3, 3, 3, 1, 1, 3, 3, 5};
+  memcpy(c.windows, w, sizeof w);
+  run_case(&c);
+  case_init(&c, 7, 9, 11); /* 3x4x5 tiles */
+  c.tile[0] = 3; c.tile[1] = 4; c.tile[2] = 5; c.tiled = 1; c.text = 6; c.text_len = 4;
+  c.D = 64;
+  run_case(&c);
+  for (int i = 0; i < 12; i++) {
+    case_init(&c, (int32_t)rint_in(1, 16), (int32_t)rint_in(1, 20), (int32_t)rint_in(1, 20));
+    if (i % 2) for (int a = 0; a < 3; a++) c.tile[a] = (int32_t)rint_in(1, 6);
+    c.tiled = 1;
+    c.text = rint_in(0, 1) ? rint_in(0, 150) : 0;
+    c.text_len = rint_in(0, 1) ? -1 : rint_in(0, c.text);
+    c.D = rint_in(0, 1) ? 128 : 64;
+    c.dtype = rint_in(0, 1) ? STA_BF16 : STA_F16;
+    c.layout = (sta_layout)rint_in(0, 1);
+    c.windows[0] = c.windows[1] = c.windows[2] = 99; /* the whole canvas */
+    if (i % 3) c.windows[0] = c.windows[1] = c.windows[2] = 1;
+    run_case(&c);
+  }
+}
+
 /* deterministic = 1: the same gradients bit for bit on every run, and
 ** within rounding of the default's (partial default tiles: TMA; odd tiles:
 ** the gather; text with padding rows; per-head windows; batch 2). */
@@ -260,7 +302,8 @@ static void det_case(const bcase *c) {
   d.layout = c->layout;
   d.n_windows = c->n_windows;
   d.windows = c->windows;
-  const int64_t S = (int64_t)c->canvas[0] * c->canvas[1] * c->canvas[2] + c->text;
+  d.geom.order = c->tiled ? STA_ORDER_TILED : STA_ORDER_UNTILED;
+  const int64_t S = sta_geometry_video_rows(&d.geom) + c->text;
   sta_tensor *t[4], *b[4], *g[3][3], *gb[3][3], *lse = NULL, *o = NULL, *ob = NULL;
   for (int i = 0; i < 4; i++) {
     t[i] = make4(&b[i], c->dtype, STA_CUDA, c->layout, 0, c->B, S, c->H, c->D);
@@ -320,6 +363,11 @@ static void test_deterministic(void **state) {
   c.tile[0] = 3; c.tile[1] = 4; c.tile[2] = 5;
   c.D = 64; c.dtype = STA_F16; c.text = 5;
   det_case(&c);
+  c.tiled = 1; /* the tiled order, padding rows */
+  det_case(&c);
+  case_init(&c, 12, 16, 24);
+  c.tiled = 1; c.text = 20;
+  det_case(&c);
 }
 
 static void test_refusals(void **state) {
@@ -357,6 +405,7 @@ int main(void) {
       cmocka_unit_test(test_refusals),
       cmocka_unit_test(test_fixed),
       cmocka_unit_test(test_random_geometries),
+      cmocka_unit_test(test_tiled_order),
       cmocka_unit_test(test_deterministic),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);

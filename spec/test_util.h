@@ -53,4 +53,30 @@ static inline int sta_test_rmdir(const char *dir) {
   return system(cmd) == 0 ? 0 : -1;
 }
 
+/* Fill the padding rows of g's tiled order (the places of partial tiles
+** that hold no token) in t, 4-D [B, S, heads, D] in layout, host or
+** device, with value: NaN there shows that nothing reads them.  Returns
+** the number of padding rows. */
+static inline int64_t sta_test_fill_pad(sta_tensor *t, const sta_geometry *g, sta_layout layout,
+                                        double value) {
+  int32_t grid[3];
+  sta_geometry_grid(g, grid);
+  const int64_t vol = (int64_t)g->tile[0] * g->tile[1] * g->tile[2];
+  int64_t n = 0;
+  for (int64_t j = 0; j < (int64_t)grid[0] * grid[1] * grid[2] * vol; j++) {
+    int64_t id = j / vol, in = j % vol;
+    int64_t t0 = id / ((int64_t)grid[1] * grid[2]) * g->tile[0] + in / ((int64_t)g->tile[1] * g->tile[2]);
+    int64_t h0 = (id / grid[2]) % grid[1] * g->tile[1] + (in / g->tile[2]) % g->tile[1];
+    int64_t w0 = id % grid[2] * g->tile[2] + in % g->tile[2];
+    if (t0 < g->canvas[0] && h0 < g->canvas[1] && w0 < g->canvas[2]) continue;
+    sta_tensor *row = NULL;
+    if (sta_tensor_narrow(&row, t, layout == STA_BSHD ? 1 : 2, j, 1) != STA_OK ||
+        sta_tensor_fill(row, value) != STA_OK)
+      fail_msg("padding row %lld: %s", (long long)j, sta_last_error());
+    sta_tensor_destroy(row);
+    n++;
+  }
+  return n;
+}
+
 #endif

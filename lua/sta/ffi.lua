@@ -121,10 +121,12 @@ function M.randn(shape, seed, dtype)
   return t
 end
 
-local DESC_KEYS = { canvas = true, tile = true, text_len = true, window = true, windows = true,
-                    layout = true, scale = true, lse = true, deterministic = true }
+local DESC_KEYS = { canvas = true, tile = true, text_len = true, order = true, window = true,
+                    windows = true, layout = true, scale = true, lse = true, deterministic = true }
+local ORDERS = { untiled = C.STA_ORDER_UNTILED, tiled = C.STA_ORDER_TILED }
 
---- An sta_attention_desc from {canvas=, tile=, text_len=, window= or
+--- An sta_attention_desc from {canvas=, tile=, text_len=, order= ("untiled"
+-- or "tiled": FastVideo's tiled token order, read in place), window= or
 -- windows=, layout=, scale=}; keeps the window array alive in the result.
 -- canvas and a window (or windows, one per head) are required; an unknown
 -- key raises naming it.
@@ -141,6 +143,10 @@ function M.desc(o)
   C.sta_geometry_init(d.geom, o.canvas[1], o.canvas[2], o.canvas[3])
   if o.tile then for i = 0, 2 do d.geom.tile[i] = o.tile[i + 1] end end
   d.geom.text_len = o.text_len or -1
+  if o.order ~= nil and not ORDERS[o.order] then
+    bad("order: expected \"untiled\" or \"tiled\", got '%s'", tostring(o.order))
+  end
+  d.geom.order = ORDERS[o.order or "untiled"]
   d.layout = o.layout == "bhsd" and C.STA_BHSD or C.STA_BSHD
   local wins = o.windows or { o.window }
   local flat = {}

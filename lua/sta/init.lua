@@ -16,7 +16,7 @@ heads and tile coordinates are 0-based, as in STA.md and strategy files.
   sta.zeros(shape, opts)                   sta.from_table(values, shape, opts)
   sta.load(path [, name | {bf16=true}])    t:save(path)
   sta.load_safetensors(path)               sta.save_safetensors(path, {name=t})
-  sta.geometry{canvas=, tile=, text_len=}  sta.attention(q, k, v, opts)
+  sta.geometry{canvas=, tile=, text_len=, order=}  sta.attention(q, k, v, opts)
   sta.reference(q, k, v, opts)             sta.strategy.new/load/parse/uniform/default
   sta.metadata(layers) / .from_strategy / .search
   sta.forward_batch{batch_size=, negative=}

@@ -53,6 +53,16 @@ def _text_len(x):
 
 
 _LAYOUTS = {"bshd": 0, "bhsd": 1}  # STA_BSHD, STA_BHSD
+_ORDERS = {"untiled": 0, "tiled": 1}  # STA_ORDER_UNTILED, STA_ORDER_TILED
+
+
+def _order(x):
+    """The rows' token order: "untiled" (t slowest, w fastest) or "tiled"
+    (FastVideo's: tile after tile, partial tiles padded)."""
+    o = _ORDERS.get(x) if isinstance(x, str) else None
+    if o is None:
+        raise _bad(_E_ARGUMENT, "order: expected \"untiled\" or \"tiled\", got %r" % (x,))
+    return o
 
 
 def _layout(x):

@@ -27,6 +27,7 @@ STA_F32, STA_F16, STA_BF16 = 0, 1, 2
 STA_CPU, STA_CUDA = 0, 1
 STA_BSHD, STA_BHSD = 0, 1
 STA_SOFTMAX_EXACT, STA_SOFTMAX_FAST = 0, 1
+STA_ORDER_UNTILED, STA_ORDER_TILED = 0, 1
 
 # ---- struct mirrors (sta.h) -------------------------------------------------
 _enum = C.c_int  # C enums are int-sized on every ABI sta builds for
@@ -34,7 +35,7 @@ _enum = C.c_int  # C enums are int-sized on every ABI sta builds for
 
 class Geometry(C.Structure):
     _fields_ = [("canvas", C.c_int32 * 3), ("tile", C.c_int32 * 3),
-                ("text_len", C.c_int64)]
+                ("text_len", C.c_int64), ("order", _enum)]
 
 
 class AttentionDesc(C.Structure):
@@ -86,6 +87,7 @@ FUNCS = {
     "sta_geometry_check": (_st, [_geom, _i64]),
     "sta_geometry_grid": (None, [_geom, _i32p]),
     "sta_geometry_video_tokens": (_i64, [_geom]),
+    "sta_geometry_video_rows": (_i64, [_geom]),
     "sta_geometry_text_len": (_i64, [_geom, _i64]),
     "sta_geometry_from_seq_len": (_st, [_geom, _i64]),
     "sta_geometry_tiled_len": (_i64, [_geom, _i64]),

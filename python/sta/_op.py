@@ -22,7 +22,7 @@ from . import _capi
 from ._capi import (AttentionDesc, STA_BF16, STA_BSHD, STA_CPU, STA_CUDA,
                     STA_F16, STA_F32, STA_SOFTMAX_EXACT, STA_SOFTMAX_FAST)
 from ._args import (_E_ARGUMENT, _E_DTYPE, _E_SHAPE, _E_WINDOW, _bad, _is_int, _layout,
-                    _text_len, _triple)
+                    _order, _text_len, _triple)
 
 __all__ = ["attention", "reference", "reference_backward", "CUSTOM_OP"]
 
@@ -65,9 +65,11 @@ def _windows(window):
     return tuple(flat)
 
 
-def _spec(canvas, window, tile, text_len, layout, scale, softmax, deterministic):
+def _spec(canvas, window, tile, text_len, layout, scale, softmax, deterministic,
+          order="untiled"):
     """The hashable description of one call (what sta_attention_desc holds)."""
     canvas = _triple(canvas, "canvas")
+    order = _order(order)
     tile = _triple(tile, "tile")
     windows = _windows(window)
     text_len = _text_len(text_len)
@@ -79,7 +81,8 @@ def _spec(canvas, window, tile, text_len, layout, scale, softmax, deterministic)
     sm = _SOFTMAX.get(softmax) if isinstance(softmax, str) else None
     if sm is None:
         raise _bad(_E_ARGUMENT, "softmax: expected \"exact\" or \"fast\", got %r" % (softmax,))
-    return (canvas, tile, text_len, windows, lay, float(scale), sm, int(bool(deterministic)))
+    return (canvas, tile, text_len, windows, lay, float(scale), sm, int(bool(deterministic)),
+            order)
 
 
 def _check_tensors(names, tensors):
@@ -125,11 +128,12 @@ def _desc(spec):
     hit = descs.get(spec)
     if hit is not None:
         return hit[2]
-    canvas, tile, text_len, windows, layout, scale, softmax, det = spec
+    canvas, tile, text_len, windows, layout, scale, softmax, det, order = spec
     d = AttentionDesc()
     d.geom.canvas[:] = canvas
     d.geom.tile[:] = tile
     d.geom.text_len = text_len
+    d.geom.order = order
     d.layout = layout
     arr = _capi.ints(windows)
     d.n_windows = len(windows) // 3
@@ -249,9 +253,9 @@ def _backward(q, k, v, out, lse, dout, dlse, spec):
 
 # ---- autograd ---------------------------------------------------------------------
 
-def _unspec(canvas, tile, text_len, windows, layout, scale, softmax, det):
+def _unspec(canvas, tile, text_len, windows, layout, scale, softmax, det, order):
     return (tuple(canvas), tuple(tile), int(text_len), tuple(windows), int(layout),
-            float(scale), int(softmax), int(det))
+            float(scale), int(softmax), int(det), int(order))
 
 
 if CUSTOM_OP:
@@ -265,15 +269,16 @@ if CUSTOM_OP:
     @torch.library.custom_op("sta::attention", **_kw)
     def _attention_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, canvas: List[int],
                       tile: List[int], text_len: int, windows: List[int], layout: int,
-                      scale: float, softmax: int, deterministic: bool, compute_lse: bool,
-                      return_lse: bool) -> Tuple[torch.Tensor, torch.Tensor]:
-        spec = _unspec(canvas, tile, text_len, windows, layout, scale, softmax, deterministic)
+                      scale: float, softmax: int, deterministic: bool, order: int,
+                      compute_lse: bool, return_lse: bool) -> Tuple[torch.Tensor, torch.Tensor]:
+        spec = _unspec(canvas, tile, text_len, windows, layout, scale, softmax, deterministic,
+                       order)
         out, lse = _forward(q, k, v, spec, compute_lse)
         return out, lse if lse is not None else q.new_empty(0, dtype=torch.float32)
 
     @_attention_op.register_fake
     def _attention_fake(q, k, v, canvas, tile, text_len, windows, layout, scale, softmax,
-                        deterministic, compute_lse, return_lse):
+                        deterministic, order, compute_lse, return_lse):
         out = q.new_empty(q.shape)
         shape = _bhs(q, layout) if compute_lse else (0,)
         return out, q.new_empty(shape, dtype=torch.float32)
@@ -284,20 +289,22 @@ if CUSTOM_OP:
                                dlse: Optional[torch.Tensor], canvas: List[int],
                                tile: List[int], text_len: int, windows: List[int],
                                layout: int, scale: float, softmax: int,
-                               deterministic: bool) -> Tuple[torch.Tensor, torch.Tensor,
-                                                             torch.Tensor]:
-        spec = _unspec(canvas, tile, text_len, windows, layout, scale, softmax, deterministic)
+                               deterministic: bool, order: int) -> Tuple[torch.Tensor,
+                                                                         torch.Tensor,
+                                                                         torch.Tensor]:
+        spec = _unspec(canvas, tile, text_len, windows, layout, scale, softmax, deterministic,
+                       order)
         return _backward(q, k, v, out, lse, dout, dlse, spec)
 
     @_attention_backward_op.register_fake
     def _attention_backward_fake(q, k, v, out, lse, dout, dlse, canvas, tile, text_len,
-                                 windows, layout, scale, softmax, deterministic):
+                                 windows, layout, scale, softmax, deterministic, order):
         return q.new_empty(q.shape), q.new_empty(q.shape), q.new_empty(q.shape)
 
     def _setup_context(ctx, inputs, output):
         q, k, v = inputs[:3]
-        ctx.args = inputs[3:11]  # canvas .. deterministic
-        ctx.return_lse = inputs[12]
+        ctx.args = inputs[3:12]  # canvas .. order
+        ctx.return_lse = inputs[13]
         out, lse = output
         ctx.save_for_backward(q, k, v, out, lse)
         if not ctx.return_lse:
@@ -310,7 +317,7 @@ if CUSTOM_OP:
             dout = torch.zeros_like(out)
         dq, dk, dv = torch.ops.sta.attention_backward(
             q, k, v, out, lse, dout, dlse if ctx.return_lse else None, *ctx.args)
-        return (dq, dk, dv) + (None,) * 10
+        return (dq, dk, dv) + (None,) * 11
 
     _attention_op.register_autograd(_op_backward, setup_context=_setup_context)
 
@@ -344,16 +351,21 @@ def _compiling():
 
 
 def attention(q, k, v, *, canvas, window, tile=(6, 8, 8), text_len=None, layout="bshd",
-              scale=None, return_lse=False, softmax="exact", deterministic=False):
+              scale=None, return_lse=False, softmax="exact", deterministic=False,
+              order="untiled"):
     """Sliding Tile Attention of torch tensors (STA.md sections 1-4, 10).
 
     q, k, v: 4-D [B, S, heads, D] (layout "bshd") or [B, heads, S, D]
     ("bhsd"), one shape, dtype and device; any strides with the last dim
     contiguous (views are read in place).  float32 on the CPU; bfloat16 and
     float16 (D 64, 128) on CUDA, float32 too on the CPU backend.
-    canvas: (T, H, W) video tokens, untiled order, text rows after the video.
+    canvas: (T, H, W) video tokens, text rows after the video.
+    order: the rows' token order, "untiled" (t slowest, w fastest) or
+    "tiled" (FastVideo's: tile after tile, each padded to tt*th*tw rows,
+    S = NT*NH*NW*tt*th*tw + text), read in place; the output comes out in
+    it, padding rows 0 (they are never keys, and their gradients are 0).
     window: (Kt, Kh, Kw) in tiles for all heads, or a list of them, one per head.
-    tile: (tt, th, tw); text_len: valid text rows (None: all of S - T*H*W).
+    tile: (tt, th, tw); text_len: valid text rows (None: all after the video).
     scale: None for 1/sqrt(D).  softmax: "exact" or "fast" (GPU, opt-in).
     deterministic: bit-identical gradients run to run (slower on the GPU).
 
@@ -366,13 +378,14 @@ def attention(q, k, v, *, canvas, window, tile=(6, 8, 8), text_len=None, layout=
     compiling = _compiling()
     spec = None
     if not compiling:  # eager: the normalised arguments from a cache
-        key = (canvas, window, tile, text_len, layout, scale, softmax, deterministic)
+        key = (canvas, window, tile, text_len, layout, scale, softmax, deterministic, order)
         try:
             spec = _specs.get(key)
         except TypeError:  # unhashable (lists): parsed every call
             key = None
     if spec is None:
-        spec = _spec(canvas, window, tile, text_len, layout, scale, softmax, deterministic)
+        spec = _spec(canvas, window, tile, text_len, layout, scale, softmax, deterministic,
+                     order)
         if not compiling and key is not None:
             if len(_specs) >= 256:
                 _specs.clear()
@@ -381,9 +394,9 @@ def attention(q, k, v, *, canvas, window, tile=(6, 8, 8), text_len=None, layout=
                                              v.requires_grad)
     if CUSTOM_OP and (need_grad or compiling or type(q) not in _PLAIN or
                       type(k) not in _PLAIN or type(v) not in _PLAIN):
-        canvas_, tile_, text_len_, windows, lay, scale_, sm, det = spec
+        canvas_, tile_, text_len_, windows, lay, scale_, sm, det, order_ = spec
         out, lse = torch.ops.sta.attention(q, k, v, list(canvas_), list(tile_), text_len_,
-                                           list(windows), lay, scale_, sm, bool(det),
+                                           list(windows), lay, scale_, sm, bool(det), order_,
                                            bool(return_lse or need_grad), bool(return_lse))
     elif need_grad:
         out, lse = _AttentionFunction.apply(q, k, v, spec, bool(return_lse))
@@ -400,12 +413,12 @@ def _host_only(names, tensors):
 
 
 def reference(q, k, v, *, canvas, window, tile=(6, 8, 8), text_len=None, layout="bshd",
-              scale=None, return_lse=False):
+              scale=None, return_lse=False, order="untiled"):
     """sta_attention_reference: the brute-force dense masked attention, in
     double, of host tensors (slow; for tests).  Arguments as attention()."""
     _check_tensors(("q", "k", "v"), (q, k, v))
     _host_only(("q", "k", "v"), (q, k, v))
-    spec = _spec(canvas, window, tile, text_len, layout, scale, "exact", False)
+    spec = _spec(canvas, window, tile, text_len, layout, scale, "exact", False, order)
     out = torch.empty(q.shape, dtype=q.dtype)
     lse = torch.empty(_bhs(q, spec[4]), dtype=torch.float32) if return_lse else None
     with torch.no_grad():
@@ -414,12 +427,12 @@ def reference(q, k, v, *, canvas, window, tile=(6, 8, 8), text_len=None, layout=
 
 
 def reference_backward(q, k, v, dout, *, canvas, window, tile=(6, 8, 8), text_len=None,
-                       layout="bshd", scale=None):
+                       layout="bshd", scale=None, order="untiled"):
     """sta_attention_backward_reference: dq, dk, dv of reference(), in double,
     of host tensors (slow; for tests)."""
     _check_tensors(("q", "k", "v", "dout"), (q, k, v, dout))
     _host_only(("q", "k", "v", "dout"), (q, k, v, dout))
-    spec = _spec(canvas, window, tile, text_len, layout, scale, "exact", False)
+    spec = _spec(canvas, window, tile, text_len, layout, scale, "exact", False, order)
     grads = [torch.empty(q.shape, dtype=q.dtype) for _ in range(3)]
     with torch.no_grad():
         _call(_capi.lib().sta_attention_backward_reference, _desc(spec),

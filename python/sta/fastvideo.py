@@ -11,35 +11,28 @@ window_size holds one (Kt, Kh, Kw) per head; text_length is the number of
 valid text rows (the rest are padding, never keys); has_text=False means no
 text keys at all.  The output is [B, heads, S, D] in the same tiled order.
 Unlike FastVideo, any canvas ("TxHxW") works, border tiles may be partial
-(their padding rows are never keys and come out zero) and all heads run in
-one launch; no padding of S to a multiple of 384 is needed.
+(each padded to the full tile volume: S = NT*NH*NW*384 + text rows; the
+padding rows are never keys, may hold anything, and come out zero, their
+gradients zero), all heads run in one launch, and no padding of S to a
+multiple of 384 is needed.
 
-libsta reads untiled token order only, so far: reading the tiled order in
-place needs a tiled layout in the core and kernels (a layout flag, e.g.
-STA_BHSD_TILED).  Until it lands, a call whose tiled order differs from the
-untiled one raises NotImplementedError, unless conversion copies are
-allowed (allow_conversion_copies = True, or STA_FASTVIDEO_COPIES=1): then
-q, k, v are gathered into untiled order and the output scattered back (two
-extra passes over q, k, v and out; differentiable).
+libsta reads the tiled order in place (sta_geometry.order =
+STA_ORDER_TILED): q, k, v are handed to the kernels as they are, strided
+views included, with no conversion copy; the call is sta.attention(...,
+layout="bhsd", order="tiled") and differentiable like it.
 """
 import ctypes as C
-import os
-
 import torch
 
 from . import _capi
 from ._capi import Geometry, STA_BSHD
 from ._args import _E_WINDOW, _bad, _triple
 from ._op import attention
-from .errors import UnsupportedError
 
-__all__ = ["sliding_tile_attention", "allow_conversion_copies", "tiled_order"]
-
-allow_conversion_copies = os.environ.get("STA_FASTVIDEO_COPIES", "") not in ("", "0")
+__all__ = ["sliding_tile_attention", "tiled_order"]
 
 TILE = (6, 8, 8)
 _orders = {}  # tiled_order's
-_device_orders = {}  # _indices'
 
 
 def _geometry(canvas, tile):
@@ -53,7 +46,10 @@ def _geometry(canvas, tile):
 def tiled_order(canvas, tile=TILE, text_rows=0):
     """FastVideo's tiled order of a canvas, from libsta's sta_tensor_tile:
     a CPU int64 tensor src of tiled_len + text_rows entries, src[j] = the
-    untiled row at tiled row j, -1 for the padding rows of partial tiles."""
+    untiled row at tiled row j, -1 for the padding rows of partial tiles.
+    For a model that tiles its sequence once (as FastVideo's pipelines do:
+    x[:, src.clamp(min=0)] before the blocks, the inverse after them); the
+    attention itself reads the tiled rows in place."""
     key = (tuple(canvas), tuple(tile), text_rows)
     src = _orders.get(key)
     if src is not None:
@@ -78,63 +74,16 @@ def tiled_order(canvas, tile=TILE, text_rows=0):
     return src
 
 
-def _indices(canvas, text_rows, device):
-    """(src, pos, any padding) on device: src as tiled_order, pos[i] = the
-    tiled row of untiled row i."""
-    key = (canvas, text_rows, str(device))
-    hit = _device_orders.get(key)
-    if hit is None:
-        src = tiled_order(canvas, TILE, text_rows)
-        pad = src < 0
-        pos = torch.empty(int((~pad).sum()), dtype=torch.int64)
-        pos[src[~pad]] = torch.nonzero(~pad).view(-1)
-        hit = (src.to(device), pos.to(device), pad.to(device), bool(pad.any()))
-        if len(_device_orders) >= 64:
-            _device_orders.clear()
-        _device_orders[key] = hit
-    return hit
-
-
 def sliding_tile_attention(q, k, v, window_size, text_length, has_text=True,
                            seq_shape="30x48x80"):
     """fastvideo_kernel.sliding_tile_attention on libsta (see the module doc)."""
     canvas = _triple(seq_shape, "seq_shape")
-    if q.dim() != 4:
-        raise _bad(101, "q: expected a 4-D [B, heads, S, D] tensor, got %d-D" % q.dim())
-    B, H, S, D = q.shape
+    if not isinstance(q, torch.Tensor) or q.dim() != 4:
+        raise _bad(101, "q: expected a 4-D [B, heads, S, D] tensor, got %s"
+                   % ("%d-D" % q.dim() if isinstance(q, torch.Tensor) else type(q).__name__))
     wins = [_triple(w, "window_size[%d]" % i) for i, w in enumerate(window_size)]
-    if len(wins) != H:
+    if len(wins) != q.shape[1]:
         raise _bad(_E_WINDOW, "window_size: expected one window per head (%d), got %d"
-                   % (H, len(wins)))
-    L = _capi.lib()
-    g = _geometry(canvas, TILE)
-    V = int(L.sta_geometry_video_tokens(C.byref(g)))
-    Vt = int(L.sta_geometry_tiled_len(C.byref(g), V))
-    if S < Vt:
-        raise UnsupportedError("seq_len %d not supported for STA" % S, 301, "STA_ERR_SEQ_LEN")
-    text_rows = S - Vt
-    text_len = text_length if has_text else 0
-    kw = dict(canvas=canvas, tile=TILE, window=wins, text_len=text_len, layout="bhsd")
-    if Vt == V and _untiled_is_tiled(canvas):
-        return attention(q, k, v, **kw)
-    if not allow_conversion_copies:
-        raise NotImplementedError(
-            "sta.fastvideo.sliding_tile_attention: libsta has no tiled token layout yet: "
-            "FastVideo's tiled order (each 6x8x8 tile's rows contiguous) read in place "
-            "needs a layout flag in the core and kernels (e.g. STA_BHSD_TILED). Set "
-            "sta.fastvideo.allow_conversion_copies = True (or STA_FASTVIDEO_COPIES=1) to "
-            "convert with copies meanwhile")
-    src, pos, pad, any_pad = _indices(canvas, text_rows, q.device)
-    out = attention(q.index_select(2, pos), k.index_select(2, pos), v.index_select(2, pos),
-                    **kw)
-    out = out.index_select(2, src.clamp(min=0))
-    if any_pad:
-        out = out.masked_fill(pad.view(1, 1, -1, 1), 0)
-    return out
-
-
-def _untiled_is_tiled(canvas):
-    """Tiled order equals the untiled one: one tile across H and W, whole tiles in T."""
-    T, Hc, W = canvas
-    return Hc == TILE[1] and W == TILE[2] and T % TILE[0] == 0
-
+                   % (q.shape[1], len(wins)))
+    return attention(q, k, v, canvas=canvas, tile=TILE, window=wins,
+                     text_len=text_length if has_text else 0, layout="bhsd", order="tiled")

@@ -21,7 +21,7 @@ import os
 import threading
 
 from . import _capi
-from ._args import _E_ARGUMENT, _bad, _layout, _text_len, _triple
+from ._args import _E_ARGUMENT, _bad, _layout, _order, _text_len, _triple
 from ._capi import LayerDesc, TuneReport, ints
 from .errors import StateError
 
@@ -390,7 +390,8 @@ class Layer(_Handle):
 
     prefix (the module name, layer = int(prefix.split('.')[-3])) or layer;
     heads (this rank's), head_dim; canvas (None: FastVideo's known shape by
-    seq_len), tile, text_len; layout "bshd"/"bhsd"; device "cpu"/"cuda";
+    seq_len), tile, text_len; order "untiled" or "tiled" (FastVideo's tiled
+    token order, read in place); layout "bshd"/"bhsd"; device "cpu"/"cuda";
     scale (None: 1/sqrt(D)); strategy (used when the context has no
     metadata); sp_rank, sp_size (heads split over ranks).
 
@@ -405,7 +406,7 @@ class Layer(_Handle):
 
     def __init__(self, *, heads, head_dim, prefix=None, layer=0, canvas=None,
                  tile=(6, 8, 8), text_len=None, layout="bshd", device="cpu", scale=None,
-                 strategy=None, sp_rank=0, sp_size=1):
+                 strategy=None, sp_rank=0, sp_size=1, order="untiled"):
         d = LayerDesc()
         self._prefix = _path(prefix, "prefix") if prefix is not None else None
         d.prefix = self._prefix
@@ -416,6 +417,7 @@ class Layer(_Handle):
             d.geom.canvas[:] = _triple(canvas, "canvas")
             d.geom.tile[:] = _triple(tile, "tile")
             d.geom.text_len = _text_len(text_len)
+        d.geom.order = _order(order)
         d.layout = _layout(layout)
         if device not in ("cpu", "cuda"):
             raise _bad(_E_ARGUMENT, "device: expected \"cpu\" or \"cuda\", got %r" % (device,))

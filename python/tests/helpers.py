@@ -161,3 +161,20 @@ def flush_wraps():
     for h in cache.values():
         lib.sta_tensor_destroy(h)
     cache.clear()
+
+
+class WrapSpy:
+    """Records the data pointers handed to sta_tensor_wrap."""
+
+    def __init__(self, monkeypatch):
+        import sta
+        flush_wraps()  # a cached wrap would not pass through sta_tensor_wrap
+        lib = sta._capi.lib()
+        self.ptrs = []
+        real = lib.sta_tensor_wrap
+
+        def spy(out, data, *rest):
+            self.ptrs.append(data)
+            return real(out, data, *rest)
+
+        monkeypatch.setattr(lib, "sta_tensor_wrap", spy)

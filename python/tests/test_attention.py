@@ -4,8 +4,8 @@ import pytest
 import torch
 
 import sta
-from helpers import (dense_attention, flush_wraps, kwargs, make_qkv, random_geometry, randn,
-                     rel_err)
+from helpers import (WrapSpy, dense_attention, flush_wraps, kwargs, make_qkv, random_geometry,
+                     randn, rel_err)
 
 
 @pytest.mark.parametrize("layout", ["bshd", "bhsd"])
@@ -65,22 +65,6 @@ def test_canvas_as_string_and_default_tile(gen):
     a = sta.attention(q, k, v, canvas="6x8x16", window=(1, 1, 1))
     b = sta.attention(q, k, v, canvas=(6, 8, 16), tile=(6, 8, 8), window=(1, 1, 1))
     assert torch.equal(a, b)
-
-
-class WrapSpy:
-    """Records the data pointers handed to sta_tensor_wrap."""
-
-    def __init__(self, monkeypatch):
-        flush_wraps()  # a cached wrap would not pass through sta_tensor_wrap
-        lib = sta._capi.lib()
-        self.ptrs = []
-        real = lib.sta_tensor_wrap
-
-        def spy(out, data, *rest):
-            self.ptrs.append(data)
-            return real(out, data, *rest)
-
-        monkeypatch.setattr(lib, "sta_tensor_wrap", spy)
 
 
 def test_strided_views_are_read_in_place(rng, gen, monkeypatch):

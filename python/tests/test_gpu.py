@@ -177,6 +177,47 @@ class WrapSpy:
         self.lib.sta_tensor_wrap = self.real
 
 
+def test_fastvideo_tiled_order():
+    # sta.fastvideo's drop-in on FastVideo's tiled rows, read in place: whole
+    # 6x8x8 tiles (the kernels' row maps) and partial ones (gathered, their
+    # padding rows NaN: never read, out and gradients 0 there), forward and
+    # backward against float32 dense attention on the untiled tokens
+    import sta.fastvideo as fv
+    rng = fresh_rng()
+    for canvas in ((12, 16, 24), (13, 21, 19)):
+        H, D, text, text_length = 3, 128, 40, 33
+        src = fv.tiled_order(canvas, text_rows=text).cuda()
+        pad = src < 0
+        keep = torch.nonzero(~pad).view(-1)
+        pos = torch.empty_like(keep)
+        pos[src[keep]] = keep  # the tiled row of each untiled row
+        wins = [(1, 1, 3), (3, 1, 1), (1, 3, 3)]
+        shape = "x".join(map(str, canvas))
+        for dtype in (torch.bfloat16, torch.float16):
+            qu, ku, vu = qkv((1, H, int((~pad).sum()), D), dtype, scale=rng.choice([1.0, 2.0]))
+            tiled = []
+            for t in (qu, ku, vu):
+                x = t.index_select(2, src.clamp(min=0))
+                x[:, :, pad] = float("nan")
+                tiled.append(x.requires_grad_(True))
+            q, k, v = tiled
+            out = fv.sliding_tile_attention(q, k, v, wins, text_length, True, shape)
+            assert torch.all(out[:, :, pad] == 0)
+            args = dict(canvas=canvas, tile=(6, 8, 8), window=wins, text_len=text_length,
+                        layout="bhsd")
+            dout = torch.randn(out.shape, device="cuda").to(dtype)
+            dout[:, :, pad] = float("nan")
+            want, _, wgrads = f32_reference(qu, ku, vu, dout[:, :, pos], **args)
+            e = rel_err(out[:, :, pos], want)
+            assert e < TOL[dtype], (canvas, dtype, e)
+            need_cuda_backward()
+            out.backward(dout)
+            for name, g, w in zip("qkv", (q.grad, k.grad, v.grad), wgrads):
+                assert torch.all(g[:, :, pad] == 0), (canvas, dtype, name)
+                e = rel_err(g[:, :, pos], w)
+                assert e < GTOL[dtype], (canvas, dtype, name, e)
+
+
 def test_strided_views_no_copies():
     rng = fresh_rng()
     g = gpu_geometry(rng, heads=2)
