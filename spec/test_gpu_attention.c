@@ -349,13 +349,17 @@ static void test_tiled_order(void **state) {
   c.D = 128; c.dtype = STA_F16; c.layout = STA_BHSD; c.order = 1; c.B = 2; c.seed = 3;
   run_case(&c, &worst);
   static const char *const variants[] = {"9", "2"};
+  const char *was = getenv("STA_CUDA_VARIANT"); /* scripts/test-gpu sets it per run */
+  char keep[16];
+  snprintf(keep, sizeof keep, "%s", was ? was : "");
   for (int i = 0; i < 2; i++) {
     setenv("STA_CUDA_VARIANT", variants[i], 1);
     case_init(&c, 12, 16, 24);
     c.tiled = 1; c.text = 33; c.seed = 4 + (uint64_t)i; c.D = i ? 64 : 128;
     run_case(&c, &worst);
-    unsetenv("STA_CUDA_VARIANT");
   }
+  if (was) setenv("STA_CUDA_VARIANT", keep, 1);
+  else unsetenv("STA_CUDA_VARIANT");
   case_init(&c, 6, 16, 16); /* 2x8x8 whole tiles: 128 x 128 */
   c.tile[0] = 2; c.tiled = 1; c.text = 9; c.seed = 6;
   run_case(&c, &worst);

@@ -89,7 +89,7 @@ def run_shape(name, device, dtype, calls, reps):
     if _op.CUSTOM_OP:
         def op():
             torch.ops.sta.attention(q, k, v, list(canvas), [6, 8, 8], text, list(window), 0, 0.0,
-                                    0, False, False, False)
+                                    0, False, 0, False, False)
         paths.append(("op", op))
     if device == "cuda":
         s = torch.cuda.Stream()

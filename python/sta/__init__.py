@@ -6,11 +6,12 @@ second, on the same C library and the same contract (spec/STA.md).
     out = sta.attention(q, k, v, canvas=(30, 48, 80), window=(3, 3, 3))
 
   sta.attention(q, k, v, *, canvas, window, tile, text_len, layout, scale,
-                return_lse, softmax, deterministic)   differentiable op
+                return_lse, softmax, deterministic, order)   differentiable op
   sta.reference / sta.reference_backward    the brute-force CPU reference
   sta.Strategy, sta.Metadata, sta.ForwardBatch, sta.forward_context,
   sta.Layer, sta.tune                       mask strategies and contexts
-  sta.fastvideo.sliding_tile_attention      FastVideo's signature
+  sta.fastvideo.sliding_tile_attention      FastVideo's signature (tiled
+                                            rows read in place)
   sta.Error and its subclasses              one per status group
 
 The library is found through $STA_LIBRARY, next to the package, a source
