@@ -349,7 +349,7 @@ static void test_tiled_order(void **state) {
   c.D = 128; c.dtype = STA_F16; c.layout = STA_BHSD; c.order = 1; c.B = 2; c.seed = 3;
   run_case(&c, &worst);
   static const char *const variants[] = {"9", "2"};
-  const char *was = getenv("STA_CUDA_VARIANT"); /* scripts/test-gpu sets it per run */
+  const char *was = getenv("STA_CUDA_VARIANT"); /* make test-gpu sets it per run */
   char keep[16];
   snprintf(keep, sizeof keep, "%s", was ? was : "");
   for (int i = 0; i < 2; i++) {
