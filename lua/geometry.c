@@ -222,7 +222,9 @@ static int32_t *opts_windows(lua_State *L, int opts, int32_t *n) {
 
 /* The descriptor of an attention call from its options table at opts (or
 ** nil): layout, canvas (else the known shape of q's length), tile,
-** text_len, window(s), scale, softmax, deterministic. */
+** text_len, order, window(s), scale, softmax, deterministic.  d->windows
+** lives in a userdata this leaves on the stack: keep it there for the
+** call (an option's __index may run a collection). */
 static void read_desc(lua_State *L, int opts, const char *const *keys, sta_tensor *q,
                       sta_attention_desc *d) {
   sta_lua_check_opts(L, opts, keys);
@@ -268,13 +270,14 @@ static int attention_common(lua_State *L, int ref) {
                                      "layout", "scale", "softmax", "deterministic", "out", "lse",
                                      NULL};
   read_desc(L, 4, keys, q, &d);
+  const int top = lua_gettop(L); /* d.windows' userdata stays below it */
   sta_tensor *lse = NULL;
   int want_lse = 0;
   if (lua_istable(L, 4) && lua_getfield(L, 4, "lse") != LUA_TNIL) {
     if (lua_isboolean(L, -1)) want_lse = lua_toboolean(L, -1);
     else { lse = sta_lua_check_tensor(L, -1, "lse"); want_lse = 1; }
   }
-  lua_settop(L, 4);
+  lua_settop(L, top);
   if (sta_tensor_ndim(q) != 4)
     return sta_lua_misuse(L, "q: expected a 4-D tensor, got %d-D", (int)sta_tensor_ndim(q));
   sta_tensor *out;
@@ -308,8 +311,7 @@ static int l_attention_backward(lua_State *L) {
   static const char *const keys[] = {"canvas", "tile", "text_len", "order", "geometry", "window",
                                      "layout", "scale", "softmax", "deterministic", "dq", "dk",
                                      "dv", NULL};
-  read_desc(L, 7, keys, t[0], &d);
-  lua_settop(L, 7);
+  read_desc(L, 7, keys, t[0], &d); /* d.windows' userdata stays on the stack */
   sta_tensor *g[3];
   static const char *G[3] = {"dq", "dk", "dv"};
   for (int i = 0; i < 3; i++) {

@@ -143,6 +143,32 @@ describe("sta attention", function()
     end
   end)
 
+  it("keeps its window alive when an option's __index collects garbage", function()
+    -- the window lives in a userdata the call holds; a collection run from
+    -- an option table's metamethod in the middle of the call (looking up
+    -- out, dq, ...) freed it on main, and the forward read it afterwards
+    -- (heap-use-after-free under make sanitize); the fresh strings below
+    -- reuse freed blocks, so without ASan the window reads as garbage then
+    local q, k, v, g = H.randn({1, 144, 2, 8}), H.randn({1, 144, 2, 8}), H.randn({1, 144, 2, 8}),
+                       H.randn({1, 144, 2, 8})
+    local plain = { canvas = {4, 6, 6}, tile = {2, 3, 3}, window = {1, 3, 1} }
+    local want, lse = sta.attention(q, k, v, { canvas = plain.canvas, tile = plain.tile,
+                                               window = plain.window, lse = true })
+    local wq, wk, wv = sta.attention_backward(q, k, v, want, lse, g, plain)
+    local junk = {}
+    local collect = { __index = function(_, key)
+      if key == "out" or key == "dq" then
+        collectgarbage()
+        collectgarbage()
+        for i = 1, 200 do junk[i] = ("\127"):rep(16 + i % 8) .. i end
+      end
+    end }
+    local function opts() return setmetatable({ canvas = {4, 6, 6}, tile = {2, 3, 3}, window = {1, 3, 1} }, collect) end
+    assert.is_true(H.same_values(want, sta.attention(q, k, v, opts())))
+    local dq, dk, dv = sta.attention_backward(q, k, v, want, lse, g, opts())
+    assert.is_true(H.same_values(wq, dq) and H.same_values(wk, dk) and H.same_values(wv, dv))
+  end)
+
   it("is dense attention with the full window", function()
     local canvas, tile = {4, 4, 4}, {2, 2, 2}
     local q, k, v = qkv({1, 64, 2, 16})
