@@ -35,18 +35,12 @@ STA_BF16, STA_F16, STA_CUDA, STA_BSHD = 2, 1, 1, 0
 DT = {torch.bfloat16: STA_BF16, torch.float16: STA_F16}
 
 
-class Geometry(C.Structure):
-    _fields_ = [("canvas", C.c_int32 * 3), ("tile", C.c_int32 * 3), ("text_len", C.c_int64)]
-
-
-class Desc(C.Structure):  # sta.h sta_attention_desc
-    _fields_ = [("geom", Geometry), ("layout", C.c_int), ("n_windows", C.c_int32),
-                ("windows", C.POINTER(C.c_int32)), ("scale", C.c_float),
-                ("softmax", C.c_int), ("deterministic", C.c_int32)]
+Desc = bg.Desc  # the checked mirrors of sta.h's structs (bench_gpu.check_mirrors)
 
 
 class Sta:
     def __init__(self, path):
+        bg.check_mirrors()
         L = self.lib = C.CDLL(path)
         L.sta_tensor_wrap.argtypes = [C.POINTER(C.c_void_p), C.c_void_p, C.c_int, C.c_int,
                                       C.c_int32, C.POINTER(C.c_int64), C.POINTER(C.c_int64)]

@@ -65,7 +65,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 
 class Geometry(C.Structure):  # core/sta.h sta_geometry
     _fields_ = [("canvas", C.c_int32 * 3), ("tile", C.c_int32 * 3),
-                ("text_len", C.c_int64)]
+                ("text_len", C.c_int64), ("order", C.c_int)]
 
 
 class Desc(C.Structure):  # core/sta.h sta_attention_desc
