@@ -15,6 +15,8 @@ forward+backward minus the median of the forward.
 --accuracy  at hunyuan-720p: sta's and Flex bf16's dq, dk, dv against Flex in
             float32 (the reference), rel L2 and max abs, on randn inputs.
 --deterministic  also time the deterministic mode (bit-identical gradients).
+--variants LIST  also time these STA_BWD_VARIANT values (e.g. 0,1), two
+            rounds alternated, and check their gradients agree.
 --no-peers  sta only (no FlexAttention, no cuDNN).
 """
 import argparse
@@ -108,7 +110,7 @@ def inputs(S, H, D, dt, seed):
     return [torch.randn(1, S, H, D, device="cuda", dtype=dt) for _ in range(4)]
 
 
-def run(sta, reps, log, only, accuracy, det=False, peers=True):
+def run(sta, reps, log, only, accuracy, det=False, peers=True, variants=()):
     import torch.nn.functional as F
     from torch.nn.attention import SDPBackend, sdpa_kernel
     from torch.nn.attention.flex_attention import create_block_mask, flex_attention
@@ -141,6 +143,18 @@ def run(sta, reps, log, only, accuracy, det=False, peers=True):
                    sta_bwd_spread_ms=[min(ts), max(ts)],
                    workspace_mib=(S * H * (D + 1) * 4) / 2**20,
                    workspace_measured_mib=ws_measured / 2**20)
+        if variants:
+            ref = [t.clone() for t in (dq, dk, dv)]
+            for rnd in range(2):
+                for var in variants:
+                    os.environ["STA_BWD_VARIANT"] = str(var)
+                    ms_v, _ = bg.time_ms(
+                        lambda: sta.backward(g, q, k, v, o, lse, do, dq, dk, dv), reps)
+                    row.setdefault("variant_ms", {}).setdefault(str(var), []).append(ms_v)
+                    row.setdefault("variant_rel", {})[str(var)] = max(
+                        bg.rel_err(a, b)[0] for a, b in zip((dq, dk, dv), ref))
+            os.environ.pop("STA_BWD_VARIANT", None)
+            del ref
         if det:
             row["sta_bwd_det_ms"], _ = bg.time_ms(
                 lambda: sta.backward(g, q, k, v, o, lse, do, dq, dk, dv, 1), reps)
@@ -199,6 +213,15 @@ def run(sta, reps, log, only, accuracy, det=False, peers=True):
         del q, k, v, do, o, dq, dk, dv, lse
         torch.cuda.empty_cache()
     log("")
+    if variants:
+        log("| workload | " + " | ".join("variant %s ms (2 rounds) / rel vs default" % v
+                                        for v in variants) + " |")
+        log("|---|" + "---|" * len(variants))
+        for r in rows:
+            log("| %s | %s |" % (r["name"], " | ".join(
+                "%s / %.1e" % (" / ".join("%.2f" % x for x in r["variant_ms"][str(v)]),
+                               r["variant_rel"][str(v)]) for v in variants)))
+        log("")
     log("| workload | bwd TFLOP | sta bwd ms | sta TFLOP/s | deterministic ms | Flex bwd ms | "
         "vs Flex | cuDNN dense bwd ms | vs dense | sta fwd ms | workspace MiB |")
     log("|---|---|---|---|---|---|---|---|---|---|---|")
@@ -243,6 +266,7 @@ def main():
     ap.add_argument("--accuracy", action="store_true")
     ap.add_argument("--deterministic", action="store_true")
     ap.add_argument("--no-peers", action="store_true")
+    ap.add_argument("--variants", default="")
     ap.add_argument("--workloads", default="")
     ap.add_argument("--out", default="")
     a = ap.parse_args()
@@ -255,7 +279,8 @@ def main():
     log("# sta backward benchmark: %s, torch %s, %s" % (
         sta.describe, torch.__version__, time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())))
     only = set(a.workloads.split(",")) if a.workloads else None
-    rows = run(sta, a.reps, log, only, a.accuracy, a.deterministic, not a.no_peers)
+    variants = [int(x) for x in a.variants.split(",") if x != ""]
+    rows = run(sta, a.reps, log, only, a.accuracy, a.deterministic, not a.no_peers, variants)
     if a.out:
         os.makedirs(a.out, exist_ok=True)
         with open(os.path.join(a.out, "bench_backward.json"), "w") as f:
