@@ -71,7 +71,7 @@ class Geometry(C.Structure):  # core/sta.h sta_geometry
 class Desc(C.Structure):  # core/sta.h sta_attention_desc
     _fields_ = [("geom", Geometry), ("layout", C.c_int), ("n_windows", C.c_int32),
                 ("windows", C.POINTER(C.c_int32)), ("scale", C.c_float),
-                ("softmax", C.c_int), ("deterministic", C.c_int32)]
+                ("softmax", C.c_int), ("deterministic", C.c_int32), ("precision", C.c_int)]
 
 
 def check_mirrors(header=os.path.join(HERE, "..", "core", "sta.h")):

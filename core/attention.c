@@ -64,11 +64,43 @@ static sta_status check_like_q(const sta_tensor *t, const char *name, sta_layout
   return STA_OK;
 }
 
+/* t (named name) is f32 [B, heads, n] of bq's B and heads, on device dev
+** (that of `ref`, named so in the message); last names n ("S", "D"). */
+static sta_status check_f32_3d(const sta_tensor *t, const char *name, const sta_bshd *bq,
+                               int64_t n, const char *last, sta_device dev, const char *ref) {
+  STA_CHECK_HANDLE(t, STA_KIND_TENSOR, name);
+  if (t->dtype != STA_F32)
+    return sta_error(STA_ERR_DTYPE, "%s: expected f32, got %s", name, sta_dtype_name(t->dtype));
+  if (t->ndim != 3 || t->shape[0] != bq->b || t->shape[1] != bq->h || t->shape[2] != n) {
+    char got[96];
+    int k = 0;
+    got[0] = '\0';
+    for (int32_t i = 0; i < t->ndim; i++)
+      k += snprintf(got + k, sizeof got - (size_t)k, "%s%lld", i ? ", " : "",
+                    (long long)t->shape[i]);
+    return sta_error(STA_ERR_SHAPE, "%s: expected shape [B=%lld, heads=%lld, %s=%lld], got [%s]",
+                     name, (long long)bq->b, (long long)bq->h, last, (long long)n, got);
+  }
+  if (t->storage->device != dev)
+    return sta_error(STA_ERR_ARGUMENT, "%s: on %s while %s is on %s", name,
+                     sta_device_name(t->storage->device), ref, sta_device_name(dev));
+  return STA_OK;
+}
+
+/* STA_PRECISION_FP8 where the backend has no fp8 forward. */
+static sta_status fp8_unsupported(sta_device d) {
+  return sta_error(STA_ERR_UNSUPPORTED,
+                   "precision: STA_PRECISION_FP8 is not implemented on %s yet (issue 20: the "
+                   "fp8 kernel); the CPU backend computes it by its reference (host tensors)",
+                   sta_device_name(d));
+}
+
 /* sta_attn_resolve; out_optional: out may be NULL (the backward reference,
-** which has no forward output). */
+** which has no forward output); f8: q, k, v are sta_attention_forward_fp8's
+** (checked already). */
 static sta_status resolve(const sta_attention_desc *desc, const sta_tensor *q,
                           const sta_tensor *k, const sta_tensor *v, const sta_tensor *out,
-                          const sta_tensor *lse, sta_attn_params *p, int out_optional) {
+                          const sta_tensor *lse, sta_attn_params *p, int out_optional, int f8) {
   const sta_tensor *t[4] = {q, k, v, out};
   sta_bshd b[4];
   sta_status rc;
@@ -77,6 +109,9 @@ static sta_status resolve(const sta_attention_desc *desc, const sta_tensor *q,
     return sta_error(STA_ERR_ARGUMENT, "layout: expected STA_BSHD (0) or STA_BHSD (1), got %d",
                      (int)desc->layout);
   if ((rc = check_tensor4(q, "q", desc->layout, &b[0])) != STA_OK) return rc;
+  if (q->dtype == STA_F8E4M3 && !f8)
+    return sta_error(STA_ERR_DTYPE, "q: f8e4m3 operands go to sta_attention_forward_fp8 (with "
+                     "their scales)");
   for (int i = 1; i < 4; i++)
     if ((i < 3 || out || !out_optional) &&
         (rc = check_like_q(t[i], ARG[i], desc->layout, q, &b[0], &b[i])) != STA_OK)
@@ -103,32 +138,19 @@ static sta_status resolve(const sta_attention_desc *desc, const sta_tensor *q,
     return sta_error(STA_ERR_ARGUMENT,
                      "softmax: expected STA_SOFTMAX_EXACT (0) or STA_SOFTMAX_FAST (1), got %d",
                      (int)desc->softmax);
+  if (desc->precision != STA_PRECISION_NATIVE && desc->precision != STA_PRECISION_FP8)
+    return sta_error(STA_ERR_ARGUMENT,
+                     "precision: expected STA_PRECISION_NATIVE (0) or STA_PRECISION_FP8 (1), "
+                     "got %d", (int)desc->precision);
   if (desc->deterministic != 0 && desc->deterministic != 1)
     return sta_error(STA_ERR_ARGUMENT, "deterministic: expected 0 or 1, got %d",
                      (int)desc->deterministic);
   if (isnan(desc->scale) || isinf(desc->scale))
     return sta_error(STA_ERR_ARGUMENT, "scale: expected a finite value, got %g",
                      (double)desc->scale);
-  if (lse) {
-    STA_CHECK_HANDLE(lse, STA_KIND_TENSOR, "lse");
-    if (lse->dtype != STA_F32)
-      return sta_error(STA_ERR_DTYPE, "lse: expected f32, got %s", sta_dtype_name(lse->dtype));
-    if (lse->ndim != 3 || lse->shape[0] != b[0].b || lse->shape[1] != b[0].h ||
-        lse->shape[2] != b[0].s) {
-      char got[96];
-      int n = 0;
-      got[0] = '\0';
-      for (int32_t i = 0; i < lse->ndim; i++)
-        n += snprintf(got + n, sizeof got - (size_t)n, "%s%lld", i ? ", " : "",
-                      (long long)lse->shape[i]);
-      return sta_error(STA_ERR_SHAPE,
-                       "lse: expected shape [B=%lld, heads=%lld, S=%lld], got [%s]",
-                       (long long)b[0].b, (long long)b[0].h, (long long)b[0].s, got);
-    }
-    if (lse->storage->device != q->storage->device)
-      return sta_error(STA_ERR_ARGUMENT, "lse: on %s while q is on %s",
-                       sta_device_name(lse->storage->device), sta_device_name(q->storage->device));
-  }
+  if (lse && (rc = check_f32_3d(lse, "lse", &b[0], b[0].s, "S", q->storage->device, "q")) !=
+                 STA_OK)
+    return rc;
   for (int i = 0; i < 3; i++) {
     if ((rc = check_no_alias("forward", "reading", out, "out", t[i], ARG[i])) != STA_OK) return rc;
     if ((rc = check_no_alias("forward", "reading", lse, "lse", t[i], ARG[i])) != STA_OK) return rc;
@@ -164,6 +186,7 @@ static sta_status resolve(const sta_attention_desc *desc, const sta_tensor *q,
   p->windows = w;
   p->scale = desc->scale > 0 ? desc->scale : (float)(1.0 / sqrt((double)b[0].d));
   p->fast_softmax = desc->softmax == STA_SOFTMAX_FAST;
+  p->precision = desc->precision;
   p->deterministic = desc->deterministic;
   return STA_OK;
 }
@@ -171,7 +194,7 @@ static sta_status resolve(const sta_attention_desc *desc, const sta_tensor *q,
 sta_status sta_attn_resolve(const sta_attention_desc *desc, const sta_tensor *q,
                             const sta_tensor *k, const sta_tensor *v, const sta_tensor *out,
                             const sta_tensor *lse, sta_attn_params *p) {
-  return resolve(desc, q, k, v, out, lse, p, 0);
+  return resolve(desc, q, k, v, out, lse, p, 0, 0);
 }
 
 /* The tensors a call writes: out, lse (forward), dq, dk, dv (backward). */
@@ -222,15 +245,113 @@ sta_status sta_attention_forward(const sta_attention_desc *desc,
   sta_status rc = sta_attn_resolve(desc, q, k, v, out, lse, &p);
   if (rc != STA_OK) return rc;
   sta_tensor *outs[W_N] = {out, lse, NULL, NULL, NULL};
-  rc = q->storage->device == STA_CPU ? run_scratch(&p, desc->layout, outs, sta_cpu_attention)
-                                     : sta_attn_run(&p, q->storage->device);
+  rc = q->storage->device == STA_CPU
+           ? run_scratch(&p, desc->layout, outs,
+                         p.precision == STA_PRECISION_FP8 ? sta_cpu_fp8_attention
+                                                          : sta_cpu_attention)
+           : sta_attn_run(&p, q->storage->device);
   free((void *)p.windows);
   return rc;
 }
 
 sta_status sta_attn_run(const sta_attn_params *p, sta_device device) {
   sta_status rc = sta_cancel_point("attention"); /* before each launch */
-  return rc != STA_OK ? rc : sta_backend_get(device)->attention(p);
+  const sta_backend_ops *be = sta_backend_get(device);
+  if (rc != STA_OK) return rc;
+  if (p->precision != STA_PRECISION_FP8) return be->attention(p);
+  return be->attention_fp8 ? be->attention_fp8(p) : fp8_unsupported(device);
+}
+
+/* f32 [B, S, heads, D] (in desc's layout, contiguous) of x8 * scale: rows
+** scaled by rs ([B, heads, S]) or channels by cs ([B, heads, D]). */
+static sta_status dequantize(sta_tensor **out, sta_layout layout, const sta_tensor *x8,
+                             const sta_bshd *bx, const sta_tensor *rs, const sta_tensor *cs) {
+  sta_tensor *t = NULL;
+  sta_bshd bt;
+  sta_status rc = sta_tensor_create(&t, STA_F32, STA_CPU, 4, x8->shape);
+  if (rc == STA_OK) rc = sta_tensor_bshd(t, layout, "dequantized", &bt);
+  if (rc != STA_OK) { sta_tensor_destroy(t); return rc; }
+  const uint8_t *x = sta_tensor_data(x8);
+  const float *sc = sta_tensor_data(rs ? rs : cs);
+  const int64_t *ss = (rs ? rs : cs)->stride;
+  float *o = sta_tensor_data(t);
+  for (int64_t b = 0; b < bx->b; b++)
+    for (int64_t s = 0; s < bx->s; s++)
+      for (int64_t h = 0; h < bx->h; h++) {
+        const uint8_t *xr = x + b * bx->sb + s * bx->ss + h * bx->sh;
+        float *orow = o + b * bt.sb + s * bt.ss + h * bt.sh;
+        for (int64_t d = 0; d < bx->d; d++)
+          orow[d] = sta_e4m3_to_f32(xr[d]) *
+                    sc[b * ss[0] + h * ss[1] + (rs ? s : d) * ss[2]];
+      }
+  *out = t;
+  return STA_OK;
+}
+
+sta_status sta_attention_forward_fp8(const sta_attention_desc *desc, const sta_tensor *q8,
+                                     const sta_tensor *k8, const sta_tensor *v8,
+                                     const sta_tensor *q_scale, const sta_tensor *k_scale,
+                                     const sta_tensor *v_scale, sta_tensor *out,
+                                     sta_tensor *lse) {
+  static const char *const N8[3] = {"q8", "k8", "v8"};
+  const sta_tensor *x8[3] = {q8, k8, v8}, *sc[3] = {q_scale, k_scale, v_scale};
+  static const char *const NS[3] = {"q_scale", "k_scale", "v_scale"};
+  sta_bshd b[4];
+  sta_status rc;
+  for (int i = 0; i < 3; i++) STA_CHECK_HANDLE(x8[i], STA_KIND_TENSOR, N8[i]);
+  for (int i = 0; i < 3; i++) STA_CHECK_HANDLE(sc[i], STA_KIND_TENSOR, NS[i]);
+  STA_CHECK_HANDLE(out, STA_KIND_TENSOR, "out");
+  if (lse) STA_CHECK_HANDLE(lse, STA_KIND_TENSOR, "lse");
+  if (!desc) return sta_error(STA_ERR_ARGUMENT, "desc: expected a descriptor, got NULL");
+  if (desc->precision != STA_PRECISION_FP8)
+    return sta_error(STA_ERR_ARGUMENT, "precision: sta_attention_forward_fp8 computes in fp8: "
+                     "expected STA_PRECISION_FP8 (1), got %d", (int)desc->precision);
+  if (desc->layout != STA_BSHD && desc->layout != STA_BHSD)
+    return sta_error(STA_ERR_ARGUMENT, "layout: expected STA_BSHD (0) or STA_BHSD (1), got %d",
+                     (int)desc->layout);
+  for (int i = 0; i < 3; i++)
+    if (x8[i]->dtype != STA_F8E4M3)
+      return sta_error(STA_ERR_DTYPE, "%s: expected f8e4m3, got %s", N8[i],
+                       sta_dtype_name(x8[i]->dtype));
+  if ((rc = check_tensor4(q8, "q8", desc->layout, &b[0])) != STA_OK) return rc;
+  for (int i = 1; i < 3; i++)
+    if ((rc = check_like_q(x8[i], N8[i], desc->layout, q8, &b[0], &b[i])) != STA_OK) return rc;
+  if ((rc = check_tensor4(out, "out", desc->layout, &b[3])) != STA_OK) return rc;
+  if (b[3].b != b[0].b || b[3].s != b[0].s || b[3].h != b[0].h || b[3].d != b[0].d)
+    return sta_error(STA_ERR_SHAPE, "out: shape [B=%lld, S=%lld, heads=%lld, D=%lld] differs "
+                     "from q8's [B=%lld, S=%lld, heads=%lld, D=%lld]", (long long)b[3].b,
+                     (long long)b[3].s, (long long)b[3].h, (long long)b[3].d, (long long)b[0].b,
+                     (long long)b[0].s, (long long)b[0].h, (long long)b[0].d);
+  if (out->dtype == STA_F8E4M3)
+    return sta_error(STA_ERR_DTYPE, "out: expected f32, f16 or bf16, got f8e4m3");
+  sta_device dev = q8->storage->device;
+  if (out->storage->device != dev)
+    return sta_error(STA_ERR_ARGUMENT, "out: on %s while q8 is on %s",
+                     sta_device_name(out->storage->device), sta_device_name(dev));
+  for (int i = 0; i < 3; i++)
+    if ((rc = check_f32_3d(sc[i], NS[i], &b[0], i < 2 ? b[0].s : b[0].d, i < 2 ? "S" : "D", dev,
+                           "q8")) != STA_OK)
+      return rc;
+  for (int i = 0; i < 3; i++) {
+    if ((rc = check_no_alias("forward", "reading", out, "out", x8[i], N8[i])) != STA_OK ||
+        (rc = check_no_alias("forward", "reading", out, "out", sc[i], NS[i])) != STA_OK ||
+        (rc = check_no_alias("forward", "reading", lse, "lse", x8[i], N8[i])) != STA_OK ||
+        (rc = check_no_alias("forward", "reading", lse, "lse", sc[i], NS[i])) != STA_OK)
+      return rc;
+  }
+  sta_attn_params p; /* the forward's checks: geometry, windows, lse, the backend */
+  if ((rc = resolve(desc, q8, k8, v8, NULL, lse, &p, 1, 1)) != STA_OK) return rc;
+  free((void *)p.windows);
+  if (dev != STA_CPU) return fp8_unsupported(dev);
+  sta_tensor *t[4] = {NULL, NULL, NULL, NULL};
+  for (int i = 0; i < 3 && (rc = dequantize(&t[i], desc->layout, x8[i], &b[i],
+                                            i < 2 ? sc[i] : NULL, i < 2 ? NULL : sc[i])) == STA_OK;
+       i++) {}
+  if (rc == STA_OK) rc = sta_tensor_create(&t[3], STA_F32, STA_CPU, 4, out->shape);
+  if (rc == STA_OK) rc = sta_attention_forward(desc, t[0], t[1], t[2], t[3], lse);
+  if (rc == STA_OK) rc = sta_tensor_copy(out, t[3]);
+  for (int i = 0; i < 4; i++) sta_tensor_destroy(t[i]);
+  return rc;
 }
 
 sta_status sta_attention_reference(const sta_attention_desc *desc,
@@ -243,7 +364,9 @@ sta_status sta_attention_reference(const sta_attention_desc *desc,
   sta_status rc = sta_attn_resolve(desc, q, k, v, out, lse, &p);
   if (rc != STA_OK) return rc;
   sta_tensor *outs[W_N] = {out, lse, NULL, NULL, NULL};
-  rc = run_scratch(&p, desc->layout, outs, sta_cpu_attention_reference);
+  rc = run_scratch(&p, desc->layout, outs,
+                   p.precision == STA_PRECISION_FP8 ? sta_cpu_fp8_attention
+                                                    : sta_cpu_attention_reference);
   free((void *)p.windows);
   return rc;
 }
@@ -289,6 +412,11 @@ sta_status sta_attention_backward(const sta_attention_desc *desc, const sta_tens
     return sta_error(STA_ERR_ARGUMENT,
                      "lse: expected the forward's f32 [B, heads, S] log-sum-exp, got NULL");
   if ((rc = sta_attn_resolve(desc, q, k, v, out, lse, &p)) != STA_OK) return rc;
+  if (p.precision == STA_PRECISION_FP8) {
+    free((void *)p.windows);
+    return sta_error(STA_ERR_UNSUPPORTED, "precision: the backward has no STA_PRECISION_FP8 "
+                     "mode (it differentiates the exact forward): use STA_PRECISION_NATIVE");
+  }
   sta_tensor *g[3] = {dq, dk, dv};
   const sta_tensor *ro[6] = {q, k, v, out, lse, dout};
   static const char *RN[6] = {"q", "k", "v", "out", "lse", "dout"};
@@ -314,8 +442,13 @@ sta_status sta_attention_backward_reference(const sta_attention_desc *desc,
   if (sta_handle_live(q, STA_KIND_TENSOR) && q->storage->device != STA_CPU)
     return sta_error(STA_ERR_ARGUMENT, "q: the reference runs on host tensors only");
   sta_attn_params p;
-  sta_status rc = resolve(desc, q, k, v, NULL, NULL, &p, 1);
+  sta_status rc = resolve(desc, q, k, v, NULL, NULL, &p, 1, 0);
   if (rc != STA_OK) return rc;
+  if (p.precision == STA_PRECISION_FP8) {
+    free((void *)p.windows);
+    return sta_error(STA_ERR_UNSUPPORTED, "precision: the backward has no STA_PRECISION_FP8 "
+                     "mode (it differentiates the exact forward): use STA_PRECISION_NATIVE");
+  }
   sta_tensor *g[3] = {dq, dk, dv};
   const sta_tensor *ro[4] = {q, k, v, dout};
   static const char *RN[4] = {"q", "k", "v", "dout"};

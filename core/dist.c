@@ -700,7 +700,7 @@ typedef struct pipe {
 /* What every rank sends before any data moves; all fields are compared. */
 typedef struct sp_desc {
   char magic[8]; /* "sta-sp1" */
-  int32_t status, dtype, layout, device, chunks, softmax, n_windows, layer, step;
+  int32_t status, dtype, layout, device, chunks, softmax, precision, n_windows, layer, step;
   int32_t canvas[3], tile[3];
   int64_t b, s, h, d, text_len;
   uint32_t scale;
@@ -1065,13 +1065,13 @@ static sta_status disagree(const sp_desc *a, const sp_desc *b, int32_t r) {
   if (a->n_windows != b->n_windows || a->windows != b->windows)
     return sta_error(STA_ERR_WINDOW, "%s the windows: rank %d's differ from rank 0's "
                      "(n_windows %d and %d)", pre, (int)r, (int)b->n_windows, (int)a->n_windows);
-  if (a->scale != b->scale || a->softmax != b->softmax) {
+  if (a->scale != b->scale || a->softmax != b->softmax || a->precision != b->precision) {
     float fa, fb;
     memcpy(&fa, &a->scale, 4);
     memcpy(&fb, &b->scale, 4);
-    return sta_error(STA_ERR_ARGUMENT, "%s the scale or softmax: rank 0 has %g and %d, rank %d "
-                     "has %g and %d", pre, (double)fa, (int)a->softmax, (int)r, (double)fb,
-                     (int)b->softmax);
+    return sta_error(STA_ERR_ARGUMENT, "%s the scale, softmax or precision: rank 0 has %g, %d "
+                     "and %d, rank %d has %g, %d and %d", pre, (double)fa, (int)a->softmax,
+                     (int)a->precision, (int)r, (double)fb, (int)b->softmax, (int)b->precision);
   }
   if (a->chunks != b->chunks)
     return sta_error(STA_ERR_ARGUMENT, "%s the chunks: rank 0 runs %d, rank %d runs %d "
@@ -1142,6 +1142,7 @@ static void describe(sp_desc *d, const pipe *p, const sta_geometry *g, sta_statu
     d->windows = p->job->hash;
     memcpy(&d->scale, &p->job->desc->scale, 4);
     d->softmax = p->job->desc->softmax;
+    d->precision = p->job->desc->precision;
   } else {
     sta_context *ctx = sta_context_current();
     d->layer = sta_layer_index(p->job->layer);

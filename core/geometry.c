@@ -161,17 +161,6 @@ int64_t sta_geometry_tiled_len(const sta_geometry *g, int64_t seq_len) {
   return padded_video(g) + seq_len - sta_geometry_video_tokens(g);
 }
 
-int64_t sta_tiled_token(const int32_t canvas[3], const int32_t tile[3], const int32_t grid[3],
-                        int64_t j) {
-  int64_t tv = (int64_t)tile[0] * tile[1] * tile[2];
-  int64_t id = j / tv, in = j % tv;
-  int64_t it = id / ((int64_t)grid[1] * grid[2]), ih = (id / grid[2]) % grid[1], iw = id % grid[2];
-  int64_t lt = in / ((int64_t)tile[1] * tile[2]), lh = (in / tile[2]) % tile[1], lw = in % tile[2];
-  int64_t t = it * tile[0] + lt, h = ih * tile[1] + lh, w = iw * tile[2] + lw;
-  if (t >= canvas[0] || h >= canvas[1] || w >= canvas[2]) return -1;
-  return (t * canvas[1] + h) * canvas[2] + w;
-}
-
 int64_t sta_tiled_row(const int32_t canvas[3], const int32_t tile[3], const int32_t grid[3],
                       int64_t x) {
   int64_t t = x / ((int64_t)canvas[1] * canvas[2]), h = (x / canvas[2]) % canvas[1],

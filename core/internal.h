@@ -123,6 +123,9 @@ sta_status sta_tensor_bshd(const sta_tensor *t, sta_layout layout,
 void sta_tensor_extent(const sta_tensor *t, int64_t *lo, int64_t *hi);
 /* "cpu" or "cuda", for messages. */
 const char *sta_device_name(sta_device d);
+/* STA_ERR_UNSUPPORTED when t is f8e4m3 on a device (name: the argument):
+** no device kernel computes on it (sta.h, STA_F8E4M3). */
+sta_status sta_f8_device_check(const sta_tensor *t, const char *name);
 /* STA_ERR_SHAPE "<what>: shapes differ (2x3 vs 3x2)"; with names
 ** "<what>: shapes differ (x 2x3 vs y 3x2)". */
 sta_status sta_shape_mismatch(const char *what, const char *an,
@@ -175,21 +178,9 @@ static inline uint16_t sta_f32_to_bf16(float f) {
 float sta_f16_to_f32(uint16_t h);
 uint16_t sta_f32_to_f16(float f);
 
-/* Load/store one element of dtype at p as float. */
-static inline float sta_load_f32(const void *p, sta_dtype dt) {
-  switch (dt) {
-  case STA_F32: return *(const float *)p;
-  case STA_F16: return sta_f16_to_f32(*(const uint16_t *)p);
-  default: return sta_bf16_to_f32(*(const uint16_t *)p);
-  }
-}
-static inline void sta_store_f32(void *p, sta_dtype dt, float v) {
-  switch (dt) {
-  case STA_F32: *(float *)p = v; break;
-  case STA_F16: *(uint16_t *)p = sta_f32_to_f16(v); break;
-  default: *(uint16_t *)p = sta_f32_to_bf16(v); break;
-  }
-}
+/* Load/store one element of dtype at p as float (below, after e4m3). */
+static inline float sta_load_f32(const void *p, sta_dtype dt);
+static inline void sta_store_f32(void *p, sta_dtype dt, float v);
 
 /* ---- the attention problem, resolved ---------------------------------- */
 
@@ -215,6 +206,7 @@ typedef struct sta_attn_params {
   const int32_t *windows; /* heads * 3 */
   float scale;
   int32_t fast_softmax;   /* desc->softmax == STA_SOFTMAX_FAST */
+  int32_t precision;      /* desc->precision (sta_precision) */
   int32_t deterministic;  /* backward: bit-identical run to run */
   /* The backward (sta_attention_backward) reads o and lse (the forward's)
   ** and dout, and writes dq, dk, dv; strides in elements as above. */
@@ -226,11 +218,9 @@ typedef struct sta_attn_params {
   int64_t dv_sb, dv_ss, dv_sh;
 } sta_attn_params;
 
-/* FastVideo's tiled order (sta.h, sta_order): the untiled video index
-** (t*H + h)*W + w of row j < NT*NH*NW*tile volume of the tiled order, or
-** -1 for a padding row; and the tiled row of untiled video index x. */
-int64_t sta_tiled_token(const int32_t canvas[3], const int32_t tile[3], const int32_t grid[3],
-                        int64_t j);
+/* FastVideo's tiled order (sta.h, sta_order): the tiled row of untiled
+** video index x (sta_tiled_token, its inverse, is below with the fp8
+** quantizer, which runs it on the device too). */
 int64_t sta_tiled_row(const int32_t canvas[3], const int32_t tile[3], const int32_t grid[3],
                       int64_t x);
 
@@ -262,6 +252,9 @@ typedef struct sta_backend_ops {
                         float b, const sta_tensor *y);
   /* Reduce t on the device; only *out crosses to the host. */
   sta_status (*stats)(const sta_tensor *t, sta_stats *out);
+  /* The forward at STA_PRECISION_FP8 (params' precision); NULL: not here
+  ** yet (STA_ERR_UNSUPPORTED). */
+  sta_status (*attention_fp8)(const sta_attn_params *p);
 } sta_backend_ops;
 
 /* The backend table for a device, NULL when not compiled in. */
@@ -314,12 +307,16 @@ STA_HD double sta_dmul(double a, double b) { return __dmul_rn(a, b); }
 STA_HD double sta_ddiv(double a, double b) { return __ddiv_rn(a, b); }
 STA_HD double sta_dfma(double a, double b, double c) { return __fma_rn(a, b, c); }
 STA_HD double sta_dsqrt(double a) { return __dsqrt_rn(a); }
+STA_HD float sta_fadd(float a, float b) { return __fadd_rn(a, b); }
+STA_HD float sta_fmul(float a, float b) { return __fmul_rn(a, b); }
 #else
 STA_HD double sta_dadd(double a, double b) { return a + b; }
 STA_HD double sta_dmul(double a, double b) { return a * b; }
 STA_HD double sta_ddiv(double a, double b) { return a / b; }
 STA_HD double sta_dfma(double a, double b, double c) { return fma(a, b, c); }
 STA_HD double sta_dsqrt(double a) { return sqrt(a); }
+STA_HD float sta_fadd(float a, float b) { return a + b; }
+STA_HD float sta_fmul(float a, float b) { return a * b; }
 #endif
 
 STA_HD uint64_t sta_splitmix64(uint64_t x) {
@@ -409,6 +406,170 @@ STA_HD float sta_randn_value(double g, double mean, double std) {
 
 /* Normal draw number i of stream seed (sta_randn_pair). */
 double sta_randn_at(uint64_t seed, uint64_t i);
+
+/* ---- FastVideo's tiled order; the fp8 forward's operands -------------- */
+
+/* The untiled video index (t*H + h)*W + w of row j < NT*NH*NW*tile volume
+** of FastVideo's tiled order, or -1 for a padding row. */
+STA_HD int64_t sta_tiled_token(const int32_t canvas[3], const int32_t tile[3],
+                               const int32_t grid[3], int64_t j) {
+  int64_t tv = (int64_t)tile[0] * tile[1] * tile[2];
+  int64_t id = j / tv, in = j % tv;
+  int64_t it = id / ((int64_t)grid[1] * grid[2]), ih = (id / grid[2]) % grid[1], iw = id % grid[2];
+  int64_t lt = in / ((int64_t)tile[1] * tile[2]), lh = (in / tile[2]) % tile[1], lw = in % tile[2];
+  int64_t t = it * tile[0] + lt, h = ih * tile[1] + lh, w = iw * tile[2] + lw;
+  if (t >= canvas[0] || h >= canvas[1] || w >= canvas[2]) return -1;
+  return (t * canvas[1] + h) * canvas[2] + w;
+}
+
+/* e4m3 (OCP FP8 E4M3) from float: round to nearest even, subnormals,
+** |f| >= 448 (and +-Inf) saturated to +-448 as cvt.rn.satfinite does,
+** NaN to 0x7f. */
+STA_HD uint8_t sta_f32_to_e4m3(float f) {
+  uint32_t u;
+  memcpy(&u, &f, 4);
+  uint8_t sign = (uint8_t)((u >> 24) & 0x80u);
+  uint32_t a = u & 0x7fffffffu;
+  if (a > 0x7f800000u) return 0x7f;
+  if (a >= 0x43e00000u) return (uint8_t)(sign | 0x7e); /* 448 */
+  if (a < 0x3c800000u) {                               /* below 2^-6: steps of 2^-9 */
+    float x, m;
+    memcpy(&x, &a, 4);
+    m = x * 512.0f;                                    /* exact */
+    uint32_t n = (uint32_t)m, r = (uint32_t)(m - (float)n >= 0.5f);
+    if (m - (float)n == 0.5f) r = n & 1u;              /* ties to even */
+    return (uint8_t)(sign | (n + r));                  /* 8: 2^-6, the first normal */
+  }
+  uint32_t r = (a + 0x7ffffu + ((a >> 20) & 1u)) >> 20; /* 3 fraction bits, RNE */
+  return (uint8_t)(sign | (r - (120u << 3)));
+}
+/* float of an e4m3 code (exact). */
+STA_HD float sta_e4m3_to_f32(uint8_t c) {
+  uint32_t e = (c >> 3) & 15u, m = c & 7u, u;
+  float f;
+  if (e == 15 && m == 7) u = 0x7fc00000u;
+  else if (e == 0) {
+    f = (float)m * 0x1p-9f;
+    return (c & 0x80) ? -f : f;
+  } else u = ((e + 120u) << 23) | (m << 20);
+  memcpy(&f, &u, 4);
+  return (c & 0x80) ? -f : f;
+}
+/* int8 code of f: round to nearest even, saturated to +-127, NaN to 0. */
+STA_HD int8_t sta_f32_to_i8(float f) {
+  if (!(f == f)) return 0;
+  if (f >= 127.0f) return 127;
+  if (f <= -127.0f) return -127;
+  return (int8_t)sta_fadd(sta_fadd(f, 12582912.0f), -12582912.0f); /* nearest even */
+}
+/* max(m, |x|), NaN once either is NaN: the quantizer's amax on the host
+** and the device (order-free, so a warp may reduce it in any order). */
+STA_HD float sta_amax_nan(float m, float x) {
+  float a = fabsf(x);
+  return a > m || a != a ? a : m;
+}
+/* 2^e, |e| <= 63, as a float: x * sta_pow2f(e) is exact. */
+STA_HD float sta_pow2f(int e) {
+  uint32_t u = (uint32_t)(e + 127) << 23;
+  float f;
+  memcpy(&f, &u, 4);
+  return f;
+}
+/* qmax / amax, 0 when amax is not > 0 (NaN included). */
+STA_HD float sta_fp8_inv(float qmax, float amax) { return amax > 0.0f ? qmax / amax : 0.0f; }
+/* The channel exponent of sta_fp8_ops.eq from the channel's amax of q
+** (qam) and of the smoothed k (kam). */
+STA_HD int sta_fp8_exponent(float qam, float kam) {
+  if (!(qam > 0.0f && kam > 0.0f)) return 0;
+  float ratio = kam / qam;
+  if (!(ratio > 0.0f && ratio < INFINITY)) return 0;
+  int ex;
+  (void)frexpf(ratio, &ex);
+  ex /= 2;
+  return ex > 63 ? 63 : ex < -63 ? -63 : ex;
+}
+
+/* The fp8 forward's operands, as its quantize pre-pass writes them (the
+** scheme: sta.h, sta_precision; bench/fp8_sim.py).  Rows in FastVideo's
+** tiled order, partial tiles padded (the kernel loads every block by TMA
+** as rows), text after: `rows` = NT*NH*NW*tile volume + the input's text
+** rows.  Per (batch, head), in this order:
+**   k_mean[D]   the mean of k over the keys (video tokens, valid text):
+**               sums in double over the rows' chunks of STA_FP8_CHUNK in
+**               row order, chunk sums in order, / count, to float
+**   eq[D]       channel exponents e: q * 2^e, k * 2^-e (q . k unchanged):
+**               the frexp exponent of f32(amax k' / amax q) halved toward
+**               zero (k' = f32(k - k_mean) over the keys, q over every
+**               query row), |e| <= 63; 0 where either amax is 0 or the
+**               ratio not finite
+**   q8, k8 [rows][D]  int8: x' = q * 2^e (or k' * 2^-e); per row amax
+**               (NaN if any is NaN), inv = 127 / amax (0 when amax is 0),
+**               code = rint(f32(x' * inv)), scale = amax / 127
+**   q_scale, k_scale [rows]; q_bias[rows] = q . k_mean (double, channel
+**               order, to float): lse = ln(l) + m ln 2 + scale * q_bias
+**   v_scale[D]  amax of v over the keys / 448; y = f32(v * (448 / amax))
+**   v8 [2][D][rows]  e4m3, transposed (K-major for wgmma's 8-bit B):
+**               plane 0 V_hi = e4m3(y), plane 1 V_lo = e4m3(y - V_hi)
+** Padding rows are all 0 (codes, scales, bias); rows that are never keys
+** (text past text_len) have k8 = v8 = 0 and k_scale 0. */
+#define STA_FP8_CHUNK 1024
+typedef struct sta_fp8_geom {
+  int32_t canvas[3], tile[3], grid[3];
+  int32_t tiled;          /* the input's rows are in the tiled order */
+  int64_t video_len;      /* V */
+  int64_t video_rows;     /* the input's video rows */
+  int64_t tiled_video;    /* NT*NH*NW*tile volume */
+  int64_t rows;           /* tiled_video + the input's text rows */
+  int64_t keys_end;       /* tiled_video + text_len: rows past it are no keys */
+} sta_fp8_geom;
+typedef struct sta_fp8_ops {
+  int64_t batch, heads, rows, head_dim;
+  int8_t *q8, *k8;        /* [B][H][rows][D] */
+  uint8_t *v8;            /* [B][H][2][D][rows] */
+  float *q_scale, *k_scale, *q_bias; /* [B][H][rows] */
+  float *k_mean, *v_scale; /* [B][H][D] */
+  int8_t *eq;             /* [B][H][D] */
+} sta_fp8_ops;
+
+/* Input row of quantized row r, or -1 for a padding row. */
+STA_HD int64_t sta_fp8_source(const sta_fp8_geom *g, int64_t r) {
+  if (r >= g->tiled_video) return r - g->tiled_video + g->video_rows;
+  if (g->tiled) return sta_tiled_token(g->canvas, g->tile, g->grid, r) < 0 ? -1 : r;
+  return sta_tiled_token(g->canvas, g->tile, g->grid, r);
+}
+/* Load/store one element of dtype at p as float. */
+static inline float sta_load_f32(const void *p, sta_dtype dt) {
+  switch (dt) {
+  case STA_F32: return *(const float *)p;
+  case STA_F16: return sta_f16_to_f32(*(const uint16_t *)p);
+  case STA_F8E4M3: return sta_e4m3_to_f32(*(const uint8_t *)p);
+  default: return sta_bf16_to_f32(*(const uint16_t *)p);
+  }
+}
+static inline void sta_store_f32(void *p, sta_dtype dt, float v) {
+  switch (dt) {
+  case STA_F32: *(float *)p = v; break;
+  case STA_F16: *(uint16_t *)p = sta_f32_to_f16(v); break;
+  case STA_F8E4M3: *(uint8_t *)p = sta_f32_to_e4m3(v); break;
+  default: *(uint16_t *)p = sta_f32_to_bf16(v); break;
+  }
+}
+
+/* The fp8 geometry of resolved params. */
+void sta_fp8_geom_init(sta_fp8_geom *g, const sta_attn_params *p);
+/* Host buffers for o (one block, freed by sta_fp8_ops_free; o zeroed
+** first, so freeing a failed alloc is fine).  STA_ERR_NOMEM on failure. */
+sta_status sta_fp8_ops_alloc(sta_fp8_ops *o, int64_t batch, int64_t heads, int64_t rows,
+                             int64_t head_dim);
+void sta_fp8_ops_free(sta_fp8_ops *o);
+/* The pre-pass on the host (p's q, k, v on the host, any dtype). */
+sta_status sta_cpu_fp8_quantize(const sta_attn_params *p, sta_fp8_ops *o);
+/* The FP8 forward on the host: the pre-pass, then every query row against
+** its keys in double (sta.h, sta_precision). */
+sta_status sta_cpu_fp8_attention(const sta_attn_params *p);
+/* The pre-pass on the device (kernels/fp8_quant.cu): o's buffers device
+** memory of sta_fp8_ops_alloc's sizes; on this thread's stream. */
+sta_status sta_cuda_fp8_quantize(const sta_attn_params *p, const sta_fp8_ops *o);
 
 /* ---- files (fileio.c) ------------------------------------------------------ */
 

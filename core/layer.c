@@ -16,6 +16,7 @@ struct sta_layer {
   sta_device backend;
   float scale;
   sta_softmax softmax;
+  sta_precision precision;
   const sta_strategy *strategy;
 };
 
@@ -98,6 +99,10 @@ sta_status sta_layer_create(sta_layer **out, const sta_layer_desc *desc) {
     return sta_error(STA_ERR_ARGUMENT,
                      "softmax: expected STA_SOFTMAX_EXACT (0) or STA_SOFTMAX_FAST (1), got %d",
                      (int)desc->softmax);
+  if (desc->precision != STA_PRECISION_NATIVE && desc->precision != STA_PRECISION_FP8)
+    return sta_error(STA_ERR_ARGUMENT,
+                     "precision: expected STA_PRECISION_NATIVE (0) or STA_PRECISION_FP8 (1), "
+                     "got %d", (int)desc->precision);
   if (desc->strategy) STA_CHECK_HANDLE(desc->strategy, STA_KIND_STRATEGY, "strategy");
   sta_layer *l = sta_calloc(1, sizeof *l);
   if (!l) return sta_error(STA_ERR_NOMEM, "out of host memory (STA layer)");
@@ -113,6 +118,7 @@ sta_status sta_layer_create(sta_layer **out, const sta_layer_desc *desc) {
   l->backend = desc->backend;
   l->scale = desc->scale;
   l->softmax = desc->softmax;
+  l->precision = desc->precision;
   l->strategy = desc->strategy;
   if (l->strategy) sta_strategy_retain(l->strategy);
   *out = l;
@@ -288,6 +294,7 @@ static sta_status layer_windows(sta_layer *l, const sta_tensor *const *ops,
   d->layout = l->layout;
   d->scale = l->scale;
   d->softmax = l->softmax;
+  d->precision = l->precision;
   if (n == total || n < 0) {
     d->n_windows = hl;
     d->windows = *owned ? *owned : row + 3 * (size_t)l->sp_rank * hl;

@@ -292,6 +292,9 @@ sta_status sta_npy_save(const sta_tensor *t, const char *path) {
   STA_CHECK_HANDLE(t, STA_KIND_TENSOR, "t");
   if (!path) return sta_error(STA_ERR_ARGUMENT, "path: expected a file name, got NULL");
   sta_dtype dt = sta_tensor_dtype(t);
+  if (dt == STA_F8E4M3)
+    return sta_error(STA_ERR_DTYPE, "t: .npy has no f8e4m3 type (convert it with sta_tensor_to "
+                     "to f32 first)");
   const char *descr = dt == STA_F32 ? "<f4" : dt == STA_F16 ? "<f2" : "<u2";
   char shp[128], hdr[256];
   int32_t nd = sta_tensor_ndim(t);

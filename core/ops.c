@@ -77,6 +77,9 @@ static void load_row(float *dst, const char *p, int64_t st, int32_t dt, int64_t 
   } else if (dt == STA_F16) {
     const uint16_t *s = (const uint16_t *)p;
     for (int64_t i = 0; i < n; i++) dst[i] = sta_f16_to_f32(s[i * st]);
+  } else if (dt == STA_F8E4M3) {
+    const uint8_t *s = (const uint8_t *)p;
+    for (int64_t i = 0; i < n; i++) dst[i] = sta_e4m3_to_f32(s[i * st]);
   } else {
     const uint16_t *s = (const uint16_t *)p;
     int64_t i = 0;
@@ -95,6 +98,9 @@ static void store_row(char *p, int64_t st, int32_t dt, const float *src, int64_t
   } else if (dt == STA_F16) {
     uint16_t *d = (uint16_t *)p;
     for (int64_t i = 0; i < n; i++) d[i * st] = sta_f32_to_f16(src[i]);
+  } else if (dt == STA_F8E4M3) {
+    uint8_t *d = (uint8_t *)p;
+    for (int64_t i = 0; i < n; i++) d[i * st] = sta_f32_to_e4m3(src[i]);
   } else {
     uint16_t *d = (uint16_t *)p;
     int64_t i = 0;
@@ -110,6 +116,8 @@ static void raw_row(char *d, int64_t ds, const char *s, int64_t ss, size_t es, i
   if (ds == 1 && ss == 1) memcpy(d, s, (size_t)n * es);
   else if (es == 4)
     for (int64_t i = 0; i < n; i++) ((uint32_t *)d)[i * ds] = ((const uint32_t *)s)[i * ss];
+  else if (es == 1)
+    for (int64_t i = 0; i < n; i++) ((uint8_t *)d)[i * ds] = ((const uint8_t *)s)[i * ss];
   else
     for (int64_t i = 0; i < n; i++) ((uint16_t *)d)[i * ds] = ((const uint16_t *)s)[i * ss];
 }
@@ -374,6 +382,10 @@ static sta_status check_operands(const char *op, int32_t n, const sta_tensor *co
                        sta_device_name(dev), names[i], sta_device_name(t[i]->storage->device));
   if (dev != STA_CPU && !sta_backend_available(dev))
     return sta_error(STA_ERR_BACKEND, "st attn not supported");
+  for (int32_t i = 0; i < n; i++) {
+    sta_status rc = sta_f8_device_check(t[i], names[i]);
+    if (rc != STA_OK) return rc;
+  }
   for (int32_t i = 1; i < n; i++)
     if (overlap(t[0], t[i]))
       return sta_error(STA_ERR_ARGUMENT, "%s: %s overlaps %s without being the same view", op,

@@ -333,9 +333,10 @@ sta_status sta_safetensors_read(const sta_safetensors *f, const char *name,
   if (strcmp(e->dtype, "F32") == 0) dt = STA_F32;
   else if (strcmp(e->dtype, "F16") == 0) dt = STA_F16;
   else if (strcmp(e->dtype, "BF16") == 0) dt = STA_BF16;
+  else if (strcmp(e->dtype, "F8_E4M3") == 0) dt = STA_F8E4M3;
   else
     return sta_error(STA_ERR_DTYPE, "%s: tensor '%s' has unsupported dtype %s "
-                     "(expected F32, F16 or BF16)", f->path, name, e->dtype);
+                     "(expected F32, F16, BF16 or F8_E4M3)", f->path, name, e->dtype);
   if (e->ndim < 1 || e->ndim > STA_MAX_DIMS)
     return sta_error(STA_ERR_SHAPE, "%s: tensor '%s' has %d dimensions (sta reads 1..%d)",
                      f->path, name, (int)e->ndim, STA_MAX_DIMS);
@@ -375,7 +376,7 @@ static size_t json_quote(char *buf, size_t pos, const char *s) {
 /* Build the header (both passes: buf NULL measures). */
 static size_t build_header(char *buf, int32_t n, const char *const *names,
                            const sta_tensor *const *ts) {
-  static const char *DT[3] = {"F32", "F16", "BF16"};
+  static const char *DT[4] = {"F32", "F16", "BF16", "F8_E4M3"};
   size_t pos = 0;
   int64_t off = 0;
   char tmp[256];

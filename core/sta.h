@@ -123,8 +123,19 @@ int32_t sta_cancel_requested(void);
 ** Up to 4-D, element strides (int64), f32/f16/bf16, host or CUDA memory.
 ** A tensor is a view onto a reference-counted storage: views share the
 ** storage and keep it alive, so handles can be destroyed in any order.
+**
+** STA_F8E4M3 (OCP FP8 E4M3: bias 7, subnormals, no infinities, largest
+** 448) holds 8-bit operands for sta_attention_forward_fp8.  Host tensors
+** of it convert like any dtype (to e4m3: round to nearest even, beyond
+** +-448 saturated to +-448, NaN to NaN); on a device only contiguous
+** copies to and from host tensors of the same dtype run, and no operation
+** below the Files section (npy excepted: no such .npy type) computes on
+** it: STA_ERR_UNSUPPORTED (elementwise operations) or STA_ERR_DTYPE (the
+** attention's q, k, v) saying so.
 */
-typedef enum sta_dtype { STA_F32 = 0, STA_F16 = 1, STA_BF16 = 2 } sta_dtype;
+typedef enum sta_dtype {
+  STA_F32 = 0, STA_F16 = 1, STA_BF16 = 2, STA_F8E4M3 = 3
+} sta_dtype;
 typedef enum sta_device { STA_CPU = 0, STA_CUDA = 1 } sta_device;
 
 typedef struct sta_tensor sta_tensor;
@@ -165,7 +176,9 @@ void *sta_tensor_data(const sta_tensor *t);
 int32_t sta_tensor_is_contiguous(const sta_tensor *t);
 /* Bytes of one element of dtype. */
 size_t sta_dtype_size(sta_dtype dtype);
-/* "f32", "f16", "bf16"; sta_dtype_parse returns STA_ERR_DTYPE otherwise. */
+/* "f32", "f16", "bf16", "f8e4m3"; sta_dtype_parse also takes "float32",
+** "float16", "fp16", "bfloat16", "float8_e4m3fn", "e4m3" and returns
+** STA_ERR_DTYPE otherwise. */
 const char *sta_dtype_name(sta_dtype dtype);
 sta_status sta_dtype_parse(const char *name, sta_dtype *out);
 
@@ -369,6 +382,26 @@ typedef enum sta_softmax {
   STA_SOFTMAX_FAST = 1
 } sta_softmax;
 
+/* Compute precision of the forward (STA.md section 11).  NATIVE, the
+** default, computes in the inputs' dtype with float32 accumulation.  FP8
+** (opt-in, never chosen for the caller) quantizes Q, K, V to 8 bits and
+** runs both GEMMs in 8 bits; out and lse come out as for NATIVE.  The
+** scheme (bench/fp8_sim.py, BENCHMARKS.md "fp8 scheme"): K smoothed (its
+** per-channel mean over the keys subtracted; lse corrected back), Q and K
+** channels equalized by powers of two, Q and K in int8 with one scale per
+** row, V in two e4m3 terms with one scale per channel, P = exp2(s - m)
+** against the running maximum rounded up to an integer, P * 448 in e4m3.
+** Its error against the exact result: relative L2 about 3e-2, cosine
+** 0.9995 (bf16: 2.3e-3).  The CPU backend computes FP8 by a reference
+** that quantizes exactly so (an emulation for tests, not a fast path:
+** every query row against every key, in double); on CUDA FP8 is
+** STA_ERR_UNSUPPORTED until its kernel lands.  The backward has no FP8
+** mode (STA_ERR_UNSUPPORTED). */
+typedef enum sta_precision {
+  STA_PRECISION_NATIVE = 0,
+  STA_PRECISION_FP8 = 1
+} sta_precision;
+
 /* Zero-initialise (sta_attention_desc d = {0}) and set what you need:
 ** every zero field means its default. */
 typedef struct sta_attention_desc {
@@ -382,6 +415,7 @@ typedef struct sta_attention_desc {
                              run; on the GPU the dQ adds are then ordered,
                              about 3x the time (BENCHMARKS.md); the CPU is
                              always deterministic */
+  sta_precision precision; /* forward compute; 0 = STA_PRECISION_NATIVE */
 } sta_attention_desc;
 
 /* out = STA(q, k, v).  q, k, v, out: 4-D in desc->layout, one shape
@@ -393,8 +427,28 @@ sta_status sta_attention_forward(const sta_attention_desc *desc,
                                  const sta_tensor *q, const sta_tensor *k,
                                  const sta_tensor *v, sta_tensor *out,
                                  sta_tensor *lse);
+/* The fp8 forward of operands already in 8 bits (projections that emit
+** fp8): q8, k8, v8 STA_F8E4M3, shaped, laid out and ordered as q, k, v of
+** sta_attention_forward (last dim contiguous), on one device; they stand
+** for q8 * q_scale, k8 * k_scale, v8 * v_scale: q_scale and k_scale f32
+** [B, heads, S] (a scale per row; a view with stride 0 gives one per head
+** or per tensor), v_scale f32 [B, heads, D] (per channel).  out: f32, f16
+** or bf16 of q8's shape; lse as for sta_attention_forward.
+** desc->precision must be STA_PRECISION_FP8.  Computes what the FP8
+** forward computes on the dequantized values (float32 products): the
+** scheme requantizes them (K smoothed, Q and K to int8 per row, V split).
+** On error out and lse are unchanged. */
+sta_status sta_attention_forward_fp8(const sta_attention_desc *desc,
+                                     const sta_tensor *q8, const sta_tensor *k8,
+                                     const sta_tensor *v8,
+                                     const sta_tensor *q_scale,
+                                     const sta_tensor *k_scale,
+                                     const sta_tensor *v_scale, sta_tensor *out,
+                                     sta_tensor *lse);
 /* Dense masked attention, the brute-force reference: the same function
-** computed one query row at a time in double.  Host tensors only; slow. */
+** computed one query row at a time in double.  Host tensors only; slow.
+** desc->precision FP8: the fp8 reference (what sta_attention_forward
+** computes for FP8 on the CPU). */
 sta_status sta_attention_reference(const sta_attention_desc *desc,
                                    const sta_tensor *q, const sta_tensor *k,
                                    const sta_tensor *v, sta_tensor *out,
@@ -629,6 +683,7 @@ typedef struct sta_layer_desc {
   const sta_strategy *strategy; /* used when the context has no metadata;
                                    the layer holds a reference */
   sta_softmax softmax;         /* 0 = STA_SOFTMAX_EXACT (sta_attention_desc) */
+  sta_precision precision;     /* 0 = STA_PRECISION_NATIVE (sta_attention_desc) */
 } sta_layer_desc;
 
 /* prefix "transformer.double_blocks.7.attn.impl" gives layer 7. */

@@ -11,13 +11,16 @@
 
 /* ---- dtypes ----------------------------------------------------------- */
 
-size_t sta_dtype_size(sta_dtype dtype) { return dtype == STA_F32 ? 4 : 2; }
+size_t sta_dtype_size(sta_dtype dtype) {
+  return dtype == STA_F32 ? 4 : dtype == STA_F8E4M3 ? 1 : 2;
+}
 
 const char *sta_dtype_name(sta_dtype dtype) {
   switch (dtype) {
   case STA_F32: return "f32";
   case STA_F16: return "f16";
   case STA_BF16: return "bf16";
+  case STA_F8E4M3: return "f8e4m3";
   }
   return "?";
 }
@@ -25,20 +28,21 @@ const char *sta_dtype_name(sta_dtype dtype) {
 const char *sta_device_name(sta_device d) { return d == STA_CPU ? "cpu" : "cuda"; }
 
 static int dtype_ok(sta_dtype d) {
-  return d == STA_F32 || d == STA_F16 || d == STA_BF16;
+  return d == STA_F32 || d == STA_F16 || d == STA_BF16 || d == STA_F8E4M3;
 }
 
 sta_status sta_dtype_parse(const char *name, sta_dtype *out) {
   static const struct { const char *n; sta_dtype d; } names[] = {
     {"f32", STA_F32}, {"float32", STA_F32}, {"f16", STA_F16},
     {"float16", STA_F16}, {"fp16", STA_F16}, {"bf16", STA_BF16},
-    {"bfloat16", STA_BF16}};
+    {"bfloat16", STA_BF16}, {"f8e4m3", STA_F8E4M3}, {"float8_e4m3fn", STA_F8E4M3},
+    {"e4m3", STA_F8E4M3}};
   if (!name) return sta_error(STA_ERR_DTYPE, "dtype: expected a name, got NULL");
   if (!out) return sta_error(STA_ERR_ARGUMENT, "out: expected a pointer, got NULL");
   for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
     if (strcmp(name, names[i].n) == 0) { *out = names[i].d; return STA_OK; }
   return sta_error(STA_ERR_DTYPE,
-                   "dtype: unknown dtype '%s' (expected f32, f16 or bf16)",
+                   "dtype: unknown dtype '%s' (expected f32, f16, bf16 or f8e4m3)",
                    name);
 }
 
@@ -392,13 +396,38 @@ sta_status sta_shape_mismatch(const char *what, const char *an, const sta_tensor
   return sta_error(STA_ERR_SHAPE, "%s: shapes differ (%s vs %s)", what, sa, sb);
 }
 
+sta_status sta_f8_device_check(const sta_tensor *t, const char *name) {
+  if (t->dtype != STA_F8E4M3 || t->storage->device == STA_CPU) return STA_OK;
+  return sta_error(STA_ERR_UNSUPPORTED,
+                   "%s: f8e4m3 on %s: the device kernels take f32, f16 and bf16 (an f8e4m3 "
+                   "device tensor moves only by contiguous copies to and from host f8e4m3 "
+                   "tensors)", name, sta_device_name(t->storage->device));
+}
+
 /* src converted to dt, contiguous, into host memory at host (src on a
-** device): converted on the device first when it is not already so. */
+** device): converted on the device first when it is not already so; an
+** f8e4m3 side converts on the host (its raw bytes fetched). */
 static sta_status fetch(void *host, const sta_tensor *src, sta_dtype dt) {
   const sta_backend_ops *b = sta_backend_get(src->storage->device);
   sta_tensor *dc = NULL;
   const sta_tensor *from = src;
   sta_status rc = STA_OK;
+  if (src->dtype == STA_F8E4M3 && !sta_tensor_is_contiguous(src))
+    return sta_f8_device_check(src, "src");
+  if ((src->dtype == STA_F8E4M3 || dt == STA_F8E4M3) && src->dtype != dt) {
+    sta_tensor *raw = NULL, *hv = NULL;
+    if (!sta_tensor_is_contiguous(src))
+      rc = sta_error(STA_ERR_UNSUPPORTED, "src: a strided %s tensor on %s converts to %s only "
+                     "through a contiguous copy", sta_dtype_name(src->dtype),
+                     sta_device_name(src->storage->device), sta_dtype_name(dt));
+    if (rc == STA_OK) rc = sta_tensor_create(&raw, src->dtype, STA_CPU, src->ndim, src->shape);
+    if (rc == STA_OK) rc = fetch(sta_tensor_data(raw), src, src->dtype);
+    if (rc == STA_OK) rc = sta_tensor_wrap(&hv, host, dt, STA_CPU, src->ndim, src->shape, NULL);
+    if (rc == STA_OK) sta_host_copy(hv, raw);
+    sta_tensor_destroy(hv);
+    sta_tensor_destroy(raw);
+    return rc;
+  }
   if (!sta_tensor_is_contiguous(src) || src->dtype != dt) {
     rc = sta_tensor_create(&dc, dt, src->storage->device, src->ndim, src->shape);
     if (rc == STA_OK) rc = b->copy(dc, src);
@@ -457,6 +486,10 @@ sta_status sta_tensor_copy(sta_tensor *dst, const sta_tensor *src) {
   sta_status rc = sta_copy_check_overlap(dst, src);
   if (rc == STA_OK) rc = device_backend(dd);
   if (rc == STA_OK) rc = device_backend(sd);
+  if (rc == STA_OK && dd != STA_CPU && dst->dtype == STA_F8E4M3 &&
+      (dd == sd || !sta_tensor_is_contiguous(dst)))
+    rc = sta_f8_device_check(dst, "dst");
+  if (rc == STA_OK && dd == sd && dd != STA_CPU) rc = sta_f8_device_check(src, "src");
   if (rc != STA_OK || sta_tensor_numel(dst) == 0) return rc;
   if (dd == STA_CPU && sd == STA_CPU) { sta_host_copy(dst, src); return STA_OK; }
   if (dd == sd) return sta_backend_get(dd)->copy(dst, src);
@@ -502,6 +535,7 @@ sta_status sta_tensor_randn(sta_tensor *t, uint64_t seed, double mean,
   if (!isfinite(mean))
     return sta_error(STA_ERR_ARGUMENT, "mean: expected a finite value, got %g", mean);
   sta_status rc = device_backend(t->storage->device);
+  if (rc == STA_OK) rc = sta_f8_device_check(t, "t");
   if (rc != STA_OK || sta_tensor_numel(t) == 0) return rc;
   if (t->storage->device == STA_CPU) {
     sta_host_randn(t, seed, mean, std);
@@ -513,6 +547,7 @@ sta_status sta_tensor_randn(sta_tensor *t, uint64_t seed, double mean,
 sta_status sta_tensor_fill(sta_tensor *t, double value) {
   STA_CHECK_HANDLE(t, STA_KIND_TENSOR, "t");
   sta_status rc = device_backend(t->storage->device);
+  if (rc == STA_OK) rc = sta_f8_device_check(t, "t");
   if (rc != STA_OK || sta_tensor_numel(t) == 0) return rc;
   if (t->storage->device == STA_CPU) {
     sta_host_fill(t, value);

@@ -251,6 +251,13 @@ sta_softmax sta_lua_parse_softmax(lua_State *L, const char *s) {
   return STA_SOFTMAX_EXACT;
 }
 
+sta_precision sta_lua_parse_precision(lua_State *L, const char *s) {
+  if (!s || strcmp(s, "native") == 0) return STA_PRECISION_NATIVE;
+  if (strcmp(s, "fp8") == 0) return STA_PRECISION_FP8;
+  sta_lua_misuse(L, "precision: expected \"native\" or \"fp8\", got '%s'", s);
+  return STA_PRECISION_NATIVE;
+}
+
 sta_order sta_lua_parse_order(lua_State *L, const char *s) {
   if (!s || strcmp(s, "untiled") == 0) return STA_ORDER_UNTILED;
   if (strcmp(s, "tiled") == 0) return STA_ORDER_TILED;

@@ -222,7 +222,7 @@ static int32_t *opts_windows(lua_State *L, int opts, int32_t *n) {
 
 /* The descriptor of an attention call from its options table at opts (or
 ** nil): layout, canvas (else the known shape of q's length), tile,
-** text_len, order, window(s), scale, softmax, deterministic.  d->windows
+** text_len, order, window(s), scale, softmax, precision, deterministic.  d->windows
 ** lives in a userdata this leaves on the stack: keep it there for the
 ** call (an option's __index may run a collection). */
 static void read_desc(lua_State *L, int opts, const char *const *keys, sta_tensor *q,
@@ -246,6 +246,7 @@ static void read_desc(lua_State *L, int opts, const char *const *keys, sta_tenso
     d->scale = (float)sta_lua_num_field(L, opts, "scale", 0);
     d->deterministic = sta_lua_bool_field(L, opts, "deterministic", 0);
     d->softmax = sta_lua_parse_softmax(L, sta_lua_str_field(L, opts, "softmax"));
+    d->precision = sta_lua_parse_precision(L, sta_lua_str_field(L, opts, "precision"));
   }
 }
 
@@ -267,8 +268,8 @@ static int attention_common(lua_State *L, int ref) {
   sta_tensor *v = sta_lua_check_tensor(L, 3, "v");
   sta_attention_desc d;
   static const char *const keys[] = {"canvas", "tile", "text_len", "order", "geometry", "window",
-                                     "layout", "scale", "softmax", "deterministic", "out", "lse",
-                                     NULL};
+                                     "layout", "scale", "softmax", "precision", "deterministic",
+                                     "out", "lse", NULL};
   read_desc(L, 4, keys, q, &d);
   const int top = lua_gettop(L); /* d.windows' userdata stays below it */
   sta_tensor *lse = NULL;
@@ -309,8 +310,8 @@ static int l_attention_backward(lua_State *L) {
   for (int i = 0; i < 6; i++) t[i] = sta_lua_check_tensor(L, i + 1, N[i]);
   sta_attention_desc d;
   static const char *const keys[] = {"canvas", "tile", "text_len", "order", "geometry", "window",
-                                     "layout", "scale", "softmax", "deterministic", "dq", "dk",
-                                     "dv", NULL};
+                                     "layout", "scale", "softmax", "precision", "deterministic",
+                                     "dq", "dk", "dv", NULL};
   read_desc(L, 7, keys, t[0], &d); /* d.windows' userdata stays on the stack */
   sta_tensor *g[3];
   static const char *G[3] = {"dq", "dk", "dv"};

@@ -491,7 +491,8 @@ static int y_release(lua_State *L) {
 }
 
 /* layer{prefix= or layer=, heads=, head_dim=, sp_rank=, sp_size=, canvas=,
-** tile=, text_len=, order=, layout=, backend=, scale=, softmax=, strategy=} */
+** tile=, text_len=, order=, layout=, backend=, scale=, softmax=, precision=,
+** strategy=} */
 void sta_lua_layer_desc(lua_State *L, int opts, int pins, sta_layer_desc *d) {
   d->prefix = sta_lua_str_field(L, opts, "prefix");
   d->layer_index = sta_lua_int32_field(L, opts, "layer", 0);
@@ -501,6 +502,7 @@ void sta_lua_layer_desc(lua_State *L, int opts, int pins, sta_layer_desc *d) {
   d->backend = be ? sta_lua_parse_device(L, be, "backend") : STA_CPU;
   d->scale = (float)sta_lua_num_field(L, opts, "scale", 0);
   d->softmax = sta_lua_parse_softmax(L, sta_lua_str_field(L, opts, "softmax"));
+  d->precision = sta_lua_parse_precision(L, sta_lua_str_field(L, opts, "precision"));
   if (lua_getfield(L, opts, "strategy") != LUA_TNIL) {
     d->strategy = sta_lua_check_strategy(L, -1);
     lua_setfield(L, pins, "strategy");
@@ -514,7 +516,8 @@ void sta_lua_layer_desc(lua_State *L, int opts, int pins, sta_layer_desc *d) {
 static int l_layer(lua_State *L) {
   luaL_checktype(L, 1, LUA_TTABLE);
   static const char *const keys[] = {"prefix", "layer", "heads", "head_dim", "backend", "scale",
-                                     "softmax", "strategy", "sp_rank", "sp_size", "geometry",
+                                     "softmax", "precision", "strategy", "sp_rank", "sp_size",
+                                     "geometry",
                                      "canvas", "tile", "text_len", "order", "layout", NULL};
   sta_lua_check_keys(L, 1, keys);
   lua_settop(L, 1);

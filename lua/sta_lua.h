@@ -124,6 +124,8 @@ sta_dtype sta_lua_parse_dtype(lua_State *L, const char *s);
 sta_layout sta_lua_parse_layout(lua_State *L, const char *s);
 /* "exact" (also NULL) or "fast": sta_attention_desc.softmax. */
 sta_softmax sta_lua_parse_softmax(lua_State *L, const char *s);
+/* "native" (also NULL) or "fp8": sta_attention_desc.precision. */
+sta_precision sta_lua_parse_precision(lua_State *L, const char *s);
 /* "untiled" (also NULL) or "tiled" (FastVideo's): sta_geometry.order. */
 sta_order sta_lua_parse_order(lua_State *L, const char *s);
 const char *sta_lua_order_name(sta_order o);
@@ -173,7 +175,7 @@ sta_lua_strategy *sta_lua_new_strategy(lua_State *L);
 sta_strategy *sta_lua_check_strategy(lua_State *L, int idx);
 sta_metadata *sta_lua_check_metadata(lua_State *L, int idx);
 /* runtime.c: sta.layer's options at opts that SP layers share (prefix=,
-** layer=, heads=, head_dim=, backend=, scale=, softmax=, strategy=) into d, the
+** layer=, heads=, head_dim=, backend=, scale=, softmax=, precision=, strategy=) into d, the
 ** strategy and prefix pinned in the table at pins. */
 void sta_lua_layer_desc(lua_State *L, int opts, int pins, sta_layer_desc *d);
 /* Around a core call that reads the live forward context: push on this OS

@@ -64,6 +64,9 @@ static const char *USAGE =
 "  --softmax M       exact (default) or fast: the GPU's opt-in online softmax\n"
 "                    that rescales less (1-3 % faster, up to twice the max\n"
 "                    error on peaked rows; the CPU computes exact for both)\n"
+"  --precision P     native (default: the compute dtype, float32 sums) or fp8:\n"
+"                    Q, K, V quantized to 8 bits (sta.h's scheme, relative\n"
+"                    error about 3e-2; on the cpu an emulation for tests)\n"
 "  --device D        cpu (default) or cuda\n"
 "  --dtype T         compute dtype f32, f16 or bf16 (default: q's dtype)\n"
 "  --threads N       CPU threads (default: OpenMP's)\n"
@@ -99,6 +102,7 @@ typedef struct options {
   int64_t text_len;
   double scale;
   sta_softmax softmax;
+  sta_precision precision;
   sta_layout layout;
   sta_order order;
   int32_t threads;
@@ -193,8 +197,8 @@ static int parse_args(int argc, char **argv, options *o) {
     static const char *const WITH_VALUE[] = {
       "--q", "--k", "--v", "--out", "--lse", "--safetensors", "--q-name", "--k-name",
       "--v-name", "--out-name", "--lse-name", "--canvas", "--tile", "--window",
-      "--text-len", "--scale", "--softmax", "--layout", "--order", "--threads", "--device",
-      "--dtype", NULL};
+      "--text-len", "--scale", "--softmax", "--precision", "--layout", "--order", "--threads",
+      "--device", "--dtype", NULL};
     int known = 0;
     for (int j = 0; WITH_VALUE[j]; j++) known |= !strcmp(a, WITH_VALUE[j]);
     if (!known) return bad(a, NULL, "unknown option");
@@ -241,6 +245,10 @@ static int parse_args(int argc, char **argv, options *o) {
       if (!strcmp(val, "exact")) o->softmax = STA_SOFTMAX_EXACT;
       else if (!strcmp(val, "fast")) o->softmax = STA_SOFTMAX_FAST;
       else return bad(a, val, "expected exact or fast");
+    } else if (!strcmp(a, "--precision")) {
+      if (!strcmp(val, "native")) o->precision = STA_PRECISION_NATIVE;
+      else if (!strcmp(val, "fp8")) o->precision = STA_PRECISION_FP8;
+      else return bad(a, val, "expected native or fp8");
     } else if (!strcmp(a, "--layout")) {
       if (!strcmp(val, "bshd")) o->layout = STA_BSHD;
       else if (!strcmp(val, "bhsd")) o->layout = STA_BHSD;
@@ -257,7 +265,7 @@ static int parse_args(int argc, char **argv, options *o) {
       else if (!strcmp(val, "cuda")) o->device = STA_CUDA;
       else return bad(a, val, "expected cpu or cuda");
     } else if (!strcmp(a, "--dtype")) {
-      if (sta_dtype_parse(val, &o->dtype) != STA_OK)
+      if (sta_dtype_parse(val, &o->dtype) != STA_OK || o->dtype == STA_F8E4M3)
         return bad(a, val, "expected f32, f16 or bf16");
       o->have_dtype = 1;
     }
@@ -485,6 +493,7 @@ static int run(options *o) {
   desc.windows = o->windows;
   desc.scale = (float)o->scale;
   desc.softmax = o->softmax;
+  desc.precision = o->precision;
   if (o->n_windows != 1 && o->n_windows != H) {
     rc = bad("--window", NULL, "%d windows given for %lld heads (give one, or one per head)",
              (int)o->n_windows, (long long)H);
@@ -529,14 +538,15 @@ static int run(options *o) {
       snprintf(win, sizeof win, "%d per head", (int)o->n_windows);
     shape_str(in[0], sh, sizeof sh);
     printf("sta-run: q %s %s %s%s, canvas %dx%dx%d tile %dx%dx%d text %lld, window %s, "
-           "%s %s%s, %.3f ms, %.2f GFLOP/s (%.3f GFLOP)\n",
+           "%s %s%s%s, %.3f ms, %.2f GFLOP/s (%.3f GFLOP)\n",
            sh, sta_dtype_name(file_dt), o->layout == STA_BSHD ? "bshd" : "bhsd",
            o->order == STA_ORDER_TILED ? " tiled" : "",
            (int)desc.geom.canvas[0], (int)desc.geom.canvas[1], (int)desc.geom.canvas[2],
            (int)desc.geom.tile[0], (int)desc.geom.tile[1], (int)desc.geom.tile[2],
            (long long)sta_geometry_text_len(&desc.geom, S), win,
            o->device == STA_CPU ? "cpu" : "cuda", sta_dtype_name(dt),
-           o->reference ? " reference" : "", dt_s * 1e3,
+           o->precision == STA_PRECISION_FP8 ? " fp8" : "", o->reference ? " reference" : "",
+           dt_s * 1e3,
            dt_s > 0 ? flop / dt_s * 1e-9 : 0.0, flop * 1e-9);
   }
   rc = 0;

@@ -219,6 +219,27 @@ describe("sta attention", function()
     assert.equal("softmax: expected a string, got number", H.error_of(sta.attention, q, k, v, o))
   end)
 
+  it("takes precision = \"fp8\" (the CPU's fp8 reference) and refuses other names", function()
+    local canvas = {6, 8, 16}
+    local q, k, v = qkv({1, 6 * 8 * 16 + 4, 2, 32})
+    local o = { canvas = canvas, window = {1, 1, 1} }
+    local ref = sta.reference(q, k, v, o)
+    o.precision = "native"
+    local _, rel_native = sta.attention(q, k, v, o):compare(ref)
+    o.precision = "fp8"
+    local fp8 = sta.attention(q, k, v, o)
+    local _, rel = fp8:compare(ref)
+    assert.is_true(rel_native < 1e-5)
+    assert.is_true(rel > 1e-2 and rel < 4e-2, "fp8 rel L2 " .. rel) -- quantized, to the scheme's error
+    assert.equal(0, (fp8:compare(sta.reference(q, k, v, o)))) -- FP8's reference is the same
+    o.precision = "fp16"
+    assert.equal("precision: expected \"native\" or \"fp8\", got 'fp16'", H.error_of(sta.attention, q, k, v, o))
+    o.precision = "fp8"
+    local out, lse = sta.attention(q, k, v, { canvas = canvas, window = {1, 1, 1}, precision = "fp8", lse = true })
+    assert.equal("precision: the backward has no STA_PRECISION_FP8 mode (it differentiates the exact "
+      .. "forward): use STA_PRECISION_NATIVE", H.error_of(sta.attention_backward, q, k, v, out, lse, out, o))
+  end)
+
   it("reports bad inputs exactly and leaves out unchanged", function()
     local canvas = {4, 6, 6}
     local q, k, v = qkv({1, 144, 2, 8})

@@ -57,6 +57,20 @@ describe("sta.ffi #ffi", function()
                  select(2, pcall(S.attention_backward, q, k, v, out, nil, g, o)))
   end)
 
+  it("takes precision = \"fp8\" in the descriptor", function()
+    local canvas = {6, 8, 16}
+    local n = 6 * 8 * 16
+    local q, k, v = S.randn({1, n, 2, 32}, seed + 7), S.randn({1, n, 2, 32}, seed + 8),
+                    S.randn({1, n, 2, 32}, seed + 9)
+    local o = { canvas = canvas, window = {1, 1, 1} }
+    local ref = S.attention(q, k, v, o, true)
+    o.precision = "fp8"
+    local _, rel = S.compare(S.attention(q, k, v, o), ref)
+    assert.is_true(rel > 1e-2 and rel < 4e-2, "fp8 rel L2 " .. rel)
+    o.precision = "bf8"
+    assert.equal("precision: expected \"native\" or \"fp8\", got 'bf8'", select(2, pcall(S.attention, q, k, v, o)))
+  end)
+
   it("reads FastVideo's tiled order in place (order = \"tiled\")", function()
     local canvas, tile = {3, 5, 7}, {2, 4, 4} -- 2x2x2 tiles of 32: 256 video rows
     local q, k, v = S.randn({1, 259, 2, 16}, seed + 8), S.randn({1, 259, 2, 16}, seed + 9),
@@ -99,7 +113,7 @@ describe("sta.ffi #ffi", function()
     local o = { canvas = {2, 4, 8}, tile = {1, 2, 4}, window = {1, 1, 1} }
     assert.equal("q: expected a tensor, got nil", select(2, pcall(S.attention, nil, q, q, o)))
     assert.equal("v: expected a tensor, got nil", select(2, pcall(S.attention, q, q, ffi.cast("sta_tensor *", nil), o)))
-    assert.equal("dtype: unknown dtype 'f64' (expected f32, f16 or bf16)", select(2, pcall(S.tensor, {2, 2}, "f64")))
+    assert.equal("dtype: unknown dtype 'f64' (expected f32, f16, bf16 or f8e4m3)", select(2, pcall(S.tensor, {2, 2}, "f64")))
     assert.equal("device: expected \"cpu\" or \"cuda\", got tpu", select(2, pcall(S.tensor, {2, 2}, "f32", "tpu")))
     assert.equal("options: unknown key 'windws'", select(2, pcall(S.attention, q, q, q,
       { canvas = {2, 4, 8}, windws = {{1, 1, 1}} })))

@@ -116,7 +116,7 @@ describe("issue 16 through Lua", function()
   it("raises on an unknown option key and on an omitted window (defect 9)", function()
     local q = H.randn({ 1, S, HEADS, D })
     assert.equal("options: unknown key 'windows' (known: canvas, tile, text_len, order, geometry, "
-      .. "window, layout, scale, softmax, deterministic, out, lse)",
+      .. "window, layout, scale, softmax, precision, deterministic, out, lse)",
       H.error_of(sta.attention, q, q, q, { canvas = canvas, tile = tile, windows = { 1, 1, 1 } }))
     assert.equal("window: required ({Kt, Kh, Kw} for every head, or a list of them, one per head)",
       H.error_of(sta.attention, q, q, q, { canvas = canvas, tile = tile }))
@@ -125,7 +125,7 @@ describe("issue 16 through Lua", function()
     assert.equal("options: unknown key 'sed' (known: seed, dtype, device, mean, std)",
       H.error_of(sta.randn, { 2 }, { sed = 1 }))
     assert.equal("options: unknown key 'head' (known: prefix, layer, heads, head_dim, backend, scale, "
-      .. "softmax, strategy, sp_rank, sp_size, geometry, canvas, tile, text_len, order, layout)",
+      .. "softmax, precision, strategy, sp_rank, sp_size, geometry, canvas, tile, text_len, order, layout)",
       H.error_of(sta.layer, { head = 2 }))
     assert.equal("options: unknown key 'window_size' (known: steps, layers, heads, window, full, full_steps)",
       H.error_of(sta.strategy.uniform, { steps = 1, layers = 1, heads = 1, window_size = { 1, 1, 1 } }))
@@ -133,7 +133,7 @@ describe("issue 16 through Lua", function()
     assert.equal("options: unknown key 'windows' (known: canvas, tile, text_len, geometry, window, layout, "
       .. "scale, out)", H.error_of(comm.attention, comm, q, q, q, { canvas = canvas, windows = { 1, 1, 1 } }))
     assert.equal("options: unknown key 'head' (known: prefix, layer, heads, head_dim, canvas, tile, "
-      .. "text_len, geometry, layout, backend, scale, softmax, strategy)",
+      .. "text_len, geometry, layout, backend, scale, softmax, precision, strategy)",
       H.error_of(sta.dist.layer, comm, { canvas = canvas, heads = 2, head = 2 }))
   end)
 

@@ -83,6 +83,21 @@ describe("sta layers", function()
       { layer = 0, heads = 2, head_dim = 8, canvas = canvas, tile = tile, softmax = "quick" }))
   end)
 
+  it("passes precision = \"fp8\" on to the forward, and refuses other names", function()
+    local s = sta.strategy.uniform{ steps = 1, layers = 1, heads = 2, window = {1, 1, 1} }
+    local layer = sta.layer{ layer = 0, heads = 2, head_dim = 8, canvas = canvas, tile = tile, strategy = s,
+      precision = "fp8" }
+    local q, k, v = qkv(2, 8)
+    local ctx <close> = sta.forward_context{ step = 0, batch = sta.forward_batch{} }
+    local out = layer:forward(q, k, v)
+    local o = { canvas = canvas, tile = tile, window = {1, 1, 1}, precision = "fp8" }
+    assert.equal(0, (out:compare(sta.attention(q, k, v, o))))
+    o.precision = nil
+    assert.is_true(select(2, out:compare(sta.attention(q, k, v, o))) > 1e-3)
+    assert.equal("precision: expected \"native\" or \"fp8\", got 'int4'", H.error_of(sta.layer,
+      { layer = 0, heads = 2, head_dim = 8, canvas = canvas, tile = tile, precision = "int4" }))
+  end)
+
   it("uses this rank's global heads under sequence parallelism", function()
     local s = sta.strategy.new()
     local wins = {{1, 1, 1}, {2, 2, 2}, {1, 2, 1}, {2, 1, 1}}

@@ -50,7 +50,7 @@ describe("sta", function()
     assert.equal("window: required ({Kt, Kh, Kw} for every head, or a list of them, one per head)",
       H.error_of(sta.attention, q, q, q, { canvas = { 12, 16, 16 }, tile = { 6, 4, 4 } }))
     assert.equal("options: unknown key 'windows' (known: canvas, tile, text_len, order, geometry, "
-      .. "window, layout, scale, softmax, deterministic, out, lse)",
+      .. "window, layout, scale, softmax, precision, deterministic, out, lse)",
       H.error_of(sta.attention, q, q, q, { canvas = { 12, 16, 16 }, windows = { 1, 1, 1 } }))
     local o3 = sta.attention(q, q, q, { canvas = { 12, 16, 16 }, tile = { 6, 4, 4 }, window = { 3, 3, 3 } })
     local o1 = sta.attention(q, q, q, { canvas = { 12, 16, 16 }, tile = { 6, 4, 4 }, window = { 1, 1, 1 } })

@@ -30,7 +30,7 @@ typedef struct fx {
   sta_comm *comm, *comm_out;
   sta_sp_layer *sp_layer, *sp_layer_out;
   sta_geometry geom;
-  sta_attention_desc desc;
+  sta_attention_desc desc, desc8; /* desc8: STA_PRECISION_FP8 */
   sta_layer_desc ldesc;
   sta_transport transport;
   sta_tune_report report;
@@ -54,6 +54,25 @@ static sta_tensor *fx_tensor(fx *x) {
   OK(sta_tensor_create(&t, STA_F32, STA_CPU, 4, shape));
   OK(sta_tensor_randn(t, (uint64_t)x->nmade + 1, 0, 1));
   assert_true(x->nmade < 64);
+  return x->made[x->nmade++] = t;
+}
+
+/* f8e4m3 [1, S, H, D] (sta_attention_forward_fp8's q8, k8, v8). */
+static sta_tensor *fx_tensor8(fx *x) {
+  sta_tensor *t = NULL;
+  int64_t shape[4] = {1, FX_S, FX_H, FX_D};
+  OK(sta_tensor_create(&t, STA_F8E4M3, STA_CPU, 4, shape));
+  OK(sta_tensor_randn(t, (uint64_t)x->nmade + 1, 0, 1));
+  assert_true(x->nmade < 64);
+  return x->made[x->nmade++] = t;
+}
+
+/* f32 [1, H, D], filled: a per-channel scale. */
+static sta_tensor *fx_vscale(fx *x) {
+  sta_tensor *t = NULL;
+  int64_t shape[3] = {1, FX_H, FX_D};
+  OK(sta_tensor_create(&t, STA_F32, STA_CPU, 3, shape));
+  OK(sta_tensor_fill(t, 0.5));
   return x->made[x->nmade++] = t;
 }
 
@@ -89,6 +108,8 @@ static void fx_open(fx *x) {
   x->desc.geom = x->geom;
   x->desc.n_windows = 1;
   x->desc.windows = x->win;
+  x->desc8 = x->desc;
+  x->desc8.precision = STA_PRECISION_FP8;
   int64_t shape[4] = {1, FX_S, FX_H, FX_D};
   for (int i = 0; i < 4; i++) { x->shape4[i] = shape[i]; x->perm4[i] = i; }
   x->strides4[3] = 1;

@@ -190,6 +190,24 @@ static void test_npy_bshd(void **state) {
   sta_tensor_destroy(o);
   sta_tensor_destroy(l);
   sta_tensor_destroy(fo);
+  /* --precision fp8: the fp8 forward (sta.h's scheme), not the native one */
+  assert_int_equal(run("--q q.npy --k k.npy --v v.npy --out o3.npy --canvas 4,8,8 --tile 2,4,4 "
+                       "--window 1,3,1 --scale 0.3 --precision fp8"), 0);
+  assert_non_null(strstr(out_text, " fp8,"));
+  fo = load_npy("o3.npy");
+  p.desc.precision = STA_PRECISION_FP8;
+  direct(&p, 0, &o, &l);
+  assert_close(fo, o, 1e-6);
+  sta_tensor_destroy(o);
+  sta_tensor_destroy(l);
+  p.desc.precision = STA_PRECISION_NATIVE;
+  direct(&p, 0, &o, &l);
+  double rel = 0;
+  assert_int_equal(sta_tensor_compare(fo, o, NULL, &rel), STA_OK);
+  if (!(rel > 5e-3)) fail_msg("--precision fp8 gave the native output (rel %g)", rel);
+  sta_tensor_destroy(o);
+  sta_tensor_destroy(l);
+  sta_tensor_destroy(fo);
   free_problem(&p);
 }
 
@@ -360,7 +378,7 @@ static void test_help(void **state) {
   static const char *opts[] = {
     "--q ", "--k ", "--v ", "--out ", "--lse ", "--safetensors ", "--q-name", "--k-name",
     "--v-name", "--out-name", "--lse-name", "--canvas ", "--tile ", "--window ", "--text-len ",
-    "--scale ", "--softmax ", "exact", "fast", "--layout ", "--threads ", "--device ", "--dtype ", "--reference", "--quiet",
+    "--scale ", "--softmax ", "exact", "fast", "--precision ", "fp8", "--layout ", "--threads ", "--device ", "--dtype ", "--reference", "--quiet",
     "--help", "bshd", "bhsd", "cuda", "bf16", "FILE.safetensors:NAME", "Example", "Exit status"};
   for (size_t i = 0; i < sizeof opts / sizeof opts[0]; i++)
     if (!strstr(out_text, opts[i])) fail_msg("--help does not mention '%s'", opts[i]);
@@ -391,6 +409,8 @@ static void test_bad_options(void **state) {
     {"--scale nan", "sta-run: --scale 'nan': expected a number > 0"},
     {"--scale ''", "sta-run: --scale '': expected a number > 0"},
     {"--softmax slow", "sta-run: --softmax 'slow': expected exact or fast"},
+    {"--precision fp16", "sta-run: --precision 'fp16': expected native or fp8"},
+    {"--dtype f8e4m3", "sta-run: --dtype 'f8e4m3': expected f32, f16 or bf16"},
     {"--layout bsdh", "sta-run: --layout 'bsdh': expected bshd or bhsd"},
     {"--order fastvideo", "sta-run: --order 'fastvideo': expected untiled or tiled"},
     {"--threads 0", "sta-run: --threads '0': expected an integer 1..4096"},

@@ -1086,7 +1086,14 @@ static void test_ranks_disagree(void **state) {
   dis_rank_init(&j, 1, STA_F32, STA_BSHD, 35, 4);
   j.desc[1].scale = 0.5f;
   dis_check(&j, comms, STA_ERR_ARGUMENT,
-            "ranks disagree on the scale or softmax: rank 0 has 0 and 0, rank 1 has 0.5 and 0");
+            "ranks disagree on the scale, softmax or precision: rank 0 has 0, 0 and 0, rank 1 "
+            "has 0.5, 0 and 0");
+  dis_rank_init(&j, 0, STA_F32, STA_BSHD, 35, 4);
+  dis_rank_init(&j, 1, STA_F32, STA_BSHD, 35, 4);
+  j.desc[1].precision = STA_PRECISION_FP8;
+  dis_check(&j, comms, STA_ERR_ARGUMENT,
+            "ranks disagree on the scale, softmax or precision: rank 0 has 0, 0 and 0, rank 1 "
+            "has 0, 0 and 1");
   dis_rank_init(&j, 0, STA_F32, STA_BSHD, 35, 4);
   dis_rank_init(&j, 1, STA_F32, STA_BSHD, 35, 4);
   assert_int_equal(sta_comm_set_chunks(comms[0], 2), STA_OK);

@@ -665,7 +665,7 @@ static void test_st_foreign_file(void **state) {
   sta_tensor_destroy(t);
   t = (sta_tensor *)0x1;
   expect_err(sta_safetensors_read(f, "ids", &t), STA_ERR_DTYPE, tpath("foreign.safetensors"),
-             "tensor 'ids' has unsupported dtype I64 (expected F32, F16 or BF16)");
+             "tensor 'ids' has unsupported dtype I64 (expected F32, F16, BF16 or F8_E4M3)");
   expect_err(sta_safetensors_read(f, "s", &t), STA_ERR_SHAPE,
              "tensor 's' has 0 dimensions (sta reads 1..4)", NULL);
   assert_ptr_equal(t, (sta_tensor *)0x1);

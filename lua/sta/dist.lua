@@ -58,7 +58,7 @@ local function known(list)
 end
 local ATTENTION_KEYS = { known("canvas, tile, text_len, geometry, window, layout, scale, out") }
 local LAYER_KEYS = { known("prefix, layer, heads, head_dim, canvas, tile, text_len, geometry, "
-  .. "layout, backend, scale, softmax, strategy") }
+  .. "layout, backend, scale, softmax, precision, strategy") }
 local INIT_KEYS = { known("rank, size, id_file, device, backend") }
 
 local function check_keys(opts, keys)

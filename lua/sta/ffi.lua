@@ -122,12 +122,16 @@ function M.randn(shape, seed, dtype)
 end
 
 local DESC_KEYS = { canvas = true, tile = true, text_len = true, order = true, window = true,
-                    windows = true, layout = true, scale = true, lse = true, deterministic = true }
+                    windows = true, layout = true, scale = true, lse = true, deterministic = true,
+                    precision = true }
 local ORDERS = { untiled = C.STA_ORDER_UNTILED, tiled = C.STA_ORDER_TILED }
+local PRECISIONS = { native = C.STA_PRECISION_NATIVE, fp8 = C.STA_PRECISION_FP8 }
 
 --- An sta_attention_desc from {canvas=, tile=, text_len=, order= ("untiled"
 -- or "tiled": FastVideo's tiled token order, read in place), window= or
--- windows=, layout=, scale=}; keeps the window array alive in the result.
+-- windows=, layout=, scale=, precision= ("native" or "fp8": sta.h's
+-- sta_precision, never chosen for the caller)}; keeps the window array
+-- alive in the result.
 -- canvas and a window (or windows, one per head) are required; an unknown
 -- key raises naming it.
 function M.desc(o)
@@ -155,6 +159,10 @@ function M.desc(o)
   d.n_windows = #wins
   d.windows = arr
   d.scale = o.scale or 0
+  if o.precision ~= nil and not PRECISIONS[o.precision] then
+    bad("precision: expected \"native\" or \"fp8\", got '%s'", tostring(o.precision))
+  end
+  d.precision = PRECISIONS[o.precision or "native"]
   return d, arr
 end
 

@@ -23,10 +23,11 @@ from .errors import Error, LibraryNotFound, error_class
 
 # ---- status, enums ---------------------------------------------------------
 STA_OK = 0
-STA_F32, STA_F16, STA_BF16 = 0, 1, 2
+STA_F32, STA_F16, STA_BF16, STA_F8E4M3 = 0, 1, 2, 3
 STA_CPU, STA_CUDA = 0, 1
 STA_BSHD, STA_BHSD = 0, 1
 STA_SOFTMAX_EXACT, STA_SOFTMAX_FAST = 0, 1
+STA_PRECISION_NATIVE, STA_PRECISION_FP8 = 0, 1
 STA_ORDER_UNTILED, STA_ORDER_TILED = 0, 1
 
 # ---- struct mirrors (sta.h) -------------------------------------------------
@@ -41,7 +42,7 @@ class Geometry(C.Structure):
 class AttentionDesc(C.Structure):
     _fields_ = [("geom", Geometry), ("layout", _enum), ("n_windows", C.c_int32),
                 ("windows", C.POINTER(C.c_int32)), ("scale", C.c_float),
-                ("softmax", _enum), ("deterministic", C.c_int32)]
+                ("softmax", _enum), ("deterministic", C.c_int32), ("precision", _enum)]
 
 
 class LayerDesc(C.Structure):
@@ -49,7 +50,8 @@ class LayerDesc(C.Structure):
                 ("local_heads", C.c_int32), ("head_dim", C.c_int32),
                 ("sp_rank", C.c_int32), ("sp_size", C.c_int32),
                 ("geom", Geometry), ("layout", _enum), ("backend", _enum),
-                ("scale", C.c_float), ("strategy", C.c_void_p), ("softmax", _enum)]
+                ("scale", C.c_float), ("strategy", C.c_void_p), ("softmax", _enum),
+                ("precision", _enum)]
 
 
 class TuneReport(C.Structure):
@@ -94,6 +96,7 @@ FUNCS = {
     "sta_window_check": (_st, [_geom, _i32p]),
     # attention
     "sta_attention_forward": (_st, [_desc, _p, _p, _p, _p, _p]),
+    "sta_attention_forward_fp8": (_st, [_desc, _p, _p, _p, _p, _p, _p, _p, _p]),
     "sta_attention_reference": (_st, [_desc, _p, _p, _p, _p, _p]),
     "sta_attention_backward": (_st, [_desc, _p, _p, _p, _p, _p, _p, _p, _p, _p]),
     "sta_attention_backward_reference": (_st, [_desc, _p, _p, _p, _p, _p, _p, _p]),

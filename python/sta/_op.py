@@ -20,7 +20,8 @@ import torch
 
 from . import _capi
 from ._capi import (AttentionDesc, STA_BF16, STA_BSHD, STA_CPU, STA_CUDA,
-                    STA_F16, STA_F32, STA_SOFTMAX_EXACT, STA_SOFTMAX_FAST)
+                    STA_F16, STA_F32, STA_PRECISION_FP8, STA_PRECISION_NATIVE,
+                    STA_SOFTMAX_EXACT, STA_SOFTMAX_FAST)
 from ._args import (_E_ARGUMENT, _E_DTYPE, _E_SHAPE, _E_WINDOW, _bad, _is_int, _layout,
                     _order, _text_len, _triple)
 
@@ -28,6 +29,7 @@ __all__ = ["attention", "reference", "reference_backward", "CUSTOM_OP"]
 
 _DTYPES = {torch.float32: STA_F32, torch.float16: STA_F16, torch.bfloat16: STA_BF16}
 _SOFTMAX = {"exact": STA_SOFTMAX_EXACT, "fast": STA_SOFTMAX_FAST}
+_PRECISION = {"native": STA_PRECISION_NATIVE, "fp8": STA_PRECISION_FP8}
 _PLAIN = (torch.Tensor, torch.nn.Parameter)
 
 
@@ -66,7 +68,7 @@ def _windows(window):
 
 
 def _spec(canvas, window, tile, text_len, layout, scale, softmax, deterministic,
-          order="untiled"):
+          order="untiled", precision="native"):
     """The hashable description of one call (what sta_attention_desc holds)."""
     canvas = _triple(canvas, "canvas")
     order = _order(order)
@@ -81,8 +83,12 @@ def _spec(canvas, window, tile, text_len, layout, scale, softmax, deterministic,
     sm = _SOFTMAX.get(softmax) if isinstance(softmax, str) else None
     if sm is None:
         raise _bad(_E_ARGUMENT, "softmax: expected \"exact\" or \"fast\", got %r" % (softmax,))
+    pr = _PRECISION.get(precision) if isinstance(precision, str) else None
+    if pr is None:
+        raise _bad(_E_ARGUMENT, "precision: expected \"native\" or \"fp8\", got %r"
+                   % (precision,))
     return (canvas, tile, text_len, windows, lay, float(scale), sm, int(bool(deterministic)),
-            order)
+            order, pr)
 
 
 def _check_tensors(names, tensors):
@@ -128,7 +134,7 @@ def _desc(spec):
     hit = descs.get(spec)
     if hit is not None:
         return hit[2]
-    canvas, tile, text_len, windows, layout, scale, softmax, det, order = spec
+    canvas, tile, text_len, windows, layout, scale, softmax, det, order, precision = spec
     d = AttentionDesc()
     d.geom.canvas[:] = canvas
     d.geom.tile[:] = tile
@@ -141,6 +147,7 @@ def _desc(spec):
     d.scale = scale
     d.softmax = softmax
     d.deterministic = det
+    d.precision = precision
     if len(descs) >= 256:
         descs.clear()
     ref = C.byref(d)
@@ -253,9 +260,9 @@ def _backward(q, k, v, out, lse, dout, dlse, spec):
 
 # ---- autograd ---------------------------------------------------------------------
 
-def _unspec(canvas, tile, text_len, windows, layout, scale, softmax, det, order):
+def _unspec(canvas, tile, text_len, windows, layout, scale, softmax, det, order, precision):
     return (tuple(canvas), tuple(tile), int(text_len), tuple(windows), int(layout),
-            float(scale), int(softmax), int(det), int(order))
+            float(scale), int(softmax), int(det), int(order), int(precision))
 
 
 if CUSTOM_OP:
@@ -270,15 +277,16 @@ if CUSTOM_OP:
     def _attention_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, canvas: List[int],
                       tile: List[int], text_len: int, windows: List[int], layout: int,
                       scale: float, softmax: int, deterministic: bool, order: int,
-                      compute_lse: bool, return_lse: bool) -> Tuple[torch.Tensor, torch.Tensor]:
+                      precision: int, compute_lse: bool,
+                      return_lse: bool) -> Tuple[torch.Tensor, torch.Tensor]:
         spec = _unspec(canvas, tile, text_len, windows, layout, scale, softmax, deterministic,
-                       order)
+                       order, precision)
         out, lse = _forward(q, k, v, spec, compute_lse)
         return out, lse if lse is not None else q.new_empty(0, dtype=torch.float32)
 
     @_attention_op.register_fake
     def _attention_fake(q, k, v, canvas, tile, text_len, windows, layout, scale, softmax,
-                        deterministic, order, compute_lse, return_lse):
+                        deterministic, order, precision, compute_lse, return_lse):
         out = q.new_empty(q.shape)
         shape = _bhs(q, layout) if compute_lse else (0,)
         return out, q.new_empty(shape, dtype=torch.float32)
@@ -289,22 +297,23 @@ if CUSTOM_OP:
                                dlse: Optional[torch.Tensor], canvas: List[int],
                                tile: List[int], text_len: int, windows: List[int],
                                layout: int, scale: float, softmax: int,
-                               deterministic: bool, order: int) -> Tuple[torch.Tensor,
-                                                                         torch.Tensor,
-                                                                         torch.Tensor]:
+                               deterministic: bool, order: int,
+                               precision: int) -> Tuple[torch.Tensor, torch.Tensor,
+                                                        torch.Tensor]:
         spec = _unspec(canvas, tile, text_len, windows, layout, scale, softmax, deterministic,
-                       order)
+                       order, precision)
         return _backward(q, k, v, out, lse, dout, dlse, spec)
 
     @_attention_backward_op.register_fake
     def _attention_backward_fake(q, k, v, out, lse, dout, dlse, canvas, tile, text_len,
-                                 windows, layout, scale, softmax, deterministic, order):
+                                 windows, layout, scale, softmax, deterministic, order,
+                                 precision):
         return q.new_empty(q.shape), q.new_empty(q.shape), q.new_empty(q.shape)
 
     def _setup_context(ctx, inputs, output):
         q, k, v = inputs[:3]
-        ctx.args = inputs[3:12]  # canvas .. order
-        ctx.return_lse = inputs[13]
+        ctx.args = inputs[3:13]  # canvas .. precision
+        ctx.return_lse = inputs[14]
         out, lse = output
         ctx.save_for_backward(q, k, v, out, lse)
         if not ctx.return_lse:
@@ -317,7 +326,7 @@ if CUSTOM_OP:
             dout = torch.zeros_like(out)
         dq, dk, dv = torch.ops.sta.attention_backward(
             q, k, v, out, lse, dout, dlse if ctx.return_lse else None, *ctx.args)
-        return (dq, dk, dv) + (None,) * 11
+        return (dq, dk, dv) + (None,) * 12
 
     _attention_op.register_autograd(_op_backward, setup_context=_setup_context)
 
@@ -352,7 +361,7 @@ def _compiling():
 
 def attention(q, k, v, *, canvas, window, tile=(6, 8, 8), text_len=None, layout="bshd",
               scale=None, return_lse=False, softmax="exact", deterministic=False,
-              order="untiled"):
+              order="untiled", precision="native"):
     """Sliding Tile Attention of torch tensors (STA.md sections 1-4, 10).
 
     q, k, v: 4-D [B, S, heads, D] (layout "bshd") or [B, heads, S, D]
@@ -368,6 +377,10 @@ def attention(q, k, v, *, canvas, window, tile=(6, 8, 8), text_len=None, layout=
     tile: (tt, th, tw); text_len: valid text rows (None: all after the video).
     scale: None for 1/sqrt(D).  softmax: "exact" or "fast" (GPU, opt-in).
     deterministic: bit-identical gradients run to run (slower on the GPU).
+    precision: "native" (the inputs' dtype, float32 accumulation) or "fp8"
+    (opt-in, never chosen for you: Q, K, V quantized to 8 bits by sta.h's
+    scheme, rel L2 about 3e-2; on the CPU an emulation for tests, on CUDA
+    UnsupportedError until the fp8 kernel lands; no backward).
 
     Returns out (torch-allocated, q's shape, dtype, device), and with
     return_lse=True also lse, float32 [B, heads, S] (natural log).
@@ -378,14 +391,15 @@ def attention(q, k, v, *, canvas, window, tile=(6, 8, 8), text_len=None, layout=
     compiling = _compiling()
     spec = None
     if not compiling:  # eager: the normalised arguments from a cache
-        key = (canvas, window, tile, text_len, layout, scale, softmax, deterministic, order)
+        key = (canvas, window, tile, text_len, layout, scale, softmax, deterministic, order,
+               precision)
         try:
             spec = _specs.get(key)
         except TypeError:  # unhashable (lists): parsed every call
             key = None
     if spec is None:
         spec = _spec(canvas, window, tile, text_len, layout, scale, softmax, deterministic,
-                     order)
+                     order, precision)
         if not compiling and key is not None:
             if len(_specs) >= 256:
                 _specs.clear()
@@ -394,10 +408,11 @@ def attention(q, k, v, *, canvas, window, tile=(6, 8, 8), text_len=None, layout=
                                              v.requires_grad)
     if CUSTOM_OP and (need_grad or compiling or type(q) not in _PLAIN or
                       type(k) not in _PLAIN or type(v) not in _PLAIN):
-        canvas_, tile_, text_len_, windows, lay, scale_, sm, det, order_ = spec
+        canvas_, tile_, text_len_, windows, lay, scale_, sm, det, order_, prec = spec
         out, lse = torch.ops.sta.attention(q, k, v, list(canvas_), list(tile_), text_len_,
                                            list(windows), lay, scale_, sm, bool(det), order_,
-                                           bool(return_lse or need_grad), bool(return_lse))
+                                           prec, bool(return_lse or need_grad),
+                                           bool(return_lse))
     elif need_grad:
         out, lse = _AttentionFunction.apply(q, k, v, spec, bool(return_lse))
     else:

@@ -87,7 +87,8 @@ def c_kind(ctype):
              "uint32_t": (4, False), "void": None}
     if base in sizes:
         return sizes[base]
-    if base in ("sta_status", "sta_dtype", "sta_device", "sta_layout", "sta_softmax"):
+    if base in ("sta_status", "sta_dtype", "sta_device", "sta_layout", "sta_softmax",
+                "sta_precision"):
         return (4, False)
     if base == "sta_rank_fn":
         return "pointer"

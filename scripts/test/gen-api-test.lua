@@ -69,6 +69,7 @@ local HANDLE = {
 local NULLABLE = {
   ["sta_free.p"] = true, ["sta_tensor_wrap.strides"] = true,
   ["sta_attention_forward.lse"] = true, ["sta_attention_reference.lse"] = true,
+  ["sta_attention_forward_fp8.lse"] = true,
   ["sta_layer_forward_lse.lse"] = true, ["sta_context_push.md"] = true,
   ["sta_context_push.fb"] = true, ["sta_strategy_uniform.full"] = true,
   ["sta_tune.report"] = true, ["sta_cuda_set_stream.stream"] = true,
@@ -124,6 +125,10 @@ local SPECIFIC = {
   ["sta_attention_forward.lse"] = "fx_lse(&x)", ["sta_attention_reference.lse"] = "fx_lse(&x)",
   ["sta_attention_backward.lse"] = "fx_lse(&x)", ["sta_layer_forward_lse.lse"] = "fx_lse(&x)",
   ["sta_layer_backward.lse"] = "fx_lse(&x)",
+  ["sta_attention_forward_fp8.desc"] = "&x.desc8", ["sta_attention_forward_fp8.q8"] = "fx_tensor8(&x)",
+  ["sta_attention_forward_fp8.k8"] = "fx_tensor8(&x)", ["sta_attention_forward_fp8.v8"] = "fx_tensor8(&x)",
+  ["sta_attention_forward_fp8.q_scale"] = "fx_lse(&x)", ["sta_attention_forward_fp8.k_scale"] = "fx_lse(&x)",
+  ["sta_attention_forward_fp8.v_scale"] = "fx_vscale(&x)", ["sta_attention_forward_fp8.lse"] = "fx_lse(&x)",
   ["sta_comm_all_to_all.recv"] = "fx_tensor(&x)", ["sta_comm_all_gather.recv"] = "fx_tensor(&x)",
 }
 

@@ -1,0 +1,270 @@
+/*
+** cpu_fp8.c -- STA_PRECISION_FP8 on the CPU: the quantize pre-pass exactly
+** as the GPU runs it (kernels/fp8_quant.cu writes the same bits;
+** spec/test_gpu_fp8.c compares them) and the attention over its 8-bit
+** operands, one query row at a time in double.  The scheme is sta.h's
+** (sta_precision) and internal.h's (sta_fp8_ops), chosen by
+** bench/fp8_sim.py; python/tests/test_fp8.py checks this file against that
+** script's definition.  An emulation for tests and for measuring the
+** scheme, not a fast path: every query row against each of its keys.
+**
+** What a kernel may differ in from this reference is only the order and
+** width of its sums (float32 scores, Hopper's fp8 accumulator): P is taken
+** against the running maximum rounded up to an integer, so P of a key is
+** the same up to an exact power of two whatever the key blocks and their
+** order, and so is its e4m3 rounding (below 2^-6 * 448 excepted).
+*/
+#include <math.h>
+#include <omp.h>
+#include <stdlib.h>
+
+#include "internal.h"
+
+void sta_fp8_geom_init(sta_fp8_geom *g, const sta_attn_params *p) {
+  memset(g, 0, sizeof *g);
+  for (int i = 0; i < 3; i++) {
+    g->canvas[i] = p->canvas[i];
+    g->tile[i] = p->tile[i];
+    g->grid[i] = p->grid[i];
+  }
+  g->tiled = p->tiled;
+  g->video_len = p->video_len;
+  g->video_rows = p->video_rows;
+  g->tiled_video = (int64_t)p->grid[0] * p->grid[1] * p->grid[2] *
+                   ((int64_t)p->tile[0] * p->tile[1] * p->tile[2]);
+  g->rows = g->tiled_video + p->seq_len - p->video_rows;
+  g->keys_end = g->tiled_video + p->text_len;
+}
+
+sta_status sta_fp8_ops_alloc(sta_fp8_ops *o, int64_t batch, int64_t heads, int64_t rows,
+                             int64_t head_dim) {
+  size_t bh = (size_t)(batch * heads), r = (size_t)rows, d = (size_t)head_dim;
+  memset(o, 0, sizeof *o);
+  o->batch = batch; o->heads = heads; o->rows = rows; o->head_dim = head_dim;
+  o->q8 = sta_calloc(bh * r * d, 1);
+  o->k8 = sta_calloc(bh * r * d, 1);
+  o->v8 = sta_calloc(bh * 2 * d * r, 1);
+  o->q_scale = sta_calloc(bh * r, sizeof(float));
+  o->k_scale = sta_calloc(bh * r, sizeof(float));
+  o->q_bias = sta_calloc(bh * r, sizeof(float));
+  o->k_mean = sta_calloc(bh * d, sizeof(float));
+  o->v_scale = sta_calloc(bh * d, sizeof(float));
+  o->eq = sta_calloc(bh * d, 1);
+  if (o->q8 && o->k8 && o->v8 && o->q_scale && o->k_scale && o->q_bias && o->k_mean &&
+      o->v_scale && o->eq)
+    return STA_OK;
+  sta_fp8_ops_free(o);
+  return STA_ERR_NOMEM;
+}
+
+void sta_fp8_ops_free(sta_fp8_ops *o) {
+  free(o->q8); free(o->k8); free(o->v8);
+  free(o->q_scale); free(o->k_scale); free(o->q_bias);
+  free(o->k_mean); free(o->v_scale); free(o->eq);
+  memset(o, 0, sizeof *o);
+}
+
+/* Element d of row s of head (b, h) of operand x (q, k or v of p). */
+static inline float elem(const sta_attn_params *p, const void *x, int64_t sb, int64_t ss,
+                         int64_t sh, int64_t b, int64_t s, int64_t h, int64_t d) {
+  size_t es = sta_dtype_size(p->dtype);
+  return sta_load_f32((const char *)x + (b * sb + s * ss + h * sh + d) * (int64_t)es, p->dtype);
+}
+
+/* Row amax -> int8 codes and scale of x[0..D) (already equalized). */
+static void quantize_row(const float *x, int64_t D, int8_t *code, float *scale) {
+  float m = 0.0f;
+  for (int64_t d = 0; d < D; d++) m = sta_amax_nan(m, x[d]);
+  float inv = sta_fp8_inv(127.0f, m);
+  for (int64_t d = 0; d < D; d++) code[d] = sta_f32_to_i8(sta_fmul(x[d], inv));
+  *scale = m / 127.0f;
+}
+
+/* Scratch of quantize_head per thread: 5*D floats, 2*D doubles. */
+#define QUANT_SCRATCH(D) ((size_t)(D) * (5 * sizeof(float) + 2 * sizeof(double)))
+
+/* The pre-pass of one (batch, head); w: QUANT_SCRATCH(D) bytes. */
+static void quantize_head(const sta_attn_params *p, const sta_fp8_geom *g, const sta_fp8_ops *o,
+                          int64_t b, int64_t h, char *w) {
+  int64_t D = p->head_dim, R = g->rows, bh = b * p->heads + h;
+  float *k_mean = o->k_mean + bh * D, *v_scale = o->v_scale + bh * D;
+  int8_t *eq = o->eq + bh * D;
+  double *sum = (double *)w, *part = sum + D;
+  float *x = (float *)(part + D), *qam = x + D, *kmax = qam + D, *kmin = kmax + D, *vam = kmin + D;
+  int64_t count = 0;
+  for (int64_t d = 0; d < D; d++) {
+    sum[d] = 0; qam[d] = 0; vam[d] = 0; kmax[d] = -INFINITY; kmin[d] = INFINITY;
+  }
+  for (int64_t c0 = 0; c0 < R; c0 += STA_FP8_CHUNK) {
+    for (int64_t d = 0; d < D; d++) part[d] = 0;
+    for (int64_t r = c0; r < R && r < c0 + STA_FP8_CHUNK; r++) {
+      int64_t s = sta_fp8_source(g, r);
+      if (s < 0) continue;
+      for (int64_t d = 0; d < D; d++)
+        qam[d] = sta_amax_nan(qam[d], elem(p, p->q, p->q_sb, p->q_ss, p->q_sh, b, s, h, d));
+      if (r >= g->keys_end) continue;
+      count++;
+      for (int64_t d = 0; d < D; d++) {
+        float kv = elem(p, p->k, p->k_sb, p->k_ss, p->k_sh, b, s, h, d);
+        part[d] += (double)kv;
+        if (kv > kmax[d]) kmax[d] = kv;
+        if (kv < kmin[d]) kmin[d] = kv;
+        vam[d] = sta_amax_nan(vam[d], elem(p, p->v, p->v_sb, p->v_ss, p->v_sh, b, s, h, d));
+      }
+    }
+    for (int64_t d = 0; d < D; d++) sum[d] += part[d];
+  }
+  for (int64_t d = 0; d < D; d++) {
+    float mean = count > 0 ? (float)(sum[d] / (double)count) : 0.0f;
+    float kam = sta_amax_nan(sta_amax_nan(0.0f, kmax[d] - mean), mean - kmin[d]);
+    k_mean[d] = mean;
+    eq[d] = (int8_t)sta_fp8_exponent(qam[d], kam);
+    v_scale[d] = vam[d] / 448.0f;
+    vam[d] = sta_fp8_inv(448.0f, vam[d]); /* now the inverse */
+  }
+  for (int64_t r = 0; r < R; r++) {
+    int64_t s = sta_fp8_source(g, r), row = bh * R + r;
+    if (s < 0) continue;
+    double bias = 0;
+    for (int64_t d = 0; d < D; d++) {
+      float qv = elem(p, p->q, p->q_sb, p->q_ss, p->q_sh, b, s, h, d);
+      bias += (double)qv * (double)k_mean[d];
+      x[d] = sta_fmul(qv, sta_pow2f(eq[d]));
+    }
+    o->q_bias[row] = (float)bias;
+    quantize_row(x, D, o->q8 + row * D, &o->q_scale[row]);
+    if (r >= g->keys_end) continue;
+    for (int64_t d = 0; d < D; d++) {
+      float kv = elem(p, p->k, p->k_sb, p->k_ss, p->k_sh, b, s, h, d);
+      x[d] = sta_fmul(kv - k_mean[d], sta_pow2f(-eq[d]));
+      float y = sta_fmul(elem(p, p->v, p->v_sb, p->v_ss, p->v_sh, b, s, h, d), vam[d]);
+      uint8_t hi = sta_f32_to_e4m3(y);
+      o->v8[((bh * 2 + 0) * D + d) * R + r] = hi;
+      o->v8[((bh * 2 + 1) * D + d) * R + r] = sta_f32_to_e4m3(y - sta_e4m3_to_f32(hi));
+    }
+    quantize_row(x, D, o->k8 + row * D, &o->k_scale[row]);
+  }
+}
+
+sta_status sta_cpu_fp8_quantize(const sta_attn_params *p, sta_fp8_ops *o) {
+  sta_fp8_geom g;
+  sta_fp8_geom_init(&g, p);
+  int64_t D = p->head_dim, heads = p->batch * p->heads;
+  int nt = sta_get_num_threads();
+  size_t per = QUANT_SCRATCH(D);
+  char *buf = sta_malloc(per * (size_t)nt);
+  if (!buf) return sta_error(STA_ERR_NOMEM, "out of host memory (fp8 quantize buffers)");
+  #pragma omp parallel for schedule(dynamic, 1) num_threads(nt)
+  for (int64_t i = 0; i < heads; i++)
+    quantize_head(p, &g, o, i / p->heads, i % p->heads,
+                  buf + per * (size_t)omp_get_thread_num());
+  free(buf);
+  return STA_OK;
+}
+
+/* Key rows (quantized order) of query row i into keys; returns the count. */
+static int64_t key_rows(const sta_attn_params *p, const sta_fp8_geom *g, int64_t h, int64_t i,
+                        int64_t *keys) {
+  int64_t n = 0, vol = (int64_t)g->tile[0] * g->tile[1] * g->tile[2];
+  int32_t lo[3] = {0, 0, 0}, cnt[3] = {g->grid[0], g->grid[1], g->grid[2]};
+  if (i < g->tiled_video) {
+    int64_t t = i / vol, q[3] = {t / ((int64_t)g->grid[1] * g->grid[2]),
+                                 (t / g->grid[2]) % g->grid[1], t % g->grid[2]};
+    for (int a = 0; a < 3; a++)
+      (void)sta_window_range((int32_t)q[a], p->windows[3 * h + a], g->grid[a], &lo[a], &cnt[a]);
+  }
+  for (int32_t a = lo[0]; a < lo[0] + cnt[0]; a++)
+    for (int32_t b = lo[1]; b < lo[1] + cnt[1]; b++)
+      for (int32_t c = lo[2]; c < lo[2] + cnt[2]; c++) {
+        int64_t t = ((int64_t)a * g->grid[1] + b) * g->grid[2] + c;
+        for (int64_t r = t * vol; r < (t + 1) * vol; r++)
+          if (sta_fp8_source(g, r) >= 0) keys[n++] = r;
+      }
+  for (int64_t r = g->tiled_video; r < g->keys_end; r++) keys[n++] = r;
+  return n;
+}
+
+sta_status sta_cpu_fp8_attention(const sta_attn_params *p) {
+  sta_fp8_geom g;
+  sta_fp8_ops o;
+  sta_fp8_geom_init(&g, p);
+  int64_t D = p->head_dim, R = g.rows, H = p->heads;
+  if (sta_fp8_ops_alloc(&o, p->batch, H, R, D) != STA_OK)
+    return sta_error(STA_ERR_NOMEM, "out of host memory (fp8 operands)");
+  sta_status rc = sta_cpu_fp8_quantize(p, &o);
+  int nt = sta_get_num_threads();
+  size_t per = (size_t)R * (sizeof(double) + sizeof(int64_t)) + (size_t)D * sizeof(double);
+  char *buf = rc == STA_OK ? sta_malloc(per * (size_t)nt) : NULL;
+  /* V_hi + V_lo of each key, [B*H][rows][D] (exact in float) */
+  float *vv = rc == STA_OK ? sta_malloc(sizeof(float) * (size_t)(p->batch * H * R * D)) : NULL;
+  if (rc == STA_OK && (!buf || !vv))
+    rc = sta_error(STA_ERR_NOMEM, "out of host memory (fp8 buffers)");
+  if (rc != STA_OK) { free(buf); free(vv); sta_fp8_ops_free(&o); return rc; }
+  #pragma omp parallel for schedule(static) num_threads(nt)
+  for (int64_t x = 0; x < p->batch * H * R; x++) {
+    int64_t bh = x / R, r = x % R;
+    const uint8_t *vh = o.v8 + bh * 2 * D * R, *vl = vh + D * R;
+    for (int64_t d = 0; d < D; d++)
+      vv[x * D + d] = sta_e4m3_to_f32(vh[d * R + r]) + sta_e4m3_to_f32(vl[d * R + r]);
+  }
+  size_t es = sta_dtype_size(p->dtype);
+  double c = (double)p->scale * 1.4426950408889634; /* exp2 domain */
+  int64_t skipped = 0, rows = p->batch * H * R;
+  #pragma omp parallel num_threads(nt)
+  {
+    char *w = buf + per * (size_t)omp_get_thread_num();
+    double *sc = (double *)w, *acc = sc + R;
+    int64_t *keys = (int64_t *)(acc + D);
+    #pragma omp for schedule(dynamic, 16)
+    for (int64_t x = 0; x < rows; x++) {
+      if (sta_cancel_requested()) { __atomic_add_fetch(&skipped, 1, __ATOMIC_RELAXED); continue; }
+      int64_t bh = x / R, i = x % R, b = bh / H, h = bh % H, s = sta_fp8_source(&g, i);
+      if (s < 0 && !g.tiled) continue;              /* padding: no input row */
+      int64_t os = s < 0 ? i : s;
+      char *out = (char *)p->o + (b * p->o_sb + os * p->o_ss + h * p->o_sh) * (int64_t)es;
+      float *lse = p->lse ? p->lse + b * p->lse_sb + h * p->lse_sh + os * p->lse_ss : NULL;
+      if (s < 0) { /* a padding row of the tiled order: no keys */
+        for (int64_t d = 0; d < D; d++) sta_store_f32(out + d * (int64_t)es, p->dtype, 0.0f);
+        if (lse) *lse = -INFINITY;
+        continue;
+      }
+      const int8_t *q8 = o.q8 + (bh * R + i) * D;
+      double qs = (double)o.q_scale[bh * R + i] * c, m = -INFINITY, l = 0;
+      int64_t n = key_rows(p, &g, h, i, keys);
+      for (int64_t j = 0; j < n; j++) {
+        const int8_t *k8 = o.k8 + (bh * R + keys[j]) * D;
+        int32_t dot = 0;
+        for (int64_t d = 0; d < D; d++) dot += (int32_t)q8[d] * (int32_t)k8[d];
+        sc[j] = (double)dot * qs * (double)o.k_scale[bh * R + keys[j]];
+        if (sc[j] > m || sc[j] != sc[j]) m = sc[j];
+      }
+      m = ceil(m);
+      for (int64_t d = 0; d < D; d++) acc[d] = 0;
+      for (int64_t j = 0; j < n; j++) {
+        double pj = exp2(sc[j] - m);
+        double p8 = (double)sta_e4m3_to_f32(sta_f32_to_e4m3((float)pj * 448.0f));
+        const float *vk = vv + (bh * R + keys[j]) * D;
+        l += pj;
+        for (int64_t d = 0; d < D; d++) acc[d] += p8 * (double)vk[d];
+      }
+      const float *vs = o.v_scale + bh * D;
+      for (int64_t d = 0; d < D; d++)
+        sta_store_f32(out + d * (int64_t)es, p->dtype, (float)(acc[d] / (448.0 * l) * vs[d]));
+      if (lse)
+        *lse = (float)(log(l) + m * 0.6931471805599453 +
+                       (double)p->scale * (double)o.q_bias[bh * R + i]);
+    }
+  }
+  free(buf);
+  free(vv);
+  sta_fp8_ops_free(&o);
+  if (skipped) return sta_cancelled("fp8 attention");
+  return STA_OK;
+}
+
+#ifndef STA_WITH_CUDA
+sta_status sta_cuda_fp8_quantize(const sta_attn_params *p, const sta_fp8_ops *o) {
+  (void)p; (void)o;
+  return sta_error(STA_ERR_BACKEND, "st attn not supported");
+}
+#endif

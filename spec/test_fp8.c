@@ -1,0 +1,676 @@
+/* test_fp8.c -- STA_PRECISION_FP8 on the CPU (core/cpu_fp8.c): the e4m3
+** and int8 codes against brute force, the f8e4m3 dtype, the quantize
+** pre-pass's invariants, the fp8 forward against the double reference (an
+** error at the fp8 scheme's level: bench/fp8_sim.py's numbers; larger than
+** any rounding of a native forward), over geometries, orders, text and
+** dtypes, sta_attention_forward_fp8, and every error path.  The GPU side
+** (the pre-pass bit for bit, FP8 refused on CUDA) is test_gpu_fp8.c. */
+#include <math.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <setjmp.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <cmocka.h>
+
+#include "internal.h"
+#include "test_util.h"
+
+#define OK(call) assert_int_equal((call), STA_OK)
+
+/* ---- codes ------------------------------------------------------------------ */
+
+/* The value of e4m3 code c from its fields (independent of the library). */
+static double e4m3_value(int c) {
+  int e = (c >> 3) & 15, m = c & 7;
+  double v = e == 0 ? m / 8.0 * ldexp(1, -6) : (1 + m / 8.0) * ldexp(1, e - 7);
+  return (c & 0x80) ? -v : v;
+}
+
+/* The code brute force gives x: the nearest finite code, ties to the even
+** mantissa, beyond 448 saturated. */
+static int e4m3_nearest(double x) {
+  int best = -1;
+  double bd = INFINITY;
+  for (int c = 0; c < 256; c++) {
+    if ((c & 0x7f) == 0x7f || c == 0x80) continue; /* NaN; -0 */
+    double d = fabs(e4m3_value(c) - x);
+    if (d < bd || (d == bd && (c & 1) == 0)) { bd = d; best = c; }
+  }
+  if (fabs(x) > 448) best = x > 0 ? 0x7e : 0xfe;
+  return best;
+}
+
+static void test_e4m3_codes(void **state) {
+  (void)state;
+  int bad = 0;
+  for (int c = 0; c < 256; c++) {
+    if ((c & 0x7f) == 0x7f) continue;
+    double v = e4m3_value(c);
+    if ((double)sta_e4m3_to_f32((uint8_t)c) != v) bad++;
+    if (c != 0x80 && sta_f32_to_e4m3((float)v) != c) bad++;
+    if (c == 0x7e || c == 0xfe || (c & 0x7f) == 0x7e) continue;
+    double next = e4m3_value(c + (v >= 0 && c < 0x80 ? 1 : 0));
+    if (c >= 0x80 || c + 1 > 0x7e) continue;
+    double mid = (v + next) / 2; /* exact in float: 5 significant bits */
+    float probes[5] = {(float)mid, nextafterf((float)mid, 0), nextafterf((float)mid, 1000),
+                       nextafterf((float)v, 1000), nextafterf((float)next, 0)};
+    for (int i = 0; i < 5; i++)
+      for (int s = -1; s <= 1; s += 2) {
+        int want = e4m3_nearest(s * (double)probes[i]);
+        if (s < 0 && want == 0) want = 0x80;          /* -0 */
+        if (sta_f32_to_e4m3(s * probes[i]) != want) {
+          if (bad++ < 5)
+            print_message("e4m3(%.9g) = 0x%02x, brute force 0x%02x\n", s * (double)probes[i],
+                          sta_f32_to_e4m3(s * probes[i]), want);
+        }
+      }
+  }
+  assert_int_equal(bad, 0);
+  assert_int_equal(sta_f32_to_e4m3(448.0f), 0x7e);
+  assert_int_equal(sta_f32_to_e4m3(463.9f), 0x7e);
+  assert_int_equal(sta_f32_to_e4m3(464.0f), 0x7e); /* the tie rounds to 480: saturated */
+  assert_int_equal(sta_f32_to_e4m3(1e30f), 0x7e);
+  assert_int_equal(sta_f32_to_e4m3(-INFINITY), 0xfe);
+  assert_int_equal(sta_f32_to_e4m3(NAN), 0x7f);
+  assert_true(isnan(sta_e4m3_to_f32(0x7f)) && isnan(sta_e4m3_to_f32(0xff)));
+  assert_int_equal(sta_f32_to_e4m3(0x1p-10f), 0x00);   /* half the smallest: even */
+  assert_int_equal(sta_f32_to_e4m3(0x1.8p-9f * 1.0f), 0x02); /* 1.5 steps: even (2) */
+  assert_int_equal(sta_f32_to_e4m3(0x1p-12f), 0x00);
+}
+
+static void test_int8_codes(void **state) {
+  (void)state;
+  static const struct { float f; int c; } t[] = {
+    {0.5f, 0}, {1.5f, 2}, {2.5f, 2}, {-2.5f, -2}, {-3.5f, -4}, {126.5f, 126}, {127.4f, 127},
+    {300.0f, 127}, {-1e9f, -127}, {0.49999997f, 0}, {-0.0f, 0}};
+  for (size_t i = 0; i < sizeof t / sizeof t[0]; i++)
+    if (sta_f32_to_i8(t[i].f) != t[i].c)
+      fail_msg("int8(%g) = %d, wanted %d", (double)t[i].f, sta_f32_to_i8(t[i].f), t[i].c);
+  assert_int_equal(sta_f32_to_i8(NAN), 0);
+  for (int i = -1270; i <= 1270; i++) { /* against rint (nearest even) */
+    float f = (float)i / 10.0f;
+    assert_int_equal(sta_f32_to_i8(f), (int)rintf(f));
+  }
+}
+
+/* ---- the dtype -------------------------------------------------------------- */
+
+static void test_f8_dtype(void **state) {
+  (void)state;
+  sta_dtype dt = STA_F32;
+  OK(sta_dtype_parse("f8e4m3", &dt));
+  assert_int_equal(dt, STA_F8E4M3);
+  OK(sta_dtype_parse("float8_e4m3fn", &dt));
+  assert_int_equal(dt, STA_F8E4M3);
+  assert_string_equal(sta_dtype_name(STA_F8E4M3), "f8e4m3");
+  assert_int_equal(sta_dtype_size(STA_F8E4M3), 1);
+  EXPECT_ERR(sta_dtype_parse("f8", &dt), STA_ERR_DTYPE,
+             "dtype: unknown dtype 'f8' (expected f32, f16, bf16 or f8e4m3)");
+  int64_t shape[2] = {7, 33};
+  sta_tensor *a = NULL, *b = NULL, *c = NULL;
+  OK(sta_tensor_create(&a, STA_F32, STA_CPU, 2, shape));
+  OK(sta_tensor_randn(a, 11, 0.0, 200.0)); /* past 448 too */
+  OK(sta_tensor_to(&b, a, STA_F8E4M3, STA_CPU));
+  OK(sta_tensor_to(&c, b, STA_F32, STA_CPU));
+  const float *x = sta_tensor_data(a), *y = sta_tensor_data(c);
+  const uint8_t *z = sta_tensor_data(b);
+  int sat = 0;
+  for (int64_t i = 0; i < 7 * 33; i++) {
+    assert_int_equal(z[i], e4m3_nearest(x[i]) == 0 && x[i] < 0 ? 0x80 : e4m3_nearest(x[i]));
+    assert_true(y[i] == (float)e4m3_value(z[i]));
+    sat += fabsf(x[i]) > 448;
+  }
+  assert_true(sat > 0);
+  int64_t idx[2] = {3, 5};
+  double v = 0;
+  OK(sta_tensor_set(b, idx, 0.3));
+  OK(sta_tensor_get(b, idx, &v));
+  assert_true(v == 0.3125); /* 0.3 -> 1.25 * 2^-2 */
+  /* host elementwise operations compute in float and store e4m3 */
+  OK(sta_tensor_scale(b, 2.0));
+  OK(sta_tensor_get(b, idx, &v));
+  assert_true(v == 0.625);
+  char dir[256];
+  assert_int_equal(sta_test_mkdtemp(dir, sizeof dir, "fp8"), 0);
+  EXPECT_ERR(sta_npy_save(b, sta_test_path(dir, "b.npy")), STA_ERR_DTYPE,
+             "t: .npy has no f8e4m3 type (convert it with sta_tensor_to to f32 first)");
+  const char *names[1] = {"b"};
+  const sta_tensor *ts[1] = {b};
+  OK(sta_safetensors_save(sta_test_path(dir, "b.safetensors"), 1, names, ts));
+  sta_safetensors *f = NULL;
+  sta_tensor *r = NULL;
+  OK(sta_safetensors_open(&f, sta_test_path(dir, "b.safetensors")));
+  OK(sta_safetensors_read(f, "b", &r));
+  assert_int_equal(sta_tensor_dtype(r), STA_F8E4M3);
+  assert_memory_equal(sta_tensor_data(r), sta_tensor_data(b), 7 * 33);
+  sta_safetensors_close(f);
+  sta_test_rmdir(dir);
+  sta_tensor_destroy(a); sta_tensor_destroy(b); sta_tensor_destroy(c); sta_tensor_destroy(r);
+}
+
+/* ---- inputs ------------------------------------------------------------------- */
+
+typedef struct prob {
+  sta_attention_desc d;
+  int32_t win[3 * 8];
+  int64_t B, S, H, D;
+  sta_tensor *q, *k, *v;
+} prob;
+
+/* A problem of canvas t x h x w (tile tt x th x tw), text rows, per-head
+** windows win (n 1 or H), inputs of dtype in layout; kind 0 randn, 1
+** DiT-like: a bias per channel shared by every row of q and of k, 4
+** channels of k 10-30x larger, v with per-channel scales. */
+static void prob_make(prob *p, const int32_t cv[3], const int32_t tl[3], int64_t text,
+                      int64_t text_len, int64_t B, int64_t H, int64_t D, int32_t n_win,
+                      const int32_t *win, sta_dtype dt, sta_layout layout, sta_order order,
+                      int kind, uint64_t seed) {
+  memset(p, 0, sizeof *p);
+  sta_geometry_init(&p->d.geom, cv[0], cv[1], cv[2]);
+  for (int i = 0; i < 3; i++) p->d.geom.tile[i] = tl[i];
+  p->d.geom.text_len = text_len;
+  p->d.geom.order = order;
+  p->d.layout = layout;
+  p->d.n_windows = n_win;
+  memcpy(p->win, win, sizeof(int32_t) * 3 * (size_t)n_win);
+  p->d.windows = p->win;
+  p->d.precision = STA_PRECISION_FP8;
+  p->B = B; p->H = H; p->D = D;
+  p->S = (order == STA_ORDER_TILED ? sta_geometry_video_rows(&p->d.geom)
+                                   : sta_geometry_video_tokens(&p->d.geom)) + text;
+  int64_t shape[4] = {B, layout == STA_BSHD ? p->S : H, layout == STA_BSHD ? H : p->S, D};
+  sta_tensor *f[3];
+  for (int i = 0; i < 3; i++) {
+    OK(sta_tensor_create(&f[i], STA_F32, STA_CPU, 4, shape));
+    OK(sta_tensor_randn(f[i], seed * 3 + (uint64_t)i, 0.0, 1.0));
+  }
+  if (kind == 1) {
+    sta_tensor *g = NULL;
+    int64_t gs[1] = {4 * D};
+    OK(sta_tensor_create(&g, STA_F32, STA_CPU, 1, gs));
+    OK(sta_tensor_randn(g, seed * 3 + 7, 0.0, 1.0));
+    const float *r = sta_tensor_data(g);
+    sta_bshd b;
+    OK(sta_tensor_bshd(f[0], layout, "q", &b));
+    for (int64_t x = 0; x < B * p->S * H; x++) {
+      int64_t bb = x / (p->S * H), s = (x / H) % p->S, h = x % H;
+      float *qr = (float *)sta_tensor_data(f[0]) + bb * b.sb + s * b.ss + h * b.sh;
+      float *kr = (float *)sta_tensor_data(f[1]) + bb * b.sb + s * b.ss + h * b.sh;
+      float *vr = (float *)sta_tensor_data(f[2]) + bb * b.sb + s * b.ss + h * b.sh;
+      for (int64_t c = 0; c < D; c++) {
+        qr[c] += r[c];
+        kr[c] += r[D + c];
+        vr[c] *= expf(0.5f * r[2 * D + c]);
+      }
+      for (int c = 0; c < 4; c++) {
+        int64_t ch = (c * 37 + 5) % D;
+        kr[ch] += (10.0f + 5.0f * (float)c) * (c & 1 ? -1.0f : 1.0f);
+      }
+    }
+    sta_tensor_destroy(g);
+  }
+  sta_tensor **dst[3] = {&p->q, &p->k, &p->v};
+  for (int i = 0; i < 3; i++) {
+    OK(sta_tensor_to(dst[i], f[i], dt, STA_CPU));
+    if (order == STA_ORDER_TILED) sta_test_fill_pad(*dst[i], &p->d.geom, layout, NAN);
+    sta_tensor_destroy(f[i]);
+  }
+}
+
+static void prob_free(prob *p) {
+  sta_tensor_destroy(p->q); sta_tensor_destroy(p->k); sta_tensor_destroy(p->v);
+}
+
+static sta_tensor *new_like(const sta_tensor *t, sta_dtype dt, double fill) {
+  sta_tensor *o = NULL;
+  int64_t shape[4];
+  for (int i = 0; i < sta_tensor_ndim(t); i++) shape[i] = sta_tensor_size(t, i);
+  OK(sta_tensor_create(&o, dt, STA_CPU, sta_tensor_ndim(t), shape));
+  OK(sta_tensor_fill(o, fill));
+  return o;
+}
+
+static sta_tensor *new_lse(const prob *p, double fill) {
+  sta_tensor *l = NULL;
+  int64_t shape[3] = {p->B, p->H, p->S};
+  OK(sta_tensor_create(&l, STA_F32, STA_CPU, 3, shape));
+  OK(sta_tensor_fill(l, fill));
+  return l;
+}
+
+/* rel L2 and cosine of a against b (host, any dtypes) over rows that are
+** finite in b. */
+static void rel_cos(const sta_tensor *a, const sta_tensor *b, double *rel, double *cos) {
+  sta_tensor *x = NULL, *y = NULL;
+  OK(sta_tensor_to(&x, a, STA_F32, STA_CPU));
+  OK(sta_tensor_to(&y, b, STA_F32, STA_CPU));
+  const float *u = sta_tensor_data(x), *w = sta_tensor_data(y);
+  double e = 0, n2 = 0, m2 = 0, dot = 0;
+  for (int64_t i = 0; i < sta_tensor_numel(x); i++) {
+    if (!isfinite(w[i])) continue;
+    e += ((double)u[i] - w[i]) * ((double)u[i] - w[i]);
+    n2 += (double)w[i] * w[i];
+    m2 += (double)u[i] * u[i];
+    dot += (double)u[i] * w[i];
+  }
+  *rel = sqrt(e / n2);
+  *cos = dot / sqrt(n2 * m2);
+  sta_tensor_destroy(x);
+  sta_tensor_destroy(y);
+}
+
+/* The fp8 forward of p against the double reference (native): rel L2 in
+** [lo, hi], cosine >= cmin, lse within lse_tol; returns the rel L2. */
+static double check_fp8(prob *p, sta_dtype out_dt, double lo, double hi, double cmin,
+                        double lse_tol, const char *what) {
+  sta_tensor *o = new_like(p->q, out_dt, NAN), *l = new_lse(p, NAN);
+  OK(sta_attention_forward(&p->d, p->q, p->k, p->v, o, l));
+  sta_attention_desc nd = p->d;
+  nd.precision = STA_PRECISION_NATIVE;
+  sta_tensor *qf = NULL, *kf = NULL, *vf = NULL;
+  OK(sta_tensor_to(&qf, p->q, STA_F32, STA_CPU));
+  OK(sta_tensor_to(&kf, p->k, STA_F32, STA_CPU));
+  OK(sta_tensor_to(&vf, p->v, STA_F32, STA_CPU));
+  sta_tensor *orf = new_like(qf, STA_F32, NAN), *lr = new_lse(p, NAN);
+  OK(sta_attention_reference(&nd, qf, kf, vf, orf, lr));
+  double rel, cos, lmax = 0;
+  rel_cos(o, orf, &rel, &cos);
+  const float *a = sta_tensor_data(l), *b = sta_tensor_data(lr);
+  for (int64_t i = 0; i < sta_tensor_numel(l); i++) {
+    if (isinf(b[i]) && a[i] == b[i]) continue; /* padding rows: -inf both */
+    if (!(fabs((double)a[i] - b[i]) <= lmax)) lmax = fabs((double)a[i] - b[i]);
+  }
+  if (getenv("STA_TEST_VERBOSE"))
+    print_message("%s: rel L2 %.4g, cosine %.6f, lse max diff %.4g\n", what, rel, cos, lmax);
+  if (!(rel >= lo && rel <= hi && cos >= cmin && lmax <= lse_tol))
+    fail_msg("%s: rel L2 %.4g (expected %g..%g), cosine %.6f (>= %g), lse max diff %.4g "
+             "(<= %g)", what, rel, lo, hi, cos, cmin, lmax, lse_tol);
+  sta_tensor_destroy(o); sta_tensor_destroy(l); sta_tensor_destroy(orf); sta_tensor_destroy(lr);
+  sta_tensor_destroy(qf); sta_tensor_destroy(kf); sta_tensor_destroy(vf);
+  return rel;
+}
+
+static const int32_t TILE[3] = {6, 8, 8}, W333[3] = {3, 3, 3};
+
+/* bench/fp8_sim.py's scheme S at the size of a full 2x2 tile window plus
+** text: randn and DiT-like inputs land in its range (2.9e-2 and 3.1e-2
+** there with 10624 keys; here 1568), far above a native forward's
+** rounding (the lower bound: the mode did quantize). */
+static void test_fp8_accuracy(void **state) {
+  (void)state;
+  static const int32_t cv[3] = {6, 16, 16};
+  for (int kind = 0; kind < 2; kind++) {
+    prob p;
+    prob_make(&p, cv, TILE, 32, -1, 1, 2, 128, 1, W333, STA_BF16, STA_BSHD,
+              STA_ORDER_UNTILED, kind, 40 + (uint64_t)kind);
+    check_fp8(&p, STA_BF16, 1.5e-2, 3.5e-2, 0.9993, 0.03, kind ? "DiT-like" : "randn");
+    prob_free(&p);
+  }
+}
+
+/* Geometries: partial tiles and padding rows (the tiled order, NaN in
+** them), text past text_len, per-head windows, both layouts, every dtype,
+** small tiles, D 64. */
+static void test_fp8_geometries(void **state) {
+  (void)state;
+  static const struct {
+    int32_t cv[3], tl[3];
+    int64_t text, text_len, B, H, D;
+    int32_t nw, win[6];
+    sta_dtype dt;
+    sta_layout lay;
+    sta_order ord;
+  } c[] = {
+    {{7, 13, 11}, {6, 8, 8}, 20, 12, 1, 2, 64, 2, {1, 1, 1, 3, 1, 3}, STA_F32, STA_BSHD,
+     STA_ORDER_UNTILED},
+    {{7, 13, 11}, {6, 8, 8}, 9, -1, 2, 1, 64, 1, {3, 3, 3}, STA_F16, STA_BHSD, STA_ORDER_TILED},
+    {{4, 6, 10}, {2, 3, 4}, 0, 0, 1, 2, 32, 2, {1, 1, 3, 5, 3, 1}, STA_BF16, STA_BSHD,
+     STA_ORDER_TILED},
+    {{3, 8, 8}, {3, 4, 4}, 16, -1, 1, 3, 128, 1, {1, 1, 1}, STA_BF16, STA_BHSD,
+     STA_ORDER_UNTILED},
+  };
+  for (size_t i = 0; i < sizeof c / sizeof c[0]; i++) {
+    prob p;
+    char what[64];
+    snprintf(what, sizeof what, "case %zu", i);
+    prob_make(&p, c[i].cv, c[i].tl, c[i].text, c[i].text_len, c[i].B, c[i].H, c[i].D, c[i].nw,
+              c[i].win, c[i].dt, c[i].lay, c[i].ord, (int)(i & 1), 70 + i);
+    check_fp8(&p, c[i].dt, 1e-2, 4e-2, 0.999, 0.03, what);
+    if (c[i].ord == STA_ORDER_TILED) { /* padding rows: out 0, lse -inf */
+      sta_tensor *o = new_like(p.q, c[i].dt, NAN), *l = new_lse(&p, 1.0);
+      OK(sta_attention_forward(&p.d, p.q, p.k, p.v, o, l));
+      int32_t grid[3];
+      sta_geometry_grid(&p.d.geom, grid);
+      sta_fp8_geom g;
+      memset(&g, 0, sizeof g);
+      for (int a = 0; a < 3; a++) {
+        g.canvas[a] = c[i].cv[a]; g.tile[a] = c[i].tl[a]; g.grid[a] = grid[a];
+      }
+      int64_t pads = 0, vol = (int64_t)c[i].tl[0] * c[i].tl[1] * c[i].tl[2];
+      for (int64_t r = 0; r < (int64_t)grid[0] * grid[1] * grid[2] * vol; r++) {
+        if (sta_tiled_token(g.canvas, g.tile, g.grid, r) >= 0) continue;
+        pads++;
+        int64_t li[3] = {0, 0, r}, oi[4] = {0, c[i].lay == STA_BSHD ? r : 0,
+                                            c[i].lay == STA_BSHD ? 0 : r, 3};
+        double v;
+        OK(sta_tensor_get(l, li, &v));
+        assert_true(isinf(v) && v < 0);
+        OK(sta_tensor_get(o, oi, &v));
+        assert_true(v == 0.0);
+      }
+      assert_true(pads > 0);
+      sta_tensor_destroy(o);
+      sta_tensor_destroy(l);
+    }
+    prob_free(&p);
+  }
+}
+
+/* Bit-identical for any thread count and run to run; the reference entry
+** point computes the same (FP8's reference is the CPU fp8 forward). */
+static void test_fp8_deterministic(void **state) {
+  (void)state;
+  static const int32_t cv[3] = {6, 12, 20};
+  prob p;
+  prob_make(&p, cv, TILE, 10, -1, 1, 2, 64, 1, W333, STA_F32, STA_BSHD, STA_ORDER_UNTILED, 1, 5);
+  sta_tensor *o1 = new_like(p.q, STA_F32, 0), *o2 = new_like(p.q, STA_F32, 0),
+             *o3 = new_like(p.q, STA_F32, 0);
+  int32_t nt = sta_get_num_threads();
+  OK(sta_attention_forward(&p.d, p.q, p.k, p.v, o1, NULL));
+  sta_set_num_threads(1);
+  OK(sta_attention_forward(&p.d, p.q, p.k, p.v, o2, NULL));
+  sta_set_num_threads(nt);
+  OK(sta_attention_reference(&p.d, p.q, p.k, p.v, o3, NULL));
+  assert_memory_equal(sta_tensor_data(o1), sta_tensor_data(o2), (size_t)sta_tensor_numel(o1) * 4);
+  assert_memory_equal(sta_tensor_data(o1), sta_tensor_data(o3), (size_t)sta_tensor_numel(o1) * 4);
+  sta_tensor_destroy(o1); sta_tensor_destroy(o2); sta_tensor_destroy(o3);
+  prob_free(&p);
+}
+
+/* K smoothing: a large offset shared by every key (what DiT activations
+** carry) moves the fp8 forward only by quantization noise. */
+static void test_fp8_key_offset(void **state) {
+  (void)state;
+  static const int32_t cv[3] = {6, 16, 16};
+  prob p;
+  prob_make(&p, cv, TILE, 0, -1, 1, 1, 64, 1, W333, STA_F32, STA_BSHD, STA_ORDER_UNTILED, 0, 9);
+  sta_tensor *o1 = new_like(p.q, STA_F32, 0), *o2 = new_like(p.q, STA_F32, 0);
+  OK(sta_attention_forward(&p.d, p.q, p.k, p.v, o1, NULL));
+  float *k = sta_tensor_data(p.k);
+  for (int64_t r = 0; r < p.S; r++)
+    for (int64_t c = 0; c < 64; c++) k[r * 64 + c] += c % 9 == 0 ? 40.0f : 3.0f;
+  OK(sta_attention_forward(&p.d, p.q, p.k, p.v, o2, NULL));
+  double rel, cos;
+  rel_cos(o2, o1, &rel, &cos);
+  if (!(rel < 2e-2)) fail_msg("offset keys: rel L2 %g against the plain keys'", rel);
+  sta_tensor_destroy(o1); sta_tensor_destroy(o2);
+  prob_free(&p);
+}
+
+/* ---- the pre-pass ------------------------------------------------------------ */
+
+static void test_fp8_quantizer(void **state) {
+  (void)state;
+  static const int32_t cv[3] = {7, 13, 11}, w1[3] = {1, 1, 1};
+  prob p;
+  prob_make(&p, cv, TILE, 12, 7, 1, 2, 64, 1, w1, STA_F32, STA_BSHD, STA_ORDER_UNTILED, 1, 21);
+  sta_tensor *o = new_like(p.q, STA_F32, 0);
+  sta_attn_params ap;
+  OK(sta_attn_resolve(&p.d, p.q, p.k, p.v, o, NULL, &ap));
+  sta_fp8_geom g;
+  sta_fp8_geom_init(&g, &ap);
+  assert_int_equal(g.tiled_video, 2 * 2 * 2 * 384);
+  assert_int_equal(g.rows, g.tiled_video + 12);
+  assert_int_equal(g.keys_end, g.tiled_video + 7);
+  sta_fp8_ops ops;
+  OK(sta_fp8_ops_alloc(&ops, 1, 2, g.rows, 64));
+  OK(sta_cpu_fp8_quantize(&ap, &ops));
+  const float *q = sta_tensor_data(p.q), *k = sta_tensor_data(p.k), *v = sta_tensor_data(p.v);
+  int64_t R = g.rows, nq = 0, nk = 0, V = 7 * 13 * 11;
+  for (int64_t h = 0; h < 2; h++) {
+    double mean[64] = {0};
+    int64_t cnt = 0;
+    for (int64_t s = 0; s < V + 7; s++, cnt++)
+      for (int c = 0; c < 64; c++) mean[c] += k[(s * 2 + h) * 64 + c];
+    for (int c = 0; c < 64; c++) {
+      assert_true(fabs(ops.k_mean[h * 64 + c] - mean[c] / (double)cnt) < 1e-6);
+      assert_true(abs(ops.eq[h * 64 + c]) <= 3); /* the outlier channels move some */
+    }
+    for (int64_t r = 0; r < R; r++) {
+      int64_t s = sta_fp8_source(&g, r), row = h * R + r;
+      if (s < 0) { /* padding: all zero */
+        assert_true(ops.q_scale[row] == 0 && ops.k_scale[row] == 0 && ops.q_bias[row] == 0);
+        for (int c = 0; c < 64; c++) assert_true(ops.q8[row * 64 + c] == 0);
+        continue;
+      }
+      nq++;
+      int maxq = 0, maxk = 0;
+      double bias = 0;
+      for (int c = 0; c < 64; c++) {
+        float e = ldexpf(1.0f, ops.eq[h * 64 + c]);
+        float x = q[(s * 2 + h) * 64 + c] * e, got = ops.q8[row * 64 + c] * ops.q_scale[row];
+        assert_true(fabsf(got - x) <= 0.5f * ops.q_scale[row] * 1.0001f);
+        maxq = abs(ops.q8[row * 64 + c]) > maxq ? abs(ops.q8[row * 64 + c]) : maxq;
+        bias += (double)q[(s * 2 + h) * 64 + c] * ops.k_mean[h * 64 + c];
+        if (r >= g.keys_end) continue;
+        float kx = (k[(s * 2 + h) * 64 + c] - ops.k_mean[h * 64 + c]) / e;
+        assert_true(fabsf(ops.k8[row * 64 + c] * ops.k_scale[row] - kx) <=
+                    0.5f * ops.k_scale[row] * 1.0001f);
+        maxk = abs(ops.k8[row * 64 + c]) > maxk ? abs(ops.k8[row * 64 + c]) : maxk;
+        float y = v[(s * 2 + h) * 64 + c] / ops.v_scale[h * 64 + c];
+        float hi = sta_e4m3_to_f32(ops.v8[((h * 2) * 64 + c) * R + r]);
+        float lo = sta_e4m3_to_f32(ops.v8[((h * 2 + 1) * 64 + c) * R + r]);
+        assert_true(fabsf(hi + lo - y) <= fabsf(y) * 0x1p-7f + 0x1p-9f);
+      }
+      assert_int_equal(maxq, 127); /* the row's amax maps to 127 */
+      assert_true(fabs(ops.q_bias[row] - bias) <= 1e-5 * (fabs(bias) + 1));
+      if (r < g.keys_end) { assert_int_equal(maxk, 127); nk++; }
+      else assert_true(ops.k_scale[row] == 0);
+    }
+  }
+  assert_int_equal(nq, 2 * (V + 12));
+  assert_int_equal(nk, 2 * (V + 7));
+  sta_fp8_ops_free(&ops);
+  free((void *)ap.windows);
+  sta_tensor_destroy(o);
+  prob_free(&p);
+}
+
+/* ---- 8-bit operands ------------------------------------------------------------ */
+
+/* q8, k8, v8 and scales from p's q, k, v: per-row scales of q and k (k's a
+** stride-0 view: one per head), per-channel of v. */
+typedef struct q8set {
+  sta_tensor *x8[3], *qs, *ks, *ksb, *vs, *deq[3];
+} q8set;
+
+static void q8_make(q8set *s, const prob *p) {
+  memset(s, 0, sizeof *s);
+  int64_t rs[3] = {p->B, p->H, p->S}, cs[3] = {p->B, p->H, p->D}, one[1] = {p->B * p->H};
+  OK(sta_tensor_create(&s->qs, STA_F32, STA_CPU, 3, rs));
+  OK(sta_tensor_create(&s->ksb, STA_F32, STA_CPU, 1, one));
+  int64_t st0[3] = {p->H, 1, 0};
+  OK(sta_tensor_view(&s->ks, s->ksb, 0, 3, rs, st0));
+  OK(sta_tensor_create(&s->vs, STA_F32, STA_CPU, 3, cs));
+  float *qs = sta_tensor_data(s->qs), *ksb = sta_tensor_data(s->ksb), *vs = sta_tensor_data(s->vs);
+  for (int64_t i = 0; i < p->B * p->H * p->S; i++) qs[i] = 0.01f + 0.001f * (float)(i % 17);
+  for (int64_t i = 0; i < p->B * p->H; i++) ksb[i] = 0.02f * (float)(i + 1);
+  for (int64_t i = 0; i < p->B * p->H * p->D; i++) vs[i] = 0.005f * (float)(1 + i % 5);
+  const sta_tensor *src[3] = {p->q, p->k, p->v};
+  sta_bshd b;
+  OK(sta_tensor_bshd(p->q, p->d.layout, "q", &b));
+  for (int i = 0; i < 3; i++) {
+    OK(sta_tensor_to(&s->deq[i], src[i], STA_F32, STA_CPU));
+    OK(sta_tensor_create(&s->x8[i], STA_F8E4M3, STA_CPU, 4, s->deq[i]->shape));
+    float *f = sta_tensor_data(s->deq[i]);
+    uint8_t *c = sta_tensor_data(s->x8[i]);
+    for (int64_t x = 0; x < p->B * p->S * p->H; x++) {
+      int64_t bb = x / (p->S * p->H), r = (x / p->H) % p->S, h = x % p->H;
+      int64_t off = bb * b.sb + r * b.ss + h * b.sh;
+      for (int64_t d = 0; d < p->D; d++) {
+        float sc = i == 0 ? qs[(bb * p->H + h) * p->S + r] : i == 1 ? ksb[bb * p->H + h]
+                                                                    : vs[(bb * p->H + h) * p->D + d];
+        c[off + d] = sta_f32_to_e4m3(f[off + d] / sc);
+        f[off + d] = sta_e4m3_to_f32(c[off + d]) * sc;
+      }
+    }
+  }
+}
+
+static void q8_free(q8set *s) {
+  for (int i = 0; i < 3; i++) { sta_tensor_destroy(s->x8[i]); sta_tensor_destroy(s->deq[i]); }
+  sta_tensor_destroy(s->qs); sta_tensor_destroy(s->ks); sta_tensor_destroy(s->ksb);
+  sta_tensor_destroy(s->vs);
+}
+
+static void test_fp8_prequantized(void **state) {
+  (void)state;
+  static const int32_t cv[3] = {7, 9, 10};
+  for (int lay = 0; lay < 2; lay++) {
+    prob p;
+    prob_make(&p, cv, TILE, 5, -1, 1, 2, 64, 1, W333, STA_F32, (sta_layout)lay,
+              STA_ORDER_UNTILED, 0, 31);
+    q8set s;
+    q8_make(&s, &p);
+    sta_tensor *o = new_like(p.q, STA_BF16, NAN), *l = new_lse(&p, NAN);
+    sta_tensor *o2 = new_like(p.q, STA_F32, NAN), *l2 = new_lse(&p, NAN), *ob = NULL;
+    OK(sta_attention_forward_fp8(&p.d, s.x8[0], s.x8[1], s.x8[2], s.qs, s.ks, s.vs, o, l));
+    OK(sta_attention_forward(&p.d, s.deq[0], s.deq[1], s.deq[2], o2, l2));
+    OK(sta_tensor_to(&ob, o2, STA_BF16, STA_CPU));
+    assert_memory_equal(sta_tensor_data(o), sta_tensor_data(ob), (size_t)sta_tensor_numel(o) * 2);
+    assert_memory_equal(sta_tensor_data(l), sta_tensor_data(l2), (size_t)sta_tensor_numel(l) * 4);
+    sta_tensor_destroy(o); sta_tensor_destroy(l); sta_tensor_destroy(o2); sta_tensor_destroy(l2);
+    sta_tensor_destroy(ob);
+    q8_free(&s);
+    prob_free(&p);
+  }
+}
+
+/* ---- errors ------------------------------------------------------------------ */
+
+static void expect_unchanged(const sta_tensor *t, double v) {
+  sta_tensor *c = NULL;
+  OK(sta_tensor_to(&c, t, STA_F32, STA_CPU));
+  const float *x = sta_tensor_data(c);
+  for (int64_t i = 0; i < sta_tensor_numel(c); i++)
+    if (!(x[i] == (float)v)) fail_msg("element %lld changed to %g", (long long)i, (double)x[i]);
+  sta_tensor_destroy(c);
+}
+
+static void test_fp8_errors(void **state) {
+  (void)state;
+  static const int32_t cv[3] = {6, 8, 8};
+  prob p;
+  prob_make(&p, cv, TILE, 4, -1, 1, 2, 32, 1, W333, STA_F32, STA_BSHD, STA_ORDER_UNTILED, 0, 3);
+  sta_tensor *o = new_like(p.q, STA_F32, 5), *l = new_lse(&p, 5);
+  sta_attention_desc d = p.d;
+  d.precision = (sta_precision)2;
+  EXPECT_ERR(sta_attention_forward(&d, p.q, p.k, p.v, o, l), STA_ERR_ARGUMENT,
+             "precision: expected STA_PRECISION_NATIVE (0) or STA_PRECISION_FP8 (1), got 2");
+  EXPECT_ERR(sta_attention_reference(&d, p.q, p.k, p.v, o, l), STA_ERR_ARGUMENT,
+             "precision: expected STA_PRECISION_NATIVE (0) or STA_PRECISION_FP8 (1), got 2");
+  sta_tensor *g[3] = {new_like(p.q, STA_F32, 5), new_like(p.q, STA_F32, 5),
+                      new_like(p.q, STA_F32, 5)};
+  EXPECT_ERR(sta_attention_backward(&p.d, p.q, p.k, p.v, o, l, o, g[0], g[1], g[2]),
+             STA_ERR_UNSUPPORTED, "precision: the backward has no STA_PRECISION_FP8 mode (it "
+             "differentiates the exact forward): use STA_PRECISION_NATIVE");
+  EXPECT_ERR(sta_attention_backward_reference(&p.d, p.q, p.k, p.v, o, g[0], g[1], g[2]),
+             STA_ERR_UNSUPPORTED, "precision: the backward has no STA_PRECISION_FP8 mode (it "
+             "differentiates the exact forward): use STA_PRECISION_NATIVE");
+  for (int i = 0; i < 3; i++) expect_unchanged(g[i], 5);
+  sta_tensor *q8 = NULL;
+  OK(sta_tensor_to(&q8, p.q, STA_F8E4M3, STA_CPU));
+  EXPECT_ERR(sta_attention_forward(&p.d, q8, q8, q8, o, l), STA_ERR_DTYPE,
+             "q: f8e4m3 operands go to sta_attention_forward_fp8 (with their scales)");
+  /* sta_attention_forward_fp8 */
+  q8set s;
+  q8_make(&s, &p);
+  sta_tensor **x8 = s.x8;
+  d = p.d;
+  d.precision = STA_PRECISION_NATIVE;
+  EXPECT_ERR(sta_attention_forward_fp8(&d, x8[0], x8[1], x8[2], s.qs, s.ks, s.vs, o, l),
+             STA_ERR_ARGUMENT, "precision: sta_attention_forward_fp8 computes in fp8: expected "
+             "STA_PRECISION_FP8 (1), got 0");
+  EXPECT_ERR(sta_attention_forward_fp8(&p.d, p.q, x8[1], x8[2], s.qs, s.ks, s.vs, o, l),
+             STA_ERR_DTYPE, "q8: expected f8e4m3, got f32");
+  EXPECT_ERR(sta_attention_forward_fp8(&p.d, x8[0], x8[1], p.v, s.qs, s.ks, s.vs, o, l),
+             STA_ERR_DTYPE, "v8: expected f8e4m3, got f32");
+  EXPECT_ERR(sta_attention_forward_fp8(&p.d, x8[0], x8[1], x8[2], s.qs, s.ks, s.vs, q8, l),
+             STA_ERR_DTYPE, "out: expected f32, f16 or bf16, got f8e4m3");
+  EXPECT_ERR(sta_attention_forward_fp8(&p.d, x8[0], x8[1], x8[2], s.vs, s.ks, s.vs, o, l),
+             STA_ERR_SHAPE, "q_scale: expected shape [B=1, heads=2, S=388], got [1, 2, 32]");
+  EXPECT_ERR(sta_attention_forward_fp8(&p.d, x8[0], x8[1], x8[2], s.qs, s.ks, s.qs, o, l),
+             STA_ERR_SHAPE, "v_scale: expected shape [B=1, heads=2, D=32], got [1, 2, 388]");
+  EXPECT_ERR(sta_attention_forward_fp8(&p.d, x8[0], x8[1], x8[2], s.qs, s.ks, s.vs, o, q8),
+             STA_ERR_DTYPE, "lse: expected f32, got f8e4m3");
+  int32_t bad[3] = {0, 3, 3};
+  d = p.d;
+  d.windows = bad;
+  EXPECT_ERR(sta_attention_forward_fp8(&d, x8[0], x8[1], x8[2], s.qs, s.ks, s.vs, o, l),
+             STA_ERR_WINDOW, NULL);
+  expect_unchanged(o, 5);
+  expect_unchanged(l, 5);
+  /* a layer: its precision checked and passed on */
+  sta_layer_desc ld;
+  memset(&ld, 0, sizeof ld);
+  ld.local_heads = 2; ld.head_dim = 32; ld.sp_size = 1; ld.geom = p.d.geom;
+  ld.precision = (sta_precision)9;
+  sta_layer *ly = NULL;
+  EXPECT_ERR(sta_layer_create(&ly, &ld), STA_ERR_ARGUMENT,
+             "precision: expected STA_PRECISION_NATIVE (0) or STA_PRECISION_FP8 (1), got 9");
+  assert_null(ly);
+  for (int i = 0; i < 3; i++) sta_tensor_destroy(g[i]);
+  q8_free(&s);
+  sta_tensor_destroy(q8); sta_tensor_destroy(o); sta_tensor_destroy(l);
+  prob_free(&p);
+}
+
+/* A layer with precision FP8 runs the fp8 forward (its output is the
+** attention's FP8 output, bit for bit). */
+static void test_fp8_layer(void **state) {
+  (void)state;
+  static const int32_t cv[3] = {6, 8, 16};
+  prob p;
+  prob_make(&p, cv, TILE, 0, -1, 1, 2, 32, 1, W333, STA_F32, STA_BSHD, STA_ORDER_UNTILED, 0, 13);
+  sta_strategy *st = NULL;
+  OK(sta_strategy_uniform(&st, 1, 1, 2, W333, NULL, 0));
+  sta_layer_desc ld;
+  memset(&ld, 0, sizeof ld);
+  ld.local_heads = 2; ld.head_dim = 32; ld.sp_size = 1; ld.geom = p.d.geom;
+  ld.strategy = st; ld.precision = STA_PRECISION_FP8;
+  sta_layer *ly = NULL;
+  OK(sta_layer_create(&ly, &ld));
+  sta_forward_batch *fb = NULL;
+  sta_context *ctx = NULL;
+  OK(sta_forward_batch_create(&fb, 1));
+  OK(sta_context_push(&ctx, 0, NULL, fb));
+  sta_tensor *o1 = new_like(p.q, STA_F32, 0), *o2 = new_like(p.q, STA_F32, 0);
+  OK(sta_layer_forward(ly, p.q, p.k, p.v, o1));
+  OK(sta_attention_forward(&p.d, p.q, p.k, p.v, o2, NULL));
+  assert_memory_equal(sta_tensor_data(o1), sta_tensor_data(o2), (size_t)sta_tensor_numel(o1) * 4);
+  OK(sta_context_pop(ctx));
+  sta_forward_batch_destroy(fb);
+  sta_layer_destroy(ly);
+  sta_strategy_destroy(st);
+  sta_tensor_destroy(o1); sta_tensor_destroy(o2);
+  prob_free(&p);
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+    cmocka_unit_test(test_e4m3_codes),
+    cmocka_unit_test(test_int8_codes),
+    cmocka_unit_test(test_f8_dtype),
+    cmocka_unit_test(test_fp8_accuracy),
+    cmocka_unit_test(test_fp8_geometries),
+    cmocka_unit_test(test_fp8_deterministic),
+    cmocka_unit_test(test_fp8_key_offset),
+    cmocka_unit_test(test_fp8_quantizer),
+    cmocka_unit_test(test_fp8_prequantized),
+    cmocka_unit_test(test_fp8_errors),
+    cmocka_unit_test(test_fp8_layer),
+  };
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}
