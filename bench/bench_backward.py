@@ -15,7 +15,8 @@ forward+backward minus the median of the forward.
 --accuracy  at hunyuan-720p: sta's and Flex bf16's dq, dk, dv against Flex in
             float32 (the reference), rel L2 and max abs, on randn inputs.
 --deterministic  also time the deterministic mode (bit-identical gradients).
---variants LIST  also time these STA_BWD_VARIANT values (e.g. 0,1), two
+--variants LIST  also time these STA_BWD_VARIANT values (e.g. 0,1; no kernel reads it today:
+                 variant 1 measured slower and was removed), two
             rounds alternated, and check their gradients agree.
 --no-peers  sta only (no FlexAttention, no cuDNN).
 """

@@ -6,8 +6,6 @@
 #ifndef STA_BWD_ROWS_CUH
 #define STA_BWD_ROWS_CUH
 
-#include <stdlib.h>
-
 #include "kernel_bwd.cuh"
 
 namespace sta {
@@ -79,13 +77,8 @@ template <typename T, int D>
 sta_status run_bwd(const sta_attn_params *p, const BwdArgs &x, const RowArgs &ra,
                    cudaStream_t st) {
   const int smem = Smem<D>::BYTES;
-  /* STA_BWD_VARIANT=1 (D 128, experimental): each warpgroup adds the dQ
-  ** of its own keys (kernel_bwd.cuh's OWNQ) */
-  const char *var = getenv("STA_BWD_VARIANT");
-  const bool own = D == 128 && var && atoi(var) == 1;
-  void (*kern)(const BwdArgs) =
-      p->deterministic ? (own ? sta_bwd_kernel<T, D, true, D == 128> : sta_bwd_kernel<T, D, true>)
-                       : (own ? sta_bwd_kernel<T, D, false, D == 128> : sta_bwd_kernel<T, D, false>);
+  void (*kern)(const BwdArgs) = p->deterministic ? sta_bwd_kernel<T, D, true>
+                                                 : sta_bwd_kernel<T, D, false>;
   cudaError_t e = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
   if (e != cudaSuccess) return sta_cuda_fail(e, "backward: shared memory attribute");
   const unsigned rblocks = (unsigned)((ra.rows + 7) / 8);

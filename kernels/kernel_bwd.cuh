@@ -47,9 +47,8 @@ template <int D> struct Smem {
   static constexpr int BYTES = SLOT + (STAGES + 1) * 4 + 1024; /* + alignment */
 };
 
-template <typename T, int D, bool DET, bool OWNQ = false>
+template <typename T, int D, bool DET>
 __global__ void __launch_bounds__(NTH, 1) sta_bwd_kernel(const __grid_constant__ BwdArgs a) {
-  static_assert(!OWNQ || D == 128, "OWNQ: head dim 128 (D 64 always adds its own keys' dQ)");
   extern __shared__ unsigned char smem_raw[];
   unsigned char *base = reinterpret_cast<unsigned char *>(
       (reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~(uintptr_t)1023);
@@ -292,80 +291,61 @@ __global__ void __launch_bounds__(NTH, 1) sta_bwd_kernel(const __grid_constant__
       WgOps<T, D>::pv(dv, pa[kk], sdesc_of(dOt + (uint32_t)((kk * 16 * 128) >> 4)));
     sta_wgmma::commit();
     fence_proxy_async();
-    if (!OWNQ) bar_named(1, CTH); /* dQ reads both warpgroups' dS^T (D 128) */
-    else bar_named(2 + wg, 128);  /* OWNQ: only this warpgroup's */
+    bar_named(1, CTH); /* dQ reads both warpgroups' dS^T (D 128) */
 
     /* dQ (queries x 64 columns), then dK += dS^T Q: dQ goes to shared
-    ** memory while dK is still on the tensor cores.  OWNQ (D 128): each
-    ** warpgroup adds the dQ of its own 64 keys over all of D, in two passes
-    ** of 64 columns (no barrier between the warpgroups; twice the adds) */
-    constexpr int PASSES = OWNQ ? 2 : 1;
+    ** memory while dK is still on the tensor cores */
+    float dq[32];
+    const uint32_t dSt = sdesc_lo(D == 128 ? sds : sds + wg * 64 * 64, 16);
+    constexpr int KQ = D == 128 ? BK / 16 : 4;
 #pragma unroll
-    for (int pass = 0; pass < PASSES; pass++) {
-      float dq[32];
-      const uint32_t dSt = sdesc_lo(D == 128 && !OWNQ ? sds : sds + wg * 64 * 64, 16);
-      constexpr int KQ = D == 128 && !OWNQ ? BK / 16 : 4;
-      const uint32_t dKp = OWNQ ? sdesc_lo(sK + pass * BK * 64 + wg * 64 * 64, 16) : dKq;
+    for (int kk = 0; kk < KQ; kk++)
+      WgOps64<T>::s64tt(dq, sdesc_of(dSt + (uint32_t)((kk * 16 * 128) >> 4)),
+                        sdesc_of(dKq + (uint32_t)((kk * 16 * 128) >> 4)), kk > 0);
+    sta_wgmma::commit();
 #pragma unroll
-      for (int kk = 0; kk < KQ; kk++)
-        WgOps64<T>::s64tt(dq, sdesc_of(dSt + (uint32_t)((kk * 16 * 128) >> 4)),
-                          sdesc_of(dKp + (uint32_t)((kk * 16 * 128) >> 4)), kk > 0);
-      sta_wgmma::commit();
-      if (pass == 0) {
-#pragma unroll
-        for (int kk = 0; kk < BQ / 16; kk++)
-          WgOps<T, D>::pv(dk, da[kk], sdesc_of(dQt + (uint32_t)((kk * 16 * 128) >> 4)));
-        sta_wgmma::commit();
-        sta_wgmma::wait<1>();
-        sta_wgmma::pin<D / 2>(dv);
-        sta_wgmma::pin_r<BQ / 4>(&pa[0][0]);
-      } else {
-        sta_wgmma::wait<0>();
-        sta_wgmma::pin<D / 2>(dk);
-        bar_named(2 + wg, 128); /* the issuer saw the reduce before last read its buffer */
-      }
-      sta_wgmma::pin<32>(dq);
+    for (int kk = 0; kk < BQ / 16; kk++)
+      WgOps<T, D>::pv(dk, da[kk], sdesc_of(dQt + (uint32_t)((kk * 16 * 128) >> 4)));
+    sta_wgmma::commit();
+    sta_wgmma::wait<1>();
+    sta_wgmma::pin<D / 2>(dv);
+    sta_wgmma::pin<32>(dq);
+    sta_wgmma::pin_r<BQ / 4>(&pa[0][0]);
 
-      /* this warpgroup's 64 x 64 dQ block into its buffer (the default: one
-      ** of two by block parity, the bulk reduce of two blocks ago having read
-      ** it, which its issuer waited for before the barrier above; OWNQ: one
-      ** per pass, the issuer having waited for the last block's), then one
-      ** bulk add into the accumulator */
-      float *sdq = sdQ + (wg * 2 + (OWNQ ? pass : (it & 1))) * 64 * 64;
+    /* this warpgroup's 64 x 64 dQ block into its buffer of two (the bulk
+    ** reduce of two blocks ago has read it: its issuer waited for that
+    ** before the barrier above), then one bulk add into the accumulator */
+    float *sdq = sdQ + (wg * 2 + (it & 1)) * 64 * 64;
 #pragma unroll
-      for (int hr = 0; hr < 2; hr++) {
-        const int r = wq * 16 + (lane >> 2) + 8 * hr;
+    for (int hr = 0; hr < 2; hr++) {
+      const int r = wq * 16 + (lane >> 2) + 8 * hr;
 #pragma unroll
-        for (int j = 0; j < 8; j++)
-          *reinterpret_cast<float2 *>(sdq + dq_off(r, 8 * j + 2 * (lane & 3))) =
-              make_float2(dq[4 * j + 2 * hr], dq[4 * j + 2 * hr + 1]);
-      }
-      fence_proxy_async();
-      bar_named(2 + wg, 128);
-      if ((tid & 127) == 0) {
-        const int64_t blk = (bh * a.nqb + slot) * (D / 64) + (D == 128 ? (OWNQ ? pass : wg) : 0);
-        float *dst = a.dqacc + blk * 64 * 64;
-        if (DET) {
-          /* every key block adds in a fixed order: wait for this one's turn,
-          ** add, wait for the add to land, pass the turn on */
-          constexpr bool TWO = D == 64 || OWNQ; /* both warpgroups add into blk */
-          const int turn = dq_turn(a, a.win + 3 * h, kt, khh, kw, text, kb, slot) * (TWO ? 2 : 1) +
-                           (TWO ? wg : 0);
-          while (ld_acquire(a.turn + blk) != turn) {}
-          bulk_reduce_add(dst, sdq, 64 * 64 * 4);
-          bulk_wait();
-          asm volatile("fence.acq_rel.gpu;\n" ::: "memory");
-          st_release(a.turn + blk, turn + 1);
-        } else {
-          bulk_reduce_add(dst, sdq, 64 * 64 * 4);
-          bulk_wait_read1(); /* the one before has read its buffer */
-        }
+      for (int j = 0; j < 8; j++)
+        *reinterpret_cast<float2 *>(sdq + dq_off(r, 8 * j + 2 * (lane & 3))) =
+            make_float2(dq[4 * j + 2 * hr], dq[4 * j + 2 * hr + 1]);
+    }
+    fence_proxy_async();
+    bar_named(2 + wg, 128);
+    if ((tid & 127) == 0) {
+      const int64_t blk = (bh * a.nqb + slot) * (D / 64) + (D == 128 ? wg : 0);
+      float *dst = a.dqacc + blk * 64 * 64;
+      if (DET) {
+        /* every key block adds in a fixed order: wait for this one's turn,
+        ** add, wait for the add to land, pass the turn on */
+        const int turn = dq_turn(a, a.win + 3 * h, kt, khh, kw, text, kb, slot) * (D == 64 ? 2 : 1) +
+                         (D == 64 ? wg : 0);
+        while (ld_acquire(a.turn + blk) != turn) {}
+        bulk_reduce_add(dst, sdq, 64 * 64 * 4);
+        bulk_wait();
+        asm volatile("fence.acq_rel.gpu;\n" ::: "memory");
+        st_release(a.turn + blk, turn + 1);
+      } else {
+        bulk_reduce_add(dst, sdq, 64 * 64 * 4);
+        bulk_wait_read1(); /* the one before has read its buffer */
       }
     }
-    if (!OWNQ) {
-      sta_wgmma::wait<0>();
-      sta_wgmma::pin<D / 2>(dk);
-    }
+    sta_wgmma::wait<0>();
+    sta_wgmma::pin<D / 2>(dk);
     sta_wgmma::pin_r<BQ / 4>(&da[0][0]);
     mbar_arrive(&empty[st]); /* Q, dO, LSE, D of this stage read */
   }

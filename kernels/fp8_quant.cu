@@ -1,0 +1,227 @@
+/*
+** fp8_quant.cu -- the fp8 forward's quantize pre-pass (core/internal.h,
+** sta_fp8_ops; the scheme: sta.h, sta_precision): the bits
+** core/cpu_fp8.c's sta_cpu_fp8_quantize writes (spec/test_gpu_fp8.c
+** compares them).  Every rounding goes through internal.h's STA_HD
+** helpers, which the host shares; the sums whose order matters (the keys'
+** channel sums, q . k_mean) run in the host's order.  Three launches on
+** this thread's stream, a stream-ordered workspace of the chunks' partials:
+**   fp8_stats   a block per (batch * head, chunk of STA_FP8_CHUNK rows), a
+**               thread per channel: the keys' sum (double, row order), max
+**               and min, the amax of q (every query row) and of v (keys)
+**   fp8_finish  a thread per (batch * head, channel): the chunks in order;
+**               k_mean, the channel exponent, v_scale and 448 / amax of v
+**   fp8_rows    a block per (batch * head, 64 rows), a warp per row at a
+**               time: q8 and k8 (int8, the row's amax by warp reduction),
+**               the row scales, q . k_mean (lane 0, channel order); V_hi and
+**               V_lo staged in shared memory and stored transposed, 64
+**               rows of a channel at once
+** Padding rows and the k, v of rows that are never keys are written as 0.
+*/
+#include "ops.cuh"
+
+namespace {
+
+constexpr int QROWS = 64; /* rows per fp8_rows block */
+constexpr int QWARPS = 8;
+
+struct QuantArgs {
+  const char *q, *k, *v;
+  int64_t q_sb, q_ss, q_sh, k_sb, k_ss, k_sh, v_sb, v_ss, v_sh; /* elements */
+  int dt, es, D;
+  int64_t heads, R, nchunks;
+  sta_fp8_geom g;
+  sta_fp8_ops o; /* device buffers */
+  double *psum;  /* [BH][nchunks][D] */
+  float *pmax, *pmin, *pqam, *pvam; /* [BH][nchunks][D] */
+  long long *pcount; /* [BH][nchunks] */
+  float *vinv;   /* [BH][D] */
+};
+
+__device__ __forceinline__ float ld(const char *base, int64_t off, const QuantArgs &a) {
+  return ld1(base + off * a.es, a.dt);
+}
+
+__global__ void fp8_stats(const __grid_constant__ QuantArgs a) {
+  const int64_t bh = blockIdx.y, c = blockIdx.x, b = bh / a.heads, h = bh % a.heads;
+  const int64_t r0 = c * STA_FP8_CHUNK, r1 = r0 + STA_FP8_CHUNK < a.R ? r0 + STA_FP8_CHUNK : a.R;
+  for (int d = threadIdx.x; d < a.D; d += blockDim.x) {
+    double s = 0;
+    float mx = -INFINITY, mn = INFINITY, qa = 0.0f, va = 0.0f;
+    long long n = 0;
+    for (int64_t r = r0; r < r1; r++) {
+      const int64_t src = sta_fp8_source(&a.g, r);
+      if (src < 0) continue;
+      qa = sta_amax_nan(qa, ld(a.q, b * a.q_sb + src * a.q_ss + h * a.q_sh + d, a));
+      if (r >= a.g.keys_end) continue;
+      n++;
+      const float kv = ld(a.k, b * a.k_sb + src * a.k_ss + h * a.k_sh + d, a);
+      s += (double)kv;
+      if (kv > mx) mx = kv;
+      if (kv < mn) mn = kv;
+      va = sta_amax_nan(va, ld(a.v, b * a.v_sb + src * a.v_ss + h * a.v_sh + d, a));
+    }
+    const int64_t i = (bh * a.nchunks + c) * a.D + d;
+    a.psum[i] = s;
+    a.pmax[i] = mx;
+    a.pmin[i] = mn;
+    a.pqam[i] = qa;
+    a.pvam[i] = va;
+    if (d == 0) a.pcount[bh * a.nchunks + c] = n;
+  }
+}
+
+__global__ void fp8_finish(const __grid_constant__ QuantArgs a, int64_t n) {
+  const int64_t x = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+  if (x >= n) return;
+  const int64_t bh = x / a.D, d = x % a.D;
+  double sum = 0;
+  float mx = -INFINITY, mn = INFINITY, qa = 0.0f, va = 0.0f;
+  long long count = 0;
+  for (int64_t c = 0; c < a.nchunks; c++) {
+    const int64_t i = (bh * a.nchunks + c) * a.D + d;
+    sum += a.psum[i];
+    if (a.pmax[i] > mx) mx = a.pmax[i];
+    if (a.pmin[i] < mn) mn = a.pmin[i];
+    qa = sta_amax_nan(qa, a.pqam[i]);
+    va = sta_amax_nan(va, a.pvam[i]);
+    count += a.pcount[bh * a.nchunks + c];
+  }
+  const float mean = count > 0 ? (float)(sum / (double)count) : 0.0f;
+  const float kam = sta_amax_nan(sta_amax_nan(0.0f, mx - mean), mean - mn);
+  a.o.k_mean[x] = mean;
+  a.o.eq[x] = (int8_t)sta_fp8_exponent(qa, kam);
+  a.o.v_scale[x] = va / 448.0f;
+  a.vinv[x] = sta_fp8_inv(448.0f, va);
+}
+
+/* The int8 codes of the row in xs (x = xs[d] * 2^(sgn * eq[d]) after
+** subtracting sub[d] when sub is given) and its scale. */
+__device__ void quantize_row(const float *xs, const int8_t *eq, const float *sub, int sgn,
+                             int D, int lane, int8_t *code, float *scale) {
+  float m = 0.0f;
+  for (int d = lane; d < D; d += 32) {
+    const float x = sta_fmul(sub ? xs[d] - sub[d] : xs[d], sta_pow2f(sgn * eq[d]));
+    m = sta_amax_nan(m, x);
+  }
+  for (int o = 16; o > 0; o >>= 1) m = sta_amax_nan(m, __shfl_xor_sync(0xffffffffu, m, o));
+  const float inv = sta_fp8_inv(127.0f, m);
+  for (int d = lane; d < D; d += 32) {
+    const float x = sta_fmul(sub ? xs[d] - sub[d] : xs[d], sta_pow2f(sgn * eq[d]));
+    code[d] = sta_f32_to_i8(sta_fmul(x, inv));
+  }
+  if (lane == 0) *scale = m / 127.0f;
+}
+
+/* Dynamic shared memory: the V planes [2][D][QROWS] bytes, then a row of
+** floats per warp. */
+__global__ void fp8_rows(const __grid_constant__ QuantArgs a) {
+  extern __shared__ __align__(16) unsigned char smem[];
+  const int D = a.D, lane = threadIdx.x & 31, w = threadIdx.x >> 5;
+  const int64_t bh = blockIdx.y, b = bh / a.heads, h = bh % a.heads, r0 = (int64_t)blockIdx.x * QROWS;
+  uint8_t *vt = smem;
+  float *xs = (float *)(smem + ((2 * D * QROWS + 15) & ~15)) + w * D;
+  const int8_t *eq = a.o.eq + bh * D;
+  const float *mean = a.o.k_mean + bh * D, *vinv = a.vinv + bh * D;
+  for (int i = w; i < QROWS; i += QWARPS) {
+    const int64_t r = r0 + i, row = bh * a.R + r;
+    if (r >= a.R) break;
+    int8_t *q8 = a.o.q8 + row * D, *k8 = a.o.k8 + row * D;
+    const int64_t src = sta_fp8_source(&a.g, r);
+    const bool key = src >= 0 && r < a.g.keys_end;
+    if (src < 0) {
+      for (int d = lane; d < D; d += 32) q8[d] = 0;
+      if (lane == 0) { a.o.q_scale[row] = 0.0f; a.o.q_bias[row] = 0.0f; }
+    } else {
+      for (int d = lane; d < D; d += 32) xs[d] = ld(a.q, b * a.q_sb + src * a.q_ss + h * a.q_sh + d, a);
+      __syncwarp();
+      quantize_row(xs, eq, nullptr, 1, D, lane, q8, &a.o.q_scale[row]);
+      if (lane == 0) {
+        double bias = 0;
+        for (int d = 0; d < D; d++) bias += (double)xs[d] * (double)mean[d];
+        a.o.q_bias[row] = (float)bias;
+      }
+      __syncwarp();
+    }
+    if (!key) {
+      for (int d = lane; d < D; d += 32) {
+        k8[d] = 0;
+        vt[d * QROWS + i] = 0;
+        vt[(D + d) * QROWS + i] = 0;
+      }
+      if (lane == 0) a.o.k_scale[row] = 0.0f;
+      continue;
+    }
+    for (int d = lane; d < D; d += 32) xs[d] = ld(a.k, b * a.k_sb + src * a.k_ss + h * a.k_sh + d, a);
+    __syncwarp();
+    quantize_row(xs, eq, mean, -1, D, lane, k8, &a.o.k_scale[row]);
+    __syncwarp();
+    for (int d = lane; d < D; d += 32) {
+      const float y = sta_fmul(ld(a.v, b * a.v_sb + src * a.v_ss + h * a.v_sh + d, a), vinv[d]);
+      const uint8_t hi = sta_f32_to_e4m3(y);
+      vt[d * QROWS + i] = hi;
+      vt[(D + d) * QROWS + i] = sta_f32_to_e4m3(y - sta_e4m3_to_f32(hi));
+    }
+  }
+  __syncthreads();
+  const int n = (int)(a.R - r0 < QROWS ? a.R - r0 : QROWS);
+  for (int x = threadIdx.x; x < 2 * D * QROWS; x += blockDim.x) {
+    const int i = x % QROWS, pd = x / QROWS; /* pd = plane * D + d */
+    if (i < n) a.o.v8[(bh * 2 * D + pd) * a.R + r0 + i] = vt[x];
+  }
+}
+
+} /* namespace */
+
+sta_status sta_cuda_fp8_quantize(const sta_attn_params *p, const sta_fp8_ops *o) {
+  QuantArgs a;
+  memset(&a, 0, sizeof a);
+  sta_fp8_geom_init(&a.g, p);
+  a.q = (const char *)p->q; a.k = (const char *)p->k; a.v = (const char *)p->v;
+  a.q_sb = p->q_sb; a.q_ss = p->q_ss; a.q_sh = p->q_sh;
+  a.k_sb = p->k_sb; a.k_ss = p->k_ss; a.k_sh = p->k_sh;
+  a.v_sb = p->v_sb; a.v_ss = p->v_ss; a.v_sh = p->v_sh;
+  a.dt = (int)p->dtype;
+  a.es = (int)sta_dtype_size(p->dtype);
+  a.D = (int)p->head_dim;
+  a.heads = p->heads;
+  a.R = a.g.rows;
+  a.nchunks = (a.R + STA_FP8_CHUNK - 1) / STA_FP8_CHUNK;
+  a.o = *o;
+  const int64_t bh = p->batch * p->heads;
+  if (bh == 0 || a.R == 0 || a.D == 0) return STA_OK;
+  if (bh > 65535)
+    return sta_error(STA_ERR_UNSUPPORTED, "fp8 quantize: %lld batch x heads (at most 65535)",
+                     (long long)bh);
+  const size_t part = (size_t)(bh * a.nchunks * a.D);
+  const size_t bytes = part * (sizeof(double) + 4 * sizeof(float)) +
+                       (size_t)(bh * a.nchunks) * sizeof(long long) + (size_t)(bh * a.D) * sizeof(float);
+  cudaStream_t sm = sta_cuda_stream();
+  void *ws = NULL;
+  cudaError_t e = cudaMallocAsync(&ws, bytes, sm);
+  if (e != cudaSuccess) return sta_cuda_fail(e, "fp8 quantize: workspace");
+  a.psum = (double *)ws;
+  a.pcount = (long long *)(a.psum + part);
+  a.pmax = (float *)(a.pcount + bh * a.nchunks);
+  a.pmin = a.pmax + part;
+  a.pqam = a.pmin + part;
+  a.pvam = a.pqam + part;
+  a.vinv = a.pvam + part;
+  const int threads = a.D < 256 ? ((a.D + 31) / 32) * 32 : 256;
+  fp8_stats<<<dim3((unsigned)a.nchunks, (unsigned)bh), threads, 0, sm>>>(a);
+  const int64_t n = bh * a.D;
+  fp8_finish<<<(unsigned)((n + 255) / 256), 256, 0, sm>>>(a, n);
+  const size_t shm = (((size_t)2 * a.D * QROWS + 15) & ~(size_t)15) + (size_t)QWARPS * a.D * sizeof(float);
+  sta_status s = STA_OK;
+  if (shm > 48 * 1024 &&
+      (e = cudaFuncSetAttribute(fp8_rows, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                (int)shm)) != cudaSuccess)
+    s = sta_cuda_fail(e, "fp8 quantize: shared memory");
+  if (s == STA_OK) {
+    fp8_rows<<<dim3((unsigned)((a.R + QROWS - 1) / QROWS), (unsigned)bh), QWARPS * 32, shm, sm>>>(a);
+    if ((e = cudaGetLastError()) != cudaSuccess) s = sta_cuda_fail(e, "fp8 quantize: kernel launch");
+  }
+  e = cudaFreeAsync(ws, sm);
+  if (e != cudaSuccess && s == STA_OK) s = sta_cuda_fail(e, "fp8 quantize: freeing the workspace");
+  return s;
+}
