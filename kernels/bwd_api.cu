@@ -151,25 +151,34 @@ sta_status sta_cuda_attention_backward(const sta_attn_params *p) {
   ra.lse_sb = p->lse_sb; ra.lse_sh = p->lse_sh; ra.lse_ss = p->lse_ss;
   ra.keys = x.VR + x.text_len;
   ra.rows = p->batch * p->heads * nqb * BQ;
+  ra.vec_od = aligned16(p->o) && aligned16(p->dout) && p->o_sb % 8 == 0 && p->o_ss % 8 == 0 &&
+              p->o_sh % 8 == 0 && p->do_sb % 8 == 0 && p->do_ss % 8 == 0 && p->do_sh % 8 == 0;
+  ra.vec_dq = aligned16(p->dq) && p->dq_sb % 8 == 0 && p->dq_ss % 8 == 0 && p->dq_sh % 8 == 0;
 
   /* workspace, stream-ordered: the f32 dQ accumulator, LSE2 and D */
   cudaStream_t sm = sta_cuda_stream();
   const size_t acc_bytes = sizeof(float) * (size_t)ra.rows * (size_t)p->head_dim;
-  const size_t turn_bytes = p->deterministic ? sizeof(int) * (size_t)(ra.rows / BQ) * (size_t)(p->head_dim / 64) : 0;
-  const size_t zero_bytes = acc_bytes + turn_bytes;
-  const size_t ws_bytes = zero_bytes + 2 * sizeof(float) * (size_t)ra.rows;
+  /* the turn counters rounded up to 256 bytes: LSE2 and D after them are
+  ** read by 16-byte-aligned bulk copies */
+  const size_t turn_bytes =
+      p->deterministic ? (sizeof(int) * (size_t)(ra.rows / BQ) * (size_t)(p->head_dim / 64) + 255) &
+                             ~(size_t)255
+                       : 0;
+  const size_t ws_bytes = acc_bytes + turn_bytes + 2 * sizeof(float) * (size_t)ra.rows;
   void *ws = NULL;
   cudaError_t e = cudaMallocAsync(&ws, ws_bytes, sm);
   sta_status s;
   if (e != cudaSuccess) {
     ws = NULL;
     s = sta_cuda_fail(e, "backward: workspace");
-  } else if ((e = cudaMemsetAsync(ws, 0, zero_bytes, sm)) != cudaSuccess) {
-    s = sta_cuda_fail(e, "backward: zeroing the dQ accumulator");
+  } else if (turn_bytes &&
+             (e = cudaMemsetAsync((char *)ws + acc_bytes, 0, turn_bytes, sm)) != cudaSuccess) {
+    /* (the dQ accumulator is zeroed by the prep kernel, row by row) */
+    s = sta_cuda_fail(e, "backward: zeroing the turn counters");
   } else {
     x.dqacc = (float *)ws;
     x.turn = p->deterministic ? (int *)((char *)ws + acc_bytes) : NULL;
-    x.lse2 = (const float *)((char *)ws + zero_bytes);
+    x.lse2 = (const float *)((char *)ws + acc_bytes + turn_bytes);
     x.dd = x.lse2 + ra.rows;
     const int D = (int)p->head_dim;
     if (p->dtype == STA_BF16)

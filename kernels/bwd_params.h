@@ -56,6 +56,8 @@ struct RowArgs {
   int64_t dq_sb, dq_ss, dq_sh, lse_sb, lse_sh, lse_ss;
   int keys;       /* VR + text_len: rows from there are never keys */
   int64_t rows;   /* B * heads * nqb * 64 slot rows */
+  int vec_od;     /* o and dout: 16-byte loads (aligned, strides multiples of 8) */
+  int vec_dq;     /* dq: 16-byte stores */
 };
 
 /* The three launches for one (dtype, head dim): bwd_{bf16,f16}_d{64,128}.cu. */

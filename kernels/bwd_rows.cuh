@@ -1,5 +1,6 @@
 /*
-** bwd_rows.cuh -- the backward's row kernels (prep: LSE and D in slot order;
+** bwd_rows.cuh -- the backward's row kernels (prep: LSE and D in slot order,
+** the dQ accumulator zeroed;
 ** zero: dK = dV = 0 on the rows that are never keys; post: dq from the
 ** accumulator) and run_bwd, the three launches of one (dtype, head dim).
 */
@@ -16,25 +17,56 @@ template <> __device__ __forceinline__ float to_f<__nv_bfloat16>(__nv_bfloat16 x
 }
 template <> __device__ __forceinline__ float to_f<__half>(__half x) { return __half2float(x); }
 
-/* One warp per slot row: LSE * log2(e) and D_i = dO . O in slot order. */
+/* The row kernels take a slot row per RT = D / 8 threads, 8 columns (16
+** bytes of T) each: 256 / RT rows per 256-thread block. */
+template <int D> struct Rows {
+  static constexpr int RT = D / 8, PER_BLOCK = 256 / RT;
+};
+
+/* 8 elements of T from p (one 16-byte load when vec) as floats. */
+template <typename T>
+__device__ __forceinline__ void load8(const T *p, int vec, float *f) {
+  if (vec) {
+    const uint4 u = *reinterpret_cast<const uint4 *>(p);
+    const T *t = reinterpret_cast<const T *>(&u);
+#pragma unroll
+    for (int e = 0; e < 8; e++) f[e] = to_f<T>(t[e]);
+  } else {
+#pragma unroll
+    for (int e = 0; e < 8; e++) f[e] = to_f<T>(p[e]);
+  }
+}
+
+/* Slot row i (RT threads, columns c .. c + 7 each): LSE * log2(e) and D_i =
+** dO . O in slot order, and the row's part of the f32 dQ accumulator
+** zeroed (its 64 columns of each 64 x 64 block: dq_off). */
 template <typename T, int D>
 __global__ void sta_bwd_prep(const __grid_constant__ BwdArgs a, const __grid_constant__ RowArgs r) {
-  int64_t i = (int64_t)blockIdx.x * (blockDim.x / 32) + (threadIdx.x >> 5);
-  if (i >= r.rows) return;
-  const int lane = threadIdx.x & 31, rr = (int)(i % BQ);
+  constexpr int RT = Rows<D>::RT;
+  const int64_t i = (int64_t)blockIdx.x * Rows<D>::PER_BLOCK + threadIdx.x / RT;
+  const int c = (int)(threadIdx.x % RT) * 8;
+  if (i >= r.rows) return; /* whole warps: rows is a multiple of 64 */
+  const int rr = (int)(i % BQ);
   const int64_t sbh = i / BQ, bh = sbh / a.nqb, b = bh / a.heads, h = bh % a.heads;
   const int slot = (int)(sbh % a.nqb), s = slot_row(a, slot, rr);
   float acc = 0.f, l2 = 0.f;
   if (s >= 0) {
-    const T *o = reinterpret_cast<const T *>(r.o) + b * r.o_sb + s * r.o_ss + h * r.o_sh;
-    const T *g = reinterpret_cast<const T *>(r.dout) + b * r.do_sb + s * r.do_ss + h * r.do_sh;
+    const T *o = reinterpret_cast<const T *>(r.o) + b * r.o_sb + s * r.o_ss + h * r.o_sh + c;
+    const T *g = reinterpret_cast<const T *>(r.dout) + b * r.do_sb + s * r.do_ss + h * r.do_sh + c;
+    float fo[8], fg[8];
+    load8<T>(o, r.vec_od, fo);
+    load8<T>(g, r.vec_od, fg);
 #pragma unroll
-    for (int d = lane; d < D; d += 32) acc += to_f<T>(o[d]) * to_f<T>(g[d]);
-#pragma unroll
-    for (int m = 16; m > 0; m >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, m);
+    for (int e = 0; e < 8; e++) acc += fo[e] * fg[e];
     l2 = r.lse[b * r.lse_sb + h * r.lse_sh + s * r.lse_ss] * LOG2E;
   }
-  if (lane == 0) {
+#pragma unroll
+  for (int m = RT / 2; m > 0; m >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, m);
+  float4 *z = reinterpret_cast<float4 *>(a.dqacc + (sbh * (D / 64) + (c >> 6)) * 64 * 64 +
+                                         dq_off(rr, c & 63));
+  z[0] = make_float4(0.f, 0.f, 0.f, 0.f);
+  z[1] = make_float4(0.f, 0.f, 0.f, 0.f);
+  if (c == 0) {
     const_cast<float *>(a.dd)[i] = acc;
     const_cast<float *>(a.lse2)[i] = l2;
   }
@@ -58,19 +90,33 @@ __global__ void sta_bwd_zero(const __grid_constant__ BwdArgs a, const __grid_con
   }
 }
 
-/* One warp per slot row: dq = scale * the accumulator, at the row's place. */
+/* Slot row i (RT threads, 8 columns each): dq = scale * the accumulator,
+** at the row's place. */
 template <typename T, int D>
 __global__ void sta_bwd_post(const __grid_constant__ BwdArgs a, const __grid_constant__ RowArgs r) {
-  int64_t i = (int64_t)blockIdx.x * (blockDim.x / 32) + (threadIdx.x >> 5);
+  constexpr int RT = Rows<D>::RT;
+  const int64_t i = (int64_t)blockIdx.x * Rows<D>::PER_BLOCK + threadIdx.x / RT;
+  const int c = (int)(threadIdx.x % RT) * 8;
   if (i >= r.rows) return;
-  const int lane = threadIdx.x & 31, rr = (int)(i % BQ);
+  const int rr = (int)(i % BQ);
   const int64_t sbh = i / BQ, bh = sbh / a.nqb, b = bh / a.heads, h = bh % a.heads;
   const int slot = (int)(sbh % a.nqb), s = slot_row(a, slot, rr);
   if (s < 0) return;
-  T *q = reinterpret_cast<T *>(r.dq) + b * r.dq_sb + s * r.dq_ss + h * r.dq_sh;
-  const float *acc = a.dqacc + sbh * (D / 64) * 64 * 64;
-  for (int d = lane; d < D; d += 32)
-    q[d] = T(acc[(d >> 6) * 64 * 64 + dq_off(rr, d & 63)] * a.scale);
+  const float4 *acc = reinterpret_cast<const float4 *>(
+      a.dqacc + (sbh * (D / 64) + (c >> 6)) * 64 * 64 + dq_off(rr, c & 63));
+  const float4 x0 = acc[0], x1 = acc[1];
+  const float f[8] = {x0.x, x0.y, x0.z, x0.w, x1.x, x1.y, x1.z, x1.w};
+  T *q = reinterpret_cast<T *>(r.dq) + b * r.dq_sb + s * r.dq_ss + h * r.dq_sh + c;
+  if (r.vec_dq) {
+    uint4 u;
+    uint32_t *w = reinterpret_cast<uint32_t *>(&u);
+#pragma unroll
+    for (int e = 0; e < 4; e++) w[e] = Mma<T>::pack(f[2 * e] * a.scale, f[2 * e + 1] * a.scale);
+    *reinterpret_cast<uint4 *>(q) = u;
+  } else {
+#pragma unroll
+    for (int e = 0; e < 8; e++) q[e] = T(f[e] * a.scale);
+  }
 }
 
 template <typename T, int D>
@@ -81,7 +127,7 @@ sta_status run_bwd(const sta_attn_params *p, const BwdArgs &x, const RowArgs &ra
                                                  : sta_bwd_kernel<T, D, false>;
   cudaError_t e = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
   if (e != cudaSuccess) return sta_cuda_fail(e, "backward: shared memory attribute");
-  const unsigned rblocks = (unsigned)((ra.rows + 7) / 8);
+  const unsigned rblocks = (unsigned)((ra.rows + Rows<D>::PER_BLOCK - 1) / Rows<D>::PER_BLOCK);
   sta_bwd_prep<T, D><<<rblocks, 256, 0, st>>>(x, ra);
   if ((e = cudaGetLastError()) != cudaSuccess) return sta_cuda_fail(e, "backward: prep launch");
   const int64_t nz = p->batch * p->heads * (p->seq_len - ra.keys);

@@ -368,6 +368,15 @@ static void test_deterministic(void **state) {
   case_init(&c, 12, 16, 24);
   c.tiled = 1; c.text = 20;
   det_case(&c);
+  /* an odd count of query blocks (3) and of turn counters: the LSE and D
+  ** after them in the workspace must stay 16-byte aligned for the bulk
+  ** copies (misaligned address before the fix) */
+  case_init(&c, 3, 8, 8);
+  c.tile[0] = 3; c.H = 1; c.windows[0] = c.windows[1] = c.windows[2] = 1;
+  c.D = 64;
+  det_case(&c);
+  c.H = 3; c.D = 128;
+  det_case(&c);
 }
 
 static void test_refusals(void **state) {
