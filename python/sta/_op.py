@@ -260,6 +260,13 @@ def _backward(q, k, v, out, lse, dout, dlse, spec):
 
 # ---- autograd ---------------------------------------------------------------------
 
+def _op_inputs(spec, compute_lse, return_lse):
+    """torch.ops.sta.attention's arguments after q, k, v for spec."""
+    canvas, tile, text_len, windows, lay, scale, sm, det, order, prec = spec
+    return (list(canvas), list(tile), text_len, list(windows), lay, scale, sm, bool(det), order,
+            prec, bool(compute_lse), bool(return_lse))
+
+
 def _unspec(canvas, tile, text_len, windows, layout, scale, softmax, det, order, precision):
     return (tuple(canvas), tuple(tile), int(text_len), tuple(windows), int(layout),
             float(scale), int(softmax), int(det), int(order), int(precision))
@@ -408,11 +415,8 @@ def attention(q, k, v, *, canvas, window, tile=(6, 8, 8), text_len=None, layout=
                                              v.requires_grad)
     if CUSTOM_OP and (need_grad or compiling or type(q) not in _PLAIN or
                       type(k) not in _PLAIN or type(v) not in _PLAIN):
-        canvas_, tile_, text_len_, windows, lay, scale_, sm, det, order_, prec = spec
-        out, lse = torch.ops.sta.attention(q, k, v, list(canvas_), list(tile_), text_len_,
-                                           list(windows), lay, scale_, sm, bool(det), order_,
-                                           prec, bool(return_lse or need_grad),
-                                           bool(return_lse))
+        out, lse = torch.ops.sta.attention(q, k, v, *_op_inputs(spec, return_lse or need_grad,
+                                                                 return_lse))
     elif need_grad:
         out, lse = _AttentionFunction.apply(q, k, v, spec, bool(return_lse))
     else:
