@@ -330,10 +330,12 @@ if CUSTOM_OP:
     _AFTER_AUTOGRAD = torch._C._after_autograd_keyset
     _AFTER_AUTOGRAD_RAW = _AFTER_AUTOGRAD.raw_repr()
     _BELOW_AUTOGRAD = torch._C._AutoDispatchBelowAutograd
-    # the keysets below autograd of plain CPU and CUDA tensors
-    _DIRECT = frozenset(torch._C.DispatchKeySet(getattr(torch._C.DispatchKey, d))
-                        .add(torch._C.DispatchKey.ADInplaceOrView).raw_repr()
-                        for d in ("CPU", "CUDA"))
+    # the keysets below autograd of plain CPU and CUDA tensors (the dispatcher
+    # leaves out fallthrough keys such as ADInplaceOrView: with or without)
+    _DIRECT = frozenset(ks.raw_repr() for d in ("CPU", "CUDA") for ks in (
+        torch._C.DispatchKeySet(getattr(torch._C.DispatchKey, d)),
+        torch._C.DispatchKeySet(getattr(torch._C.DispatchKey, d)).add(
+            torch._C.DispatchKey.ADInplaceOrView)))
     _grad_enabled = torch.is_grad_enabled
 
     def _attention_kernel(q, k, v, spec, scale, lse):
@@ -359,30 +361,6 @@ if CUSTOM_OP:
         with _BELOW_AUTOGRAD():
             return op.redispatch(keyset & _AFTER_AUTOGRAD, *args)
 
-    class _OpFunction(torch.autograd.Function):
-        """sta::attention's autograd (inputs: q, k, v, spec, scale, lse, keyset)."""
-
-        @staticmethod
-        def forward(ctx, q, k, v, spec, scale, lse, keyset):
-            out, l = _below_autograd(_ATTENTION, _attention_kernel, keyset,
-                                     (q, k, v, spec, scale, max(lse, _LSE_SAVED)))
-            ctx.args = (spec, scale)
-            ctx.return_lse = lse == _LSE_RETURNED
-            ctx.save_for_backward(q, k, v, out, l)
-            if not ctx.return_lse:
-                ctx.mark_non_differentiable(l)
-            ctx.set_materialize_grads(False)
-            return out, l
-
-        @staticmethod
-        def backward(ctx, dout, dlse):
-            q, k, v, out, lse = ctx.saved_tensors
-            if dout is None:
-                dout = torch.zeros_like(out)
-            dq, dk, dv = _ATTENTION_BACKWARD(q, k, v, out, lse, dout,
-                                             dlse if ctx.return_lse else None, *ctx.args)
-            return dq, dk, dv, None, None, None, None
-
     class _OpBackwardFunction(torch.autograd.Function):
         """sta::attention_backward under autograd: no double backward."""
 
@@ -397,7 +375,7 @@ if CUSTOM_OP:
 
     def _attention_autograd(keyset, q, k, v, spec, scale, lse):
         if _grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
-            return _OpFunction.apply(q, k, v, spec, scale, lse, keyset)
+            return _AttentionFunction.apply(q, k, v, spec, scale, lse, keyset)
         return _below_autograd(_ATTENTION, _attention_kernel, keyset, (q, k, v, spec, scale, lse))
 
     def _attention_backward_autograd(keyset, *args):
@@ -417,26 +395,38 @@ if CUSTOM_OP:
 
 
 class _AttentionFunction(torch.autograd.Function):
-    """The autograd of torch < 2.4 (and of eager calls there)."""
+    """sta.attention's autograd (inputs: q, k, v, then _op_inputs, then
+    keyset).  keyset: the Autograd kernel's, whose op the forward
+    redispatches below autograd and whose backward is sta::attention_backward;
+    None on torch < 2.4: the library directly."""
 
     @staticmethod
-    def forward(ctx, q, k, v, spec, return_lse):
-        out, lse = _forward(q, k, v, spec, True)
-        ctx.spec, ctx.return_lse = spec, return_lse
-        ctx.save_for_backward(q, k, v, out, lse)
-        if not return_lse:
-            ctx.mark_non_differentiable(lse)
+    def forward(ctx, q, k, v, spec, scale, lse, keyset):
+        if keyset is None:
+            out, l = _forward(q, k, v, (*spec, scale), True)
+        else:
+            out, l = _below_autograd(_ATTENTION, _attention_kernel, keyset,
+                                     (q, k, v, spec, scale, max(lse, _LSE_SAVED)))
+        ctx.args, ctx.op = (spec, scale), keyset is not None
+        ctx.return_lse = lse == _LSE_RETURNED
+        ctx.save_for_backward(q, k, v, out, l)
+        if not ctx.return_lse:
+            ctx.mark_non_differentiable(l)
         ctx.set_materialize_grads(False)
-        return out, lse
+        return out, l
 
     @staticmethod
     def backward(ctx, dout, dlse):
         q, k, v, out, lse = ctx.saved_tensors
         if dout is None:
             dout = torch.zeros_like(out)
-        dq, dk, dv = _backward(q, k, v, out, lse, dout, dlse if ctx.return_lse else None,
-                               ctx.spec)
-        return dq, dk, dv, None, None
+        dlse = dlse if ctx.return_lse else None
+        spec, scale = ctx.args
+        if ctx.op:
+            dq, dk, dv = _ATTENTION_BACKWARD(q, k, v, out, lse, dout, dlse, spec, scale)
+        else:
+            dq, dk, dv = _backward(q, k, v, out, lse, dout, dlse, (*spec, scale))
+        return dq, dk, dv, None, None, None, None
 
 
 _is_compiling = getattr(getattr(torch, "compiler", None), "is_compiling", None)
@@ -497,7 +487,7 @@ def attention(q, k, v, *, canvas, window, tile=(6, 8, 8), text_len=None, layout=
                       type(k) not in _PLAIN or type(v) not in _PLAIN):
         out, lse = _ATTENTION(q, k, v, *_op_inputs(spec, need_grad, return_lse))
     elif need_grad:
-        out, lse = _AttentionFunction.apply(q, k, v, spec, bool(return_lse))
+        out, lse = _AttentionFunction.apply(q, k, v, *_op_inputs(spec, True, return_lse), None)
     else:
         out, lse = _forward(q, k, v, spec, return_lse)
     return (out, lse) if return_lse else out
