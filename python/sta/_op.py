@@ -160,12 +160,16 @@ def _desc(spec):
     return ref
 
 
+_SIZES = {n: C.c_int64 * n for n in range(1, 9)}
+
+
 def _wrap(lib, t):
     h = C.c_void_p()
     nd = t.dim()
+    arr = _SIZES.get(nd) or C.c_int64 * nd
     rc = lib.sta_tensor_wrap(C.byref(h), t.data_ptr(), _DTYPES[t.dtype],
-                             STA_CUDA if t.is_cuda else STA_CPU, nd,
-                             (C.c_int64 * nd)(*t.shape), (C.c_int64 * nd)(*t.stride()))
+                             STA_CUDA if t.is_cuda else STA_CPU, nd, arr(*t.shape),
+                             arr(*t.stride()))
     if rc:
         raise lib.error(rc)
     return h
@@ -175,10 +179,16 @@ def _handles(lib, tensors):
     """Handles of tensors from this thread's cache of wraps.  A wrap holds
     only (address, dtype, device, shape, strides), so a cached one is the
     same as a fresh one for any tensor with that key: steady loops, where
-    torch's allocator hands out the same blocks, wrap nothing."""
+    torch's allocator hands out the same blocks, wrap nothing.  (The
+    address tells devices apart, one address space: is_cuda suffices.)"""
     cache = getattr(_cache, "wraps", None)
     if cache is None:
         cache = _cache.wraps = {}
+    try:  # every tensor wrapped before: one pass
+        return [None if t is None else cache[(t.data_ptr(), t.dtype, t.is_cuda, t.shape,
+                                               t.stride())] for t in tensors]
+    except KeyError:
+        pass
     if len(cache) + len(tensors) > 64:  # evicted before: this call's handles stay valid
         for old in cache.values():
             lib.sta_tensor_destroy(old)
@@ -188,7 +198,6 @@ def _handles(lib, tensors):
         if t is None:
             hs.append(None)
             continue
-        # the address tells devices apart (one address space): is_cuda suffices
         key = (t.data_ptr(), t.dtype, t.is_cuda, t.shape, t.stride())
         h = cache.get(key)
         if h is None:
