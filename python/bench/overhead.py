@@ -16,8 +16,9 @@ For each shape, the same forward up to five ways, on the same inputs:
              torch.compile; torch >= 2.4);
   graph      sta.attention captured in a CUDA graph and replayed (cuda only).
 The shape "tiny" (one 1x2x2 tile, D 64) does almost no work: on the cpu its
-us/call is the host cost of issuing a call (python3 python/bench/overhead.py
---device cpu --shapes tiny).
+us/call is the host cost of issuing a call (OMP_NUM_THREADS=1 python3
+python/bench/overhead.py --device cpu --shapes tiny; one thread keeps
+OpenMP's wake-ups out of it).
 Columns: host us/call (the CPU time to issue one call, calls back to back,
 no synchronisation: the per-call overhead) and us/call end to end (calls
 issued back to back, then one synchronisation, divided by the calls; the
@@ -150,6 +151,9 @@ def main():
     rows = []
     print("%-14s %-7s %12s %12s %12s %9s" % ("shape", "path", "host us/call", "us/call",
                                              "overhead us", "overhead"))
+    for p in a.paths.split(","):
+        if p not in PATHS:
+            ap.error("--paths: %r is not one of %s" % (p, ",".join(PATHS)))
     for name in a.shapes.split(","):
         if name not in SHAPES:
             ap.error("--shapes: %r is not one of %s" % (name, ",".join(SHAPES)))
