@@ -61,7 +61,13 @@ def test_opcheck(rng, gen):
                               op_args(g, gen, lse, requires_grad=sta.has_backward()))
 
 
-class Recorder(torch.utils._python_dispatch.TorchDispatchMode if _op.CUSTOM_OP else object):
+if _op.CUSTOM_OP:
+    from torch.utils._python_dispatch import TorchDispatchMode
+else:
+    TorchDispatchMode = object
+
+
+class Recorder(TorchDispatchMode):
     """Records the ops dispatched under it: the op's Autograd kernel then
     redispatches instead of calling its kernel directly."""
 
