@@ -2,15 +2,23 @@
 """overhead.py -- what sta.attention costs over calling libsta's C API directly.
 
   python3 python/bench/overhead.py [--device cuda|cpu] [--reps N] [--calls N]
-                                   [--shapes hunyuan-720p,small] [--out DIR]
+                                   [--shapes hunyuan-720p,small] [--paths ...]
+                                   [--out DIR]
 
-For each shape, the same forward four ways, on the same inputs:
+For each shape, the same forward up to five ways, on the same inputs:
   direct     sta_attention_forward through ctypes on tensors wrapped once,
              one descriptor built once: the least any caller pays;
   eager      sta.attention(q, k, v, ...) with no gradient (the inference path);
+  grad       sta.attention on inputs that require grad (the training
+             forward: the custom op with autograd on torch >= 2.4, else
+             torch.autograd.Function; the backward is not run);
   op         torch.ops.sta.attention (the custom op: dispatcher, the path of
-             torch.compile and autograd; torch >= 2.4);
+             torch.compile; torch >= 2.4);
   graph      sta.attention captured in a CUDA graph and replayed (cuda only).
+The shape "tiny" (one 1x2x2 tile, D 64) does almost no work: on the cpu its
+us/call is the host cost of issuing a call (OMP_NUM_THREADS=1 python3
+python/bench/overhead.py --device cpu --shapes tiny; one thread keeps
+OpenMP's wake-ups out of it).
 Columns: host us/call (the CPU time to issue one call, calls back to back,
 no synchronisation: the per-call overhead) and us/call end to end (calls
 issued back to back, then one synchronisation, divided by the calls; the
@@ -33,11 +41,13 @@ import torch  # noqa: E402
 import sta  # noqa: E402
 from sta import _capi, _op  # noqa: E402
 
-SHAPES = {  # name: canvas, text, heads, D, window
-    "hunyuan-720p": ((30, 48, 80), 256, 24, 128, (3, 3, 3)),
-    "small": ((6, 8, 8), 0, 2, 64, (1, 1, 1)),
-    "medium": ((12, 16, 16), 16, 8, 128, (1, 1, 1)),
+SHAPES = {  # name: canvas, tile, text, heads, D, window
+    "hunyuan-720p": ((30, 48, 80), (6, 8, 8), 256, 24, 128, (3, 3, 3)),
+    "small": ((6, 8, 8), (6, 8, 8), 0, 2, 64, (1, 1, 1)),
+    "medium": ((12, 16, 16), (6, 8, 8), 16, 8, 128, (1, 1, 1)),
+    "tiny": ((1, 2, 2), (1, 2, 2), 0, 1, 64, (1, 1, 1)),
 }
+PATHS = ("direct", "eager", "grad", "op", "graph")
 
 
 def sync(device):
@@ -63,13 +73,13 @@ def measure(fn, calls, reps, device):
     return statistics.median(host), statistics.median(e2e)
 
 
-def run_shape(name, device, dtype, calls, reps):
-    canvas, text, H, D, window = SHAPES[name]
+def run_shape(name, device, dtype, calls, reps, paths):
+    canvas, tile, text, H, D, window = SHAPES[name]
     S = canvas[0] * canvas[1] * canvas[2] + text
     q, k, v = (torch.randn(1, S, H, D, device=device).to(dtype) for _ in range(3))
-    args = dict(canvas=canvas, window=window, text_len=text)
+    args = dict(canvas=canvas, window=window, tile=tile, text_len=text)
     L = _capi.lib()
-    spec = _op._spec(canvas, window, (6, 8, 8), text, "bshd", None, "exact", False)
+    spec = _op._spec(canvas, window, tile, text, "bshd", None, "exact", False)
     desc = _op._desc(spec)
     out = torch.empty_like(q)
     hs = _op._handles(L, (q, k, v, out))
@@ -85,13 +95,20 @@ def run_shape(name, device, dtype, calls, reps):
     def eager():
         sta.attention(q, k, v, **args)
 
-    paths = [("direct", direct), ("eager", eager)]
+    qg, kg, vg = (t.clone().requires_grad_(True) for t in (q, k, v))
+
+    def grad():
+        sta.attention(qg, kg, vg, **args)
+
+    fns = {"direct": direct, "eager": eager, "grad": grad}
     if _op.CUSTOM_OP:
+        op_args = _op._op_inputs(spec, False, False)
+        op_fn = torch.ops.sta.attention.default
+
         def op():
-            torch.ops.sta.attention(q, k, v, list(canvas), [6, 8, 8], text, list(window), 0, 0.0,
-                                    0, False, 0, False, False)
-        paths.append(("op", op))
-    if device == "cuda":
+            op_fn(q, k, v, *op_args)
+        fns["op"] = op
+    if device == "cuda" and "graph" in paths:
         s = torch.cuda.Stream()
         s.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(s):
@@ -100,11 +117,14 @@ def run_shape(name, device, dtype, calls, reps):
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):
             eager()
-        paths.append(("graph", graph.replay))
+        fns["graph"] = graph.replay
         L.sta_cuda_set_stream(torch.cuda.current_stream().cuda_stream)
     rows = []
     base = None
-    for label, fn in paths:
+    for label in ["direct"] + [p for p in paths if p != "direct"]:
+        fn = fns.get(label)
+        if fn is None:
+            continue
         n = max(1, calls if name != "hunyuan-720p" else min(calls, 20))
         host, e2e = measure(fn, n, reps, device)
         if label == "direct":
@@ -120,6 +140,8 @@ def main():
     ap.add_argument("--shapes", default="hunyuan-720p,small")
     ap.add_argument("--calls", type=int, default=200)
     ap.add_argument("--reps", type=int, default=15)
+    ap.add_argument("--paths", default=",".join(PATHS),
+                    help="of %s (direct always runs: the baseline)" % ",".join(PATHS))
     ap.add_argument("--out", default=None)
     a = ap.parse_args()
     dtype = torch.bfloat16 if a.device == "cuda" else torch.float32
@@ -129,11 +151,16 @@ def main():
     rows = []
     print("%-14s %-7s %12s %12s %12s %9s" % ("shape", "path", "host us/call", "us/call",
                                              "overhead us", "overhead"))
+    for p in a.paths.split(","):
+        if p not in PATHS:
+            ap.error("--paths: %r is not one of %s" % (p, ",".join(PATHS)))
     for name in a.shapes.split(","):
+        if name not in SHAPES:
+            ap.error("--shapes: %r is not one of %s" % (name, ",".join(SHAPES)))
         if a.device == "cpu" and name == "hunyuan-720p":
             print("%-14s (skipped on the cpu: seconds per call)" % name)
             continue
-        for r in run_shape(name, a.device, dtype, a.calls, a.reps):
+        for r in run_shape(name, a.device, dtype, a.calls, a.reps, a.paths.split(",")):
             rows.append(r)
             print("%-14s %-7s %12.1f %12.1f %12.1f %8.2f%%" % (
                 r["shape"], r["path"], r["host_us"], r["e2e_us"], r["overhead_us"],

@@ -10,6 +10,8 @@ With torch >= 2.4 the op is registered as torch.ops.sta.attention (and
 torch.ops.sta.attention_backward), with fake implementations and registered
 autograd, so torch.compile(fullgraph=True) keeps it as one node; eager calls
 that need no gradient skip the dispatcher and call the library directly.
+The op's arguments are q, k, v, the spec's ints (_spec), its scale and an
+lse mode (_op_inputs): few arguments, each converted at every dispatch.
 Older torch (Debian 12's 1.13) gets a torch.autograd.Function.
 """
 import ctypes as C
@@ -42,7 +44,7 @@ def _version_at_least(major, minor):
 
 
 CUSTOM_OP = _version_at_least(2, 4) and hasattr(torch, "library") and \
-    hasattr(torch.library, "custom_op")
+    hasattr(torch.library, "register_fake")
 
 # ---- arguments --------------------------------------------------------------
 
@@ -67,9 +69,16 @@ def _windows(window):
     return tuple(flat)
 
 
+# A spec is the hashable description of one call, flat: the ints of
+# sta_attention_desc, then the windows, then the scale (0.0: 1/sqrt(D)).
+# torch.ops.sta.attention takes list(spec[:-1]) and spec[-1].
+_LAYOUT, _WINDOWS = 7, 12  # spec[_LAYOUT]; the windows are spec[_WINDOWS:-1]
+
+
 def _spec(canvas, window, tile, text_len, layout, scale, softmax, deterministic,
           order="untiled", precision="native"):
-    """The hashable description of one call (what sta_attention_desc holds)."""
+    """(T, H, W, tt, th, tw, text_len, layout, softmax, deterministic, order,
+    precision, *windows, scale) from attention()'s arguments, checked."""
     canvas = _triple(canvas, "canvas")
     order = _order(order)
     tile = _triple(tile, "tile")
@@ -87,8 +96,8 @@ def _spec(canvas, window, tile, text_len, layout, scale, softmax, deterministic,
     if pr is None:
         raise _bad(_E_ARGUMENT, "precision: expected \"native\" or \"fp8\", got %r"
                    % (precision,))
-    return (canvas, tile, text_len, windows, lay, float(scale), sm, int(bool(deterministic)),
-            order, pr)
+    return canvas + tile + (text_len, lay, sm, int(bool(deterministic)), order, pr) + \
+        windows + (float(scale),)
 
 
 def _check_tensors(names, tensors):
@@ -134,20 +143,16 @@ def _desc(spec):
     hit = descs.get(spec)
     if hit is not None:
         return hit[2]
-    canvas, tile, text_len, windows, layout, scale, softmax, det, order, precision = spec
     d = AttentionDesc()
-    d.geom.canvas[:] = canvas
-    d.geom.tile[:] = tile
-    d.geom.text_len = text_len
-    d.geom.order = order
-    d.layout = layout
+    d.geom.canvas[:] = spec[0:3]
+    d.geom.tile[:] = spec[3:6]
+    d.geom.text_len, d.layout, d.softmax, d.deterministic, d.geom.order, d.precision = \
+        spec[6:_WINDOWS]
+    windows = spec[_WINDOWS:-1]
     arr = _capi.ints(windows)
     d.n_windows = len(windows) // 3
     d.windows = C.cast(arr, C.POINTER(C.c_int32))
-    d.scale = scale
-    d.softmax = softmax
-    d.deterministic = det
-    d.precision = precision
+    d.scale = spec[-1]
     if len(descs) >= 256:
         descs.clear()
     ref = C.byref(d)
@@ -155,12 +160,16 @@ def _desc(spec):
     return ref
 
 
+_SIZES = {n: C.c_int64 * n for n in range(1, 9)}
+
+
 def _wrap(lib, t):
     h = C.c_void_p()
     nd = t.dim()
+    arr = _SIZES.get(nd) or C.c_int64 * nd
     rc = lib.sta_tensor_wrap(C.byref(h), t.data_ptr(), _DTYPES[t.dtype],
-                             STA_CUDA if t.is_cuda else STA_CPU, nd,
-                             (C.c_int64 * nd)(*t.shape), (C.c_int64 * nd)(*t.stride()))
+                             STA_CUDA if t.is_cuda else STA_CPU, nd, arr(*t.shape),
+                             arr(*t.stride()))
     if rc:
         raise lib.error(rc)
     return h
@@ -170,10 +179,16 @@ def _handles(lib, tensors):
     """Handles of tensors from this thread's cache of wraps.  A wrap holds
     only (address, dtype, device, shape, strides), so a cached one is the
     same as a fresh one for any tensor with that key: steady loops, where
-    torch's allocator hands out the same blocks, wrap nothing."""
+    torch's allocator hands out the same blocks, wrap nothing.  (The
+    address tells devices apart, one address space: is_cuda suffices.)"""
     cache = getattr(_cache, "wraps", None)
     if cache is None:
         cache = _cache.wraps = {}
+    try:  # every tensor wrapped before: one pass
+        return [None if t is None else cache[(t.data_ptr(), t.dtype, t.is_cuda, t.shape,
+                                               t.stride())] for t in tensors]
+    except KeyError:
+        pass
     if len(cache) + len(tensors) > 64:  # evicted before: this call's handles stay valid
         for old in cache.values():
             lib.sta_tensor_destroy(old)
@@ -183,12 +198,29 @@ def _handles(lib, tensors):
         if t is None:
             hs.append(None)
             continue
-        key = (t.data_ptr(), t.dtype, t.device, t.shape, t.stride())
+        key = (t.data_ptr(), t.dtype, t.is_cuda, t.shape, t.stride())
         h = cache.get(key)
         if h is None:
             h = cache[key] = _wrap(lib, t)
         hs.append(h)
     return hs
+
+
+_get_device = getattr(torch._C, "_cuda_getDevice", None)
+_raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)  # no Stream object
+
+
+def _set_stream(L, device):
+    """Sets sta's stream to torch's current stream of CUDA device (a
+    torch.device); returns the device's index when it is not the current
+    device (the caller must run under its guard), else None."""
+    cur = _get_device() if _get_device is not None else torch.cuda.current_device()
+    idx = device.index
+    if idx is not None and idx != cur:
+        return idx
+    L.sta_cuda_set_stream(_raw_stream(cur) if _raw_stream is not None
+                          else torch.cuda.current_stream(cur).cuda_stream)
+    return None
 
 
 def _run(device, call):
@@ -197,29 +229,39 @@ def _run(device, call):
     status's exception."""
     L = _capi.lib()
     if device.type == "cuda":
-        cur = torch.cuda.current_device()
-        idx = cur if device.index is None else device.index
-        if idx != cur:
+        idx = _set_stream(L, device)
+        if idx is not None:
             with torch.cuda.device(idx):
-                return _run(torch.device("cuda", idx), call)
-        L.sta_cuda_set_stream(torch.cuda.current_stream(idx).cuda_stream)
+                return _run(device, call)
     rc = call()
     if rc:
         raise L.error(rc)
 
 
 def _call(fn, desc, tensors, device):
-    """fn(desc, *handles of tensors) on device; desc: a pointer from _desc."""
-    hs = _handles(_capi.lib(), tensors)
-    _run(device, lambda: fn(desc, *hs))
+    """fn(desc, *handles of tensors) on device; fn: a function's name in sta.h,
+    desc: a pointer from _desc.  The common case inline, without _run's
+    closure: host tensors, or CUDA ones on the current device."""
+    L = _capi.lib()
+    hs = _handles(L, tensors)
+    if device.type == "cuda" and _set_stream(L, device) is not None:
+        f = getattr(L, fn)
+        return _run(device, lambda: f(desc, *hs))
+    rc = getattr(L, fn)(desc, *hs)
+    if rc:
+        raise L.error(rc)
 
 
 def _forward(q, k, v, spec, compute_lse):
-    """out (and lse, else an empty tensor) = STA(q, k, v), allocated by torch."""
-    out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
-    lse = torch.empty(_bhs(q, spec[4]), dtype=torch.float32, device=q.device) \
-        if compute_lse else None
-    _call(_capi.lib().sta_attention_forward, _desc(spec), (q, k, v, out, lse), q.device)
+    """out (and lse, else None) = STA(q, k, v), allocated by torch."""
+    out = q.new_empty(q.shape)  # contiguous, q's dtype and device
+    if compute_lse:
+        b, x, y, _ = q.shape
+        lse = q.new_empty((b, y, x) if spec[_LAYOUT] == STA_BSHD else (b, x, y),
+                          dtype=torch.float32)
+    else:
+        lse = None
+    _call("sta_attention_forward", _desc(spec), (q, k, v, out, lse), q.device)
     return out, lse
 
 
@@ -229,20 +271,19 @@ def _last_dim_dense(t):
 
 def _backward(q, k, v, out, lse, dout, dlse, spec):
     """dq, dk, dv of STA; dlse (or None): the gradient reaching lse."""
-    L = _capi.lib()
     desc = _desc(spec)
     dout = _last_dim_dense(dout)
     dq = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     dk = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     dv = torch.empty(q.shape, dtype=q.dtype, device=q.device)
-    _call(L.sta_attention_backward, desc, (q, k, v, out, lse, dout, dq, dk, dv), q.device)
+    _call("sta_attention_backward", desc, (q, k, v, out, lse, dout, dq, dk, dv), q.device)
     if dlse is not None:
         # d lse_i / d s_ij = P_ij adds P_ij * dlse_i to dS_ij.  The backward
         # computes dS_ij = P_ij (dout_i . v_j - dout_i . out_i): with v' = 0,
         # out' = -e_0 and dout' = dlse_i e_0 that is exactly P_ij dlse_i.
         # (materialised, not stride-0 views: every kernel path takes them)
         g = dlse.to(q.dtype)  # [B, heads, S]
-        g = g.transpose(1, 2) if spec[4] == STA_BSHD else g
+        g = g.transpose(1, 2) if spec[_LAYOUT] == STA_BSHD else g
         dout2 = torch.zeros(q.shape, dtype=q.dtype, device=q.device)
         dout2[..., 0] = g
         zero = torch.zeros(q.shape, dtype=q.dtype, device=q.device)
@@ -251,7 +292,7 @@ def _backward(q, k, v, out, lse, dout, dlse, spec):
         dq2 = torch.empty_like(dq)
         dk2 = torch.empty_like(dk)
         dv2 = torch.empty_like(dv)
-        _call(L.sta_attention_backward, desc, (q, k, zero, neg_e0, lse, dout2, dq2, dk2, dv2),
+        _call("sta_attention_backward", desc, (q, k, zero, neg_e0, lse, dout2, dq2, dk2, dv2),
               q.device)
         dq += dq2
         dk += dk2
@@ -259,104 +300,149 @@ def _backward(q, k, v, out, lse, dout, dlse, spec):
 
 
 # ---- autograd ---------------------------------------------------------------------
+#
+# torch >= 2.4: sta::attention and sta::attention_backward are defined with
+# torch.library at the level custom_op builds on (define, a kernel for CPU
+# and CUDA, register_fake, a kernel for the Autograd key), so a call costs
+# one dispatch into one Python kernel: custom_op's wrappers (its autograd
+# wrapper's argument walk, the kernel's dynamo-disable guard and aliasing
+# check) cost more than the rest of the call at small shapes.  The Autograd
+# kernel does what custom_op's does: with a gradient wanted, an
+# autograd.Function whose forward redispatches below autograd (so
+# torch.compile traces it into the graph as this op); without, a redispatch,
+# or the kernel directly when the redispatch would reach it (plain CPU or
+# CUDA tensors: no mode, subclass or functionalization on the way).
+#
+# The op's lse argument: 0 no lse (an empty tensor stands in), 1 computed
+# for the backward (not differentiable), 2 returned (differentiable).
 
-def _unspec(canvas, tile, text_len, windows, layout, scale, softmax, det, order, precision):
-    return (tuple(canvas), tuple(tile), int(text_len), tuple(windows), int(layout),
-            float(scale), int(softmax), int(det), int(order), int(precision))
+_LSE_NONE, _LSE_SAVED, _LSE_RETURNED = 0, 1, 2
+
+
+def _op_inputs(spec, compute_lse, return_lse):
+    """torch.ops.sta.attention's arguments after q, k, v for spec."""
+    return (list(spec[:-1]), spec[-1],
+            _LSE_RETURNED if return_lse else _LSE_SAVED if compute_lse else _LSE_NONE)
 
 
 if CUSTOM_OP:
-    import inspect
-    from typing import List, Optional, Tuple
+    _LIB = torch.library.Library("sta", "FRAGMENT")  # kept: registrations live with it
+    _TAGS = tuple(getattr(torch.Tag, t) for t in ("pt2_compliant_tag", "needs_fixed_stride_order")
+                  if hasattr(torch.Tag, t))
+    _LIB.define("attention(Tensor q, Tensor k, Tensor v, int[] spec, float scale, int lse) "
+                "-> (Tensor, Tensor)", tags=_TAGS)
+    _LIB.define("attention_backward(Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, "
+                "Tensor dout, Tensor? dlse, int[] spec, float scale) "
+                "-> (Tensor, Tensor, Tensor)", tags=_TAGS)
+    _ATTENTION = torch.ops.sta.attention.default
+    _ATTENTION_BACKWARD = torch.ops.sta.attention_backward.default
+    _AFTER_AUTOGRAD = torch._C._after_autograd_keyset
+    _AFTER_AUTOGRAD_RAW = _AFTER_AUTOGRAD.raw_repr()
+    _BELOW_AUTOGRAD = torch._C._AutoDispatchBelowAutograd
+    # the keysets below autograd of plain CPU and CUDA tensors (the dispatcher
+    # leaves out fallthrough keys such as ADInplaceOrView: with or without)
+    _DIRECT = frozenset(ks.raw_repr() for d in ("CPU", "CUDA") for ks in (
+        torch._C.DispatchKeySet(getattr(torch._C.DispatchKey, d)),
+        torch._C.DispatchKeySet(getattr(torch._C.DispatchKey, d)).add(
+            torch._C.DispatchKey.ADInplaceOrView)))
+    _grad_enabled = torch.is_grad_enabled
 
-    _kw = {"mutates_args": ()}
-    if "tags" in inspect.signature(torch.library.custom_op).parameters:
-        _kw["tags"] = (torch.Tag.needs_fixed_stride_order,)
+    def _attention_kernel(q, k, v, spec, scale, lse):
+        out, l = _forward(q, k, v, (*spec, scale), lse != _LSE_NONE)
+        return out, l if l is not None else q.new_empty(0, dtype=torch.float32)
 
-    @torch.library.custom_op("sta::attention", **_kw)
-    def _attention_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, canvas: List[int],
-                      tile: List[int], text_len: int, windows: List[int], layout: int,
-                      scale: float, softmax: int, deterministic: bool, order: int,
-                      precision: int, compute_lse: bool,
-                      return_lse: bool) -> Tuple[torch.Tensor, torch.Tensor]:
-        spec = _unspec(canvas, tile, text_len, windows, layout, scale, softmax, deterministic,
-                       order, precision)
-        out, lse = _forward(q, k, v, spec, compute_lse)
-        return out, lse if lse is not None else q.new_empty(0, dtype=torch.float32)
-
-    @_attention_op.register_fake
-    def _attention_fake(q, k, v, canvas, tile, text_len, windows, layout, scale, softmax,
-                        deterministic, order, precision, compute_lse, return_lse):
+    def _attention_fake(q, k, v, spec, scale, lse):
         out = q.new_empty(q.shape)
-        shape = _bhs(q, layout) if compute_lse else (0,)
+        shape = _bhs(q, spec[_LAYOUT]) if lse != _LSE_NONE else (0,)
         return out, q.new_empty(shape, dtype=torch.float32)
 
-    @torch.library.custom_op("sta::attention_backward", **_kw)
-    def _attention_backward_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                               out: torch.Tensor, lse: torch.Tensor, dout: torch.Tensor,
-                               dlse: Optional[torch.Tensor], canvas: List[int],
-                               tile: List[int], text_len: int, windows: List[int],
-                               layout: int, scale: float, softmax: int,
-                               deterministic: bool, order: int,
-                               precision: int) -> Tuple[torch.Tensor, torch.Tensor,
-                                                        torch.Tensor]:
-        spec = _unspec(canvas, tile, text_len, windows, layout, scale, softmax, deterministic,
-                       order, precision)
-        return _backward(q, k, v, out, lse, dout, dlse, spec)
+    def _attention_backward_kernel(q, k, v, out, lse, dout, dlse, spec, scale):
+        return _backward(q, k, v, out, lse, dout, dlse, (*spec, scale))
 
-    @_attention_backward_op.register_fake
-    def _attention_backward_fake(q, k, v, out, lse, dout, dlse, canvas, tile, text_len,
-                                 windows, layout, scale, softmax, deterministic, order,
-                                 precision):
+    def _attention_backward_fake(q, k, v, out, lse, dout, dlse, spec, scale):
         return q.new_empty(q.shape), q.new_empty(q.shape), q.new_empty(q.shape)
 
-    def _setup_context(ctx, inputs, output):
-        q, k, v = inputs[:3]
-        ctx.args = inputs[3:13]  # canvas .. precision
-        ctx.return_lse = inputs[14]
-        out, lse = output
-        ctx.save_for_backward(q, k, v, out, lse)
-        if not ctx.return_lse:
-            ctx.mark_non_differentiable(lse)
-        ctx.set_materialize_grads(False)
+    def _below_autograd(op, kernel, keyset, args):
+        """op(*args) below the Autograd key: kernel(*args) itself when the
+        redispatch would reach it, else the redispatch."""
+        if keyset.raw_repr() & _AFTER_AUTOGRAD_RAW in _DIRECT:
+            return kernel(*args)
+        with _BELOW_AUTOGRAD():
+            return op.redispatch(keyset & _AFTER_AUTOGRAD, *args)
 
-    def _op_backward(ctx, dout, dlse):
-        q, k, v, out, lse = ctx.saved_tensors
-        if dout is None:
-            dout = torch.zeros_like(out)
-        dq, dk, dv = torch.ops.sta.attention_backward(
-            q, k, v, out, lse, dout, dlse if ctx.return_lse else None, *ctx.args)
-        return (dq, dk, dv) + (None,) * 12
+    class _OpBackwardFunction(torch.autograd.Function):
+        """sta::attention_backward under autograd: no double backward."""
 
-    _attention_op.register_autograd(_op_backward, setup_context=_setup_context)
+        @staticmethod
+        def forward(ctx, keyset, *args):
+            return _below_autograd(_ATTENTION_BACKWARD, _attention_backward_kernel, keyset, args)
+
+        @staticmethod
+        def backward(ctx, *grads):
+            raise RuntimeError("sta.attention: the backward is not differentiable (no double "
+                               "backward through sta::attention_backward)")
+
+    def _attention_autograd(keyset, q, k, v, spec, scale, lse):
+        if _grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
+            return _AttentionFunction.apply(q, k, v, spec, scale, lse, keyset)
+        return _below_autograd(_ATTENTION, _attention_kernel, keyset, (q, k, v, spec, scale, lse))
+
+    def _attention_backward_autograd(keyset, *args):
+        if _grad_enabled() and any(isinstance(t, torch.Tensor) and t.requires_grad
+                                   for t in args[:7]):
+            return _OpBackwardFunction.apply(keyset, *args)
+        return _below_autograd(_ATTENTION_BACKWARD, _attention_backward_kernel, keyset, args)
+
+    for _name, _kernel, _fake, _autograd in (
+            ("attention", _attention_kernel, _attention_fake, _attention_autograd),
+            ("attention_backward", _attention_backward_kernel, _attention_backward_fake,
+             _attention_backward_autograd)):
+        _LIB.impl(_name, _kernel, "CPU")
+        _LIB.impl(_name, _kernel, "CUDA")
+        torch.library.register_fake("sta::" + _name, _fake, lib=_LIB)
+        _LIB.impl(_name, _autograd, "Autograd", with_keyset=True)
 
 
 class _AttentionFunction(torch.autograd.Function):
-    """The autograd of torch < 2.4 (and of eager calls there)."""
+    """sta.attention's autograd (inputs: q, k, v, then _op_inputs, then
+    keyset).  keyset: the Autograd kernel's, whose op the forward
+    redispatches below autograd and whose backward is sta::attention_backward;
+    None on torch < 2.4: the library directly."""
 
     @staticmethod
-    def forward(ctx, q, k, v, spec, return_lse):
-        out, lse = _forward(q, k, v, spec, True)
-        ctx.spec, ctx.return_lse = spec, return_lse
-        ctx.save_for_backward(q, k, v, out, lse)
-        if not return_lse:
-            ctx.mark_non_differentiable(lse)
+    def forward(ctx, q, k, v, spec, scale, lse, keyset):
+        if keyset is None:
+            out, l = _forward(q, k, v, (*spec, scale), True)
+        else:
+            out, l = _below_autograd(_ATTENTION, _attention_kernel, keyset,
+                                     (q, k, v, spec, scale, max(lse, _LSE_SAVED)))
+        ctx.args, ctx.op = (spec, scale), keyset is not None
+        ctx.return_lse = lse == _LSE_RETURNED
+        ctx.save_for_backward(q, k, v, out, l)
+        if not ctx.return_lse:
+            ctx.mark_non_differentiable(l)
         ctx.set_materialize_grads(False)
-        return out, lse
+        return out, l
 
     @staticmethod
     def backward(ctx, dout, dlse):
         q, k, v, out, lse = ctx.saved_tensors
         if dout is None:
             dout = torch.zeros_like(out)
-        dq, dk, dv = _backward(q, k, v, out, lse, dout, dlse if ctx.return_lse else None,
-                               ctx.spec)
-        return dq, dk, dv, None, None
+        dlse = dlse if ctx.return_lse else None
+        spec, scale = ctx.args
+        if ctx.op:
+            dq, dk, dv = _ATTENTION_BACKWARD(q, k, v, out, lse, dout, dlse, spec, scale)
+        else:
+            dq, dk, dv = _backward(q, k, v, out, lse, dout, dlse, (*spec, scale))
+        return dq, dk, dv, None, None, None, None
+
+
+_is_compiling = getattr(getattr(torch, "compiler", None), "is_compiling", None)
 
 
 def _compiling():
-    comp = getattr(torch, "compiler", None)
-    return bool(comp is not None and hasattr(comp, "is_compiling") and comp.is_compiling())
+    return _is_compiling is not None and bool(_is_compiling())
 
 
 def attention(q, k, v, *, canvas, window, tile=(6, 8, 8), text_len=None, layout="bshd",
@@ -408,13 +494,9 @@ def attention(q, k, v, *, canvas, window, tile=(6, 8, 8), text_len=None, layout=
                                              v.requires_grad)
     if CUSTOM_OP and (need_grad or compiling or type(q) not in _PLAIN or
                       type(k) not in _PLAIN or type(v) not in _PLAIN):
-        canvas_, tile_, text_len_, windows, lay, scale_, sm, det, order_, prec = spec
-        out, lse = torch.ops.sta.attention(q, k, v, list(canvas_), list(tile_), text_len_,
-                                           list(windows), lay, scale_, sm, bool(det), order_,
-                                           prec, bool(return_lse or need_grad),
-                                           bool(return_lse))
+        out, lse = _ATTENTION(q, k, v, *_op_inputs(spec, need_grad, return_lse))
     elif need_grad:
-        out, lse = _AttentionFunction.apply(q, k, v, spec, bool(return_lse))
+        out, lse = _AttentionFunction.apply(q, k, v, *_op_inputs(spec, True, return_lse), None)
     else:
         out, lse = _forward(q, k, v, spec, return_lse)
     return (out, lse) if return_lse else out
@@ -435,9 +517,9 @@ def reference(q, k, v, *, canvas, window, tile=(6, 8, 8), text_len=None, layout=
     _host_only(("q", "k", "v"), (q, k, v))
     spec = _spec(canvas, window, tile, text_len, layout, scale, "exact", False, order)
     out = torch.empty(q.shape, dtype=q.dtype)
-    lse = torch.empty(_bhs(q, spec[4]), dtype=torch.float32) if return_lse else None
+    lse = torch.empty(_bhs(q, spec[_LAYOUT]), dtype=torch.float32) if return_lse else None
     with torch.no_grad():
-        _call(_capi.lib().sta_attention_reference, _desc(spec), (q, k, v, out, lse), q.device)
+        _call("sta_attention_reference", _desc(spec), (q, k, v, out, lse), q.device)
     return (out, lse) if return_lse else out
 
 
@@ -450,6 +532,6 @@ def reference_backward(q, k, v, dout, *, canvas, window, tile=(6, 8, 8), text_le
     spec = _spec(canvas, window, tile, text_len, layout, scale, "exact", False, order)
     grads = [torch.empty(q.shape, dtype=q.dtype) for _ in range(3)]
     with torch.no_grad():
-        _call(_capi.lib().sta_attention_backward_reference, _desc(spec),
+        _call("sta_attention_backward_reference", _desc(spec),
               (q, k, v, _last_dim_dense(dout), *grads), q.device)
     return tuple(grads)

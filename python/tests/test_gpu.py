@@ -381,7 +381,7 @@ class Block(torch.nn.Module):
 def test_compile_fullgraph():
     from sta._op import CUSTOM_OP
     if not CUSTOM_OP:
-        skip("torch < 2.4: no torch.library.custom_op")
+        skip("torch < 2.4: no torch.ops.sta")
     import torch._dynamo
     fresh_rng()
     H, D = 2, 64
@@ -411,7 +411,7 @@ def test_compile_fullgraph():
 def test_compile_cuda_graphs():
     from sta._op import CUSTOM_OP
     if not CUSTOM_OP:
-        skip("torch < 2.4: no torch.library.custom_op")
+        skip("torch < 2.4: no torch.ops.sta")
     import torch._dynamo
     H, D = 2, 128
     args = dict(canvas=(6, 8, 16), window=(1, 1, 1))
