@@ -1,0 +1,202 @@
+/*
+** kernel_fp8.cuh -- sta_fp8_fwd, the fp8 forward kernel (sm_90a) over the
+** quantize pre-pass's operands (core/internal.h, sta_fp8_ops; rows in the
+** tiled order, so every query and key block is a run of rows).  One CTA
+** per work item (FP8_BM query rows of a query tile, or of the text rows)
+** and (batch, head): two consumer warpgroups of 64 rows; all 256 threads
+** load the next key block by cp.async into the other of two buffers while
+** the warpgroups compute this one (mainloop_fp8.cuh).  A first, plain
+** version: no producer warpgroup, TMA or persistence yet.
+**
+** Shared tiles are rows of 128 bytes (D 64 fills the first half), 16-byte
+** chunk c of row r at c ^ (r & 7): mma.cuh's 128-byte swizzle.  V planes
+** are rows of d, 128 keys each (K-major B of the PV GEMM).  K rows are
+** permuted within 32-key chunks (fp8_col_key) so that a thread's S
+** accumulators are its 8-bit A fragment of P: no byte shuffles.
+*/
+#ifndef STA_KERNEL_FP8_CUH
+#define STA_KERNEL_FP8_CUH
+
+#include "mainloop_fp8.cuh"
+
+namespace sta {
+
+template <int D> struct Fp8Smem {
+  static constexpr int Q = 0;                      /* FP8_BM rows */
+  static constexpr int KB = FP8_BK * 128;          /* one K buffer */
+  static constexpr int VB = 2 * D * 128;           /* one V buffer: 2 planes */
+  static constexpr int K = Q + FP8_BM * 128;
+  static constexpr int V = K + 2 * KB;
+  static constexpr int INFO = V + 2 * VB;          /* float2 per key, 2 buffers */
+  static constexpr int BYTES = INFO + 2 * FP8_BK * 8;
+};
+
+/* The key (within its block) that S column / K row c holds: in each
+** 32-key chunk, a thread's accumulator columns 2t, 2t+1, 8+2t, 9+2t (and
+** 16 more) hold keys 4t..4t+3 (and 16 more), its A fragment's k order. */
+__device__ __forceinline__ int fp8_col_key(int c) {
+  const int cc = c & 15;
+  return (c & ~15) + 4 * ((cc >> 1) & 3) + 2 * (cc >> 3) + (cc & 1);
+}
+
+/* The key blocks of one item: runs of key rows (a window's rows of tiles
+** along w, then the text keys; text queries: every row below keys_end),
+** each cut into blocks of FP8_BK.  Every thread walks the same. */
+struct Fp8Walk {
+  int64_t pos;  /* offset in the current run */
+  int ri, nruns;
+  int lo[3], cnt[3];
+  bool text_item;
+  __device__ void run(const Fp8Params &a, int i, int64_t &start, int64_t &len) const {
+    if (text_item) { start = 0; len = a.g.keys_end; return; }
+    if (i < cnt[0] * cnt[1]) {
+      const int t = lo[0] + i / cnt[1], hh = lo[1] + i % cnt[1];
+      start = (((int64_t)t * a.g.grid[1] + hh) * a.g.grid[2] + lo[2]) * a.vol;
+      len = (int64_t)cnt[2] * a.vol;
+      return;
+    }
+    start = a.g.tiled_video;
+    len = a.g.keys_end - a.g.tiled_video;
+  }
+  __device__ bool next(const Fp8Params &a, int64_t &start, int &len) {
+    for (; ri < nruns; ri++, pos = 0) {
+      int64_t s, n;
+      run(a, ri, s, n);
+      if (pos < n) {
+        start = s + pos;
+        len = (int)(n - pos < FP8_BK ? n - pos : FP8_BK);
+        pos += FP8_BK;
+        return true;
+      }
+    }
+    return false;
+  }
+};
+
+/* Load key block (start, len) into buffer buf: K rows and V planes by
+** cp.async (bytewise where V's rows are not 16-byte aligned), keys past
+** len zero; the per-column (k_scale, 0) or (0, -inf) for keys that are not
+** keys (past len, padding rows of partial tiles). */
+template <int D>
+__device__ __forceinline__ void fp8_load_block(const Fp8Params &a, unsigned char *sm, int buf,
+                                               int64_t bh, int64_t start, int len, int tid) {
+  using L = Fp8Smem<D>;
+  unsigned char *sk = sm + L::K + buf * L::KB, *sv = sm + L::V + buf * L::VB;
+  const int8_t *k8 = a.k8 + (bh * a.R + start) * D;
+  for (int x = tid; x < FP8_BK * (D / 16); x += 256) {
+    const int c = x / (D / 16), ch = x % (D / 16), kp = fp8_col_key(c);
+    cp_async16(smem_u32(sk + c * 128 + ((ch ^ (c & 7)) << 4)), kp < len ? k8 + kp * D + ch * 16 : a.k8,
+               kp < len ? 16 : 0);
+  }
+  const uint8_t *v8 = a.v8 + bh * 2 * D * a.R + start;
+  const bool vec = a.v_vec && (start & 15) == 0;
+  for (int x = tid; x < 2 * D * 8; x += 256) {
+    const int r = x >> 3, ch = x & 7, n = len - ch * 16; /* r = plane * D + d */
+    const uint8_t *src = v8 + (int64_t)r * a.R + ch * 16;
+    unsigned char *dst = sv + r * 128 + ((ch ^ (r & 7)) << 4);
+    if (vec) {
+      cp_async16(smem_u32(dst), n > 0 ? src : a.v8, n <= 0 ? 0 : n < 16 ? n : 16);
+    } else {
+      uint32_t w[4] = {0, 0, 0, 0};
+      for (int e = 0; e < 16 && e < n; e++) w[e >> 2] |= (uint32_t)src[e] << (8 * (e & 3));
+      *(uint4 *)dst = make_uint4(w[0], w[1], w[2], w[3]);
+    }
+  }
+  if (tid < FP8_BK) {
+    const int kp = fp8_col_key(tid);
+    float2 ki = make_float2(0.0f, -INFINITY);
+    if (kp < len && sta_fp8_source(&a.g, start + kp) >= 0)
+      ki = make_float2(a.k_scale[bh * a.R + start + kp], 0.0f);
+    ((float2 *)(sm + L::INFO))[buf * FP8_BK + tid] = ki;
+  }
+}
+
+template <int D>
+__global__ void __launch_bounds__(256, 1) sta_fp8_fwd(const __grid_constant__ Fp8Params a) {
+  using L = Fp8Smem<D>;
+  extern __shared__ unsigned char fp8_smem_raw[];
+  unsigned char *sm = (unsigned char *)(((uintptr_t)fp8_smem_raw + 1023) & ~(uintptr_t)1023);
+  const int tid = threadIdx.x, wg = tid >> 7, lane = tid & 31, w = (tid >> 5) & 3;
+  const int64_t bh = blockIdx.y, item = blockIdx.x;
+  const int h = (int)(bh % a.heads);
+  /* the item: query rows [q0, q1) and its key runs */
+  Fp8Walk wk;
+  wk.pos = 0;
+  wk.ri = 0;
+  int64_t q0, q1;
+  if (item < a.n_video_items) {
+    const int64_t tq = item / a.qbpt;
+    q0 = tq * a.vol + (item % a.qbpt) * FP8_BM;
+    q1 = q0 + FP8_BM < (tq + 1) * a.vol ? q0 + FP8_BM : (tq + 1) * a.vol;
+    const int tc[3] = {(int)(tq / ((int64_t)a.g.grid[1] * a.g.grid[2])),
+                       (int)((tq / a.g.grid[2]) % a.g.grid[1]), (int)(tq % a.g.grid[2])};
+    for (int ax = 0; ax < 3; ax++) {
+      const int k = a.win[3 * h + ax], c = a.g.grid[ax];
+      int s = tc[ax] - k / 2;
+      s = s < 0 ? 0 : s > c - k ? c - k : s;
+      wk.lo[ax] = k >= c ? 0 : s;
+      wk.cnt[ax] = k >= c ? c : k;
+    }
+    wk.text_item = false;
+    wk.nruns = wk.cnt[0] * wk.cnt[1] + (a.g.keys_end > a.g.tiled_video ? 1 : 0);
+  } else {
+    q0 = a.g.tiled_video + (item - a.n_video_items) * FP8_BM;
+    q1 = q0 + FP8_BM < a.R ? q0 + FP8_BM : a.R;
+    wk.text_item = true;
+    wk.nruns = 1;
+  }
+  /* Q, then the first key block */
+  for (int x = tid; x < FP8_BM * (D / 16); x += 256) {
+    const int r = x / (D / 16), ch = x % (D / 16);
+    const bool ok = q0 + r < a.R;
+    cp_async16(smem_u32(sm + L::Q + r * 128 + ((ch ^ (r & 7)) << 4)),
+               ok ? a.q8 + (bh * a.R + q0 + r) * D + ch * 16 : a.q8, ok ? 16 : 0);
+  }
+  int64_t ks;
+  int kl;
+  bool have = wk.next(a, ks, kl);
+  if (have) fp8_load_block<D>(a, sm, 0, bh, ks, kl, tid);
+  cp_async_commit();
+  Fp8Rows<D> st;
+  int64_t rows[2];
+  for (int i = 0; i < 2; i++) {
+    const int64_t r = q0 + wg * 64 + w * 16 + (lane >> 2) + 8 * i;
+    rows[i] = r < q1 ? r : -1;
+    st.qsc[i] = r < a.R ? a.q_scale[bh * a.R + r] * a.scale_log2 : 0.0f;
+    st.m[i] = -INFINITY;
+    st.l[i] = 0.0f;
+  }
+#pragma unroll
+  for (int x = 0; x < D / 2; x++) st.o[x] = 0.0f;
+  const uint32_t dq = sdesc_lo(sm + L::Q + wg * 64 * 128, 16);
+  for (int buf = 0; have; buf ^= 1) {
+    cp_async_wait_all();
+    fence_proxy_async();
+    __syncthreads(); /* block buf landed; buffer buf ^ 1 is free */
+    int64_t ks2;
+    int kl2;
+    const bool have2 = wk.next(a, ks2, kl2);
+    if (have2) fp8_load_block<D>(a, sm, buf ^ 1, bh, ks2, kl2, tid);
+    cp_async_commit();
+    fp8_block<D>(st, dq, sdesc_lo(sm + L::K + buf * L::KB, 16),
+                 sdesc_lo(sm + L::V + buf * L::VB, 16),
+                 (const float4 *)(sm + L::INFO) + buf * (FP8_BK / 2), lane & 3);
+    have = have2;
+  }
+  cp_async_wait_all();
+  fp8_store<D>(a, st, bh, rows, lane & 3);
+}
+
+template <int D> sta_status run_fp8(const Fp8Params &x, int64_t bh, int64_t n_items) {
+  const int smem = Fp8Smem<D>::BYTES + 1024;
+  cudaError_t e = cudaFuncSetAttribute(sta_fp8_fwd<D>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                       smem);
+  if (e != cudaSuccess) return sta_cuda_fail(e, "fp8 attention: shared memory");
+  sta_fp8_fwd<D><<<dim3((unsigned)n_items, (unsigned)bh), 256, smem, sta_cuda_stream()>>>(x);
+  e = cudaGetLastError();
+  return e == cudaSuccess ? STA_OK : sta_cuda_fail(e, "fp8 attention: kernel launch");
+}
+
+} /* namespace sta */
+
+#endif
