@@ -7,7 +7,7 @@
 ** offsets and outlier channels); and STA_PRECISION_FP8 on CUDA tensors
 ** (kernels/kernel_fp8.cuh): the forward's output and lse against the CPU's
 ** fp8 reference within a tolerance derived from what the kernel may differ
-** in (FP8_REL below), and at least 4x closer to it than the native output
+** in (FP8_REL below), and at least 2x closer to it than the native output
 ** (a silent native run fails), over random geometries and fixed multi-block
 ** ones; its errors; a layer; sta_attention_forward_fp8 (still
 ** STA_ERR_UNSUPPORTED on CUDA, out unchanged).  Skips cleanly without a
@@ -273,6 +273,24 @@ static double rel_l2(const sta_tensor *a, const sta_tensor *b) {
   return sqrt(e / n);
 }
 
+/* max |a - b| over the elements where a and b differ (equal infinities:
+** the tiled order's padding rows agree); a NaN on one side only is inf. */
+static double max_diff(const sta_tensor *a, const sta_tensor *b) {
+  sta_tensor *x = NULL, *y = NULL;
+  OK(sta_tensor_to(&x, a, STA_F32, STA_CPU));
+  OK(sta_tensor_to(&y, b, STA_F32, STA_CPU));
+  const float *u = sta_tensor_data(x), *w = sta_tensor_data(y);
+  double m = 0;
+  for (int64_t i = 0; i < sta_tensor_numel(x); i++) {
+    if (u[i] == w[i] || (isnan(u[i]) && isnan(w[i]))) continue;
+    double d = fabs((double)u[i] - w[i]);
+    if (!(d <= m)) m = isnan(d) ? INFINITY : d;
+  }
+  sta_tensor_destroy(x);
+  sta_tensor_destroy(y);
+  return m;
+}
+
 /* Tolerances against the CPU's fp8 reference (core/cpu_fp8.c), which the
 ** kernel matches up to the order and width of its sums: P's e4m3 code
 ** differs only where float32 scores and ex2.approx (2 ulp) move P across
@@ -282,11 +300,16 @@ static double rel_l2(const sta_tensor *a, const sta_tensor *b) {
 ** rounded to bf16 (2^-9) or f16.  Together well under 4e-3 rel L2 in the
 ** worst case; the quantization itself (fp8 against exact) is ~3e-2, and a
 ** native (bf16) run lands there too, so the fp8 output must also be at
-** least 4x closer to the fp8 reference than the native output is (a
-** silent native run fails).  lse: ln l + m ln 2 in float32 against double. */
+** least 2x closer to the fp8 reference than the native output is (a
+** silent native run fails) wherever the two references are told apart
+** (native at least FP8_APART from the fp8 reference: not so with a handful
+** of keys per row; the fixed cases always are).  lse: ln l + m ln 2 in
+** float32 against double (m is the same integer up to exact rescales). */
 #define FP8_REL 4e-3
 #define FP8_LSE 2e-3
+#define FP8_APART 8e-3
 static double worst_rel, worst_lse, worst_ratio;
+static int n_apart;
 
 /* The fp8 forward of t on the device against the CPU's fp8 reference and
 ** away from the native output. */
@@ -307,8 +330,7 @@ static void check_fp8_forward(twin *t) {
   OK(sta_tensor_create(&ro, STA_F32, STA_CPU, 4, os));
   OK(sta_tensor_create(&rl, STA_F32, STA_CPU, 3, ls));
   OK(sta_attention_forward(&t->d, hq, hk, hv, ro, rl));
-  double r = rel_l2(o, ro), mx = 0;
-  OK(sta_tensor_compare(l, rl, &mx, NULL));
+  const double r = rel_l2(o, ro), mx = max_diff(l, rl);
   sta_attention_desc nd = t->d;
   nd.precision = STA_PRECISION_NATIVE;
   OK(sta_tensor_create(&no, t->dt, STA_CUDA, 4, os));
@@ -316,11 +338,14 @@ static void check_fp8_forward(twin *t) {
   const double rn = rel_l2(no, ro);
   if (r > worst_rel) worst_rel = r;
   if (mx > worst_lse) worst_lse = mx;
-  if (r / rn > worst_ratio) worst_ratio = r / rn;
-  if (!(r < FP8_REL && (mx < FP8_LSE || isnan(mx))))
+  if (!(r < FP8_REL && mx < FP8_LSE))
     fail_msg("%s: fp8 against the CPU's fp8 reference: rel L2 %g (at most %g), lse max %g "
              "(at most %g)", twin_str(t), r, FP8_REL, mx, FP8_LSE);
-  if (!(r * 4 < rn))
+  if (rn >= FP8_APART) {
+    n_apart++;
+    if (r / rn > worst_ratio) worst_ratio = r / rn;
+  }
+  if (rn >= FP8_APART && !(r * 2 < rn))
     fail_msg("%s: the fp8 output is as far from the fp8 reference (rel %g) as the native one "
              "(rel %g): fp8 silently not run", twin_str(t), r, rn);
   sta_tensor_destroy(hq); sta_tensor_destroy(hk); sta_tensor_destroy(hv);
@@ -337,8 +362,8 @@ static void test_fp8_forward(void **state) {
     check_fp8_forward(&t);
     twin_free(&t);
   }
-  printf("# fp8 forward: worst rel L2 %.3e, lse %.3e, fp8/native distance ratio %.3f\n",
-         worst_rel, worst_lse, worst_ratio);
+  printf("# fp8 forward: worst rel L2 %.3e, lse %.3e, fp8/native distance ratio %.3f "
+         "(%d cases told apart)\n", worst_rel, worst_lse, worst_ratio, n_apart);
 }
 
 /* 6x8x8 tiles (whole, then partial) over several key blocks: runs 16-byte
@@ -379,6 +404,7 @@ static void test_fp8_forward_tiles(void **state) {
     check_fp8_forward(&t);
     twin_free(&t);
   }
+  assert_true(n_apart > 0); /* the silent-native check ran */
 }
 
 /* Bad input on CUDA at FP8: the backend's limits, out and lse untouched. */
