@@ -3,7 +3,7 @@
 bf16 sta and what a user would otherwise run, in one run on the GPU machine.
 
   bench_fp8.py [--lib build/libsta.so] [--reps N] [--out DIR] [--no-flex]
-               [--no-accuracy] [--cases a,b,...]
+               [--no-accuracy] [--cases a,b,...] [--variants 0,1]
 
 Through bench_gpu.py's ctypes mirrors (checked against core/sta.h), its
 timing (CUDA events, median of REPS) and its FLOP count:
@@ -14,6 +14,8 @@ timing (CUDA events, median of REPS) and its FLOP count:
      hunyuan-720p-full; randn bf16 inputs): fp8 sta, bf16 sta (exact
      softmax), FlexAttention bf16 with the STA block mask (not with per-head
      windows), cuDNN dense SDPA; ms and TFLOP/s (the STA FLOPs for all);
+     fp8 under each kernel variant of --variants (STA_FP8_VARIANT), the
+     first the one reported as "fp8", the others beside it;
      the fp8 forward's quantize pre-pass and its attention kernel
      separately, by torch.profiler's kernel times;
   3. accuracy at full hunyuan-720p size (24 heads, D 128): fp8 and bf16 sta
@@ -92,7 +94,11 @@ def kernel_times(fn, reps):
     return out
 
 
-def bench(sta, names, reps, log, flex):
+def set_variant(v):
+    os.environ["STA_FP8_VARIANT"] = str(v)  # read by the library at each call
+
+
+def bench(sta, names, reps, log, flex, variants):
     from torch.nn.attention import SDPBackend, sdpa_kernel
     import torch.nn.functional as F
     flexfns = bg.flex_setup() if flex else None
@@ -102,13 +108,19 @@ def bench(sta, names, reps, log, flex):
         g, S, (q, k, v, o), fl = bg.variant_inputs(case)
         row = dict(name=name, S=S, heads=H, D=D, windows=win[:3] if len(win) == 3 else "per head",
                    tflop=fl / 1e12)
-        ms8, ms16 = [], []
+        ms8, ms16 = {x: [] for x in variants}, []
         for _ in range(2):  # alternated, twice
-            ms8.append(bg.time_ms(lambda: sta.forward(g, q, k, v, o, precision=FP8), reps)[0])
+            for x in variants:
+                set_variant(x)
+                ms8[x].append(bg.time_ms(lambda: sta.forward(g, q, k, v, o, precision=FP8),
+                                         reps)[0])
             ms16.append(bg.time_ms(lambda: sta.forward(g, q, k, v, o), reps)[0])
-        row.update(fp8_ms=min(ms8), fp8_ms_all=ms8, bf16_ms=min(ms16), bf16_ms_all=ms16,
-                   fp8_tflops=fl / min(ms8) / 1e9, bf16_tflops=fl / min(ms16) / 1e9)
+        v0 = variants[0]
+        row.update(fp8_ms=min(ms8[v0]), fp8_ms_all=ms8, bf16_ms=min(ms16), bf16_ms_all=ms16,
+                   fp8_tflops=fl / min(ms8[v0]) / 1e9, bf16_tflops=fl / min(ms16) / 1e9,
+                   fp8_ms_by_variant={str(x): min(ms8[x]) for x in variants})
         try:
+            set_variant(v0)
             row.update(kernel_times(lambda: sta.forward(g, q, k, v, o, precision=FP8),
                                     max(3, reps // 4)))
         except Exception as ex:
@@ -137,14 +149,17 @@ def bench(sta, names, reps, log, flex):
     log("ms: the better of two alternated runs (median of REPS each); TFLOP/s of the STA "
         "FLOPs; pre-pass and kernel: torch.profiler kernel times per call")
     log("")
-    log("| case | TFLOP | fp8 ms | fp8 TFLOP/s | pre-pass ms | fp8 kernel ms | bf16 ms | "
-        "bf16 TFLOP/s | fp8 vs bf16 | Flex ms | cuDNN dense ms |")
-    log("|---|---|---|---|---|---|---|---|---|---|---|")
+    log("| case | TFLOP | fp8 ms (variant %s) | fp8 TFLOP/s | pre-pass ms | fp8 kernel ms | "
+        "other variants ms | bf16 ms | bf16 TFLOP/s | fp8 vs bf16 | Flex ms | cuDNN dense ms |"
+        % variants[0])
+    log("|---|---|---|---|---|---|---|---|---|---|---|---|")
     f = lambda r, k: "%.2f" % r[k] if k in r else "n/a"  # noqa: E731
     for r in rows:
-        log("| %s | %.2f | %.2f | %.0f | %s | %s | %.2f | %.0f | %.2fx | %s | %.1f |" % (
+        others = ", ".join("%s: %.2f" % (x, m) for x, m in r["fp8_ms_by_variant"].items()
+                           if x != str(variants[0])) or "-"
+        log("| %s | %.2f | %.2f | %.0f | %s | %s | %s | %.2f | %.0f | %.2fx | %s | %.1f |" % (
             r["name"], r["tflop"], r["fp8_ms"], r["fp8_tflops"], f(r, "prepass_ms"),
-            f(r, "kernel_ms"), r["bf16_ms"], r["bf16_tflops"], r["bf16_ms"] / r["fp8_ms"],
+            f(r, "kernel_ms"), others, r["bf16_ms"], r["bf16_tflops"], r["bf16_ms"] / r["fp8_ms"],
             f(r, "flex_ms"), r["dense_ms"]))
     return rows
 
@@ -218,6 +233,7 @@ def main():
     ap.add_argument("--no-flex", action="store_true")
     ap.add_argument("--no-accuracy", action="store_true")
     ap.add_argument("--cases", default=",".join(CASES))
+    ap.add_argument("--variants", default="0,1", help="STA_FP8_VARIANT values to time")
     a = ap.parse_args()
     os.makedirs(a.out, exist_ok=True)
     logf = open(os.path.join(a.out, "bench_fp8.log"), "a")
@@ -232,7 +248,9 @@ def main():
                command=" ".join(sys.argv))
     log("# %s | %s | torch %s | %s" % (res["gpu"], sta.describe, torch.__version__, res["date"]))
     res["gemm"] = gemm_ceiling(a.reps, log)
-    res["bench"] = bench(sta, a.cases.split(","), a.reps, log, not a.no_flex)
+    variants = [int(x) for x in a.variants.split(",") if x]
+    res["bench"] = bench(sta, a.cases.split(","), a.reps, log, not a.no_flex, variants)
+    set_variant(variants[0])
     log("")
     log("fp8 GEMM ceiling (torch._scaled_mm e4m3, 8192^3): %.0f TFLOP/s; bf16 torch.mm: %.0f" %
         (res["gemm"]["fp8_tflops"], res["gemm"]["bf16_tflops"]))

@@ -6,6 +6,7 @@
 ** kernel is kernel_fp8.cuh.  What it computes is core/cpu_fp8.c's
 ** reference up to the order and width of its sums.
 */
+#include <stdlib.h>
 #include <string.h>
 
 #include "kernel_fp8.cuh"
@@ -106,7 +107,10 @@ sta_status sta_cuda_attention_fp8(const sta_attn_params *p) {
       params_init(*x, p, o);
       const int64_t bh = p->batch * p->heads;
       const int64_t items = x->n_video_items + (g.rows - g.tiled_video + sta::FP8_BM - 1) / sta::FP8_BM;
-      s = p->head_dim == 128 ? sta::run_fp8<128>(*x, bh, items) : sta::run_fp8<64>(*x, bh, items);
+      const char *v = getenv("STA_FP8_VARIANT"); /* read per call: tests, benchmarks */
+      const int var = v ? atoi(v) : 0;
+      s = p->head_dim == 128 ? sta::run_fp8<128>(*x, bh, items, var)
+                             : sta::run_fp8<64>(*x, bh, items, var);
       free(x);
     }
   }

@@ -21,14 +21,17 @@
 
 namespace sta {
 
-template <int D> struct Fp8Smem {
+/* NB buffers of a key block each (K rows, both V planes, the keys' info),
+** Q, and (ASYNC) NB full and NB empty mbarriers. */
+template <int D, int NB> struct Fp8Smem {
   static constexpr int Q = 0;                      /* FP8_BM rows */
   static constexpr int KB = FP8_BK * 128;          /* one K buffer */
   static constexpr int VB = 2 * D * 128;           /* one V buffer: 2 planes */
   static constexpr int K = Q + FP8_BM * 128;
-  static constexpr int V = K + 2 * KB;
-  static constexpr int INFO = V + 2 * VB;          /* float2 per key, 2 buffers */
-  static constexpr int BYTES = INFO + 2 * FP8_BK * 8;
+  static constexpr int V = K + NB * KB;
+  static constexpr int INFO = V + NB * VB;         /* float2 per key and buffer */
+  static constexpr int BAR = INFO + NB * FP8_BK * 8;
+  static constexpr int BYTES = BAR + 2 * NB * 8;
 };
 
 /* The key (within its block) that S column / K row c holds: in each
@@ -77,10 +80,10 @@ struct Fp8Walk {
 ** cp.async (bytewise where V's rows are not 16-byte aligned), keys past
 ** len zero; the per-column (k_scale, 0) or (0, -inf) for keys that are not
 ** keys (past len, padding rows of partial tiles). */
-template <int D>
+template <int D, int NB>
 __device__ __forceinline__ void fp8_load_block(const Fp8Params &a, unsigned char *sm, int buf,
                                                int64_t bh, int64_t start, int len, int tid) {
-  using L = Fp8Smem<D>;
+  using L = Fp8Smem<D, NB>;
   unsigned char *sk = sm + L::K + buf * L::KB, *sv = sm + L::V + buf * L::VB;
   const int8_t *k8 = a.k8 + (bh * a.R + start) * D;
   for (int x = tid; x < FP8_BK * (D / 16); x += 256) {
@@ -111,25 +114,18 @@ __device__ __forceinline__ void fp8_load_block(const Fp8Params &a, unsigned char
   }
 }
 
-template <int D>
-__global__ void __launch_bounds__(256, 1) sta_fp8_fwd(const __grid_constant__ Fp8Params a) {
-  using L = Fp8Smem<D>;
-  extern __shared__ unsigned char fp8_smem_raw[];
-  unsigned char *sm = (unsigned char *)(((uintptr_t)fp8_smem_raw + 1023) & ~(uintptr_t)1023);
-  const int tid = threadIdx.x, wg = tid >> 7, lane = tid & 31, w = (tid >> 5) & 3;
-  const int64_t bh = blockIdx.y, item = blockIdx.x;
-  const int h = (int)(bh % a.heads);
-  /* the item: query rows [q0, q1) and its key runs */
-  Fp8Walk wk;
+/* The item's query rows [q0, q1) and its key runs (wk). */
+__device__ __forceinline__ void fp8_item(const Fp8Params &a, int64_t item, int h, Fp8Walk &wk,
+                                         int64_t &q0, int64_t &q1) {
   wk.pos = 0;
   wk.ri = 0;
-  int64_t q0, q1;
   if (item < a.n_video_items) {
     const int64_t tq = item / a.qbpt;
     q0 = tq * a.vol + (item % a.qbpt) * FP8_BM;
     q1 = q0 + FP8_BM < (tq + 1) * a.vol ? q0 + FP8_BM : (tq + 1) * a.vol;
     const int tc[3] = {(int)(tq / ((int64_t)a.g.grid[1] * a.g.grid[2])),
                        (int)((tq / a.g.grid[2]) % a.g.grid[1]), (int)(tq % a.g.grid[2])};
+#pragma unroll
     for (int ax = 0; ax < 3; ax++) {
       const int k = a.win[3 * h + ax], c = a.g.grid[ax];
       int s = tc[ax] - k / 2;
@@ -145,7 +141,36 @@ __global__ void __launch_bounds__(256, 1) sta_fp8_fwd(const __grid_constant__ Fp
     wk.text_item = true;
     wk.nruns = 1;
   }
-  /* Q, then the first key block */
+}
+
+/* ASYNC 0: all threads load the next block while both warpgroups compute
+** this one, a __syncthreads per block (the warpgroups in lockstep).
+** ASYNC 1 (STA_FP8_VARIANT=1): three buffers and mbarriers (full: every
+** thread's loads of a block landed; empty: every thread done with it), so
+** the warpgroups drift apart by up to a block and one's softmax can run
+** under the other's GEMMs; a thread issues block n+2, then marks its own
+** loads of n+1 complete, then computes n. */
+template <int D, bool ASYNC>
+__global__ void __launch_bounds__(256, 1) sta_fp8_fwd(const __grid_constant__ Fp8Params a) {
+  constexpr int NB = ASYNC ? 3 : 2;
+  using L = Fp8Smem<D, NB>;
+  extern __shared__ unsigned char fp8_smem_raw[];
+  unsigned char *sm = (unsigned char *)(((uintptr_t)fp8_smem_raw + 1023) & ~(uintptr_t)1023);
+  const int tid = threadIdx.x, wg = tid >> 7, lane = tid & 31, w = (tid >> 5) & 3;
+  const int64_t bh = blockIdx.y;
+  Fp8Walk wk;
+  int64_t q0, q1;
+  fp8_item(a, blockIdx.x, (int)(bh % a.heads), wk, q0, q1);
+  uint64_t *full = (uint64_t *)(sm + L::BAR), *empty = full + NB;
+  if (ASYNC) {
+    if (tid == 0)
+      for (int b = 0; b < NB; b++) {
+        mbar_init(&full[b], 256);
+        mbar_init(&empty[b], 256);
+      }
+    __syncthreads();
+  }
+  /* Q, then the first key block(s) */
   for (int x = tid; x < FP8_BM * (D / 16); x += 256) {
     const int r = x / (D / 16), ch = x % (D / 16);
     const bool ok = q0 + r < a.R;
@@ -153,10 +178,19 @@ __global__ void __launch_bounds__(256, 1) sta_fp8_fwd(const __grid_constant__ Fp
                ok ? a.q8 + (bh * a.R + q0 + r) * D + ch * 16 : a.q8, ok ? 16 : 0);
   }
   int64_t ks;
-  int kl;
-  bool have = wk.next(a, ks, kl);
-  if (have) fp8_load_block<D>(a, sm, 0, bh, ks, kl, tid);
-  cp_async_commit();
+  int kl, issued = 0;
+  for (int p = 0; p < NB - 1; p++) {
+    if (wk.next(a, ks, kl)) {
+      fp8_load_block<D, NB>(a, sm, p, bh, ks, kl, tid);
+      issued++;
+    }
+    cp_async_commit();
+  }
+  if (ASYNC && issued > 0) {
+    cp_async_wait_1(); /* Q and block 0 */
+    fence_proxy_async();
+    mbar_arrive(&full[0]);
+  }
   Fp8Rows<D> st;
   int64_t rows[2];
   for (int i = 0; i < 2; i++) {
@@ -169,32 +203,49 @@ __global__ void __launch_bounds__(256, 1) sta_fp8_fwd(const __grid_constant__ Fp
 #pragma unroll
   for (int x = 0; x < D / 2; x++) st.o[x] = 0.0f;
   const uint32_t dq = sdesc_lo(sm + L::Q + wg * 64 * 128, 16);
-  for (int buf = 0; have; buf ^= 1) {
-    cp_async_wait_all();
-    fence_proxy_async();
-    __syncthreads(); /* block buf landed; buffer buf ^ 1 is free */
-    int64_t ks2;
-    int kl2;
-    const bool have2 = wk.next(a, ks2, kl2);
-    if (have2) fp8_load_block<D>(a, sm, buf ^ 1, bh, ks2, kl2, tid);
+  for (int n = 0; n < issued; n++) {
+    const int b = n % NB;
+    if (!ASYNC) {
+      cp_async_wait_all();
+      fence_proxy_async();
+      __syncthreads(); /* block n landed; the other buffer is free */
+    }
+    if (wk.next(a, ks, kl)) {
+      const int b2 = issued % NB;
+      if (ASYNC && issued >= NB) mbar_wait(&empty[b2], (issued / NB - 1) & 1);
+      fp8_load_block<D, NB>(a, sm, b2, bh, ks, kl, tid);
+      issued++;
+    }
     cp_async_commit();
-    fp8_block<D>(st, dq, sdesc_lo(sm + L::K + buf * L::KB, 16),
-                 sdesc_lo(sm + L::V + buf * L::VB, 16),
-                 (const float4 *)(sm + L::INFO) + buf * (FP8_BK / 2), lane & 3);
-    have = have2;
+    if (ASYNC) {
+      if (n + 1 < issued) {
+        cp_async_wait_1(); /* this thread's loads of block n + 1 */
+        fence_proxy_async();
+        mbar_arrive(&full[(n + 1) % NB]);
+      }
+      mbar_wait(&full[b], (n / NB) & 1);
+      fence_proxy_async();
+    }
+    fp8_block<D>(st, dq, sdesc_lo(sm + L::K + b * L::KB, 16), sdesc_lo(sm + L::V + b * L::VB, 16),
+                 (const float4 *)(sm + L::INFO) + b * (FP8_BK / 2), lane & 3);
+    if (ASYNC) mbar_arrive(&empty[b]);
   }
   cp_async_wait_all();
   fp8_store<D>(a, st, bh, rows, lane & 3);
 }
 
-template <int D> sta_status run_fp8(const Fp8Params &x, int64_t bh, int64_t n_items) {
-  const int smem = Fp8Smem<D>::BYTES + 1024;
-  cudaError_t e = cudaFuncSetAttribute(sta_fp8_fwd<D>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                       smem);
+template <int D, bool ASYNC> sta_status launch_fp8(const Fp8Params &x, int64_t bh, int64_t n_items) {
+  const int smem = Fp8Smem<D, ASYNC ? 3 : 2>::BYTES + 1024;
+  cudaError_t e = cudaFuncSetAttribute(sta_fp8_fwd<D, ASYNC>,
+                                       cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
   if (e != cudaSuccess) return sta_cuda_fail(e, "fp8 attention: shared memory");
-  sta_fp8_fwd<D><<<dim3((unsigned)n_items, (unsigned)bh), 256, smem, sta_cuda_stream()>>>(x);
+  sta_fp8_fwd<D, ASYNC><<<dim3((unsigned)n_items, (unsigned)bh), 256, smem, sta_cuda_stream()>>>(x);
   e = cudaGetLastError();
   return e == cudaSuccess ? STA_OK : sta_cuda_fail(e, "fp8 attention: kernel launch");
+}
+
+template <int D> sta_status run_fp8(const Fp8Params &x, int64_t bh, int64_t n_items, int variant) {
+  return variant == 1 ? launch_fp8<D, true>(x, bh, n_items) : launch_fp8<D, false>(x, bh, n_items);
 }
 
 } /* namespace sta */

@@ -311,18 +311,40 @@ static double max_diff(const sta_tensor *a, const sta_tensor *b) {
 static double worst_rel, worst_lse, worst_ratio;
 static int n_apart;
 
-/* The fp8 forward of t on the device against the CPU's fp8 reference and
-** away from the native output. */
+/* 1 when a and b (same shape and dtype) hold the same bits. */
+static int same_bits(const sta_tensor *a, const sta_tensor *b) {
+  sta_tensor *x = NULL, *y = NULL;
+  OK(sta_tensor_to(&x, a, sta_tensor_dtype(a), STA_CPU));
+  OK(sta_tensor_to(&y, b, sta_tensor_dtype(b), STA_CPU));
+  int same = memcmp(sta_tensor_data(x), sta_tensor_data(y),
+                    (size_t)sta_tensor_numel(x) * sta_dtype_size(sta_tensor_dtype(x))) == 0;
+  sta_tensor_destroy(x);
+  sta_tensor_destroy(y);
+  return same;
+}
+
+/* The fp8 forward of t on the device, under each kernel variant
+** (STA_FP8_VARIANT 0 and 1: the same sums in the same order, so the same
+** bits), against the CPU's fp8 reference and away from the native output. */
 static void check_fp8_forward(twin *t) {
   int64_t os[4], ls[3] = {t->B, t->H, t->S};
   for (int i = 0; i < 4; i++) os[i] = sta_tensor_size(t->h[0], i);
-  sta_tensor *o = NULL, *l = NULL;
+  sta_tensor *o = NULL, *l = NULL, *o1 = NULL, *l1 = NULL;
   OK(sta_tensor_create(&o, t->dt, STA_CUDA, 4, os));
   OK(sta_tensor_create(&l, STA_F32, STA_CUDA, 3, ls));
+  OK(sta_tensor_create(&o1, t->dt, STA_CUDA, 4, os));
+  OK(sta_tensor_create(&l1, STA_F32, STA_CUDA, 3, ls));
   OK(sta_tensor_fill(o, 7.0));
   OK(sta_tensor_fill(l, 7.0));
+  OK(sta_tensor_fill(o1, 7.0));
+  OK(sta_tensor_fill(l1, 7.0));
+  setenv("STA_FP8_VARIANT", "0", 1);
   sta_status rc = sta_attention_forward(&t->d, t->dv[0], t->dv[1], t->dv[2], o, l);
   if (rc != STA_OK) fail_msg("%s: %s", twin_str(t), sta_last_error());
+  setenv("STA_FP8_VARIANT", "1", 1);
+  rc = sta_attention_forward(&t->d, t->dv[0], t->dv[1], t->dv[2], o1, l1);
+  unsetenv("STA_FP8_VARIANT");
+  if (rc != STA_OK) fail_msg("%s: variant 1: %s", twin_str(t), sta_last_error());
   sta_tensor *hq = NULL, *hk = NULL, *hv = NULL, *ro = NULL, *rl = NULL, *no = NULL;
   OK(sta_tensor_to(&hq, t->h[0], STA_F32, STA_CPU));
   OK(sta_tensor_to(&hk, t->h[1], STA_F32, STA_CPU));
@@ -338,20 +360,23 @@ static void check_fp8_forward(twin *t) {
   const double rn = rel_l2(no, ro);
   if (r > worst_rel) worst_rel = r;
   if (mx > worst_lse) worst_lse = mx;
-  if (!(r < FP8_REL && mx < FP8_LSE))
-    fail_msg("%s: fp8 against the CPU's fp8 reference: rel L2 %g (at most %g), lse max %g "
-             "(at most %g)", twin_str(t), r, FP8_REL, mx, FP8_LSE);
   if (rn >= FP8_APART) {
     n_apart++;
     if (r / rn > worst_ratio) worst_ratio = r / rn;
   }
+  if (!(r < FP8_REL && mx < FP8_LSE))
+    fail_msg("%s: fp8 against the CPU's fp8 reference: rel L2 %g (at most %g), lse max %g "
+             "(at most %g)", twin_str(t), r, FP8_REL, mx, FP8_LSE);
   if (rn >= FP8_APART && !(r * 2 < rn))
     fail_msg("%s: the fp8 output is as far from the fp8 reference (rel %g) as the native one "
              "(rel %g): fp8 silently not run", twin_str(t), r, rn);
+  if (!same_bits(o, o1) || !same_bits(l, l1))
+    fail_msg("%s: STA_FP8_VARIANT=1 differs from 0 (out rel %g, lse max %g)", twin_str(t),
+             rel_l2(o1, o), max_diff(l1, l));
   sta_tensor_destroy(hq); sta_tensor_destroy(hk); sta_tensor_destroy(hv);
   sta_tensor_destroy(ro); sta_tensor_destroy(rl); sta_tensor_destroy(no);
-  sta_tensor_destroy(o);
-  sta_tensor_destroy(l);
+  sta_tensor_destroy(o); sta_tensor_destroy(l);
+  sta_tensor_destroy(o1); sta_tensor_destroy(l1);
 }
 
 static void test_fp8_forward(void **state) {
