@@ -2,7 +2,8 @@
 ** fp8_api.cu -- the fp8 forward on device tensors (sta_cuda_attention_fp8,
 ** sta_cuda.h; the backend's attention_fp8): the CUDA backend's limits, the
 ** quantize pre-pass (fp8_quant.cu) into a stream-ordered workspace, the
-** kernel's argument (built only here) and the head dim dispatch; the
+** kernel's argument (built only here) and the head dim dispatch (the
+** kernel writes the tiled order's padding rows itself, any dtype); the
 ** kernel is kernel_fp8.cuh.  What it computes is core/cpu_fp8.c's
 ** reference up to the order and width of its sums.
 */
@@ -53,7 +54,7 @@ void params_init(sta::Fp8Params &x, const sta_attn_params *p, const sta_fp8_ops 
   sta_fp8_geom_init(&x.g, p);
   x.R = x.g.rows;
   x.heads = (int)p->heads;
-  x.out_f16 = p->dtype == STA_F16;
+  x.out_dt = (int)p->dtype;
   x.vol = p->tile[0] * p->tile[1] * p->tile[2];
   x.qbpt = (x.vol + sta::FP8_BM - 1) / sta::FP8_BM;
   x.n_video_items = (int)((int64_t)p->grid[0] * p->grid[1] * p->grid[2] * x.qbpt);
@@ -70,9 +71,10 @@ void params_init(sta::Fp8Params &x, const sta_attn_params *p, const sta_fp8_ops 
 } /* namespace */
 
 sta_status sta_cuda_attention_fp8(const sta_attn_params *p) {
-  if (p->dtype != STA_BF16 && p->dtype != STA_F16)
-    return sta_error(STA_ERR_DTYPE, "attention: dtype %s not supported on cuda (use bf16 or f16)",
-                     sta_dtype_name(p->dtype));
+  if (p->dtype != STA_BF16 && p->dtype != STA_F16 && p->dtype != STA_F32)
+    return sta_error(STA_ERR_DTYPE,
+                     "attention: dtype %s not supported by the fp8 forward on cuda (use bf16, "
+                     "f16 or f32)", sta_dtype_name(p->dtype));
   if (p->head_dim != 64 && p->head_dim != 128)
     return sta_error(STA_ERR_UNSUPPORTED,
                      "attention: head_dim %lld not supported on cuda (64 or 128)",
@@ -116,7 +118,5 @@ sta_status sta_cuda_attention_fp8(const sta_attn_params *p) {
   }
   const cudaError_t e = cudaFreeAsync(ws, sm);
   if (e != cudaSuccess && s == STA_OK) s = sta_cuda_fail(e, "fp8 attention: freeing the workspace");
-  if (s == STA_OK && p->video_rows > p->video_len) /* the tiled order's padding rows */
-    s = sta_cuda_pad_rows(p, p->o, p->o_sb, p->o_ss, p->o_sh, p->lse);
   return s;
 }

@@ -19,12 +19,12 @@ struct Fp8Params {
   const uint8_t *v8;       /* [B*H][2][D][R] */
   const float *q_scale, *k_scale, *q_bias; /* [B*H][R] */
   const float *v_scale;    /* [B*H][D] */
-  void *o;                 /* bf16 or f16 (out_f16), the caller's strides */
+  void *o;                 /* out_dt, the caller's strides */
   float *lse;              /* NULL: not asked for */
   int64_t o_sb, o_ss, o_sh, lse_sb, lse_sh, lse_ss;
   sta_fp8_geom g;
   int64_t R;               /* g.rows */
-  int heads, out_f16;
+  int heads, out_dt;       /* STA_BF16, STA_F16 or STA_F32 */
   int vol, qbpt;           /* tile volume, query blocks per tile */
   int n_video_items;       /* tiles * qbpt; text query blocks after them */
   int v_vec;               /* R % 16 == 0: V by 16-byte copies where aligned */

@@ -171,7 +171,41 @@ __global__ void fp8_rows(const __grid_constant__ QuantArgs a) {
   }
 }
 
+struct DequantArgs {
+  float *dst;
+  const uint8_t *x8;
+  const float *sc;
+  sta_bshd bd, bx;
+  int64_t sc_st[3], n;
+  int per_row;
+};
+
+/* A thread per element, in [B][S][heads][D] order. */
+__global__ void fp8_dequant(const __grid_constant__ DequantArgs a) {
+  const int64_t x = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+  if (x >= a.n) return;
+  const int64_t d = x % a.bx.d, h = (x / a.bx.d) % a.bx.h, s = (x / (a.bx.d * a.bx.h)) % a.bx.s,
+                b = x / (a.bx.d * a.bx.h * a.bx.s);
+  const float f = sta_e4m3_to_f32(a.x8[b * a.bx.sb + s * a.bx.ss + h * a.bx.sh + d * a.bx.sd]);
+  a.dst[b * a.bd.sb + s * a.bd.ss + h * a.bd.sh + d * a.bd.sd] =
+      f * a.sc[b * a.sc_st[0] + h * a.sc_st[1] + (a.per_row ? s : d) * a.sc_st[2]];
+}
+
 } /* namespace */
+
+sta_status sta_cuda_fp8_dequantize(float *dst, const sta_bshd *bd, const uint8_t *x8,
+                                   const sta_bshd *bx, const float *sc, const int64_t sc_st[3],
+                                   int per_row) {
+  DequantArgs a;
+  memset(&a, 0, sizeof a);
+  a.dst = dst; a.x8 = x8; a.sc = sc; a.bd = *bd; a.bx = *bx; a.per_row = per_row;
+  for (int i = 0; i < 3; i++) a.sc_st[i] = sc_st[i];
+  a.n = bx->b * bx->s * bx->h * bx->d;
+  if (a.n == 0) return STA_OK;
+  fp8_dequant<<<(unsigned)((a.n + 255) / 256), 256, 0, sta_cuda_stream()>>>(a);
+  const cudaError_t e = cudaGetLastError();
+  return e == cudaSuccess ? STA_OK : sta_cuda_fail(e, "fp8 dequantize: kernel launch");
+}
 
 sta_status sta_cuda_fp8_quantize(const sta_attn_params *p, const sta_fp8_ops *o) {
   QuantArgs a;

@@ -138,7 +138,8 @@ __device__ __forceinline__ void fp8_block(Fp8Rows<D> &st, uint32_t dq, uint32_t 
 /* The output of this thread's two rows (rows[i]: quantized row, or -1
 ** where the row is not this item's): out = O / (448 l) * v_scale in the
 ** input dtype at the row's place in the caller's order and layout; lse =
-** ln l + m ln 2 + scale * q_bias. */
+** ln l + m ln 2 + scale * q_bias.  A padding row of the tiled order (an
+** input row without a token) gets 0 and lse -inf, as the reference. */
 template <int D>
 __device__ __forceinline__ void fp8_store(const Fp8Params &a, Fp8Rows<D> &st, int64_t bh,
                                           const int64_t rows[2], int t) {
@@ -152,22 +153,29 @@ __device__ __forceinline__ void fp8_store(const Fp8Params &a, Fp8Rows<D> &st, in
 #pragma unroll
   for (int i = 0; i < 2; i++) {
     if (rows[i] < 0) continue;
-    const int64_t src = sta_fp8_source(&a.g, rows[i]);
-    if (src < 0) continue; /* padding: tiled_pad.cu writes the tiled order's */
-    const float inv = 1.0f / (448.0f * st.l[i]);
-    uint16_t *out = (uint16_t *)a.o + (b * a.o_sb + src * a.o_ss + h * a.o_sh);
+    int64_t src = sta_fp8_source(&a.g, rows[i]);
+    const bool pad = src < 0;
+    if (pad && !a.g.tiled) continue; /* a place of the untiled order's padded tiles */
+    if (pad) src = rows[i];
+    const float inv = pad ? 0.0f : 1.0f / (448.0f * st.l[i]);
+    const int64_t off = b * a.o_sb + src * a.o_ss + h * a.o_sh;
 #pragma unroll
     for (int j = 0; j < D / 8; j++)
 #pragma unroll
       for (int e = 0; e < 2; e++) {
         const int d = 8 * j + 2 * t + e;
-        const float v = st.o[4 * j + 2 * i + e] * inv * vs[d];
-        out[d] = a.out_f16 ? __half_as_ushort(__float2half_rn(v))
-                           : __bfloat16_as_ushort(__float2bfloat16_rn(v));
+        const float v = pad ? 0.0f : st.o[4 * j + 2 * i + e] * inv * vs[d];
+        if (a.out_dt == STA_F32) ((float *)a.o)[off + d] = v;
+        else
+          ((uint16_t *)a.o)[off + d] = a.out_dt == STA_F16
+                                           ? __half_as_ushort(__float2half_rn(v))
+                                           : __bfloat16_as_ushort(__float2bfloat16_rn(v));
       }
     if (a.lse && t == 0)
       a.lse[b * a.lse_sb + h * a.lse_sh + src * a.lse_ss] =
-          logf(st.l[i]) + st.m[i] * 0.6931471805599453f + a.scale * a.q_bias[bh * a.R + rows[i]];
+          pad ? -INFINITY
+              : logf(st.l[i]) + st.m[i] * 0.6931471805599453f +
+                    a.scale * a.q_bias[bh * a.R + rows[i]];
   }
 }
 

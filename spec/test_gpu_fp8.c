@@ -9,9 +9,9 @@
 ** fp8 reference within a tolerance derived from what the kernel may differ
 ** in (FP8_REL below), and at least 2x closer to it than the native output
 ** (a silent native run fails), over random geometries and fixed multi-block
-** ones; its errors; a layer; sta_attention_forward_fp8 (still
-** STA_ERR_UNSUPPORTED on CUDA, out unchanged).  Skips cleanly without a
-** device.  STA_TEST_SEED replays a run; STA_GPU_CASES sets the random
+** ones, bf16, f16 and f32; its errors; a layer;
+** sta_attention_forward_fp8 on CUDA against the host.  Skips cleanly
+** without a device.  STA_TEST_SEED replays a run; STA_GPU_CASES sets the random
 ** cases (default 60). */
 #include <math.h>
 #include <setjmp.h>
@@ -65,7 +65,7 @@ typedef struct twin {
 /* Operand views: contiguous in the layout, or padded rows (D + 8 wide,
 ** narrowed: a row stride that is not D).  kind 1: DiT-like offsets;
 ** kernel: only what the attention kernels take (D 64, 128; bf16, f16). */
-static void twin_make(twin *t, int kind, int kernel) {
+static void twin_make(twin *t, int kind, int kernel) { /* kernel 1: bf16/f16; 2: and f32 */
   int32_t grid[3];
   static const int32_t tiles[4][3] = {{6, 8, 8}, {2, 4, 4}, {3, 4, 8}, {1, 2, 2}};
   const int32_t *tl = tiles[rin(0, 3)];
@@ -80,9 +80,9 @@ static void twin_make(twin *t, int kind, int kernel) {
   t->B = rin(1, 2);
   t->H = rin(1, 3);
   static const int64_t dims[6] = {64, 128, 64, 128, 32, 160};
-  t->D = dims[rin(0, kernel ? 3 : 5)];
+  t->D = dims[rin(0, kernel ? 3 : 5)]; /* kernel 2: f32 too (the fp8 kernel's) */
   static const sta_dtype dts[3] = {STA_BF16, STA_F16, STA_F32};
-  t->dt = dts[rin(0, kernel ? 1 : 2)];
+  t->dt = dts[rin(0, kernel == 1 ? 1 : 2)];
   sta_geometry_grid(&t->d.geom, grid);
   t->d.n_windows = (int32_t)t->H;
   for (int64_t h = 0; h < t->H; h++)
@@ -242,10 +242,6 @@ static void test_prepass_bits_large(void **state) {
 
 /* ---- STA_PRECISION_FP8 on CUDA --------------------------------------------------- */
 
-static const char *UNSUPPORTED =
-    "precision: STA_PRECISION_FP8 is not implemented on cuda yet (issue 20: the fp8 kernel); "
-    "the CPU backend computes it by its reference (host tensors)";
-
 static void expect_fill(const sta_tensor *t, double v, const char *what) {
   sta_tensor *h = NULL;
   OK(sta_tensor_to(&h, t, STA_F32, STA_CPU));
@@ -356,8 +352,14 @@ static void check_fp8_forward(twin *t) {
   sta_attention_desc nd = t->d;
   nd.precision = STA_PRECISION_NATIVE;
   OK(sta_tensor_create(&no, t->dt, STA_CUDA, 4, os));
-  OK(sta_attention_forward(&nd, t->dv[0], t->dv[1], t->dv[2], no, NULL));
-  const double rn = rel_l2(no, ro);
+  double rn = 0; /* f32: the native kernels refuse it, so nothing can run natively */
+  if (t->dt == STA_F32)
+    assert_int_equal(sta_attention_forward(&nd, t->dv[0], t->dv[1], t->dv[2], no, NULL),
+                     STA_ERR_DTYPE);
+  else {
+    OK(sta_attention_forward(&nd, t->dv[0], t->dv[1], t->dv[2], no, NULL));
+    rn = rel_l2(no, ro);
+  }
   if (r > worst_rel) worst_rel = r;
   if (mx > worst_lse) worst_lse = mx;
   if (rn >= FP8_APART) {
@@ -383,7 +385,7 @@ static void test_fp8_forward(void **state) {
   NEED_GPU();
   for (int c = 0; c < cases() / 4 + 1; c++) {
     twin t;
-    twin_make(&t, c & 1, 1);
+    twin_make(&t, c & 1, 2);
     check_fp8_forward(&t);
     twin_free(&t);
   }
@@ -443,7 +445,8 @@ static void test_fp8_errors(void **state) {
   d.windows = w;
   d.precision = STA_PRECISION_FP8;
   static const struct { sta_dtype dt; int64_t D; sta_status rc; const char *msg; } cs[] = {
-    {STA_F32, 64, STA_ERR_DTYPE, "attention: dtype f32 not supported on cuda (use bf16 or f16)"},
+    {STA_F16, 160, STA_ERR_UNSUPPORTED,
+     "attention: head_dim 160 not supported on cuda (64 or 128)"},
     {STA_BF16, 32, STA_ERR_UNSUPPORTED,
      "attention: head_dim 32 not supported on cuda (64 or 128)"}};
   for (int c = 0; c < 2; c++) {
@@ -464,34 +467,39 @@ static void test_fp8_errors(void **state) {
   }
 }
 
-/* A layer (the fp8 kernel) and sta_attention_forward_fp8 on CUDA tensors
-** (refused: no device path for 8-bit operands yet). */
+/* A layer at FP8 on CUDA: the bits of sta_attention_forward at FP8; and
+** sta_attention_forward_fp8 on CUDA tensors (dequantized on the device)
+** against the same on the host, random scales. */
 static void test_fp8_layer_and_8bit_operands(void **state) {
   NEED_GPU();
-  int32_t w[3] = {1, 1, 1};
+  int32_t w[3] = {1, 3, 1};
   sta_strategy *st = NULL;
   OK(sta_strategy_uniform(&st, 1, 1, 2, w, NULL, 0));
   sta_layer_desc ld;
   memset(&ld, 0, sizeof ld);
   ld.local_heads = 2; ld.head_dim = 64; ld.sp_size = 1; ld.backend = STA_CUDA;
-  sta_geometry_init(&ld.geom, 6, 8, 16);
+  sta_geometry_init(&ld.geom, 6, 24, 16);
   ld.strategy = st;
   ld.precision = STA_PRECISION_FP8;
   sta_layer *ly = NULL;
   OK(sta_layer_create(&ly, &ld));
-  int64_t shape[4] = {1, 6 * 8 * 16, 2, 64}, ls[3] = {1, 2, 6 * 8 * 16}, cs[3] = {1, 2, 64};
-  sta_tensor *h = NULL, *q = NULL, *o = NULL, *q8h = NULL, *q8 = NULL, *sc = NULL, *vs = NULL;
+  const int64_t S = 6 * 24 * 16;
+  int64_t shape[4] = {1, S, 2, 64}, ls[3] = {1, 2, S}, cs[3] = {1, 2, 64};
+  sta_tensor *h = NULL, *q = NULL, *o = NULL, *o2 = NULL, *q8h = NULL, *q8 = NULL;
+  sta_tensor *sch = NULL, *vsh = NULL, *sc = NULL, *vs = NULL, *oh = NULL;
   OK(sta_tensor_create(&h, STA_F32, STA_CPU, 4, shape));
   OK(sta_tensor_randn(h, rnd(), 0, 1));
   OK(sta_tensor_to(&q, h, STA_BF16, STA_CUDA));
   OK(sta_tensor_to(&q8h, h, STA_F8E4M3, STA_CPU));
   OK(sta_tensor_to(&q8, q8h, STA_F8E4M3, STA_CUDA));
   OK(sta_tensor_create(&o, STA_BF16, STA_CUDA, 4, shape));
-  OK(sta_tensor_fill(o, 7.0));
-  OK(sta_tensor_create(&sc, STA_F32, STA_CUDA, 3, ls));
-  OK(sta_tensor_fill(sc, 0.5));
-  OK(sta_tensor_create(&vs, STA_F32, STA_CUDA, 3, cs));
-  OK(sta_tensor_fill(vs, 0.5));
+  OK(sta_tensor_create(&o2, STA_BF16, STA_CUDA, 4, shape));
+  OK(sta_tensor_create(&sch, STA_F32, STA_CPU, 3, ls));
+  OK(sta_tensor_randn(sch, rnd(), 1.0, 0.2));
+  OK(sta_tensor_create(&vsh, STA_F32, STA_CPU, 3, cs));
+  OK(sta_tensor_randn(vsh, rnd(), 1.0, 0.2));
+  OK(sta_tensor_to(&sc, sch, STA_F32, STA_CUDA));
+  OK(sta_tensor_to(&vs, vsh, STA_F32, STA_CUDA));
   sta_forward_batch *fb = NULL;
   sta_context *ctx = NULL;
   OK(sta_forward_batch_create(&fb, 1));
@@ -503,20 +511,22 @@ static void test_fp8_layer_and_8bit_operands(void **state) {
   d.n_windows = 1;
   d.windows = w;
   d.precision = STA_PRECISION_FP8;
+  OK(sta_attention_forward(&d, q, q, q, o2, NULL));
+  if (!same_bits(o, o2)) fail_msg("fp8 layer: not the forward's bits (rel %g)", rel_l2(o, o2));
   OK(sta_tensor_fill(o, 7.0));
-  sta_status rc = sta_attention_forward_fp8(&d, q8, q8, q8, sc, sc, vs, o, NULL);
-  if (rc == STA_ERR_UNSUPPORTED) {
-    assert_string_equal(sta_last_error(), UNSUPPORTED);
-    expect_fill(o, 7.0, "forward_fp8 out");
-  } else
-    OK(rc);
+  OK(sta_attention_forward_fp8(&d, q8, q8, q8, sc, sc, vs, o, NULL));
+  OK(sta_tensor_create(&oh, STA_F32, STA_CPU, 4, shape));
+  OK(sta_attention_forward_fp8(&d, q8h, q8h, q8h, sch, sch, vsh, oh, NULL));
+  const double r = rel_l2(o, oh);
+  if (!(r < FP8_REL)) fail_msg("forward_fp8 on cuda against the host: rel L2 %g", r);
   OK(sta_context_pop(ctx));
   sta_forward_batch_destroy(fb);
   sta_layer_destroy(ly);
   sta_strategy_destroy(st);
-  sta_tensor_destroy(h); sta_tensor_destroy(q); sta_tensor_destroy(o);
+  sta_tensor_destroy(h); sta_tensor_destroy(q); sta_tensor_destroy(o); sta_tensor_destroy(o2);
   sta_tensor_destroy(q8h); sta_tensor_destroy(q8); sta_tensor_destroy(sc);
-  sta_tensor_destroy(vs);
+  sta_tensor_destroy(vs); sta_tensor_destroy(sch); sta_tensor_destroy(vsh);
+  sta_tensor_destroy(oh);
 }
 
 int main(void) {
