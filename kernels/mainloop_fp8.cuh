@@ -43,10 +43,11 @@ template <int D> struct Fp8Rows {
   float m[2], l[2], qsc[2];
 };
 
-/* acc (fresh: overwritten, else added to) += P V_hi + P V_lo, waited
-** for; pa: P's A fragments of the 4 chunks of 32 keys, dv: the V planes. */
+/* acc (fresh: overwritten, else added to) += P V_hi + P V_lo, issued and
+** committed, not waited for; pa: P's A fragments of the 4 chunks of 32
+** keys, dv: the V planes. */
 template <int D>
-__device__ __forceinline__ void fp8_pv(float *acc, uint32_t (*pa)[4], uint32_t dv, int fresh) {
+__device__ __forceinline__ void issue_pv(float *acc, uint32_t (*pa)[4], uint32_t dv, int fresh) {
   sta_wgmma::fence();
 #pragma unroll
   for (int pl = 0; pl < 2; pl++)
@@ -58,39 +59,43 @@ __device__ __forceinline__ void fp8_pv(float *acc, uint32_t (*pa)[4], uint32_t d
       else sta_wgmma::rs_n64_e4m3(acc, pa[kc], b, sd);
     }
   sta_wgmma::commit();
-  sta_wgmma::wait<0>();
-  sta_wgmma::pin<D / 2>(acc);
 }
 
-/* One key block: dq, dk, dv descriptor words of this warpgroup's Q rows,
-** the block's K rows and V planes; info: (k_scale, 0) or (0, -inf) per S
-** column. */
+/* S = Q K^T in int8 (dq, dk: descriptor words of this warpgroup's Q rows
+** and the block's K rows), issued and committed, not waited for. */
 template <int D>
-__device__ __forceinline__ void fp8_block(Fp8Rows<D> &st, uint32_t dq, uint32_t dk, uint32_t dv,
-                                          const float4 *info, int t) {
-  int32_t sacc[64];
+__device__ __forceinline__ void issue_s(int32_t *sacc, uint32_t dq, uint32_t dk) {
   sta_wgmma::fence();
 #pragma unroll
   for (int ks = 0; ks < D / 32; ks++)
     sta_wgmma::ss_n128_s8(sacc, sdesc_of(dq + ks * 2), sdesc_of(dk + ks * 2), ks > 0);
   sta_wgmma::commit();
-  sta_wgmma::wait<0>();
-  sta_wgmma::pin_i<64>(sacc);
+}
+
+/* The softmax of one block's S (sp, waited for), in place: the s32
+** accumulators become the float bits of P = exp2(score - m) (one array for
+** both: the wgmma's "+r" operands keep it live throughout); the running
+** max st.m (an integer), alpha = 2^(old m - new m), the row sums st.l;
+** info: (k_scale, 0) or (0, -inf) per S column. */
+template <int D>
+__device__ __forceinline__ void fp8_softmax(Fp8Rows<D> &st, int32_t *sp, float *alpha,
+                                            const float4 *info, int t) {
+  float s[64];
   /* scores s = acc * (q_scale * scale * log2 e) * k_scale (cpu_fp8.c's
   ** order), -inf where info masks the key */
-  float s[64], mx[2] = {-INFINITY, -INFINITY};
+  float mx[2] = {-INFINITY, -INFINITY};
 #pragma unroll
   for (int j = 0; j < 16; j++) {
     const float4 ki = info[4 * j + t]; /* columns 8j + 2t, 8j + 2t + 1 */
 #pragma unroll
     for (int i = 0; i < 2; i++) {
       const int x = 4 * j + 2 * i;
-      s[x] = fmaf((float)sacc[x] * st.qsc[i], ki.x, ki.y);
-      s[x + 1] = fmaf((float)sacc[x + 1] * st.qsc[i], ki.z, ki.w);
+      s[x] = fmaf((float)sp[x] * st.qsc[i], ki.x, ki.y);
+      s[x + 1] = fmaf((float)sp[x + 1] * st.qsc[i], ki.z, ki.w);
       mx[i] = fmaxf(mx[i], fmaxf(s[x], s[x + 1]));
     }
   }
-  float alpha[2], mref[2];
+  float mref[2];
 #pragma unroll
   for (int i = 0; i < 2; i++) {
     mx[i] = fmaxf(mx[i], __shfl_xor_sync(0xffffffffu, mx[i], 1));
@@ -102,35 +107,70 @@ __device__ __forceinline__ void fp8_block(Fp8Rows<D> &st, uint32_t dq, uint32_t 
     st.m[i] = mn;
     mref[i] = mn == -INFINITY ? 0.0f : mn;
   }
-  /* P = exp2(s - m); the row sum of P unrounded; P * 448 in e4m3 as the A
-  ** fragment: chunk kc of 32 keys, register r: row i = r & 1, columns of
-  ** j = 4kc + 2(r >> 1) and j + 1 (fp8_col_key puts key 4t + b there) */
+  /* P = exp2(s - m); the row sum of P unrounded */
   float ps[2] = {0.0f, 0.0f};
-  uint32_t pa[4][4];
 #pragma unroll
   for (int x = 0; x < 64; x++) {
     s[x] = ex2(s[x] - mref[(x >> 1) & 1]);
     ps[(x >> 1) & 1] += s[x];
+    sp[x] = __float_as_int(s[x]);
   }
+#pragma unroll
+  for (int i = 0; i < 2; i++) st.l[i] = st.l[i] * alpha[i] + ps[i];
+}
+
+/* P * 448 in e4m3 as the A fragment: chunk kc of 32 keys, register r: row
+** i = r & 1, the columns of j = 4kc + 2(r >> 1) and j + 1 (fp8_col_key
+** puts key 4t + b there). */
+__device__ __forceinline__ void pack_p(const int32_t *sp, uint32_t (*pa)[4]) {
 #pragma unroll
   for (int kc = 0; kc < 4; kc++)
 #pragma unroll
     for (int r = 0; r < 4; r++) {
       const int x = 4 * (4 * kc + 2 * (r >> 1)) + 2 * (r & 1);
-      pa[kc][r] = e4m3x2(s[x] * 448.0f, s[x + 1] * 448.0f) |
-                  (e4m3x2(s[x + 4] * 448.0f, s[x + 5] * 448.0f) << 16);
+      pa[kc][r] = e4m3x2(__int_as_float(sp[x]) * 448.0f, __int_as_float(sp[x + 1]) * 448.0f) |
+                  (e4m3x2(__int_as_float(sp[x + 4]) * 448.0f,
+                          __int_as_float(sp[x + 5]) * 448.0f) << 16);
     }
-#pragma unroll
-  for (int i = 0; i < 2; i++) st.l[i] = st.l[i] * alpha[i] + ps[i];
-#if STA_FP8_TWO_LEVEL
-  float ob[D / 2];
-  fp8_pv<D>(ob, pa, dv, 1);
+}
+
+/* O after P V of a block (ob: it, or NULL where it went into O directly)
+** with the block's alpha: two-level O = O alpha + ob (else O was rescaled
+** before the PV: rescale_o). */
+template <int D>
+__device__ __forceinline__ void add_pv(Fp8Rows<D> &st, const float *ob, const float *alpha) {
 #pragma unroll
   for (int x = 0; x < D / 2; x++) st.o[x] = fmaf(st.o[x], alpha[(x >> 1) & 1], ob[x]);
-#else
+}
+template <int D>
+__device__ __forceinline__ void rescale_o(Fp8Rows<D> &st, const float *alpha) {
 #pragma unroll
   for (int x = 0; x < D / 2; x++) st.o[x] *= alpha[(x >> 1) & 1];
-  fp8_pv<D>(st.o, pa, dv, 0);
+}
+
+/* One key block, not overlapped: S, its softmax, P V (variants 0, 1). */
+template <int D>
+__device__ __forceinline__ void fp8_block(Fp8Rows<D> &st, uint32_t dq, uint32_t dk, uint32_t dv,
+                                          const float4 *info, int t) {
+  int32_t sacc[64];
+  issue_s<D>(sacc, dq, dk);
+  sta_wgmma::wait<0>();
+  sta_wgmma::pin_i<64>(sacc);
+  float alpha[2];
+  fp8_softmax<D>(st, sacc, alpha, info, t);
+  uint32_t pa[4][4];
+  pack_p(sacc, pa);
+#if STA_FP8_TWO_LEVEL
+  float ob[D / 2];
+  issue_pv<D>(ob, pa, dv, 1);
+  sta_wgmma::wait<0>();
+  sta_wgmma::pin<D / 2>(ob);
+  add_pv<D>(st, ob, alpha);
+#else
+  rescale_o<D>(st, alpha);
+  issue_pv<D>(st.o, pa, dv, 0);
+  sta_wgmma::wait<0>();
+  sta_wgmma::pin<D / 2>(st.o);
 #endif
   sta_wgmma::pin_r<16>(&pa[0][0]);
 }

@@ -319,28 +319,40 @@ static int same_bits(const sta_tensor *a, const sta_tensor *b) {
   return same;
 }
 
-/* The fp8 forward of t on the device, under each kernel variant
-** (STA_FP8_VARIANT 0 and 1: the same sums in the same order, so the same
-** bits), against the CPU's fp8 reference and away from the native output. */
+/* The kernel variants to run (STA_FP8_TEST_VARIANTS, default "0,1,2";
+** kernels/kernel_fp8.cuh): the same sums in the same order, so the same
+** bits; the first is checked against the reference. */
+static int test_variants(int *v) {
+  const char *e = getenv("STA_FP8_TEST_VARIANTS");
+  int n = 0;
+  for (const char *c = e && *e ? e : "0,1,2"; *c && n < 8; c++)
+    if (*c >= '0' && *c <= '9') v[n++] = *c - '0';
+  return n;
+}
+
+/* The fp8 forward of t on the device under kernel variant v into o, l. */
+static void fp8_variant(twin *t, int v, sta_tensor *o, sta_tensor *l) {
+  char vs[2] = {(char)('0' + v), 0};
+  OK(sta_tensor_fill(o, 7.0));
+  OK(sta_tensor_fill(l, 7.0));
+  setenv("STA_FP8_VARIANT", vs, 1);
+  sta_status rc = sta_attention_forward(&t->d, t->dv[0], t->dv[1], t->dv[2], o, l);
+  unsetenv("STA_FP8_VARIANT");
+  if (rc != STA_OK) fail_msg("%s: variant %d: %s", twin_str(t), v, sta_last_error());
+}
+
+/* The fp8 forward of t on the device, under each kernel variant, against
+** the CPU's fp8 reference and away from the native output. */
 static void check_fp8_forward(twin *t) {
   int64_t os[4], ls[3] = {t->B, t->H, t->S};
   for (int i = 0; i < 4; i++) os[i] = sta_tensor_size(t->h[0], i);
+  int var[8], nv = test_variants(var);
   sta_tensor *o = NULL, *l = NULL, *o1 = NULL, *l1 = NULL;
   OK(sta_tensor_create(&o, t->dt, STA_CUDA, 4, os));
   OK(sta_tensor_create(&l, STA_F32, STA_CUDA, 3, ls));
   OK(sta_tensor_create(&o1, t->dt, STA_CUDA, 4, os));
   OK(sta_tensor_create(&l1, STA_F32, STA_CUDA, 3, ls));
-  OK(sta_tensor_fill(o, 7.0));
-  OK(sta_tensor_fill(l, 7.0));
-  OK(sta_tensor_fill(o1, 7.0));
-  OK(sta_tensor_fill(l1, 7.0));
-  setenv("STA_FP8_VARIANT", "0", 1);
-  sta_status rc = sta_attention_forward(&t->d, t->dv[0], t->dv[1], t->dv[2], o, l);
-  if (rc != STA_OK) fail_msg("%s: %s", twin_str(t), sta_last_error());
-  setenv("STA_FP8_VARIANT", "1", 1);
-  rc = sta_attention_forward(&t->d, t->dv[0], t->dv[1], t->dv[2], o1, l1);
-  unsetenv("STA_FP8_VARIANT");
-  if (rc != STA_OK) fail_msg("%s: variant 1: %s", twin_str(t), sta_last_error());
+  fp8_variant(t, var[0], o, l);
   sta_tensor *hq = NULL, *hk = NULL, *hv = NULL, *ro = NULL, *rl = NULL, *no = NULL;
   OK(sta_tensor_to(&hq, t->h[0], STA_F32, STA_CPU));
   OK(sta_tensor_to(&hk, t->h[1], STA_F32, STA_CPU));
@@ -372,9 +384,12 @@ static void check_fp8_forward(twin *t) {
   if (rn >= FP8_APART && !(r * 2 < rn))
     fail_msg("%s: the fp8 output is as far from the fp8 reference (rel %g) as the native one "
              "(rel %g): fp8 silently not run", twin_str(t), r, rn);
-  if (!same_bits(o, o1) || !same_bits(l, l1))
-    fail_msg("%s: STA_FP8_VARIANT=1 differs from 0 (out rel %g, lse max %g)", twin_str(t),
-             rel_l2(o1, o), max_diff(l1, l));
+  for (int i = 1; i < nv; i++) {
+    fp8_variant(t, var[i], o1, l1);
+    if (!same_bits(o, o1) || !same_bits(l, l1))
+      fail_msg("%s: STA_FP8_VARIANT=%d differs from %d (out rel %g, lse max %g)", twin_str(t),
+               var[i], var[0], rel_l2(o1, o), max_diff(l1, l));
+  }
   sta_tensor_destroy(hq); sta_tensor_destroy(hk); sta_tensor_destroy(hv);
   sta_tensor_destroy(ro); sta_tensor_destroy(rl); sta_tensor_destroy(no);
   sta_tensor_destroy(o); sta_tensor_destroy(l);
