@@ -31,7 +31,8 @@ template <int D, int NB> struct Fp8Smem {
   static constexpr int V = K + NB * KB;
   static constexpr int INFO = V + NB * VB;         /* float2 per key and buffer */
   static constexpr int BAR = INFO + NB * FP8_BK * 8;
-  static constexpr int BYTES = BAR + 2 * NB * 8;
+  static constexpr int RUNS = BAR + 2 * NB * 8;     /* Fp8Runs */
+  static constexpr int BYTES = RUNS + 32;
 };
 
 /* The key (within its block) that S column / K row c holds: in each
@@ -44,27 +45,31 @@ __device__ __forceinline__ int fp8_col_key(int c) {
 
 /* The key blocks of one item: runs of key rows (a window's rows of tiles
 ** along w, then the text keys; text queries: every row below keys_end),
-** each cut into blocks of FP8_BK.  Every thread walks the same. */
+** each cut into blocks of FP8_BK.  The runs (Fp8Runs) are in shared
+** memory, written once; every thread walks them with its own cursor
+** (Fp8Walk: the same blocks in the same order, at its own pace). */
+struct Fp8Runs {
+  int lo[3], cnt[3], nruns, text_item;
+};
 struct Fp8Walk {
-  int64_t pos;  /* offset in the current run */
-  int ri, nruns;
-  int lo[3], cnt[3];
-  bool text_item;
-  __device__ void run(const Fp8Params &a, int i, int64_t &start, int64_t &len) const {
-    if (text_item) { start = 0; len = a.g.keys_end; return; }
-    if (i < cnt[0] * cnt[1]) {
-      const int t = lo[0] + i / cnt[1], hh = lo[1] + i % cnt[1];
-      start = (((int64_t)t * a.g.grid[1] + hh) * a.g.grid[2] + lo[2]) * a.vol;
-      len = (int64_t)cnt[2] * a.vol;
+  int64_t pos; /* offset in the current run */
+  int ri;
+  __device__ static void run(const Fp8Params &a, const Fp8Runs &r, int i, int64_t &start,
+                             int64_t &len) {
+    if (r.text_item) { start = 0; len = a.g.keys_end; return; }
+    if (i < r.cnt[0] * r.cnt[1]) {
+      const int t = r.lo[0] + i / r.cnt[1], hh = r.lo[1] + i % r.cnt[1];
+      start = (((int64_t)t * a.g.grid[1] + hh) * a.g.grid[2] + r.lo[2]) * a.vol;
+      len = (int64_t)r.cnt[2] * a.vol;
       return;
     }
     start = a.g.tiled_video;
     len = a.g.keys_end - a.g.tiled_video;
   }
-  __device__ bool next(const Fp8Params &a, int64_t &start, int &len) {
-    for (; ri < nruns; ri++, pos = 0) {
+  __device__ bool next(const Fp8Params &a, const Fp8Runs &r, int64_t &start, int &len) {
+    for (; ri < r.nruns; ri++, pos = 0) {
       int64_t s, n;
-      run(a, ri, s, n);
+      run(a, r, ri, s, n);
       if (pos < n) {
         start = s + pos;
         len = (int)(n - pos < FP8_BK ? n - pos : FP8_BK);
@@ -114,15 +119,15 @@ __device__ __forceinline__ void fp8_load_block(const Fp8Params &a, unsigned char
   }
 }
 
-/* The item's query rows [q0, q1) and its key runs (wk). */
-__device__ __forceinline__ void fp8_item(const Fp8Params &a, int64_t item, int h, Fp8Walk &wk,
-                                         int64_t &q0, int64_t &q1) {
-  wk.pos = 0;
-  wk.ri = 0;
+/* The item's query rows [q0, q1) and its key runs (wk: written by thread 0
+** only, read after a barrier). */
+__device__ __forceinline__ void fp8_item(const Fp8Params &a, int64_t item, int h, Fp8Runs &wk,
+                                         int64_t &q0, int64_t &q1, int tid) {
   if (item < a.n_video_items) {
     const int64_t tq = item / a.qbpt;
     q0 = tq * a.vol + (item % a.qbpt) * FP8_BM;
     q1 = q0 + FP8_BM < (tq + 1) * a.vol ? q0 + FP8_BM : (tq + 1) * a.vol;
+    if (tid) return;
     const int tc[3] = {(int)(tq / ((int64_t)a.g.grid[1] * a.g.grid[2])),
                        (int)((tq / a.g.grid[2]) % a.g.grid[1]), (int)(tq % a.g.grid[2])};
 #pragma unroll
@@ -133,23 +138,28 @@ __device__ __forceinline__ void fp8_item(const Fp8Params &a, int64_t item, int h
       wk.lo[ax] = k >= c ? 0 : s;
       wk.cnt[ax] = k >= c ? c : k;
     }
-    wk.text_item = false;
+    wk.text_item = 0;
     wk.nruns = wk.cnt[0] * wk.cnt[1] + (a.g.keys_end > a.g.tiled_video ? 1 : 0);
   } else {
     q0 = a.g.tiled_video + (item - a.n_video_items) * FP8_BM;
     q1 = q0 + FP8_BM < a.R ? q0 + FP8_BM : a.R;
-    wk.text_item = true;
+    if (tid) return;
+    wk.text_item = 1;
     wk.nruns = 1;
   }
 }
 
-/* Variant 2: variant 1's buffers and mbarriers, and in each warpgroup
-** S(n+1) issued with P V(n) (the softmax of S(n+1) runs while P V(n) is on
-** the tensor cores), the two warpgroups taking turns to issue (named
-** barriers 1 and 2: warpgroup 0 first; a turn's wgmmas are issued in one
-** go).  Blocks 0 and 1 are issued and block 0 marked by the caller. */
-template <int D>
+/* Variants 2 and 3: variant 1's buffers and mbarriers, S(n+1) issued with
+** P V(n) in one turn, the two warpgroups taking turns to issue (named
+** barriers 1 and 2: warpgroup 0 first), so that one's softmax runs under
+** the other's GEMMs.  OVERLAP (variant 2): the softmax of S(n+1) also runs
+** while this warpgroup's P V(n) is on the tensor cores (more registers
+** live: O, P V(n)'s fresh accumulator, S/P, P's fragments); variant 3
+** waits for both first.  Blocks 0 and 1 are issued and block 0 marked by
+** the caller. */
+template <int D, bool OVERLAP>
 __device__ __forceinline__ void fp8_pipelined(const Fp8Params &a, unsigned char *sm, Fp8Walk &wk,
+                                              const Fp8Runs &runs,
                                               Fp8Rows<D> &st, uint64_t *full, uint64_t *empty,
                                               int issued, int64_t bh, uint32_t dq, uint32_t dk0,
                                               uint32_t dv0, const float4 *info0, int wg, int tid,
@@ -173,7 +183,7 @@ __device__ __forceinline__ void fp8_pipelined(const Fp8Params &a, unsigned char 
   int64_t ks;
   int kl;
   for (int n = 0; n < issued; n++) {
-    if (wk.next(a, ks, kl)) {
+    if (wk.next(a, runs, ks, kl)) {
       const int b2 = issued % 3;
       if (issued >= 3) mbar_wait(&empty[b2], (issued / 3 - 1) & 1);
       fp8_load_block<D, 3>(a, sm, b2, bh, ks, kl, tid);
@@ -194,7 +204,7 @@ __device__ __forceinline__ void fp8_pipelined(const Fp8Params &a, unsigned char 
     if (more) issue_s<D>(sacc, dq, dk0 + bn * KSTEP);
     issue_pv<D>(ob, pa, dv0 + (n % 3) * VSTEP, 1);
     if (wg == 0 || more) bar_arrive_named(2 - wg, 256); /* warpgroup 1's last turn: none */
-    if (more) {
+    if (OVERLAP && more) {
       sta_wgmma::wait<1>();
       sta_wgmma::pin_i<64>(sacc);
       fp8_softmax<D>(st, sacc, al2, info0 + bn * (FP8_BK / 2), lane & 3);
@@ -204,6 +214,10 @@ __device__ __forceinline__ void fp8_pipelined(const Fp8Params &a, unsigned char 
     sta_wgmma::pin_r<16>(&pa[0][0]);
     add_pv<D>(st, ob, al);
     mbar_arrive(&empty[n % 3]);
+    if (!OVERLAP && more) {
+      sta_wgmma::pin_i<64>(sacc);
+      fp8_softmax<D>(st, sacc, al2, info0 + bn * (FP8_BK / 2), lane & 3);
+    }
     if (more) {
       pack_p(sacc, pa);
       al[0] = al2[0];
@@ -221,25 +235,24 @@ __device__ __forceinline__ void fp8_pipelined(const Fp8Params &a, unsigned char 
 ** loads of n+1 complete, then computes n. */
 template <int D, int VAR>
 __global__ void __launch_bounds__(256, 1) sta_fp8_fwd(const __grid_constant__ Fp8Params a) {
-  constexpr bool ASYNC = VAR > 0;
+  constexpr bool ASYNC = VAR > 0; /* VAR 2, 3: fp8_pipelined */
   constexpr int NB = ASYNC ? 3 : 2;
   using L = Fp8Smem<D, NB>;
   extern __shared__ unsigned char fp8_smem_raw[];
   unsigned char *sm = (unsigned char *)(((uintptr_t)fp8_smem_raw + 1023) & ~(uintptr_t)1023);
   const int tid = threadIdx.x, wg = tid >> 7, lane = tid & 31, w = (tid >> 5) & 3;
   const int64_t bh = blockIdx.y;
-  Fp8Walk wk;
+  Fp8Runs &runs = *(Fp8Runs *)(sm + L::RUNS);
+  Fp8Walk wk = {0, 0};
   int64_t q0, q1;
-  fp8_item(a, blockIdx.x, (int)(bh % a.heads), wk, q0, q1);
+  fp8_item(a, blockIdx.x, (int)(bh % a.heads), runs, q0, q1, tid);
   uint64_t *full = (uint64_t *)(sm + L::BAR), *empty = full + NB;
-  if (ASYNC) {
-    if (tid == 0)
-      for (int b = 0; b < NB; b++) {
-        mbar_init(&full[b], 256);
-        mbar_init(&empty[b], 256);
-      }
-    __syncthreads();
-  }
+  if (ASYNC && tid == 0)
+    for (int b = 0; b < NB; b++) {
+      mbar_init(&full[b], 256);
+      mbar_init(&empty[b], 256);
+    }
+  __syncthreads(); /* runs, barriers */
   /* Q, then the first key block(s) */
   for (int x = tid; x < FP8_BM * (D / 16); x += 256) {
     const int r = x / (D / 16), ch = x % (D / 16);
@@ -250,7 +263,7 @@ __global__ void __launch_bounds__(256, 1) sta_fp8_fwd(const __grid_constant__ Fp
   int64_t ks;
   int kl, issued = 0;
   for (int p = 0; p < NB - 1; p++) {
-    if (wk.next(a, ks, kl)) {
+    if (wk.next(a, runs, ks, kl)) {
       fp8_load_block<D, NB>(a, sm, p, bh, ks, kl, tid);
       issued++;
     }
@@ -262,10 +275,8 @@ __global__ void __launch_bounds__(256, 1) sta_fp8_fwd(const __grid_constant__ Fp
     mbar_arrive(&full[0]);
   }
   Fp8Rows<D> st;
-  int64_t rows[2];
   for (int i = 0; i < 2; i++) {
     const int64_t r = q0 + wg * 64 + w * 16 + (lane >> 2) + 8 * i;
-    rows[i] = r < q1 ? r : -1;
     st.qsc[i] = r < a.R ? a.q_scale[bh * a.R + r] * a.scale_log2 : 0.0f;
     st.m[i] = -INFINITY;
     st.l[i] = 0.0f;
@@ -276,8 +287,9 @@ __global__ void __launch_bounds__(256, 1) sta_fp8_fwd(const __grid_constant__ Fp
   const uint32_t dk0 = sdesc_lo(sm + L::K, 16), dv0 = sdesc_lo(sm + L::V, 16);
   const float4 *info0 = (const float4 *)(sm + L::INFO);
   constexpr uint32_t KSTEP = L::KB >> 4, VSTEP = L::VB >> 4;
-  if constexpr (VAR == 2) {
-    fp8_pipelined<D>(a, sm, wk, st, full, empty, issued, bh, dq, dk0, dv0, info0, wg, tid, lane);
+  if constexpr (VAR >= 2) {
+    fp8_pipelined<D, VAR == 2>(a, sm, wk, runs, st, full, empty, issued, bh, dq, dk0, dv0, info0, wg, tid,
+                     lane);
   } else {
     for (int n = 0; n < issued; n++) {
       const int b = n % NB;
@@ -286,7 +298,7 @@ __global__ void __launch_bounds__(256, 1) sta_fp8_fwd(const __grid_constant__ Fp
         fence_proxy_async();
         __syncthreads(); /* block n landed; the other buffer is free */
       }
-      if (wk.next(a, ks, kl)) {
+      if (wk.next(a, runs, ks, kl)) {
         const int b2 = issued % NB;
         if (ASYNC && issued >= NB) mbar_wait(&empty[b2], (issued / NB - 1) & 1);
         fp8_load_block<D, NB>(a, sm, b2, bh, ks, kl, tid);
@@ -307,6 +319,11 @@ __global__ void __launch_bounds__(256, 1) sta_fp8_fwd(const __grid_constant__ Fp
     }
   }
   cp_async_wait_all();
+  int64_t rows[2];
+  for (int i = 0; i < 2; i++) {
+    const int64_t r = q0 + wg * 64 + w * 16 + (lane >> 2) + 8 * i;
+    rows[i] = r < q1 ? r : -1;
+  }
   fp8_store<D>(a, st, bh, rows, lane & 3);
 }
 
@@ -321,7 +338,8 @@ template <int D, int VAR> sta_status launch_fp8(const Fp8Params &x, int64_t bh, 
 }
 
 template <int D> sta_status run_fp8(const Fp8Params &x, int64_t bh, int64_t n_items, int variant) {
-  return variant == 2   ? launch_fp8<D, 2>(x, bh, n_items)
+  return variant == 3   ? launch_fp8<D, 3>(x, bh, n_items)
+         : variant == 2 ? launch_fp8<D, 2>(x, bh, n_items)
          : variant == 1 ? launch_fp8<D, 1>(x, bh, n_items)
                         : launch_fp8<D, 0>(x, bh, n_items);
 }
