@@ -83,14 +83,19 @@ def kernel_times(fn, reps):
         for _ in range(reps):
             fn()
         torch.cuda.synchronize()
-    out = dict(prepass_ms=0.0, kernel_ms=0.0, other_ms=0.0)
+    out = dict(prepass_ms=0.0, kernel_ms=0.0, other_ms=0.0, by_kernel={})
     for e in prof.key_averages():
         us = getattr(e, "device_time_total", None)
         if us is None:
             us = getattr(e, "cuda_time_total", 0.0)
-        key = ("prepass_ms" if any(n in e.key for n in ("fp8_stats", "fp8_finish", "fp8_rows"))
-               else "kernel_ms" if "sta_fp8_fwd" in e.key else "other_ms")
+        if not us:
+            continue
+        names = ("fp8_stats", "fp8_finish", "fp8_rows", "sta_fp8_fwd")
+        short = next((n for n in names if n in e.key), e.key[:40])
+        key = ("prepass_ms" if short in names[:3]
+               else "kernel_ms" if short == "sta_fp8_fwd" else "other_ms")
         out[key] += us / 1e3 / reps
+        out["by_kernel"][short] = out["by_kernel"].get(short, 0.0) + us / 1e3 / reps
     return out
 
 
@@ -145,6 +150,12 @@ def bench(sta, names, reps, log, flex, variants):
         rows.append(row)
         del q, k, v, o, qh, kh, vh
         torch.cuda.empty_cache()
+    log("")
+    log("kernel times per call (ms, torch.profiler, variant %s): " % variants[0])
+    for r in rows:
+        if "by_kernel" in r:
+            log("  %s: %s" % (r["name"], ", ".join("%s %.2f" % kv for kv in
+                                                  sorted(r["by_kernel"].items()))))
     log("")
     log("ms: the better of two alternated runs (median of REPS each); TFLOP/s of the STA "
         "FLOPs; pre-pass and kernel: torch.profiler kernel times per call")

@@ -59,6 +59,7 @@ void params_init(sta::Fp8Params &x, const sta_attn_params *p, const sta_fp8_ops 
   x.qbpt = (x.vol + sta::FP8_BM - 1) / sta::FP8_BM;
   x.n_video_items = (int)((int64_t)p->grid[0] * p->grid[1] * p->grid[2] * x.qbpt);
   x.v_vec = x.R % 16 == 0;
+  x.has_pad = x.g.tiled_video != x.g.video_len;
   x.scale_log2 = p->scale * 1.4426950408889634f;
   x.scale = p->scale;
   for (int64_t h = 0; h < p->heads; h++)

@@ -28,6 +28,7 @@ struct Fp8Params {
   int vol, qbpt;           /* tile volume, query blocks per tile */
   int n_video_items;       /* tiles * qbpt; text query blocks after them */
   int v_vec;               /* R % 16 == 0: V by 16-byte copies where aligned */
+  int has_pad;             /* partial tiles: padding rows among the tiles' rows */
   float scale_log2, scale;
   int16_t win[3 * STA_MAX_HEADS]; /* min(K, C) per head and axis */
 };

@@ -8,7 +8,8 @@
 ** this thread's stream, a stream-ordered workspace of the chunks' partials:
 **   fp8_stats   a block per (batch * head, chunk of STA_FP8_CHUNK rows), a
 **               thread per channel: the keys' sum (double, row order), max
-**               and min, the amax of q (every query row) and of v (keys)
+**               and min, the amax of q (every query row) and of v (keys);
+**               the chunk's input rows looked up once, in shared memory
 **   fp8_finish  a thread per (batch * head, channel): the chunks in order;
 **               k_mean, the channel exponent, v_scale and 448 / amax of v
 **   fp8_rows    a block per (batch * head, 64 rows), a warp per row at a
@@ -42,24 +43,44 @@ __device__ __forceinline__ float ld(const char *base, int64_t off, const QuantAr
   return ld1(base + off * a.es, a.dt);
 }
 
+/* The chunk's input rows first, once per block (sta_fp8_source's integer
+** divisions, not per channel); then each thread's channel over them, the
+** loads of SU rows issued before their sums (which stay in row order). */
+constexpr int SU = 4;
 __global__ void fp8_stats(const __grid_constant__ QuantArgs a) {
+  __shared__ int srcs[STA_FP8_CHUNK];
   const int64_t bh = blockIdx.y, c = blockIdx.x, b = bh / a.heads, h = bh % a.heads;
   const int64_t r0 = c * STA_FP8_CHUNK, r1 = r0 + STA_FP8_CHUNK < a.R ? r0 + STA_FP8_CHUNK : a.R;
+  const int nr = (int)(r1 - r0);
+  const int64_t kend = a.g.keys_end - r0; /* rows i < kend are keys */
+  for (int i = threadIdx.x; i < nr; i += blockDim.x) srcs[i] = (int)sta_fp8_source(&a.g, r0 + i);
+  __syncthreads();
   for (int d = threadIdx.x; d < a.D; d += blockDim.x) {
     double s = 0;
     float mx = -INFINITY, mn = INFINITY, qa = 0.0f, va = 0.0f;
     long long n = 0;
-    for (int64_t r = r0; r < r1; r++) {
-      const int64_t src = sta_fp8_source(&a.g, r);
-      if (src < 0) continue;
-      qa = sta_amax_nan(qa, ld(a.q, b * a.q_sb + src * a.q_ss + h * a.q_sh + d, a));
-      if (r >= a.g.keys_end) continue;
-      n++;
-      const float kv = ld(a.k, b * a.k_sb + src * a.k_ss + h * a.k_sh + d, a);
-      s += (double)kv;
-      if (kv > mx) mx = kv;
-      if (kv < mn) mn = kv;
-      va = sta_amax_nan(va, ld(a.v, b * a.v_sb + src * a.v_ss + h * a.v_sh + d, a));
+    for (int i0 = 0; i0 < nr; i0 += SU) {
+      float qv[SU], kv[SU], vv[SU];
+#pragma unroll
+      for (int u = 0; u < SU; u++) {
+        const int i = i0 + u, src = i < nr ? srcs[i] : -1;
+        const bool key = src >= 0 && i < kend;
+        qv[u] = src >= 0 ? ld(a.q, b * a.q_sb + src * a.q_ss + h * a.q_sh + d, a) : 0.0f;
+        kv[u] = key ? ld(a.k, b * a.k_sb + src * a.k_ss + h * a.k_sh + d, a) : 0.0f;
+        vv[u] = key ? ld(a.v, b * a.v_sb + src * a.v_ss + h * a.v_sh + d, a) : 0.0f;
+      }
+#pragma unroll
+      for (int u = 0; u < SU; u++) {
+        const int i = i0 + u, src = i < nr ? srcs[i] : -1;
+        if (src < 0) continue;
+        qa = sta_amax_nan(qa, qv[u]);
+        if (i >= kend) continue;
+        n++;
+        s += (double)kv[u];
+        if (kv[u] > mx) mx = kv[u];
+        if (kv[u] < mn) mn = kv[u];
+        va = sta_amax_nan(va, vv[u]);
+      }
     }
     const int64_t i = (bh * a.nchunks + c) * a.D + d;
     a.psum[i] = s;
@@ -165,6 +186,14 @@ __global__ void fp8_rows(const __grid_constant__ QuantArgs a) {
   }
   __syncthreads();
   const int n = (int)(a.R - r0 < QROWS ? a.R - r0 : QROWS);
+  if (n == QROWS && a.R % 16 == 0) { /* 16-byte stores */
+    for (int x = threadIdx.x; x < 2 * D * (QROWS / 16); x += blockDim.x) {
+      const int pd = x / (QROWS / 16), c = x % (QROWS / 16);
+      *(uint4 *)(a.o.v8 + (bh * 2 * D + pd) * a.R + r0 + c * 16) =
+          *(const uint4 *)(vt + pd * QROWS + c * 16);
+    }
+    return;
+  }
   for (int x = threadIdx.x; x < 2 * D * QROWS; x += blockDim.x) {
     const int i = x % QROWS, pd = x / QROWS; /* pd = plane * D + d */
     if (i < n) a.o.v8[(bh * 2 * D + pd) * a.R + r0 + i] = vt[x];

@@ -84,7 +84,8 @@ struct Fp8Walk {
 /* Load key block (start, len) into buffer buf: K rows and V planes by
 ** cp.async (bytewise where V's rows are not 16-byte aligned), keys past
 ** len zero; the per-column (k_scale, 0) or (0, -inf) for keys that are not
-** keys (past len, padding rows of partial tiles). */
+** keys (past len, padding rows of partial tiles: looked up only where the
+** canvas has partial tiles). */
 template <int D, int NB>
 __device__ __forceinline__ void fp8_load_block(const Fp8Params &a, unsigned char *sm, int buf,
                                                int64_t bh, int64_t start, int len, int tid) {
@@ -110,12 +111,13 @@ __device__ __forceinline__ void fp8_load_block(const Fp8Params &a, unsigned char
       *(uint4 *)dst = make_uint4(w[0], w[1], w[2], w[3]);
     }
   }
-  if (tid < FP8_BK) {
+  if (tid < FP8_BK) { /* k_scale by cp.async too: a plain load would stall here */
     const int kp = fp8_col_key(tid);
-    float2 ki = make_float2(0.0f, -INFINITY);
-    if (kp < len && sta_fp8_source(&a.g, start + kp) >= 0)
-      ki = make_float2(a.k_scale[bh * a.R + start + kp], 0.0f);
-    ((float2 *)(sm + L::INFO))[buf * FP8_BK + tid] = ki;
+    const int64_t r = start + kp;
+    const bool ok = kp < len && (!a.has_pad || r >= a.g.tiled_video || sta_fp8_source(&a.g, r) >= 0);
+    float *ki = (float *)(sm + L::INFO) + 2 * (buf * FP8_BK + tid);
+    cp_async4(smem_u32(ki), ok ? a.k_scale + bh * a.R + r : a.k_scale, ok ? 4 : 0);
+    ki[1] = ok ? 0.0f : -INFINITY;
   }
 }
 
