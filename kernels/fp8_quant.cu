@@ -46,7 +46,7 @@ __device__ __forceinline__ float ld(const char *base, int64_t off, const QuantAr
 /* The chunk's input rows first, once per block (sta_fp8_source's integer
 ** divisions, not per channel); then each thread's channel over them, the
 ** loads of SU rows issued before their sums (which stay in row order). */
-constexpr int SU = 4;
+constexpr int SU = 8;
 __global__ void fp8_stats(const __grid_constant__ QuantArgs a) {
   __shared__ int srcs[STA_FP8_CHUNK];
   const int64_t bh = blockIdx.y, c = blockIdx.x, b = bh / a.heads, h = bh % a.heads;
@@ -144,11 +144,15 @@ __global__ void fp8_rows(const __grid_constant__ QuantArgs a) {
   float *xs = (float *)(smem + ((2 * D * QROWS + 15) & ~15)) + w * D;
   const int8_t *eq = a.o.eq + bh * D;
   const float *mean = a.o.k_mean + bh * D, *vinv = a.vinv + bh * D;
+  __shared__ int rsrc[QROWS]; /* the rows' input rows, looked up once */
+  if (threadIdx.x < QROWS && r0 + threadIdx.x < a.R)
+    rsrc[threadIdx.x] = (int)sta_fp8_source(&a.g, r0 + threadIdx.x);
+  __syncthreads();
   for (int i = w; i < QROWS; i += QWARPS) {
     const int64_t r = r0 + i, row = bh * a.R + r;
     if (r >= a.R) break;
     int8_t *q8 = a.o.q8 + row * D, *k8 = a.o.k8 + row * D;
-    const int64_t src = sta_fp8_source(&a.g, r);
+    const int64_t src = rsrc[i];
     const bool key = src >= 0 && r < a.g.keys_end;
     if (src < 0) {
       for (int d = lane; d < D; d += 32) q8[d] = 0;
@@ -159,6 +163,7 @@ __global__ void fp8_rows(const __grid_constant__ QuantArgs a) {
       quantize_row(xs, eq, nullptr, 1, D, lane, q8, &a.o.q_scale[row]);
       if (lane == 0) {
         double bias = 0;
+#pragma unroll 16
         for (int d = 0; d < D; d++) bias += (double)xs[d] * (double)mean[d];
         a.o.q_bias[row] = (float)bias;
       }
