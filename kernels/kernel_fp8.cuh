@@ -184,7 +184,8 @@ __device__ __forceinline__ void fp8_pipelined(const Fp8Params &a, unsigned char 
   pack_p(sacc, pa);
   int64_t ks;
   int kl;
-  for (int n = 0; n < issued; n++) {
+  int n = 0;
+  for (;; n++) { /* no wgmma under a branch: the last block's P V after the loop */
     if (wk.next(a, runs, ks, kl)) {
       const int b2 = issued % 3;
       if (issued >= 3) mbar_wait(&empty[b2], (issued / 3 - 1) & 1);
@@ -192,40 +193,43 @@ __device__ __forceinline__ void fp8_pipelined(const Fp8Params &a, unsigned char 
       issued++;
     }
     cp_async_commit();
-    const bool more = n + 1 < issued;
+    if (n + 1 >= issued) break;
     const int bn = (n + 1) % 3;
-    if (more) {
-      cp_async_wait_1(); /* this thread's loads of block n + 1 */
-      fence_proxy_async();
-      mbar_arrive(&full[bn]);
-      mbar_wait(&full[bn], ((n + 1) / 3) & 1);
-      fence_proxy_async();
-    }
-    float ob[D / 2];
+    cp_async_wait_1(); /* this thread's loads of block n + 1 */
+    fence_proxy_async();
+    mbar_arrive(&full[bn]);
+    mbar_wait(&full[bn], ((n + 1) / 3) & 1);
+    fence_proxy_async();
+    float ob[D / 2]; /* fresh each block (scale-d 0): nothing carried */
     bar_named(1 + wg, 256);
-    if (more) issue_s<D>(sacc, dq, dk0 + bn * KSTEP);
+    issue_s<D>(sacc, dq, dk0 + bn * KSTEP);
     issue_pv<D>(ob, pa, dv0 + (n % 3) * VSTEP, 1);
-    if (wg == 0 || more) bar_arrive_named(2 - wg, 256); /* warpgroup 1's last turn: none */
-    if (OVERLAP && more) {
+    bar_arrive_named(2 - wg, 256); /* not the last turn of either */
+    if (OVERLAP) {
       sta_wgmma::wait<1>();
       sta_wgmma::pin_i<64>(sacc);
       fp8_softmax<D>(st, sacc, al2, info0 + bn * (FP8_BK / 2), lane & 3);
     }
     sta_wgmma::wait<0>();
     sta_wgmma::pin<D / 2>(ob);
+    sta_wgmma::pin_i<64>(sacc);
     sta_wgmma::pin_r<16>(&pa[0][0]);
     add_pv<D>(st, ob, al);
     mbar_arrive(&empty[n % 3]);
-    if (!OVERLAP && more) {
-      sta_wgmma::pin_i<64>(sacc);
-      fp8_softmax<D>(st, sacc, al2, info0 + bn * (FP8_BK / 2), lane & 3);
-    }
-    if (more) {
-      pack_p(sacc, pa);
-      al[0] = al2[0];
-      al[1] = al2[1];
-    }
+    if (!OVERLAP) fp8_softmax<D>(st, sacc, al2, info0 + bn * (FP8_BK / 2), lane & 3);
+    pack_p(sacc, pa);
+    al[0] = al2[0];
+    al[1] = al2[1];
   }
+  float ob[D / 2];
+  bar_named(1 + wg, 256); /* block n, the last: its P V alone */
+  issue_pv<D>(ob, pa, dv0 + (n % 3) * VSTEP, 1);
+  if (wg == 0) bar_arrive_named(2, 256); /* warpgroup 1's last turn: no arrival */
+  sta_wgmma::wait<0>();
+  sta_wgmma::pin<D / 2>(ob);
+  sta_wgmma::pin_r<16>(&pa[0][0]);
+  add_pv<D>(st, ob, al);
+  mbar_arrive(&empty[n % 3]);
 }
 
 /* ASYNC 0: all threads load the next block while both warpgroups compute
