@@ -81,19 +81,6 @@ struct Fp8Walk {
   }
 };
 
-/* Whether row r < tiled_video of the tiled order holds a token (not a
-** padding place of a partial tile): sta_tiled_token's test in 32-bit
-** arithmetic (rows < 2^30: fp8_api.cu's limit). */
-__device__ __forceinline__ bool fp8_video_key(const sta_fp8_geom &g, int r) {
-  const int tv = g.tile[0] * g.tile[1] * g.tile[2], id = r / tv, in = r % tv;
-  const int it = id / (g.grid[1] * g.grid[2]), ih = (id / g.grid[2]) % g.grid[1],
-            iw = id % g.grid[2];
-  const int lt = in / (g.tile[1] * g.tile[2]), lh = (in / g.tile[2]) % g.tile[1],
-            lw = in % g.tile[2];
-  return it * g.tile[0] + lt < g.canvas[0] && ih * g.tile[1] + lh < g.canvas[1] &&
-         iw * g.tile[2] + lw < g.canvas[2];
-}
-
 /* Load key block (start, len) into buffer buf: K rows and V planes by
 ** cp.async (bytewise where V's rows are not 16-byte aligned), keys past
 ** len zero; the per-column (k_scale, 0) or (0, -inf) for keys that are not
@@ -127,7 +114,7 @@ __device__ __forceinline__ void fp8_load_block(const Fp8Params &a, unsigned char
   if (tid < FP8_BK) { /* k_scale by cp.async too: a plain load would stall here */
     const int kp = fp8_col_key(tid);
     const int64_t r = start + kp;
-    const bool ok = kp < len && (!a.has_pad || r >= a.g.tiled_video || fp8_video_key(a.g, (int)r));
+    const bool ok = kp < len && (!a.has_pad || fp8_source(a.g, (int)r) >= 0);
     float *ki = (float *)(sm + L::INFO) + 2 * (buf * FP8_BK + tid);
     cp_async4(smem_u32(ki), ok ? a.k_scale + bh * a.R + r : a.k_scale, ok ? 4 : 0);
     ki[1] = ok ? 0.0f : -INFINITY;

@@ -30,6 +30,19 @@ namespace sta {
 #define STA_FP8_TWO_LEVEL 1
 #endif
 
+/* sta_fp8_source (core/internal.h) in 32-bit arithmetic (rows < 2^30:
+** fp8_api.cu's limit; its 64-bit divisions cost about 1000 instructions):
+** the input row of quantized row r, or -1 for a padding place. */
+__device__ __forceinline__ int fp8_source(const sta_fp8_geom &g, int r) {
+  if (r >= g.tiled_video) return r - (int)g.tiled_video + (int)g.video_rows;
+  const int tv = g.tile[0] * g.tile[1] * g.tile[2], id = r / tv, in = r % tv;
+  const int t = id / (g.grid[1] * g.grid[2]) * g.tile[0] + in / (g.tile[1] * g.tile[2]);
+  const int h = (id / g.grid[2]) % g.grid[1] * g.tile[1] + (in / g.tile[2]) % g.tile[1];
+  const int w = id % g.grid[2] * g.tile[2] + in % g.tile[2];
+  if (t >= g.canvas[0] || h >= g.canvas[1] || w >= g.canvas[2]) return -1;
+  return g.tiled ? r : (t * g.canvas[1] + h) * g.canvas[2] + w;
+}
+
 /* e4m3 codes of (lo, hi) in the low and high byte. */
 __device__ __forceinline__ uint32_t e4m3x2(float lo, float hi) {
   uint16_t r;
@@ -193,7 +206,7 @@ __device__ __forceinline__ void fp8_store(const Fp8Params &a, Fp8Rows<D> &st, in
 #pragma unroll
   for (int i = 0; i < 2; i++) {
     if (rows[i] < 0) continue;
-    int64_t src = sta_fp8_source(&a.g, rows[i]);
+    int64_t src = fp8_source(a.g, (int)rows[i]);
     const bool pad = src < 0;
     if (pad && !a.g.tiled) continue; /* a place of the untiled order's padded tiles */
     if (pad) src = rows[i];
