@@ -35,7 +35,7 @@ struct Fp8Params {
 
 /* The kernel over x's items (n_items x bh CTAs) on this thread's stream
 ** (kernel_fp8.cuh; instantiated in fp8_api.cu); variant: STA_FP8_VARIANT
-** (1: the mbarrier-decoupled warpgroups, else the lockstep first version). */
+** (0: the lockstep first version, else the mbarrier-decoupled warpgroups). */
 template <int D>
 sta_status run_fp8(const Fp8Params &x, int64_t bh, int64_t n_items, int variant);
 

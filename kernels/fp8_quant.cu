@@ -4,7 +4,7 @@
 ** core/cpu_fp8.c's sta_cpu_fp8_quantize writes (spec/test_gpu_fp8.c
 ** compares them).  Every rounding goes through internal.h's STA_HD
 ** helpers, which the host shares; the sums whose order matters (the keys'
-** channel sums, q . k_mean) run in the host's order.  Three launches on
+** channel sums, q . k_mean) run in the host's order.  Four launches on
 ** this thread's stream, a stream-ordered workspace of the chunks' partials:
 **   fp8_stats   a block per (batch * head, chunk of STA_FP8_CHUNK rows), a
 **               thread per channel: the keys' sum (double, row order), max
@@ -13,10 +13,12 @@
 **   fp8_finish  a thread per (batch * head, channel): the chunks in order;
 **               k_mean, the channel exponent, v_scale and 448 / amax of v
 **   fp8_rows    a block per (batch * head, 64 rows), a warp per row at a
-**               time: q8 and k8 (int8, the row's amax by warp reduction),
-**               the row scales, q . k_mean (lane 0, channel order); V_hi and
-**               V_lo staged in shared memory and stored transposed, 64
-**               rows of a channel at once
+**               time, its q, k, v loaded into registers at once: q8 and k8
+**               (int8, the row's amax by warp reduction), the row scales;
+**               V_hi and V_lo staged in shared memory and stored
+**               transposed, 64 rows of a channel at once
+**   fp8_bias    a thread per (batch * head, row): q . k_mean (double,
+**               channel order)
 ** Padding rows and the k, v of rows that are never keys are written as 0.
 */
 #include "ops.cuh"
@@ -116,32 +118,41 @@ __global__ void fp8_finish(const __grid_constant__ QuantArgs a, int64_t n) {
   a.vinv[x] = sta_fp8_inv(448.0f, va);
 }
 
-/* The int8 codes of the row in xs (x = xs[d] * 2^(sgn * eq[d]) after
-** subtracting sub[d] when sub is given) and its scale. */
-__device__ void quantize_row(const float *xs, const int8_t *eq, const float *sub, int sgn,
-                             int D, int lane, int8_t *code, float *scale) {
-  float m = 0.0f;
-  for (int d = lane; d < D; d += 32) {
-    const float x = sta_fmul(sub ? xs[d] - sub[d] : xs[d], sta_pow2f(sgn * eq[d]));
-    m = sta_amax_nan(m, x);
+constexpr int QJMAX = 8; /* channels per lane: D <= 32 * QJMAX */
+
+/* The int8 codes and scale of a row held in registers, channel d = lane +
+** 32 j in x[j]: y = (x - sub[d]) * 2^(sgn * eq[d]) (sub: NULL for none),
+** amax over the row (warp shuffles; order-free), code = rint(y * inv). */
+template <int QJ>
+__device__ __forceinline__ void quantize_row(const float *x, const int8_t *eq, const float *sub,
+                                             int sgn, int D, int lane, int8_t *code,
+                                             float *scale) {
+  float y[QJ], m = 0.0f;
+#pragma unroll
+  for (int j = 0; j < QJ; j++) {
+    const int d = lane + 32 * j;
+    y[j] = d < D ? sta_fmul(sub ? x[j] - sub[d] : x[j], sta_pow2f(sgn * eq[d])) : 0.0f;
+    if (d < D) m = sta_amax_nan(m, y[j]);
   }
   for (int o = 16; o > 0; o >>= 1) m = sta_amax_nan(m, __shfl_xor_sync(0xffffffffu, m, o));
   const float inv = sta_fp8_inv(127.0f, m);
-  for (int d = lane; d < D; d += 32) {
-    const float x = sta_fmul(sub ? xs[d] - sub[d] : xs[d], sta_pow2f(sgn * eq[d]));
-    code[d] = sta_f32_to_i8(sta_fmul(x, inv));
+#pragma unroll
+  for (int j = 0; j < QJ; j++) {
+    const int d = lane + 32 * j;
+    if (d < D) code[d] = sta_f32_to_i8(sta_fmul(y[j], inv));
   }
   if (lane == 0) *scale = m / 127.0f;
 }
 
-/* Dynamic shared memory: the V planes [2][D][QROWS] bytes, then a row of
-** floats per warp. */
-__global__ void fp8_rows(const __grid_constant__ QuantArgs a) {
+/* Dynamic shared memory: the V planes [2][D][QROWS] bytes.  A warp per row
+** at a time, the row's q, k and v loaded into registers at once (QJ per
+** lane: D <= 32 QJ). */
+template <int QJ>
+__global__ void __launch_bounds__(QWARPS * 32, QJ <= 4 ? 3 : 1) fp8_rows(const __grid_constant__ QuantArgs a) {
   extern __shared__ __align__(16) unsigned char smem[];
   const int D = a.D, lane = threadIdx.x & 31, w = threadIdx.x >> 5;
   const int64_t bh = blockIdx.y, b = bh / a.heads, h = bh % a.heads, r0 = (int64_t)blockIdx.x * QROWS;
   uint8_t *vt = smem;
-  float *xs = (float *)(smem + ((2 * D * QROWS + 15) & ~15)) + w * D;
   const int8_t *eq = a.o.eq + bh * D;
   const float *mean = a.o.k_mean + bh * D, *vinv = a.vinv + bh * D;
   __shared__ int rsrc[QROWS]; /* the rows' input rows, looked up once */
@@ -154,20 +165,19 @@ __global__ void fp8_rows(const __grid_constant__ QuantArgs a) {
     int8_t *q8 = a.o.q8 + row * D, *k8 = a.o.k8 + row * D;
     const int64_t src = rsrc[i];
     const bool key = src >= 0 && r < a.g.keys_end;
+    float xq[QJ], xk[QJ], xv[QJ];
+#pragma unroll
+    for (int j = 0; j < QJ; j++) {
+      const int d = lane + 32 * j;
+      xq[j] = src >= 0 && d < D ? ld(a.q, b * a.q_sb + src * a.q_ss + h * a.q_sh + d, a) : 0.0f;
+      xk[j] = key && d < D ? ld(a.k, b * a.k_sb + src * a.k_ss + h * a.k_sh + d, a) : 0.0f;
+      xv[j] = key && d < D ? ld(a.v, b * a.v_sb + src * a.v_ss + h * a.v_sh + d, a) : 0.0f;
+    }
     if (src < 0) {
       for (int d = lane; d < D; d += 32) q8[d] = 0;
-      if (lane == 0) { a.o.q_scale[row] = 0.0f; a.o.q_bias[row] = 0.0f; }
+      if (lane == 0) a.o.q_scale[row] = 0.0f;
     } else {
-      for (int d = lane; d < D; d += 32) xs[d] = ld(a.q, b * a.q_sb + src * a.q_ss + h * a.q_sh + d, a);
-      __syncwarp();
-      quantize_row(xs, eq, nullptr, 1, D, lane, q8, &a.o.q_scale[row]);
-      if (lane == 0) {
-        double bias = 0;
-#pragma unroll 16
-        for (int d = 0; d < D; d++) bias += (double)xs[d] * (double)mean[d];
-        a.o.q_bias[row] = (float)bias;
-      }
-      __syncwarp();
+      quantize_row<QJ>(xq, eq, nullptr, 1, D, lane, q8, &a.o.q_scale[row]);
     }
     if (!key) {
       for (int d = lane; d < D; d += 32) {
@@ -178,12 +188,12 @@ __global__ void fp8_rows(const __grid_constant__ QuantArgs a) {
       if (lane == 0) a.o.k_scale[row] = 0.0f;
       continue;
     }
-    for (int d = lane; d < D; d += 32) xs[d] = ld(a.k, b * a.k_sb + src * a.k_ss + h * a.k_sh + d, a);
-    __syncwarp();
-    quantize_row(xs, eq, mean, -1, D, lane, k8, &a.o.k_scale[row]);
-    __syncwarp();
-    for (int d = lane; d < D; d += 32) {
-      const float y = sta_fmul(ld(a.v, b * a.v_sb + src * a.v_ss + h * a.v_sh + d, a), vinv[d]);
+    quantize_row<QJ>(xk, eq, mean, -1, D, lane, k8, &a.o.k_scale[row]);
+#pragma unroll
+    for (int j = 0; j < QJ; j++) {
+      const int d = lane + 32 * j;
+      if (d >= D) continue;
+      const float y = sta_fmul(xv[j], vinv[d]);
       const uint8_t hi = sta_f32_to_e4m3(y);
       vt[d * QROWS + i] = hi;
       vt[(D + d) * QROWS + i] = sta_f32_to_e4m3(y - sta_e4m3_to_f32(hi));
@@ -205,6 +215,25 @@ __global__ void fp8_rows(const __grid_constant__ QuantArgs a) {
   }
 }
 
+/* q_bias = q . k_mean in double, channel order (the host's), a thread per
+** (batch * head, row): the sum's chain off fp8_rows' warps; 0 for padding. */
+__global__ void fp8_bias(const __grid_constant__ QuantArgs a, int64_t n) {
+  const int64_t x = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+  if (x >= n) return;
+  const int64_t bh = x / a.R, r = x % a.R, b = bh / a.heads, h = bh % a.heads;
+  const int64_t src = sta_fp8_source(&a.g, r);
+  if (src < 0) {
+    a.o.q_bias[x] = 0.0f;
+    return;
+  }
+  const float *mean = a.o.k_mean + bh * a.D;
+  const char *q = a.q + (b * a.q_sb + src * a.q_ss + h * a.q_sh) * a.es;
+  double bias = 0;
+#pragma unroll 8
+  for (int d = 0; d < a.D; d++) bias += (double)ld1(q + (int64_t)d * a.es, a.dt) * (double)mean[d];
+  a.o.q_bias[x] = (float)bias;
+}
+
 struct DequantArgs {
   float *dst;
   const uint8_t *x8;
@@ -224,6 +253,7 @@ __global__ void fp8_dequant(const __grid_constant__ DequantArgs a) {
   a.dst[b * a.bd.sb + s * a.bd.ss + h * a.bd.sh + d * a.bd.sd] =
       f * a.sc[b * a.sc_st[0] + h * a.sc_st[1] + (a.per_row ? s : d) * a.sc_st[2]];
 }
+
 
 } /* namespace */
 
@@ -261,6 +291,9 @@ sta_status sta_cuda_fp8_quantize(const sta_attn_params *p, const sta_fp8_ops *o)
   if (bh > 65535)
     return sta_error(STA_ERR_UNSUPPORTED, "fp8 quantize: %lld batch x heads (at most 65535)",
                      (long long)bh);
+  if (a.D > 32 * QJMAX)
+    return sta_error(STA_ERR_UNSUPPORTED, "fp8 quantize: head_dim %d (at most %d)", a.D,
+                     32 * QJMAX);
   const size_t part = (size_t)(bh * a.nchunks * a.D);
   const size_t bytes = part * (sizeof(double) + 4 * sizeof(float)) +
                        (size_t)(bh * a.nchunks) * sizeof(long long) + (size_t)(bh * a.D) * sizeof(float);
@@ -279,14 +312,17 @@ sta_status sta_cuda_fp8_quantize(const sta_attn_params *p, const sta_fp8_ops *o)
   fp8_stats<<<dim3((unsigned)a.nchunks, (unsigned)bh), threads, 0, sm>>>(a);
   const int64_t n = bh * a.D;
   fp8_finish<<<(unsigned)((n + 255) / 256), 256, 0, sm>>>(a, n);
-  const size_t shm = (((size_t)2 * a.D * QROWS + 15) & ~(size_t)15) + (size_t)QWARPS * a.D * sizeof(float);
+  const size_t shm = (size_t)2 * a.D * QROWS;
   sta_status s = STA_OK;
+  void (*rows)(QuantArgs) = a.D <= 64 ? fp8_rows<2> : a.D <= 128 ? fp8_rows<4> : fp8_rows<QJMAX>;
   if (shm > 48 * 1024 &&
-      (e = cudaFuncSetAttribute(fp8_rows, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                (int)shm)) != cudaSuccess)
+      (e = cudaFuncSetAttribute(rows, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)shm)) !=
+          cudaSuccess)
     s = sta_cuda_fail(e, "fp8 quantize: shared memory");
   if (s == STA_OK) {
-    fp8_rows<<<dim3((unsigned)((a.R + QROWS - 1) / QROWS), (unsigned)bh), QWARPS * 32, shm, sm>>>(a);
+    rows<<<dim3((unsigned)((a.R + QROWS - 1) / QROWS), (unsigned)bh), QWARPS * 32, shm, sm>>>(a);
+    const int64_t nr = bh * a.R;
+    fp8_bias<<<(unsigned)((nr + 255) / 256), 256, 0, sm>>>(a, nr);
     if ((e = cudaGetLastError()) != cudaSuccess) s = sta_cuda_fail(e, "fp8 quantize: kernel launch");
   }
   e = cudaFreeAsync(ws, sm);

@@ -151,97 +151,16 @@ __device__ __forceinline__ void fp8_item(const Fp8Params &a, int64_t item, int h
   }
 }
 
-/* Variants 2 and 3: variant 1's buffers and mbarriers, S(n+1) issued with
-** P V(n) in one turn, the two warpgroups taking turns to issue (named
-** barriers 1 and 2: warpgroup 0 first), so that one's softmax runs under
-** the other's GEMMs.  OVERLAP (variant 2): the softmax of S(n+1) also runs
-** while this warpgroup's P V(n) is on the tensor cores (more registers
-** live: O, P V(n)'s fresh accumulator, S/P, P's fragments); variant 3
-** waits for both first.  Blocks 0 and 1 are issued and block 0 marked by
-** the caller. */
-template <int D, bool OVERLAP>
-__device__ __forceinline__ void fp8_pipelined(const Fp8Params &a, unsigned char *sm, Fp8Walk &wk,
-                                              const Fp8Runs &runs,
-                                              Fp8Rows<D> &st, uint64_t *full, uint64_t *empty,
-                                              int issued, int64_t bh, uint32_t dq, uint32_t dk0,
-                                              uint32_t dv0, const float4 *info0, int wg, int tid,
-                                              int lane) {
-  using L = Fp8Smem<D, 3>;
-  constexpr uint32_t KSTEP = L::KB >> 4, VSTEP = L::VB >> 4;
-  if (issued == 0) return;
-  int32_t sacc[64]; /* S, then P (fp8_softmax) */
-  float al[2], al2[2];
-  uint32_t pa[4][4];
-  if (wg == 1) bar_arrive_named(1, 256); /* warpgroup 0 goes first */
-  mbar_wait(&full[0], 0);
-  fence_proxy_async();
-  bar_named(1 + wg, 256);
-  issue_s<D>(sacc, dq, dk0);
-  bar_arrive_named(2 - wg, 256); /* not the last turn of either */
-  sta_wgmma::wait<0>();
-  sta_wgmma::pin_i<64>(sacc);
-  fp8_softmax<D>(st, sacc, al, info0, lane & 3);
-  pack_p(sacc, pa);
-  int64_t ks;
-  int kl;
-  int n = 0;
-  for (;; n++) { /* no wgmma under a branch: the last block's P V after the loop */
-    if (wk.next(a, runs, ks, kl)) {
-      const int b2 = issued % 3;
-      if (issued >= 3) mbar_wait(&empty[b2], (issued / 3 - 1) & 1);
-      fp8_load_block<D, 3>(a, sm, b2, bh, ks, kl, tid);
-      issued++;
-    }
-    cp_async_commit();
-    if (n + 1 >= issued) break;
-    const int bn = (n + 1) % 3;
-    cp_async_wait_1(); /* this thread's loads of block n + 1 */
-    fence_proxy_async();
-    mbar_arrive(&full[bn]);
-    mbar_wait(&full[bn], ((n + 1) / 3) & 1);
-    fence_proxy_async();
-    float ob[D / 2]; /* fresh each block (scale-d 0): nothing carried */
-    bar_named(1 + wg, 256);
-    issue_s<D>(sacc, dq, dk0 + bn * KSTEP);
-    issue_pv<D>(ob, pa, dv0 + (n % 3) * VSTEP, 1);
-    bar_arrive_named(2 - wg, 256); /* not the last turn of either */
-    if (OVERLAP) {
-      sta_wgmma::wait<1>();
-      sta_wgmma::pin_i<64>(sacc);
-      fp8_softmax<D>(st, sacc, al2, info0 + bn * (FP8_BK / 2), lane & 3);
-    }
-    sta_wgmma::wait<0>();
-    sta_wgmma::pin<D / 2>(ob);
-    sta_wgmma::pin_i<64>(sacc);
-    sta_wgmma::pin_r<16>(&pa[0][0]);
-    add_pv<D>(st, ob, al);
-    mbar_arrive(&empty[n % 3]);
-    if (!OVERLAP) fp8_softmax<D>(st, sacc, al2, info0 + bn * (FP8_BK / 2), lane & 3);
-    pack_p(sacc, pa);
-    al[0] = al2[0];
-    al[1] = al2[1];
-  }
-  float ob[D / 2];
-  bar_named(1 + wg, 256); /* block n, the last: its P V alone */
-  issue_pv<D>(ob, pa, dv0 + (n % 3) * VSTEP, 1);
-  if (wg == 0) bar_arrive_named(2, 256); /* warpgroup 1's last turn: no arrival */
-  sta_wgmma::wait<0>();
-  sta_wgmma::pin<D / 2>(ob);
-  sta_wgmma::pin_r<16>(&pa[0][0]);
-  add_pv<D>(st, ob, al);
-  mbar_arrive(&empty[n % 3]);
-}
-
-/* ASYNC 0: all threads load the next block while both warpgroups compute
-** this one, a __syncthreads per block (the warpgroups in lockstep).
-** ASYNC 1 (STA_FP8_VARIANT=1): three buffers and mbarriers (full: every
+/* VAR 0 (STA_FP8_VARIANT=0): all threads load the next block while both
+** warpgroups compute this one, a __syncthreads per block (the warpgroups
+** in lockstep).  VAR 1 (the default): three buffers and mbarriers (full: every
 ** thread's loads of a block landed; empty: every thread done with it), so
 ** the warpgroups drift apart by up to a block and one's softmax can run
 ** under the other's GEMMs; a thread issues block n+2, then marks its own
 ** loads of n+1 complete, then computes n. */
 template <int D, int VAR>
 __global__ void __launch_bounds__(256, 1) sta_fp8_fwd(const __grid_constant__ Fp8Params a) {
-  constexpr bool ASYNC = VAR > 0; /* VAR 2, 3: fp8_pipelined */
+  constexpr bool ASYNC = VAR > 0;
   constexpr int NB = ASYNC ? 3 : 2;
   using L = Fp8Smem<D, NB>;
   extern __shared__ unsigned char fp8_smem_raw[];
@@ -293,36 +212,31 @@ __global__ void __launch_bounds__(256, 1) sta_fp8_fwd(const __grid_constant__ Fp
   const uint32_t dk0 = sdesc_lo(sm + L::K, 16), dv0 = sdesc_lo(sm + L::V, 16);
   const float4 *info0 = (const float4 *)(sm + L::INFO);
   constexpr uint32_t KSTEP = L::KB >> 4, VSTEP = L::VB >> 4;
-  if constexpr (VAR >= 2) {
-    fp8_pipelined<D, VAR == 2>(a, sm, wk, runs, st, full, empty, issued, bh, dq, dk0, dv0, info0, wg, tid,
-                     lane);
-  } else {
-    for (int n = 0; n < issued; n++) {
-      const int b = n % NB;
-      if (!ASYNC) {
-        cp_async_wait_all();
-        fence_proxy_async();
-        __syncthreads(); /* block n landed; the other buffer is free */
-      }
-      if (wk.next(a, runs, ks, kl)) {
-        const int b2 = issued % NB;
-        if (ASYNC && issued >= NB) mbar_wait(&empty[b2], (issued / NB - 1) & 1);
-        fp8_load_block<D, NB>(a, sm, b2, bh, ks, kl, tid);
-        issued++;
-      }
-      cp_async_commit();
-      if (ASYNC) {
-        if (n + 1 < issued) {
-          cp_async_wait_1(); /* this thread's loads of block n + 1 */
-          fence_proxy_async();
-          mbar_arrive(&full[(n + 1) % NB]);
-        }
-        mbar_wait(&full[b], (n / NB) & 1);
-        fence_proxy_async();
-      }
-      fp8_block<D>(st, dq, dk0 + b * KSTEP, dv0 + b * VSTEP, info0 + b * (FP8_BK / 2), lane & 3);
-      if (ASYNC) mbar_arrive(&empty[b]);
+  for (int n = 0; n < issued; n++) {
+    const int b = n % NB;
+    if (!ASYNC) {
+      cp_async_wait_all();
+      fence_proxy_async();
+      __syncthreads(); /* block n landed; the other buffer is free */
     }
+    if (wk.next(a, runs, ks, kl)) {
+      const int b2 = issued % NB;
+      if (ASYNC && issued >= NB) mbar_wait(&empty[b2], (issued / NB - 1) & 1);
+      fp8_load_block<D, NB>(a, sm, b2, bh, ks, kl, tid);
+      issued++;
+    }
+    cp_async_commit();
+    if (ASYNC) {
+      if (n + 1 < issued) {
+        cp_async_wait_1(); /* this thread's loads of block n + 1 */
+        fence_proxy_async();
+        mbar_arrive(&full[(n + 1) % NB]);
+      }
+      mbar_wait(&full[b], (n / NB) & 1);
+      fence_proxy_async();
+    }
+    fp8_block<D>(st, dq, dk0 + b * KSTEP, dv0 + b * VSTEP, info0 + b * (FP8_BK / 2), lane & 3);
+    if (ASYNC) mbar_arrive(&empty[b]);
   }
   cp_async_wait_all();
   int64_t rows[2];
@@ -344,10 +258,7 @@ template <int D, int VAR> sta_status launch_fp8(const Fp8Params &x, int64_t bh, 
 }
 
 template <int D> sta_status run_fp8(const Fp8Params &x, int64_t bh, int64_t n_items, int variant) {
-  return variant == 3   ? launch_fp8<D, 3>(x, bh, n_items)
-         : variant == 2 ? launch_fp8<D, 2>(x, bh, n_items)
-         : variant == 1 ? launch_fp8<D, 1>(x, bh, n_items)
-                        : launch_fp8<D, 0>(x, bh, n_items);
+  return variant == 0 ? launch_fp8<D, 0>(x, bh, n_items) : launch_fp8<D, 1>(x, bh, n_items);
 }
 
 } /* namespace sta */
