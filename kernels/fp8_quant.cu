@@ -39,6 +39,7 @@ struct QuantArgs {
   float *pmax, *pmin, *pqam, *pvam; /* [BH][nchunks][D] */
   long long *pcount; /* [BH][nchunks] */
   float *vinv;   /* [BH][D] */
+  int heads_fast; /* grid x counts batch * head (else rows) */
 };
 
 __device__ __forceinline__ float ld(const char *base, int64_t off, const QuantArgs &a) {
@@ -51,7 +52,8 @@ __device__ __forceinline__ float ld(const char *base, int64_t off, const QuantAr
 constexpr int SU = 8;
 __global__ void fp8_stats(const __grid_constant__ QuantArgs a) {
   __shared__ int srcs[STA_FP8_CHUNK];
-  const int64_t bh = blockIdx.y, c = blockIdx.x, b = bh / a.heads, h = bh % a.heads;
+  const int64_t bh = a.heads_fast ? blockIdx.x : blockIdx.y,
+                c = a.heads_fast ? blockIdx.y : blockIdx.x, b = bh / a.heads, h = bh % a.heads;
   const int64_t r0 = c * STA_FP8_CHUNK, r1 = r0 + STA_FP8_CHUNK < a.R ? r0 + STA_FP8_CHUNK : a.R;
   const int nr = (int)(r1 - r0);
   const int64_t kend = a.g.keys_end - r0; /* rows i < kend are keys */
@@ -151,7 +153,8 @@ template <int QJ>
 __global__ void __launch_bounds__(QWARPS * 32, QJ <= 4 ? 3 : 1) fp8_rows(const __grid_constant__ QuantArgs a) {
   extern __shared__ __align__(16) unsigned char smem[];
   const int D = a.D, lane = threadIdx.x & 31, w = threadIdx.x >> 5;
-  const int64_t bh = blockIdx.y, b = bh / a.heads, h = bh % a.heads, r0 = (int64_t)blockIdx.x * QROWS;
+  const int64_t bh = a.heads_fast ? blockIdx.x : blockIdx.y, b = bh / a.heads, h = bh % a.heads,
+                r0 = (int64_t)(a.heads_fast ? blockIdx.y : blockIdx.x) * QROWS;
   uint8_t *vt = smem;
   const int8_t *eq = a.o.eq + bh * D;
   const float *mean = a.o.k_mean + bh * D, *vinv = a.vinv + bh * D;
@@ -309,7 +312,13 @@ sta_status sta_cuda_fp8_quantize(const sta_attn_params *p, const sta_fp8_ops *o)
   a.pvam = a.pqam + part;
   a.vinv = a.pvam + part;
   const int threads = a.D < 256 ? ((a.D + 31) / 32) * 32 : 256;
-  fp8_stats<<<dim3((unsigned)a.nchunks, (unsigned)bh), threads, 0, sm>>>(a);
+  /* heads adjacent in memory (BSHD): blocks of the same rows and
+  ** neighbouring heads run together (grid x), not one head's chunks */
+  const int64_t nrb = (a.R + QROWS - 1) / QROWS;
+  a.heads_fast = p->q_sh < p->q_ss && nrb <= 65535;
+  fp8_stats<<<a.heads_fast ? dim3((unsigned)bh, (unsigned)a.nchunks)
+                           : dim3((unsigned)a.nchunks, (unsigned)bh),
+              threads, 0, sm>>>(a);
   const int64_t n = bh * a.D;
   fp8_finish<<<(unsigned)((n + 255) / 256), 256, 0, sm>>>(a, n);
   const size_t shm = (size_t)2 * a.D * QROWS;
@@ -320,7 +329,8 @@ sta_status sta_cuda_fp8_quantize(const sta_attn_params *p, const sta_fp8_ops *o)
           cudaSuccess)
     s = sta_cuda_fail(e, "fp8 quantize: shared memory");
   if (s == STA_OK) {
-    rows<<<dim3((unsigned)((a.R + QROWS - 1) / QROWS), (unsigned)bh), QWARPS * 32, shm, sm>>>(a);
+    rows<<<a.heads_fast ? dim3((unsigned)bh, (unsigned)nrb) : dim3((unsigned)nrb, (unsigned)bh),
+           QWARPS * 32, shm, sm>>>(a);
     const int64_t nr = bh * a.R;
     fp8_bias<<<(unsigned)((nr + 255) / 256), 256, 0, sm>>>(a, nr);
     if ((e = cudaGetLastError()) != cudaSuccess) s = sta_cuda_fail(e, "fp8 quantize: kernel launch");
