@@ -75,7 +75,7 @@ def gemm_ceiling(reps, log):
 
 def kernel_times(fn, reps):
     """ms per call of fn's CUDA kernels by kind: the pre-pass (fp8_stats,
-    fp8_finish, fp8_rows), the attention kernel, the rest."""
+    fp8_finish, fp8_rows, fp8_bias), the attention kernel, the rest."""
     from torch.profiler import ProfilerActivity, profile
     fn()
     torch.cuda.synchronize()
@@ -90,9 +90,9 @@ def kernel_times(fn, reps):
             us = getattr(e, "cuda_time_total", 0.0)
         if not us:
             continue
-        names = ("fp8_stats", "fp8_finish", "fp8_rows", "sta_fp8_fwd")
+        names = ("fp8_stats", "fp8_finish", "fp8_rows", "fp8_bias", "sta_fp8_fwd")
         short = next((n for n in names if n in e.key), e.key[:40])
-        key = ("prepass_ms" if short in names[:3]
+        key = ("prepass_ms" if short in names[:4]
                else "kernel_ms" if short == "sta_fp8_fwd" else "other_ms")
         out[key] += us / 1e3 / reps
         out["by_kernel"][short] = out["by_kernel"].get(short, 0.0) + us / 1e3 / reps
