@@ -58,6 +58,7 @@ STA_F32, STA_F16, STA_BF16 = 0, 1, 2
 STA_CPU, STA_CUDA = 0, 1
 STA_BSHD, STA_BHSD = 0, 1
 STA_SOFTMAX_EXACT, STA_SOFTMAX_FAST = 0, 1
+STA_PRECISION_NATIVE, STA_PRECISION_FP8 = 0, 1
 SOFTMAX = {"exact": STA_SOFTMAX_EXACT, "fast": STA_SOFTMAX_FAST}
 DT = {torch.bfloat16: STA_BF16, torch.float16: STA_F16, torch.float32: STA_F32}
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -123,7 +124,8 @@ class Sta:
             raise RuntimeError("sta_tensor_wrap: %s" % self.lib.sta_last_error().decode())
         return h
 
-    def forward(self, g, q, k, v, o, lse=None, layout=STA_BSHD, softmax=STA_SOFTMAX_EXACT):
+    def forward(self, g, q, k, v, o, lse=None, layout=STA_BSHD, softmax=STA_SOFTMAX_EXACT,
+                precision=STA_PRECISION_NATIVE):
         """q, k, v, o: torch tensors in layout; g: dict geometry."""
         wins = g["windows"]
         w = (C.c_int32 * len(wins))(*wins)
@@ -136,6 +138,7 @@ class Sta:
         d.windows = C.cast(w, C.POINTER(C.c_int32))
         d.scale = g.get("scale", 0.0)
         d.softmax = softmax
+        d.precision = precision
         hs = [self.wrap(t) for t in (q, k, v, o)] + [self.wrap(lse) if lse is not None else None]
         rc = self.lib.sta_attention_forward(C.byref(d), *hs)
         for h in hs:

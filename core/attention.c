@@ -262,19 +262,29 @@ sta_status sta_attn_run(const sta_attn_params *p, sta_device device) {
   return be->attention_fp8 ? be->attention_fp8(p) : fp8_unsupported(device);
 }
 
-/* f32 [B, S, heads, D] (in desc's layout, contiguous) of x8 * scale: rows
-** scaled by rs ([B, heads, S]) or channels by cs ([B, heads, D]). */
+/* f32 [B, S, heads, D] (in desc's layout, contiguous, on x8's device) of
+** x8 * scale: rows scaled by rs ([B, heads, S]) or channels by cs ([B,
+** heads, D]); on a device by sta_cuda_fp8_dequantize. */
 static sta_status dequantize(sta_tensor **out, sta_layout layout, const sta_tensor *x8,
                              const sta_bshd *bx, const sta_tensor *rs, const sta_tensor *cs) {
   sta_tensor *t = NULL;
   sta_bshd bt;
-  sta_status rc = sta_tensor_create(&t, STA_F32, STA_CPU, 4, x8->shape);
+  const sta_device dev = x8->storage->device;
+  sta_status rc = sta_tensor_create(&t, STA_F32, dev, 4, x8->shape);
   if (rc == STA_OK) rc = sta_tensor_bshd(t, layout, "dequantized", &bt);
   if (rc != STA_OK) { sta_tensor_destroy(t); return rc; }
   const uint8_t *x = sta_tensor_data(x8);
   const float *sc = sta_tensor_data(rs ? rs : cs);
   const int64_t *ss = (rs ? rs : cs)->stride;
   float *o = sta_tensor_data(t);
+  if (dev != STA_CPU) {
+    if ((rc = sta_cuda_fp8_dequantize(o, &bt, x, bx, sc, ss, rs != NULL)) != STA_OK) {
+      sta_tensor_destroy(t);
+      return rc;
+    }
+    *out = t;
+    return STA_OK;
+  }
   for (int64_t b = 0; b < bx->b; b++)
     for (int64_t s = 0; s < bx->s; s++)
       for (int64_t h = 0; h < bx->h; h++) {
@@ -342,12 +352,12 @@ sta_status sta_attention_forward_fp8(const sta_attention_desc *desc, const sta_t
   sta_attn_params p; /* the forward's checks: geometry, windows, lse, the backend */
   if ((rc = resolve(desc, q8, k8, v8, NULL, lse, &p, 1, 1)) != STA_OK) return rc;
   free((void *)p.windows);
-  if (dev != STA_CPU) return fp8_unsupported(dev);
+  if (dev != STA_CPU && !sta_backend_get(dev)->attention_fp8) return fp8_unsupported(dev);
   sta_tensor *t[4] = {NULL, NULL, NULL, NULL};
   for (int i = 0; i < 3 && (rc = dequantize(&t[i], desc->layout, x8[i], &b[i],
                                             i < 2 ? sc[i] : NULL, i < 2 ? NULL : sc[i])) == STA_OK;
        i++) {}
-  if (rc == STA_OK) rc = sta_tensor_create(&t[3], STA_F32, STA_CPU, 4, out->shape);
+  if (rc == STA_OK) rc = sta_tensor_create(&t[3], STA_F32, dev, 4, out->shape);
   if (rc == STA_OK) rc = sta_attention_forward(desc, t[0], t[1], t[2], t[3], lse);
   if (rc == STA_OK) rc = sta_tensor_copy(out, t[3]);
   for (int i = 0; i < 4; i++) sta_tensor_destroy(t[i]);

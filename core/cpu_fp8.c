@@ -267,4 +267,10 @@ sta_status sta_cuda_fp8_quantize(const sta_attn_params *p, const sta_fp8_ops *o)
   (void)p; (void)o;
   return sta_error(STA_ERR_BACKEND, "st attn not supported");
 }
+sta_status sta_cuda_fp8_dequantize(float *dst, const sta_bshd *bd, const uint8_t *x8,
+                                   const sta_bshd *bx, const float *sc, const int64_t sc_st[3],
+                                   int per_row) {
+  (void)dst; (void)bd; (void)x8; (void)bx; (void)sc; (void)sc_st; (void)per_row;
+  return sta_error(STA_ERR_BACKEND, "st attn not supported");
+}
 #endif

@@ -570,6 +570,13 @@ sta_status sta_cpu_fp8_attention(const sta_attn_params *p);
 /* The pre-pass on the device (kernels/fp8_quant.cu): o's buffers device
 ** memory of sta_fp8_ops_alloc's sizes; on this thread's stream. */
 sta_status sta_cuda_fp8_quantize(const sta_attn_params *p, const sta_fp8_ops *o);
+/* dst = x8 * scale on the device (kernels/fp8_quant.cu; what core/attention.c's
+** dequantize does on the host): x8 e4m3 and dst f32 of the sizes and element
+** strides bx, bd (data pointers at element 0); sc [B, heads, S] (per_row)
+** or [B, heads, D], element strides sc_st; on this thread's stream. */
+sta_status sta_cuda_fp8_dequantize(float *dst, const sta_bshd *bd, const uint8_t *x8,
+                                   const sta_bshd *bx, const float *sc, const int64_t sc_st[3],
+                                   int per_row);
 
 /* ---- files (fileio.c) ------------------------------------------------------ */
 

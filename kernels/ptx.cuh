@@ -26,6 +26,11 @@ __device__ __forceinline__ void cp_async16(uint32_t dst, const void *src,
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst),
                "l"(src), "r"(nbytes));
 }
+/* 4 bytes from src into shared dst (4-byte aligned); nbytes 0 zero-fills. */
+__device__ __forceinline__ void cp_async4(uint32_t dst, const void *src, int nbytes) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(dst), "l"(src),
+               "r"(nbytes));
+}
 __device__ __forceinline__ void cp_async_commit() {
   asm volatile("cp.async.commit_group;\n" ::);
 }

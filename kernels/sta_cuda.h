@@ -33,6 +33,9 @@ sta_status sta_cuda_stats(const sta_tensor *t, sta_stats *out);
 
 /* The STA forward on device tensors (kernels/fwd_api.cu). */
 sta_status sta_cuda_attention(const sta_attn_params *p);
+/* The same at STA_PRECISION_FP8 (kernels/fp8_api.cu): the quantize
+** pre-pass, then the fp8 kernel. */
+sta_status sta_cuda_attention_fp8(const sta_attn_params *p);
 
 /* A CUtensorMap (m, 64-byte aligned) of a [B, S, heads, D] operand with
 ** 64-column boxes and the 128-byte swizzle (tma_map.h's tma_encode, for C

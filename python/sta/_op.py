@@ -466,7 +466,7 @@ def attention(q, k, v, *, canvas, window, tile=(6, 8, 8), text_len=None, layout=
     precision: "native" (the inputs' dtype, float32 accumulation) or "fp8"
     (opt-in, never chosen for you: Q, K, V quantized to 8 bits by sta.h's
     scheme, rel L2 about 3e-2; on the CPU an emulation for tests, on CUDA
-    UnsupportedError until the fp8 kernel lands; no backward).
+    the sm_90a fp8 kernel; no backward).
 
     Returns out (torch-allocated, q's shape, dtype, device), and with
     return_lse=True also lse, float32 [B, heads, S] (natural log).

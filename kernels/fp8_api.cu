@@ -1,0 +1,123 @@
+/*
+** fp8_api.cu -- the fp8 forward on device tensors (sta_cuda_attention_fp8,
+** sta_cuda.h; the backend's attention_fp8): the CUDA backend's limits, the
+** quantize pre-pass (fp8_quant.cu) into a stream-ordered workspace, the
+** kernel's argument (built only here) and the head dim dispatch (the
+** kernel writes the tiled order's padding rows itself, any dtype); the
+** kernel is kernel_fp8.cuh.  What it computes is core/cpu_fp8.c's
+** reference up to the order and width of its sums.
+*/
+#include <stdlib.h>
+#include <string.h>
+
+#include "kernel_fp8.cuh"
+
+namespace {
+
+/* Device buffers of o in one allocation (sta_fp8_ops_alloc's sizes, each
+** 256-byte aligned); *ws to free. */
+sta_status ops_alloc(sta_fp8_ops *o, void **ws, int64_t batch, int64_t heads, int64_t rows,
+                     int64_t D, cudaStream_t sm) {
+  const size_t bh = (size_t)(batch * heads), r = (size_t)rows, d = (size_t)D;
+  const size_t n[9] = {bh * r * d, bh * r * d, bh * 2 * d * r, 4 * bh * r, 4 * bh * r,
+                       4 * bh * r, 4 * bh * d, 4 * bh * d, bh * d};
+  size_t off[9], total = 0;
+  for (int i = 0; i < 9; i++) {
+    off[i] = total;
+    total += (n[i] + 255) & ~(size_t)255;
+  }
+  cudaError_t e = cudaMallocAsync(ws, total, sm);
+  if (e != cudaSuccess) return sta_cuda_fail(e, "fp8 attention: operand workspace");
+  char *b = (char *)*ws;
+  memset(o, 0, sizeof *o);
+  o->batch = batch; o->heads = heads; o->rows = rows; o->head_dim = D;
+  o->q8 = (int8_t *)(b + off[0]);
+  o->k8 = (int8_t *)(b + off[1]);
+  o->v8 = (uint8_t *)(b + off[2]);
+  o->q_scale = (float *)(b + off[3]);
+  o->k_scale = (float *)(b + off[4]);
+  o->q_bias = (float *)(b + off[5]);
+  o->k_mean = (float *)(b + off[6]);
+  o->v_scale = (float *)(b + off[7]);
+  o->eq = (int8_t *)(b + off[8]);
+  return STA_OK;
+}
+
+void params_init(sta::Fp8Params &x, const sta_attn_params *p, const sta_fp8_ops &o) {
+  memset(&x, 0, sizeof x);
+  x.q8 = o.q8; x.k8 = o.k8; x.v8 = o.v8;
+  x.q_scale = o.q_scale; x.k_scale = o.k_scale; x.q_bias = o.q_bias; x.v_scale = o.v_scale;
+  x.o = p->o;
+  x.lse = p->lse;
+  x.o_sb = p->o_sb; x.o_ss = p->o_ss; x.o_sh = p->o_sh;
+  x.lse_sb = p->lse_sb; x.lse_sh = p->lse_sh; x.lse_ss = p->lse_ss;
+  sta_fp8_geom_init(&x.g, p);
+  x.R = x.g.rows;
+  x.heads = (int)p->heads;
+  x.out_dt = (int)p->dtype;
+  x.vol = p->tile[0] * p->tile[1] * p->tile[2];
+  x.qbpt = (x.vol + sta::FP8_BM - 1) / sta::FP8_BM;
+  x.n_video_items = (int)((int64_t)p->grid[0] * p->grid[1] * p->grid[2] * x.qbpt);
+  x.v_vec = x.R % 16 == 0;
+  x.has_pad = x.g.tiled_video != x.g.video_len;
+  x.scale_log2 = p->scale * 1.4426950408889634f;
+  x.scale = p->scale;
+  for (int64_t h = 0; h < p->heads; h++)
+    for (int ax = 0; ax < 3; ax++) {
+      const int k = p->windows[3 * h + ax], c = p->grid[ax];
+      x.win[3 * h + ax] = (int16_t)(k < c ? k : c);
+    }
+}
+
+} /* namespace */
+
+sta_status sta_cuda_attention_fp8(const sta_attn_params *p) {
+  if (p->dtype != STA_BF16 && p->dtype != STA_F16 && p->dtype != STA_F32)
+    return sta_error(STA_ERR_DTYPE,
+                     "attention: dtype %s not supported by the fp8 forward on cuda (use bf16, "
+                     "f16 or f32)", sta_dtype_name(p->dtype));
+  if (p->head_dim != 64 && p->head_dim != 128)
+    return sta_error(STA_ERR_UNSUPPORTED,
+                     "attention: head_dim %lld not supported on cuda (64 or 128)",
+                     (long long)p->head_dim);
+  if (p->heads > STA_MAX_HEADS)
+    return sta_error(STA_ERR_UNSUPPORTED, "attention: %lld heads exceed the CUDA backend's %d",
+                     (long long)p->heads, STA_MAX_HEADS);
+  if (p->seq_len > 0x3fffffff)
+    return sta_error(STA_ERR_UNSUPPORTED, "attention: seq_len %lld too long for the CUDA backend",
+                     (long long)p->seq_len);
+  if (p->batch * p->heads > 65535)
+    return sta_error(STA_ERR_UNSUPPORTED,
+                     "attention: batch x heads %lld exceeds the fp8 kernel's 65535",
+                     (long long)(p->batch * p->heads));
+  if (p->batch == 0 || p->heads == 0 || p->seq_len == 0) return STA_OK;
+  sta_fp8_geom g;
+  sta_fp8_geom_init(&g, p);
+  if (g.rows > 0x3fffffff)
+    return sta_error(STA_ERR_UNSUPPORTED, "attention: %lld padded rows too many for the fp8 kernel",
+                     (long long)g.rows);
+  cudaStream_t sm = sta_cuda_stream();
+  sta_fp8_ops o;
+  void *ws = NULL;
+  sta_status s = ops_alloc(&o, &ws, p->batch, p->heads, g.rows, p->head_dim, sm);
+  if (s != STA_OK) return s;
+  s = sta_cuda_fp8_quantize(p, &o);
+  if (s == STA_OK) {
+    /* about 7 KB: off the stack */
+    sta::Fp8Params *x = (sta::Fp8Params *)malloc(sizeof(sta::Fp8Params));
+    if (!x) s = sta_error(STA_ERR_NOMEM, "attention: out of host memory");
+    else {
+      params_init(*x, p, o);
+      const int64_t bh = p->batch * p->heads;
+      const int64_t items = x->n_video_items + (g.rows - g.tiled_video + sta::FP8_BM - 1) / sta::FP8_BM;
+      const char *v = getenv("STA_FP8_VARIANT"); /* read per call: tests, benchmarks */
+      const int var = v && *v ? atoi(v) : 1; /* 1, the default: measured 4 % faster */
+      s = p->head_dim == 128 ? sta::run_fp8<128>(*x, bh, items, var)
+                             : sta::run_fp8<64>(*x, bh, items, var);
+      free(x);
+    }
+  }
+  const cudaError_t e = cudaFreeAsync(ws, sm);
+  if (e != cudaSuccess && s == STA_OK) s = sta_cuda_fail(e, "fp8 attention: freeing the workspace");
+  return s;
+}

@@ -1,0 +1,44 @@
+/*
+** fp8_params.h -- the fp8 forward kernel's one argument (Fp8Params), built
+** by fp8_api.cu alone from the core's resolved problem and the quantize
+** pre-pass's device buffers (core/internal.h, sta_fp8_ops), and the entry
+** to each head dim's kernel.  Host and device; nvcc only.
+*/
+#ifndef STA_FP8_PARAMS_H
+#define STA_FP8_PARAMS_H
+
+#include "params.h" /* STA_MAX_HEADS */
+
+namespace sta {
+
+constexpr int FP8_BM = 128; /* query rows per CTA: two consumer warpgroups */
+constexpr int FP8_BK = 128; /* keys per block */
+
+struct Fp8Params {
+  const int8_t *q8, *k8;   /* [B*H][R][D] */
+  const uint8_t *v8;       /* [B*H][2][D][R] */
+  const float *q_scale, *k_scale, *q_bias; /* [B*H][R] */
+  const float *v_scale;    /* [B*H][D] */
+  void *o;                 /* out_dt, the caller's strides */
+  float *lse;              /* NULL: not asked for */
+  int64_t o_sb, o_ss, o_sh, lse_sb, lse_sh, lse_ss;
+  sta_fp8_geom g;
+  int64_t R;               /* g.rows */
+  int heads, out_dt;       /* STA_BF16, STA_F16 or STA_F32 */
+  int vol, qbpt;           /* tile volume, query blocks per tile */
+  int n_video_items;       /* tiles * qbpt; text query blocks after them */
+  int v_vec;               /* R % 16 == 0: V by 16-byte copies where aligned */
+  int has_pad;             /* partial tiles: padding rows among the tiles' rows */
+  float scale_log2, scale;
+  int16_t win[3 * STA_MAX_HEADS]; /* min(K, C) per head and axis */
+};
+
+/* The kernel over x's items (n_items x bh CTAs) on this thread's stream
+** (kernel_fp8.cuh; instantiated in fp8_api.cu); variant: STA_FP8_VARIANT
+** (0: the lockstep first version, else the mbarrier-decoupled warpgroups). */
+template <int D>
+sta_status run_fp8(const Fp8Params &x, int64_t bh, int64_t n_items, int variant);
+
+} /* namespace sta */
+
+#endif

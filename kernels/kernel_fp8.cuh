@@ -1,0 +1,266 @@
+/*
+** kernel_fp8.cuh -- sta_fp8_fwd, the fp8 forward kernel (sm_90a) over the
+** quantize pre-pass's operands (core/internal.h, sta_fp8_ops; rows in the
+** tiled order, so every query and key block is a run of rows).  One CTA
+** per work item (FP8_BM query rows of a query tile, or of the text rows)
+** and (batch, head): two consumer warpgroups of 64 rows; all 256 threads
+** load the next key block by cp.async into the other of two buffers while
+** the warpgroups compute this one (mainloop_fp8.cuh).  A first, plain
+** version: no producer warpgroup, TMA or persistence yet.
+**
+** Shared tiles are rows of 128 bytes (D 64 fills the first half), 16-byte
+** chunk c of row r at c ^ (r & 7): mma.cuh's 128-byte swizzle.  V planes
+** are rows of d, 128 keys each (K-major B of the PV GEMM).  K rows are
+** permuted within 32-key chunks (fp8_col_key) so that a thread's S
+** accumulators are its 8-bit A fragment of P: no byte shuffles.
+*/
+#ifndef STA_KERNEL_FP8_CUH
+#define STA_KERNEL_FP8_CUH
+
+#include "mainloop_fp8.cuh"
+
+namespace sta {
+
+/* NB buffers of a key block each (K rows, both V planes, the keys' info),
+** Q, and (ASYNC) NB full and NB empty mbarriers. */
+template <int D, int NB> struct Fp8Smem {
+  static constexpr int Q = 0;                      /* FP8_BM rows */
+  static constexpr int KB = FP8_BK * 128;          /* one K buffer */
+  static constexpr int VB = 2 * D * 128;           /* one V buffer: 2 planes */
+  static constexpr int K = Q + FP8_BM * 128;
+  static constexpr int V = K + NB * KB;
+  static constexpr int INFO = V + NB * VB;         /* float2 per key and buffer */
+  static constexpr int BAR = INFO + NB * FP8_BK * 8;
+  static constexpr int RUNS = BAR + 2 * NB * 8;     /* Fp8Runs */
+  static constexpr int BYTES = RUNS + 32;
+};
+
+/* The key (within its block) that S column / K row c holds: in each
+** 32-key chunk, a thread's accumulator columns 2t, 2t+1, 8+2t, 9+2t (and
+** 16 more) hold keys 4t..4t+3 (and 16 more), its A fragment's k order. */
+__device__ __forceinline__ int fp8_col_key(int c) {
+  const int cc = c & 15;
+  return (c & ~15) + 4 * ((cc >> 1) & 3) + 2 * (cc >> 3) + (cc & 1);
+}
+
+/* The key blocks of one item: runs of key rows (a window's rows of tiles
+** along w, then the text keys; text queries: every row below keys_end),
+** each cut into blocks of FP8_BK.  The runs (Fp8Runs) are in shared
+** memory, written once; every thread walks them with its own cursor
+** (Fp8Walk: the same blocks in the same order, at its own pace). */
+struct Fp8Runs {
+  int lo[3], cnt[3], nruns, text_item;
+};
+struct Fp8Walk {
+  int64_t pos; /* offset in the current run */
+  int ri;
+  __device__ static void run(const Fp8Params &a, const Fp8Runs &r, int i, int64_t &start,
+                             int64_t &len) {
+    if (r.text_item) { start = 0; len = a.g.keys_end; return; }
+    if (i < r.cnt[0] * r.cnt[1]) {
+      const int t = r.lo[0] + i / r.cnt[1], hh = r.lo[1] + i % r.cnt[1];
+      start = (((int64_t)t * a.g.grid[1] + hh) * a.g.grid[2] + r.lo[2]) * a.vol;
+      len = (int64_t)r.cnt[2] * a.vol;
+      return;
+    }
+    start = a.g.tiled_video;
+    len = a.g.keys_end - a.g.tiled_video;
+  }
+  __device__ bool next(const Fp8Params &a, const Fp8Runs &r, int64_t &start, int &len) {
+    for (; ri < r.nruns; ri++, pos = 0) {
+      int64_t s, n;
+      run(a, r, ri, s, n);
+      if (pos < n) {
+        start = s + pos;
+        len = (int)(n - pos < FP8_BK ? n - pos : FP8_BK);
+        pos += FP8_BK;
+        return true;
+      }
+    }
+    return false;
+  }
+};
+
+/* Load key block (start, len) into buffer buf: K rows and V planes by
+** cp.async (bytewise where V's rows are not 16-byte aligned), keys past
+** len zero; the per-column (k_scale, 0) or (0, -inf) for keys that are not
+** keys (past len, padding rows of partial tiles: looked up only where the
+** canvas has partial tiles). */
+template <int D, int NB>
+__device__ __forceinline__ void fp8_load_block(const Fp8Params &a, unsigned char *sm, int buf,
+                                               int64_t bh, int64_t start, int len, int tid) {
+  using L = Fp8Smem<D, NB>;
+  unsigned char *sk = sm + L::K + buf * L::KB, *sv = sm + L::V + buf * L::VB;
+  const int8_t *k8 = a.k8 + (bh * a.R + start) * D;
+  for (int x = tid; x < FP8_BK * (D / 16); x += 256) {
+    const int c = x / (D / 16), ch = x % (D / 16), kp = fp8_col_key(c);
+    cp_async16(smem_u32(sk + c * 128 + ((ch ^ (c & 7)) << 4)), kp < len ? k8 + kp * D + ch * 16 : a.k8,
+               kp < len ? 16 : 0);
+  }
+  const uint8_t *v8 = a.v8 + bh * 2 * D * a.R + start;
+  const bool vec = a.v_vec && (start & 15) == 0;
+  for (int x = tid; x < 2 * D * 8; x += 256) {
+    const int r = x >> 3, ch = x & 7, n = len - ch * 16; /* r = plane * D + d */
+    const uint8_t *src = v8 + (int64_t)r * a.R + ch * 16;
+    unsigned char *dst = sv + r * 128 + ((ch ^ (r & 7)) << 4);
+    if (vec) {
+      cp_async16(smem_u32(dst), n > 0 ? src : a.v8, n <= 0 ? 0 : n < 16 ? n : 16);
+    } else {
+      uint32_t w[4] = {0, 0, 0, 0};
+      for (int e = 0; e < 16 && e < n; e++) w[e >> 2] |= (uint32_t)src[e] << (8 * (e & 3));
+      *(uint4 *)dst = make_uint4(w[0], w[1], w[2], w[3]);
+    }
+  }
+  if (tid < FP8_BK) { /* k_scale by cp.async too: a plain load would stall here */
+    const int kp = fp8_col_key(tid);
+    const int64_t r = start + kp;
+    const bool ok = kp < len && (!a.has_pad || fp8_source(a.g, (int)r) >= 0);
+    float *ki = (float *)(sm + L::INFO) + 2 * (buf * FP8_BK + tid);
+    cp_async4(smem_u32(ki), ok ? a.k_scale + bh * a.R + r : a.k_scale, ok ? 4 : 0);
+    ki[1] = ok ? 0.0f : -INFINITY;
+  }
+}
+
+/* The item's query rows [q0, q1) and its key runs (wk: written by thread 0
+** only, read after a barrier). */
+__device__ __forceinline__ void fp8_item(const Fp8Params &a, int64_t item, int h, Fp8Runs &wk,
+                                         int64_t &q0, int64_t &q1, int tid) {
+  if (item < a.n_video_items) {
+    const int64_t tq = item / a.qbpt;
+    q0 = tq * a.vol + (item % a.qbpt) * FP8_BM;
+    q1 = q0 + FP8_BM < (tq + 1) * a.vol ? q0 + FP8_BM : (tq + 1) * a.vol;
+    if (tid) return;
+    const int tc[3] = {(int)(tq / ((int64_t)a.g.grid[1] * a.g.grid[2])),
+                       (int)((tq / a.g.grid[2]) % a.g.grid[1]), (int)(tq % a.g.grid[2])};
+#pragma unroll
+    for (int ax = 0; ax < 3; ax++) {
+      const int k = a.win[3 * h + ax], c = a.g.grid[ax];
+      int s = tc[ax] - k / 2;
+      s = s < 0 ? 0 : s > c - k ? c - k : s;
+      wk.lo[ax] = k >= c ? 0 : s;
+      wk.cnt[ax] = k >= c ? c : k;
+    }
+    wk.text_item = 0;
+    wk.nruns = wk.cnt[0] * wk.cnt[1] + (a.g.keys_end > a.g.tiled_video ? 1 : 0);
+  } else {
+    q0 = a.g.tiled_video + (item - a.n_video_items) * FP8_BM;
+    q1 = q0 + FP8_BM < a.R ? q0 + FP8_BM : a.R;
+    if (tid) return;
+    wk.text_item = 1;
+    wk.nruns = 1;
+  }
+}
+
+/* VAR 0 (STA_FP8_VARIANT=0): all threads load the next block while both
+** warpgroups compute this one, a __syncthreads per block (the warpgroups
+** in lockstep).  VAR 1 (the default): three buffers and mbarriers (full: every
+** thread's loads of a block landed; empty: every thread done with it), so
+** the warpgroups drift apart by up to a block and one's softmax can run
+** under the other's GEMMs; a thread issues block n+2, then marks its own
+** loads of n+1 complete, then computes n. */
+template <int D, int VAR>
+__global__ void __launch_bounds__(256, 1) sta_fp8_fwd(const __grid_constant__ Fp8Params a) {
+  constexpr bool ASYNC = VAR > 0;
+  constexpr int NB = ASYNC ? 3 : 2;
+  using L = Fp8Smem<D, NB>;
+  extern __shared__ unsigned char fp8_smem_raw[];
+  unsigned char *sm = (unsigned char *)(((uintptr_t)fp8_smem_raw + 1023) & ~(uintptr_t)1023);
+  const int tid = threadIdx.x, wg = tid >> 7, lane = tid & 31, w = (tid >> 5) & 3;
+  const int64_t bh = blockIdx.y;
+  Fp8Runs &runs = *(Fp8Runs *)(sm + L::RUNS);
+  Fp8Walk wk = {0, 0};
+  int64_t q0, q1;
+  fp8_item(a, blockIdx.x, (int)(bh % a.heads), runs, q0, q1, tid);
+  uint64_t *full = (uint64_t *)(sm + L::BAR), *empty = full + NB;
+  if (ASYNC && tid == 0)
+    for (int b = 0; b < NB; b++) {
+      mbar_init(&full[b], 256);
+      mbar_init(&empty[b], 256);
+    }
+  __syncthreads(); /* runs, barriers */
+  /* Q, then the first key block(s) */
+  for (int x = tid; x < FP8_BM * (D / 16); x += 256) {
+    const int r = x / (D / 16), ch = x % (D / 16);
+    const bool ok = q0 + r < a.R;
+    cp_async16(smem_u32(sm + L::Q + r * 128 + ((ch ^ (r & 7)) << 4)),
+               ok ? a.q8 + (bh * a.R + q0 + r) * D + ch * 16 : a.q8, ok ? 16 : 0);
+  }
+  int64_t ks;
+  int kl, issued = 0;
+  for (int p = 0; p < NB - 1; p++) {
+    if (wk.next(a, runs, ks, kl)) {
+      fp8_load_block<D, NB>(a, sm, p, bh, ks, kl, tid);
+      issued++;
+    }
+    cp_async_commit();
+  }
+  if (ASYNC && issued > 0) {
+    cp_async_wait_1(); /* Q and block 0 */
+    fence_proxy_async();
+    mbar_arrive(&full[0]);
+  }
+  Fp8Rows<D> st;
+  for (int i = 0; i < 2; i++) {
+    const int64_t r = q0 + wg * 64 + w * 16 + (lane >> 2) + 8 * i;
+    st.qsc[i] = r < a.R ? a.q_scale[bh * a.R + r] * a.scale_log2 : 0.0f;
+    st.m[i] = -INFINITY;
+    st.l[i] = 0.0f;
+  }
+#pragma unroll
+  for (int x = 0; x < D / 2; x++) st.o[x] = 0.0f;
+  const uint32_t dq = sdesc_lo(sm + L::Q + wg * 64 * 128, 16);
+  const uint32_t dk0 = sdesc_lo(sm + L::K, 16), dv0 = sdesc_lo(sm + L::V, 16);
+  const float4 *info0 = (const float4 *)(sm + L::INFO);
+  constexpr uint32_t KSTEP = L::KB >> 4, VSTEP = L::VB >> 4;
+  for (int n = 0; n < issued; n++) {
+    const int b = n % NB;
+    if (!ASYNC) {
+      cp_async_wait_all();
+      fence_proxy_async();
+      __syncthreads(); /* block n landed; the other buffer is free */
+    }
+    if (wk.next(a, runs, ks, kl)) {
+      const int b2 = issued % NB;
+      if (ASYNC && issued >= NB) mbar_wait(&empty[b2], (issued / NB - 1) & 1);
+      fp8_load_block<D, NB>(a, sm, b2, bh, ks, kl, tid);
+      issued++;
+    }
+    cp_async_commit();
+    if (ASYNC) {
+      if (n + 1 < issued) {
+        cp_async_wait_1(); /* this thread's loads of block n + 1 */
+        fence_proxy_async();
+        mbar_arrive(&full[(n + 1) % NB]);
+      }
+      mbar_wait(&full[b], (n / NB) & 1);
+      fence_proxy_async();
+    }
+    fp8_block<D>(st, dq, dk0 + b * KSTEP, dv0 + b * VSTEP, info0 + b * (FP8_BK / 2), lane & 3);
+    if (ASYNC) mbar_arrive(&empty[b]);
+  }
+  cp_async_wait_all();
+  int64_t rows[2];
+  for (int i = 0; i < 2; i++) {
+    const int64_t r = q0 + wg * 64 + w * 16 + (lane >> 2) + 8 * i;
+    rows[i] = r < q1 ? r : -1;
+  }
+  fp8_store<D>(a, st, bh, rows, lane & 3);
+}
+
+template <int D, int VAR> sta_status launch_fp8(const Fp8Params &x, int64_t bh, int64_t n_items) {
+  const int smem = Fp8Smem<D, (VAR > 0 ? 3 : 2)>::BYTES + 1024;
+  cudaError_t e = cudaFuncSetAttribute(sta_fp8_fwd<D, VAR>,
+                                       cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+  if (e != cudaSuccess) return sta_cuda_fail(e, "fp8 attention: shared memory");
+  sta_fp8_fwd<D, VAR><<<dim3((unsigned)n_items, (unsigned)bh), 256, smem, sta_cuda_stream()>>>(x);
+  e = cudaGetLastError();
+  return e == cudaSuccess ? STA_OK : sta_cuda_fail(e, "fp8 attention: kernel launch");
+}
+
+template <int D> sta_status run_fp8(const Fp8Params &x, int64_t bh, int64_t n_items, int variant) {
+  return variant == 0 ? launch_fp8<D, 0>(x, bh, n_items) : launch_fp8<D, 1>(x, bh, n_items);
+}
+
+} /* namespace sta */
+
+#endif
