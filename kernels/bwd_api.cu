@@ -48,13 +48,12 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "args_common.h"
 #include "bwd_params.h"
 
 namespace {
 
 using namespace sta;
-
-int aligned16(const void *p) { return ((uintptr_t)p & 15) == 0; }
 
 /* TMA maps of Q and dO where the geometry and strides allow them (as the
 ** forward's setup_tma): 8x8 tiles in h and w, 16-byte rows, heads fused
@@ -101,25 +100,12 @@ sta_status sta_cuda_attention_backward(const sta_attn_params *p) {
   if (!xp) return sta_error(STA_ERR_NOMEM, "backward: out of host memory");
   memset(xp, 0, sizeof *xp);
   BwdArgs &x = *xp;
-  x.q = p->q; x.k = p->k; x.v = p->v; x.dout = p->dout;
+  common_args_init(x, p);
+  x.dout = p->dout;
   x.dk = p->dk; x.dv = p->dv;
-  x.q_sb = p->q_sb; x.q_ss = p->q_ss; x.q_sh = p->q_sh;
-  x.k_sb = p->k_sb; x.k_ss = p->k_ss; x.k_sh = p->k_sh;
-  x.v_sb = p->v_sb; x.v_ss = p->v_ss; x.v_sh = p->v_sh;
   x.do_sb = p->do_sb; x.do_ss = p->do_ss; x.do_sh = p->do_sh;
   x.dk_sb = p->dk_sb; x.dk_ss = p->dk_ss; x.dk_sh = p->dk_sh;
   x.dv_sb = p->dv_sb; x.dv_ss = p->dv_ss; x.dv_sh = p->dv_sh;
-  x.S = (int)p->seq_len;
-  x.V = (int)p->video_len;
-  x.text_len = (int)p->text_len;
-  x.heads = (int)p->heads;
-  x.batch = (int)p->batch;
-  x.cT = p->canvas[0]; x.cH = p->canvas[1]; x.cW = p->canvas[2];
-  x.tt = p->tile[0]; x.th = p->tile[1]; x.tw = p->tile[2];
-  x.NT = p->grid[0]; x.NH = p->grid[1]; x.NW = p->grid[2];
-  x.tile_vol = x.tt * x.th * x.tw;
-  x.tiled = p->tiled;
-  x.VR = (int)p->video_rows;
   x.kbpt = (x.tile_vol + BK - 1) / BK;
   x.n_text_kb = (x.text_len + BK - 1) / BK;
   x.scale = p->scale;
@@ -134,11 +120,6 @@ sta_status sta_cuda_attention_backward(const sta_attn_params *p) {
   x.qbpt = x.tma ? x.tt : (x.tile_vol + BQ - 1) / BQ;
   const int64_t nqb = (int64_t)x.NT * x.NH * x.NW * x.qbpt + (p->seq_len - p->video_rows + BQ - 1) / BQ;
   x.nqb = (int)nqb;
-  for (int64_t h = 0; h < p->heads; h++)
-    for (int ax = 0; ax < 3; ax++) {
-      int k = p->windows[3 * h + ax], c = p->grid[ax];
-      x.win[3 * h + ax] = (int16_t)(k < c ? k : c);
-    }
 
   RowArgs ra;
   memset(&ra, 0, sizeof ra);

@@ -10,6 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "args_common.h"
 #include "kernel_fp8.cuh"
 
 namespace {
@@ -62,11 +63,7 @@ void params_init(sta::Fp8Params &x, const sta_attn_params *p, const sta_fp8_ops 
   x.has_pad = x.g.tiled_video != x.g.video_len;
   x.scale_log2 = p->scale * 1.4426950408889634f;
   x.scale = p->scale;
-  for (int64_t h = 0; h < p->heads; h++)
-    for (int ax = 0; ax < 3; ax++) {
-      const int k = p->windows[3 * h + ax], c = p->grid[ax];
-      x.win[3 * h + ax] = (int16_t)(k < c ? k : c);
-    }
+  sta::clamp_windows(x.win, p);
 }
 
 } /* namespace */

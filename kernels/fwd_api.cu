@@ -11,12 +11,11 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+#include "args_common.h"
 #include "params.h"
 #include "tma_map.h"
 
 namespace sta {
-
-static bool aligned16(const void *p) { return ((uintptr_t)p & 15) == 0; }
 
 /* Which TMA paths a call can take.  All need 16-byte aligned bases and
 ** strides (vec) and one way to address (batch, head): fused when the head
@@ -72,25 +71,11 @@ static void setup_tma(FwdParams &x, const sta_attn_params *p, int variant) {
 
 void fwd_params_init(FwdParams &x, const sta_attn_params *p, int variant) {
   memset(&x, 0, sizeof x);
-  x.q = p->q;
-  x.k = p->k;
-  x.v = p->v;
+  common_args_init(x, p);
   x.o = p->o;
   x.lse = p->lse;
-  x.q_sb = p->q_sb; x.q_ss = p->q_ss; x.q_sh = p->q_sh;
-  x.k_sb = p->k_sb; x.k_ss = p->k_ss; x.k_sh = p->k_sh;
-  x.v_sb = p->v_sb; x.v_ss = p->v_ss; x.v_sh = p->v_sh;
   x.o_sb = p->o_sb; x.o_ss = p->o_ss; x.o_sh = p->o_sh;
   x.lse_sb = p->lse_sb; x.lse_sh = p->lse_sh; x.lse_ss = p->lse_ss;
-  x.S = (int)p->seq_len;
-  x.V = (int)p->video_len;
-  x.text_len = (int)p->text_len;
-  x.cT = p->canvas[0]; x.cH = p->canvas[1]; x.cW = p->canvas[2];
-  x.tt = p->tile[0]; x.th = p->tile[1]; x.tw = p->tile[2];
-  x.NT = p->grid[0]; x.NH = p->grid[1]; x.NW = p->grid[2];
-  x.tile_vol = x.tt * x.th * x.tw;
-  x.tiled = p->tiled;
-  x.VR = (int)p->video_rows;
   x.scale_log2 = p->scale * 1.4426950408889634f;
   x.rescale_th = p->fast_softmax ? 8.0f : 0.0f;
   int64_t st[] = {p->q_sb, p->q_ss, p->q_sh, p->k_sb, p->k_ss, p->k_sh,
@@ -100,17 +85,10 @@ void fwd_params_init(FwdParams &x, const sta_attn_params *p, int variant) {
   for (int i = 0; i < 12; i++)
     if (st[i] % 8) vec = 0;
   x.vec = vec;
-  x.heads = (int)p->heads;
-  x.batch = (int)p->batch;
   setup_tma(x, p, variant);
   int64_t vol[STA_MAX_HEADS];
   for (int64_t h = 0; h < p->heads; h++) {
-    vol[h] = 1;
-    for (int ax = 0; ax < 3; ax++) {
-      int k = p->windows[3 * h + ax], c = p->grid[ax];
-      x.win[3 * h + ax] = (int16_t)(k < c ? k : c);
-      vol[h] *= x.win[3 * h + ax];
-    }
+    vol[h] = (int64_t)x.win[3 * h] * x.win[3 * h + 1] * x.win[3 * h + 2];
     /* insertion: largest window first, ties in head order (stable) */
     int64_t j = h;
     while (j > 0 && vol[x.horder[j - 1]] < vol[h]) {
