@@ -261,6 +261,32 @@ static int opt_or_like(lua_State *L, int opts, const char *key, sta_tensor *t, s
   return sta_lua_push_like(L, t, out);
 }
 
+/* The lse to write, pushed: opts.lse if it is a tensor (*lse already set),
+** else a new f32 [B, heads, S] on q's device.  1, or what sta_lua_fail
+** returns. */
+static int push_lse(lua_State *L, int opts, sta_tensor *q, sta_layout layout, sta_tensor **lse) {
+  if (*lse) {
+    lua_getfield(L, opts, "lse");
+    return 1;
+  }
+  int64_t shape[3] = {sta_tensor_size(q, 0), sta_tensor_size(q, layout == STA_BSHD ? 2 : 1),
+                      sta_tensor_size(q, layout == STA_BSHD ? 1 : 2)};
+  sta_lua_tensor *u;
+  int r = sta_lua_push_new_tensor(L, STA_F32, sta_tensor_device(q), 3, shape, &u);
+  if (r == 1) *lse = u->t;
+  return r;
+}
+
+/* opts.lse at opts: *want (true or a tensor), *lse the tensor if one. */
+static void read_lse_opt(lua_State *L, int opts, int *want, sta_tensor **lse) {
+  *want = 0;
+  *lse = NULL;
+  if (lua_istable(L, opts) && lua_getfield(L, opts, "lse") != LUA_TNIL) {
+    if (lua_isboolean(L, -1)) *want = lua_toboolean(L, -1);
+    else { *lse = sta_lua_check_tensor(L, -1, "lse"); *want = 1; }
+  }
+}
+
 /* attention(q, k, v [, opts]) -> out [, lse]; reference with ref = 1 */
 static int attention_common(lua_State *L, int ref) {
   sta_tensor *q = sta_lua_check_tensor(L, 1, "q");
@@ -272,29 +298,16 @@ static int attention_common(lua_State *L, int ref) {
                                      "out", "lse", NULL};
   read_desc(L, 4, keys, q, &d);
   const int top = lua_gettop(L); /* d.windows' userdata stays below it */
-  sta_tensor *lse = NULL;
-  int want_lse = 0;
-  if (lua_istable(L, 4) && lua_getfield(L, 4, "lse") != LUA_TNIL) {
-    if (lua_isboolean(L, -1)) want_lse = lua_toboolean(L, -1);
-    else { lse = sta_lua_check_tensor(L, -1, "lse"); want_lse = 1; }
-  }
+  sta_tensor *lse;
+  int want_lse;
+  read_lse_opt(L, 4, &want_lse, &lse);
   lua_settop(L, top);
   if (sta_tensor_ndim(q) != 4)
     return sta_lua_misuse(L, "q: expected a 4-D tensor, got %d-D", (int)sta_tensor_ndim(q));
   sta_tensor *out;
   int r = opt_or_like(L, 4, "out", q, &out);
   if (r != 1) return r;
-  if (want_lse) {
-    if (lse) lua_getfield(L, 4, "lse");
-    else {
-      int64_t shape[3] = {sta_tensor_size(q, 0), sta_tensor_size(q, d.layout == STA_BSHD ? 2 : 1),
-                          sta_tensor_size(q, d.layout == STA_BSHD ? 1 : 2)};
-      sta_lua_tensor *u;
-      if ((r = sta_lua_push_new_tensor(L, STA_F32, sta_tensor_device(q), 3, shape, &u)) != 1)
-        return r;
-      lse = u->t;
-    }
-  }
+  if (want_lse && (r = push_lse(L, 4, q, d.layout, &lse)) != 1) return r;
   sta_status rc;
   if (ref) STA_LUA_LONG(rc, sta_attention_reference(&d, q, k, v, out, lse));
   else STA_LUA_LONG(rc, sta_attention_forward(&d, q, k, v, out, lse));
@@ -323,6 +336,49 @@ static int l_attention_backward(lua_State *L) {
   STA_LUA_LONG(rc, sta_attention_backward(&d, t[0], t[1], t[2], t[3], t[4], t[5], g[0], g[1], g[2]));
   if (rc != STA_OK) return sta_lua_fail(L, rc);
   return 3;
+}
+
+/* attention_fp8(q8, k8, v8, q_scale, k_scale, v_scale [, opts]) -> out
+** [, lse]: sta_attention_forward_fp8, operands already in 8 bits (f8e4m3)
+** with their scales (f32: per row [B, heads, S], per channel of v [B,
+** heads, D]).  opts: those of attention (precision fp8 unless given), plus
+** out, lse and dtype (of a new out: "f32", the default, "f16" or "bf16"). */
+static int l_attention_fp8(lua_State *L) {
+  static const char *N[6] = {"q8", "k8", "v8", "q_scale", "k_scale", "v_scale"};
+  sta_tensor *t[6];
+  for (int i = 0; i < 6; i++) t[i] = sta_lua_check_tensor(L, i + 1, N[i]);
+  sta_attention_desc d;
+  static const char *const keys[] = {"canvas", "tile", "text_len", "order", "geometry", "window",
+                                     "layout", "scale", "softmax", "precision", "out", "lse",
+                                     "dtype", NULL};
+  read_desc(L, 7, keys, t[0], &d);
+  const int top = lua_gettop(L); /* d.windows' userdata stays below it */
+  if (!lua_istable(L, 7) || !sta_lua_str_field(L, 7, "precision")) d.precision = STA_PRECISION_FP8;
+  const char *dt = lua_istable(L, 7) ? sta_lua_str_field(L, 7, "dtype") : NULL;
+  const sta_dtype odt = dt ? sta_lua_parse_dtype(L, dt) : STA_F32;
+  sta_tensor *lse;
+  int want_lse;
+  read_lse_opt(L, 7, &want_lse, &lse);
+  lua_settop(L, top);
+  if (sta_tensor_ndim(t[0]) != 4)
+    return sta_lua_misuse(L, "q8: expected a 4-D tensor, got %d-D", (int)sta_tensor_ndim(t[0]));
+  sta_tensor *out;
+  int r;
+  if (lua_istable(L, 7) && lua_getfield(L, 7, "out") != LUA_TNIL) {
+    out = sta_lua_check_tensor(L, -1, "out");
+  } else {
+    lua_settop(L, top);
+    int64_t shape[4];
+    for (int i = 0; i < 4; i++) shape[i] = sta_tensor_size(t[0], i);
+    sta_lua_tensor *u;
+    if ((r = sta_lua_push_new_tensor(L, odt, sta_tensor_device(t[0]), 4, shape, &u)) != 1) return r;
+    out = u->t;
+  }
+  if (want_lse && (r = push_lse(L, 7, t[0], d.layout, &lse)) != 1) return r;
+  sta_status rc;
+  STA_LUA_LONG(rc, sta_attention_forward_fp8(&d, t[0], t[1], t[2], t[3], t[4], t[5], out, lse));
+  if (rc != STA_OK) return sta_lua_fail(L, rc);
+  return want_lse ? 2 : 1;
 }
 
 static int l_attention(lua_State *L) { return attention_common(L, 0); }
@@ -382,7 +438,7 @@ static const luaL_Reg geometry_methods[] = {
 static const luaL_Reg geometry_funcs[] = {
   {"geometry", l_geometry}, {"geometry_from_seq_len", l_geometry_from_seq_len},
   {"window_range", l_window_range}, {"tile", l_tile}, {"untile", l_untile},
-  {"attention", l_attention}, {"reference", l_reference},
+  {"attention", l_attention}, {"attention_fp8", l_attention_fp8}, {"reference", l_reference},
   {"attention_backward", l_attention_backward}, {"flops", l_flops},
   {"head_diff", l_head_diff}, {NULL, NULL}};
 

@@ -240,6 +240,42 @@ describe("sta attention", function()
       .. "forward): use STA_PRECISION_NATIVE", H.error_of(sta.attention_backward, q, k, v, out, lse, out, o))
   end)
 
+  it("attention_fp8 takes 8-bit operands with their scales (what precision fp8 computes on them)", function()
+    local canvas = {6, 8, 16}
+    local S, Hh, D = 6 * 8 * 16 + 4, 2, 32
+    local q, k, v = qkv({1, S, Hh, D})
+    local x8, deq = {}, {}
+    for i, t in ipairs{q, k, v} do
+      x8[i] = t:to("f8e4m3")
+      deq[i] = x8[i]:to("f32")
+    end
+    local qs = sta.tensor({1, Hh, S}):fill(1)
+    local vs = sta.tensor({1, Hh, D}):fill(1)
+    local o = { canvas = canvas, window = {1, 1, 1} }
+    local want, want_lse = sta.attention(deq[1], deq[2], deq[3],
+      { canvas = canvas, window = {1, 1, 1}, precision = "fp8", lse = true })
+    o.lse = true
+    local out, lse = sta.attention_fp8(x8[1], x8[2], x8[3], qs, qs, vs, o)
+    assert.equal("f32", out:dtype())
+    assert.equal(0, (out:compare(want)))
+    assert.equal(0, (lse:compare(want_lse)))
+    local ob = sta.attention_fp8(x8[1], x8[2], x8[3], qs, qs, vs,
+      { canvas = canvas, window = {1, 1, 1}, dtype = "bf16" })
+    assert.equal("bf16", ob:dtype())
+    assert.equal(0, (ob:compare(want:to("bf16"))))
+    -- errors name the argument; a given out is left as it was
+    local keep = H.randn({1, S, Hh, D})
+    local before = keep:totable()
+    assert.equal("k_scale: expected a tensor, got nil",
+      H.error_of(sta.attention_fp8, x8[1], x8[2], x8[3], qs, nil, vs, o))
+    assert.equal("precision: expected \"native\" or \"fp8\", got 'fp4'", H.error_of(sta.attention_fp8,
+      x8[1], x8[2], x8[3], qs, qs, vs, { canvas = canvas, window = {1, 1, 1}, precision = "fp4" }))
+    local msg = H.error_of(sta.attention_fp8, q, k, v, qs, qs, vs,
+      { canvas = canvas, window = {1, 1, 1}, out = keep })
+    assert.truthy(msg:find("q8", 1, true), msg)
+    assert.same(before, keep:totable())
+  end)
+
   it("reports bad inputs exactly and leaves out unchanged", function()
     local canvas = {4, 6, 6}
     local q, k, v = qkv({1, 144, 2, 8})

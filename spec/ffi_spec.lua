@@ -71,6 +71,28 @@ describe("sta.ffi #ffi", function()
     assert.equal("precision: expected \"native\" or \"fp8\", got 'bf8'", select(2, pcall(S.attention, q, k, v, o)))
   end)
 
+  it("attention_fp8 takes 8-bit operands with their scales", function()
+    local canvas, n = {6, 8, 16}, 6 * 8 * 16
+    local x8, deq = {}, {}
+    for i = 1, 3 do
+      local x = S.randn({1, n, 2, 32}, seed + 20 + i)
+      x8[i] = S.tensor({1, n, 2, 32}, "f8e4m3")
+      S.check(S.C.sta_tensor_copy(x8[i], x))
+      deq[i] = S.tensor({1, n, 2, 32}, "f32")
+      S.check(S.C.sta_tensor_copy(deq[i], x8[i]))
+    end
+    local qs, vs = S.tensor({1, 2, n}), S.tensor({1, 2, 32})
+    S.check(S.C.sta_tensor_fill(qs, 0.5))
+    S.check(S.C.sta_tensor_fill(vs, 2))
+    for i, f in ipairs{0.5, 0.5, 2} do S.check(S.C.sta_tensor_scale(deq[i], f)) end
+    local o = { canvas = canvas, window = {1, 1, 1} }
+    local out = S.attention_fp8(x8[1], x8[2], x8[3], qs, qs, vs, o)
+    o.precision = "fp8"
+    assert.equal(0, (S.compare(out, S.attention(deq[1], deq[2], deq[3], o))))
+    assert.equal("q8: expected f8e4m3, got f32",
+                 select(2, pcall(S.attention_fp8, deq[1], x8[2], x8[3], qs, qs, vs, o)))
+  end)
+
   it("reads FastVideo's tiled order in place (order = \"tiled\")", function()
     local canvas, tile = {3, 5, 7}, {2, 4, 4} -- 2x2x2 tiles of 32: 256 video rows
     local q, k, v = S.randn({1, 259, 2, 16}, seed + 8), S.randn({1, 259, 2, 16}, seed + 9),

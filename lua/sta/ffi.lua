@@ -181,6 +181,13 @@ function M.like(t)
                   device_names[tonumber(C.sta_tensor_device(t))])
 end
 
+-- The f32 [B, heads, S] log-sum-exp of a BSHD q when o.lse, else nil.
+local function new_lse(q, o)
+  if not o.lse then return nil end
+  local s = M.shape(q)
+  return M.tensor({ s[1], s[3], s[2] }, "f32", device_names[tonumber(C.sta_tensor_device(q))])
+end
+
 --- out = STA(q, k, v) (reference = true: the brute-force reference); with
 -- o.lse also the f32 [B, heads, S] log-sum-exp (BSHD).
 function M.attention(q, k, v, o, reference)
@@ -188,13 +195,29 @@ function M.attention(q, k, v, o, reference)
   check_tensor(k, "k")
   check_tensor(v, "v")
   local d, keep = M.desc(o)
-  local out, lse = M.like(q), nil
-  if o.lse then
-    local s = M.shape(q)
-    lse = M.tensor({ s[1], s[3], s[2] }, "f32", device_names[tonumber(C.sta_tensor_device(q))])
-  end
+  local out, lse = M.like(q), new_lse(q, o)
   local f = reference and C.sta_attention_reference or C.sta_attention_forward
   M.check(f(d, q, k, v, out, lse))
+  local _ = keep
+  if lse then return out, lse end
+  return out
+end
+
+--- out = STA of 8-bit operands (f8e4m3) with their f32 scales
+-- (sta_attention_forward_fp8: q_scale, k_scale [B, heads, S], v_scale [B,
+-- heads, D]); o as for attention (precision fp8 unless given), plus o.dtype
+-- of out ("f32", the default, "f16" or "bf16").
+function M.attention_fp8(q8, k8, v8, q_scale, k_scale, v_scale, o)
+  local names = { "q8", "k8", "v8", "q_scale", "k_scale", "v_scale" }
+  for i, t in ipairs{ q8, k8, v8, q_scale, k_scale, v_scale } do check_tensor(t, names[i]) end
+  if type(o) ~= "table" then bad("options: expected a table, got %s", type(o)) end
+  local od = {}
+  for key, val in pairs(o) do if key ~= "dtype" then od[key] = val end end
+  od.precision = od.precision or "fp8"
+  local d, keep = M.desc(od)
+  local out = M.tensor(M.shape(q8), o.dtype or "f32", device_names[tonumber(C.sta_tensor_device(q8))])
+  local lse = new_lse(q8, o)
+  M.check(C.sta_attention_forward_fp8(d, q8, k8, v8, q_scale, k_scale, v_scale, out, lse))
   local _ = keep
   if lse then return out, lse end
   return out

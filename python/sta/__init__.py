@@ -6,7 +6,10 @@ second, on the same C library and the same contract (spec/STA.md).
     out = sta.attention(q, k, v, canvas=(30, 48, 80), window=(3, 3, 3))
 
   sta.attention(q, k, v, *, canvas, window, tile, text_len, layout, scale,
-                return_lse, softmax, deterministic, order)   differentiable op
+                return_lse, softmax, deterministic, order, precision)
+                                            differentiable op
+  sta.attention_fp8(q8, k8, v8, q_scale, k_scale, v_scale, ...)
+                                            8-bit operands with their scales
   sta.reference / sta.reference_backward    the brute-force CPU reference
   sta.Strategy, sta.Metadata, sta.ForwardBatch, sta.forward_context,
   sta.Layer, sta.tune                       mask strategies and contexts
@@ -26,8 +29,8 @@ from .runtime import (ForwardBatch, ForwardContext, Layer, Metadata, Strategy, c
 
 __version__ = "0.1.0"
 
-__all__ = ["attention", "reference", "reference_backward", "Error", "ArgumentError",
-           "StateError", "UnsupportedError", "OutOfMemoryError", "DeviceError", "EnvError",
+__all__ = ["attention", "attention_fp8", "reference", "reference_backward", "Error",
+           "ArgumentError", "StateError", "UnsupportedError", "OutOfMemoryError", "DeviceError", "EnvError",
            "LibraryNotFound", "Strategy", "Metadata", "ForwardBatch", "ForwardContext",
            "forward_context", "current_context", "context_depth", "in_forward_pass", "Layer",
            "tune", "layer_index_from_prefix", "library_path", "version", "backends",
@@ -38,13 +41,13 @@ try:  # the op needs torch; strategies, contexts and errors work without it
     import torch  # noqa: F401
 except ImportError:
     def __getattr__(name):
-        if name in ("attention", "reference", "reference_backward", "fastvideo"):
+        if name in ("attention", "attention_fp8", "reference", "reference_backward", "fastvideo"):
             raise ImportError("sta.%s needs torch (Debian: python3-torch)" % name)
         raise AttributeError("module 'sta' has no attribute %r" % name)
 else:
     del torch
     from . import fastvideo
-    from ._op import attention, reference, reference_backward
+    from ._op import attention, attention_fp8, reference, reference_backward
 
 
 def library_path():

@@ -22,14 +22,19 @@ import torch
 
 from . import _capi
 from ._capi import (AttentionDesc, STA_BF16, STA_BSHD, STA_CPU, STA_CUDA,
-                    STA_F16, STA_F32, STA_PRECISION_FP8, STA_PRECISION_NATIVE,
+                    STA_F16, STA_F32, STA_F8E4M3, STA_PRECISION_FP8, STA_PRECISION_NATIVE,
                     STA_SOFTMAX_EXACT, STA_SOFTMAX_FAST)
 from ._args import (_E_ARGUMENT, _E_DTYPE, _E_SHAPE, _E_WINDOW, _bad, _is_int, _layout,
                     _order, _text_len, _triple)
 
-__all__ = ["attention", "reference", "reference_backward", "CUSTOM_OP"]
+__all__ = ["attention", "attention_fp8", "reference", "reference_backward", "CUSTOM_OP"]
 
 _DTYPES = {torch.float32: STA_F32, torch.float16: STA_F16, torch.bfloat16: STA_BF16}
+# what _wrap takes: also 8-bit e4m3 operands (attention_fp8), as torch's
+# float8_e4m3fn where it exists or as their raw codes in uint8
+_F8 = tuple(t for t in (getattr(torch, "float8_e4m3fn", None), torch.uint8) if t is not None)
+_WRAP_DTYPES = dict(_DTYPES)
+_WRAP_DTYPES.update({t: STA_F8E4M3 for t in _F8})
 _SOFTMAX = {"exact": STA_SOFTMAX_EXACT, "fast": STA_SOFTMAX_FAST}
 _PRECISION = {"native": STA_PRECISION_NATIVE, "fp8": STA_PRECISION_FP8}
 _PLAIN = (torch.Tensor, torch.nn.Parameter)
@@ -167,7 +172,7 @@ def _wrap(lib, t):
     h = C.c_void_p()
     nd = t.dim()
     arr = _SIZES.get(nd) or C.c_int64 * nd
-    rc = lib.sta_tensor_wrap(C.byref(h), t.data_ptr(), _DTYPES[t.dtype],
+    rc = lib.sta_tensor_wrap(C.byref(h), t.data_ptr(), _WRAP_DTYPES[t.dtype],
                              STA_CUDA if t.is_cuda else STA_CPU, nd, arr(*t.shape),
                              arr(*t.stride()))
     if rc:
@@ -499,6 +504,38 @@ def attention(q, k, v, *, canvas, window, tile=(6, 8, 8), text_len=None, layout=
         out, lse = _AttentionFunction.apply(q, k, v, *_op_inputs(spec, True, return_lse), None)
     else:
         out, lse = _forward(q, k, v, spec, return_lse)
+    return (out, lse) if return_lse else out
+
+
+def attention_fp8(q8, k8, v8, q_scale, k_scale, v_scale, *, canvas, window, tile=(6, 8, 8),
+                  text_len=None, layout="bshd", scale=None, return_lse=False, order="untiled",
+                  out_dtype=torch.float32):
+    """sta_attention_forward_fp8: STA of operands already in 8 bits (e4m3:
+    torch.float8_e4m3fn, or the raw codes as uint8), standing for q8 *
+    q_scale, k8 * k_scale, v8 * v_scale: q_scale, k_scale float32 [B, heads,
+    S] (a scale per row; stride-0 views give one per head), v_scale float32
+    [B, heads, D] (per channel).  The fp8 forward (precision "fp8") on those
+    values; out in out_dtype (float32, float16 or bfloat16), no autograd.
+    Other arguments as attention()."""
+    names = ("q8", "k8", "v8")
+    for name, t in zip(names, (q8, k8, v8)):
+        if not isinstance(t, torch.Tensor) or t.dtype not in _F8:
+            raise _bad(_E_DTYPE, "%s: expected an 8-bit e4m3 torch.Tensor (%s), got %s" % (
+                name, ", ".join(str(d) for d in _F8),
+                t.dtype if isinstance(t, torch.Tensor) else type(t).__name__))
+    for name, t in zip(("q_scale", "k_scale", "v_scale"), (q_scale, k_scale, v_scale)):
+        if not isinstance(t, torch.Tensor):
+            raise _bad(_E_ARGUMENT, "%s: expected a torch.Tensor, got %s" % (name, type(t).__name__))
+    if out_dtype not in _DTYPES:
+        raise _bad(_E_DTYPE, "out_dtype: expected float32, float16 or bfloat16, got %s" % (out_dtype,))
+    if q8.dim() != 4:
+        raise _bad(_E_SHAPE, "q8: expected a 4-D tensor, got %d-D %s" % (q8.dim(), list(q8.shape)))
+    spec = _spec(canvas, window, tile, text_len, layout, scale, "exact", False, order, "fp8")
+    out = torch.empty(q8.shape, dtype=out_dtype, device=q8.device)
+    lse = torch.empty(_bhs(q8, spec[_LAYOUT]), dtype=torch.float32, device=q8.device) \
+        if return_lse else None
+    _call("sta_attention_forward_fp8", _desc(spec),
+          (q8, k8, v8, q_scale, k_scale, v_scale, out, lse), q8.device)
     return (out, lse) if return_lse else out
 
 

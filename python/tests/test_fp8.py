@@ -1,7 +1,7 @@
 """precision="fp8": the CPU reference (core/cpu_fp8.c) against the scheme's
 definition in bench/fp8_sim.py on the same inputs, the argument's checks,
-and on CUDA the clear refusal until the fp8 kernel lands (never a silent
-native run)."""
+8-bit operands (sta.attention_fp8), and on CUDA the fp8 kernel against the
+CPU (never a silent native run)."""
 import os
 import sys
 
@@ -84,17 +84,66 @@ def test_fp8_argument_errors():
 
 @pytest.mark.skipif(not (torch.cuda.is_available() and sta.backend_available("cuda")),
                     reason="no CUDA device for torch and sta")
-def test_fp8_on_cuda_is_refused_or_matches_the_reference():
+def test_fp8_on_cuda_matches_the_reference():
     q, k, v = (t.to("cuda", torch.bfloat16) for t in _inputs("randn", 6 * 16 * 16 + 8, 2, 64, 5))
     kw = dict(canvas=(6, 16, 16), window=(3, 3, 3))
-    try:
-        out = sta.attention(q, k, v, precision="fp8", **kw)
-    except sta.UnsupportedError as e:
-        assert "STA_PRECISION_FP8 is not implemented on cuda yet" in str(e)
-        return
+    out = sta.attention(q, k, v, precision="fp8", **kw)
     cpu = sta.attention(*(t.cpu() for t in (q, k, v)), precision="fp8", **kw)
     native = sta.attention(q, k, v, **kw)
     rel = ((out.float().cpu() - cpu.float()).norm() / cpu.float().norm()).item()
     assert rel < 1.5e-2  # order of sums and Hopper's fp8 accumulator only
     dn = ((out.float() - native.float()).norm() / native.float().norm()).item()
     assert dn > 1e-2  # not a native run
+
+
+def _e4m3_values(codes):
+    """float32 values of e4m3 codes (uint8; no NaN codes given)."""
+    c = codes.to(torch.int32)
+    e, m = (c >> 3) & 15, (c & 7).to(torch.float32)
+    mag = torch.where(e == 0, m / 8 * 2.0 ** -6, (1 + m / 8) * torch.pow(2.0, (e - 7).float()))
+    return torch.where((c >> 7) == 1, -mag, mag)
+
+
+def test_attention_fp8_prequantized_operands():
+    # raw e4m3 codes in uint8 (torch 1.13 has no float8 dtype), scales per
+    # row (k: one per head, a stride-0 view) and per channel of v: the same
+    # output and lse, bit for bit, as precision "fp8" on the dequantized values
+    g = torch.Generator().manual_seed(11)
+    canvas, text, heads, d = (6, 8, 16), 5, 2, 32
+    S = 6 * 8 * 16 + text
+    codes = [torch.randint(0, 256, (1, S, heads, d), generator=g, dtype=torch.int32) for _ in range(3)]
+    codes = [torch.where((c & 127) == 127, c - 1, c).to(torch.uint8) for c in codes]  # no NaN
+    q_scale = 0.01 + 0.02 * torch.rand(1, heads, S, generator=g)
+    k_scale = (0.02 + 0.02 * torch.rand(1, heads, 1, generator=g)).expand(1, heads, S)
+    v_scale = 0.005 + 0.01 * torch.rand(1, heads, d, generator=g)
+    deq = [_e4m3_values(c) for c in codes]
+    deq[0] = deq[0] * q_scale.transpose(1, 2).unsqueeze(-1)
+    deq[1] = deq[1] * k_scale.transpose(1, 2).unsqueeze(-1)
+    deq[2] = deq[2] * v_scale.unsqueeze(1)
+    kw = dict(canvas=canvas, window=(3, 1, 3), text_len=text, return_lse=True)
+    out, lse = sta.attention_fp8(*codes, q_scale, k_scale, v_scale, **kw)
+    want, want_lse = sta.attention(*deq, precision="fp8", **kw)
+    assert out.dtype == torch.float32
+    assert torch.equal(out, want) and torch.equal(lse, want_lse)
+    ob = sta.attention_fp8(*codes, q_scale, k_scale, v_scale, out_dtype=torch.bfloat16,
+                           canvas=canvas, window=(3, 1, 3), text_len=text)
+    assert torch.equal(ob, want.to(torch.bfloat16))
+
+
+def test_attention_fp8_errors():
+    q = torch.randn(1, 6 * 8 * 8, 1, 16)
+    c = torch.zeros(1, 6 * 8 * 8, 1, 16, dtype=torch.uint8)
+    s = torch.ones(1, 1, 6 * 8 * 8)
+    kw = dict(canvas=(6, 8, 8), window=(1, 1, 1))
+    with pytest.raises(sta.Error) as e:
+        sta.attention_fp8(q, c, c, s, s, s, **kw)
+    assert str(e.value).startswith("q8: expected an 8-bit e4m3 torch.Tensor")
+    with pytest.raises(sta.Error) as e:
+        sta.attention_fp8(c, c, c, s, None, s, **kw)
+    assert str(e.value) == "k_scale: expected a torch.Tensor, got NoneType"
+    with pytest.raises(sta.Error) as e:
+        sta.attention_fp8(c, c, c, s, s, s, out_dtype=torch.int32, **kw)
+    assert str(e.value) == "out_dtype: expected float32, float16 or bfloat16, got torch.int32"
+    with pytest.raises(sta.Error) as e:  # v_scale's shape: the core's check
+        sta.attention_fp8(c, c, c, s, s, s, **kw)
+    assert "v_scale" in str(e.value)
