@@ -32,7 +32,7 @@ import time
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import bench_gpu as bg  # noqa: E402  (mask helpers, flops, timing)
+import sta_bench as bg  # noqa: E402  (mask helpers, flops, timing)
 
 STA_BF16, STA_F16, STA_CUDA, STA_BSHD = 2, 1, 1, 0
 DT = {torch.bfloat16: STA_BF16, torch.float16: STA_F16}
@@ -67,7 +67,7 @@ class Pool:
 
 POOL = None  # made by run(), on the device
 
-Desc = bg.Desc  # the checked mirrors of sta.h's structs (bench_gpu.check_mirrors)
+Desc = bg.Desc  # the checked mirrors of sta.h's structs (sta_bench.check_mirrors)
 
 
 class Sta:

@@ -5,7 +5,7 @@ bf16 sta and what a user would otherwise run, in one run on the GPU machine.
   bench_fp8.py [--lib build/libsta.so] [--reps N] [--out DIR] [--no-flex]
                [--no-accuracy] [--cases a,b,...] [--variants 1,0]
 
-Through bench_gpu.py's ctypes mirrors (checked against core/sta.h), its
+Through sta_bench.py's ctypes mirrors (checked against core/sta.h), its
 timing (CUDA events, median of REPS) and its FLOP count:
   1. the fp8 GEMM ceiling: torch._scaled_mm at 8192^3 in e4m3 (bf16 out),
      and torch.mm in bf16 beside it, TFLOP/s;
@@ -34,7 +34,8 @@ import time
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import bench_gpu as bg  # noqa: E402
+import bench_gpu  # noqa: E402  (variant_cases, variant_inputs)
+import sta_bench as bg  # noqa: E402
 
 CASES = ["hunyuan-720p", "wan-720p", "stepvideo", "hunyuan-720p-d64", "hunyuan-720p-mixed",
          "hunyuan-720p-full"]
@@ -45,7 +46,7 @@ def cases(names):
     old = os.environ.get("STA_CASES")
     os.environ["STA_CASES"] = "all"
     try:
-        every = bg.variant_cases()
+        every = bench_gpu.variant_cases()
     finally:
         if old is None:
             del os.environ["STA_CASES"]
@@ -110,7 +111,7 @@ def bench(sta, names, reps, log, flex, variants):
     rows = []
     for case in cases(names):
         name, canvas, text, win, H, D, dt = case
-        g, S, (q, k, v, o), fl = bg.variant_inputs(case)
+        g, S, (q, k, v, o), fl = bench_gpu.variant_inputs(case)
         row = dict(name=name, S=S, heads=H, D=D, windows=win[:3] if len(win) == 3 else "per head",
                    tflop=fl / 1e12)
         ms8, ms16 = {x: [] for x in variants}, []

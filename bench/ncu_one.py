@@ -23,7 +23,7 @@ import sys
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import bench_gpu as bg  # noqa: E402
+import sta_bench as bg  # noqa: E402
 
 WORKLOADS = {  # canvas, text, heads, D, window
     "hunyuan-720p": ((30, 48, 80), 256, 24, 128, (3, 3, 3)),

@@ -12,7 +12,7 @@ import sys
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import bench_gpu as bg  # noqa: E402
+import sta_bench as bg  # noqa: E402
 
 
 def main():
