@@ -25,19 +25,6 @@
 
 #define MAXH 4
 
-static uint64_t rng_state;
-
-static uint64_t rnd(void) {
-  uint64_t x = rng_state;
-  x ^= x << 13;
-  x ^= x >> 7;
-  x ^= x << 17;
-  return rng_state = x;
-}
-static int64_t rint_in(int64_t lo, int64_t hi) { /* inclusive */
-  return lo + (int64_t)(rnd() % (uint64_t)(hi - lo + 1));
-}
-
 static int gpu_setup(void **state) {
   (void)state;
   if (!sta_backend_available(STA_CUDA)) {
@@ -47,12 +34,6 @@ static int gpu_setup(void **state) {
   printf("# %s\n", sta_backend_describe(STA_CUDA));
   return 0;
 }
-
-#define NEED_GPU()                                                    \
-  do {                                                                \
-    (void)state;                                                      \
-    if (!sta_backend_available(STA_CUDA)) skip();                     \
-  } while (0)
 
 /* A [B,S,H,D] or [B,H,S,D] device tensor of dtype whose storage is
 ** contiguous in layout (order 0) or in the other layout, permuted (order
@@ -284,38 +265,38 @@ static const int32_t tiles[][3] = {{6, 8, 8}, {6, 8, 8}, {2, 8, 8}, {4, 8, 8},
 static void random_case(gcase *c) {
   int64_t S, V;
   do {
-    const int32_t *t = tiles[rnd() % (sizeof tiles / sizeof tiles[0])];
-    case_init(c, (int32_t)rint_in(1, 14), (int32_t)rint_in(1, 20), (int32_t)rint_in(1, 22));
+    const int32_t *t = tiles[sta_test_rnd() % (sizeof tiles / sizeof tiles[0])];
+    case_init(c, (int32_t)sta_test_rint(1, 14), (int32_t)sta_test_rint(1, 20), (int32_t)sta_test_rint(1, 22));
     memcpy(c->tile, t, sizeof c->tile);
-    if (rnd() % 4 == 0)
-      for (int i = 0; i < 3; i++) c->canvas[i] = t[i] * (int32_t)rint_in(1, 3);
+    if (sta_test_rnd() % 4 == 0)
+      for (int i = 0; i < 3; i++) c->canvas[i] = t[i] * (int32_t)sta_test_rint(1, 3);
     V = (int64_t)c->canvas[0] * c->canvas[1] * c->canvas[2];
-    int64_t text = rnd() % 2 ? 0 : rint_in(1, 150);
-    int64_t pad = rnd() % 3 ? 0 : rint_in(1, 40);
+    int64_t text = sta_test_rnd() % 2 ? 0 : sta_test_rint(1, 150);
+    int64_t pad = sta_test_rnd() % 3 ? 0 : sta_test_rint(1, 40);
     c->text = text + pad;
-    c->text_len = (pad || rnd() % 2) ? text : -1;
+    c->text_len = (pad || sta_test_rnd() % 2) ? text : -1;
     S = V + c->text;
   } while (S < 8 || S > 3000);
   int32_t grid[3];
   for (int i = 0; i < 3; i++) grid[i] = (c->canvas[i] + c->tile[i] - 1) / c->tile[i];
-  c->H = rint_in(1, MAXH);
-  c->n_windows = rnd() % 2 ? 1 : (int32_t)c->H;
+  c->H = sta_test_rint(1, MAXH);
+  c->n_windows = sta_test_rnd() % 2 ? 1 : (int32_t)c->H;
   for (int h = 0; h < c->n_windows; h++)
     for (int i = 0; i < 3; i++) {
       int32_t k;
-      if (rnd() % 4 == 0) k = grid[i] + (int32_t)rint_in(0, 3); /* whole axis */
-      else k = 1 + 2 * (int32_t)rint_in(0, (grid[i] - 1) / 2);
+      if (sta_test_rnd() % 4 == 0) k = grid[i] + (int32_t)sta_test_rint(0, 3); /* whole axis */
+      else k = 1 + 2 * (int32_t)sta_test_rint(0, (grid[i] - 1) / 2);
       c->windows[3 * h + i] = k;
     }
-  c->B = rint_in(1, 2);
-  c->D = rnd() % 2 ? 64 : 128;
-  c->dtype = rnd() % 2 ? STA_BF16 : STA_F16;
-  c->layout = rnd() % 2 ? STA_BSHD : STA_BHSD;
-  c->order = (int)(rnd() % 2);
-  c->lse = (int)(rnd() % 3 != 0);
-  c->scale = rnd() % 3 ? 0.f : 0.05f;
-  c->seed = rnd() % 100000;
-  c->tiled = rnd() % 3 == 0;
+  c->B = sta_test_rint(1, 2);
+  c->D = sta_test_rnd() % 2 ? 64 : 128;
+  c->dtype = sta_test_rnd() % 2 ? STA_BF16 : STA_F16;
+  c->layout = sta_test_rnd() % 2 ? STA_BSHD : STA_BHSD;
+  c->order = (int)(sta_test_rnd() % 2);
+  c->lse = (int)(sta_test_rnd() % 3 != 0);
+  c->scale = sta_test_rnd() % 3 ? 0.f : 0.05f;
+  c->seed = sta_test_rnd() % 100000;
+  c->tiled = sta_test_rnd() % 3 == 0;
 }
 
 static void test_random_geometries(void **state) {
@@ -534,14 +515,14 @@ static double ulp_of(double x, sta_dtype dt) {
 static void acc_case(gcase *c) {
   do {
     random_case(c);
-    if (rnd() % 3 == 0) {
+    if (sta_test_rnd() % 3 == 0) {
       c->tile[0] = 6; c->tile[1] = 8; c->tile[2] = 8;
-      c->canvas[0] = 6 * (int32_t)rint_in(1, 2);
-      c->canvas[1] = 8 * (int32_t)rint_in(1, 3);
-      c->canvas[2] = 8 * (int32_t)rint_in(1, 3);
+      c->canvas[0] = 6 * (int32_t)sta_test_rint(1, 2);
+      c->canvas[1] = 8 * (int32_t)sta_test_rint(1, 3);
+      c->canvas[2] = 8 * (int32_t)sta_test_rint(1, 3);
       int32_t grid[3] = {c->canvas[0] / 6, c->canvas[1] / 8, c->canvas[2] / 8};
       for (int h = 0; h < c->n_windows; h++)
-        for (int i = 0; i < 3; i++) c->windows[3 * h + i] = 1 + 2 * (int32_t)rint_in(0, (grid[i] - 1) / 2);
+        for (int i = 0; i < 3; i++) c->windows[3 * h + i] = 1 + 2 * (int32_t)sta_test_rint(0, (grid[i] - 1) / 2);
     }
   } while ((int64_t)c->canvas[0] * c->canvas[1] * c->canvas[2] + c->text < 400 ||
            (int64_t)c->canvas[0] * c->canvas[1] * c->canvas[2] + c->text > 1800);
@@ -549,7 +530,7 @@ static void acc_case(gcase *c) {
   c->order = 0;
   c->lse = 0;
   c->B = 1;
-  c->H = rint_in(1, 2);
+  c->H = sta_test_rint(1, 2);
   if (c->n_windows > 1) c->n_windows = (int32_t)c->H;
 }
 
@@ -655,14 +636,14 @@ static void test_accuracy_f64(void **state) {
 static void test_head_diff(void **state) {
   NEED_GPU();
   for (int rep = 0; rep < 4; rep++) {
-    int64_t B = rint_in(1, 2), S = rint_in(1, 5000), H = rint_in(1, 5), D = rep % 2 ? 64 : 128;
+    int64_t B = sta_test_rint(1, 2), S = sta_test_rint(1, 5000), H = sta_test_rint(1, 5), D = rep % 2 ? 64 : 128;
     sta_layout layout = rep < 2 ? STA_BSHD : STA_BHSD;
     sta_dtype dt = rep == 3 ? STA_F16 : STA_BF16;
     dev4 ha, hb, a, b;
     dev4_make(&ha, dt, STA_CPU, layout, 0, B, S, H, D);
     dev4_make(&hb, dt, STA_CPU, layout, 0, B, S, H, D);
-    assert_int_equal(sta_tensor_randn(ha.view, rnd(), 0.0, 1.0), STA_OK);
-    assert_int_equal(sta_tensor_randn(hb.view, rnd(), 0.1, 0.5), STA_OK);
+    assert_int_equal(sta_tensor_randn(ha.view, sta_test_rnd(), 0.0, 1.0), STA_OK);
+    assert_int_equal(sta_tensor_randn(hb.view, sta_test_rnd(), 0.1, 0.5), STA_OK);
     dev4_make(&a, dt, STA_CUDA, layout, rep & 1, B, S, H, D);
     dev4_make(&b, dt, STA_CUDA, layout, 0, B, S, H, D);
     assert_int_equal(sta_tensor_copy(a.view, ha.view), STA_OK);
@@ -756,7 +737,7 @@ int main(void) {
   const char *s = getenv("STA_TEST_SEED");
   uint64_t seed = s ? strtoull(s, NULL, 10) : (uint64_t)time(NULL);
   printf("# STA_TEST_SEED=%llu\n", (unsigned long long)seed);
-  rng_state = seed * 0x9e3779b97f4a7c15ull + 1;
+  sta_test_seed(seed * 0x9e3779b97f4a7c15ull + 1);
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_copy_fill),       cmocka_unit_test(test_f32_refused),
       cmocka_unit_test(test_default_tiles),   cmocka_unit_test(test_d64_tiles),

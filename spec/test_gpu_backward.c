@@ -24,23 +24,6 @@
 
 #define MAXH 4
 
-static uint64_t rng_state;
-
-static uint64_t rnd(void) {
-  uint64_t x = rng_state;
-  x ^= x << 13;
-  x ^= x >> 7;
-  x ^= x << 17;
-  return rng_state = x;
-}
-static int64_t rint_in(int64_t lo, int64_t hi) { return lo + (int64_t)(rnd() % (uint64_t)(hi - lo + 1)); }
-
-#define NEED_GPU()                                \
-  do {                                            \
-    (void)state;                                  \
-    if (!sta_backend_available(STA_CUDA)) skip(); \
-  } while (0)
-
 typedef struct bcase {
   int32_t canvas[3], tile[3];
   int64_t text, text_len, B, H, D;
@@ -191,7 +174,7 @@ static void case_init(bcase *c, int32_t t, int32_t hh, int32_t w) {
   c->dtype = STA_BF16;
   c->n_windows = 1;
   c->windows[0] = c->windows[1] = c->windows[2] = 3;
-  c->seed = rnd();
+  c->seed = sta_test_rnd();
 }
 
 static void test_fixed(void **state) {
@@ -200,7 +183,7 @@ static void test_fixed(void **state) {
   case_init(&c, 12, 24, 24); /* 2x3x3 default tiles, text with padding */
   c.text = 70; c.text_len = 50;
   run_case(&c);
-  c.D = 64; c.dtype = STA_F16; c.seed = rnd();
+  c.D = 64; c.dtype = STA_F16; c.seed = sta_test_rnd();
   run_case(&c);
   case_init(&c, 13, 21, 19); /* partial default tiles on every axis, per head */
   c.H = 3; c.n_windows = 3;
@@ -208,7 +191,7 @@ static void test_fixed(void **state) {
   memcpy(c.windows, w, sizeof w);
   c.text = 9;
   run_case(&c);
-  c.layout = STA_BHSD; c.order = 1; c.B = 2; c.scale = 0.05f; c.seed = rnd();
+  c.layout = STA_BHSD; c.order = 1; c.B = 2; c.scale = 0.05f; c.seed = sta_test_rnd();
   run_case(&c);
   if (!getenv("STA_GPU_QUICK")) {
     case_init(&c, 30, 48, 80); /* hunyuan's canvas, one head */
@@ -223,27 +206,27 @@ static void test_random_geometries(void **state) {
   int n = ns ? atoi(ns) : 60;
   for (int i = 0; i < n; i++) {
     bcase c;
-    case_init(&c, (int32_t)rint_in(1, 20), (int32_t)rint_in(1, 30), (int32_t)rint_in(1, 30));
-    if (i % 3) for (int a = 0; a < 3; a++) c.tile[a] = (int32_t)rint_in(1, 9);
+    case_init(&c, (int32_t)sta_test_rint(1, 20), (int32_t)sta_test_rint(1, 30), (int32_t)sta_test_rint(1, 30));
+    if (i % 3) for (int a = 0; a < 3; a++) c.tile[a] = (int32_t)sta_test_rint(1, 9);
     int32_t grid[3];
     for (int a = 0; a < 3; a++) grid[a] = (c.canvas[a] + c.tile[a] - 1) / c.tile[a];
-    c.H = rint_in(1, MAXH);
+    c.H = sta_test_rint(1, MAXH);
     c.n_windows = i % 2 ? (int32_t)c.H : 1;
     for (int hh = 0; hh < c.n_windows; hh++)
       for (int a = 0; a < 3; a++) {
-        int32_t k = (int32_t)(2 * rint_in(0, 2) + 1);
-        if (rint_in(0, 4) == 0) k = grid[a] + (int32_t)rint_in(0, 1);
+        int32_t k = (int32_t)(2 * sta_test_rint(0, 2) + 1);
+        if (sta_test_rint(0, 4) == 0) k = grid[a] + (int32_t)sta_test_rint(0, 1);
         if (k < grid[a] && k % 2 == 0) k++;
         c.windows[3 * hh + a] = k;
       }
-    c.text = rint_in(0, 3) ? rint_in(0, 300) : 0;
-    c.text_len = rint_in(0, 2) ? -1 : rint_in(0, c.text);
-    c.B = rint_in(1, 2);
-    c.D = rint_in(0, 1) ? 128 : 64;
-    c.dtype = rint_in(0, 1) ? STA_BF16 : STA_F16;
-    c.layout = (sta_layout)rint_in(0, 1);
-    c.order = (int)rint_in(0, 1);
-    c.scale = rint_in(0, 3) ? 0.0f : 0.06f;
+    c.text = sta_test_rint(0, 3) ? sta_test_rint(0, 300) : 0;
+    c.text_len = sta_test_rint(0, 2) ? -1 : sta_test_rint(0, c.text);
+    c.B = sta_test_rint(1, 2);
+    c.D = sta_test_rint(0, 1) ? 128 : 64;
+    c.dtype = sta_test_rint(0, 1) ? STA_BF16 : STA_F16;
+    c.layout = (sta_layout)sta_test_rint(0, 1);
+    c.order = (int)sta_test_rint(0, 1);
+    c.scale = sta_test_rint(0, 3) ? 0.0f : 0.06f;
     run_case(&c);
   }
   printf("# worst rel L2 (dq, dk, dv): bf16 %.3g %.3g %.3g; f16 %.3g %.3g %.3g\n",
@@ -262,7 +245,7 @@ static void test_tiled_order(void **state) {
   case_init(&c, 12, 24, 24); /* whole tiles: TMA */
   c.tiled = 1; c.text = 70; c.text_len = 50;
   run_case(&c);
-  c.D = 64; c.dtype = STA_F16; c.layout = STA_BHSD; c.order = 1; c.B = 2; c.seed = rnd();
+  c.D = 64; c.dtype = STA_F16; c.layout = STA_BHSD; c.order = 1; c.B = 2; c.seed = sta_test_rnd();
   run_case(&c);
   case_init(&c, 13, 21, 19); /* partial tiles: padding rows, gathered */
   c.tiled = 1; c.H = 3; c.n_windows = 3; c.text = 9;
@@ -274,14 +257,14 @@ static void test_tiled_order(void **state) {
   c.D = 64;
   run_case(&c);
   for (int i = 0; i < 12; i++) {
-    case_init(&c, (int32_t)rint_in(1, 16), (int32_t)rint_in(1, 20), (int32_t)rint_in(1, 20));
-    if (i % 2) for (int a = 0; a < 3; a++) c.tile[a] = (int32_t)rint_in(1, 6);
+    case_init(&c, (int32_t)sta_test_rint(1, 16), (int32_t)sta_test_rint(1, 20), (int32_t)sta_test_rint(1, 20));
+    if (i % 2) for (int a = 0; a < 3; a++) c.tile[a] = (int32_t)sta_test_rint(1, 6);
     c.tiled = 1;
-    c.text = rint_in(0, 1) ? rint_in(0, 150) : 0;
-    c.text_len = rint_in(0, 1) ? -1 : rint_in(0, c.text);
-    c.D = rint_in(0, 1) ? 128 : 64;
-    c.dtype = rint_in(0, 1) ? STA_BF16 : STA_F16;
-    c.layout = (sta_layout)rint_in(0, 1);
+    c.text = sta_test_rint(0, 1) ? sta_test_rint(0, 150) : 0;
+    c.text_len = sta_test_rint(0, 1) ? -1 : sta_test_rint(0, c.text);
+    c.D = sta_test_rint(0, 1) ? 128 : 64;
+    c.dtype = sta_test_rint(0, 1) ? STA_BF16 : STA_F16;
+    c.layout = (sta_layout)sta_test_rint(0, 1);
     c.windows[0] = c.windows[1] = c.windows[2] = 99; /* the whole canvas */
     if (i % 3) c.windows[0] = c.windows[1] = c.windows[2] = 1;
     run_case(&c);
@@ -407,7 +390,7 @@ int main(void) {
   const char *s = getenv("STA_TEST_SEED");
   uint64_t seed = s ? strtoull(s, NULL, 10) : (uint64_t)time(NULL);
   printf("# STA_TEST_SEED=%llu\n", (unsigned long long)seed);
-  rng_state = seed * 2654435761ull + 88172645463325252ull;
+  sta_test_seed(seed * 2654435761ull + 88172645463325252ull);
   if (!sta_backend_available(STA_CUDA))
     printf("# no CUDA backend: %s\n", sta_backend_describe(STA_CUDA));
   const struct CMUnitTest tests[] = {

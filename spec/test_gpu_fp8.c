@@ -30,23 +30,6 @@
 #define OK(call) do { sta_status r_ = (call); \
   if (r_ != STA_OK) fail_msg("%s: %s", #call, sta_last_error()); } while (0)
 
-#define NEED_GPU()                                                    \
-  do {                                                                \
-    (void)state;                                                      \
-    if (!sta_backend_available(STA_CUDA)) skip();                     \
-  } while (0)
-
-static uint64_t rng_state;
-
-static uint64_t rnd(void) {
-  uint64_t x = rng_state;
-  x ^= x << 13;
-  x ^= x >> 7;
-  x ^= x << 17;
-  return rng_state = x;
-}
-static int64_t rin(int64_t lo, int64_t hi) { return lo + (int64_t)(rnd() % (uint64_t)(hi - lo + 1)); }
-
 static int cases(void) {
   const char *s = getenv("STA_GPU_CASES");
   return s && atoi(s) > 0 ? atoi(s) : 60;
@@ -68,38 +51,38 @@ typedef struct twin {
 static void twin_make(twin *t, int kind, int kernel) { /* kernel 1: bf16/f16; 2: and f32 */
   int32_t grid[3];
   static const int32_t tiles[4][3] = {{6, 8, 8}, {2, 4, 4}, {3, 4, 8}, {1, 2, 2}};
-  const int32_t *tl = tiles[rin(0, 3)];
+  const int32_t *tl = tiles[sta_test_rint(0, 3)];
   memset(t, 0, sizeof *t);
-  sta_geometry_init(&t->d.geom, (int32_t)rin(1, 13), (int32_t)rin(1, 19), (int32_t)rin(1, 21));
+  sta_geometry_init(&t->d.geom, (int32_t)sta_test_rint(1, 13), (int32_t)sta_test_rint(1, 19), (int32_t)sta_test_rint(1, 21));
   for (int i = 0; i < 3; i++) t->d.geom.tile[i] = tl[i];
-  t->d.geom.order = rin(0, 1) ? STA_ORDER_TILED : STA_ORDER_UNTILED;
-  int64_t text = rin(0, 3) ? rin(0, 40) : 0;
-  t->d.geom.text_len = rin(0, 1) ? -1 : rin(0, text);
-  t->d.layout = rin(0, 1) ? STA_BHSD : STA_BSHD;
+  t->d.geom.order = sta_test_rint(0, 1) ? STA_ORDER_TILED : STA_ORDER_UNTILED;
+  int64_t text = sta_test_rint(0, 3) ? sta_test_rint(0, 40) : 0;
+  t->d.geom.text_len = sta_test_rint(0, 1) ? -1 : sta_test_rint(0, text);
+  t->d.layout = sta_test_rint(0, 1) ? STA_BHSD : STA_BSHD;
   t->d.precision = STA_PRECISION_FP8;
-  t->B = rin(1, 2);
-  t->H = rin(1, 3);
+  t->B = sta_test_rint(1, 2);
+  t->H = sta_test_rint(1, 3);
   static const int64_t dims[6] = {64, 128, 64, 128, 32, 160};
-  t->D = dims[rin(0, kernel ? 3 : 5)]; /* kernel 2: f32 too (the fp8 kernel's) */
+  t->D = dims[sta_test_rint(0, kernel ? 3 : 5)]; /* kernel 2: f32 too (the fp8 kernel's) */
   static const sta_dtype dts[3] = {STA_BF16, STA_F16, STA_F32};
-  t->dt = dts[rin(0, kernel == 1 ? 1 : 2)];
+  t->dt = dts[sta_test_rint(0, kernel == 1 ? 1 : 2)];
   sta_geometry_grid(&t->d.geom, grid);
   t->d.n_windows = (int32_t)t->H;
   for (int64_t h = 0; h < t->H; h++)
     for (int a = 0; a < 3; a++) {
-      int32_t c = grid[a], w = (int32_t)(2 * rin(0, 2) + 1);
+      int32_t c = grid[a], w = (int32_t)(2 * sta_test_rint(0, 2) + 1);
       t->win[3 * h + a] = w > c ? c : w;
     }
   t->d.windows = t->win;
   t->S = (t->d.geom.order == STA_ORDER_TILED ? sta_geometry_video_rows(&t->d.geom)
                                                : sta_geometry_video_tokens(&t->d.geom)) + text;
-  int pad = (int)rin(0, 1) * 8;
+  int pad = (int)sta_test_rint(0, 1) * 8;
   int bshd = t->d.layout == STA_BSHD;
   int64_t shape[4] = {t->B, bshd ? t->S : t->H, bshd ? t->H : t->S, t->D + pad};
   for (int i = 0; i < 3; i++) {
     sta_tensor *f = NULL;
     OK(sta_tensor_create(&f, STA_F32, STA_CPU, 4, shape));
-    OK(sta_tensor_randn(f, rnd(), 0.0, 1.0 + 2.0 * (double)i));
+    OK(sta_tensor_randn(f, sta_test_rnd(), 0.0, 1.0 + 2.0 * (double)i));
     if (kind && i < 2) { /* shared offsets; k: outlier channels */
       float *x = sta_tensor_data(f);
       for (int64_t e = 0; e < sta_tensor_numel(f); e++) {
@@ -231,7 +214,7 @@ static void test_prepass_bits_large(void **state) {
   int64_t shape[4] = {1, t.S, 2, 128};
   for (int i = 0; i < 3; i++) {
     OK(sta_tensor_create(&t.hb[i], STA_BF16, STA_CPU, 4, shape));
-    OK(sta_tensor_randn(t.hb[i], rnd(), 0.5, 2.0));
+    OK(sta_tensor_randn(t.hb[i], sta_test_rnd(), 0.5, 2.0));
     OK(sta_tensor_narrow(&t.h[i], t.hb[i], 3, 0, 128));
     OK(sta_tensor_to(&t.db[i], t.hb[i], STA_BF16, STA_CUDA));
     OK(sta_tensor_narrow(&t.dv[i], t.db[i], 3, 0, 128));
@@ -438,7 +421,7 @@ static void test_fp8_forward_tiles(void **state) {
     int64_t shape[4] = {1, cs[c].bhsd ? 2 : t.S, cs[c].bhsd ? t.S : 2, t.D};
     for (int i = 0; i < 3; i++) {
       OK(sta_tensor_create(&t.hb[i], t.dt, STA_CPU, 4, shape));
-      OK(sta_tensor_randn(t.hb[i], rnd(), 0.2 * i, 1.0 + i));
+      OK(sta_tensor_randn(t.hb[i], sta_test_rnd(), 0.2 * i, 1.0 + i));
       if (cs[c].order == STA_ORDER_TILED) sta_test_fill_pad(t.hb[i], &t.d.geom, t.d.layout, NAN);
       OK(sta_tensor_narrow(&t.h[i], t.hb[i], 3, 0, t.D));
       OK(sta_tensor_to(&t.db[i], t.hb[i], t.dt, STA_CUDA));
@@ -469,7 +452,7 @@ static void test_fp8_errors(void **state) {
     int64_t shape[4] = {1, 128, 1, cs[c].D}, ls[3] = {1, 1, 128};
     sta_tensor *h = NULL, *q = NULL, *o = NULL, *l = NULL;
     OK(sta_tensor_create(&h, STA_F32, STA_CPU, 4, shape));
-    OK(sta_tensor_randn(h, rnd(), 0, 1));
+    OK(sta_tensor_randn(h, sta_test_rnd(), 0, 1));
     OK(sta_tensor_to(&q, h, cs[c].dt, STA_CUDA));
     OK(sta_tensor_create(&o, cs[c].dt, STA_CUDA, 4, shape));
     OK(sta_tensor_create(&l, STA_F32, STA_CUDA, 3, ls));
@@ -504,16 +487,16 @@ static void test_fp8_layer_and_8bit_operands(void **state) {
   sta_tensor *h = NULL, *q = NULL, *o = NULL, *o2 = NULL, *q8h = NULL, *q8 = NULL;
   sta_tensor *sch = NULL, *vsh = NULL, *sc = NULL, *vs = NULL, *oh = NULL;
   OK(sta_tensor_create(&h, STA_F32, STA_CPU, 4, shape));
-  OK(sta_tensor_randn(h, rnd(), 0, 1));
+  OK(sta_tensor_randn(h, sta_test_rnd(), 0, 1));
   OK(sta_tensor_to(&q, h, STA_BF16, STA_CUDA));
   OK(sta_tensor_to(&q8h, h, STA_F8E4M3, STA_CPU));
   OK(sta_tensor_to(&q8, q8h, STA_F8E4M3, STA_CUDA));
   OK(sta_tensor_create(&o, STA_BF16, STA_CUDA, 4, shape));
   OK(sta_tensor_create(&o2, STA_BF16, STA_CUDA, 4, shape));
   OK(sta_tensor_create(&sch, STA_F32, STA_CPU, 3, ls));
-  OK(sta_tensor_randn(sch, rnd(), 1.0, 0.2));
+  OK(sta_tensor_randn(sch, sta_test_rnd(), 1.0, 0.2));
   OK(sta_tensor_create(&vsh, STA_F32, STA_CPU, 3, cs));
-  OK(sta_tensor_randn(vsh, rnd(), 1.0, 0.2));
+  OK(sta_tensor_randn(vsh, sta_test_rnd(), 1.0, 0.2));
   OK(sta_tensor_to(&sc, sch, STA_F32, STA_CUDA));
   OK(sta_tensor_to(&vs, vsh, STA_F32, STA_CUDA));
   sta_forward_batch *fb = NULL;
@@ -547,9 +530,10 @@ static void test_fp8_layer_and_8bit_operands(void **state) {
 
 int main(void) {
   const char *s = getenv("STA_TEST_SEED");
-  rng_state = s ? strtoull(s, NULL, 10) : (uint64_t)time(NULL);
-  if (!rng_state) rng_state = 1;
-  printf("# STA_TEST_SEED=%llu\n", (unsigned long long)rng_state);
+  uint64_t seed = s ? strtoull(s, NULL, 10) : (uint64_t)time(NULL);
+  if (!seed) seed = 1;
+  sta_test_seed(seed);
+  printf("# STA_TEST_SEED=%llu\n", (unsigned long long)seed);
   if (sta_backend_available(STA_CUDA)) printf("# %s\n", sta_backend_describe(STA_CUDA));
   else printf("# no CUDA backend: %s\n", sta_backend_describe(STA_CUDA));
   const struct CMUnitTest tests[] = {

@@ -22,12 +22,6 @@
 #include "internal.h"
 #include "ops_util.h"
 
-#define NEED_GPU()                                                    \
-  do {                                                                \
-    (void)state;                                                      \
-    if (!sta_backend_available(STA_CUDA)) skip();                     \
-  } while (0)
-
 static int cases(void) {
   const char *s = getenv("STA_GPU_CASES");
   return s && atoi(s) > 0 ? atoi(s) : 150;

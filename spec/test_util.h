@@ -13,6 +13,32 @@
 
 #include "sta.h"
 
+/* xorshift64 for the tests' fresh random inputs: sta_test_seed() once (in
+** main, from STA_TEST_SEED or the clock), then sta_test_rnd(). */
+static inline uint64_t *sta_test_rng(void) {
+  static uint64_t state = 88172645463325252ull;
+  return &state;
+}
+static inline void sta_test_seed(uint64_t seed) { *sta_test_rng() = seed ? seed : 1; }
+static inline uint64_t sta_test_rnd(void) {
+  uint64_t x = *sta_test_rng();
+  x ^= x << 13;
+  x ^= x >> 7;
+  x ^= x << 17;
+  return *sta_test_rng() = x;
+}
+/* Uniform in [lo, hi] (inclusive). */
+static inline int64_t sta_test_rint(int64_t lo, int64_t hi) {
+  return lo + (int64_t)(sta_test_rnd() % (uint64_t)(hi - lo + 1));
+}
+
+/* First line of a GPU test: skip it where there is no CUDA device. */
+#define NEED_GPU()                                \
+  do {                                            \
+    (void)state;                                  \
+    if (!sta_backend_available(STA_CUDA)) skip(); \
+  } while (0)
+
 /* A call that must fail: status want and, unless msg is NULL, exactly the
 ** message msg (STA.md section 9's strings are matched word for word). */
 static inline void sta_expect_err(sta_status rc, sta_status want, const char *msg) {
