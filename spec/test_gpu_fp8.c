@@ -362,14 +362,13 @@ static int same_bits(const sta_tensor *a, const sta_tensor *b) {
   return same;
 }
 
-/* The kernel variants to run (STA_FP8_TEST_VARIANTS, default "1,0": the
-** default first;
-** kernels/kernel_fp8.cuh): the same sums in the same order, so the same
-** bits; the first is checked against the reference. */
+/* The kernel variants to run (STA_FP8_TEST_VARIANTS, default "1,0,2": the
+** default first; kernels/kernel_fp8.cuh): the same sums in the same order,
+** so the same bits; the first is checked against the reference. */
 static int test_variants(int *v) {
   const char *e = getenv("STA_FP8_TEST_VARIANTS");
   int n = 0;
-  for (const char *c = e && *e ? e : "1,0"; *c && n < 8; c++)
+  for (const char *c = e && *e ? e : "1,0,2"; *c && n < 8; c++)
     if (*c >= '0' && *c <= '9') v[n++] = *c - '0';
   return n;
 }
@@ -457,16 +456,25 @@ static void test_fp8_forward(void **state) {
 ** head. */
 static void test_fp8_forward_tiles(void **state) {
   NEED_GPU();
-  static const struct { int32_t c[3]; int64_t text, D; sta_dtype dt; int order, bhsd; } cs[] = {
-    {{12, 16, 24}, 256, 128, STA_BF16, STA_ORDER_UNTILED, 0},
-    {{12, 16, 24}, 48, 64, STA_F16, STA_ORDER_TILED, 1},
-    {{10, 14, 20}, 16, 128, STA_F16, STA_ORDER_TILED, 0}};
+  /* the last: 576 items of 32 rows, several per CTA of STA_FP8_VARIANT=2's
+  ** persistent launch (both Q buffers, the barriers' phases turning) */
+  static const struct {
+    int32_t c[3], tl[3];
+    int64_t text, D;
+    sta_dtype dt;
+    int order, bhsd;
+  } cs[] = {{{12, 16, 24}, {0, 0, 0}, 256, 128, STA_BF16, STA_ORDER_UNTILED, 0},
+            {{12, 16, 24}, {0, 0, 0}, 48, 64, STA_F16, STA_ORDER_TILED, 1},
+            {{10, 14, 20}, {0, 0, 0}, 16, 128, STA_F16, STA_ORDER_TILED, 0},
+            {{12, 24, 32}, {2, 4, 4}, 40, 128, STA_BF16, STA_ORDER_UNTILED, 0}};
   for (size_t c = 0; c < sizeof cs / sizeof cs[0]; c++) {
     if (getenv("STA_GPU_QUICK") && c > 0) break;
     twin t;
     int32_t grid[3];
     memset(&t, 0, sizeof t);
     sta_geometry_init(&t.d.geom, cs[c].c[0], cs[c].c[1], cs[c].c[2]);
+    if (cs[c].tl[0])
+      for (int a = 0; a < 3; a++) t.d.geom.tile[a] = cs[c].tl[a];
     t.d.geom.order = cs[c].order;
     t.d.geom.text_len = cs[c].text - 3;
     t.d.layout = cs[c].bhsd ? STA_BHSD : STA_BSHD;
