@@ -5,8 +5,9 @@
 ** per work item (FP8_BM query rows of a query tile, or of the text rows)
 ** and (batch, head): two consumer warpgroups of 64 rows; all 256 threads
 ** load the next key block by cp.async into the other of two buffers while
-** the warpgroups compute this one (mainloop_fp8.cuh).  A first, plain
-** version: no producer warpgroup, TMA or persistence yet.
+** the warpgroups compute this one (mainloop_fp8.cuh).  Variant 2
+** (sta_fp8_fwd_ws, below): a producer warpgroup, setmaxnreg, persistent
+** CTAs; still cp.async, no TMA.
 **
 ** Shared tiles are rows of 128 bytes (D 64 fills the first half), 16-byte
 ** chunk c of row r at c ^ (r & 7): mma.cuh's 128-byte swizzle.  V planes
