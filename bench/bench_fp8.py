@@ -4,7 +4,7 @@ bf16 sta and what a user would otherwise run, in one run on the GPU machine.
 
   bench_fp8.py [--lib build/libsta.so] [--reps N] [--out DIR] [--no-flex]
                [--no-accuracy] [--cases a,b,...] [--variants 1,0]
-               [--prepass 1,2,0]
+               [--prepass 1,2,3,0]
 
 Through bench_gpu.py's ctypes mirrors (checked against core/sta.h), its
 timing (CUDA events, median of REPS) and its FLOP count:
@@ -18,7 +18,8 @@ timing (CUDA events, median of REPS) and its FLOP count:
      fp8 under each kernel variant of --variants (STA_FP8_VARIANT), the
      first the one reported as "fp8", the others beside it; and under
      each quantize pre-pass variant of --prepass (STA_FP8_PREPASS: 0 the
-     first kernels, 1 the bandwidth ones, 2 those with V's e4m3 by cvt),
+     first kernels, 1 the bandwidth ones, 2 those with V's e4m3 by cvt, 3 2
+     with fewer registers in fp8_rows_v),
      the first reported, each one's pre-pass time beside it;
      the fp8 forward's quantize pre-pass and its attention kernel
      separately, by torch.profiler's kernel times;
@@ -278,7 +279,7 @@ def main():
     ap.add_argument("--no-accuracy", action="store_true")
     ap.add_argument("--cases", default=",".join(CASES))
     ap.add_argument("--variants", default="1,0", help="STA_FP8_VARIANT values to time")
-    ap.add_argument("--prepass", default="1,2,0", help="STA_FP8_PREPASS values to time")
+    ap.add_argument("--prepass", default="1,2,3,0", help="STA_FP8_PREPASS values to time")
     a = ap.parse_args()
     os.makedirs(a.out, exist_ok=True)
     logf = open(os.path.join(a.out, "bench_fp8.log"), "a")

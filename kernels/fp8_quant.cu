@@ -260,7 +260,8 @@ __global__ void fp8_bias(const __grid_constant__ QuantArgs a, int64_t n) {
 ** Variant 2 converts V to e4m3 (and back) by cvt.rn.satfinite.e4m3x2 and
 ** cvt.rn.f16x2.e4m3x2 instead of internal.h's integer routines: the same
 ** values by PTX's definition (RNE, subnormals, saturation to 448), NaN
-** forced to 0x7f as the host writes it. */
+** forced to 0x7f as the host writes it.  Variant 3: 2 with fp8_rows_v's
+** LOW layout (72 registers at D 128: 3 blocks per SM, against 97 and 2). */
 
 /* 8 consecutive elements of ES bytes (16-byte aligned). */
 template <int ES> struct Row8 {
@@ -426,9 +427,13 @@ template <int D, int ES> constexpr size_t rows_v_smem() {
   return (size_t)2 * D * VP + (size_t)QROWS * (D * ES + 4) + (size_t)D * 4 + QROWS * 4;
 }
 
-template <int D, int ES, bool HW>
-__global__ void __launch_bounds__(2 * D) fp8_rows_v(const __grid_constant__ QuantArgs a) {
+/* LOW (variant 3): fewer registers for 3 blocks of 256 threads per SM at D
+** 128: q and k loaded two passes at a time, V's loads after them. */
+template <int D, int ES, bool HW, bool LOW>
+__global__ void __launch_bounds__(2 * D, LOW ? 768 / (2 * D) : 1)
+    fp8_rows_v(const __grid_constant__ QuantArgs a) {
   constexpr int TPR = D / 8, QP = D * ES + 4; /* q row pitch in shared memory */
+  constexpr int PB = LOW ? 2 : 4;            /* passes loaded at once */
   extern __shared__ __align__(16) unsigned char smem[];
   uint8_t *vt = smem;                       /* [2][D][VP] */
   unsigned char *qs = smem + 2 * D * VP;    /* [QROWS][QP]: q's rows as loaded */
@@ -445,20 +450,26 @@ __global__ void __launch_bounds__(2 * D) fp8_rows_v(const __grid_constant__ Quan
   const char *qb = a.q + (b * a.q_sb + h * a.q_sh + 8 * g) * ES,
              *kb = a.k + (b * a.k_sb + h * a.k_sh + 8 * g) * ES,
              *vb = a.v + (b * a.v_sb + h * a.v_sh + 8 * gv) * ES;
-  Row8<ES> xq[4], xk[4], xv[4];
+  Row8<ES> xq[PB], xk[PB], xv[4];
+  auto load_qk = [&](int p0) {
 #pragma unroll
-  for (int p = 0; p < 4; p++) {
-    const int i = 16 * p + ri, s = rs[i];
-    zero8<ES>(xq[p]); zero8<ES>(xk[p]);
-    if (s >= 0) ld8<ES>(xq[p], qb + (int64_t)s * a.q_ss * ES);
-    if (s >= 0 && r0 + i < a.g.keys_end) ld8<ES>(xk[p], kb + (int64_t)s * a.k_ss * ES);
-  }
+    for (int p = p0; p < p0 + PB; p++) {
+      const int i = 16 * p + ri, s = rs[i];
+      zero8<ES>(xq[p - p0]); zero8<ES>(xk[p - p0]);
+      if (s >= 0) ld8<ES>(xq[p - p0], qb + (int64_t)s * a.q_ss * ES);
+      if (s >= 0 && r0 + i < a.g.keys_end) ld8<ES>(xk[p - p0], kb + (int64_t)s * a.k_ss * ES);
+    }
+  };
+  auto load_v = [&] {
 #pragma unroll
-  for (int j = 0; j < 4; j++) {
-    const int i = 4 * rq + j, s = rs[i];
-    zero8<ES>(xv[j]);
-    if (s >= 0 && r0 + i < a.g.keys_end) ld8<ES>(xv[j], vb + (int64_t)s * a.v_ss * ES);
-  }
+    for (int j = 0; j < 4; j++) {
+      const int i = 4 * rq + j, s = rs[i];
+      zero8<ES>(xv[j]);
+      if (s >= 0 && r0 + i < a.g.keys_end) ld8<ES>(xv[j], vb + (int64_t)s * a.v_ss * ES);
+    }
+  };
+  load_qk(0);
+  if (!LOW) load_v();
   float pq[8], pk[8], mk[8];
 #pragma unroll
   for (int j = 0; j < 8; j++) {
@@ -469,13 +480,15 @@ __global__ void __launch_bounds__(2 * D) fp8_rows_v(const __grid_constant__ Quan
   }
 #pragma unroll
   for (int p = 0; p < 4; p++) {
+    if (p % PB == 0 && p > 0) load_qk(p);
+    const int x = p % PB; /* the pass's registers */
     const int i = 16 * p + ri, s = rs[i];
     const int64_t r = r0 + i, row = bh * R + r;
     const bool key = s >= 0 && r < a.g.keys_end;
     float y[8];
     uint2 c;
 #pragma unroll
-    for (int j = 0; j < 8; j++) y[j] = s >= 0 ? sta_fmul(elt<ES>(xq[p], j, a.dt), pq[j]) : 0.0f;
+    for (int j = 0; j < 8; j++) y[j] = s >= 0 ? sta_fmul(elt<ES>(xq[x], j, a.dt), pq[j]) : 0.0f;
     float sc = quant8<TPR>(y, c);
     if (s != -2) {
       *(uint2 *)(a.o.q8 + row * D + 8 * g) = c;
@@ -483,16 +496,17 @@ __global__ void __launch_bounds__(2 * D) fp8_rows_v(const __grid_constant__ Quan
     }
 #pragma unroll
     for (int w = 0; w < 2 * ES; w++) /* 4-byte stores: QP is 4 mod 16 */
-      *(uint32_t *)(qs + i * QP + 8 * ES * g + 4 * w) = word<ES>(xq[p], w);
+      *(uint32_t *)(qs + i * QP + 8 * ES * g + 4 * w) = word<ES>(xq[x], w);
 #pragma unroll
     for (int j = 0; j < 8; j++)
-      y[j] = key ? sta_fmul(elt<ES>(xk[p], j, a.dt) - mk[j], pk[j]) : 0.0f;
+      y[j] = key ? sta_fmul(elt<ES>(xk[x], j, a.dt) - mk[j], pk[j]) : 0.0f;
     sc = quant8<TPR>(y, c);
     if (s != -2) {
       *(uint2 *)(a.o.k8 + row * D + 8 * g) = c;
       if (g == 0) a.o.k_scale[row] = sc;
     }
   }
+  if (LOW) load_v();
   {
     float vi[8];
 #pragma unroll
@@ -599,14 +613,15 @@ bool rows16(const void *x, int64_t sb, int64_t ss, int64_t sh, const sta_attn_pa
 }
 
 /* The pre-pass variant (STA_FP8_PREPASS, read per call: 0 the first
-** kernels, 1 the fast path (the default), 2 it with V's e4m3 by cvt),
+** kernels, 1 the fast path (the default), 2 it with V's e4m3 by cvt, 3 2
+** with fp8_rows_v's fewer registers (LOW)),
 ** 0 where the fast path does not apply (head_dim not 64 or 128, rows not
 ** 16-byte aligned, output buffers not 8-byte aligned). */
 int prepass_variant(const sta_attn_params *p, const sta_fp8_ops *o) {
   const char *v = getenv("STA_FP8_PREPASS");
   const int pv = v && *v ? atoi(v) : 1;
   const int64_t es = (int64_t)sta_dtype_size(p->dtype);
-  if (pv != 1 && pv != 2) return 0;
+  if (pv < 1 || pv > 3) return 0;
   if (p->head_dim != 64 && p->head_dim != 128) return 0;
   if (p->dtype != STA_BF16 && p->dtype != STA_F16 && p->dtype != STA_F32) return 0;
   if (!rows16(p->q, p->q_sb, p->q_ss, p->q_sh, p, es) ||
@@ -620,7 +635,9 @@ int prepass_variant(const sta_attn_params *p, const sta_fp8_ops *o) {
 template <int D, int ES>
 sta_status prepass_fast_d(const QuantArgs &a, int pv, cudaStream_t sm) {
   constexpr size_t shm = rows_v_smem<D, ES>();
-  void (*rows)(QuantArgs) = pv == 2 ? fp8_rows_v<D, ES, true> : fp8_rows_v<D, ES, false>;
+  void (*rows)(QuantArgs) = pv == 3   ? fp8_rows_v<D, ES, true, true>
+                            : pv == 2 ? fp8_rows_v<D, ES, true, false>
+                                      : fp8_rows_v<D, ES, false, false>;
   cudaError_t e;
   if (shm > 48 * 1024 &&
       (e = cudaFuncSetAttribute(rows, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)shm)) !=

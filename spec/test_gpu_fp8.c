@@ -152,12 +152,12 @@ static int ops_fields(sta_fp8_ops *o, void ***slot, size_t *bytes) {
 static const char *const FIELD[9] = {"q8", "k8", "v8", "q_scale", "k_scale", "q_bias",
                                      "k_mean", "v_scale", "eq"};
 
-/* The pre-pass variants to run (STA_FP8_TEST_PREPASS, default "1,2,0":
+/* The pre-pass variants to run (STA_FP8_TEST_PREPASS, default "1,2,3,0":
 ** kernels/fp8_quant.cu's STA_FP8_PREPASS), each checked bit for bit. */
 static int prepass_variants(int *v) {
   const char *e = getenv("STA_FP8_TEST_PREPASS");
   int n = 0;
-  for (const char *c = e && *e ? e : "1,2,0"; *c && n < 8; c++)
+  for (const char *c = e && *e ? e : "1,2,3,0"; *c && n < 8; c++)
     if (*c >= '0' && *c <= '9') v[n++] = *c - '0';
   return n;
 }
