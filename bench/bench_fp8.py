@@ -4,6 +4,7 @@ bf16 sta and what a user would otherwise run, in one run on the GPU machine.
 
   bench_fp8.py [--lib build/libsta.so] [--reps N] [--out DIR] [--no-flex]
                [--no-accuracy] [--cases a,b,...] [--variants 1,0]
+               [--prepass 1,2,3,0]
 
 Through sta_bench.py's ctypes mirrors (checked against core/sta.h), its
 timing (CUDA events, median of REPS) and its FLOP count:
@@ -15,7 +16,11 @@ timing (CUDA events, median of REPS) and its FLOP count:
      softmax), FlexAttention bf16 with the STA block mask (not with per-head
      windows), cuDNN dense SDPA; ms and TFLOP/s (the STA FLOPs for all);
      fp8 under each kernel variant of --variants (STA_FP8_VARIANT), the
-     first the one reported as "fp8", the others beside it;
+     first the one reported as "fp8", the others beside it; and under
+     each quantize pre-pass variant of --prepass (STA_FP8_PREPASS: 0 the
+     first kernels, 1 the bandwidth ones, 2 those with V's e4m3 by cvt, 3 2
+     with fewer registers in fp8_rows_v),
+     the first reported, each one's pre-pass time beside it;
      the fp8 forward's quantize pre-pass and its attention kernel
      separately, by torch.profiler's kernel times;
   3. accuracy at full hunyuan-720p size (24 heads, D 128): fp8 and bf16 sta
@@ -75,8 +80,9 @@ def gemm_ceiling(reps, log):
 
 
 def kernel_times(fn, reps):
-    """ms per call of fn's CUDA kernels by kind: the pre-pass (fp8_stats,
-    fp8_finish, fp8_rows, fp8_bias), the attention kernel, the rest."""
+    """ms per call of fn's CUDA kernels by kind: the pre-pass (fp8_src,
+    fp8_stats(_v), fp8_finish, fp8_rows(_v), fp8_bias), the attention kernel,
+    the rest."""
     from torch.profiler import ProfilerActivity, profile
     fn()
     torch.cuda.synchronize()
@@ -91,9 +97,10 @@ def kernel_times(fn, reps):
             us = getattr(e, "cuda_time_total", 0.0)
         if not us:
             continue
-        names = ("fp8_stats", "fp8_finish", "fp8_rows", "fp8_bias", "sta_fp8_fwd")
+        names = ("fp8_src", "fp8_stats_v", "fp8_rows_v", "fp8_stats", "fp8_finish", "fp8_rows",
+                 "fp8_bias", "sta_fp8_fwd")
         short = next((n for n in names if n in e.key), e.key[:40])
-        key = ("prepass_ms" if short in names[:4]
+        key = ("prepass_ms" if short in names[:-1]
                else "kernel_ms" if short == "sta_fp8_fwd" else "other_ms")
         out[key] += us / 1e3 / reps
         out["by_kernel"][short] = out["by_kernel"].get(short, 0.0) + us / 1e3 / reps
@@ -104,7 +111,11 @@ def set_variant(v):
     os.environ["STA_FP8_VARIANT"] = str(v)  # read by the library at each call
 
 
-def bench(sta, names, reps, log, flex, variants):
+def set_prepass(v):
+    os.environ["STA_FP8_PREPASS"] = str(v)  # read by the library at each call
+
+
+def bench(sta, names, reps, log, flex, variants, prepass):
     from torch.nn.attention import SDPBackend, sdpa_kernel
     import torch.nn.functional as F
     flexfns = bg.flex_setup() if flex else None
@@ -114,21 +125,36 @@ def bench(sta, names, reps, log, flex, variants):
         g, S, (q, k, v, o), fl = bench_gpu.variant_inputs(case)
         row = dict(name=name, S=S, heads=H, D=D, windows=win[:3] if len(win) == 3 else "per head",
                    tflop=fl / 1e12)
-        ms8, ms16 = {x: [] for x in variants}, []
+        ms8, ms16, msp = {x: [] for x in variants}, [], {x: [] for x in prepass[1:]}
+        v0 = variants[0]
         for _ in range(2):  # alternated, twice
+            set_prepass(prepass[0])
             for x in variants:
                 set_variant(x)
                 ms8[x].append(bg.time_ms(lambda: sta.forward(g, q, k, v, o, precision=FP8),
                                          reps)[0])
+            set_variant(v0)
+            for x in prepass[1:]:
+                set_prepass(x)
+                msp[x].append(bg.time_ms(lambda: sta.forward(g, q, k, v, o, precision=FP8),
+                                         reps)[0])
+            set_prepass(prepass[0])
             ms16.append(bg.time_ms(lambda: sta.forward(g, q, k, v, o), reps)[0])
-        v0 = variants[0]
         row.update(fp8_ms=min(ms8[v0]), fp8_ms_all=ms8, bf16_ms=min(ms16), bf16_ms_all=ms16,
                    fp8_tflops=fl / min(ms8[v0]) / 1e9, bf16_tflops=fl / min(ms16) / 1e9,
-                   fp8_ms_by_variant={str(x): min(ms8[x]) for x in variants})
+                   fp8_ms_by_variant={str(x): min(ms8[x]) for x in variants},
+                   fp8_ms_by_prepass=dict([(str(prepass[0]), min(ms8[v0]))] +
+                                          [(str(x), min(msp[x])) for x in prepass[1:]]))
         try:
             set_variant(v0)
-            row.update(kernel_times(lambda: sta.forward(g, q, k, v, o, precision=FP8),
-                                    max(3, reps // 4)))
+            row["prepass_ms_by_prepass"], row["by_kernel_by_prepass"] = {}, {}
+            for x in reversed(prepass):  # the first last: its times are the row's
+                set_prepass(x)
+                kt = kernel_times(lambda: sta.forward(g, q, k, v, o, precision=FP8),
+                                  max(3, reps // 4))
+                row["prepass_ms_by_prepass"][str(x)] = kt["prepass_ms"]
+                row["by_kernel_by_prepass"][str(x)] = kt["by_kernel"]
+            row.update(kt)
         except Exception as ex:
             row["profile_error"] = repr(ex)[:300]
         qh, kh, vh = (t.transpose(1, 2) for t in (q, k, v))
@@ -152,11 +178,19 @@ def bench(sta, names, reps, log, flex, variants):
         del q, k, v, o, qh, kh, vh
         torch.cuda.empty_cache()
     log("")
-    log("kernel times per call (ms, torch.profiler, variant %s): " % variants[0])
+    log("kernel times per call (ms, torch.profiler, variant %s), per pre-pass variant: "
+        % variants[0])
     for r in rows:
-        if "by_kernel" in r:
-            log("  %s: %s" % (r["name"], ", ".join("%s %.2f" % kv for kv in
-                                                  sorted(r["by_kernel"].items()))))
+        for x, bk in r.get("by_kernel_by_prepass", {}).items():
+            log("  %s STA_FP8_PREPASS=%s: %s" % (r["name"], x, ", ".join(
+                "%s %.3f" % kv for kv in sorted(bk.items()))))
+    log("")
+    log("| case | pre-pass variant | fp8 ms | pre-pass ms |")
+    log("|---|---|---|---|")
+    for r in rows:
+        for x, ms in r["fp8_ms_by_prepass"].items():
+            pp = r.get("prepass_ms_by_prepass", {}).get(x)
+            log("| %s | %s | %.2f | %s |" % (r["name"], x, ms, "%.3f" % pp if pp else "n/a"))
     log("")
     log("ms: the better of two alternated runs (median of REPS each); TFLOP/s of the STA "
         "FLOPs; pre-pass and kernel: torch.profiler kernel times per call")
@@ -246,6 +280,7 @@ def main():
     ap.add_argument("--no-accuracy", action="store_true")
     ap.add_argument("--cases", default=",".join(CASES))
     ap.add_argument("--variants", default="1,0", help="STA_FP8_VARIANT values to time")
+    ap.add_argument("--prepass", default="1,2,3,0", help="STA_FP8_PREPASS values to time")
     a = ap.parse_args()
     os.makedirs(a.out, exist_ok=True)
     logf = open(os.path.join(a.out, "bench_fp8.log"), "a")
@@ -261,8 +296,10 @@ def main():
     log("# %s | %s | torch %s | %s" % (res["gpu"], sta.describe, torch.__version__, res["date"]))
     res["gemm"] = gemm_ceiling(a.reps, log)
     variants = [int(x) for x in a.variants.split(",") if x]
-    res["bench"] = bench(sta, a.cases.split(","), a.reps, log, not a.no_flex, variants)
+    prepass = [int(x) for x in a.prepass.split(",") if x]
+    res["bench"] = bench(sta, a.cases.split(","), a.reps, log, not a.no_flex, variants, prepass)
     set_variant(variants[0])
+    set_prepass(prepass[0])
     log("")
     log("fp8 GEMM ceiling (torch._scaled_mm e4m3, 8192^3): %.0f TFLOP/s; bf16 torch.mm: %.0f" %
         (res["gemm"]["fp8_tflops"], res["gemm"]["bf16_tflops"]))

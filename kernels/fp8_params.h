@@ -30,12 +30,17 @@ struct Fp8Params {
   int v_vec;               /* R % 16 == 0: V by 16-byte copies where aligned */
   int has_pad;             /* partial tiles: padding rows among the tiles' rows */
   float scale_log2, scale;
+  /* variant 2 (persistent): items over every (batch, head), longest first
+  ** (kernel_fp8.cuh, fp8_ws_item); sched: tile_scheduler.cuh's counters */
+  int items_per_bh, n_items;
+  int *sched;
   int16_t win[3 * STA_MAX_HEADS]; /* min(K, C) per head and axis */
 };
 
 /* The kernel over x's items (n_items x bh CTAs) on this thread's stream
 ** (kernel_fp8.cuh; instantiated in fp8_api.cu); variant: STA_FP8_VARIANT
-** (0: the lockstep first version, else the mbarrier-decoupled warpgroups). */
+** (0: the lockstep first version, 1: the mbarrier-decoupled warpgroups,
+** 2: a producer warpgroup, setmaxnreg, persistent CTAs). */
 template <int D>
 sta_status run_fp8(const Fp8Params &x, int64_t bh, int64_t n_items, int variant);
 

@@ -5,8 +5,9 @@
 ** per work item (FP8_BM query rows of a query tile, or of the text rows)
 ** and (batch, head): two consumer warpgroups of 64 rows; all 256 threads
 ** load the next key block by cp.async into the other of two buffers while
-** the warpgroups compute this one (mainloop_fp8.cuh).  A first, plain
-** version: no producer warpgroup, TMA or persistence yet.
+** the warpgroups compute this one (mainloop_fp8.cuh).  Variant 2
+** (sta_fp8_fwd_ws, below): a producer warpgroup, setmaxnreg, persistent
+** CTAs; still cp.async, no TMA.
 **
 ** Shared tiles are rows of 128 bytes (D 64 fills the first half), 16-byte
 ** chunk c of row r at c ^ (r & 7): mma.cuh's 128-byte swizzle.  V planes
@@ -17,7 +18,10 @@
 #ifndef STA_KERNEL_FP8_CUH
 #define STA_KERNEL_FP8_CUH
 
+#include <stdlib.h>
+
 #include "mainloop_fp8.cuh"
+#include "tile_scheduler.cuh" /* next_item, sched_slot */
 
 namespace sta {
 
@@ -85,21 +89,21 @@ struct Fp8Walk {
 ** cp.async (bytewise where V's rows are not 16-byte aligned), keys past
 ** len zero; the per-column (k_scale, 0) or (0, -inf) for keys that are not
 ** keys (past len, padding rows of partial tiles: looked up only where the
-** canvas has partial tiles). */
-template <int D, int NB>
+** canvas has partial tiles).  L: the layout; NT threads (tid < NT) load. */
+template <int D, class L, int NT = 256>
 __device__ __forceinline__ void fp8_load_block(const Fp8Params &a, unsigned char *sm, int buf,
                                                int64_t bh, int64_t start, int len, int tid) {
-  using L = Fp8Smem<D, NB>;
+  static_assert(NT >= FP8_BK, "a thread per key's info");
   unsigned char *sk = sm + L::K + buf * L::KB, *sv = sm + L::V + buf * L::VB;
   const int8_t *k8 = a.k8 + (bh * a.R + start) * D;
-  for (int x = tid; x < FP8_BK * (D / 16); x += 256) {
+  for (int x = tid; x < FP8_BK * (D / 16); x += NT) {
     const int c = x / (D / 16), ch = x % (D / 16), kp = fp8_col_key(c);
     cp_async16(smem_u32(sk + c * 128 + ((ch ^ (c & 7)) << 4)), kp < len ? k8 + kp * D + ch * 16 : a.k8,
                kp < len ? 16 : 0);
   }
   const uint8_t *v8 = a.v8 + bh * 2 * D * a.R + start;
   const bool vec = a.v_vec && (start & 15) == 0;
-  for (int x = tid; x < 2 * D * 8; x += 256) {
+  for (int x = tid; x < 2 * D * 8; x += NT) {
     const int r = x >> 3, ch = x & 7, n = len - ch * 16; /* r = plane * D + d */
     const uint8_t *src = v8 + (int64_t)r * a.R + ch * 16;
     unsigned char *dst = sv + r * 128 + ((ch ^ (r & 7)) << 4);
@@ -121,15 +125,16 @@ __device__ __forceinline__ void fp8_load_block(const Fp8Params &a, unsigned char
   }
 }
 
-/* The item's query rows [q0, q1) and its key runs (wk: written by thread 0
-** only, read after a barrier). */
-__device__ __forceinline__ void fp8_item(const Fp8Params &a, int64_t item, int h, Fp8Runs &wk,
-                                         int64_t &q0, int64_t &q1, int tid) {
+/* The item's query rows [q0, q1) and its key runs (wk: written only where
+** runs is set: by thread 0 of variants 0 and 1, read after a barrier; by
+** every thread of variant 2, in its registers). */
+__device__ __forceinline__ void fp8_item_runs(const Fp8Params &a, int64_t item, int h,
+                                              Fp8Runs &wk, int64_t &q0, int64_t &q1, bool runs) {
   if (item < a.n_video_items) {
     const int64_t tq = item / a.qbpt;
     q0 = tq * a.vol + (item % a.qbpt) * FP8_BM;
     q1 = q0 + FP8_BM < (tq + 1) * a.vol ? q0 + FP8_BM : (tq + 1) * a.vol;
-    if (tid) return;
+    if (!runs) return;
     const int tc[3] = {(int)(tq / ((int64_t)a.g.grid[1] * a.g.grid[2])),
                        (int)((tq / a.g.grid[2]) % a.g.grid[1]), (int)(tq % a.g.grid[2])};
 #pragma unroll
@@ -145,10 +150,58 @@ __device__ __forceinline__ void fp8_item(const Fp8Params &a, int64_t item, int h
   } else {
     q0 = a.g.tiled_video + (item - a.n_video_items) * FP8_BM;
     q1 = q0 + FP8_BM < a.R ? q0 + FP8_BM : a.R;
-    if (tid) return;
+    if (!runs) return;
     wk.text_item = 1;
     wk.nruns = 1;
   }
+}
+__device__ __forceinline__ void fp8_item(const Fp8Params &a, int64_t item, int h, Fp8Runs &wk,
+                                         int64_t &q0, int64_t &q1, int tid) {
+  fp8_item_runs(a, item, h, wk, q0, q1, tid == 0);
+}
+
+/* Q's FP8_BM rows from q0 into dst (rows past R zero) by NT threads. */
+template <int D, int NT>
+__device__ __forceinline__ void fp8_load_q(const Fp8Params &a, unsigned char *dst, int64_t bh,
+                                           int64_t q0, int tid) {
+  for (int x = tid; x < FP8_BM * (D / 16); x += NT) {
+    const int r = x / (D / 16), ch = x % (D / 16);
+    const bool ok = q0 + r < a.R;
+    cp_async16(smem_u32(dst + r * 128 + ((ch ^ (r & 7)) << 4)),
+               ok ? a.q8 + (bh * a.R + q0 + r) * D + ch * 16 : a.q8, ok ? 16 : 0);
+  }
+}
+
+/* This thread's quantized row i (0, 1) of an item from q0 (warpgroup wg,
+** warp w). */
+__device__ __forceinline__ int64_t fp8_row(int64_t q0, int wg, int w, int lane, int i) {
+  return q0 + wg * 64 + w * 16 + (lane >> 2) + 8 * i;
+}
+
+/* The running state before an item's first key block. */
+template <int D>
+__device__ __forceinline__ void fp8_rows_init(Fp8Rows<D> &st, const Fp8Params &a, int64_t bh,
+                                              int64_t q0, int wg, int w, int lane) {
+  for (int i = 0; i < 2; i++) {
+    const int64_t r = fp8_row(q0, wg, w, lane, i);
+    st.qsc[i] = r < a.R ? a.q_scale[bh * a.R + r] * a.scale_log2 : 0.0f;
+    st.m[i] = -INFINITY;
+    st.l[i] = 0.0f;
+  }
+#pragma unroll
+  for (int x = 0; x < D / 2; x++) st.o[x] = 0.0f;
+}
+
+/* The item's output rows of this thread (rows past q1: -1) stored. */
+template <int D>
+__device__ __forceinline__ void fp8_finish_item(const Fp8Params &a, Fp8Rows<D> &st, int64_t bh,
+                                                int64_t q0, int64_t q1, int wg, int w, int lane) {
+  int64_t rows[2];
+  for (int i = 0; i < 2; i++) {
+    const int64_t r = fp8_row(q0, wg, w, lane, i);
+    rows[i] = r < q1 ? r : -1;
+  }
+  fp8_store<D>(a, st, bh, rows, lane & 3);
 }
 
 /* VAR 0 (STA_FP8_VARIANT=0): all threads load the next block while both
@@ -179,17 +232,12 @@ __global__ void __launch_bounds__(256, 1) sta_fp8_fwd(const __grid_constant__ Fp
     }
   __syncthreads(); /* runs, barriers */
   /* Q, then the first key block(s) */
-  for (int x = tid; x < FP8_BM * (D / 16); x += 256) {
-    const int r = x / (D / 16), ch = x % (D / 16);
-    const bool ok = q0 + r < a.R;
-    cp_async16(smem_u32(sm + L::Q + r * 128 + ((ch ^ (r & 7)) << 4)),
-               ok ? a.q8 + (bh * a.R + q0 + r) * D + ch * 16 : a.q8, ok ? 16 : 0);
-  }
+  fp8_load_q<D, 256>(a, sm + L::Q, bh, q0, tid);
   int64_t ks;
   int kl, issued = 0;
   for (int p = 0; p < NB - 1; p++) {
     if (wk.next(a, runs, ks, kl)) {
-      fp8_load_block<D, NB>(a, sm, p, bh, ks, kl, tid);
+      fp8_load_block<D, L>(a, sm, p, bh, ks, kl, tid);
       issued++;
     }
     cp_async_commit();
@@ -200,14 +248,7 @@ __global__ void __launch_bounds__(256, 1) sta_fp8_fwd(const __grid_constant__ Fp
     mbar_arrive(&full[0]);
   }
   Fp8Rows<D> st;
-  for (int i = 0; i < 2; i++) {
-    const int64_t r = q0 + wg * 64 + w * 16 + (lane >> 2) + 8 * i;
-    st.qsc[i] = r < a.R ? a.q_scale[bh * a.R + r] * a.scale_log2 : 0.0f;
-    st.m[i] = -INFINITY;
-    st.l[i] = 0.0f;
-  }
-#pragma unroll
-  for (int x = 0; x < D / 2; x++) st.o[x] = 0.0f;
+  fp8_rows_init<D>(st, a, bh, q0, wg, w, lane);
   const uint32_t dq = sdesc_lo(sm + L::Q + wg * 64 * 128, 16);
   const uint32_t dk0 = sdesc_lo(sm + L::K, 16), dv0 = sdesc_lo(sm + L::V, 16);
   const float4 *info0 = (const float4 *)(sm + L::INFO);
@@ -222,7 +263,7 @@ __global__ void __launch_bounds__(256, 1) sta_fp8_fwd(const __grid_constant__ Fp
     if (wk.next(a, runs, ks, kl)) {
       const int b2 = issued % NB;
       if (ASYNC && issued >= NB) mbar_wait(&empty[b2], (issued / NB - 1) & 1);
-      fp8_load_block<D, NB>(a, sm, b2, bh, ks, kl, tid);
+      fp8_load_block<D, L>(a, sm, b2, bh, ks, kl, tid);
       issued++;
     }
     cp_async_commit();
@@ -239,12 +280,214 @@ __global__ void __launch_bounds__(256, 1) sta_fp8_fwd(const __grid_constant__ Fp
     if (ASYNC) mbar_arrive(&empty[b]);
   }
   cp_async_wait_all();
-  int64_t rows[2];
-  for (int i = 0; i < 2; i++) {
-    const int64_t r = q0 + wg * 64 + w * 16 + (lane >> 2) + 8 * i;
-    rows[i] = r < q1 ? r : -1;
+  fp8_finish_item<D>(a, st, bh, q0, q1, wg, w, lane);
+}
+
+/* ---- variant 2: a producer warpgroup, persistent CTAs ----------------------- */
+
+/* Its shared memory: two Q buffers (item k of a CTA in k & 1, so the next
+** item's Q loads under this one's blocks), NB key-block buffers as
+** Fp8Smem's, the barriers (full[NB], empty[NB], qfull[2], qempty[2]) and
+** the items of the Q buffers. */
+template <int D, int NB> struct Fp8WsSmem {
+  static constexpr int KB = FP8_BK * 128, VB = 2 * D * 128;
+  static constexpr int Q = 0;
+  static constexpr int K = Q + 2 * FP8_BM * 128;
+  static constexpr int V = K + NB * KB;
+  static constexpr int INFO = V + NB * VB;
+  static constexpr int BAR = INFO + NB * FP8_BK * 8;
+  static constexpr int ITEM = BAR + (2 * NB + 4) * 8;
+  static constexpr int BYTES = ITEM + 8;
+};
+constexpr int FP8_WS_NB = 3, FP8_WS_PREG = 88, FP8_WS_CREG = 208;
+static_assert(128 * (FP8_WS_PREG + 2 * FP8_WS_CREG) <= (65536 / 384) / 8 * 8 * 384,
+              "setmaxnreg: more registers than the launch gives the CTA");
+
+/* Work item j of a variant 2 launch: (batch * head, item of fp8_item).
+** The text query blocks of every head first (each over all keys: the
+** longest), then head by head its tile items in order (neighbours share
+** key blocks in L2). */
+__device__ __forceinline__ void fp8_ws_item(const Fp8Params &a, int j, int64_t &bh,
+                                            int64_t &it) {
+  const int nt = a.items_per_bh - a.n_video_items;
+  const int64_t nbh = a.n_items / a.items_per_bh;
+  if (j < nbh * nt) {
+    bh = j / nt;
+    it = a.n_video_items + j % nt;
+  } else {
+    const int64_t x = j - nbh * nt;
+    bh = x / a.n_video_items;
+    it = x % a.n_video_items;
   }
-  fp8_store<D>(a, st, bh, rows, lane & 3);
+}
+
+/* The number of key blocks Fp8Walk gives over runs r. */
+__device__ __forceinline__ int fp8_nblocks(const Fp8Params &a, const Fp8Runs &r) {
+  const int64_t text = a.g.keys_end - a.g.tiled_video;
+  if (r.text_item) return (int)((a.g.keys_end + FP8_BK - 1) / FP8_BK);
+  return r.cnt[0] * r.cnt[1] * (int)(((int64_t)r.cnt[2] * a.vol + FP8_BK - 1) / FP8_BK) +
+         (text > 0 ? (int)((text + FP8_BK - 1) / FP8_BK) : 0);
+}
+
+/* The producer warpgroup (pt: 0..127): items from the scheduler, each one's
+** Q into its buffer, then its key blocks through the ring, all by cp.async
+** (fp8_load_block).  A group is signalled (every producer thread arrives:
+** full, qfull count 128) once the next group is issued, as produce_gather
+** in producer_fwd.cuh; the last one before the end. */
+template <int D, bool PERSIST>
+__device__ __forceinline__ void fp8_produce(const Fp8Params &a, unsigned char *sm, int pt) {
+  using L = Fp8WsSmem<D, FP8_WS_NB>;
+  constexpr int NB = FP8_WS_NB;
+  uint64_t *full = (uint64_t *)(sm + L::BAR), *empty = full + NB, *qfull = empty + NB,
+           *qempty = qfull + 2;
+  int *sitem = (int *)(sm + L::ITEM);
+  uint64_t *pend = nullptr;
+  int g = 0; /* key blocks so far */
+  for (int k = 0;; k++) {
+    const int qb = k & 1;
+    if (k >= 2) mbar_wait(&qempty[qb], ((k >> 1) - 1) & 1);
+    bar_named(1, 128); /* every producer thread has read sitem[qb] of item k - 2 */
+    if (pt == 0) sitem[qb] = next_item<PERSIST>(a, k);
+    bar_named(1, 128);
+    const int j = sitem[qb];
+    if (j < 0) {
+      if (pend) {
+        cp_async_wait_all();
+        fence_proxy_async();
+        mbar_arrive(pend);
+      }
+      mbar_arrive(&qfull[qb]); /* the consumers read -1 and stop */
+      return;
+    }
+    int64_t bh, it, q0, q1, ks;
+    int kl;
+    fp8_ws_item(a, j, bh, it);
+    Fp8Runs runs;
+    Fp8Walk wk = {0, 0};
+    fp8_item_runs(a, it, (int)(bh % a.heads), runs, q0, q1, true);
+    fp8_load_q<D, 128>(a, sm + L::Q + qb * FP8_BM * 128, bh, q0, pt);
+    cp_async_commit();
+    if (pend) {
+      cp_async_wait_1();
+      fence_proxy_async();
+      mbar_arrive(pend);
+    }
+    pend = &qfull[qb];
+    while (wk.next(a, runs, ks, kl)) {
+      const int b = g % NB;
+      if (g >= NB) mbar_wait(&empty[b], (g / NB - 1) & 1);
+      fp8_load_block<D, L, 128>(a, sm, b, bh, ks, kl, pt);
+      cp_async_commit();
+      cp_async_wait_1();
+      fence_proxy_async();
+      mbar_arrive(pend);
+      pend = &full[b];
+      g++;
+    }
+  }
+}
+
+/* The two consumer warpgroups (tid 0..255): per item, its blocks as
+** variant 1 computes them (fp8_block: the same bits), Q released after
+** the last S, then the output rows. */
+template <int D>
+__device__ __forceinline__ void fp8_consume(const Fp8Params &a, unsigned char *sm, int tid) {
+  using L = Fp8WsSmem<D, FP8_WS_NB>;
+  constexpr int NB = FP8_WS_NB;
+  const int wg = tid >> 7, lane = tid & 31, w = (tid >> 5) & 3;
+  uint64_t *full = (uint64_t *)(sm + L::BAR), *empty = full + NB, *qfull = empty + NB,
+           *qempty = qfull + 2;
+  const int *sitem = (const int *)(sm + L::ITEM);
+  const uint32_t dk0 = sdesc_lo(sm + L::K, 16), dv0 = sdesc_lo(sm + L::V, 16);
+  const float4 *info0 = (const float4 *)(sm + L::INFO);
+  constexpr uint32_t KSTEP = L::KB >> 4, VSTEP = L::VB >> 4;
+  int g = 0;
+  for (int k = 0;; k++) {
+    const int qb = k & 1;
+    mbar_wait(&qfull[qb], (k >> 1) & 1);
+    const int j = sitem[qb];
+    if (j < 0) return;
+    int64_t bh, it, q0, q1;
+    fp8_ws_item(a, j, bh, it);
+    Fp8Runs runs;
+    fp8_item_runs(a, it, (int)(bh % a.heads), runs, q0, q1, true);
+    const int nb = fp8_nblocks(a, runs);
+    fence_proxy_async();
+    Fp8Rows<D> st;
+    fp8_rows_init<D>(st, a, bh, q0, wg, w, lane);
+    const uint32_t dq = sdesc_lo(sm + L::Q + qb * FP8_BM * 128 + wg * 64 * 128, 16);
+    for (int n = 0; n < nb; n++, g++) {
+      const int b = g % NB;
+      mbar_wait(&full[b], (g / NB) & 1);
+      fence_proxy_async();
+      fp8_block<D>(st, dq, dk0 + b * KSTEP, dv0 + b * VSTEP, info0 + b * (FP8_BK / 2), lane & 3);
+      mbar_arrive(&empty[b]);
+    }
+    mbar_arrive(&qempty[qb]);
+    fp8_finish_item<D>(a, st, bh, q0, q1, wg, w, lane);
+  }
+}
+
+/* VAR 2 (STA_FP8_VARIANT=2): 384 threads, warpgroup 2 the producer
+** (setmaxnreg down), 0 and 1 the consumers (up); PERSIST: one CTA per SM
+** taking items from tile_scheduler.cuh's counter, else one per item. */
+template <int D, bool PERSIST>
+__global__ void __launch_bounds__(384, 1) sta_fp8_fwd_ws(const __grid_constant__ Fp8Params a) {
+  using L = Fp8WsSmem<D, FP8_WS_NB>;
+  constexpr int NB = FP8_WS_NB;
+  extern __shared__ unsigned char fp8_smem_raw[];
+  unsigned char *sm = (unsigned char *)(((uintptr_t)fp8_smem_raw + 1023) & ~(uintptr_t)1023);
+  const int tid = threadIdx.x;
+  const int wg = __shfl_sync(0xffffffffu, tid >> 7, 0); /* warp-uniform */
+  if (tid == 0) {
+    uint64_t *bar = (uint64_t *)(sm + L::BAR);
+    for (int b = 0; b < NB; b++) {
+      mbar_init(&bar[b], 128);      /* full: the producer threads */
+      mbar_init(&bar[NB + b], 256); /* empty: the consumer threads */
+    }
+    for (int b = 0; b < 2; b++) {
+      mbar_init(&bar[2 * NB + b], 128);     /* qfull */
+      mbar_init(&bar[2 * NB + 2 + b], 256); /* qempty */
+    }
+  }
+  __syncthreads();
+  if (wg == 2) {
+    setmaxnreg_dec<FP8_WS_PREG>();
+    fp8_produce<D, PERSIST>(a, sm, tid - 256);
+    return;
+  }
+  setmaxnreg_inc<FP8_WS_CREG>();
+  fp8_consume<D>(a, sm, tid);
+}
+
+template <int D, bool PERSIST> sta_status launch_fp8_ws(const Fp8Params &x, int grid) {
+  const int smem = Fp8WsSmem<D, FP8_WS_NB>::BYTES + 1024;
+  cudaError_t e = cudaFuncSetAttribute(sta_fp8_fwd_ws<D, PERSIST>,
+                                       cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+  if (e != cudaSuccess) return sta_cuda_fail(e, "fp8 attention: shared memory");
+  sta_fp8_fwd_ws<D, PERSIST><<<(unsigned)grid, 384, smem, sta_cuda_stream()>>>(x);
+  e = cudaGetLastError();
+  return e == cudaSuccess ? STA_OK : sta_cuda_fail(e, "fp8 attention: kernel launch");
+}
+
+/* Variant 2 over bh x n_items items: persistent where the scheduler's
+** counters are there (sched_slot), else a CTA per item. */
+template <int D> sta_status run_fp8_ws(const Fp8Params &x0, int64_t bh, int64_t n_items) {
+  if (bh * n_items > 0x7fffffff)
+    return sta_error(STA_ERR_UNSUPPORTED, "attention: %lld fp8 work items, too many for the "
+                     "CUDA backend", (long long)(bh * n_items));
+  Fp8Params *x = (Fp8Params *)malloc(sizeof(Fp8Params)); /* about 7 KB: off the stack */
+  if (!x) return sta_error(STA_ERR_NOMEM, "attention: out of host memory");
+  *x = x0;
+  x->items_per_bh = (int)n_items;
+  x->n_items = (int)(bh * n_items);
+  sta_status s = sched_slot(&x->sched);
+  if (s == STA_OK) {
+    const int n = x->n_items, sms = sta_cuda_sm_count();
+    s = x->sched ? launch_fp8_ws<D, true>(*x, sms < n ? sms : n) : launch_fp8_ws<D, false>(*x, n);
+  }
+  free(x);
+  return s;
 }
 
 template <int D, int VAR> sta_status launch_fp8(const Fp8Params &x, int64_t bh, int64_t n_items) {
@@ -258,7 +501,9 @@ template <int D, int VAR> sta_status launch_fp8(const Fp8Params &x, int64_t bh, 
 }
 
 template <int D> sta_status run_fp8(const Fp8Params &x, int64_t bh, int64_t n_items, int variant) {
-  return variant == 0 ? launch_fp8<D, 0>(x, bh, n_items) : launch_fp8<D, 1>(x, bh, n_items);
+  return variant == 0   ? launch_fp8<D, 0>(x, bh, n_items)
+         : variant == 2 ? run_fp8_ws<D>(x, bh, n_items)
+                        : launch_fp8<D, 1>(x, bh, n_items);
 }
 
 } /* namespace sta */

@@ -135,6 +135,16 @@ static int ops_fields(sta_fp8_ops *o, void ***slot, size_t *bytes) {
 static const char *const FIELD[9] = {"q8", "k8", "v8", "q_scale", "k_scale", "q_bias",
                                      "k_mean", "v_scale", "eq"};
 
+/* The pre-pass variants to run (STA_FP8_TEST_PREPASS, default "1,2,3,0":
+** kernels/fp8_quant.cu's STA_FP8_PREPASS), each checked bit for bit. */
+static int prepass_variants(int *v) {
+  const char *e = getenv("STA_FP8_TEST_PREPASS");
+  int n = 0;
+  for (const char *c = e && *e ? e : "1,2,3,0"; *c && n < 8; c++)
+    if (*c >= '0' && *c <= '9') v[n++] = *c - '0';
+  return n;
+}
+
 static void check_prepass(twin *t) {
   sta_tensor *ho = NULL, *dout = NULL;
   int64_t os[4];
@@ -149,36 +159,43 @@ static void check_prepass(twin *t) {
   sta_fp8_ops ho8, dev;
   OK(sta_fp8_ops_alloc(&ho8, t->B, t->H, g.rows, t->D));
   OK(sta_cpu_fp8_quantize(&hp, &ho8));
-  memset(&dev, 0, sizeof dev);
-  dev.batch = t->B; dev.heads = t->H; dev.rows = g.rows; dev.head_dim = t->D;
-  void **slot[9];
-  size_t bytes[9];
-  sta_tensor *buf[9];
-  int n = ops_fields(&dev, slot, bytes);
-  for (int i = 0; i < n; i++) { /* garbage first: every byte must be written */
-    sta_tensor *h = NULL;
-    int64_t len = (int64_t)bytes[i];
-    OK(sta_tensor_create(&h, STA_F8E4M3, STA_CPU, 1, &len));
-    memset(sta_tensor_data(h), 0xab, bytes[i]);
-    OK(sta_tensor_to(&buf[i], h, STA_F8E4M3, STA_CUDA));
-    sta_tensor_destroy(h);
-    *slot[i] = sta_tensor_data(buf[i]);
-  }
-  OK(sta_cuda_fp8_quantize(&dp, &dev));
-  OK(sta_cuda_synchronize());
   void **hslot[9];
   size_t hbytes[9];
   ops_fields(&ho8, hslot, hbytes);
-  for (int i = 0; i < n; i++) {
-    sta_tensor *h = NULL;
-    OK(sta_tensor_to(&h, buf[i], STA_F8E4M3, STA_CPU));
-    const unsigned char *a = sta_tensor_data(h), *b = *hslot[i];
-    for (size_t j = 0; j < bytes[i]; j++)
-      if (a[j] != b[j])
-        fail_msg("%s: %s byte %zu of %zu: device 0x%02x, host 0x%02x", twin_str(t), FIELD[i], j,
-                 bytes[i], a[j], b[j]);
-    sta_tensor_destroy(h);
-    sta_tensor_destroy(buf[i]);
+  int pv[8], npv = prepass_variants(pv);
+  for (int v = 0; v < npv; v++) {
+    memset(&dev, 0, sizeof dev);
+    dev.batch = t->B; dev.heads = t->H; dev.rows = g.rows; dev.head_dim = t->D;
+    void **slot[9];
+    size_t bytes[9];
+    sta_tensor *buf[9];
+    int n = ops_fields(&dev, slot, bytes);
+    for (int i = 0; i < n; i++) { /* garbage first: every byte must be written */
+      sta_tensor *h = NULL;
+      int64_t len = (int64_t)bytes[i];
+      OK(sta_tensor_create(&h, STA_F8E4M3, STA_CPU, 1, &len));
+      memset(sta_tensor_data(h), 0xab, bytes[i]);
+      OK(sta_tensor_to(&buf[i], h, STA_F8E4M3, STA_CUDA));
+      sta_tensor_destroy(h);
+      *slot[i] = sta_tensor_data(buf[i]);
+    }
+    char vs[2] = {(char)('0' + pv[v]), 0};
+    setenv("STA_FP8_PREPASS", vs, 1);
+    sta_status rc = sta_cuda_fp8_quantize(&dp, &dev);
+    unsetenv("STA_FP8_PREPASS");
+    if (rc != STA_OK) fail_msg("%s: STA_FP8_PREPASS=%d: %s", twin_str(t), pv[v], sta_last_error());
+    OK(sta_cuda_synchronize());
+    for (int i = 0; i < n; i++) {
+      sta_tensor *h = NULL;
+      OK(sta_tensor_to(&h, buf[i], STA_F8E4M3, STA_CPU));
+      const unsigned char *a = sta_tensor_data(h), *b = *hslot[i];
+      for (size_t j = 0; j < bytes[i]; j++)
+        if (a[j] != b[j])
+          fail_msg("%s: STA_FP8_PREPASS=%d: %s byte %zu of %zu: device 0x%02x, host 0x%02x",
+                   twin_str(t), pv[v], FIELD[i], j, bytes[i], a[j], b[j]);
+      sta_tensor_destroy(h);
+      sta_tensor_destroy(buf[i]);
+    }
   }
   sta_fp8_ops_free(&ho8);
   free((void *)hp.windows);
@@ -192,6 +209,35 @@ static void test_prepass_bits(void **state) {
   for (int c = 0; c < cases(); c++) {
     twin t;
     twin_make(&t, c & 1, 0);
+    check_prepass(&t);
+    twin_free(&t);
+  }
+}
+
+/* Extreme values among the operands' elements (+-60000, the largest of
+** every input dtype's range; 3e-5 and -1e-7, subnormal in f16 and below
+** e4m3's; -0) and views an element off 16-byte alignment (the fast
+** pre-pass's fallback): still the host's bits, every variant.  Finite
+** only: NaN's payload is not a contract (the device's arithmetic gives
+** the canonical NaN, the host's keeps the operand's). */
+static void test_prepass_bits_extremes(void **state) {
+  NEED_GPU();
+  static const float odd[6] = {60000.0f, -60000.0f, 3e-5f, -1e-7f, -0.0f, 300.0f};
+  for (int c = 0; c < 2 * (cases() < 8 ? cases() : 8); c++) {
+    twin t;
+    twin_make(&t, c & 1, 2);
+    for (int i = 0; i < 3; i++) { /* a few odd elements, then the device copy again */
+      size_t es = sta_dtype_size(t.dt);
+      int64_t n = sta_tensor_numel(t.hb[i]);
+      char *x = sta_tensor_data(t.hb[i]);
+      for (int j = 0; j < 1 + (int)(n / 4096); j++)
+        sta_store_f32(x + (size_t)rin(0, n - 1) * es, t.dt, odd[rin(0, 5)]);
+      int64_t off = c >= 8 && t.D + 1 <= sta_tensor_size(t.hb[i], 3) ? 1 : 0;
+      sta_tensor_destroy(t.h[i]); sta_tensor_destroy(t.db[i]); sta_tensor_destroy(t.dv[i]);
+      OK(sta_tensor_narrow(&t.h[i], t.hb[i], 3, off, t.D));
+      OK(sta_tensor_to(&t.db[i], t.hb[i], t.dt, STA_CUDA));
+      OK(sta_tensor_narrow(&t.dv[i], t.db[i], 3, off, t.D));
+    }
     check_prepass(&t);
     twin_free(&t);
   }
@@ -302,14 +348,13 @@ static int same_bits(const sta_tensor *a, const sta_tensor *b) {
   return same;
 }
 
-/* The kernel variants to run (STA_FP8_TEST_VARIANTS, default "1,0": the
-** default first;
-** kernels/kernel_fp8.cuh): the same sums in the same order, so the same
-** bits; the first is checked against the reference. */
+/* The kernel variants to run (STA_FP8_TEST_VARIANTS, default "1,0,2": the
+** default first; kernels/kernel_fp8.cuh): the same sums in the same order,
+** so the same bits; the first is checked against the reference. */
 static int test_variants(int *v) {
   const char *e = getenv("STA_FP8_TEST_VARIANTS");
   int n = 0;
-  for (const char *c = e && *e ? e : "1,0"; *c && n < 8; c++)
+  for (const char *c = e && *e ? e : "1,0,2"; *c && n < 8; c++)
     if (*c >= '0' && *c <= '9') v[n++] = *c - '0';
   return n;
 }
@@ -397,16 +442,25 @@ static void test_fp8_forward(void **state) {
 ** head. */
 static void test_fp8_forward_tiles(void **state) {
   NEED_GPU();
-  static const struct { int32_t c[3]; int64_t text, D; sta_dtype dt; int order, bhsd; } cs[] = {
-    {{12, 16, 24}, 256, 128, STA_BF16, STA_ORDER_UNTILED, 0},
-    {{12, 16, 24}, 48, 64, STA_F16, STA_ORDER_TILED, 1},
-    {{10, 14, 20}, 16, 128, STA_F16, STA_ORDER_TILED, 0}};
+  /* the last: 576 items of 32 rows, several per CTA of STA_FP8_VARIANT=2's
+  ** persistent launch (both Q buffers, the barriers' phases turning) */
+  static const struct {
+    int32_t c[3], tl[3];
+    int64_t text, D;
+    sta_dtype dt;
+    int order, bhsd;
+  } cs[] = {{{12, 16, 24}, {0, 0, 0}, 256, 128, STA_BF16, STA_ORDER_UNTILED, 0},
+            {{12, 16, 24}, {0, 0, 0}, 48, 64, STA_F16, STA_ORDER_TILED, 1},
+            {{10, 14, 20}, {0, 0, 0}, 16, 128, STA_F16, STA_ORDER_TILED, 0},
+            {{12, 24, 32}, {2, 4, 4}, 40, 128, STA_BF16, STA_ORDER_UNTILED, 0}};
   for (size_t c = 0; c < sizeof cs / sizeof cs[0]; c++) {
     if (getenv("STA_GPU_QUICK") && c > 0) break;
     twin t;
     int32_t grid[3];
     memset(&t, 0, sizeof t);
     sta_geometry_init(&t.d.geom, cs[c].c[0], cs[c].c[1], cs[c].c[2]);
+    if (cs[c].tl[0])
+      for (int a = 0; a < 3; a++) t.d.geom.tile[a] = cs[c].tl[a];
     t.d.geom.order = cs[c].order;
     t.d.geom.text_len = cs[c].text - 3;
     t.d.layout = cs[c].bhsd ? STA_BHSD : STA_BSHD;
@@ -538,6 +592,7 @@ int main(void) {
   else printf("# no CUDA backend: %s\n", sta_backend_describe(STA_CUDA));
   const struct CMUnitTest tests[] = {
     cmocka_unit_test(test_prepass_bits),
+    cmocka_unit_test(test_prepass_bits_extremes),
     cmocka_unit_test(test_prepass_bits_large),
     cmocka_unit_test(test_fp8_forward),
     cmocka_unit_test(test_fp8_forward_tiles),
