@@ -231,7 +231,7 @@ static void test_prepass_bits_extremes(void **state) {
       int64_t n = sta_tensor_numel(t.hb[i]);
       char *x = sta_tensor_data(t.hb[i]);
       for (int j = 0; j < 1 + (int)(n / 4096); j++)
-        sta_store_f32(x + (size_t)rin(0, n - 1) * es, t.dt, odd[rin(0, 5)]);
+        sta_store_f32(x + (size_t)sta_test_rint(0, n - 1) * es, t.dt, odd[sta_test_rint(0, 5)]);
       int64_t off = c >= 8 && t.D + 1 <= sta_tensor_size(t.hb[i], 3) ? 1 : 0;
       sta_tensor_destroy(t.h[i]); sta_tensor_destroy(t.db[i]); sta_tensor_destroy(t.dv[i]);
       OK(sta_tensor_narrow(&t.h[i], t.hb[i], 3, off, t.D));
