@@ -3,8 +3,7 @@
 bf16 sta and what a user would otherwise run, in one run on the GPU machine.
 
   bench_fp8.py [--lib build/libsta.so] [--reps N] [--out DIR] [--no-flex]
-               [--no-accuracy] [--cases a,b,...] [--variants 1,0]
-               [--prepass 1,2,3,0]
+               [--no-accuracy] [--cases a,b,...] [--prepass 1,0]
 
 Through sta_bench.py's ctypes mirrors (checked against core/sta.h), its
 timing (CUDA events, median of REPS) and its FLOP count:
@@ -15,11 +14,8 @@ timing (CUDA events, median of REPS) and its FLOP count:
      hunyuan-720p-full; randn bf16 inputs): fp8 sta, bf16 sta (exact
      softmax), FlexAttention bf16 with the STA block mask (not with per-head
      windows), cuDNN dense SDPA; ms and TFLOP/s (the STA FLOPs for all);
-     fp8 under each kernel variant of --variants (STA_FP8_VARIANT), the
-     first the one reported as "fp8", the others beside it; and under
-     each quantize pre-pass variant of --prepass (STA_FP8_PREPASS: 0 the
-     first kernels, 1 the bandwidth ones, 2 those with V's e4m3 by cvt, 3 2
-     with fewer registers in fp8_rows_v),
+     fp8 under each quantize pre-pass variant of --prepass (STA_FP8_PREPASS: 0 the
+     portable kernels, 1 the bandwidth ones),
      the first reported, each one's pre-pass time beside it;
      the fp8 forward's quantize pre-pass and its attention kernel
      separately, by torch.profiler's kernel times;
@@ -107,15 +103,11 @@ def kernel_times(fn, reps):
     return out
 
 
-def set_variant(v):
-    os.environ["STA_FP8_VARIANT"] = str(v)  # read by the library at each call
-
-
 def set_prepass(v):
     os.environ["STA_FP8_PREPASS"] = str(v)  # read by the library at each call
 
 
-def bench(sta, names, reps, log, flex, variants, prepass):
+def bench(sta, names, reps, log, flex, prepass):
     from torch.nn.attention import SDPBackend, sdpa_kernel
     import torch.nn.functional as F
     flexfns = bg.flex_setup() if flex else None
@@ -125,28 +117,21 @@ def bench(sta, names, reps, log, flex, variants, prepass):
         g, S, (q, k, v, o), fl = bench_gpu.variant_inputs(case)
         row = dict(name=name, S=S, heads=H, D=D, windows=win[:3] if len(win) == 3 else "per head",
                    tflop=fl / 1e12)
-        ms8, ms16, msp = {x: [] for x in variants}, [], {x: [] for x in prepass[1:]}
-        v0 = variants[0]
+        ms8, ms16, msp = [], [], {x: [] for x in prepass[1:]}
         for _ in range(2):  # alternated, twice
             set_prepass(prepass[0])
-            for x in variants:
-                set_variant(x)
-                ms8[x].append(bg.time_ms(lambda: sta.forward(g, q, k, v, o, precision=FP8),
-                                         reps)[0])
-            set_variant(v0)
+            ms8.append(bg.time_ms(lambda: sta.forward(g, q, k, v, o, precision=FP8), reps)[0])
             for x in prepass[1:]:
                 set_prepass(x)
                 msp[x].append(bg.time_ms(lambda: sta.forward(g, q, k, v, o, precision=FP8),
                                          reps)[0])
             set_prepass(prepass[0])
             ms16.append(bg.time_ms(lambda: sta.forward(g, q, k, v, o), reps)[0])
-        row.update(fp8_ms=min(ms8[v0]), fp8_ms_all=ms8, bf16_ms=min(ms16), bf16_ms_all=ms16,
-                   fp8_tflops=fl / min(ms8[v0]) / 1e9, bf16_tflops=fl / min(ms16) / 1e9,
-                   fp8_ms_by_variant={str(x): min(ms8[x]) for x in variants},
-                   fp8_ms_by_prepass=dict([(str(prepass[0]), min(ms8[v0]))] +
+        row.update(fp8_ms=min(ms8), fp8_ms_all=ms8, bf16_ms=min(ms16), bf16_ms_all=ms16,
+                   fp8_tflops=fl / min(ms8) / 1e9, bf16_tflops=fl / min(ms16) / 1e9,
+                   fp8_ms_by_prepass=dict([(str(prepass[0]), min(ms8))] +
                                           [(str(x), min(msp[x])) for x in prepass[1:]]))
         try:
-            set_variant(v0)
             row["prepass_ms_by_prepass"], row["by_kernel_by_prepass"] = {}, {}
             for x in reversed(prepass):  # the first last: its times are the row's
                 set_prepass(x)
@@ -178,8 +163,7 @@ def bench(sta, names, reps, log, flex, variants, prepass):
         del q, k, v, o, qh, kh, vh
         torch.cuda.empty_cache()
     log("")
-    log("kernel times per call (ms, torch.profiler, variant %s), per pre-pass variant: "
-        % variants[0])
+    log("kernel times per call (ms, torch.profiler), per pre-pass variant:")
     for r in rows:
         for x, bk in r.get("by_kernel_by_prepass", {}).items():
             log("  %s STA_FP8_PREPASS=%s: %s" % (r["name"], x, ", ".join(
@@ -195,17 +179,14 @@ def bench(sta, names, reps, log, flex, variants, prepass):
     log("ms: the better of two alternated runs (median of REPS each); TFLOP/s of the STA "
         "FLOPs; pre-pass and kernel: torch.profiler kernel times per call")
     log("")
-    log("| case | TFLOP | fp8 ms (variant %s) | fp8 TFLOP/s | pre-pass ms | fp8 kernel ms | "
-        "other variants ms | bf16 ms | bf16 TFLOP/s | fp8 vs bf16 | Flex ms | cuDNN dense ms |"
-        % variants[0])
-    log("|---|---|---|---|---|---|---|---|---|---|---|---|")
+    log("| case | TFLOP | fp8 ms | fp8 TFLOP/s | pre-pass ms | fp8 kernel ms | "
+        "bf16 ms | bf16 TFLOP/s | fp8 vs bf16 | Flex ms | cuDNN dense ms |")
+    log("|---|---|---|---|---|---|---|---|---|---|---|")
     f = lambda r, k: "%.2f" % r[k] if k in r else "n/a"  # noqa: E731
     for r in rows:
-        others = ", ".join("%s: %.2f" % (x, m) for x, m in r["fp8_ms_by_variant"].items()
-                           if x != str(variants[0])) or "-"
-        log("| %s | %.2f | %.2f | %.0f | %s | %s | %s | %.2f | %.0f | %.2fx | %s | %.1f |" % (
+        log("| %s | %.2f | %.2f | %.0f | %s | %s | %.2f | %.0f | %.2fx | %s | %.1f |" % (
             r["name"], r["tflop"], r["fp8_ms"], r["fp8_tflops"], f(r, "prepass_ms"),
-            f(r, "kernel_ms"), others, r["bf16_ms"], r["bf16_tflops"], r["bf16_ms"] / r["fp8_ms"],
+            f(r, "kernel_ms"), r["bf16_ms"], r["bf16_tflops"], r["bf16_ms"] / r["fp8_ms"],
             f(r, "flex_ms"), r["dense_ms"]))
     return rows
 
@@ -279,8 +260,7 @@ def main():
     ap.add_argument("--no-flex", action="store_true")
     ap.add_argument("--no-accuracy", action="store_true")
     ap.add_argument("--cases", default=",".join(CASES))
-    ap.add_argument("--variants", default="1,0", help="STA_FP8_VARIANT values to time")
-    ap.add_argument("--prepass", default="1,2,3,0", help="STA_FP8_PREPASS values to time")
+    ap.add_argument("--prepass", default="1,0", help="STA_FP8_PREPASS values to time")
     a = ap.parse_args()
     os.makedirs(a.out, exist_ok=True)
     logf = open(os.path.join(a.out, "bench_fp8.log"), "a")
@@ -295,10 +275,8 @@ def main():
                command=" ".join(sys.argv))
     log("# %s | %s | torch %s | %s" % (res["gpu"], sta.describe, torch.__version__, res["date"]))
     res["gemm"] = gemm_ceiling(a.reps, log)
-    variants = [int(x) for x in a.variants.split(",") if x]
     prepass = [int(x) for x in a.prepass.split(",") if x]
-    res["bench"] = bench(sta, a.cases.split(","), a.reps, log, not a.no_flex, variants, prepass)
-    set_variant(variants[0])
+    res["bench"] = bench(sta, a.cases.split(","), a.reps, log, not a.no_flex, prepass)
     set_prepass(prepass[0])
     log("")
     log("fp8 GEMM ceiling (torch._scaled_mm e4m3, 8192^3): %.0f TFLOP/s; bf16 torch.mm: %.0f" %

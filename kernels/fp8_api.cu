@@ -107,10 +107,8 @@ sta_status sta_cuda_attention_fp8(const sta_attn_params *p) {
       params_init(*x, p, o);
       const int64_t bh = p->batch * p->heads;
       const int64_t items = x->n_video_items + (g.rows - g.tiled_video + sta::FP8_BM - 1) / sta::FP8_BM;
-      const char *v = getenv("STA_FP8_VARIANT"); /* read per call: tests, benchmarks */
-      const int var = v && *v ? atoi(v) : 1; /* 1, the default: measured 4 % faster */
-      s = p->head_dim == 128 ? sta::run_fp8<128>(*x, bh, items, var)
-                             : sta::run_fp8<64>(*x, bh, items, var);
+      s = p->head_dim == 128 ? sta::run_fp8<128>(*x, bh, items)
+                             : sta::run_fp8<64>(*x, bh, items);
       free(x);
     }
   }

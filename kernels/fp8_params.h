@@ -37,12 +37,10 @@ struct Fp8Params {
   int16_t win[3 * STA_MAX_HEADS]; /* min(K, C) per head and axis */
 };
 
-/* The kernel over x's items (n_items x bh CTAs) on this thread's stream
-** (kernel_fp8.cuh; instantiated in fp8_api.cu); variant: STA_FP8_VARIANT
-** (0: the lockstep first version, 1: the mbarrier-decoupled warpgroups,
-** 2: a producer warpgroup, setmaxnreg, persistent CTAs). */
-template <int D>
-sta_status run_fp8(const Fp8Params &x, int64_t bh, int64_t n_items, int variant);
+/* The kernel over x's n_items x bh work items on this thread's stream
+** (kernel_fp8.cuh: a producer warpgroup, persistent CTAs; instantiated in
+** fp8_api.cu). */
+template <int D> sta_status run_fp8(const Fp8Params &x, int64_t bh, int64_t n_items);
 
 } /* namespace sta */
 

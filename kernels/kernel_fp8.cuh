@@ -1,13 +1,12 @@
 /*
-** kernel_fp8.cuh -- sta_fp8_fwd, the fp8 forward kernel (sm_90a) over the
-** quantize pre-pass's operands (core/internal.h, sta_fp8_ops; rows in the
-** tiled order, so every query and key block is a run of rows).  One CTA
-** per work item (FP8_BM query rows of a query tile, or of the text rows)
-** and (batch, head): two consumer warpgroups of 64 rows; all 256 threads
-** load the next key block by cp.async into the other of two buffers while
-** the warpgroups compute this one (mainloop_fp8.cuh).  Variant 2
-** (sta_fp8_fwd_ws, below): a producer warpgroup, setmaxnreg, persistent
-** CTAs; still cp.async, no TMA.
+** kernel_fp8.cuh -- sta_fp8_fwd_ws, the fp8 forward kernel (sm_90a) over
+** the quantize pre-pass's operands (core/internal.h, sta_fp8_ops; rows in
+** the tiled order, so every query and key block is a run of rows).  384
+** threads: warpgroup 2 the producer (setmaxnreg down; Q and the key blocks
+** by cp.async into a ring of buffers, mbarriers), 0 and 1 the consumers of
+** 64 query rows each (mainloop_fp8.cuh's fp8_block); persistent CTAs take
+** work items (FP8_BM query rows of a query tile, or of the text rows, of
+** a (batch, head)) from tile_scheduler.cuh's counter.
 **
 ** Shared tiles are rows of 128 bytes (D 64 fills the first half), 16-byte
 ** chunk c of row r at c ^ (r & 7): mma.cuh's 128-byte swizzle.  V planes
@@ -24,20 +23,6 @@
 #include "tile_scheduler.cuh" /* next_item, sched_slot */
 
 namespace sta {
-
-/* NB buffers of a key block each (K rows, both V planes, the keys' info),
-** Q, and (ASYNC) NB full and NB empty mbarriers. */
-template <int D, int NB> struct Fp8Smem {
-  static constexpr int Q = 0;                      /* FP8_BM rows */
-  static constexpr int KB = FP8_BK * 128;          /* one K buffer */
-  static constexpr int VB = 2 * D * 128;           /* one V buffer: 2 planes */
-  static constexpr int K = Q + FP8_BM * 128;
-  static constexpr int V = K + NB * KB;
-  static constexpr int INFO = V + NB * VB;         /* float2 per key and buffer */
-  static constexpr int BAR = INFO + NB * FP8_BK * 8;
-  static constexpr int RUNS = BAR + 2 * NB * 8;     /* Fp8Runs */
-  static constexpr int BYTES = RUNS + 32;
-};
 
 /* The key (within its block) that S column / K row c holds: in each
 ** 32-key chunk, a thread's accumulator columns 2t, 2t+1, 8+2t, 9+2t (and
@@ -126,8 +111,7 @@ __device__ __forceinline__ void fp8_load_block(const Fp8Params &a, unsigned char
 }
 
 /* The item's query rows [q0, q1) and its key runs (wk: written only where
-** runs is set: by thread 0 of variants 0 and 1, read after a barrier; by
-** every thread of variant 2, in its registers). */
+** runs is set; every thread computes them, in its registers). */
 __device__ __forceinline__ void fp8_item_runs(const Fp8Params &a, int64_t item, int h,
                                               Fp8Runs &wk, int64_t &q0, int64_t &q1, bool runs) {
   if (item < a.n_video_items) {
@@ -155,11 +139,6 @@ __device__ __forceinline__ void fp8_item_runs(const Fp8Params &a, int64_t item, 
     wk.nruns = 1;
   }
 }
-__device__ __forceinline__ void fp8_item(const Fp8Params &a, int64_t item, int h, Fp8Runs &wk,
-                                         int64_t &q0, int64_t &q1, int tid) {
-  fp8_item_runs(a, item, h, wk, q0, q1, tid == 0);
-}
-
 /* Q's FP8_BM rows from q0 into dst (rows past R zero) by NT threads. */
 template <int D, int NT>
 __device__ __forceinline__ void fp8_load_q(const Fp8Params &a, unsigned char *dst, int64_t bh,
@@ -204,90 +183,9 @@ __device__ __forceinline__ void fp8_finish_item(const Fp8Params &a, Fp8Rows<D> &
   fp8_store<D>(a, st, bh, rows, lane & 3);
 }
 
-/* VAR 0 (STA_FP8_VARIANT=0): all threads load the next block while both
-** warpgroups compute this one, a __syncthreads per block (the warpgroups
-** in lockstep).  VAR 1 (the default): three buffers and mbarriers (full: every
-** thread's loads of a block landed; empty: every thread done with it), so
-** the warpgroups drift apart by up to a block and one's softmax can run
-** under the other's GEMMs; a thread issues block n+2, then marks its own
-** loads of n+1 complete, then computes n. */
-template <int D, int VAR>
-__global__ void __launch_bounds__(256, 1) sta_fp8_fwd(const __grid_constant__ Fp8Params a) {
-  constexpr bool ASYNC = VAR > 0;
-  constexpr int NB = ASYNC ? 3 : 2;
-  using L = Fp8Smem<D, NB>;
-  extern __shared__ unsigned char fp8_smem_raw[];
-  unsigned char *sm = (unsigned char *)(((uintptr_t)fp8_smem_raw + 1023) & ~(uintptr_t)1023);
-  const int tid = threadIdx.x, wg = tid >> 7, lane = tid & 31, w = (tid >> 5) & 3;
-  const int64_t bh = blockIdx.y;
-  Fp8Runs &runs = *(Fp8Runs *)(sm + L::RUNS);
-  Fp8Walk wk = {0, 0};
-  int64_t q0, q1;
-  fp8_item(a, blockIdx.x, (int)(bh % a.heads), runs, q0, q1, tid);
-  uint64_t *full = (uint64_t *)(sm + L::BAR), *empty = full + NB;
-  if (ASYNC && tid == 0)
-    for (int b = 0; b < NB; b++) {
-      mbar_init(&full[b], 256);
-      mbar_init(&empty[b], 256);
-    }
-  __syncthreads(); /* runs, barriers */
-  /* Q, then the first key block(s) */
-  fp8_load_q<D, 256>(a, sm + L::Q, bh, q0, tid);
-  int64_t ks;
-  int kl, issued = 0;
-  for (int p = 0; p < NB - 1; p++) {
-    if (wk.next(a, runs, ks, kl)) {
-      fp8_load_block<D, L>(a, sm, p, bh, ks, kl, tid);
-      issued++;
-    }
-    cp_async_commit();
-  }
-  if (ASYNC && issued > 0) {
-    cp_async_wait_1(); /* Q and block 0 */
-    fence_proxy_async();
-    mbar_arrive(&full[0]);
-  }
-  Fp8Rows<D> st;
-  fp8_rows_init<D>(st, a, bh, q0, wg, w, lane);
-  const uint32_t dq = sdesc_lo(sm + L::Q + wg * 64 * 128, 16);
-  const uint32_t dk0 = sdesc_lo(sm + L::K, 16), dv0 = sdesc_lo(sm + L::V, 16);
-  const float4 *info0 = (const float4 *)(sm + L::INFO);
-  constexpr uint32_t KSTEP = L::KB >> 4, VSTEP = L::VB >> 4;
-  for (int n = 0; n < issued; n++) {
-    const int b = n % NB;
-    if (!ASYNC) {
-      cp_async_wait_all();
-      fence_proxy_async();
-      __syncthreads(); /* block n landed; the other buffer is free */
-    }
-    if (wk.next(a, runs, ks, kl)) {
-      const int b2 = issued % NB;
-      if (ASYNC && issued >= NB) mbar_wait(&empty[b2], (issued / NB - 1) & 1);
-      fp8_load_block<D, L>(a, sm, b2, bh, ks, kl, tid);
-      issued++;
-    }
-    cp_async_commit();
-    if (ASYNC) {
-      if (n + 1 < issued) {
-        cp_async_wait_1(); /* this thread's loads of block n + 1 */
-        fence_proxy_async();
-        mbar_arrive(&full[(n + 1) % NB]);
-      }
-      mbar_wait(&full[b], (n / NB) & 1);
-      fence_proxy_async();
-    }
-    fp8_block<D>(st, dq, dk0 + b * KSTEP, dv0 + b * VSTEP, info0 + b * (FP8_BK / 2), lane & 3);
-    if (ASYNC) mbar_arrive(&empty[b]);
-  }
-  cp_async_wait_all();
-  fp8_finish_item<D>(a, st, bh, q0, q1, wg, w, lane);
-}
-
-/* ---- variant 2: a producer warpgroup, persistent CTAs ----------------------- */
-
 /* Its shared memory: two Q buffers (item k of a CTA in k & 1, so the next
-** item's Q loads under this one's blocks), NB key-block buffers as
-** Fp8Smem's, the barriers (full[NB], empty[NB], qfull[2], qempty[2]) and
+** item's Q loads under this one's blocks), NB key-block buffers (K
+** rows, both V planes, the keys' info), the barriers (full[NB], empty[NB], qfull[2], qempty[2]) and
 ** the items of the Q buffers. */
 template <int D, int NB> struct Fp8WsSmem {
   static constexpr int KB = FP8_BK * 128, VB = 2 * D * 128;
@@ -303,7 +201,7 @@ constexpr int FP8_WS_NB = 3, FP8_WS_PREG = 88, FP8_WS_CREG = 208;
 static_assert(128 * (FP8_WS_PREG + 2 * FP8_WS_CREG) <= (65536 / 384) / 8 * 8 * 384,
               "setmaxnreg: more registers than the launch gives the CTA");
 
-/* Work item j of a variant 2 launch: (batch * head, item of fp8_item).
+/* Work item j of a launch: (batch * head, item of fp8_item_runs).
 ** The text query blocks of every head first (each over all keys: the
 ** longest), then head by head its tile items in order (neighbours share
 ** key blocks in L2). */
@@ -387,9 +285,8 @@ __device__ __forceinline__ void fp8_produce(const Fp8Params &a, unsigned char *s
   }
 }
 
-/* The two consumer warpgroups (tid 0..255): per item, its blocks as
-** variant 1 computes them (fp8_block: the same bits), Q released after
-** the last S, then the output rows. */
+/* The two consumer warpgroups (tid 0..255): per item, its blocks
+** (fp8_block), Q released after the last S, then the output rows. */
 template <int D>
 __device__ __forceinline__ void fp8_consume(const Fp8Params &a, unsigned char *sm, int tid) {
   using L = Fp8WsSmem<D, FP8_WS_NB>;
@@ -428,7 +325,7 @@ __device__ __forceinline__ void fp8_consume(const Fp8Params &a, unsigned char *s
   }
 }
 
-/* VAR 2 (STA_FP8_VARIANT=2): 384 threads, warpgroup 2 the producer
+/* 384 threads, warpgroup 2 the producer
 ** (setmaxnreg down), 0 and 1 the consumers (up); PERSIST: one CTA per SM
 ** taking items from tile_scheduler.cuh's counter, else one per item. */
 template <int D, bool PERSIST>
@@ -470,9 +367,9 @@ template <int D, bool PERSIST> sta_status launch_fp8_ws(const Fp8Params &x, int 
   return e == cudaSuccess ? STA_OK : sta_cuda_fail(e, "fp8 attention: kernel launch");
 }
 
-/* Variant 2 over bh x n_items items: persistent where the scheduler's
+/* The kernel over bh x n_items items: persistent where the scheduler's
 ** counters are there (sched_slot), else a CTA per item. */
-template <int D> sta_status run_fp8_ws(const Fp8Params &x0, int64_t bh, int64_t n_items) {
+template <int D> sta_status run_fp8(const Fp8Params &x0, int64_t bh, int64_t n_items) {
   if (bh * n_items > 0x7fffffff)
     return sta_error(STA_ERR_UNSUPPORTED, "attention: %lld fp8 work items, too many for the "
                      "CUDA backend", (long long)(bh * n_items));
@@ -488,22 +385,6 @@ template <int D> sta_status run_fp8_ws(const Fp8Params &x0, int64_t bh, int64_t 
   }
   free(x);
   return s;
-}
-
-template <int D, int VAR> sta_status launch_fp8(const Fp8Params &x, int64_t bh, int64_t n_items) {
-  const int smem = Fp8Smem<D, (VAR > 0 ? 3 : 2)>::BYTES + 1024;
-  cudaError_t e = cudaFuncSetAttribute(sta_fp8_fwd<D, VAR>,
-                                       cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
-  if (e != cudaSuccess) return sta_cuda_fail(e, "fp8 attention: shared memory");
-  sta_fp8_fwd<D, VAR><<<dim3((unsigned)n_items, (unsigned)bh), 256, smem, sta_cuda_stream()>>>(x);
-  e = cudaGetLastError();
-  return e == cudaSuccess ? STA_OK : sta_cuda_fail(e, "fp8 attention: kernel launch");
-}
-
-template <int D> sta_status run_fp8(const Fp8Params &x, int64_t bh, int64_t n_items, int variant) {
-  return variant == 0   ? launch_fp8<D, 0>(x, bh, n_items)
-         : variant == 2 ? run_fp8_ws<D>(x, bh, n_items)
-                        : launch_fp8<D, 1>(x, bh, n_items);
 }
 
 } /* namespace sta */

@@ -169,7 +169,7 @@ __device__ __forceinline__ void rescale_o(Fp8Rows<D> &st, const float *alpha) {
   for (int x = 0; x < D / 2; x++) st.o[x] *= alpha[(x >> 1) & 1];
 }
 
-/* One key block, not overlapped: S, its softmax, P V (variants 0, 1). */
+/* One key block, not overlapped: S, its softmax, P V. */
 template <int D>
 __device__ __forceinline__ void fp8_block(Fp8Rows<D> &st, uint32_t dq, uint32_t dk, uint32_t dv,
                                           const float4 *info, int t) {
@@ -199,8 +199,10 @@ __device__ __forceinline__ void fp8_block(Fp8Rows<D> &st, uint32_t dq, uint32_t 
 /* The output of this thread's two rows (rows[i]: quantized row, or -1
 ** where the row is not this item's): out = O / (448 l) * v_scale in the
 ** input dtype at the row's place in the caller's order and layout; lse =
-** ln l + m ln 2 + scale * q_bias.  A padding row of the tiled order (an
-** input row without a token) gets 0 and lse -inf, as the reference. */
+** ln l + m ln 2 + scale * q_bias, its two multiply-adds spelled out (left
+** to the compiler, two kernels that inlined this differed in the last
+** bit).  A padding row of the tiled order (an input row without a token)
+** gets 0 and lse -inf, as the reference. */
 template <int D>
 __device__ __forceinline__ void fp8_store(const Fp8Params &a, Fp8Rows<D> &st, int64_t bh,
                                           const int64_t rows[2], int t) {
@@ -235,8 +237,8 @@ __device__ __forceinline__ void fp8_store(const Fp8Params &a, Fp8Rows<D> &st, in
     if (a.lse && t == 0)
       a.lse[b * a.lse_sb + h * a.lse_sh + src * a.lse_ss] =
           pad ? -INFINITY
-              : logf(st.l[i]) + st.m[i] * 0.6931471805599453f +
-                    a.scale * a.q_bias[bh * a.R + rows[i]];
+              : __fmaf_rn(a.scale, a.q_bias[bh * a.R + rows[i]],
+                          __fmaf_rn(st.m[i], 0.6931471805599453f, logf(st.l[i])));
   }
 }
 

@@ -22,7 +22,7 @@ OpenMP's wake-ups out of it).
 Columns: host us/call (the CPU time to issue one call, calls back to back,
 no synchronisation: the per-call overhead) and us/call end to end (calls
 issued back to back, then one synchronisation, divided by the calls; the
-median of --reps), and the end-to-end overhead against direct.  Targets:
+median of --reps, the paths alternated within each repetition), and the end-to-end overhead against direct.  Targets:
 within 2 % at hunyuan-720p, under 20 us per call at the small
 shape.  Prints a table; writes overhead.json to --out.
 """
@@ -55,22 +55,28 @@ def sync(device):
         torch.cuda.synchronize()
 
 
-def measure(fn, calls, reps, device):
-    """(median host us/call, median end-to-end us/call)."""
-    for _ in range(3):
-        fn()
-    sync(device)
-    host, e2e = [], []
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        for _ in range(calls):
+def measure(fns, calls, reps, device):
+    """{label: (median host us/call, median end-to-end us/call)}: the paths
+    alternated within each repetition (the same clock and temperature
+    drift for each), after 3 warm-up calls of each."""
+    for fn in fns.values():
+        for _ in range(3):
             fn()
-        t1 = time.perf_counter()
-        sync(device)
-        t2 = time.perf_counter()
-        host.append((t1 - t0) / calls * 1e6)
-        e2e.append((t2 - t0) / calls * 1e6)
-    return statistics.median(host), statistics.median(e2e)
+    sync(device)
+    host = {k: [] for k in fns}
+    e2e = {k: [] for k in fns}
+    for _ in range(reps):
+        for label, fn in fns.items():
+            sync(device)
+            t0 = time.perf_counter()
+            for _ in range(calls):
+                fn()
+            t1 = time.perf_counter()
+            sync(device)
+            t2 = time.perf_counter()
+            host[label].append((t1 - t0) / calls * 1e6)
+            e2e[label].append((t2 - t0) / calls * 1e6)
+    return {k: (statistics.median(host[k]), statistics.median(e2e[k])) for k in fns}
 
 
 def run_shape(name, device, dtype, calls, reps, paths):
@@ -82,7 +88,7 @@ def run_shape(name, device, dtype, calls, reps, paths):
     spec = _op._spec(canvas, window, tile, text, "bshd", None, "exact", False)
     desc = _op._desc(spec)
     out = torch.empty_like(q)
-    hs = _op._handles(L, (q, k, v, out))
+    hs = [_op._wrap(L, t) for t in (q, k, v, out)]  # its own: the op's cache evicts
     fwd = L.sta_attention_forward
     if device == "cuda":
         L.sta_cuda_set_stream(torch.cuda.current_stream().cuda_stream)
@@ -119,18 +125,17 @@ def run_shape(name, device, dtype, calls, reps, paths):
             eager()
         fns["graph"] = graph.replay
         L.sta_cuda_set_stream(torch.cuda.current_stream().cuda_stream)
+    order = [p for p in ["direct"] + [p for p in paths if p != "direct"] if p in fns]
+    n = max(1, calls if name != "hunyuan-720p" else min(calls, 20))
+    res = measure({label: fns[label] for label in order}, n, reps, device)
+    base = res["direct"][1]
     rows = []
-    base = None
-    for label in ["direct"] + [p for p in paths if p != "direct"]:
-        fn = fns.get(label)
-        if fn is None:
-            continue
-        n = max(1, calls if name != "hunyuan-720p" else min(calls, 20))
-        host, e2e = measure(fn, n, reps, device)
-        if label == "direct":
-            base = e2e
+    for label in order:
+        host, e2e = res[label]
         rows.append(dict(shape=name, path=label, host_us=host, e2e_us=e2e,
                          overhead_us=e2e - base, overhead_pct=100 * (e2e - base) / base))
+    for h in hs:
+        L.sta_tensor_destroy(h)
     return rows
 
 

@@ -1,0 +1,374 @@
+/*
+** fp8_prepass.cu -- the fp8 quantize pre-pass at bandwidth (the default
+** where it applies: head_dim 64 or 128, bf16/f16/f32, q, k, v rows 16-byte
+** aligned; else fp8_quant.cu's kernels): the same bits as core/cpu_fp8.c's
+** sta_cpu_fp8_quantize, 16-byte loads, many more threads in flight.
+**   fp8_src      a thread per row: the input row of each (one table for
+**                both passes instead of integer divisions per block)
+**   fp8_stats_v  a thread per (batch * head, chunk, 4 channels), 64 per
+**                block: the chunk's rows in order (the host's order), U
+**                rows' loads issued ahead of their sums
+**   fp8_finish   fp8_quant.cuh's
+**   fp8_rows_v   a block of 2 D threads per (batch * head, 64 rows): q and k
+**                by D / 8 threads per row (8 channels each, amax by
+**                shuffles, 8-byte code stores), two passes of 16 rows
+**                loaded at once; V after them by (4 rows, 8 channels) per
+**                thread into a [2][D][72-byte] tile (4-byte stores,
+**                conflict-free), written out transposed in 8-byte chunks;
+**                q_bias (fp8_bias's channel-order double sum) by a thread
+**                per row over the q rows staged in shared memory.
+** V's e4m3 (and back) by cvt.rn.satfinite.e4m3x2 and cvt.rn.f16x2.e4m3x2:
+** internal.h's values by PTX's definition (RNE, subnormals, saturation to
+** 448), NaN forced to 0x7f as the host writes it.  At D 128 fp8_rows_v
+** takes 72 registers, 3 blocks per SM (BENCHMARKS.md's ledger: the
+** software e4m3 and 4 passes at once measured slower).
+*/
+#include "fp8_quant.cuh"
+
+using namespace sta_fp8q;
+
+namespace {
+
+/* 8 consecutive elements of ES bytes (16-byte aligned). */
+template <int ES> struct Row8 {
+  uint4 w[ES / 2];
+};
+
+template <int ES> __device__ __forceinline__ void ld8(Row8<ES> &r, const char *p) {
+#pragma unroll
+  for (int i = 0; i < ES / 2; i++) r.w[i] = __ldg((const uint4 *)p + i);
+}
+
+template <int ES> __device__ __forceinline__ void zero8(Row8<ES> &r) {
+#pragma unroll
+  for (int i = 0; i < ES / 2; i++) r.w[i] = make_uint4(0, 0, 0, 0);
+}
+
+template <int ES> __device__ __forceinline__ uint32_t word(const Row8<ES> &r, int i) {
+  const uint4 &u = r.w[i / 4];
+  const int j = i % 4;
+  return j == 0 ? u.x : j == 1 ? u.y : j == 2 ? u.z : u.w;
+}
+
+/* float of element c (0..7) of r: dt's exact conversion. */
+template <int ES> __device__ __forceinline__ float elt(const Row8<ES> &r, int c, int dt) {
+  if (ES == 4) return __uint_as_float(word<ES>(r, c));
+  const uint32_t w = word<ES>(r, c / 2);
+  return to_f32((uint16_t)(c & 1 ? w >> 16 : w & 0xffffu), dt);
+}
+
+__global__ void fp8_src(const __grid_constant__ QuantArgs a) {
+  const int64_t r = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+  if (r < a.R) a.src[r] = (int)sta_fp8_source(&a.g, r);
+}
+
+/* 4 consecutive elements of ES bytes (4 ES-byte aligned): fp8_stats_v's
+** unit, which keeps twice the threads of 8 in flight at half the registers. */
+template <int ES> struct Row4 {
+  uint32_t w[ES];
+};
+
+template <int ES> __device__ __forceinline__ void ld4(Row4<ES> &r, const char *p) {
+  if (ES == 4) {
+    const uint4 u = __ldg((const uint4 *)p);
+    r.w[0] = u.x; r.w[1] = u.y; r.w[ES - 2] = u.z; r.w[ES - 1] = u.w;
+  } else {
+    const uint2 u = __ldg((const uint2 *)p);
+    r.w[0] = u.x; r.w[1] = u.y;
+  }
+}
+
+template <int ES> __device__ __forceinline__ float elt4(const Row4<ES> &r, int c, int dt) {
+  if (ES == 4) return __uint_as_float(r.w[c]);
+  return to_f32((uint16_t)(c & 1 ? r.w[c / 2] >> 16 : r.w[c / 2] & 0xffffu), dt);
+}
+
+template <int D, int ES>
+__global__ void __launch_bounds__(64) fp8_stats_v(const __grid_constant__ QuantArgs a) {
+  constexpr int TPR = D / 4, U = ES == 2 ? 6 : 4;
+  const int g = threadIdx.x % TPR;
+  const int64_t bh = (int64_t)blockIdx.y * (64 / TPR) + threadIdx.x / TPR, c = blockIdx.x;
+  if (bh >= a.bh) return;
+  const int64_t b = bh / a.heads, h = bh % a.heads, r0 = c * STA_FP8_CHUNK;
+  const int nr = (int)(a.R - r0 < STA_FP8_CHUNK ? a.R - r0 : STA_FP8_CHUNK);
+  const int64_t kend = a.g.keys_end - r0; /* rows i < kend are keys */
+  const char *qb = a.q + (b * a.q_sb + h * a.q_sh + 4 * g) * ES,
+             *kb = a.k + (b * a.k_sb + h * a.k_sh + 4 * g) * ES,
+             *vb = a.v + (b * a.v_sb + h * a.v_sh + 4 * g) * ES;
+  double s[4];
+  float mx[4], mn[4], qa[4], va[4];
+#pragma unroll
+  for (int j = 0; j < 4; j++) {
+    s[j] = 0;
+    mx[j] = -INFINITY; mn[j] = INFINITY; qa[j] = 0.0f; va[j] = 0.0f;
+  }
+  long long n = 0;
+  for (int i0 = 0; i0 < nr; i0 += U) {
+    Row4<ES> xq[U], xk[U], xv[U];
+    int src[U];
+#pragma unroll
+    for (int u = 0; u < U; u++) {
+      const int i = i0 + u;
+      src[u] = i < nr ? a.src[r0 + i] : -1;
+      if (src[u] >= 0) ld4<ES>(xq[u], qb + (int64_t)src[u] * a.q_ss * ES);
+      if (src[u] >= 0 && i < kend) {
+        ld4<ES>(xk[u], kb + (int64_t)src[u] * a.k_ss * ES);
+        ld4<ES>(xv[u], vb + (int64_t)src[u] * a.v_ss * ES);
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < U; u++) {
+      if (src[u] < 0) continue;
+#pragma unroll
+      for (int j = 0; j < 4; j++) qa[j] = sta_amax_nan(qa[j], elt4<ES>(xq[u], j, a.dt));
+      if (i0 + u >= kend) continue;
+      n++;
+#pragma unroll
+      for (int j = 0; j < 4; j++) {
+        const float kv = elt4<ES>(xk[u], j, a.dt);
+        s[j] += (double)kv;
+        if (kv > mx[j]) mx[j] = kv;
+        if (kv < mn[j]) mn[j] = kv;
+        va[j] = sta_amax_nan(va[j], elt4<ES>(xv[u], j, a.dt));
+      }
+    }
+  }
+  const int64_t i = (bh * a.nchunks + c) * D + 4 * g;
+#pragma unroll
+  for (int j = 0; j < 4; j++) {
+    a.psum[i + j] = s[j];
+    a.pmax[i + j] = mx[j];
+    a.pmin[i + j] = mn[j];
+    a.pqam[i + j] = qa[j];
+    a.pvam[i + j] = va[j];
+  }
+  if (g == 0) a.pcount[bh * a.nchunks + c] = n;
+}
+
+/* The int8 codes (8 bytes) and scale of a row whose 8 channels y this
+** thread holds, TPR threads per row (aligned lanes): quantize_row's math. */
+template <int TPR>
+__device__ __forceinline__ float quant8(const float y[8], uint2 &codes) {
+  float m = 0.0f;
+#pragma unroll
+  for (int j = 0; j < 8; j++) m = sta_amax_nan(m, y[j]);
+#pragma unroll
+  for (int o = TPR / 2; o > 0; o >>= 1) m = sta_amax_nan(m, __shfl_xor_sync(0xffffffffu, m, o));
+  const float inv = sta_fp8_inv(127.0f, m);
+  uint32_t w[2] = {0, 0};
+#pragma unroll
+  for (int j = 0; j < 8; j++)
+    w[j / 4] |= (uint32_t)(uint8_t)sta_f32_to_i8(sta_fmul(y[j], inv)) << (8 * (j % 4));
+  codes = make_uint2(w[0], w[1]);
+  return m / 127.0f;
+}
+
+/* V_hi and V_lo codes of y (0 for a row that is no key). */
+__device__ __forceinline__ void vcodes(float y0, float y1, bool key, uint32_t &hi, uint32_t &lo) {
+  if (!key) {
+    hi = lo = 0;
+  } else {
+    uint16_t h, l;
+    uint32_t f2;
+    asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(h) : "f"(y1), "f"(y0));
+    asm("cvt.rn.f16x2.e4m3x2 %0, %1;" : "=r"(f2) : "h"(h));
+    const float d0 = __half2float(__ushort_as_half((unsigned short)(f2 & 0xffffu))),
+                d1 = __half2float(__ushort_as_half((unsigned short)(f2 >> 16)));
+    asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(l) : "f"(y1 - d1), "f"(y0 - d0));
+    hi = h; lo = l;
+    if (y0 != y0) { hi = (hi & 0xff00u) | 0x7fu; lo = (lo & 0xff00u) | 0x7fu; }
+    if (y1 != y1) { hi = (hi & 0x00ffu) | 0x7f00u; lo = (lo & 0x00ffu) | 0x7f00u; }
+  }
+}
+
+constexpr int VP = 72; /* bytes per channel of the V tile: 64 rows + 8 (conflict-free) */
+
+template <int D, int ES> constexpr size_t rows_v_smem() {
+  return (size_t)2 * D * VP + (size_t)QROWS * (D * ES + 4) + (size_t)D * 4 + QROWS * 4;
+}
+
+/* q and k loaded two passes at a time, V's loads after them: few registers
+** (3 blocks of 256 threads per SM at D 128). */
+template <int D, int ES>
+__global__ void __launch_bounds__(2 * D, 768 / (2 * D))
+    fp8_rows_v(const __grid_constant__ QuantArgs a) {
+  constexpr int TPR = D / 8, QP = D * ES + 4; /* q row pitch in shared memory */
+  constexpr int PB = 2;                      /* passes loaded at once */
+  extern __shared__ __align__(16) unsigned char smem[];
+  uint8_t *vt = smem;                       /* [2][D][VP] */
+  unsigned char *qs = smem + 2 * D * VP;    /* [QROWS][QP]: q's rows as loaded */
+  float *km = (float *)(qs + QROWS * QP);   /* [D] k_mean */
+  int *rs = (int *)(km + D);                /* [QROWS]: source row, -2 past R */
+  const int tid = threadIdx.x;
+  const int64_t bh = a.heads_fast ? blockIdx.x : blockIdx.y, b = bh / a.heads, h = bh % a.heads,
+                r0 = (int64_t)(a.heads_fast ? blockIdx.y : blockIdx.x) * QROWS, R = a.R;
+  if (tid < QROWS) rs[tid] = r0 + tid < R ? a.src[r0 + tid] : -2;
+  if (tid < D) km[tid] = a.o.k_mean[bh * D + tid];
+  __syncthreads();
+  const int g = tid % TPR, ri = tid / TPR; /* q, k: channels 8 g.., rows ri + 16 p */
+  const int gv = tid / 16, rq = tid % 16;  /* v: channels 8 gv.., rows 4 rq + j */
+  const char *qb = a.q + (b * a.q_sb + h * a.q_sh + 8 * g) * ES,
+             *kb = a.k + (b * a.k_sb + h * a.k_sh + 8 * g) * ES,
+             *vb = a.v + (b * a.v_sb + h * a.v_sh + 8 * gv) * ES;
+  Row8<ES> xq[PB], xk[PB], xv[4];
+  auto load_qk = [&](int p0) {
+#pragma unroll
+    for (int p = p0; p < p0 + PB; p++) {
+      const int i = 16 * p + ri, s = rs[i];
+      zero8<ES>(xq[p - p0]); zero8<ES>(xk[p - p0]);
+      if (s >= 0) ld8<ES>(xq[p - p0], qb + (int64_t)s * a.q_ss * ES);
+      if (s >= 0 && r0 + i < a.g.keys_end) ld8<ES>(xk[p - p0], kb + (int64_t)s * a.k_ss * ES);
+    }
+  };
+  auto load_v = [&] {
+#pragma unroll
+    for (int j = 0; j < 4; j++) {
+      const int i = 4 * rq + j, s = rs[i];
+      zero8<ES>(xv[j]);
+      if (s >= 0 && r0 + i < a.g.keys_end) ld8<ES>(xv[j], vb + (int64_t)s * a.v_ss * ES);
+    }
+  };
+  load_qk(0);
+  float pq[8], pk[8], mk[8];
+#pragma unroll
+  for (int j = 0; j < 8; j++) {
+    const int e = a.o.eq[bh * D + 8 * g + j];
+    pq[j] = sta_pow2f(e);
+    pk[j] = sta_pow2f(-e);
+    mk[j] = km[8 * g + j];
+  }
+#pragma unroll
+  for (int p = 0; p < 4; p++) {
+    if (p % PB == 0 && p > 0) load_qk(p);
+    const int x = p % PB; /* the pass's registers */
+    const int i = 16 * p + ri, s = rs[i];
+    const int64_t r = r0 + i, row = bh * R + r;
+    const bool key = s >= 0 && r < a.g.keys_end;
+    float y[8];
+    uint2 c;
+#pragma unroll
+    for (int j = 0; j < 8; j++) y[j] = s >= 0 ? sta_fmul(elt<ES>(xq[x], j, a.dt), pq[j]) : 0.0f;
+    float sc = quant8<TPR>(y, c);
+    if (s != -2) {
+      *(uint2 *)(a.o.q8 + row * D + 8 * g) = c;
+      if (g == 0) a.o.q_scale[row] = sc;
+    }
+#pragma unroll
+    for (int w = 0; w < 2 * ES; w++) /* 4-byte stores: QP is 4 mod 16 */
+      *(uint32_t *)(qs + i * QP + 8 * ES * g + 4 * w) = word<ES>(xq[x], w);
+#pragma unroll
+    for (int j = 0; j < 8; j++)
+      y[j] = key ? sta_fmul(elt<ES>(xk[x], j, a.dt) - mk[j], pk[j]) : 0.0f;
+    sc = quant8<TPR>(y, c);
+    if (s != -2) {
+      *(uint2 *)(a.o.k8 + row * D + 8 * g) = c;
+      if (g == 0) a.o.k_scale[row] = sc;
+    }
+  }
+  load_v();
+  {
+    float vi[8];
+#pragma unroll
+    for (int j = 0; j < 8; j++) vi[j] = a.vinv[bh * D + 8 * gv + j];
+    uint32_t hw[8], lw[8];
+#pragma unroll
+    for (int j = 0; j < 8; j++) hw[j] = lw[j] = 0;
+#pragma unroll
+    for (int j = 0; j < 4; j++) {
+      const int i = 4 * rq + j, s = rs[i];
+      const bool key = s >= 0 && r0 + i < a.g.keys_end;
+#pragma unroll
+      for (int c = 0; c < 8; c += 2) {
+        uint32_t hi, lo;
+        vcodes(sta_fmul(elt<ES>(xv[j], c, a.dt), vi[c]),
+                   sta_fmul(elt<ES>(xv[j], c + 1, a.dt), vi[c + 1]), key, hi, lo);
+        hw[c] |= (hi & 0xffu) << (8 * j);
+        hw[c + 1] |= (hi >> 8) << (8 * j);
+        lw[c] |= (lo & 0xffu) << (8 * j);
+        lw[c + 1] |= (lo >> 8) << (8 * j);
+      }
+    }
+#pragma unroll
+    for (int c = 0; c < 8; c++) {
+      const int d = 8 * gv + c;
+      *(uint32_t *)(vt + d * VP + 4 * rq) = hw[c];
+      *(uint32_t *)(vt + (D + d) * VP + 4 * rq) = lw[c];
+    }
+  }
+  __syncthreads();
+  if (tid < QROWS && rs[tid] != -2) { /* q_bias: fp8_bias's sum, channel order */
+    const int s = rs[tid];
+    double bias = 0;
+    if (s >= 0) {
+      const unsigned char *x = qs + tid * QP;
+#pragma unroll 8
+      for (int d = 0; d < D; d++)
+        bias += (double)(ES == 4 ? *(const float *)(x + 4 * d)
+                                 : to_f32(*(const uint16_t *)(x + 2 * d), a.dt)) *
+                (double)km[d];
+    }
+    a.o.q_bias[bh * R + r0 + tid] = s >= 0 ? (float)bias : 0.0f;
+  }
+  const int n = (int)(R - r0 < QROWS ? R - r0 : QROWS);
+  uint8_t *v8 = a.o.v8 + bh * 2 * D * R + r0;
+  if (n == QROWS && R % 8 == 0) { /* 8-byte stores */
+    for (int x = tid; x < 2 * D * (QROWS / 8); x += 2 * D) {
+      const int pd = x / (QROWS / 8), c = x % (QROWS / 8);
+      *(uint2 *)(v8 + pd * R + 8 * c) = *(const uint2 *)(vt + pd * VP + 8 * c);
+    }
+    return;
+  }
+  for (int x = tid; x < 2 * D * QROWS; x += 2 * D) {
+    const int i = x % QROWS, pd = x / QROWS;
+    if (i < n) v8[pd * R + i] = vt[pd * VP + i];
+  }
+}
+
+/* Operand x of p (element size es) readable by ld8: 16-byte aligned at
+** every (b, s, h) it is read at. */
+bool rows16(const void *x, int64_t sb, int64_t ss, int64_t sh, const sta_attn_params *p,
+            int64_t es) {
+  return (uintptr_t)x % 16 == 0 && (p->batch == 1 || sb * es % 16 == 0) && ss * es % 16 == 0 &&
+         (p->heads == 1 || sh * es % 16 == 0);
+}
+
+} /* namespace */
+
+namespace sta_fp8q {
+
+bool prepass_fast_ok(const sta_attn_params *p, const sta_fp8_ops *o) {
+  const int64_t es = (int64_t)sta_dtype_size(p->dtype);
+  if (p->head_dim != 64 && p->head_dim != 128) return false;
+  if (p->dtype != STA_BF16 && p->dtype != STA_F16 && p->dtype != STA_F32) return false;
+  if (!rows16(p->q, p->q_sb, p->q_ss, p->q_sh, p, es) ||
+      !rows16(p->k, p->k_sb, p->k_ss, p->k_sh, p, es) ||
+      !rows16(p->v, p->v_sb, p->v_ss, p->v_sh, p, es))
+    return false;
+  return (uintptr_t)o->q8 % 8 == 0 && (uintptr_t)o->k8 % 8 == 0 && (uintptr_t)o->v8 % 8 == 0;
+}
+
+template <int D, int ES> static sta_status prepass_fast_d(const QuantArgs &a, cudaStream_t sm) {
+  constexpr size_t shm = rows_v_smem<D, ES>();
+  void (*rows)(QuantArgs) = fp8_rows_v<D, ES>;
+  cudaError_t e;
+  if (shm > 48 * 1024 &&
+      (e = cudaFuncSetAttribute(rows, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)shm)) !=
+          cudaSuccess)
+    return sta_cuda_fail(e, "fp8 quantize: shared memory");
+  fp8_src<<<(unsigned)((a.R + 255) / 256), 256, 0, sm>>>(a);
+  constexpr int hpb = 64 / (D / 4); /* fp8_stats_v's heads per block */
+  fp8_stats_v<D, ES><<<dim3((unsigned)a.nchunks, (unsigned)((a.bh + hpb - 1) / hpb)), 64, 0, sm>>>(a);
+  const int64_t n = a.bh * D, nrb = (a.R + QROWS - 1) / QROWS;
+  fp8_finish<<<(unsigned)((n + 255) / 256), 256, 0, sm>>>(a, n);
+  rows<<<a.heads_fast ? dim3((unsigned)a.bh, (unsigned)nrb) : dim3((unsigned)nrb, (unsigned)a.bh),
+         2 * D, shm, sm>>>(a);
+  return (e = cudaGetLastError()) == cudaSuccess ? STA_OK
+                                                 : sta_cuda_fail(e, "fp8 quantize: kernel launch");
+}
+
+sta_status prepass_fast(const QuantArgs &a, cudaStream_t sm) {
+  if (a.D == 64) return a.es == 4 ? prepass_fast_d<64, 4>(a, sm) : prepass_fast_d<64, 2>(a, sm);
+  return a.es == 4 ? prepass_fast_d<128, 4>(a, sm) : prepass_fast_d<128, 2>(a, sm);
+}
+
+} /* namespace sta_fp8q */
