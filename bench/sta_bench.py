@@ -31,6 +31,16 @@ class Desc(C.Structure):  # core/sta.h sta_attention_desc
                 ("softmax", C.c_int), ("deterministic", C.c_int32), ("precision", C.c_int)]
 
 
+class GeometryV0(C.Structure):  # sta_geometry before sta_order (commit cf93765)
+    _fields_ = [("canvas", C.c_int32 * 3), ("tile", C.c_int32 * 3), ("text_len", C.c_int64)]
+
+
+class DescV0(C.Structure):  # sta_attention_desc of those libraries
+    _fields_ = [("geom", GeometryV0), ("layout", C.c_int), ("n_windows", C.c_int32),
+                ("windows", C.POINTER(C.c_int32)), ("scale", C.c_float),
+                ("softmax", C.c_int), ("deterministic", C.c_int32)]
+
+
 def check_mirrors(header=os.path.join(HERE, "..", "core", "sta.h")):
     """The two structs above mirror sta.h by hand: refuse to run when the
     header's field names differ (a changed struct must not go unnoticed)."""
@@ -68,6 +78,11 @@ class Sta:
             raise SystemExit("sta: CUDA backend unavailable: %s" %
                              L.sta_backend_describe(STA_CUDA).decode())
         self.describe = L.sta_backend_describe(STA_CUDA).decode()
+        # a library from before sta_geometry.order (an A/B's older build):
+        # its structs, untiled rows and native precision only
+        self.old_abi = not hasattr(L, "sta_geometry_video_rows")
+        if self.old_abi:
+            L.sta_attention_forward.argtypes = [C.POINTER(DescV0)] + [C.c_void_p] * 5
 
     def wrap(self, t):
         h = C.c_void_p()
@@ -85,7 +100,9 @@ class Sta:
         """q, k, v, o: torch tensors in layout; g: dict geometry."""
         wins = g["windows"]
         w = (C.c_int32 * len(wins))(*wins)
-        d = Desc()
+        if self.old_abi and precision != STA_PRECISION_NATIVE:
+            raise RuntimeError("%s predates the precision field" % self.path)
+        d = DescV0() if self.old_abi else Desc()
         d.geom.canvas[:] = list(g["canvas"])
         d.geom.tile[:] = list(g["tile"])
         d.geom.text_len = g["text_len"]
@@ -94,7 +111,8 @@ class Sta:
         d.windows = C.cast(w, C.POINTER(C.c_int32))
         d.scale = g.get("scale", 0.0)
         d.softmax = softmax
-        d.precision = precision
+        if not self.old_abi:
+            d.precision = precision
         hs = [self.wrap(t) for t in (q, k, v, o)] + [self.wrap(lse) if lse is not None else None]
         rc = self.lib.sta_attention_forward(C.byref(d), *hs)
         for h in hs:
