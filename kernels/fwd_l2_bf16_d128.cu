@@ -14,14 +14,12 @@
 **   4  pin: evict_last only for the first STA_FWD_L2_PIN_MB (20) of each
 **      head's keys (frames from 0; the text rows too), the rest
 **      evict_normal; Q and the output evict_first;
-**   8  set-aside: the device's persisting L2 (cudaLimitPersistingL2CacheSize)
-**      raised to the pin size, in case evict_last needs it; a later call of
-**      this path without bit 8 puts the old limit back.
+** (A persisting-L2 set-aside, cudaLimitPersistingL2CacheSize, was left
+** out: it changes a device-wide limit, and sta changes no device setting.)
 ** Every setting computes the same bits as the default (the order of each
 ** item's keys is not touched); test_gpu_attention checks it, and
 ** bench_gpu.py --env STA_FWD_L2=0,1,... times them in one process.
 */
-#include <pthread.h>
 #include <stdint.h>
 #include <stdlib.h>
 
@@ -36,37 +34,11 @@ static int env_mb(const char *name, int def) {
   return v >= 1 && v <= 4096 ? v : def;
 }
 
-/* Bit 8: the persisting L2 set-aside for bytes (0: the limit as it was
-** before the first change).  Errors (MIG, MPS, a driver without it) leave
-** the limit as it is. */
-static void l2_set_aside(size_t bytes) {
-  static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
-  static int changed;
-  static size_t before;
-  if (!bytes && !__atomic_load_n(&changed, __ATOMIC_ACQUIRE)) return; /* the default's path */
-  pthread_mutex_lock(&mu);
-  if (bytes && !changed) {
-    int dev = 0, mx = 0;
-    if (cudaGetDevice(&dev) == cudaSuccess &&
-        cudaDeviceGetAttribute(&mx, cudaDevAttrMaxPersistingL2CacheSize, dev) == cudaSuccess &&
-        cudaDeviceGetLimit(&before, cudaLimitPersistingL2CacheSize) == cudaSuccess &&
-        cudaDeviceSetLimit(cudaLimitPersistingL2CacheSize,
-                           bytes < (size_t)mx ? bytes : (size_t)mx) == cudaSuccess)
-      __atomic_store_n(&changed, 1, __ATOMIC_RELEASE);
-  } else if (!bytes && changed) {
-    (void)cudaDeviceSetLimit(cudaLimitPersistingL2CacheSize, before);
-    __atomic_store_n(&changed, 0, __ATOMIC_RELEASE);
-  }
-  (void)cudaGetLastError();
-  pthread_mutex_unlock(&mu);
-}
-
 int fwd_l2_config(FwdParams &a) {
   const char *s = getenv("STA_FWD_L2");
-  const int m = s ? atoi(s) & 15 : 0;
+  const int m = s ? atoi(s) & 7 : 0;
   const size_t row = 2 * 128 * sizeof(__nv_bfloat16);            /* K + V bytes of a key */
   const size_t pin = (size_t)env_mb("STA_FWD_L2_PIN_MB", 20) << 20;
-  l2_set_aside(m & 8 ? pin : 0);
   if (!m) return 0;
   a.l2 = m;
   const size_t blk = Wide<__nv_bfloat16>::BK * row;                  /* a key block: 96 KB */

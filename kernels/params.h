@@ -65,7 +65,7 @@ struct FwdParams {
   /* STA_FWD_L2 experiments (fwd_l2_bf16_d128.cu; 0 everywhere else).  In
   ** the struct's tail padding: the default kernels' parameter is
   ** unchanged. */
-  int l2;          /* the setting's bits: 1 hints, 2 wave gate, 4 pin, 8 set-aside */
+  int l2;          /* the setting's bits: 1 hints, 2 wave gate, 4 pin */
   int l2_gate_nkb; /* gate items of at least this many key blocks */
   int l2_pin_t, l2_pin_row; /* pin: K/V of frames (rows) below these, and text rows */
 };
