@@ -7,8 +7,8 @@ wrapped as sta device tensors (sta_tensor_wrap, STA_CUDA) and
 sta_attention_forward runs on them.
 
   bench_gpu.py [--lib build/libsta.so] [--check N] [--bench] [--accuracy]
-               [--sweep] [--variants] [--ab LIB,...] [--dtypes] [--clocks S]
-               [--graph] [--reps N] [--out DIR]
+               [--sweep] [--variants] [--ab LIB,...] [--env NAME=V,...] [--dtypes]
+               [--clocks S] [--graph] [--reps N] [--out DIR]
 
 --check N  N fresh random geometries against a float32 torch reference of
            the STA mask (odd canvases, partial tiles, per-head windows,
@@ -34,6 +34,9 @@ sta_attention_forward runs on them.
            separated) loaded in this one process, alternated STA_AB_ROUNDS
            times (3) per softmax mode on the same inputs: ms per library
            and round, and whether the outputs are bit-identical.
+--env NAME=V1,V2,...  the same A/B over settings of an environment variable
+           the library reads per call (e.g. STA_FWD_L2=0,1,2: the first is
+           the reference), with --lib.
 --graph    CUDA graph capture of the forward (first call captured, eager,
            captured again): outputs equal bit for bit.
 --dtypes   bf16 against fp16 at hunyuan-720p, sta, cuDNN dense and a plain
@@ -428,25 +431,38 @@ def variants(sta, reps, log, results):
     results["variants"] = rows
 
 
-def ab(libs, reps, log, results):
-    """Libraries side by side in this process: every case of variant_cases
-    and softmax mode, the libraries alternated STA_AB_ROUNDS times on the same
-    inputs (default kernels); outputs compared bit for bit with the first."""
+def ab(configs, reps, log, results):
+    """Libraries or settings side by side in this process: every case of
+    variant_cases and softmax mode, the configs (name, library, environment)
+    alternated STA_AB_ROUNDS times on the same inputs (default kernels);
+    outputs compared bit for bit with the first config's."""
     rounds = int(os.environ.get("STA_AB_ROUNDS", "3"))
-    names = [os.path.basename(os.path.dirname(os.path.abspath(x.path))) + "/" +
-             os.path.basename(x.path) for x in libs]
+    names = [c[0] for c in configs]
+
+    def run(cfg, fn):
+        _, lib, env = cfg
+        old = {k: os.environ.get(k) for k in env}
+        os.environ.update(env)
+        try:
+            return fn(lib)
+        finally:
+            for k, v in old.items():
+                if v is None:
+                    os.environ.pop(k, None)
+                else:
+                    os.environ[k] = v
     rows = []
     for case in variant_cases():
         g, S, (q, k, v, o), fl = variant_inputs(case)
         for mode in softmax_modes():
-            ms = [[] for _ in libs]
+            ms = [[] for _ in configs]
             outs = []
             for rnd in range(rounds):
-                for i, lib in enumerate(libs):
+                for i, cfg in enumerate(configs):
                     if rnd == 0:
-                        o.fill_(float("nan"))  # each library's own output, or NaN
-                    ms[i].append(time_ms(lambda: lib.forward(g, q, k, v, o, softmax=SOFTMAX[mode]),
-                                         reps)[0])
+                        o.fill_(float("nan"))  # each config's own output, or NaN
+                    ms[i].append(run(cfg, lambda lib: time_ms(
+                        lambda: lib.forward(g, q, k, v, o, softmax=SOFTMAX[mode]), reps)[0]))
                     if rnd == 0:
                         torch.cuda.synchronize()
                         outs.append(o.clone())
@@ -462,7 +478,7 @@ def ab(libs, reps, log, results):
     results["ab"] = rows
     log("")
     log("A/B in one process, %d rounds alternated, median of %d runs each, ms (round by round); "
-        "last column: the later libraries' median against the first's" % (rounds, reps))
+        "last column: the later configs' median against the first's" % (rounds, reps))
     log("")
     log("| case | softmax | " + " | ".join(names) + " | change | outputs |")
     log("|---|---|" + "---|" * len(names) + "---|---|")
@@ -473,6 +489,23 @@ def ab(libs, reps, log, results):
             ", ".join("%+.2f %%" % (100 * (x / med[0] - 1)) for x in med[1:]),
             "bit-identical" if all(r["identical"]) else "differ (max %s)" % ", ".join(
                 "%.1e" % d for d in r["max_diff"])))
+
+
+def ab_configs(sta, libs, env):
+    """--ab: (name, library, {}) for --lib and each of libs; --env NAME=V1,V2:
+    (NAME=Vi, --lib's library, {NAME: Vi}) for each setting."""
+    if env:
+        if libs:
+            raise SystemExit("--env and --ab: one or the other")
+        name, _, vals = env.partition("=")
+        if not name or not vals:
+            raise SystemExit("--env wants NAME=V1,V2,...; got %r" % env)
+        return [("%s=%s" % (name, x), sta, {name: x}) for x in vals.split(",")]
+    out = []
+    for lib in [sta] + [Sta(x) for x in libs.split(",")]:
+        path = os.path.abspath(lib.path)
+        out.append((os.path.basename(os.path.dirname(path)) + "/" + os.path.basename(path), lib, {}))
+    return out
 
 
 def hunyuan_case():
@@ -625,6 +658,7 @@ def main():
     ap.add_argument("--bench", action="store_true")
     ap.add_argument("--accuracy", action="store_true")
     ap.add_argument("--ab", default="", help="comma-separated libraries to A/B against --lib")
+    ap.add_argument("--env", default="", help="NAME=V1,V2,...: settings to A/B with --lib")
     ap.add_argument("--no-flex", action="store_true")
     ap.add_argument("--sweep", action="store_true")
     ap.add_argument("--variants", action="store_true")
@@ -655,8 +689,8 @@ def main():
         fails += check(sta, a.check, a.seed, log)
     if a.variants:
         variants(sta, a.reps, log, results)
-    if a.ab:
-        ab([sta] + [Sta(x) for x in a.ab.split(",")], a.reps, log, results)
+    if a.ab or a.env:
+        ab(ab_configs(sta, a.ab, a.env), a.reps, log, results)
     if a.accuracy:
         fx = flex_setup()
         if not fx:

@@ -12,9 +12,9 @@
 
 namespace sta {
 
-/* The launch of sta_fwd<K, PERSIST>: items counted for K's rows, the
-** persistent kernel's counters (none under a first capture: one CTA per
-** item then), a grid of min(SMs, items) or one CTA per item. */
+/* The launch of sta_fwd<K, PERSIST>: items counted for K's rows, a grid
+** of min(SMs, items) on the counters in a.sched (PERSIST) or one CTA per
+** item. */
 template <class K, bool PERSIST>
 sta_status launch_fwd(FwdParams &a) {
   constexpr int BR = K::BR;
@@ -27,13 +27,7 @@ sta_status launch_fwd(FwdParams &a) {
   if (cs != STA_OK || a.n_items == 0) return cs;
   const int n = a.n_items;
   int grid = n;
-  if (PERSIST) {
-    sta_status st = sched_slot(&a.sched);
-    if (st != STA_OK) return st;
-    if (!a.sched) /* no counters (first launch under capture) */
-      return launch_fwd<K, false>(a);
-    grid = sta_cuda_sm_count() < n ? sta_cuda_sm_count() : n;
-  }
+  if (PERSIST) grid = sta_cuda_sm_count() < n ? sta_cuda_sm_count() : n;
   kern<<<(unsigned)grid, K::THREADS, K::SMEM, sta_cuda_stream()>>>(a);
   e = cudaGetLastError();
   if (e != cudaSuccess) return sta_cuda_fail(e, "attention kernel launch");
@@ -42,14 +36,23 @@ sta_status launch_fwd(FwdParams &a) {
 
 /* The kernels of one (dtype, head dim): the default where the TMA paths and
 ** 3 | tt allow it (D 128: Wide, the 192-key blocks and their 192-row maps;
-** D 64: Tall, the 192-row items and their maps), else Square.  Variant
-** (STA_CUDA_VARIANT, for tests and benchmarks) 2: one CTA per item, as
-** under a first capture; 9: Square. */
+** D 64: Tall, the 192-row items and their maps), else Square; persistent
+** on the counters of sched_slot, one CTA per item where there are none (a
+** first launch under capture).  Variant (STA_CUDA_VARIANT, for tests and
+** benchmarks) 2: one CTA per item; 9: Square.  bf16 D 128 under
+** STA_FWD_L2: the experiments' Wide (run_fwd_l2). */
 template <typename T, int D>
 sta_status run_fwd(FwdParams &a, int variant) {
   using Big = typename std::conditional<D == 128, Wide<T>, Tall<T>>::type;
   const bool big = variant != 9 && a.tma && a.tma_q && a.tma_rows && (D == 128 ? a.tma_k3 : a.tma_q3);
-  if (variant == 2) return big ? launch_fwd<Big, false>(a) : launch_fwd<Square<T, D>, false>(a);
+  a.sched = NULL;
+  if (variant != 2) {
+    sta_status st = sched_slot(&a.sched);
+    if (st != STA_OK) return st;
+  }
+  if (!a.sched) return big ? launch_fwd<Big, false>(a) : launch_fwd<Square<T, D>, false>(a);
+  if constexpr (D == 128 && std::is_same<T, __nv_bfloat16>::value)
+    if (big && fwd_l2_config(a)) return run_fwd_l2(a);
   return big ? launch_fwd<Big, true>(a) : launch_fwd<Square<T, D>, true>(a);
 }
 

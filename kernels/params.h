@@ -62,6 +62,12 @@ struct FwdParams {
   float rescale_th;   /* 0 exact running maximum, 8 fast (softmax_block) */
   int16_t win[3 * STA_MAX_HEADS];  /* min(K, C) per head and axis */
   int16_t horder[STA_MAX_HEADS];   /* heads, largest window first */
+  /* STA_FWD_L2 experiments (fwd_l2_bf16_d128.cu; 0 everywhere else).  In
+  ** the struct's tail padding: the default kernels' parameter is
+  ** unchanged. */
+  int l2;          /* the setting's bits: 1 hints, 2 wave gate, 4 pin */
+  int l2_gate_nkb; /* gate items of at least this many key blocks */
+  int l2_pin_t, l2_pin_row; /* pin: K/V of frames (rows) below these, and text rows */
 };
 
 /* Everything of x from p (which has passed the core's checks and the CUDA
@@ -73,6 +79,13 @@ void fwd_params_init(FwdParams &x, const sta_attn_params *p, int variant);
 /* Runs one (dtype, head dim)'s forward on x (launch_fwd.cuh; instantiated
 ** once each in fwd_<dtype>_d<D>.cu).  variant: STA_CUDA_VARIANT. */
 template <typename T, int D> sta_status run_fwd(FwdParams &x, int variant);
+
+/* The STA_FWD_L2 experiments (fwd_l2_bf16_d128.cu), bf16 D 128 with the
+** persistent 192-key kernel only: fwd_l2_config reads STA_FWD_L2 (and its
+** knobs) into x, or returns 0 (the default kernel); run_fwd_l2 launches
+** the experiment's kernel (x.sched set). */
+int fwd_l2_config(FwdParams &x);
+sta_status run_fwd_l2(FwdParams &x);
 
 } /* namespace sta */
 

@@ -66,36 +66,38 @@ __device__ __forceinline__ int block_mode(const FwdParams &a, const Item &x,
 }
 
 /* An item's Q tile by TMA (row map for text rows and in the tiled order,
-** tile map otherwise), signalled on qfull; one thread. */
-template <typename T, int D, int BR = 128>
+** tile map otherwise), signalled on qfull; one thread.  HINT: L2 policy
+** pol. */
+template <typename T, int D, int BR = 128, bool HINT = false>
 __device__ __forceinline__ void tma_load_q(const FwdParams &a, const Item &x, T *sQ,
-                                           int c0, int c4, uint64_t *qfull) {
+                                           int c0, int c4, uint64_t *qfull, uint64_t pol = 0) {
   const CUtensorMap *rm = BR == 128 ? &a.rmq : &a.rmq3, *tm = BR == 128 ? &a.tmq : &a.tmq3;
   mbar_expect_tx(qfull, BR * D * (int)sizeof(T));
 #pragma unroll
   for (int hf = 0; hf < D / 64; hf++) {
     if (x.text)
-      tma_load_3d(sQ + hf * BR * 64, rm, c0 + hf * 64, a.VR + x.qrow0, c4, qfull);
+      tma_load_3d<HINT>(sQ + hf * BR * 64, rm, c0 + hf * 64, a.VR + x.qrow0, c4, qfull, pol);
     else if (a.tiled) /* qrow0: the item's first t-slice of the tile */
-      tma_load_3d(sQ + hf * BR * 64, rm, c0 + hf * 64, x.qtile * a.tile_vol + x.qrow0 * 64,
-                  c4, qfull);
+      tma_load_3d<HINT>(sQ + hf * BR * 64, rm, c0 + hf * 64,
+                        x.qtile * a.tile_vol + x.qrow0 * 64, c4, qfull, pol);
     else
-      tma_load_5d(sQ + hf * BR * 64, tm, c0 + hf * 64, x.qw0, x.qh0,
-                  x.qt0 + x.qrow0, c4, qfull);
+      tma_load_5d<HINT>(sQ + hf * BR * 64, tm, c0 + hf * 64, x.qw0, x.qh0,
+                        x.qt0 + x.qrow0, c4, qfull, pol);
   }
 }
 
 /* One 64-column half of a key block by TMA onto bar: a tile block (mode 1:
-** tile map tm at bi's origin) or the block's rows from row0 (row map rm). */
-template <typename T>
+** tile map tm at bi's origin) or the block's rows from row0 (row map rm).
+** HINT: L2 policy pol. */
+template <typename T, bool HINT = false>
 __device__ __forceinline__ void tma_load_half(T *dst, const CUtensorMap *tm,
                                               const CUtensorMap *rm, const BlkInfo &bi,
                                               int mode, int row0, int c, int c4,
-                                              uint64_t *bar) {
+                                              uint64_t *bar, uint64_t pol = 0) {
   if (mode == 1)
-    tma_load_5d(dst, tm, c, bi.w0, bi.h0, bi.t0, c4, bar);
+    tma_load_5d<HINT>(dst, tm, c, bi.w0, bi.h0, bi.t0, c4, bar, pol);
   else
-    tma_load_3d(dst, rm, c, row0, c4, bar);
+    tma_load_3d<HINT>(dst, rm, c, row0, c4, bar, pol);
 }
 
 /* K and V of one key block by TMA into a stage, signalled on bar; one
@@ -124,15 +126,20 @@ template <class K, bool PERSIST>
 __device__ __forceinline__ void produce_tma(const FwdParams &a, const FwdSmem<K> &sm) {
   using T = typename K::T;
   constexpr int D = K::D, BK = K::BK, STAGES = K::STAGES;
+  constexpr bool X = K::L2X;
+  static_assert(!X || K::SPLIT, "the L2 experiments are in the split-ring producer");
   int g = 0, s = 0, n = 0; /* blocks so far; their stage and lap */
   auto put = [&](const BlkInfo &bi, int mode, int row0, int c0, int c4) {
     if constexpr (K::SPLIT) {
       constexpr int BYTES = BK * D * (int)sizeof(T); /* one of K, V */
       auto load = [&](T *dst, const CUtensorMap *tm, const CUtensorMap *rm, uint64_t *bar) {
         mbar_expect_tx(bar, BYTES);
+        uint64_t pol = 0;
+        if constexpr (X) pol = l2_policy_kv(a, bi, mode, row0);
 #pragma unroll
         for (int hf = 0; hf < D / 64; hf++)
-          tma_load_half<T>(dst + hf * BK * 64, tm, rm, bi, mode, row0, c0 + hf * 64, c4, bar);
+          tma_load_half<T, X>(dst + hf * BK * 64, tm, rm, bi, mode, row0, c0 + hf * 64, c4,
+                              bar, pol);
       };
       const int sk = g % STAGES;
       if (g >= STAGES) mbar_wait(&sm.kempty[sk], (g / STAGES - 1) & 1);
@@ -155,7 +162,7 @@ __device__ __forceinline__ void produce_tma(const FwdParams &a, const FwdSmem<K>
   };
   for (int k = 0;; k++) {
     if (k > 0) mbar_wait(sm.qempty, (k - 1) & 1);
-    const int item = next_item<PERSIST>(a, k);
+    const int item = next_item<PERSIST, X ? 3 : 2>(a, k);
     *sm.sitem = item;
     if (item < 0) {
       mbar_arrive(sm.qfull); /* the consumers read -1 and stop */
@@ -165,14 +172,19 @@ __device__ __forceinline__ void produce_tma(const FwdParams &a, const FwdSmem<K>
     decode_item<K::BR, BK>(a, item, x);
     if (x.qcount <= 0) {
       mbar_arrive(sm.qfull);
+      if constexpr (X) l2_loaded(a);
       continue;
     }
     const int c0 = a.tma_fused ? x.head * D : 0;
     const int c4 = a.tma_fused ? x.b : x.b * a.heads + x.head;
-    tma_load_q<T, D, K::BR>(a, x, sm.q, c0, c4, sm.qfull);
+    uint64_t pq = 0;
+    if constexpr (X) pq = l2_policy_q(a);
+    tma_load_q<T, D, K::BR, X>(a, x, sm.q, c0, c4, sm.qfull, pq);
+    if constexpr (X) l2_gate(a, item, x.p.nkb);
     item_blocks<BK>(a, x.p, [&](const BlkInfo &bi, int mode, int row0) {
       put(bi, mode, row0, c0, c4);
     });
+    if constexpr (X) l2_loaded(a);
   }
 }
 

@@ -1,8 +1,8 @@
 /*
 ** ptx.cuh -- sm_90 PTX the kernels are built from: shared-memory
-** addresses, cp.async, mbarriers, TMA tensor copies, named barriers,
-** setmaxnreg, proxy fences, ex2.  Nothing here knows about attention; a
-** backward or fp8 kernel includes it as it is.
+** addresses, cp.async, mbarriers, TMA tensor copies, L2 eviction
+** policies, named barriers, setmaxnreg, proxy fences, ex2.  Nothing here
+** knows about attention; a backward or fp8 kernel includes it as it is.
 */
 #ifndef STA_PTX_CUH
 #define STA_PTX_CUH
@@ -119,26 +119,66 @@ __device__ __forceinline__ void mbar_expect_tx(uint64_t *b, int bytes) {
 /* ---- TMA ------------------------------------------------------------------ */
 
 /* One box of tensor map m at coordinates (c0, ...) into shared dst,
-** completing on bar. */
+** completing on bar; HINT: with the L2 eviction policy pol (l2_policy). */
+template <bool HINT = false>
 __device__ __forceinline__ void tma_load_5d(void *dst, const CUtensorMap *m,
                                             int c0, int c1, int c2, int c3,
-                                            int c4, uint64_t *bar) {
-  asm volatile(
-      "cp.async.bulk.tensor.5d.shared::cluster.global.mbarrier::complete_tx::"
-      "bytes [%0], [%1, {%2, %3, %4, %5, %6}], [%7];\n" ::"r"(smem_u32(dst)),
-      "l"(reinterpret_cast<uint64_t>(m)), "r"(c0), "r"(c1), "r"(c2), "r"(c3),
-      "r"(c4), "r"(smem_u32(bar))
-      : "memory");
+                                            int c4, uint64_t *bar, uint64_t pol = 0) {
+  if constexpr (HINT)
+    asm volatile(
+        "cp.async.bulk.tensor.5d.shared::cluster.global.mbarrier::complete_tx::"
+        "bytes.L2::cache_hint [%0], [%1, {%2, %3, %4, %5, %6}], [%7], %8;\n" ::"r"(
+            smem_u32(dst)),
+        "l"(reinterpret_cast<uint64_t>(m)), "r"(c0), "r"(c1), "r"(c2), "r"(c3),
+        "r"(c4), "r"(smem_u32(bar)), "l"(pol)
+        : "memory");
+  else
+    asm volatile(
+        "cp.async.bulk.tensor.5d.shared::cluster.global.mbarrier::complete_tx::"
+        "bytes [%0], [%1, {%2, %3, %4, %5, %6}], [%7];\n" ::"r"(smem_u32(dst)),
+        "l"(reinterpret_cast<uint64_t>(m)), "r"(c0), "r"(c1), "r"(c2), "r"(c3),
+        "r"(c4), "r"(smem_u32(bar))
+        : "memory");
 }
+template <bool HINT = false>
 __device__ __forceinline__ void tma_load_3d(void *dst, const CUtensorMap *m,
                                             int c0, int c1, int c2,
-                                            uint64_t *bar) {
-  asm volatile(
-      "cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::"
-      "bytes [%0], [%1, {%2, %3, %4}], [%5];\n" ::"r"(smem_u32(dst)),
-      "l"(reinterpret_cast<uint64_t>(m)), "r"(c0), "r"(c1), "r"(c2),
-      "r"(smem_u32(bar))
-      : "memory");
+                                            uint64_t *bar, uint64_t pol = 0) {
+  if constexpr (HINT)
+    asm volatile(
+        "cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::"
+        "bytes.L2::cache_hint [%0], [%1, {%2, %3, %4}], [%5], %6;\n" ::"r"(smem_u32(dst)),
+        "l"(reinterpret_cast<uint64_t>(m)), "r"(c0), "r"(c1), "r"(c2),
+        "r"(smem_u32(bar)), "l"(pol)
+        : "memory");
+  else
+    asm volatile(
+        "cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::"
+        "bytes [%0], [%1, {%2, %3, %4}], [%5];\n" ::"r"(smem_u32(dst)),
+        "l"(reinterpret_cast<uint64_t>(m)), "r"(c0), "r"(c1), "r"(c2),
+        "r"(smem_u32(bar))
+        : "memory");
+}
+
+/* ---- L2 eviction policies ------------------------------------------------ */
+
+/* A policy for every line an access with it touches (createpolicy,
+** fraction 1): P 0 evict_normal, 1 evict_first (read once: Q, the
+** output), 2 evict_last (kept over the others). */
+template <int P> __device__ __forceinline__ uint64_t l2_policy() {
+  uint64_t pol;
+  if constexpr (P == 1)
+    asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;\n" : "=l"(pol));
+  else if constexpr (P == 2)
+    asm volatile("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;\n" : "=l"(pol));
+  else
+    asm volatile("createpolicy.fractional.L2::evict_normal.b64 %0, 1.0;\n" : "=l"(pol));
+  return pol;
+}
+/* 4 bytes to global memory with L2 policy pol */
+__device__ __forceinline__ void st_global_hint(void *p, uint32_t v, uint64_t pol) {
+  asm volatile("st.global.L2::cache_hint.b32 [%0], %1, %2;\n" ::"l"(p), "r"(v), "l"(pol)
+               : "memory");
 }
 
 /* ---- registers ------------------------------------------------------------ */

@@ -14,7 +14,7 @@ namespace sta {
 ** one-CTA-per-item kernel) when that launch is being captured into a CUDA
 ** graph, where cudaMalloc is not allowed.  The allocation runs in relaxed
 ** capture mode so that another thread's capture is not invalidated. */
-constexpr int SCHED_SLOTS = 256;
+constexpr int SCHED_SLOTS = 256, SCHED_INTS = 4;
 sta_status sched_slot(int **slot) {
   static int *ring[64];
   static unsigned next[64];
@@ -39,8 +39,8 @@ sta_status sched_slot(int **slot) {
     cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
     (void)cudaThreadExchangeStreamCaptureMode(&mode);
     int *r = NULL;
-    e = cudaMalloc((void **)&r, SCHED_SLOTS * 2 * sizeof(int));
-    if (e == cudaSuccess) e = cudaMemsetAsync(r, 0, SCHED_SLOTS * 2 * sizeof(int), st);
+    e = cudaMalloc((void **)&r, SCHED_SLOTS * SCHED_INTS * sizeof(int));
+    if (e == cudaSuccess) e = cudaMemsetAsync(r, 0, SCHED_SLOTS * SCHED_INTS * sizeof(int), st);
     if (e == cudaSuccess) e = cudaStreamSynchronize(st); /* for every stream */
     (void)cudaThreadExchangeStreamCaptureMode(&mode);
     if (e != cudaSuccess) {
@@ -50,7 +50,7 @@ sta_status sched_slot(int **slot) {
     }
     ring[dev] = r;
   }
-  *slot = ring[dev] + 2 * (next[dev]++ % SCHED_SLOTS);
+  *slot = ring[dev] + SCHED_INTS * (next[dev]++ % SCHED_SLOTS);
   pthread_mutex_unlock(&mu);
   return STA_OK;
 }

@@ -6,7 +6,8 @@
 ** tiles.  A CTA takes one item (grid of n_items) or, persistent, takes
 ** items from a global counter until none is left (next_item); the host
 ** side (tile_scheduler.cu) counts the items and hands each launch its
-** counters.
+** counters.  Also the device side of the STA_FWD_L2 experiments
+** (fwd_l2_bf16_d128.cu): L2 policies and the wave gate.
 */
 #ifndef STA_TILE_SCHEDULER_CUH
 #define STA_TILE_SCHEDULER_CUH
@@ -88,25 +89,72 @@ __device__ __forceinline__ int q_row(const FwdParams &a, const Item &x, int r) {
 }
 
 /* The producer's next work item (k: items taken so far), or -1 when none
-** is left; the last CTA out resets the persistent kernel's counters. */
-template <bool PERSIST, class P>
+** is left; the last CTA out resets the persistent kernel's NC counters
+** (sched_slot's 4: next item, CTAs done, 2 more for the kernel). */
+template <bool PERSIST, int NC = 2, class P>
 __device__ __forceinline__ int next_item(const P &a, int k) {
   int item = k == 0 ? (int)blockIdx.x
                     : (PERSIST ? atomicAdd(a.sched, 1) + (int)gridDim.x : -1);
   if (item >= a.n_items) item = -1;
   if (item < 0 && PERSIST && atomicAdd(a.sched + 1, 1) == (int)gridDim.x - 1) {
-    a.sched[0] = 0;
-    a.sched[1] = 0;
+#pragma unroll
+    for (int i = 0; i < NC; i++) a.sched[i] = 0;
   }
   return item;
 }
 
+/* ---- the STA_FWD_L2 experiments (K::L2X kernels; a.l2's bits) ---------- */
+
+/* Q's and the output's L2 policy: evict_first under bits 1 and 4 (read or
+** written once: they leave room for the keys), else evict_normal. */
+__device__ __forceinline__ uint64_t l2_policy_q(const FwdParams &a) {
+  return a.l2 & 5 ? l2_policy<1>() : l2_policy<0>();
+}
+
+/* A K/V block's L2 policy: bit 4 (pin) evict_last for the blocks of the
+** first l2_pin_t frames of the head (rows below l2_pin_row; the text
+** rows: every item reads them) and evict_normal for the rest, so that the
+** same part of a head's keys stays in the L2 however far apart the CTAs
+** walking them are; else bit 1 evict_last for every block (FA3's choice),
+** else evict_normal. */
+__device__ __forceinline__ uint64_t l2_policy_kv(const FwdParams &a, const BlkInfo &bi,
+                                                 int mode, int row0) {
+  if (a.l2 & 4) {
+    const bool pin = mode == 1 ? bi.t0 < a.l2_pin_t : row0 < a.l2_pin_row || row0 >= a.VR;
+    return pin ? l2_policy<2>() : l2_policy<0>();
+  }
+  return a.l2 & 1 ? l2_policy<2>() : l2_policy<0>();
+}
+
+/* Bit 2, the wave gate: an item of at least l2_gate_nkb key blocks starts
+** loading its keys only once as many items as come before its wave (waves
+** of gridDim.x items in item order) have issued their last loads
+** (a.sched[2], l2_loaded), so the CTAs of one wave, which walk the same
+** keys of a head, start them together instead of drifting apart across
+** the launch.  The wait gives up after 2^18 clocks (CTAs not resident, a
+** slow wave); it moves only when keys are read, never what an item
+** computes. */
+__device__ __forceinline__ void l2_gate(const FwdParams &a, int item, int nkb) {
+  const int before = item / (int)gridDim.x * (int)gridDim.x;
+  if (!(a.l2 & 2) || before == 0 || nkb < a.l2_gate_nkb) return;
+  const long long t0 = clock64();
+  while (ld_acquire(a.sched + 2) < before && clock64() - t0 < (1ll << 18)) __nanosleep(64);
+}
+/* Bit 2: this item's loads are issued (before the CTA's next next_item,
+** whose last CTA resets the count). */
+__device__ __forceinline__ void l2_loaded(const FwdParams &a) {
+  if (a.l2 & 2) {
+    atomicAdd(a.sched + 2, 1);
+    __threadfence();
+  }
+}
+
 /* ---- host ---------------------------------------------------------------- */
 
-/* The persistent kernel's counters for one launch: *slot = two zeroed ints
-** that the launch's last CTA zeroes again, or NULL (launch one CTA per
-** item) when the first launch on a device is being captured into a graph,
-** where they cannot be allocated. */
+/* The persistent kernel's counters for one launch: *slot = four zeroed
+** ints that the launch's last CTA zeroes again (next_item), or NULL
+** (launch one CTA per item) when the first launch on a device is being
+** captured into a graph, where they cannot be allocated. */
 sta_status sched_slot(int **slot);
 /* The work items of a launch with BR-row query items (a.qbpt set by the
 ** caller): text query blocks first, then the tiles' query blocks; sets

@@ -363,6 +363,111 @@ static void test_tiled_order(void **state) {
   printf("# tiled order: worst rel L2 %.3e\n", worst);
 }
 
+/* ---- the STA_FWD_L2 experiments ---------------------------------------------
+** kernels/fwd_l2_bf16_d128.cu: every setting (L2 policies, the wave gate,
+** the pin) must compute the default's bits, out and lse.
+** bf16 D 128 geometries of the default kernel (6x8x8 tiles, every load by
+** TMA) with more items than SMs (the gate waits from the second wave on),
+** per-head windows of whole and partial canvases, text with padding rows,
+** the untiled order with batch 1 and the tiled order with batch 2; the
+** gate's threshold at 1 MB (items of 11 key blocks and more take it) and
+** the pin at 1 MB (one frame: the rest of the keys stay unpinned), so
+** that both sides of each are taken. */
+
+/* setenv, or unsetenv for NULL */
+static void env_set(const char *name, const char *v) {
+  if (v) setenv(name, v, 1);
+  else unsetenv(name);
+}
+
+/* out and lse of c's forward (fresh randn q, k, v of seed c->seed) on the
+** GPU under the current environment, as host copies */
+static void l2_forward(const gcase *c, sta_tensor **ho, sta_tensor **hl) {
+  sta_attention_desc d;
+  memset(&d, 0, sizeof d);
+  sta_geometry_init(&d.geom, c->canvas[0], c->canvas[1], c->canvas[2]);
+  memcpy(d.geom.tile, c->tile, sizeof c->tile);
+  d.geom.text_len = c->text_len;
+  d.geom.order = c->tiled ? STA_ORDER_TILED : STA_ORDER_UNTILED;
+  d.layout = STA_BSHD;
+  d.n_windows = c->n_windows;
+  d.windows = c->windows;
+  int64_t S = sta_geometry_video_rows(&d.geom) + c->text;
+  int64_t shape[4] = {c->B, S, c->H, c->D}, lshape[3] = {c->B, c->H, S};
+  sta_tensor *t[4] = {NULL, NULL, NULL, NULL}, *lse = NULL;
+  for (int i = 0; i < 4; i++) {
+    assert_int_equal(sta_tensor_create(&t[i], STA_BF16, STA_CUDA, 4, shape), STA_OK);
+    if (i < 3) assert_int_equal(sta_tensor_randn(t[i], c->seed * 3 + (uint64_t)i, 0.0, 1.0), STA_OK);
+  }
+  assert_int_equal(sta_tensor_fill(t[3], NAN), STA_OK);
+  assert_int_equal(sta_tensor_create(&lse, STA_F32, STA_CUDA, 3, lshape), STA_OK);
+  assert_int_equal(sta_tensor_fill(lse, NAN), STA_OK);
+  if (sta_attention_forward(&d, t[0], t[1], t[2], t[3], lse) != STA_OK)
+    fail_msg("l2 forward: %s", sta_last_error());
+  assert_int_equal(sta_tensor_to(ho, t[3], STA_BF16, STA_CPU), STA_OK);
+  assert_int_equal(sta_tensor_to(hl, lse, STA_F32, STA_CPU), STA_OK);
+  for (int i = 0; i < 4; i++) sta_tensor_destroy(t[i]);
+  sta_tensor_destroy(lse);
+}
+
+static void test_l2_experiments(void **state) {
+  NEED_GPU();
+  static const char *const names[] = {"STA_FWD_L2", "STA_FWD_L2_GATE_MB", "STA_FWD_L2_PIN_MB"};
+  static const char *const all[] = {"7", "1", "2", "3", "4", "5", "6"};
+  static const char *const quick[] = {"7", "6"}; /* sanitizer runs */
+  const int q = getenv("STA_GPU_QUICK") != NULL, nmodes = q ? 2 : 7;
+  char *was[3];
+  for (int i = 0; i < 3; i++) {
+    const char *v = getenv(names[i]);
+    was[i] = v ? strdup(v) : NULL;
+  }
+  gcase c[2];
+  case_init(&c[0], 12, 32, 48); /* 2x4x6 tiles: 145 items a head */
+  c[0].H = 3; c[0].text = 70; c[0].text_len = 50; c[0].seed = 61;
+  c[0].n_windows = 3;
+  const int32_t w[9] = {2, 4, 6, 1, 3, 3, 3, 5, 7};
+  memcpy(c[0].windows, w, sizeof w);
+  c[1] = c[0]; /* the tiled order, batch 2, whole windows */
+  c[1].tiled = 1; c[1].B = 2; c[1].H = 2; c[1].n_windows = 1; c[1].seed = 62;
+  for (int g = 0; g < (q ? 1 : 2); g++) {
+    sta_tensor *o0 = NULL, *l0 = NULL;
+    for (int i = 0; i < 3; i++) env_set(names[i], NULL);
+    l2_forward(&c[g], &o0, &l0); /* the default kernel */
+    const size_t on = (size_t)sta_tensor_numel(o0) * 2, ln = (size_t)sta_tensor_numel(l0) * 4;
+    sta_tensor *f = NULL; /* every row written (no NaN left), not zeros */
+    assert_int_equal(sta_tensor_to(&f, o0, STA_F32, STA_CPU), STA_OK);
+    const float *x = sta_tensor_data(f);
+    double sum = 0;
+    for (int64_t i = 0; i < sta_tensor_numel(f); i++) {
+      if (!isfinite(x[i])) fail_msg("geometry %d: out[%lld] = %g", g, (long long)i, (double)x[i]);
+      sum += fabs(x[i]);
+    }
+    assert_true(sum > 0);
+    sta_tensor_destroy(f);
+    env_set(names[1], "1");
+    env_set(names[2], "1");
+    for (int m = 0; m < nmodes; m++) {
+      const char *mode = q ? quick[m] : all[m];
+      sta_tensor *o = NULL, *l = NULL;
+      env_set(names[0], mode);
+      l2_forward(&c[g], &o, &l);
+      if (memcmp(sta_tensor_data(o), sta_tensor_data(o0), on))
+        fail_msg("STA_FWD_L2=%s, geometry %d: out differs from the default's", mode, g);
+      if (memcmp(sta_tensor_data(l), sta_tensor_data(l0), ln))
+        fail_msg("STA_FWD_L2=%s, geometry %d: lse differs from the default's", mode, g);
+      sta_tensor_destroy(o);
+      sta_tensor_destroy(l);
+    }
+    sta_tensor_destroy(o0);
+    sta_tensor_destroy(l0);
+  }
+  for (int i = 0; i < 3; i++) {
+    env_set(names[i], was[i]);
+    free(was[i]);
+  }
+  printf("# STA_FWD_L2: %d settings bit-identical to the default\n", nmodes);
+}
+
 /* ---- accuracy against float64 ----------------------------------------------
 ** The GPU's bf16/f16 output against the exact result: the CPU's float64
 ** reference (sta_attention_reference) on the same rounded inputs.  The
@@ -743,6 +848,7 @@ int main(void) {
       cmocka_unit_test(test_default_tiles),   cmocka_unit_test(test_d64_tiles),
       cmocka_unit_test(test_layouts),         cmocka_unit_test(test_large_scores),
       cmocka_unit_test(test_random_geometries), cmocka_unit_test(test_tiled_order),
+      cmocka_unit_test(test_l2_experiments),
       cmocka_unit_test(test_accuracy_f64),
       cmocka_unit_test(test_head_diff),
   };
