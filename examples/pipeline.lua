@@ -112,7 +112,8 @@ end
 
 local batch = sta.forward_batch{ batch_size = 1 }
 local flops_per_step, attn_time, total_flops, forwards = 0, 0, 0, 0
-local step_times, fwd_times = {}, {}
+local step_times, fwd_times, layer_times = {}, {}, {}
+for l = 0, L - 1 do layer_times[l + 1] = {} end
 local bar = cli.progress(opts.steps * 2 * L, "denoising")
 local t_start, moved = sta.now(), sta.transfer_bytes()
 
@@ -130,6 +131,7 @@ for step = 0, opts.steps - 1 do
       local out = layers[l]:forward(h, h, h, bufs[pass][2 - l % 2])
       if device ~= "cpu" then sta.synchronize() end
       fwd_times[#fwd_times + 1] = sta.now() - ta
+      table.insert(layer_times[l + 1], fwd_times[#fwd_times])
       attn_time = attn_time + fwd_times[#fwd_times]
       local wins = md:row(l)
       total_flops = total_flops + sta.flops{ canvas = canvas, tile = tile, text_len = opts.text, window = wins,
@@ -169,7 +171,10 @@ say("summary: %d steps x 2 passes x %d layers = %d STA forwards in %.2f s\n", op
 say("  median step %.1f ms; attention %.2f s (%.0f%% of the run), %.3f TFLOP, %.1f GFLOP/s\n",
   median(step_times) * 1e3, attn_time, 100 * attn_time / total, total_flops / 1e12,
   total_flops / attn_time / 1e9)
-say("  median layer forward %.2f ms\n", median(fwd_times) * 1e3)
+local by_layer = {}
+for l = 1, L do by_layer[l] = ("%.2f"):format(median(layer_times[l]) * 1e3) end
+say("  median layer forward %.2f ms (by layer: %s)\n", median(fwd_times) * 1e3,
+  table.concat(by_layer, " / "))
 if device ~= "cpu" then say("  last kernel: %s\n", sta.last_launch()) end
 say("  strategy sparsity %.3f; search records %d; contexts left %d\n", strategy:sparsity(grid),
   batch:records(false) + batch:records(true), sta.context_depth())

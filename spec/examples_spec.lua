@@ -29,7 +29,7 @@ describe("examples", function()
     assert.truthy(out:find("step  1/3  window 2x2x2", 1, true), out)
     assert.truthy(out:find("step  3/3  window 1x1x1", 1, true), out)
     assert.truthy(out:find("3 steps x 2 passes x 2 layers = 12 STA forwards", 1, true), out)
-    assert.truthy(out:find("median layer forward %d+%.%d+ ms\n"), out)
+    assert.truthy(out:find("median layer forward %d+%.%d+ ms %(by layer: [%d%.]+ / [%d%.]+%)\n"), out)
     assert.falsy(out:find("last kernel", 1, true), out) -- the CPU launches none
     assert.truthy(out:find("contexts left 0", 1, true))
     assert.truthy(out:find("all finite", 1, true))

@@ -767,6 +767,7 @@ static void bare_launch(const sta_geometry *g, sta_tensor *q, sta_tensor *k, sta
 ** not NULL, lack miss. */
 static void launch_has(const char *what, const char *line, const char *const *want,
                        const char *miss) {
+  printf("# %s: %s\n", what, line);
   for (int i = 0; want[i]; i++)
     if (!strstr(line, want[i])) fail_msg("%s: no \"%s\" in \"%s\"", what, want[i], line);
   if (miss && strstr(line, miss)) fail_msg("%s: \"%s\" in \"%s\"", what, miss, line);
@@ -827,6 +828,7 @@ static void test_kernel_choice(void **state) {
   assert_int_equal(sta_context_pop(ctx), STA_OK);
   assert_int_equal(sta_cuda_synchronize(), STA_OK);
   snprintf(lay, sizeof lay, "%s", sta_cuda_last_launch());
+  printf("# layer x, x, x: %s\n", lay);
   assert_string_equal(lay, bare);
   bare_launch(&g, x, x, x, o1, line, sizeof line);
   assert_string_equal(line, bare);
