@@ -3,12 +3,15 @@
 ** device answers the probe), threads, streams, device byte accounting.
 */
 #include <omp.h>
+#include <stdarg.h>
+#include <stdio.h>
 #include <stdlib.h>
 
 #include "internal.h"
 
 static int32_t n_threads = 0;
 static _Thread_local void *cuda_stream = NULL;
+static _Thread_local char last_launch[512];
 static int64_t dev_in_use = 0, dev_peak = 0; /* __atomic builtins (clang refuses them on _Atomic) */
 static int64_t transferred = 0;
 
@@ -99,6 +102,15 @@ int32_t sta_get_num_threads(void) {
 
 void sta_cuda_set_stream(void *stream) { cuda_stream = stream; }
 void *sta_cuda_get_stream(void) { return cuda_stream; }
+
+void sta_cuda_note_launch(const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(last_launch, sizeof last_launch, fmt, ap);
+  va_end(ap);
+}
+
+const char *sta_cuda_last_launch(void) { return last_launch; }
 
 sta_status sta_cuda_synchronize(void) {
   if (!sta_backend_available(STA_CUDA))

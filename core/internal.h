@@ -267,6 +267,12 @@ void sta_device_account(int64_t delta);
 /* Count bytes of tensor data a backend moved between host and device
 ** (sta_transfer_bytes). */
 void sta_transfer_account(int64_t bytes);
+/* Record what this thread's CUDA forward just launched, for
+** sta_cuda_last_launch (printf-style, cut at 511 bytes). */
+#if defined(__GNUC__)
+__attribute__((format(printf, 1, 2)))
+#endif
+void sta_cuda_note_launch(const char *fmt, ...);
 
 /* CPU implementations, used by the CPU backend and tests. */
 sta_status sta_cpu_attention(const sta_attn_params *p);

@@ -112,7 +112,8 @@ end
 
 local batch = sta.forward_batch{ batch_size = 1 }
 local flops_per_step, attn_time, total_flops, forwards = 0, 0, 0, 0
-local step_times = {}
+local step_times, fwd_times, layer_times = {}, {}, {}
+for l = 0, L - 1 do layer_times[l + 1] = {} end
 local bar = cli.progress(opts.steps * 2 * L, "denoising")
 local t_start, moved = sta.now(), sta.transfer_bytes()
 
@@ -129,7 +130,9 @@ for step = 0, opts.steps - 1 do
       local ta = sta.now()
       local out = layers[l]:forward(h, h, h, bufs[pass][2 - l % 2])
       if device ~= "cpu" then sta.synchronize() end
-      attn_time = attn_time + (sta.now() - ta)
+      fwd_times[#fwd_times + 1] = sta.now() - ta
+      table.insert(layer_times[l + 1], fwd_times[#fwd_times])
+      attn_time = attn_time + fwd_times[#fwd_times]
       local wins = md:row(l)
       total_flops = total_flops + sta.flops{ canvas = canvas, tile = tile, text_len = opts.text, window = wins,
         seq_len = S, heads = H, head_dim = D }
@@ -158,13 +161,21 @@ local total, moved_steps = sta.now() - t_start, sta.transfer_bytes() - moved
 
 local st = latent:stats()
 local finite = st.nonfinite == 0
-local sorted = table.move(step_times, 1, #step_times, 1, {})
-table.sort(sorted)
+local function median(t)
+  local sorted = table.move(t, 1, #t, 1, {})
+  table.sort(sorted)
+  return sorted[(#sorted + 1) // 2]
+end
 
 say("summary: %d steps x 2 passes x %d layers = %d STA forwards in %.2f s\n", opts.steps, L, forwards, total)
 say("  median step %.1f ms; attention %.2f s (%.0f%% of the run), %.3f TFLOP, %.1f GFLOP/s\n",
-  sorted[(#sorted + 1) // 2] * 1e3, attn_time, 100 * attn_time / total, total_flops / 1e12,
+  median(step_times) * 1e3, attn_time, 100 * attn_time / total, total_flops / 1e12,
   total_flops / attn_time / 1e9)
+local by_layer = {}
+for l = 1, L do by_layer[l] = ("%.2f"):format(median(layer_times[l]) * 1e3) end
+say("  median layer forward %.2f ms (by layer: %s)\n", median(fwd_times) * 1e3,
+  table.concat(by_layer, " / "))
+if device ~= "cpu" then say("  last kernel: %s\n", sta.last_launch()) end
 say("  strategy sparsity %.3f; search records %d; contexts left %d\n", strategy:sparsity(grid),
   batch:records(false) + batch:records(true), sta.context_depth())
 say("  host<->device bytes moved by the steps: %d\n", moved_steps)

@@ -17,6 +17,10 @@
 
 namespace sta {
 
+/* Why the last setup_tma on this thread left a TMA path out (NULL: it
+** took every map the call can use); fwd_note_launch reports it. */
+static thread_local const char *tma_off;
+
 /* Which TMA paths a call can take.  All need 16-byte aligned bases and
 ** strides (vec) and one way to address (batch, head): fused when the head
 ** stride of q, k and v is D, else heads folded with the batch when the
@@ -27,31 +31,52 @@ namespace sta {
 ** maps), which needs whole tiles: a padding row must never be read as a
 ** key (it may hold anything), so with partial tiles the tiles' blocks are
 ** gathered by token.
-** STA_NO_TMA turns all of it off (the gather path), for tests. */
+** STA_NO_TMA turns all of it off (the gather path), for tests.  Sets
+** tma_off to the first reason a path was left out. */
 static void setup_tma(FwdParams &x, const sta_attn_params *p, int variant) {
   x.tma = x.tma_q = x.tma_rows = x.tma_q3 = x.tma_k3 = 0;
-  if (getenv("STA_NO_TMA") || !x.vec) return;
+  tma_off = NULL;
+  if (getenv("STA_NO_TMA")) { tma_off = "STA_NO_TMA is set"; return; }
+  if (!x.vec) {
+    tma_off = "an operand's base or stride is not a multiple of 16 bytes";
+    return;
+  }
   const int64_t D = p->head_dim;
   int fused = p->q_sh == D && p->k_sh == D && p->v_sh == D;
   int fold = p->batch == 1 || (p->q_sb == p->heads * p->q_sh && p->k_sb == p->heads * p->k_sh &&
                                p->v_sb == p->heads * p->v_sh);
-  if (!fused && !fold) return;
-  if (p->heads * p->batch > 0x7fffffff || p->heads * D > 0x7fffffff) return;
+  if (!fused && !fold) {
+    tma_off = "heads not addressable (head stride != D, batch stride != heads x head stride)";
+    return;
+  }
+  if (p->heads * p->batch > 0x7fffffff || p->heads * D > 0x7fffffff) {
+    tma_off = "heads x batch too large";
+    return;
+  }
   int64_t nhb = p->heads * p->batch;
   x.tma_fused = fused;
   if (tma_encode(&x.rmk, p->k, p, p->k_sb, p->k_ss, p->k_sh, fused, nhb, 0) &&
       tma_encode(&x.rmv, p->v, p, p->v_sb, p->v_ss, p->v_sh, fused, nhb, 0) &&
       tma_encode(&x.rmq, p->q, p, p->q_sb, p->q_ss, p->q_sh, fused, nhb, 0))
     x.tma_rows = 1;
-  if (p->tile[1] != 8 || p->tile[2] != 8 || p->tile[0] % 2) return;
+  else
+    tma_off = "the driver refused a row map";
+  if (p->tile[1] != 8 || p->tile[2] != 8 || p->tile[0] % 2) {
+    if (!tma_off) tma_off = "tiles not 8x8 in h, w with an even depth";
+    return;
+  }
   if (p->tiled)
     x.tma = x.tma_rows && p->video_rows == p->video_len;
   else if (tma_encode(&x.tmk, p->k, p, p->k_sb, p->k_ss, p->k_sh, fused, nhb, 1) &&
            tma_encode(&x.tmv, p->v, p, p->v_sb, p->v_ss, p->v_sh, fused, nhb, 1))
     x.tma = 1;
+  if (!x.tma && !tma_off)
+    tma_off = p->tiled ? "tiled order with partial tiles" : "the driver refused K's or V's tile map";
   if (x.tma && !getenv("STA_NO_TMA_Q") &&
       (p->tiled || tma_encode(&x.tmq, p->q, p, p->q_sb, p->q_ss, p->q_sh, fused, nhb, 1)))
     x.tma_q = 1;
+  if (x.tma && !x.tma_q && !tma_off)
+    tma_off = getenv("STA_NO_TMA_Q") ? "STA_NO_TMA_Q is set" : "the driver refused Q's tile map";
   /* the default kernel's 192-row maps (3 t-slices): Q in items of 192
   ** rows at D 64, K and V in blocks of 192 keys at D 128 */
   const bool by3 = x.tma_q && x.tma_rows && p->tile[0] % 3 == 0 &&
@@ -67,6 +92,23 @@ static void setup_tma(FwdParams &x, const sta_attn_params *p, int variant) {
       tma_encode(&x.rmk3, p->k, p, p->k_sb, p->k_ss, p->k_sh, fused, nhb, 0, 192) &&
       tma_encode(&x.rmv3, p->v, p, p->v_sb, p->v_ss, p->v_sh, fused, nhb, 0, 192))
     x.tma_k3 = 1;
+  if (!tma_off && !(D == 128 ? x.tma_k3 : x.tma_q3))
+    tma_off = variant == 9          ? "STA_CUDA_VARIANT=9 (the 128 x 128 kernel)"
+              : p->tile[0] % 3 != 0 ? "tile depth not a multiple of 3 (no 192-row maps)"
+                                    : "the driver refused a 192-row map";
+}
+
+void fwd_note_launch(const FwdParams &a, const char *kernel, const char *dtype, int d, int br,
+                     int bk, int gather, int persist, int grid) {
+  sta_cuda_note_launch(
+      "forward: %s<%s, D %d>, %d query rows x %d keys, %s grid %d, %d items (%d text); loads by "
+      "%s; tensor maps: K/V tiles %s, Q tiles %s, rows %s, 192-row %s%s%s",
+      kernel, dtype, d, br, bk, persist ? "persistent" : "one CTA per item,", grid, a.n_items,
+      a.n_text_items,
+      gather && !(a.tma && a.tma_q && a.tma_rows) ? "TMA and the cp.async gather" : "TMA",
+      a.tma ? "yes" : "no", a.tma_q ? "yes" : "no", a.tma_rows ? "yes" : "no",
+      a.tma_k3 || a.tma_q3 ? "yes" : "no", tma_off ? "; TMA path left out: " : "",
+      tma_off ? tma_off : "");
 }
 
 void fwd_params_init(FwdParams &x, const sta_attn_params *p, int variant) {

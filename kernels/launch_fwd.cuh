@@ -31,6 +31,9 @@ sta_status launch_fwd(FwdParams &a) {
   kern<<<(unsigned)grid, K::THREADS, K::SMEM, sta_cuda_stream()>>>(a);
   e = cudaGetLastError();
   if (e != cudaSuccess) return sta_cuda_fail(e, "attention kernel launch");
+  fwd_note_launch(a, K::BK == 192 ? "Wide" : BR == 192 ? "Tall" : "Square",
+                  std::is_same<typename K::T, __half>::value ? "f16" : "bf16", K::D, BR, K::BK,
+                  K::GATHER, PERSIST, grid);
   return STA_OK;
 }
 

@@ -76,6 +76,13 @@ struct FwdParams {
 ** not the 192-row ones). */
 void fwd_params_init(FwdParams &x, const sta_attn_params *p, int variant);
 
+/* Records a launch of x for sta_cuda_last_launch: the kernel's name, dtype
+** and head dim, its rows and keys per block, whether it has the gather
+** producer, the grid, and why setup_tma (this thread's last
+** fwd_params_init) left a TMA path out. */
+void fwd_note_launch(const FwdParams &x, const char *kernel, const char *dtype, int d, int br,
+                     int bk, int gather, int persist, int grid);
+
 /* Runs one (dtype, head dim)'s forward on x (launch_fwd.cuh; instantiated
 ** once each in fwd_<dtype>_d<D>.cu).  variant: STA_CUDA_VARIANT. */
 template <typename T, int D> sta_status run_fwd(FwdParams &x, int variant);

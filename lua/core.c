@@ -73,6 +73,11 @@ static int l_synchronize(lua_State *L) {
   lua_pushboolean(L, 1);
   return 1;
 }
+/* last_launch() -> this thread's last CUDA forward launch, one line ("" before one) */
+static int l_last_launch(lua_State *L) {
+  lua_pushstring(L, sta_cuda_last_launch());
+  return 1;
+}
 static int l_transfer_bytes(lua_State *L) {
   lua_pushinteger(L, sta_transfer_bytes());
   return 1;
@@ -178,7 +183,7 @@ static const luaL_Reg core_funcs[] = {
   {"backends", l_backends}, {"backend_available", l_backend_available}, {"info", l_info},
   {"set_num_threads", l_set_num_threads}, {"get_num_threads", l_get_num_threads},
   {"synchronize", l_synchronize}, {"device_bytes", l_device_bytes},
-  {"transfer_bytes", l_transfer_bytes},
+  {"transfer_bytes", l_transfer_bytes}, {"last_launch", l_last_launch},
   {"set_device_soft_limit", l_set_device_soft_limit},
   {"status_name", l_status_name}, {"now", l_now}, {"history", l_history},
   {NULL, NULL}};

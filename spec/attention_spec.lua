@@ -169,6 +169,14 @@ describe("sta attention", function()
     assert.is_true(H.same_values(wq, dq) and H.same_values(wk, dk) and H.same_values(wv, dv))
   end)
 
+  it("reports no CUDA launch for a host call (sta.last_launch)", function()
+    local q = H.randn({1, 6 * 8 * 8, 2, 16})
+    local before = sta.last_launch()
+    sta.attention(q, q, q, { canvas = {6, 8, 8}, window = {1, 1, 1} })
+    assert.equal("string", type(before))
+    assert.equal(before, sta.last_launch()) -- only CUDA forwards write it
+  end)
+
   it("is dense attention with the full window", function()
     local canvas, tile = {4, 4, 4}, {2, 2, 2}
     local q, k, v = qkv({1, 64, 2, 16})

@@ -29,8 +29,28 @@ describe("examples", function()
     assert.truthy(out:find("step  1/3  window 2x2x2", 1, true), out)
     assert.truthy(out:find("step  3/3  window 1x1x1", 1, true), out)
     assert.truthy(out:find("3 steps x 2 passes x 2 layers = 12 STA forwards", 1, true), out)
+    assert.truthy(out:find("median layer forward %d+%.%d+ ms %(by layer: [%d%.]+ / [%d%.]+%)\n"), out)
+    assert.falsy(out:find("last kernel", 1, true), out) -- the CPU launches none
     assert.truthy(out:find("contexts left 0", 1, true))
     assert.truthy(out:find("all finite", 1, true))
+    assert.truthy(out:match("\nok\n$"), out)
+  end)
+
+  it("bench/bench_layer.lua times the layer path against the bare forward (CPU, small)", function()
+    local out, ok = H.run_lua([[
+      arg = { [0] = "bench/bench_layer.lua", "--device", "cpu", "--canvas", "6x8x16", "--text", "5",
+        "--heads", "2", "--head-dim", "16", "--window", "1x1x3", "--reps", "2", "--rounds", "1",
+        "--seed", "]] .. H.seed() .. [[" }
+      dofile("bench/bench_layer.lua")
+    ]])
+    assert.is_true(ok, out)
+    assert.truthy(out:find("layer x,x,x against bare x,x,x: max |diff| 0 (identical)", 1, true), out)
+    local rows = 0
+    for name, ms in out:gmatch("\n| ([%w ,']+) | [%d%.]+ | ([%d%.]+) |") do
+      rows = rows + 1
+      assert.is_true(tonumber(ms) > 0, name)
+    end
+    assert.equal(8, rows, out)
     assert.truthy(out:match("\nok\n$"), out)
   end)
 

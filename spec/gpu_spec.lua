@@ -80,6 +80,29 @@ describe("sta on the GPU #gpu", function()
     assert.equal("sta.Tensor(bf16, cuda:0, 1x3080x2x64)", tostring(out))
   end)
 
+  it("runs the pipeline's layer call (one tensor as q, k, v) on the bare forward's kernel", function()
+    if not have then return end
+    local canvas, text, heads = {12, 16, 24}, 24, 3
+    local S = 12 * 16 * 24 + text
+    local x = sta.randn({1, S, heads, 128}, { seed = H.seed(), dtype = "bf16", device = "cuda" })
+    local q = sta.randn({1, S, heads, 128}, { seed = H.seed(), dtype = "bf16", device = "cuda" })
+    local s = sta.strategy.uniform{ steps = 1, layers = 1, heads = heads, window = {3, 3, 3} }
+    local layer = sta.layer{ layer = 0, heads = heads, head_dim = 128, canvas = canvas, text_len = text,
+      backend = "cuda" }
+    local ctx <close> = sta.forward_context{ step = 0, batch = sta.forward_batch{},
+      metadata = sta.metadata.from_strategy(s, 0, 1, heads) }
+    local out = layer:forward(x, x, x)
+    local line = sta.last_launch()
+    assert.truthy(line:find("forward: Wide<bf16, D 128>", 1, true), line)
+    assert.truthy(line:find("loads by TMA;", 1, true), line)
+    assert.falsy(line:find("left out", 1, true), line)
+    local bare = sta.attention(q, q, q, { canvas = canvas, text_len = text, window = {3, 3, 3} })
+    assert.equal(line, sta.last_launch())
+    assert.equal(0, (out:compare(sta.attention(x, x, x, { canvas = canvas, text_len = text,
+      window = {3, 3, 3} }))))
+    assert.is_true(select(2, bare:compare(out)) > 0.1) -- other inputs, other output
+  end)
+
   it("counts device bytes and lets the collector free them", function()
     if not have then return end
     H.full_gc()

@@ -838,6 +838,142 @@ static void test_f32_refused(void **state) {
   dev4_free(&q); dev4_free(&o);
 }
 
+/* ---- which kernel a call launches (sta_cuda_last_launch) ---------------- */
+
+/* A device tensor [1, S, H, D] of bf16 randn (seed), a view of a base of
+** row pitch D + pad (pad 0: contiguous) starting at element off. */
+static sta_tensor *dev_randn(int64_t S, int64_t H, int64_t D, int64_t pad, int64_t off,
+                             uint64_t seed, sta_tensor **base) {
+  int64_t shape[4] = {1, S, H, D + pad};
+  sta_tensor *v = NULL;
+  assert_int_equal(sta_tensor_create(base, STA_BF16, STA_CUDA, 4, shape), STA_OK);
+  assert_int_equal(sta_tensor_narrow(&v, *base, 3, off, D), STA_OK);
+  assert_int_equal(sta_tensor_randn(v, seed, 0.0, 1.0), STA_OK);
+  return v;
+}
+
+/* The kernel line of sta_attention_forward on (q, k, v) into o with one
+** window of 3, 3, 3, in line (n bytes). */
+static void bare_launch(const sta_geometry *g, sta_tensor *q, sta_tensor *k, sta_tensor *v,
+                        sta_tensor *o, char *line, size_t n) {
+  sta_attention_desc d;
+  int32_t w[3] = {3, 3, 3};
+  memset(&d, 0, sizeof d);
+  d.geom = *g;
+  d.n_windows = 1;
+  d.windows = w;
+  if (sta_attention_forward(&d, q, k, v, o, NULL) != STA_OK)
+    fail_msg("forward: %s", sta_last_error());
+  assert_int_equal(sta_cuda_synchronize(), STA_OK);
+  snprintf(line, n, "%s", sta_cuda_last_launch());
+}
+
+/* The line of one call must hold each of want[] (NULL-terminated) and, if
+** not NULL, lack miss. */
+static void launch_has(const char *what, const char *line, const char *const *want,
+                       const char *miss) {
+  printf("# %s: %s\n", what, line);
+  for (int i = 0; want[i]; i++)
+    if (!strstr(line, want[i])) fail_msg("%s: no \"%s\" in \"%s\"", what, want[i], line);
+  if (miss && strstr(line, miss)) fail_msg("%s: \"%s\" in \"%s\"", what, miss, line);
+}
+
+/* The pipeline's call (examples/pipeline.lua: one tensor as q, k and v, per
+** head windows from a forward context's metadata, through a layer) takes
+** the same kernel, loads, tensor maps and items as the bare forward on
+** separate q, k, v (bench_gpu.py's call): Wide, every load by TMA; the same
+** output bit for bit.  D 64 takes Tall.  STA_NO_TMA, rows 8 bytes off
+** 16-byte alignment and a tile depth of 4 fall back, naming why. */
+static void test_kernel_choice(void **state) {
+  NEED_GPU();
+  static const char *const ENV[2] = {"STA_NO_TMA", "STA_CUDA_VARIANT"};
+  char keep[2][64];
+  int had[2];
+  for (int i = 0; i < 2; i++) { /* test-gpu's passes set them */
+    const char *e = getenv(ENV[i]);
+    had[i] = e != NULL;
+    snprintf(keep[i], sizeof keep[i], "%s", e ? e : "");
+    unsetenv(ENV[i]);
+  }
+  const int64_t H = 3, D = 128, T = 40;
+  sta_geometry g;
+  sta_geometry_init(&g, 12, 16, 24);
+  g.text_len = T;
+  const int64_t S = sta_geometry_video_rows(&g) + T;
+  sta_tensor *bq, *bk, *bv, *bx, *bo1, *bo2;
+  sta_tensor *q = dev_randn(S, H, D, 0, 0, 11, &bq), *k = dev_randn(S, H, D, 0, 0, 12, &bk);
+  sta_tensor *v = dev_randn(S, H, D, 0, 0, 13, &bv), *x = dev_randn(S, H, D, 0, 0, 14, &bx);
+  sta_tensor *o1 = dev_randn(S, H, D, 0, 0, 15, &bo1), *o2 = dev_randn(S, H, D, 0, 0, 16, &bo2);
+  char bare[512], lay[512], line[512];
+  bare_launch(&g, q, k, v, o1, bare, sizeof bare);
+  const char *const wide[] = {"Wide<bf16, D 128>", "persistent", "loads by TMA;",
+                              "K/V tiles yes, Q tiles yes, rows yes, 192-row yes", NULL};
+  launch_has("bare q, k, v", bare, wide, "left out");
+
+  /* the pipeline's call */
+  sta_strategy *st = NULL;
+  sta_metadata *md = NULL;
+  sta_forward_batch *fb = NULL;
+  sta_layer *l = NULL;
+  sta_context *ctx = NULL;
+  int32_t w[3] = {3, 3, 3};
+  assert_int_equal(sta_strategy_uniform(&st, 1, 1, (int32_t)H, w, NULL, 0), STA_OK);
+  assert_int_equal(sta_metadata_from_strategy(&md, st, 0, 1, (int32_t)H), STA_OK);
+  assert_int_equal(sta_forward_batch_create(&fb, 1), STA_OK);
+  sta_layer_desc ld;
+  memset(&ld, 0, sizeof ld);
+  ld.local_heads = (int32_t)H;
+  ld.head_dim = (int32_t)D;
+  ld.sp_size = 1;
+  ld.geom = g;
+  ld.backend = STA_CUDA;
+  assert_int_equal(sta_layer_create(&l, &ld), STA_OK);
+  assert_int_equal(sta_context_push(&ctx, 0, md, fb), STA_OK);
+  if (sta_layer_forward(l, x, x, x, o2) != STA_OK) fail_msg("layer: %s", sta_last_error());
+  assert_int_equal(sta_context_pop(ctx), STA_OK);
+  assert_int_equal(sta_cuda_synchronize(), STA_OK);
+  snprintf(lay, sizeof lay, "%s", sta_cuda_last_launch());
+  printf("# layer x, x, x: %s\n", lay);
+  assert_string_equal(lay, bare);
+  bare_launch(&g, x, x, x, o1, line, sizeof line);
+  assert_string_equal(line, bare);
+  double mx, rel;
+  assert_int_equal(sta_tensor_compare(o1, o2, &mx, &rel), STA_OK);
+  assert_true(mx == 0.0);
+  sta_layer_destroy(l);
+  sta_forward_batch_destroy(fb);
+  sta_metadata_destroy(md);
+  sta_strategy_destroy(st);
+
+  /* fallbacks, each naming its reason */
+  setenv("STA_NO_TMA", "1", 1);
+  bare_launch(&g, q, k, v, o1, line, sizeof line);
+  unsetenv("STA_NO_TMA");
+  const char *const notma[] = {"Square<bf16, D 128>", "TMA and the cp.async gather",
+                               "K/V tiles no", "left out: STA_NO_TMA is set", NULL};
+  launch_has("STA_NO_TMA", line, notma, NULL);
+  sta_tensor *bm, *m = dev_randn(S, H, D, 4, 4, 17, &bm); /* rows 8 bytes off */
+  bare_launch(&g, m, k, v, o1, line, sizeof line);
+  const char *const unal[] = {"Square<bf16, D 128>", "not a multiple of 16 bytes", NULL};
+  launch_has("misaligned q", line, unal, NULL);
+  sta_geometry g4 = g;
+  g4.tile[0] = 4;
+  bare_launch(&g4, q, k, v, o1, line, sizeof line);
+  const char *const by4[] = {"Square<bf16, D 128>", "loads by TMA;", "K/V tiles yes",
+                             "left out: tile depth not a multiple of 3", NULL};
+  launch_has("tile depth 4", line, by4, NULL);
+  sta_tensor *b6[4], *t6[4];
+  for (int i = 0; i < 4; i++) t6[i] = dev_randn(S, 2 * H, 64, 0, 0, 20 + (uint64_t)i, &b6[i]);
+  bare_launch(&g, t6[0], t6[1], t6[2], t6[3], line, sizeof line);
+  const char *const tall[] = {"Tall<bf16, D 64>", "loads by TMA;", NULL};
+  launch_has("D 64", line, tall, "left out");
+  for (int i = 0; i < 4; i++) { sta_tensor_destroy(t6[i]); sta_tensor_destroy(b6[i]); }
+  sta_tensor *all[] = {q, k, v, x, o1, o2, m, bq, bk, bv, bx, bo1, bo2, bm};
+  for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) sta_tensor_destroy(all[i]);
+  for (int i = 0; i < 2; i++)
+    if (had[i]) setenv(ENV[i], keep[i], 1);
+}
+
 int main(void) {
   const char *s = getenv("STA_TEST_SEED");
   uint64_t seed = s ? strtoull(s, NULL, 10) : (uint64_t)time(NULL);
@@ -850,7 +986,7 @@ int main(void) {
       cmocka_unit_test(test_random_geometries), cmocka_unit_test(test_tiled_order),
       cmocka_unit_test(test_l2_experiments),
       cmocka_unit_test(test_accuracy_f64),
-      cmocka_unit_test(test_head_diff),
+      cmocka_unit_test(test_head_diff),       cmocka_unit_test(test_kernel_choice),
   };
   return cmocka_run_group_tests(tests, gpu_setup, NULL);
 }

@@ -22,7 +22,8 @@ heads and tile coordinates are 0-based, as in STA.md and strategy files.
   sta.forward_batch{batch_size=, negative=}
   local ctx <close> = sta.forward_context{step=, metadata=, batch=}
   sta.layer{...}:forward(q, k, v [, out])  sta.tune{files=, skip_steps=, full=}
-  sta.backends()  sta.info()  sta.transfer_bytes()  sta.debug.live_tensors()  sta.now()
+  sta.backends()  sta.info()  sta.transfer_bytes()  sta.last_launch()  sta.debug.live_tensors()
+  sta.now()
   tensor methods: shape size strides dtype device ndim numel to clone copy
     view permute narrow select get set fill randn totable compare save
     axpby scale add stats release;  t[i], #t, tostring(t), <close>

@@ -108,6 +108,7 @@ FUNCS = {
     "sta_get_num_threads": (_i32, []),
     "sta_cuda_set_stream": (None, [_p]),
     "sta_cuda_get_stream": (_p, []),
+    "sta_cuda_last_launch": (_s, []),
     # strategies
     "sta_strategy_create": (_st, [_pp]),
     "sta_strategy_destroy": (None, [_p]),
@@ -168,7 +169,7 @@ FUNCS = {
 # Declared in sta.h but possibly not yet in an older libsta.so: looked up
 # lazily, and a missing one raises NotImplementedError when called.
 OPTIONAL = {"sta_attention_backward", "sta_attention_backward_reference",
-            "sta_layer_forward_lse", "sta_layer_backward"}
+            "sta_layer_forward_lse", "sta_layer_backward", "sta_cuda_last_launch"}
 
 
 def _here():
