@@ -83,14 +83,29 @@ __device__ __forceinline__ void issue_pv(float *acc, uint32_t (*pa)[4], uint32_t
 }
 
 /* S = Q K^T in int8 (dq, dk: descriptor words of this warpgroup's Q rows
-** and the block's K rows), issued and committed, not waited for. */
-template <int D>
+** and the block's K rows; HI: the descriptors' high word, mma.cuh's
+** SDESC_HI for rows of 128 bytes), issued and committed, not waited for. */
+template <int D, uint32_t HI = SDESC_HI>
 __device__ __forceinline__ void issue_s(int32_t *sacc, uint32_t dq, uint32_t dk) {
   sta_wgmma::fence();
 #pragma unroll
   for (int ks = 0; ks < D / 32; ks++)
-    sta_wgmma::ss_n128_s8(sacc, sdesc_of(dq + ks * 2), sdesc_of(dk + ks * 2), ks > 0);
+    sta_wgmma::ss_n128_s8(sacc, ((uint64_t)HI << 32) | (dq + ks * 2),
+                          ((uint64_t)HI << 32) | (dk + ks * 2), ks > 0);
   sta_wgmma::commit();
+}
+
+/* A block's per-key info as (k_scale, 0) or (0, -inf) per S column, the
+** columns 2i and 2i + 1 at once: pairs (k_scale, bias) in one array, or
+** k_scale and the bias in two (Fp8KeyInfo: the TMA kernel's, whose
+** k_scale arrives by a bulk copy). */
+__device__ __forceinline__ float4 fp8_info(const float4 *info, int i) { return info[i]; }
+struct Fp8KeyInfo {
+  const float2 *ks, *bias;
+};
+__device__ __forceinline__ float4 fp8_info(const Fp8KeyInfo &x, int i) {
+  const float2 k = x.ks[i], b = x.bias[i];
+  return make_float4(k.x, b.x, k.y, b.y);
 }
 
 /* The softmax of one block's S (sp, waited for), in place: the s32
@@ -98,16 +113,16 @@ __device__ __forceinline__ void issue_s(int32_t *sacc, uint32_t dq, uint32_t dk)
 ** both: the wgmma's "+r" operands keep it live throughout); the running
 ** max st.m (an integer), alpha = 2^(old m - new m), the row sums st.l;
 ** info: (k_scale, 0) or (0, -inf) per S column. */
-template <int D>
+template <int D, class KI>
 __device__ __forceinline__ void fp8_softmax(Fp8Rows<D> &st, int32_t *sp, float *alpha,
-                                            const float4 *info, int t) {
+                                            const KI &info, int t) {
   float s[64];
   /* scores s = acc * (q_scale * scale * log2 e) * k_scale (cpu_fp8.c's
   ** order), -inf where info masks the key */
   float mx[2] = {-INFINITY, -INFINITY};
 #pragma unroll
   for (int j = 0; j < 16; j++) {
-    const float4 ki = info[4 * j + t]; /* columns 8j + 2t, 8j + 2t + 1 */
+    const float4 ki = fp8_info(info, 4 * j + t); /* columns 8j + 2t, 8j + 2t + 1 */
 #pragma unroll
     for (int i = 0; i < 2; i++) {
       const int x = 4 * j + 2 * i;
@@ -170,11 +185,11 @@ __device__ __forceinline__ void rescale_o(Fp8Rows<D> &st, const float *alpha) {
 }
 
 /* One key block, not overlapped: S, its softmax, P V. */
-template <int D>
+template <int D, uint32_t HI, class KI>
 __device__ __forceinline__ void fp8_block(Fp8Rows<D> &st, uint32_t dq, uint32_t dk, uint32_t dv,
-                                          const float4 *info, int t) {
+                                          const KI &info, int t) {
   int32_t sacc[64];
-  issue_s<D>(sacc, dq, dk);
+  issue_s<D, HI>(sacc, dq, dk);
   sta_wgmma::wait<0>();
   sta_wgmma::pin_i<64>(sacc);
   float alpha[2];
