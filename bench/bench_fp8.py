@@ -3,7 +3,7 @@
 bf16 sta and what a user would otherwise run, in one run on the GPU machine.
 
   bench_fp8.py [--lib build/libsta.so] [--reps N] [--out DIR] [--no-flex]
-               [--no-accuracy] [--cases a,b,...] [--prepass 1,0] [--variants 0,3]
+               [--no-accuracy] [--cases a,b,...] [--prepass 1,0] [--variants 0,3,4]
 
 Through sta_bench.py's ctypes mirrors (checked against core/sta.h), its
 timing (CUDA events, median of REPS) and its FLOP count:
@@ -17,9 +17,9 @@ timing (CUDA events, median of REPS) and its FLOP count:
      fp8 under each quantize pre-pass variant of --prepass (STA_FP8_PREPASS: 0 the
      portable kernels, 1 the bandwidth ones),
      the first reported, each one's pre-pass time beside it; and under each
-     kernel variant of --variants (STA_FP8_VARIANT: 0 the default kernel, 3
-     the TMA producer), alternated with the first, each one's kernel time and
-     whether its output and lse have the first's bits;
+     kernel variant of --variants (STA_FP8_VARIANT: 0 the default kernel,
+     3 the TMA producer, 4 it with S(n+1) before P V(n)), alternated, each
+     one's kernel time and whether its output and lse have the first's bits;
      the fp8 forward's quantize pre-pass and its attention kernel
      separately, by torch.profiler's kernel times;
   3. accuracy at full hunyuan-720p size (24 heads, D 128): fp8 and bf16 sta

@@ -69,10 +69,12 @@ void params_init(sta::Fp8Params &x, const sta_attn_params *p, const sta_fp8_ops 
   sta::clamp_windows(x.win, p);
 }
 
-/* STA_FP8_VARIANT, read per call: 3 the TMA kernel, else the default. */
+/* STA_FP8_VARIANT, read per call: 3 the TMA kernel, 4 it with S(n+1)
+** before P V(n), else the default. */
 int fp8_variant(void) {
   const char *s = getenv("STA_FP8_VARIANT");
-  return s && atoi(s) == 3 ? 3 : 0;
+  const int v = s ? atoi(s) : 0;
+  return v == 3 || v == 4 ? v : 0;
 }
 
 /* The TMA kernel's maps over o's buffers (x->p.R set): Q and K rows of D
@@ -133,18 +135,21 @@ sta_status sta_cuda_attention_fp8(const sta_attn_params *p) {
   if (s == STA_OK) {
     memset(x, 0, sizeof *x);
     params_init(x->p, p, o);
-    if (variant == 3 && !tma_maps(x, o))
-      s = sta_error(STA_ERR_BACKEND, "fp8 attention: STA_FP8_VARIANT=3: the driver refused a "
-                    "TMA map");
-    o.kperm = variant == 3;
+    if (variant && !tma_maps(x, o))
+      s = sta_error(STA_ERR_BACKEND, "fp8 attention: STA_FP8_VARIANT=%d: the driver refused a "
+                    "TMA map", variant);
+    o.kperm = variant != 0;
   }
   if (s == STA_OK) s = sta_cuda_fp8_quantize(p, &o);
   if (s == STA_OK) {
     const int64_t bh = p->batch * p->heads;
     const int64_t items = x->p.n_video_items + (g.rows - g.tiled_video + sta::FP8_BM - 1) / sta::FP8_BM;
     if (variant == 3)
-      s = p->head_dim == 128 ? sta::run_fp8_tma<128>(*x, bh, items)
-                             : sta::run_fp8_tma<64>(*x, bh, items);
+      s = p->head_dim == 128 ? sta::run_fp8_tma<128, false>(*x, bh, items)
+                             : sta::run_fp8_tma<64, false>(*x, bh, items);
+    else if (variant == 4)
+      s = p->head_dim == 128 ? sta::run_fp8_tma<128, true>(*x, bh, items)
+                             : sta::run_fp8_tma<64, true>(*x, bh, items);
     else
       s = p->head_dim == 128 ? sta::run_fp8<128>(x->p, bh, items)
                              : sta::run_fp8<64>(x->p, bh, items);

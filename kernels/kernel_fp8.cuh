@@ -291,9 +291,10 @@ __device__ __forceinline__ void fp8_produce(const Fp8Params &a, unsigned char *s
 }
 
 /* The two consumer warpgroups (tid 0..255): per item, its blocks
-** (fp8_block), Q released after the last S, then the output rows.  L: the
-** shared memory's layout (Fp8WsSmem, kernel_fp8_tma.cuh's Fp8TmaSmem). */
-template <int D, class L>
+** (fp8_block; OVL: fp8_blocks_ovl, S(n+1) before P V(n)), Q released after
+** the last S, then the output rows.  L: the shared memory's layout
+** (Fp8WsSmem, kernel_fp8_tma.cuh's Fp8TmaSmem). */
+template <int D, class L, bool OVL = false>
 __device__ __forceinline__ void fp8_consume(const Fp8Params &a, unsigned char *sm, int tid) {
   constexpr int NB = FP8_WS_NB;
   const int wg = tid >> 7, lane = tid & 31, w = (tid >> 5) & 3;
@@ -317,14 +318,20 @@ __device__ __forceinline__ void fp8_consume(const Fp8Params &a, unsigned char *s
     Fp8Rows<D> st;
     fp8_rows_init<D>(st, a, bh, q0, wg, w, lane);
     const uint32_t dq = sdesc_lo(sm + L::Q + qb * L::QB + wg * 64 * L::QP, 16);
-    for (int n = 0; n < nb; n++, g++) {
-      const int b = g % NB;
-      mbar_wait(&full[b], (g / NB) & 1);
-      fence_proxy_async();
-      fp8_block<D, L::HI>(st, dq, dk0 + b * KSTEP, dv0 + b * VSTEP, L::info(sm, b), lane & 3);
-      mbar_arrive(&empty[b]);
+    if constexpr (OVL) {
+      fp8_blocks_ovl<D, L>(st, sm, dq, g, nb, &qempty[qb], lane & 3);
+      fp8_ws_item(a, j, bh, it); /* again: fewer registers live over the blocks */
+      fp8_item_runs(a, it, (int)(bh % a.heads), runs, q0, q1, false);
+    } else {
+      for (int n = 0; n < nb; n++, g++) {
+        const int b = g % NB;
+        mbar_wait(&full[b], (g / NB) & 1);
+        fence_proxy_async();
+        fp8_block<D, L::HI>(st, dq, dk0 + b * KSTEP, dv0 + b * VSTEP, L::info(sm, b), lane & 3);
+        mbar_arrive(&empty[b]);
+      }
+      mbar_arrive(&qempty[qb]);
     }
-    mbar_arrive(&qempty[qb]);
     fp8_finish_item<D>(a, st, bh, q0, q1, wg, w, lane);
   }
 }

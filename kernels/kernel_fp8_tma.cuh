@@ -54,6 +54,7 @@ template <int D, int NB> struct Fp8TmaSmem {
   static constexpr int ITEM = BAR + (3 * NB + 4) * 8;
   static constexpr int DESC = ITEM + 8;              /* Fp8BlockDesc [NB] */
   static constexpr int BYTES = DESC + NB * 16;
+  static constexpr int RING = NB;
   static_assert(D == 64 || D == 128, "rows of 64 or 128 bytes");
   /* 16-byte chunk ch of K row c, as the swizzle puts it */
   static __device__ __forceinline__ int kswz(int c, int ch) {
@@ -199,9 +200,9 @@ __device__ __forceinline__ void fp8_help_tma(const Fp8Params &a, unsigned char *
 }
 
 /* 384 threads, warpgroup 2 the producer (setmaxnreg down), 0 and 1 the
-** consumers (kernel_fp8.cuh's fp8_consume over this layout); PERSIST as
-** sta_fp8_fwd_ws. */
-template <int D, bool PERSIST>
+** consumers (kernel_fp8.cuh's fp8_consume over this layout; OVL: its
+** blocks by mainloop_fp8.cuh's fp8_blocks_ovl); PERSIST as sta_fp8_fwd_ws. */
+template <int D, bool PERSIST, bool OVL>
 __global__ void __launch_bounds__(384, 1) sta_fp8_fwd_tma(const __grid_constant__ Fp8TmaParams x) {
   using L = Fp8TmaSmem<D, FP8_WS_NB>;
   constexpr int NB = FP8_WS_NB;
@@ -229,11 +230,13 @@ __global__ void __launch_bounds__(384, 1) sta_fp8_fwd_tma(const __grid_constant_
     return;
   }
   setmaxnreg_inc<FP8_TMA_CREG>();
-  fp8_consume<D, L>(x.p, sm, tid);
+  fp8_consume<D, L, OVL && STA_FP8_TWO_LEVEL>(x.p, sm, tid);
 }
 
-/* The kernel over bh x n_items items (run_fp8's launch, with x's maps). */
-template <int D> sta_status run_fp8_tma(const Fp8TmaParams &x0, int64_t bh, int64_t n_items) {
+/* The kernel over bh x n_items items (run_fp8's launch, with x's maps);
+** OVL: S(n+1) before P V(n). */
+template <int D, bool OVL>
+sta_status run_fp8_tma(const Fp8TmaParams &x0, int64_t bh, int64_t n_items) {
   Fp8TmaParams *x = (Fp8TmaParams *)aligned_alloc(alignof(Fp8TmaParams), sizeof(Fp8TmaParams));
   if (!x) return sta_error(STA_ERR_NOMEM, "attention: out of host memory");
   *x = x0;
@@ -241,8 +244,8 @@ template <int D> sta_status run_fp8_tma(const Fp8TmaParams &x0, int64_t bh, int6
   sta_status s = fp8_items(&x->p, bh, n_items, &grid);
   if (s == STA_OK) {
     const int smem = Fp8TmaSmem<D, FP8_WS_NB>::BYTES + 1024;
-    s = x->p.sched ? fp8_launch(sta_fp8_fwd_tma<D, true>, *x, grid, smem)
-                   : fp8_launch(sta_fp8_fwd_tma<D, false>, *x, grid, smem);
+    s = x->p.sched ? fp8_launch(sta_fp8_fwd_tma<D, true, OVL>, *x, grid, smem)
+                   : fp8_launch(sta_fp8_fwd_tma<D, false, OVL>, *x, grid, smem);
   }
   free(x);
   return s;

@@ -211,6 +211,72 @@ __device__ __forceinline__ void fp8_block(Fp8Rows<D> &st, uint32_t dq, uint32_t 
   sta_wgmma::pin_r<16>(&pa[0][0]);
 }
 
+/* An item's nb key blocks with S(n+1) issued before P V(n) (the bf16
+** kernel's order; two-level accumulation), at D 64 the softmax of n+1
+** under P V(n) too (at D 128 that needs about 250 registers: spills at
+** 232); per block the same operations on each register in the same order
+** as fp8_block, so the same bits.  Ring of L::RING buffers from block g (g
+** advanced), full / empty barriers at L::BAR; qempty arrived on after the
+** last S.  Live at once: O, P V(n)'s fresh accumulator and P(n) (in
+** flight), S(n+1). */
+template <int D, class L>
+__device__ __forceinline__ void fp8_blocks_ovl(Fp8Rows<D> &st, unsigned char *sm, uint32_t dq,
+                                               int &g, int nb, uint64_t *qempty, int t) {
+  constexpr int NB = L::RING;
+  constexpr bool UNDER = D == 64;
+  constexpr uint32_t KSTEP = L::KB >> 4, VSTEP = L::VB >> 4;
+  uint64_t *full = (uint64_t *)(sm + L::BAR), *empty = full + NB;
+  const uint32_t dk0 = sdesc_lo(sm + L::K, 16), dv0 = sdesc_lo(sm + L::V, 16);
+  if (nb == 0) {
+    mbar_arrive(qempty);
+    return;
+  }
+  int32_t sacc[64];
+  uint32_t pa[4][4];
+  float alpha[2], an[2], ob[D / 2];
+  int b = g % NB;
+  mbar_wait(&full[b], (g / NB) & 1);
+  fence_proxy_async();
+  issue_s<D, L::HI>(sacc, dq, dk0 + b * KSTEP);
+  sta_wgmma::wait<0>();
+  sta_wgmma::pin_i<64>(sacc);
+  if (nb == 1) mbar_arrive(qempty);
+  fp8_softmax<D>(st, sacc, alpha, L::info(sm, b), t);
+  pack_p(sacc, pa);
+  for (int n = 0; n < nb; n++, g++) {
+    b = g % NB;
+    const int bn = (g + 1) % NB;
+    const bool more = n + 1 < nb;
+    if (more) {
+      mbar_wait(&full[bn], ((g + 1) / NB) & 1);
+      fence_proxy_async();
+      issue_s<D, L::HI>(sacc, dq, dk0 + bn * KSTEP);
+    }
+    issue_pv<D>(ob, pa, dv0 + b * VSTEP, 1);
+    if (UNDER && more) {
+      sta_wgmma::wait<1>(); /* S(n+1); P V(n) may run on */
+      sta_wgmma::pin_i<64>(sacc);
+      if (n + 2 == nb) mbar_arrive(qempty);
+      fp8_softmax<D>(st, sacc, an, L::info(sm, bn), t);
+    }
+    sta_wgmma::wait<0>();
+    if (!UNDER && more) sta_wgmma::pin_i<64>(sacc);
+    sta_wgmma::pin<D / 2>(ob);
+    sta_wgmma::pin_r<16>(&pa[0][0]);
+    add_pv<D>(st, ob, alpha);
+    mbar_arrive(&empty[b]); /* S(n) and P V(n) done with the buffer */
+    if (!UNDER && more) {
+      if (n + 2 == nb) mbar_arrive(qempty);
+      fp8_softmax<D>(st, sacc, an, L::info(sm, bn), t);
+    }
+    if (more) {
+      pack_p(sacc, pa);
+      alpha[0] = an[0];
+      alpha[1] = an[1];
+    }
+  }
+}
+
 /* The output of this thread's two rows (rows[i]: quantized row, or -1
 ** where the row is not this item's): out = O / (448 l) * v_scale in the
 ** input dtype at the row's place in the caller's order and layout; lse =

@@ -9,7 +9,8 @@
 ** fp8 reference within a tolerance derived from what the kernel may differ
 ** in (FP8_REL below), and at least 2x closer to it than the native output
 ** (a silent native run fails), over random geometries and fixed multi-block
-** ones, bf16, f16 and f32; its errors; a layer;
+** ones, bf16, f16 and f32, each kernel variant of STA_FP8_TEST_VARIANTS
+** bit for bit the first's; its errors; a layer;
 ** sta_attention_forward_fp8 on CUDA against the host.  Skips cleanly
 ** without a device.  STA_TEST_SEED replays a run; STA_GPU_CASES sets the random
 ** cases (default 60). */
@@ -358,13 +359,14 @@ static int same_bits(const sta_tensor *a, const sta_tensor *b) {
   return same;
 }
 
-/* The kernel variants to run (STA_FP8_TEST_VARIANTS, default "0,3": 0 the
-** default kernel, 3 the TMA one: STA_FP8_VARIANT), the first checked
-** against the CPU, the others bit for bit against it. */
+/* The kernel variants to run (STA_FP8_TEST_VARIANTS, default "0,3,4": 0 the
+** default kernel, 3 the TMA one, 4 it with S(n+1) before P V(n):
+** STA_FP8_VARIANT), the first checked against the CPU, the others bit for
+** bit against it. */
 static int kernel_variants(int *v) {
   const char *e = getenv("STA_FP8_TEST_VARIANTS");
   int n = 0;
-  for (const char *c = e && *e ? e : "0,3"; *c && n < 8; c++)
+  for (const char *c = e && *e ? e : "0,3,4"; *c && n < 8; c++)
     if (*c >= '0' && *c <= '9') v[n++] = *c - '0';
   return n;
 }
