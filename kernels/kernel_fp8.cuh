@@ -11,7 +11,7 @@
 ** Shared tiles are rows of 128 bytes (D 64 fills the first half), 16-byte
 ** chunk c of row r at c ^ (r & 7): mma.cuh's 128-byte swizzle.  V planes
 ** are rows of d, 128 keys each (K-major B of the PV GEMM).  K rows are
-** permuted within 32-key chunks (fp8_col_key) so that a thread's S
+** permuted within 16-key groups (fp8_col_key) so that a thread's S
 ** accumulators are its 8-bit A fragment of P: no byte shuffles.
 */
 #ifndef STA_KERNEL_FP8_CUH

@@ -1,6 +1,7 @@
 /*
 ** kernel_fp8_tma.cuh -- sta_fp8_fwd_tma, the fp8 forward with a TMA
-** producer (STA_FP8_VARIANT=3, fp8_api.cu; kernel_fp8.cuh's
+** producer (STA_FP8_VARIANT=3, and 4 with S(n+1) issued before P V(n):
+** mainloop_fp8.cuh's fp8_blocks_ovl; fp8_api.cu; kernel_fp8.cuh's
 ** sta_fp8_fwd_ws is the default): the same items, blocks, consumers and
 ** bits, the loads by the copy engine.  The pre-pass writes k8 and k_scale
 ** in the kernels' key order (sta_fp8_ops.kperm: core/internal.h's
