@@ -142,7 +142,8 @@ static void quantize_head(const sta_attn_params *p, const sta_fp8_geom *g, const
       o->v8[((bh * 2 + 0) * D + d) * R + r] = hi;
       o->v8[((bh * 2 + 1) * D + d) * R + r] = sta_f32_to_e4m3(y - sta_e4m3_to_f32(hi));
     }
-    quantize_row(x, D, o->k8 + row * D, &o->k_scale[row]);
+    int64_t krow = bh * R + (o->kperm ? sta_fp8_kslot(r, R) : r);
+    quantize_row(x, D, o->k8 + krow * D, &o->k_scale[krow]);
   }
 }
 

@@ -535,6 +535,7 @@ typedef struct sta_fp8_ops {
   float *q_scale, *k_scale, *q_bias; /* [B][H][rows] */
   float *k_mean, *v_scale; /* [B][H][D] */
   int8_t *eq;             /* [B][H][D] */
+  int kperm;              /* k8 and k_scale rows in sta_fp8_kslot's order */
 } sta_fp8_ops;
 
 /* Input row of quantized row r, or -1 for a padding row. */
@@ -542,6 +543,22 @@ STA_HD int64_t sta_fp8_source(const sta_fp8_geom *g, int64_t r) {
   if (r >= g->tiled_video) return r - g->tiled_video + g->video_rows;
   if (g->tiled) return sta_tiled_token(g->canvas, g->tile, g->grid, r) < 0 ? -1 : r;
   return sta_tiled_token(g->canvas, g->tile, g->grid, r);
+}
+/* The kernels' key order (kernels/kernel_fp8.cuh): in each 16 keys of a
+** block, S accumulator column c holds key sta_fp8_col_key(c), the k order
+** of the thread's 8-bit A fragment of P.  With sta_fp8_ops.kperm the
+** pre-pass stores k8 and k_scale so (TMA copies blocks that start on a
+** 16-row boundary as they are): key r at row sta_fp8_kslot(r, rows), the
+** inverse permutation within each whole 16 rows, the last partial 16 in
+** order. */
+STA_HD int sta_fp8_col_key(int c) {
+  const int cc = c & 15;
+  return (c & ~15) + 4 * ((cc >> 1) & 3) + 2 * (cc >> 3) + (cc & 1);
+}
+STA_HD int64_t sta_fp8_kslot(int64_t r, int64_t rows) {
+  const int64_t k = r & 15;
+  if (r >= (rows & ~(int64_t)15)) return r;
+  return (r & ~(int64_t)15) + 8 * ((k >> 1) & 1) + 4 * (k >> 3) + 2 * ((k >> 2) & 1) + (k & 1);
 }
 /* Load/store one element of dtype at p as float. */
 static inline float sta_load_f32(const void *p, sta_dtype dt) {

@@ -125,7 +125,8 @@ __global__ void __launch_bounds__(QWARPS * 32, QJ <= 4 ? 3 : 1) fp8_rows(const _
   for (int i = w; i < QROWS; i += QWARPS) {
     const int64_t r = r0 + i, row = bh * a.R + r;
     if (r >= a.R) break;
-    int8_t *q8 = a.o.q8 + row * D, *k8 = a.o.k8 + row * D;
+    const int64_t krow = a.o.kperm ? bh * a.R + sta_fp8_kslot(r, a.R) : row;
+    int8_t *q8 = a.o.q8 + row * D, *k8 = a.o.k8 + krow * D;
     const int64_t src = rsrc[i];
     const bool key = src >= 0 && r < a.g.keys_end;
     float xq[QJ], xk[QJ], xv[QJ];
@@ -148,10 +149,10 @@ __global__ void __launch_bounds__(QWARPS * 32, QJ <= 4 ? 3 : 1) fp8_rows(const _
         vt[d * QROWS + i] = 0;
         vt[(D + d) * QROWS + i] = 0;
       }
-      if (lane == 0) a.o.k_scale[row] = 0.0f;
+      if (lane == 0) a.o.k_scale[krow] = 0.0f;
       continue;
     }
-    quantize_row<QJ>(xk, eq, mean, -1, D, lane, k8, &a.o.k_scale[row]);
+    quantize_row<QJ>(xk, eq, mean, -1, D, lane, k8, &a.o.k_scale[krow]);
 #pragma unroll
     for (int j = 0; j < QJ; j++) {
       const int d = lane + 32 * j;

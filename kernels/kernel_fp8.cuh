@@ -11,7 +11,7 @@
 ** Shared tiles are rows of 128 bytes (D 64 fills the first half), 16-byte
 ** chunk c of row r at c ^ (r & 7): mma.cuh's 128-byte swizzle.  V planes
 ** are rows of d, 128 keys each (K-major B of the PV GEMM).  K rows are
-** permuted within 32-key chunks (fp8_col_key) so that a thread's S
+** permuted within 16-key groups (fp8_col_key) so that a thread's S
 ** accumulators are its 8-bit A fragment of P: no byte shuffles.
 */
 #ifndef STA_KERNEL_FP8_CUH
@@ -26,11 +26,10 @@ namespace sta {
 
 /* The key (within its block) that S column / K row c holds: in each
 ** 32-key chunk, a thread's accumulator columns 2t, 2t+1, 8+2t, 9+2t (and
-** 16 more) hold keys 4t..4t+3 (and 16 more), its A fragment's k order. */
-__device__ __forceinline__ int fp8_col_key(int c) {
-  const int cc = c & 15;
-  return (c & ~15) + 4 * ((cc >> 1) & 3) + 2 * (cc >> 3) + (cc & 1);
-}
+** 16 more) hold keys 4t..4t+3 (and 16 more), its A fragment's k order
+** (core/internal.h's sta_fp8_col_key, which the pre-pass's permuted key
+** layout follows). */
+__device__ __forceinline__ int fp8_col_key(int c) { return sta_fp8_col_key(c); }
 
 /* The key blocks of one item: runs of key rows (a window's rows of tiles
 ** along w, then the text keys; text queries: every row below keys_end),
@@ -188,6 +187,8 @@ __device__ __forceinline__ void fp8_finish_item(const Fp8Params &a, Fp8Rows<D> &
 ** rows, both V planes, the keys' info), the barriers (full[NB], empty[NB], qfull[2], qempty[2]) and
 ** the items of the Q buffers. */
 template <int D, int NB> struct Fp8WsSmem {
+  static constexpr int QP = 128, QB = FP8_BM * QP; /* a Q or K row's bytes; a Q buffer */
+  static constexpr uint32_t HI = SDESC_HI;        /* descriptors: 128-byte swizzle */
   static constexpr int KB = FP8_BK * 128, VB = 2 * D * 128;
   static constexpr int Q = 0;
   static constexpr int K = Q + 2 * FP8_BM * 128;
@@ -196,6 +197,10 @@ template <int D, int NB> struct Fp8WsSmem {
   static constexpr int BAR = INFO + NB * FP8_BK * 8;
   static constexpr int ITEM = BAR + (2 * NB + 4) * 8;
   static constexpr int BYTES = ITEM + 8;
+  /* buffer b's per-key info (mainloop_fp8.cuh's fp8_info) */
+  static __device__ __forceinline__ const float4 *info(const unsigned char *sm, int b) {
+    return (const float4 *)(sm + INFO) + b * (FP8_BK / 2);
+  }
 };
 constexpr int FP8_WS_NB = 3, FP8_WS_PREG = 88, FP8_WS_CREG = 208;
 static_assert(128 * (FP8_WS_PREG + 2 * FP8_WS_CREG) <= (65536 / 384) / 8 * 8 * 384,
@@ -286,17 +291,17 @@ __device__ __forceinline__ void fp8_produce(const Fp8Params &a, unsigned char *s
 }
 
 /* The two consumer warpgroups (tid 0..255): per item, its blocks
-** (fp8_block), Q released after the last S, then the output rows. */
-template <int D>
+** (fp8_block; OVL: fp8_blocks_ovl, S(n+1) before P V(n)), Q released after
+** the last S, then the output rows.  L: the shared memory's layout
+** (Fp8WsSmem, kernel_fp8_tma.cuh's Fp8TmaSmem). */
+template <int D, class L, bool OVL = false>
 __device__ __forceinline__ void fp8_consume(const Fp8Params &a, unsigned char *sm, int tid) {
-  using L = Fp8WsSmem<D, FP8_WS_NB>;
   constexpr int NB = FP8_WS_NB;
   const int wg = tid >> 7, lane = tid & 31, w = (tid >> 5) & 3;
   uint64_t *full = (uint64_t *)(sm + L::BAR), *empty = full + NB, *qfull = empty + NB,
            *qempty = qfull + 2;
   const int *sitem = (const int *)(sm + L::ITEM);
   const uint32_t dk0 = sdesc_lo(sm + L::K, 16), dv0 = sdesc_lo(sm + L::V, 16);
-  const float4 *info0 = (const float4 *)(sm + L::INFO);
   constexpr uint32_t KSTEP = L::KB >> 4, VSTEP = L::VB >> 4;
   int g = 0;
   for (int k = 0;; k++) {
@@ -312,15 +317,21 @@ __device__ __forceinline__ void fp8_consume(const Fp8Params &a, unsigned char *s
     fence_proxy_async();
     Fp8Rows<D> st;
     fp8_rows_init<D>(st, a, bh, q0, wg, w, lane);
-    const uint32_t dq = sdesc_lo(sm + L::Q + qb * FP8_BM * 128 + wg * 64 * 128, 16);
-    for (int n = 0; n < nb; n++, g++) {
-      const int b = g % NB;
-      mbar_wait(&full[b], (g / NB) & 1);
-      fence_proxy_async();
-      fp8_block<D>(st, dq, dk0 + b * KSTEP, dv0 + b * VSTEP, info0 + b * (FP8_BK / 2), lane & 3);
-      mbar_arrive(&empty[b]);
+    const uint32_t dq = sdesc_lo(sm + L::Q + qb * L::QB + wg * 64 * L::QP, 16);
+    if constexpr (OVL) {
+      fp8_blocks_ovl<D, L>(st, sm, dq, g, nb, &qempty[qb], lane & 3);
+      fp8_ws_item(a, j, bh, it); /* again: fewer registers live over the blocks */
+      fp8_item_runs(a, it, (int)(bh % a.heads), runs, q0, q1, false);
+    } else {
+      for (int n = 0; n < nb; n++, g++) {
+        const int b = g % NB;
+        mbar_wait(&full[b], (g / NB) & 1);
+        fence_proxy_async();
+        fp8_block<D, L::HI>(st, dq, dk0 + b * KSTEP, dv0 + b * VSTEP, L::info(sm, b), lane & 3);
+        mbar_arrive(&empty[b]);
+      }
+      mbar_arrive(&qempty[qb]);
     }
-    mbar_arrive(&qempty[qb]);
     fp8_finish_item<D>(a, st, bh, q0, q1, wg, w, lane);
   }
 }
@@ -354,34 +365,46 @@ __global__ void __launch_bounds__(384, 1) sta_fp8_fwd_ws(const __grid_constant__
     return;
   }
   setmaxnreg_inc<FP8_WS_CREG>();
-  fp8_consume<D>(a, sm, tid);
+  fp8_consume<D, L>(a, sm, tid);
 }
 
-template <int D, bool PERSIST> sta_status launch_fp8_ws(const Fp8Params &x, int grid) {
-  const int smem = Fp8WsSmem<D, FP8_WS_NB>::BYTES + 1024;
-  cudaError_t e = cudaFuncSetAttribute(sta_fp8_fwd_ws<D, PERSIST>,
-                                       cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+/* Kernel k over x on grid CTAs of 384 threads with smem bytes of shared
+** memory, on this thread's stream. */
+template <class P>
+sta_status fp8_launch(void (*k)(P), const P &x, int grid, int smem) {
+  cudaError_t e = cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
   if (e != cudaSuccess) return sta_cuda_fail(e, "fp8 attention: shared memory");
-  sta_fp8_fwd_ws<D, PERSIST><<<(unsigned)grid, 384, smem, sta_cuda_stream()>>>(x);
+  k<<<(unsigned)grid, 384, smem, sta_cuda_stream()>>>(x);
   e = cudaGetLastError();
   return e == cudaSuccess ? STA_OK : sta_cuda_fail(e, "fp8 attention: kernel launch");
 }
 
-/* The kernel over bh x n_items items: persistent where the scheduler's
-** counters are there (sched_slot), else a CTA per item. */
-template <int D> sta_status run_fp8(const Fp8Params &x0, int64_t bh, int64_t n_items) {
+/* x's bh x n_items work items and *grid: persistent CTAs (one per SM at
+** most) where the scheduler's counters are there (sched_slot), else a CTA
+** per item. */
+inline sta_status fp8_items(Fp8Params *x, int64_t bh, int64_t n_items, int *grid) {
   if (bh * n_items > 0x7fffffff)
     return sta_error(STA_ERR_UNSUPPORTED, "attention: %lld fp8 work items, too many for the "
                      "CUDA backend", (long long)(bh * n_items));
+  x->items_per_bh = (int)n_items;
+  x->n_items = (int)(bh * n_items);
+  const sta_status s = sched_slot(&x->sched);
+  const int n = x->n_items, sms = sta_cuda_sm_count();
+  *grid = x->sched && sms < n ? sms : n;
+  return s;
+}
+
+/* The kernel over bh x n_items items. */
+template <int D> sta_status run_fp8(const Fp8Params &x0, int64_t bh, int64_t n_items) {
   Fp8Params *x = (Fp8Params *)malloc(sizeof(Fp8Params)); /* about 7 KB: off the stack */
   if (!x) return sta_error(STA_ERR_NOMEM, "attention: out of host memory");
   *x = x0;
-  x->items_per_bh = (int)n_items;
-  x->n_items = (int)(bh * n_items);
-  sta_status s = sched_slot(&x->sched);
+  int grid = 0;
+  sta_status s = fp8_items(x, bh, n_items, &grid);
   if (s == STA_OK) {
-    const int n = x->n_items, sms = sta_cuda_sm_count();
-    s = x->sched ? launch_fp8_ws<D, true>(*x, sms < n ? sms : n) : launch_fp8_ws<D, false>(*x, n);
+    const int smem = Fp8WsSmem<D, FP8_WS_NB>::BYTES + 1024;
+    s = x->sched ? fp8_launch(sta_fp8_fwd_ws<D, true>, *x, grid, smem)
+                 : fp8_launch(sta_fp8_fwd_ws<D, false>, *x, grid, smem);
   }
   free(x);
   return s;

@@ -60,6 +60,19 @@ bool tma_encode(CUtensorMap *m, const void *base, const sta_attn_params *p, int6
   return r == CUDA_SUCCESS;
 }
 
+bool tma_encode_bytes(CUtensorMap *m, const void *base, const uint64_t dims[3],
+                      const uint64_t strides[2], const uint32_t box[3]) {
+  PFN_cuTensorMapEncodeTiled_v12000 enc = tensor_map_encoder();
+  if (!enc || (box[0] != 64 && box[0] != 128)) return false;
+  cuuint64_t d[3] = {dims[0], dims[1], dims[2]}, st[2] = {strides[0], strides[1]};
+  cuuint32_t bx[3] = {box[0], box[1], box[2]}, es[3] = {1, 1, 1};
+  CUresult r = enc(m, CU_TENSOR_MAP_DATA_TYPE_UINT8, 3, const_cast<void *>(base), d, st, bx, es,
+                   CU_TENSOR_MAP_INTERLEAVE_NONE,
+                   box[0] == 128 ? CU_TENSOR_MAP_SWIZZLE_128B : CU_TENSOR_MAP_SWIZZLE_64B,
+                   CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  return r == CUDA_SUCCESS;
+}
+
 } /* namespace sta */
 
 int sta_cuda_encode_map(void *m, const void *base, const sta_attn_params *p, int64_t sb,

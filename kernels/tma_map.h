@@ -23,6 +23,13 @@ namespace sta {
 bool tma_encode(CUtensorMap *m, const void *base, const sta_attn_params *p, int64_t sb,
                 int64_t ss, int64_t sh, int fused, int64_t nhb, int tile, int rows = 128);
 
+/* A 3-D map of bytes at base (16-byte aligned): dims[0] contiguous,
+** strides (bytes, multiples of 16) of dims 1 and 2, boxes of box[0..2]
+** with the 128-byte swizzle (box[0] 128) or the 64-byte one (box[0] 64);
+** out-of-range elements read as zero.  False when the driver refuses. */
+bool tma_encode_bytes(CUtensorMap *m, const void *base, const uint64_t dims[3],
+                      const uint64_t strides[2], const uint32_t box[3]);
+
 } /* namespace sta */
 
 #endif

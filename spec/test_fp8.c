@@ -478,6 +478,55 @@ static void test_fp8_quantizer(void **state) {
   prob_free(&p);
 }
 
+/* The permuted key layout (sta_fp8_ops.kperm, the TMA kernel's): the same
+** operands, k8 and k_scale rows moved within each whole 16 rows to
+** sta_fp8_kslot, the partial last 16 in order; sta_fp8_col_key and
+** sta_fp8_kslot inverse permutations. */
+static void test_fp8_key_layout(void **state) {
+  (void)state;
+  for (int c = 0; c < 16; c++) {
+    assert_int_equal(sta_fp8_kslot(sta_fp8_col_key(c), 16), c);
+    assert_int_equal(sta_fp8_col_key(c + 32), sta_fp8_col_key(c) + 32);
+  }
+  assert_int_equal(sta_fp8_col_key(2), 4);  /* a thread's columns 2t, 2t+1, 8+2t: keys 4t.. */
+  assert_int_equal(sta_fp8_col_key(8), 2);
+  assert_int_equal(sta_fp8_kslot(17, 20), 17); /* the partial last 16: in order */
+  static const int32_t cv[3] = {7, 13, 11}, w1[3] = {1, 1, 1};
+  prob p;
+  prob_make(&p, cv, TILE, 12, 7, 1, 2, 64, 1, w1, STA_BF16, STA_BSHD,
+            (sta_order)sta_test_rint(0, 1), 1, sta_test_rnd());
+  sta_tensor *o = new_like(p.q, STA_BF16, 0);
+  sta_attn_params ap;
+  OK(sta_attn_resolve(&p.d, p.q, p.k, p.v, o, NULL, &ap));
+  sta_fp8_geom g;
+  sta_fp8_geom_init(&g, &ap);
+  const int64_t R = g.rows, D = 64, n = 2 * R;
+  assert_true(R % 16 != 0);
+  sta_fp8_ops x, y;
+  OK(sta_fp8_ops_alloc(&x, 1, 2, R, D));
+  OK(sta_fp8_ops_alloc(&y, 1, 2, R, D));
+  y.kperm = 1;
+  OK(sta_cpu_fp8_quantize(&ap, &x));
+  OK(sta_cpu_fp8_quantize(&ap, &y));
+  int64_t moved = 0;
+  for (int64_t row = 0; row < n; row++) {
+    const int64_t h = row / R, r = row % R, slot = h * R + sta_fp8_kslot(r, R);
+    moved += slot != row;
+    assert_memory_equal(y.k8 + slot * D, x.k8 + row * D, (size_t)D);
+    assert_memory_equal(&y.k_scale[slot], &x.k_scale[row], sizeof(float));
+  }
+  assert_true(moved > n / 2);
+  assert_memory_equal(y.q8, x.q8, (size_t)(n * D));
+  assert_memory_equal(y.v8, x.v8, (size_t)(2 * n * D));
+  assert_memory_equal(y.q_scale, x.q_scale, (size_t)n * sizeof(float));
+  assert_memory_equal(y.q_bias, x.q_bias, (size_t)n * sizeof(float));
+  sta_fp8_ops_free(&x);
+  sta_fp8_ops_free(&y);
+  free((void *)ap.windows);
+  sta_tensor_destroy(o);
+  prob_free(&p);
+}
+
 /* ---- 8-bit operands ------------------------------------------------------------ */
 
 /* q8, k8, v8 and scales from p's q, k, v: per-row scales of q and k (k's a
@@ -668,6 +717,7 @@ int main(void) {
     cmocka_unit_test(test_fp8_deterministic),
     cmocka_unit_test(test_fp8_key_offset),
     cmocka_unit_test(test_fp8_quantizer),
+    cmocka_unit_test(test_fp8_key_layout),
     cmocka_unit_test(test_fp8_prequantized),
     cmocka_unit_test(test_fp8_errors),
     cmocka_unit_test(test_fp8_layer),
