@@ -15,9 +15,11 @@ forward+backward minus the median of the forward.
 --accuracy  at hunyuan-720p: sta's and Flex bf16's dq, dk, dv against Flex in
             float32 (the reference), rel L2 and max abs, on randn inputs.
 --deterministic  also time the deterministic mode (bit-identical gradients).
---variants LIST  also time these STA_BWD_VARIANT values (e.g. 0,1; no kernel reads it today:
-                 variant 1 measured slower and was removed), two
-            rounds alternated, and check their gradients agree.
+--variants LIST  also time these STA_BWD_VARIANT values (e.g. 0,3,4; D 64 only, experimental:
+                 3 splits dQ by columns between the warpgroups, 4 adds a 4-stage Q/dO
+                 ring; 1 and 2 measured no faster and were removed), two rounds
+                 alternated, and check their gradients agree (rel L2 of dq, dk, dv
+                 against the default's; dk and dv must be bit-identical: max abs 0).
 --no-peers  sta only (no FlexAttention, no cuDNN).
 """
 import argparse
@@ -185,6 +187,8 @@ def run(sta, reps, log, only, accuracy, det=False, peers=True, variants=()):
                     row.setdefault("variant_ms", {}).setdefault(str(var), []).append(ms_v)
                     row.setdefault("variant_rel", {})[str(var)] = max(
                         bg.rel_err(a, b)[0] for a, b in zip((dq, dk, dv), ref))
+                    row.setdefault("variant_dkdv_max", {})[str(var)] = max(
+                        bg.rel_err(a, b)[1] for a, b in zip((dk, dv), ref[1:]))
             os.environ.pop("STA_BWD_VARIANT", None)
             del ref
         if det:
@@ -246,13 +250,15 @@ def run(sta, reps, log, only, accuracy, det=False, peers=True, variants=()):
         torch.cuda.empty_cache()
     log("")
     if variants:
-        log("| workload | " + " | ".join("variant %s ms (2 rounds) / rel vs default" % v
-                                        for v in variants) + " |")
+        log("| workload | " + " | ".join(
+            "variant %s ms (2 rounds) / rel vs default / dk, dv max diff" % v
+            for v in variants) + " |")
         log("|---|" + "---|" * len(variants))
         for r in rows:
             log("| %s | %s |" % (r["name"], " | ".join(
-                "%s / %.1e" % (" / ".join("%.2f" % x for x in r["variant_ms"][str(v)]),
-                               r["variant_rel"][str(v)]) for v in variants)))
+                "%s / %.1e / %g" % (" / ".join("%.2f" % x for x in r["variant_ms"][str(v)]),
+                                    r["variant_rel"][str(v)], r["variant_dkdv_max"][str(v)])
+                for v in variants)))
         log("")
     log("| workload | bwd TFLOP | sta bwd ms | sta TFLOP/s | deterministic ms | Flex bwd ms | "
         "vs Flex | cuDNN dense bwd ms | vs dense | sta fwd ms | workspace MiB (peak measured) |")

@@ -7,6 +7,8 @@
 #ifndef STA_BWD_ROWS_CUH
 #define STA_BWD_ROWS_CUH
 
+#include <stdlib.h>
+
 #include "kernel_bwd.cuh"
 
 namespace sta {
@@ -39,8 +41,8 @@ __device__ __forceinline__ void load8(const T *p, int vec, float *f) {
 
 /* Slot row i (RT threads, columns c .. c + 7 each): LSE * log2(e) and D_i =
 ** dO . O in slot order, and the row's part of the f32 dQ accumulator
-** zeroed (its 64 columns of each 64 x 64 block: dq_off). */
-template <typename T, int D>
+** zeroed (its W columns of each 64 x W block: dq_off). */
+template <typename T, int D, int W = 64>
 __global__ void sta_bwd_prep(const __grid_constant__ BwdArgs a, const __grid_constant__ RowArgs r) {
   constexpr int RT = Rows<D>::RT;
   const int64_t i = (int64_t)blockIdx.x * Rows<D>::PER_BLOCK + threadIdx.x / RT;
@@ -62,8 +64,9 @@ __global__ void sta_bwd_prep(const __grid_constant__ BwdArgs a, const __grid_con
   }
 #pragma unroll
   for (int m = RT / 2; m > 0; m >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, m);
-  float4 *z = reinterpret_cast<float4 *>(a.dqacc + (sbh * (D / 64) + (c >> 6)) * 64 * 64 +
-                                         dq_off(rr, c & 63));
+  constexpr int LW = W == 64 ? 6 : 5; /* the accumulator: blocks of 64 x W, D / W a slot */
+  float4 *z = reinterpret_cast<float4 *>(a.dqacc + (sbh * (D / W) + (c >> LW)) * 64 * W +
+                                         dq_off<W>(rr, c & (W - 1)));
   z[0] = make_float4(0.f, 0.f, 0.f, 0.f);
   z[1] = make_float4(0.f, 0.f, 0.f, 0.f);
   if (c == 0) {
@@ -92,7 +95,7 @@ __global__ void sta_bwd_zero(const __grid_constant__ BwdArgs a, const __grid_con
 
 /* Slot row i (RT threads, 8 columns each): dq = scale * the accumulator,
 ** at the row's place. */
-template <typename T, int D>
+template <typename T, int D, int W = 64>
 __global__ void sta_bwd_post(const __grid_constant__ BwdArgs a, const __grid_constant__ RowArgs r) {
   constexpr int RT = Rows<D>::RT;
   const int64_t i = (int64_t)blockIdx.x * Rows<D>::PER_BLOCK + threadIdx.x / RT;
@@ -102,8 +105,9 @@ __global__ void sta_bwd_post(const __grid_constant__ BwdArgs a, const __grid_con
   const int64_t sbh = i / BQ, bh = sbh / a.nqb, b = bh / a.heads, h = bh % a.heads;
   const int slot = (int)(sbh % a.nqb), s = slot_row(a, slot, rr);
   if (s < 0) return;
+  constexpr int LW = W == 64 ? 6 : 5;
   const float4 *acc = reinterpret_cast<const float4 *>(
-      a.dqacc + (sbh * (D / 64) + (c >> 6)) * 64 * 64 + dq_off(rr, c & 63));
+      a.dqacc + (sbh * (D / W) + (c >> LW)) * 64 * W + dq_off<W>(rr, c & (W - 1)));
   const float4 x0 = acc[0], x1 = acc[1];
   const float f[8] = {x0.x, x0.y, x0.z, x0.w, x1.x, x1.y, x1.z, x1.w};
   T *q = reinterpret_cast<T *>(r.dq) + b * r.dq_sb + s * r.dq_ss + h * r.dq_sh + c;
@@ -122,13 +126,29 @@ __global__ void sta_bwd_post(const __grid_constant__ BwdArgs a, const __grid_con
 template <typename T, int D>
 sta_status run_bwd(const sta_attn_params *p, const BwdArgs &x, const RowArgs &ra,
                    cudaStream_t st) {
-  const int smem = Smem<D>::BYTES;
+  int smem = Smem<D>::BYTES;
   void (*kern)(const BwdArgs) = p->deterministic ? sta_bwd_kernel<T, D, true>
                                                  : sta_bwd_kernel<T, D, false>;
+  void (*prep)(const BwdArgs, const RowArgs) = sta_bwd_prep<T, D>;
+  void (*post)(const BwdArgs, const RowArgs) = sta_bwd_post<T, D>;
+  if constexpr (D == 64) {
+    /* STA_BWD_VARIANT (experimental, read per call: tests, benchmarks): 3,
+    ** dQ split by columns between the warpgroups (kernel_bwd.cuh's COLS:
+    ** half the bulk reduce-adds); 4, the same with a 4-stage Q / dO ring.
+    ** D 128 and the deterministic mode keep the default kernel. */
+    const char *var = getenv("STA_BWD_VARIANT");
+    const int v = var && !p->deterministic ? atoi(var) : 0;
+    if (v == 3 || v == 4) {
+      kern = v == 3 ? sta_bwd_kernel<T, 64, false, true, 2> : sta_bwd_kernel<T, 64, false, true, 4>;
+      smem = v == 3 ? Smem<64, true, 2>::BYTES : Smem<64, true, 4>::BYTES;
+      prep = sta_bwd_prep<T, 64, 32>;
+      post = sta_bwd_post<T, 64, 32>;
+    }
+  }
   cudaError_t e = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
   if (e != cudaSuccess) return sta_cuda_fail(e, "backward: shared memory attribute");
   const unsigned rblocks = (unsigned)((ra.rows + Rows<D>::PER_BLOCK - 1) / Rows<D>::PER_BLOCK);
-  sta_bwd_prep<T, D><<<rblocks, 256, 0, st>>>(x, ra);
+  prep<<<rblocks, 256, 0, st>>>(x, ra);
   if ((e = cudaGetLastError()) != cudaSuccess) return sta_cuda_fail(e, "backward: prep launch");
   const int64_t nz = p->batch * p->heads * (p->seq_len - ra.keys);
   if (nz > 0) {
@@ -144,7 +164,7 @@ sta_status run_bwd(const sta_attn_params *p, const BwdArgs &x, const RowArgs &ra
     kern<<<(unsigned)items, NTH, smem, st>>>(x);
     if ((e = cudaGetLastError()) != cudaSuccess) return sta_cuda_fail(e, "backward: launch");
   }
-  sta_bwd_post<T, D><<<rblocks, 256, 0, st>>>(x, ra);
+  post<<<rblocks, 256, 0, st>>>(x, ra);
   if ((e = cudaGetLastError()) != cudaSuccess) return sta_cuda_fail(e, "backward: post launch");
   return STA_OK;
 }

@@ -13,10 +13,11 @@
 
 namespace sta {
 
-/* f32 offset of (row r, column c) in a 64 x 64 dQ block: 8-float chunks
-** XOR-swizzled by row, so the accumulator's stores are conflict-free */
-__host__ __device__ __forceinline__ int dq_off(int r, int c) {
-  return r * 64 + ((((c >> 3) ^ (r & 7))) << 3) + (c & 7);
+/* f32 offset of (row r, column c) in a 64 x W dQ block (W = 64, or 32 for
+** the column-split D 64 kernel): 8-float chunks XOR-swizzled by row, so the
+** accumulator's stores are conflict-free */
+template <int W = 64> __host__ __device__ __forceinline__ int dq_off(int r, int c) {
+  return r * W + ((((c >> 3) ^ (r & (W / 8 - 1)))) << 3) + (c & 7);
 }
 
 /* Extents of tile (it, ih, iw) on each axis (partial at the borders), and

@@ -32,35 +32,43 @@ __device__ __forceinline__ void load_chunk(T *dst, const T *g, int64_t ss, int r
   *reinterpret_cast<uint4 *>(dst) = tmp;
 }
 
-template <int D> struct Smem {
+/* COLS (D 64 only): dQ split by columns between the warpgroups, as at D
+** 128 -- K^T for its B operand, the staging in 64 x 32 halves; NS: stages of
+** the Q / dO ring.  The default kernel is COLS = false, NS = STAGES. */
+template <int D, bool COLS = false, int NS = STAGES> struct Smem {
+  static constexpr int W = COLS ? 32 : 64;             /* dQ columns per staged block */
   static constexpr int K = 0;
   static constexpr int V = K + BK * D * 2;
-  static constexpr int Q = V + BK * D * 2;             /* [STAGES][BQ][D] */
-  static constexpr int DO = Q + STAGES * BQ * D * 2;   /* [STAGES][BQ][D] */
-  static constexpr int DS = DO + STAGES * BQ * D * 2;  /* [2][BK][BQ] */
-  static constexpr int DQ = DS + 2 * BK * BQ * 2;      /* [2 warpgroups][2][64][64] f32 */
-  static constexpr int LSE = DQ + 4 * 64 * 64 * 4;     /* [STAGES][BQ] */
-  static constexpr int DD = LSE + STAGES * BQ * 4;     /* [STAGES][BQ] */
-  static constexpr int BAR = DD + STAGES * BQ * 4;     /* full[STAGES], empty[STAGES] */
-  static constexpr int KROW = BAR + 2 * STAGES * 8;    /* [BK] */
-  static constexpr int SLOT = KROW + BK * 4;           /* [STAGES]; then the block count */
-  static constexpr int BYTES = SLOT + (STAGES + 1) * 4 + 1024; /* + alignment */
+  static constexpr int KT = V + BK * D * 2;            /* COLS: [D][BK] */
+  static constexpr int Q = KT + (COLS ? D * BK * 2 : 0); /* [NS][BQ][D] */
+  static constexpr int DO = Q + NS * BQ * D * 2;       /* [NS][BQ][D] */
+  static constexpr int DS = DO + NS * BQ * D * 2;      /* [2][BK][BQ] */
+  static constexpr int DQ = DS + 2 * BK * BQ * 2;      /* [2 warpgroups][2][64][W] f32 */
+  static constexpr int LSE = DQ + 4 * 64 * W * 4;      /* [NS][BQ] */
+  static constexpr int DD = LSE + NS * BQ * 4;         /* [NS][BQ] */
+  static constexpr int BAR = DD + NS * BQ * 4;         /* full[NS], empty[NS] */
+  static constexpr int KROW = BAR + 2 * NS * 8;        /* [BK] */
+  static constexpr int SLOT = KROW + BK * 4;           /* [NS]; then the block count */
+  static constexpr int BYTES = SLOT + (NS + 1) * 4 + 1024; /* + alignment */
 };
 
-template <typename T, int D, bool DET>
+template <typename T, int D, bool DET, bool COLS = false, int NS = STAGES>
 __global__ void __launch_bounds__(NTH, 1) sta_bwd_kernel(const __grid_constant__ BwdArgs a) {
+  static_assert(!COLS || (D == 64 && !DET), "the column split is D 64's, never deterministic");
   extern __shared__ unsigned char smem_raw[];
   unsigned char *base = reinterpret_cast<unsigned char *>(
       (reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~(uintptr_t)1023);
-  using L = Smem<D>;
+  using L = Smem<D, COLS, NS>;
+  constexpr int W = L::W;
   T *sK = reinterpret_cast<T *>(base + L::K), *sV = reinterpret_cast<T *>(base + L::V);
+  T *sKt = reinterpret_cast<T *>(base + L::KT);
   T *sQ = reinterpret_cast<T *>(base + L::Q), *sdO = reinterpret_cast<T *>(base + L::DO);
   T *sdS = reinterpret_cast<T *>(base + L::DS);
   float *sdQ = reinterpret_cast<float *>(base + L::DQ);
   float *slse = reinterpret_cast<float *>(base + L::LSE), *sdd = reinterpret_cast<float *>(base + L::DD);
-  uint64_t *full = reinterpret_cast<uint64_t *>(base + L::BAR), *empty = full + STAGES;
+  uint64_t *full = reinterpret_cast<uint64_t *>(base + L::BAR), *empty = full + NS;
   int *skrow = reinterpret_cast<int *>(base + L::KROW);
-  int *sslot = reinterpret_cast<int *>(base + L::SLOT), *snblk = sslot + STAGES;
+  int *sslot = reinterpret_cast<int *>(base + L::SLOT), *snblk = sslot + NS;
   constexpr int CH = D / 8; /* 16-byte chunks per row */
 
   const int tid = threadIdx.x, lane = tid & 31;
@@ -119,7 +127,7 @@ __global__ void __launch_bounds__(NTH, 1) sta_bwd_kernel(const __grid_constant__
     seen_by(kw, a.win[3 * h + 2], a.NW, &qw.wa, &qw.wz);
   }
   if (tid == 0) {
-    for (int s = 0; s < STAGES; s++) {
+    for (int s = 0; s < NS; s++) {
       mbar_init(&full[s], a.tma ? 1 : 129);
       mbar_init(&empty[s], CTH);
     }
@@ -141,6 +149,21 @@ __global__ void __launch_bounds__(NTH, 1) sta_bwd_kernel(const __grid_constant__
     fence_proxy_async();
   }
   __syncthreads();
+  if constexpr (COLS) {
+    /* K^T (D rows of BK keys, in column halves of 64 keys as the Q tiles):
+    ** dQ's B operand, K-major, each warpgroup's 32 columns of D whole rows */
+    const uint16_t *k16 = reinterpret_cast<const uint16_t *>(sK);
+    for (int c = tid; c < D * (BK / 8); c += NTH) {
+      const int d = c / (BK / 8), kc = c - d * (BK / 8);
+      uint4 u;
+      uint16_t *u16 = reinterpret_cast<uint16_t *>(&u);
+#pragma unroll
+      for (int e = 0; e < 8; e++) u16[e] = k16[swz(8 * kc + e, d >> 3, BK) + (d & 7)];
+      *reinterpret_cast<uint4 *>(sKt + swz(d, kc, D)) = u;
+    }
+    fence_proxy_async();
+    __syncthreads();
+  }
 
   const float *glse = a.lse2 + bh * a.nqb * BQ, *gdd = a.dd + bh * a.nqb * BQ;
 
@@ -154,8 +177,8 @@ __global__ void __launch_bounds__(NTH, 1) sta_bwd_kernel(const __grid_constant__
     if (a.tma && pt > 0) return;
     qw.start(a);
     for (int it = 0; qw.kind != 2; it++, qw.next(a)) {
-      const int st = it % STAGES, slot = qw.slot(a);
-      if (it >= STAGES) mbar_wait(&empty[st], ((it / STAGES) - 1) & 1);
+      const int st = it % NS, slot = qw.slot(a);
+      if (it >= NS) mbar_wait(&empty[st], ((it / NS) - 1) & 1);
       T *q = sQ + st * BQ * D, *g = sdO + st * BQ * D;
       if (pt == 0) {
         sslot[st] = slot; /* read by the consumers after their wait */
@@ -198,17 +221,19 @@ __global__ void __launch_bounds__(NTH, 1) sta_bwd_kernel(const __grid_constant__
   const float sl2 = a.scale_log2;
   const uint32_t dK0 = sdesc_lo(sK + wg * 64 * 64, 16), dV0 = sdesc_lo(sV + wg * 64 * 64, 16);
   /* dQ's B: K's column half wg (D 128: each warpgroup takes 64 of D over all
-  ** 128 keys) or K's rows of this warpgroup (D 64: all of D over its own 64
+  ** 128 keys), K^T's rows 32 wg .. 32 wg + 31 (COLS: 32 of D over all 128
+  ** keys) or K's rows of this warpgroup (D 64: all of D over its own 64
   ** keys; the two partial sums add in the accumulator) */
-  const uint32_t dKq = D == 128 ? sdesc_lo(sK + wg * BK * 64, 16) : sdesc_lo(sK + wg * 64 * 64, 16);
+  const uint32_t dKq = COLS ? sdesc_lo(sKt + wg * 32 * 64, 16)
+                       : D == 128 ? sdesc_lo(sK + wg * BK * 64, 16) : sdesc_lo(sK + wg * 64 * 64, 16);
   float dk[D / 2], dv[D / 2];
 #pragma unroll
   for (int e = 0; e < D / 2; e++) dk[e] = dv[e] = 0.f;
 
   const int nblk = *snblk;
   for (int it = 0; it < nblk; it++) {
-    const int st = it % STAGES;
-    mbar_wait(&full[st], (it / STAGES) & 1);
+    const int st = it % NS;
+    mbar_wait(&full[st], (it / NS) & 1);
     const int slot = sslot[st];
 
     const uint32_t dQs = sdesc_lo(sQ + st * BQ * D, 16), dOs = sdesc_lo(sdO + st * BQ * D, 16);
@@ -291,17 +316,23 @@ __global__ void __launch_bounds__(NTH, 1) sta_bwd_kernel(const __grid_constant__
       WgOps<T, D>::pv(dv, pa[kk], sdesc_of(dOt + (uint32_t)((kk * 16 * 128) >> 4)));
     sta_wgmma::commit();
     fence_proxy_async();
-    bar_named(1, CTH); /* dQ reads both warpgroups' dS^T (D 128) */
+    bar_named(1, CTH); /* dQ reads both warpgroups' dS^T (D 128, COLS) */
 
     /* dQ (queries x 64 columns), then dK += dS^T Q: dQ goes to shared
     ** memory while dK is still on the tensor cores */
-    float dq[32];
-    const uint32_t dSt = sdesc_lo(D == 128 ? sds : sds + wg * 64 * 64, 16);
-    constexpr int KQ = D == 128 ? BK / 16 : 4;
+    float dq[W / 2];
+    const uint32_t dSt = sdesc_lo(D == 128 || COLS ? sds : sds + wg * 64 * 64, 16);
+    constexpr int KQ = D == 128 || COLS ? BK / 16 : 4;
 #pragma unroll
-    for (int kk = 0; kk < KQ; kk++)
-      WgOps64<T>::s64tt(dq, sdesc_of(dSt + (uint32_t)((kk * 16 * 128) >> 4)),
-                        sdesc_of(dKq + (uint32_t)((kk * 16 * 128) >> 4)), kk > 0);
+    for (int kk = 0; kk < KQ; kk++) {
+      if constexpr (COLS) /* K^T's keys 16 kk.. : column half kk / 4, 32 bytes a step in it */
+        WgOps64<T>::s32tn(dq, sdesc_of(dSt + (uint32_t)((kk * 16 * 128) >> 4)),
+                          sdesc_of(dKq + (uint32_t)((((kk >> 2) * D * 128) + (kk & 3) * 32) >> 4)),
+                          kk > 0);
+      else
+        WgOps64<T>::s64tt(dq, sdesc_of(dSt + (uint32_t)((kk * 16 * 128) >> 4)),
+                          sdesc_of(dKq + (uint32_t)((kk * 16 * 128) >> 4)), kk > 0);
+    }
     sta_wgmma::commit();
 #pragma unroll
     for (int kk = 0; kk < BQ / 16; kk++)
@@ -309,38 +340,38 @@ __global__ void __launch_bounds__(NTH, 1) sta_bwd_kernel(const __grid_constant__
     sta_wgmma::commit();
     sta_wgmma::wait<1>();
     sta_wgmma::pin<D / 2>(dv);
-    sta_wgmma::pin<32>(dq);
+    sta_wgmma::pin<W / 2>(dq);
     sta_wgmma::pin_r<BQ / 4>(&pa[0][0]);
 
-    /* this warpgroup's 64 x 64 dQ block into its buffer of two (the bulk
+    /* this warpgroup's 64 x W dQ block into its buffer of two (the bulk
     ** reduce of two blocks ago has read it: its issuer waited for that
     ** before the barrier above), then one bulk add into the accumulator */
-    float *sdq = sdQ + (wg * 2 + (it & 1)) * 64 * 64;
+    float *sdq = sdQ + (wg * 2 + (it & 1)) * 64 * W;
 #pragma unroll
     for (int hr = 0; hr < 2; hr++) {
       const int r = wq * 16 + (lane >> 2) + 8 * hr;
 #pragma unroll
-      for (int j = 0; j < 8; j++)
-        *reinterpret_cast<float2 *>(sdq + dq_off(r, 8 * j + 2 * (lane & 3))) =
+      for (int j = 0; j < W / 8; j++)
+        *reinterpret_cast<float2 *>(sdq + dq_off<W>(r, 8 * j + 2 * (lane & 3))) =
             make_float2(dq[4 * j + 2 * hr], dq[4 * j + 2 * hr + 1]);
     }
     fence_proxy_async();
     bar_named(2 + wg, 128);
     if ((tid & 127) == 0) {
-      const int64_t blk = (bh * a.nqb + slot) * (D / 64) + (D == 128 ? wg : 0);
-      float *dst = a.dqacc + blk * 64 * 64;
+      const int64_t blk = (bh * a.nqb + slot) * (D / W) + (D == 128 || COLS ? wg : 0);
+      float *dst = a.dqacc + blk * 64 * W;
       if (DET) {
         /* every key block adds in a fixed order: wait for this one's turn,
         ** add, wait for the add to land, pass the turn on */
         const int turn = dq_turn(a, a.win + 3 * h, kt, khh, kw, text, kb, slot) * (D == 64 ? 2 : 1) +
                          (D == 64 ? wg : 0);
         while (ld_acquire(a.turn + blk) != turn) {}
-        bulk_reduce_add(dst, sdq, 64 * 64 * 4);
+        bulk_reduce_add(dst, sdq, 64 * W * 4);
         bulk_wait();
         asm volatile("fence.acq_rel.gpu;\n" ::: "memory");
         st_release(a.turn + blk, turn + 1);
       } else {
-        bulk_reduce_add(dst, sdq, 64 * 64 * 4);
+        bulk_reduce_add(dst, sdq, 64 * W * 4);
         bulk_wait_read1(); /* the one before has read its buffer */
       }
     }

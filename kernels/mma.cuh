@@ -75,15 +75,18 @@ template <> struct WgOps<__half, 64> {
 
 /* The backward's m64n64 GEMMs (D-independent): s64 (S^T = K Q^T and dP^T
 ** = V dO^T, both operands K-major from shared memory) and s64tt (dQ = dS
-** K, both MN-major). */
+** K, both MN-major); s32tn (dQ's 32-column half at D 64 from K^T: A
+** MN-major, B K-major). */
 template <typename T> struct WgOps64;
 template <> struct WgOps64<__nv_bfloat16> {
   static __device__ __forceinline__ void s64(float *d, uint64_t a, uint64_t b, int s) { sta_wgmma::ss_n64_bf16(d, a, b, s); }
   static __device__ __forceinline__ void s64tt(float *d, uint64_t a, uint64_t b, int s) { sta_wgmma::ss_n64_bf16_tt(d, a, b, s); }
+  static __device__ __forceinline__ void s32tn(float *d, uint64_t a, uint64_t b, int s) { sta_wgmma::ss_n32_bf16_tn(d, a, b, s); }
 };
 template <> struct WgOps64<__half> {
   static __device__ __forceinline__ void s64(float *d, uint64_t a, uint64_t b, int s) { sta_wgmma::ss_n64_f16(d, a, b, s); }
   static __device__ __forceinline__ void s64tt(float *d, uint64_t a, uint64_t b, int s) { sta_wgmma::ss_n64_f16_tt(d, a, b, s); }
+  static __device__ __forceinline__ void s32tn(float *d, uint64_t a, uint64_t b, int s) { sta_wgmma::ss_n32_f16_tn(d, a, b, s); }
 };
 
 } /* namespace sta */
