@@ -17,8 +17,6 @@
 #ifndef STA_KERNEL_FP8_CUH
 #define STA_KERNEL_FP8_CUH
 
-#include <stdlib.h>
-
 #include "mainloop_fp8.cuh"
 #include "tile_scheduler.cuh" /* next_item, sched_slot */
 
@@ -367,24 +365,19 @@ template <int D, bool PERSIST> sta_status launch_fp8_ws(const Fp8Params &x, int 
   return e == cudaSuccess ? STA_OK : sta_cuda_fail(e, "fp8 attention: kernel launch");
 }
 
-/* The kernel over bh x n_items items: persistent where the scheduler's
+/* The kernel over bh x n_items items (x: the caller's, its item counts and
+** scheduler slot filled in here): persistent where the scheduler's
 ** counters are there (sched_slot), else a CTA per item. */
-template <int D> sta_status run_fp8(const Fp8Params &x0, int64_t bh, int64_t n_items) {
+template <int D> sta_status run_fp8(Fp8Params &x, int64_t bh, int64_t n_items) {
   if (bh * n_items > 0x7fffffff)
     return sta_error(STA_ERR_UNSUPPORTED, "attention: %lld fp8 work items, too many for the "
                      "CUDA backend", (long long)(bh * n_items));
-  Fp8Params *x = (Fp8Params *)malloc(sizeof(Fp8Params)); /* about 7 KB: off the stack */
-  if (!x) return sta_error(STA_ERR_NOMEM, "attention: out of host memory");
-  *x = x0;
-  x->items_per_bh = (int)n_items;
-  x->n_items = (int)(bh * n_items);
-  sta_status s = sched_slot(&x->sched);
-  if (s == STA_OK) {
-    const int n = x->n_items, sms = sta_cuda_sm_count();
-    s = x->sched ? launch_fp8_ws<D, true>(*x, sms < n ? sms : n) : launch_fp8_ws<D, false>(*x, n);
-  }
-  free(x);
-  return s;
+  x.items_per_bh = (int)n_items;
+  x.n_items = (int)(bh * n_items);
+  sta_status s = sched_slot(&x.sched);
+  if (s != STA_OK) return s;
+  const int n = x.n_items, sms = sta_cuda_sm_count();
+  return x.sched ? launch_fp8_ws<D, true>(x, sms < n ? sms : n) : launch_fp8_ws<D, false>(x, n);
 }
 
 } /* namespace sta */
