@@ -50,13 +50,16 @@ endif
 endif
 TEST_SRC   = $(sort $(wildcard spec/test_*.c))
 TEST_BIN   = $(TEST_SRC:spec/%.c=$(BUILD)/test/%)
+# the GPU tests linked to libsta.so instead of each holding the CUDA fatbin:
+# what a device call carries (scripts/device/device-prep)
+DYN_BIN    = $(patsubst spec/%.c,$(BUILD)/dyn/%,$(sort $(wildcard spec/test_gpu_*.c)))
 LUA_CSRC   = $(sort $(wildcard lua/*.c))
 LUA_MOD    = $(BUILD)/lua/sta/core.so
 TOOLS      = $(BUILD)/sta-run
 BENCH_SRC  = $(sort $(wildcard bench/*.c))
 BENCH_BIN  = $(BENCH_SRC:bench/%.c=$(BUILD)/bench/%)
 
-.PHONY: all lib deps tests test test-c test-lua test-python test-gpu bench bench-gpu \
+.PHONY: all lib deps tests test test-c test-lua test-python test-gpu bench bench-gpu gpu-tests-dyn \
         sanitize fuzz valgrind repl example install clean
 all: lib $(TOOLS) $(LUA_MOD) $(TEST_BIN) $(BENCH_BIN)
 lib: $(BUILD)/libsta.a $(BUILD)/libsta.so
@@ -89,6 +92,12 @@ $(BUILD)/test/%: spec/%.c $(wildcard spec/*.h) $(BUILD)/libsta.a
 	@mkdir -p $(@D)
 	$(CC) $(CFLAGS) $(STA_CFLAGS) -Ispec -I$(BUILD)/gen $< -o $@ $(BUILD)/libsta.a \
 	  -lcmocka $(LDFLAGS) $(LIBS)
+
+gpu-tests-dyn: $(DYN_BIN)
+$(BUILD)/dyn/%: spec/%.c $(wildcard spec/*.h) $(BUILD)/libsta.so
+	@mkdir -p $(@D)
+	$(CC) $(CFLAGS) $(STA_CFLAGS) -Ispec -I$(BUILD)/gen $< -o $@ -L$(BUILD) -lsta \
+	  -Wl,-rpath,'$$ORIGIN/..' -lcmocka $(CJSON_LIBS) -lm -lpthread
 
 # test_api's calls: every function of sta.h, generated from the header.
 $(BUILD)/test/test_api: $(BUILD)/gen/test_api_calls.h

@@ -310,13 +310,7 @@ def main():
     ap.add_argument("--variants", default="0", help="STA_FP8_VARIANT values to A/B (the first "
                     "runs everything else)")
     a = ap.parse_args()
-    os.makedirs(a.out, exist_ok=True)
-    logf = open(os.path.join(a.out, "bench_fp8.log"), "a")
-
-    def log(s):
-        print(s, flush=True)
-        logf.write(s + "\n")
-        logf.flush()
+    log = bg.file_log(a.out, "bench_fp8.log")
     sta = bg.Sta(a.lib)
     res = dict(gpu=torch.cuda.get_device_name(), sta=sta.describe, torch=torch.__version__,
                date=time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),

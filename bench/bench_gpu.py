@@ -62,7 +62,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from sta_bench import (  # noqa: E402  (the benchmarks' shared pieces)
     STA_BSHD, STA_BHSD, STA_SOFTMAX_FAST, SOFTMAX, Sta, dense_mask, reference, flops, rel_err,
     time_ms, WORKLOADS, flex_mask_mod, tiled_perm, flex_tiled_mask_mod, flex_setup, workload,
-    peaked, errors)
+    peaked, errors, file_log)
 
 
 # ---- check -------------------------------------------------------------------
@@ -669,13 +669,7 @@ def main():
     ap.add_argument("--reps", type=int, default=20)
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     a = ap.parse_args()
-    os.makedirs(a.out, exist_ok=True)
-    logf = open(os.path.join(a.out, "bench_gpu.log"), "a")
-
-    def log(s):
-        print(s, flush=True)
-        logf.write(s + "\n")
-        logf.flush()
+    log = file_log(a.out, "bench_gpu.log")
     sta = Sta(a.lib)
     results = dict(gpu=torch.cuda.get_device_name(), sta=sta.describe, torch=torch.__version__,
                    date=time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),

@@ -33,16 +33,6 @@ WORKLOADS = {  # canvas, text, heads, D, window
 }
 
 
-class GeometryBase(C.Structure):  # sta_geometry before `order`
-    _fields_ = [("canvas", C.c_int32 * 3), ("tile", C.c_int32 * 3), ("text_len", C.c_int64)]
-
-
-class DescBase(C.Structure):
-    _fields_ = [("geom", GeometryBase), ("layout", C.c_int), ("n_windows", C.c_int32),
-                ("windows", C.POINTER(C.c_int32)), ("scale", C.c_float),
-                ("softmax", C.c_int), ("deterministic", C.c_int32)]
-
-
 class Runner:
     """One library: forward and backward on fixed tensors."""
 
@@ -56,7 +46,7 @@ class Runner:
         L.sta_last_error.restype = C.c_char_p
         canvas, text, H, D, win = WORKLOADS[a.workload]
         self.w = (C.c_int32 * 3)(*win)
-        d = self.d = (bg.Desc if abi == "current" else DescBase)()
+        d = self.d = (bg.Desc if abi == "current" else bg.DescV0)()
         d.geom.canvas[:] = list(canvas)
         d.geom.tile[:] = [6, 8, 8]
         d.geom.text_len = text

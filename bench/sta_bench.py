@@ -209,6 +209,21 @@ def rel_err(a, b):
     return ((a - b).norm() / b.norm().clamp_min(1e-30)).item(), (a - b).abs().max().item()
 
 
+# ---- logging -----------------------------------------------------------------
+
+def file_log(out, name):
+    """A log function: each line to stdout and appended to out/name (out
+    created), flushed as it goes so a cut-off run keeps what it printed."""
+    os.makedirs(out, exist_ok=True)
+    f = open(os.path.join(out, name), "a")
+
+    def log(s):
+        print(s, flush=True)
+        f.write(s + "\n")
+        f.flush()
+    return log
+
+
 # ---- timing ------------------------------------------------------------------
 
 def time_ms(fn, reps, warmup=2):

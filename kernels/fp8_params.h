@@ -39,8 +39,8 @@ struct Fp8Params {
 
 /* The kernel over x's n_items x bh work items on this thread's stream
 ** (kernel_fp8.cuh: a producer warpgroup, persistent CTAs; instantiated in
-** fp8_api.cu). */
-template <int D> sta_status run_fp8(const Fp8Params &x, int64_t bh, int64_t n_items);
+** fp8_api.cu); fills in x's item counts and scheduler slot. */
+template <int D> sta_status run_fp8(Fp8Params &x, int64_t bh, int64_t n_items);
 
 } /* namespace sta */
 

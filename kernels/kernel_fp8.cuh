@@ -17,8 +17,6 @@
 #ifndef STA_KERNEL_FP8_CUH
 #define STA_KERNEL_FP8_CUH
 
-#include <stdlib.h>
-
 #include "mainloop_fp8.cuh"
 #include "tile_scheduler.cuh" /* next_item, sched_slot */
 
@@ -394,20 +392,15 @@ inline sta_status fp8_items(Fp8Params *x, int64_t bh, int64_t n_items, int *grid
   return s;
 }
 
-/* The kernel over bh x n_items items. */
-template <int D> sta_status run_fp8(const Fp8Params &x0, int64_t bh, int64_t n_items) {
-  Fp8Params *x = (Fp8Params *)malloc(sizeof(Fp8Params)); /* about 7 KB: off the stack */
-  if (!x) return sta_error(STA_ERR_NOMEM, "attention: out of host memory");
-  *x = x0;
+/* The kernel over bh x n_items items (x: the caller's, its item counts and
+** scheduler slot filled in here). */
+template <int D> sta_status run_fp8(Fp8Params &x, int64_t bh, int64_t n_items) {
   int grid = 0;
-  sta_status s = fp8_items(x, bh, n_items, &grid);
-  if (s == STA_OK) {
-    const int smem = Fp8WsSmem<D, FP8_WS_NB>::BYTES + 1024;
-    s = x->sched ? fp8_launch(sta_fp8_fwd_ws<D, true>, *x, grid, smem)
-                 : fp8_launch(sta_fp8_fwd_ws<D, false>, *x, grid, smem);
-  }
-  free(x);
-  return s;
+  const sta_status s = fp8_items(&x, bh, n_items, &grid);
+  if (s != STA_OK) return s;
+  const int smem = Fp8WsSmem<D, FP8_WS_NB>::BYTES + 1024;
+  return x.sched ? fp8_launch(sta_fp8_fwd_ws<D, true>, x, grid, smem)
+                 : fp8_launch(sta_fp8_fwd_ws<D, false>, x, grid, smem);
 }
 
 } /* namespace sta */
