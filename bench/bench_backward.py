@@ -15,11 +15,6 @@ forward+backward minus the median of the forward.
 --accuracy  at hunyuan-720p: sta's and Flex bf16's dq, dk, dv against Flex in
             float32 (the reference), rel L2 and max abs, on randn inputs.
 --deterministic  also time the deterministic mode (bit-identical gradients).
---variants LIST  also time these STA_BWD_VARIANT values (e.g. 0,3,4; D 64 only, experimental:
-                 3 splits dQ by columns between the warpgroups, 4 adds a 4-stage Q/dO
-                 ring; 1 and 2 measured no faster and were removed), two rounds
-                 alternated, and check their gradients agree (rel L2 of dq, dk, dv
-                 against the default's; dk and dv must be bit-identical: max abs 0).
 --no-peers  sta only (no FlexAttention, no cuDNN).
 """
 import argparse
@@ -142,7 +137,7 @@ def inputs(S, H, D, dt, seed):
     return [torch.randn(1, S, H, D, device="cuda", dtype=dt) for _ in range(4)]
 
 
-def run(sta, reps, log, only, accuracy, det=False, peers=True, variants=()):
+def run(sta, reps, log, only, accuracy, det=False, peers=True):
     global POOL
     POOL = Pool()
     import torch.nn.functional as F
@@ -177,20 +172,6 @@ def run(sta, reps, log, only, accuracy, det=False, peers=True, variants=()):
                    sta_bwd_spread_ms=[min(ts), max(ts)],
                    workspace_mib=(S * H * (D + 1) * 4) / 2**20,
                    workspace_measured_mib=ws_measured / 2**20)
-        if variants:
-            ref = [t.clone() for t in (dq, dk, dv)]
-            for rnd in range(2):
-                for var in variants:
-                    os.environ["STA_BWD_VARIANT"] = str(var)
-                    ms_v, _ = bg.time_ms(
-                        lambda: sta.backward(g, q, k, v, o, lse, do, dq, dk, dv), reps)
-                    row.setdefault("variant_ms", {}).setdefault(str(var), []).append(ms_v)
-                    row.setdefault("variant_rel", {})[str(var)] = max(
-                        bg.rel_err(a, b)[0] for a, b in zip((dq, dk, dv), ref))
-                    row.setdefault("variant_dkdv_max", {})[str(var)] = max(
-                        bg.rel_err(a, b)[1] for a, b in zip((dk, dv), ref[1:]))
-            os.environ.pop("STA_BWD_VARIANT", None)
-            del ref
         if det:
             row["sta_bwd_det_ms"], _ = bg.time_ms(
                 lambda: sta.backward(g, q, k, v, o, lse, do, dq, dk, dv, 1), reps)
@@ -249,17 +230,6 @@ def run(sta, reps, log, only, accuracy, det=False, peers=True, variants=()):
         del q, k, v, do, o, dq, dk, dv, lse
         torch.cuda.empty_cache()
     log("")
-    if variants:
-        log("| workload | " + " | ".join(
-            "variant %s ms (2 rounds) / rel vs default / dk, dv max diff" % v
-            for v in variants) + " |")
-        log("|---|" + "---|" * len(variants))
-        for r in rows:
-            log("| %s | %s |" % (r["name"], " | ".join(
-                "%s / %.1e / %g" % (" / ".join("%.2f" % x for x in r["variant_ms"][str(v)]),
-                                    r["variant_rel"][str(v)], r["variant_dkdv_max"][str(v)])
-                for v in variants)))
-        log("")
     log("| workload | bwd TFLOP | sta bwd ms | sta TFLOP/s | deterministic ms | Flex bwd ms | "
         "vs Flex | cuDNN dense bwd ms | vs dense | sta fwd ms | workspace MiB (peak measured) |")
     log("|---|---|---|---|---|---|---|---|---|---|---|")
@@ -304,7 +274,6 @@ def main():
     ap.add_argument("--accuracy", action="store_true")
     ap.add_argument("--deterministic", action="store_true")
     ap.add_argument("--no-peers", action="store_true")
-    ap.add_argument("--variants", default="")
     ap.add_argument("--workloads", default="")
     ap.add_argument("--out", default="")
     a = ap.parse_args()
@@ -317,8 +286,7 @@ def main():
     log("# sta backward benchmark: %s, torch %s, %s" % (
         sta.describe, torch.__version__, time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())))
     only = set(a.workloads.split(",")) if a.workloads else None
-    variants = [int(x) for x in a.variants.split(",") if x != ""]
-    rows = run(sta, a.reps, log, only, a.accuracy, a.deterministic, not a.no_peers, variants)
+    rows = run(sta, a.reps, log, only, a.accuracy, a.deterministic, not a.no_peers)
     if a.out:
         os.makedirs(a.out, exist_ok=True)
         with open(os.path.join(a.out, "bench_backward.json"), "w") as f:

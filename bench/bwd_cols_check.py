@@ -1,23 +1,24 @@
 #!/usr/bin/env python3
-"""bwd_cols_check.py -- the index arithmetic of the backward's variants 3 and
-4 (STA_BWD_VARIANT, kernels/kernel_bwd.cuh's COLS: at D 64 dQ split by
-columns between the two consumer warpgroups) checked without a GPU.
+"""bwd_cols_check.py -- the index arithmetic of the backward's dQ at D 64
+(kernels/kernel_bwd.cuh: dQ split by columns between the two consumer
+warpgroups, 32 columns each over all 128 keys, B from a K^T copy) checked
+without a GPU.
 
 A model of shared memory and of how wgmma reads a 128-byte-swizzled
 operand through its descriptor (K-major: element (mn, k) at start + (mn %
 8) 128 + (mn / 8) SBO + 2 k; MN-major: start + (k % 8) 128 + (k / 8) SBO +
-2 mn; then bits 4-6 of the address XOR bits 7-9) is first checked on the
-GEMMs the default kernels already run correctly on the device (S^T = K Q^T
-at D 64 and 128, the K-major 32-byte steps inside a swizzle row and the
-column halves; dQ = dS K from dS^T and K, both MN-major, at D 64 and 128).
-The same model then runs what the variants add, with the kernel's index
-expressions: K^T built from the swizzled K tile, dQ's 32 columns per
-warpgroup from K^T (K-major, N = 32, 4 KB and 8 KB row offsets, 32-byte
-steps), the accumulator fragments staged by dq_off<32>, the bulk
-reduce-add of each 64 x 32 block at its place, and post's and prep's reads
-and zeroing of the accumulator: dq must equal dS K for every (query,
-column), prep must zero each f32 of a slot once, and the staging stores
-must be free of bank conflicts.  Integer inputs: every sum is exact.
+2 mn; then bits 4-6 of the address XOR bits 7-9) is first checked on
+GEMMs that run correctly on the device (S^T = K Q^T at D 64 and 128, the
+K-major 32-byte steps inside a swizzle row and the column halves; dQ = dS
+K at D 128 from dS^T and K, both MN-major).  The same model then runs the
+D 64 dQ with the kernel's index expressions: K^T built from the swizzled
+K tile, dQ's 32 columns per warpgroup from K^T (K-major, N = 32, 4 KB and
+8 KB row offsets, 32-byte steps), the accumulator fragments staged by
+dq_off<32>, the bulk reduce-add of each 64 x 32 block at its place, and
+post's and prep's reads and zeroing of the accumulator: dq must equal dS K
+for every (query, column), prep must zero each f32 of a slot once, and the
+staging stores must be free of bank conflicts.  Integer inputs: every sum
+is exact.
 
   python3 bench/bwd_cols_check.py [--seed S]
 """
@@ -38,13 +39,13 @@ def dq_off(r, c, W=64):
     return r * W + ((((c >> 3) ^ (r & (W // 8 - 1)))) << 3) + (c & 7)
 
 
-def smem_layout(D, cols, ns):
-    """kernel_bwd.cuh's Smem<D, COLS, NS> (byte offsets)."""
-    W = 32 if cols else 64
+def smem_layout(D, ns=2):
+    """kernel_bwd.cuh's Smem<D> (byte offsets; ns: bwd_params.h's STAGES)."""
+    W = D // 2  # dq_w
     L = {"K": 0}
     L["V"] = L["K"] + BK * D * 2
     L["KT"] = L["V"] + BK * D * 2
-    L["Q"] = L["KT"] + (D * BK * 2 if cols else 0)
+    L["Q"] = L["KT"] + (D * BK * 2 if D == 64 else 0)
     L["DO"] = L["Q"] + ns * BQ * D * 2
     L["DS"] = L["DO"] + ns * BQ * D * 2
     L["DQ"] = L["DS"] + 2 * BK * BQ * 2
@@ -110,7 +111,7 @@ def run(seed):
     rng = random.Random(seed)
     # ---- the model on what the device already runs correctly ------------
     for D in (64, 128):
-        L = smem_layout(D, False, 2)
+        L = smem_layout(D)
         sm = Smem()
         K, Q = rnd_mat(rng, BK, D), rnd_mat(rng, BQ, D)
         dST = rnd_mat(rng, BK, BQ)  # dS^T: keys x queries
@@ -134,34 +135,28 @@ def run(seed):
                 for j in range(64):
                     check(s[i][j] == sum(K[64 * wg + i][d] * Q[j][d] for d in range(D)),
                           "model: S^T at D %d" % D)
-            # dQ = dS K, the default's (MN-major A and B, N = 64)
+            if D == 64:
+                continue
+            # dQ = dS K at D 128 (MN-major A and B, N = 64)
             dq = [[0] * 64 for _ in range(64)]
-            if D == 128:
-                dSt, dKq, KQ = sdesc_lo(L["DS"]), sdesc_lo(L["K"] + 2 * wg * BK * 64), BK // 16
-                keys, cols = range(BK), range(64 * wg, 64 * wg + 64)
-            else:
-                dSt = sdesc_lo(L["DS"] + 2 * wg * 64 * 64)
-                dKq, KQ = sdesc_lo(L["K"] + 2 * wg * 64 * 64), 4
-                keys, cols = range(64 * wg, 64 * wg + 64), range(64)
-            for kk in range(KQ):
+            dSt, dKq = sdesc_lo(L["DS"]), sdesc_lo(L["K"] + 2 * wg * BK * 64)
+            for kk in range(BK // 16):
                 wgmma(dq, sm, dSt + ((kk * 16 * 128) >> 4), "MN", dKq + ((kk * 16 * 128) >> 4),
                       "MN", 64, kk > 0)
             for q in range(64):
-                for j, d in enumerate(cols):
-                    check(dq[q][j] == sum(dST[key][q] * K[key][d] for key in keys),
-                          "model: default dQ at D %d" % D)
-    print("the wgmma operand model reproduces the default kernels' S^T and dQ (D 64, 128)")
+                for j, d in enumerate(range(64 * wg, 64 * wg + 64)):
+                    check(dq[q][j] == sum(dST[key][q] * K[key][d] for key in range(BK)),
+                          "model: dQ at D 128")
+    print("the wgmma operand model reproduces the kernels' S^T (D 64, 128) and dQ at D 128")
 
-    # ---- the variants: COLS at D 64 --------------------------------------
+    # ---- dQ at D 64: by columns, from K^T -----------------------------------
     D, W = 64, 32
-    for ns in (2, 4):
-        L = smem_layout(D, True, ns)
-        for key in ("K", "V", "KT", "Q", "DO", "DS", "DQ"):
-            check(L[key] % 1024 == 0, "%s not 1024-aligned" % key)
-        check(L["LSE"] % 16 == 0 and L["DD"] % 16 == 0 and L["BAR"] % 8 == 0, "alignment")
-        check(L["BYTES"] <= 232448, "shared memory %d > 227 KB" % L["BYTES"])
-        print("Smem<64, COLS, %d>: %d bytes (%.1f KB)" % (ns, L["BYTES"], L["BYTES"] / 1024))
-    L = smem_layout(D, True, 2)
+    L = smem_layout(D)
+    for key in ("K", "V", "KT", "Q", "DO", "DS", "DQ"):
+        check(L[key] % 1024 == 0, "%s not 1024-aligned" % key)
+    check(L["LSE"] % 16 == 0 and L["DD"] % 16 == 0 and L["BAR"] % 8 == 0, "alignment")
+    check(L["BYTES"] <= 232448, "shared memory %d > 227 KB" % L["BYTES"])
+    print("Smem<64>: %d bytes (%.1f KB)" % (L["BYTES"], L["BYTES"] / 1024))
     sm = Smem()
     K, dST = rnd_mat(rng, BK, D), rnd_mat(rng, BK, BQ)
     k16 = {}
@@ -229,7 +224,7 @@ def run(seed):
                 check(acc[off + e] == dQ[rr][c + e], "dq (%d, %d) wrong" % (rr, c + e))
     others = [x for i, x in enumerate(acc) if not (sbh * 64 * D <= i < (sbh + 1) * 64 * D)]
     check(all(x == 0 for x in others), "an add outside its slot's block")
-    print("variants 3/4: K^T, dQ's column halves from it, the staging (conflict-free), the bulk "
+    print("D 64: K^T, dQ's column halves from it, the staging (conflict-free), the bulk "
           "adds and post give dq = dS K exactly; prep zeroes each f32 of a slot once")
 
 

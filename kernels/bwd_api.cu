@@ -24,8 +24,8 @@
 **        S^T = K Q^T, dP^T = V dO^T          (wgmma, both from shared memory)
 **        P^T = 2^(S^T scale log2e - LSE log2e), dS^T = P^T (dP^T - D)
 **        dV += P^T dO, dK += dS^T Q          (P^T, dS^T from registers)
-**        dQ = dS K                           (dS^T through shared memory; at
-**                                             D 128 each warpgroup takes 64
+**        dQ = dS K                           (dS^T through shared memory;
+**                                             each warpgroup takes D / 2
 **                                             columns over all 128 keys)
 **      and dQ goes to the accumulator by one bulk reduce-add (cp.reduce.
 **      async.bulk) per warpgroup and block; dK (times the scale) and dV are
@@ -139,12 +139,11 @@ sta_status sta_cuda_attention_backward(const sta_attn_params *p) {
   /* workspace, stream-ordered: the f32 dQ accumulator, LSE2 and D */
   cudaStream_t sm = sta_cuda_stream();
   const size_t acc_bytes = sizeof(float) * (size_t)ra.rows * (size_t)p->head_dim;
-  /* the turn counters rounded up to 256 bytes: LSE2 and D after them are
-  ** read by 16-byte-aligned bulk copies */
+  /* the turn counters (one per dQ block: two per query block) rounded up
+  ** to 256 bytes: LSE2 and D after them are read by 16-byte-aligned bulk
+  ** copies */
   const size_t turn_bytes =
-      p->deterministic ? (sizeof(int) * (size_t)(ra.rows / BQ) * (size_t)(p->head_dim / 64) + 255) &
-                             ~(size_t)255
-                       : 0;
+      p->deterministic ? (sizeof(int) * (size_t)(ra.rows / BQ) * 2 + 255) & ~(size_t)255 : 0;
   const size_t ws_bytes = acc_bytes + turn_bytes + 2 * sizeof(float) * (size_t)ra.rows;
   void *ws = NULL;
   cudaError_t e = cudaMallocAsync(&ws, ws_bytes, sm);

@@ -22,6 +22,10 @@ constexpr int STAGES = 2; /* Q / dO ring */
 constexpr int CTH = 256;  /* consumer threads */
 constexpr int NTH = 384;  /* + one producer warpgroup */
 constexpr float LOG2E = 1.4426950408889634f;
+/* dQ columns per consumer warpgroup: each sums its D / 2 columns over all
+** BK keys and adds them as a 64 x dq_w(D) f32 block (two blocks a query
+** block, at either head dim) */
+constexpr int dq_w(int D) { return D / 2; }
 
 struct BwdArgs {
   CUtensorMap tmq, tmdo; /* tile maps: one t-slice of an 8x8 tile, 64 columns */
@@ -31,8 +35,8 @@ struct BwdArgs {
   int tma_fused;         /* dim 0 = heads * D (coordinate head * D), last = batch */
   const void *q, *k, *v, *dout;
   void *dk, *dv;
-  float *dqacc;      /* [B][H][nqb][D / 64][64][64] (swizzled columns), zeroed */
-  int *turn;         /* deterministic: [B][H][nqb][D / 64] adds done, zeroed */
+  float *dqacc;      /* [B][H][nqb][2][64][D / 2] (swizzled columns: dq_off), zeroed */
+  int *turn;         /* deterministic: [B][H][nqb][2] adds done, zeroed */
   const float *lse2; /* [B][H][nqb][64]: LSE * log2(e) */
   const float *dd;   /* [B][H][nqb][64]: D_i */
   int64_t q_sb, q_ss, q_sh, k_sb, k_ss, k_sh, v_sb, v_ss, v_sh, do_sb, do_ss, do_sh;

@@ -7,8 +7,6 @@
 #ifndef STA_BWD_ROWS_CUH
 #define STA_BWD_ROWS_CUH
 
-#include <stdlib.h>
-
 #include "kernel_bwd.cuh"
 
 namespace sta {
@@ -42,9 +40,9 @@ __device__ __forceinline__ void load8(const T *p, int vec, float *f) {
 /* Slot row i (RT threads, columns c .. c + 7 each): LSE * log2(e) and D_i =
 ** dO . O in slot order, and the row's part of the f32 dQ accumulator
 ** zeroed (its W columns of each 64 x W block: dq_off). */
-template <typename T, int D, int W = 64>
+template <typename T, int D>
 __global__ void sta_bwd_prep(const __grid_constant__ BwdArgs a, const __grid_constant__ RowArgs r) {
-  constexpr int RT = Rows<D>::RT;
+  constexpr int RT = Rows<D>::RT, W = dq_w(D);
   const int64_t i = (int64_t)blockIdx.x * Rows<D>::PER_BLOCK + threadIdx.x / RT;
   const int c = (int)(threadIdx.x % RT) * 8;
   if (i >= r.rows) return; /* whole warps: rows is a multiple of 64 */
@@ -95,9 +93,9 @@ __global__ void sta_bwd_zero(const __grid_constant__ BwdArgs a, const __grid_con
 
 /* Slot row i (RT threads, 8 columns each): dq = scale * the accumulator,
 ** at the row's place. */
-template <typename T, int D, int W = 64>
+template <typename T, int D>
 __global__ void sta_bwd_post(const __grid_constant__ BwdArgs a, const __grid_constant__ RowArgs r) {
-  constexpr int RT = Rows<D>::RT;
+  constexpr int RT = Rows<D>::RT, W = dq_w(D);
   const int64_t i = (int64_t)blockIdx.x * Rows<D>::PER_BLOCK + threadIdx.x / RT;
   const int c = (int)(threadIdx.x % RT) * 8;
   if (i >= r.rows) return;
@@ -126,29 +124,13 @@ __global__ void sta_bwd_post(const __grid_constant__ BwdArgs a, const __grid_con
 template <typename T, int D>
 sta_status run_bwd(const sta_attn_params *p, const BwdArgs &x, const RowArgs &ra,
                    cudaStream_t st) {
-  int smem = Smem<D>::BYTES;
+  const int smem = Smem<D>::BYTES;
   void (*kern)(const BwdArgs) = p->deterministic ? sta_bwd_kernel<T, D, true>
                                                  : sta_bwd_kernel<T, D, false>;
-  void (*prep)(const BwdArgs, const RowArgs) = sta_bwd_prep<T, D>;
-  void (*post)(const BwdArgs, const RowArgs) = sta_bwd_post<T, D>;
-  if constexpr (D == 64) {
-    /* STA_BWD_VARIANT (experimental, read per call: tests, benchmarks): 3,
-    ** dQ split by columns between the warpgroups (kernel_bwd.cuh's COLS:
-    ** half the bulk reduce-adds); 4, the same with a 4-stage Q / dO ring.
-    ** D 128 and the deterministic mode keep the default kernel. */
-    const char *var = getenv("STA_BWD_VARIANT");
-    const int v = var && !p->deterministic ? atoi(var) : 0;
-    if (v == 3 || v == 4) {
-      kern = v == 3 ? sta_bwd_kernel<T, 64, false, true, 2> : sta_bwd_kernel<T, 64, false, true, 4>;
-      smem = v == 3 ? Smem<64, true, 2>::BYTES : Smem<64, true, 4>::BYTES;
-      prep = sta_bwd_prep<T, 64, 32>;
-      post = sta_bwd_post<T, 64, 32>;
-    }
-  }
   cudaError_t e = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
   if (e != cudaSuccess) return sta_cuda_fail(e, "backward: shared memory attribute");
   const unsigned rblocks = (unsigned)((ra.rows + Rows<D>::PER_BLOCK - 1) / Rows<D>::PER_BLOCK);
-  prep<<<rblocks, 256, 0, st>>>(x, ra);
+  sta_bwd_prep<T, D><<<rblocks, 256, 0, st>>>(x, ra);
   if ((e = cudaGetLastError()) != cudaSuccess) return sta_cuda_fail(e, "backward: prep launch");
   const int64_t nz = p->batch * p->heads * (p->seq_len - ra.keys);
   if (nz > 0) {
@@ -164,7 +146,7 @@ sta_status run_bwd(const sta_attn_params *p, const BwdArgs &x, const RowArgs &ra
     kern<<<(unsigned)items, NTH, smem, st>>>(x);
     if ((e = cudaGetLastError()) != cudaSuccess) return sta_cuda_fail(e, "backward: launch");
   }
-  post<<<rblocks, 256, 0, st>>>(x, ra);
+  sta_bwd_post<T, D><<<rblocks, 256, 0, st>>>(x, ra);
   if ((e = cudaGetLastError()) != cudaSuccess) return sta_cuda_fail(e, "backward: post launch");
   return STA_OK;
 }

@@ -13,10 +13,10 @@
 
 namespace sta {
 
-/* f32 offset of (row r, column c) in a 64 x W dQ block (W = 64, or 32 for
-** the column-split D 64 kernel): 8-float chunks XOR-swizzled by row, so the
-** accumulator's stores are conflict-free */
-template <int W = 64> __host__ __device__ __forceinline__ int dq_off(int r, int c) {
+/* f32 offset of (row r, column c) in a 64 x W dQ block (W = dq_w(D): 64
+** at D 128, 32 at D 64): 8-float chunks XOR-swizzled by row, so the
+** staging stores are conflict-free */
+template <int W> __host__ __device__ __forceinline__ int dq_off(int r, int c) {
   return r * W + ((((c >> 3) ^ (r & (W / 8 - 1)))) << 3) + (c & 7);
 }
 

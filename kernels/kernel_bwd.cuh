@@ -3,8 +3,9 @@
 ** key block of 128 keys), a producer warpgroup streaming the query blocks
 ** that see the key tile (TMA or a cp.async gather, LSE and D by bulk copy)
 ** and two consumer warpgroups of 64 keys each (S^T, dP^T, P, dS, dV, dK in
-** registers; dQ through shared memory into the f32 accumulator).  See
-** bwd_api.cu for the whole pass.
+** registers; dQ, D / 2 columns per warpgroup over all 128 keys, through
+** shared memory into the f32 accumulator).  See bwd_api.cu for the whole
+** pass.
 */
 #ifndef STA_KERNEL_BWD_CUH
 #define STA_KERNEL_BWD_CUH
@@ -32,33 +33,33 @@ __device__ __forceinline__ void load_chunk(T *dst, const T *g, int64_t ss, int r
   *reinterpret_cast<uint4 *>(dst) = tmp;
 }
 
-/* COLS (D 64 only): dQ split by columns between the warpgroups, as at D
-** 128 -- K^T for its B operand, the staging in 64 x 32 halves; NS: stages of
-** the Q / dO ring.  The default kernel is COLS = false, NS = STAGES. */
-template <int D, bool COLS = false, int NS = STAGES> struct Smem {
-  static constexpr int W = COLS ? 32 : 64;             /* dQ columns per staged block */
+/* dQ is split by columns between the consumer warpgroups: each sums its W =
+** D / 2 columns over all 128 keys (dq_w; one bulk reduce-add of 64 x W f32
+** per warpgroup and query block).  Its B operand: K's column half at D
+** 128; at D 64 a K^T copy (K-major, [D][BK]) built once per CTA. */
+template <int D> struct Smem {
+  static constexpr int W = dq_w(D);                        /* dQ columns per staged block */
   static constexpr int K = 0;
   static constexpr int V = K + BK * D * 2;
-  static constexpr int KT = V + BK * D * 2;            /* COLS: [D][BK] */
-  static constexpr int Q = KT + (COLS ? D * BK * 2 : 0); /* [NS][BQ][D] */
-  static constexpr int DO = Q + NS * BQ * D * 2;       /* [NS][BQ][D] */
-  static constexpr int DS = DO + NS * BQ * D * 2;      /* [2][BK][BQ] */
-  static constexpr int DQ = DS + 2 * BK * BQ * 2;      /* [2 warpgroups][2][64][W] f32 */
-  static constexpr int LSE = DQ + 4 * 64 * W * 4;      /* [NS][BQ] */
-  static constexpr int DD = LSE + NS * BQ * 4;         /* [NS][BQ] */
-  static constexpr int BAR = DD + NS * BQ * 4;         /* full[NS], empty[NS] */
-  static constexpr int KROW = BAR + 2 * NS * 8;        /* [BK] */
-  static constexpr int SLOT = KROW + BK * 4;           /* [NS]; then the block count */
-  static constexpr int BYTES = SLOT + (NS + 1) * 4 + 1024; /* + alignment */
+  static constexpr int KT = V + BK * D * 2;                /* D 64: [D][BK] */
+  static constexpr int Q = KT + (D == 64 ? D * BK * 2 : 0); /* [STAGES][BQ][D] */
+  static constexpr int DO = Q + STAGES * BQ * D * 2;       /* [STAGES][BQ][D] */
+  static constexpr int DS = DO + STAGES * BQ * D * 2;      /* [2][BK][BQ] */
+  static constexpr int DQ = DS + 2 * BK * BQ * 2;          /* [2 warpgroups][2][64][W] f32 */
+  static constexpr int LSE = DQ + 4 * 64 * W * 4;          /* [STAGES][BQ] */
+  static constexpr int DD = LSE + STAGES * BQ * 4;         /* [STAGES][BQ] */
+  static constexpr int BAR = DD + STAGES * BQ * 4;         /* full[STAGES], empty[STAGES] */
+  static constexpr int KROW = BAR + 2 * STAGES * 8;        /* [BK] */
+  static constexpr int SLOT = KROW + BK * 4;               /* [STAGES]; then the block count */
+  static constexpr int BYTES = SLOT + (STAGES + 1) * 4 + 1024; /* + alignment */
 };
 
-template <typename T, int D, bool DET, bool COLS = false, int NS = STAGES>
+template <typename T, int D, bool DET>
 __global__ void __launch_bounds__(NTH, 1) sta_bwd_kernel(const __grid_constant__ BwdArgs a) {
-  static_assert(!COLS || (D == 64 && !DET), "the column split is D 64's, never deterministic");
   extern __shared__ unsigned char smem_raw[];
   unsigned char *base = reinterpret_cast<unsigned char *>(
       (reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~(uintptr_t)1023);
-  using L = Smem<D, COLS, NS>;
+  using L = Smem<D>;
   constexpr int W = L::W;
   T *sK = reinterpret_cast<T *>(base + L::K), *sV = reinterpret_cast<T *>(base + L::V);
   T *sKt = reinterpret_cast<T *>(base + L::KT);
@@ -66,9 +67,9 @@ __global__ void __launch_bounds__(NTH, 1) sta_bwd_kernel(const __grid_constant__
   T *sdS = reinterpret_cast<T *>(base + L::DS);
   float *sdQ = reinterpret_cast<float *>(base + L::DQ);
   float *slse = reinterpret_cast<float *>(base + L::LSE), *sdd = reinterpret_cast<float *>(base + L::DD);
-  uint64_t *full = reinterpret_cast<uint64_t *>(base + L::BAR), *empty = full + NS;
+  uint64_t *full = reinterpret_cast<uint64_t *>(base + L::BAR), *empty = full + STAGES;
   int *skrow = reinterpret_cast<int *>(base + L::KROW);
-  int *sslot = reinterpret_cast<int *>(base + L::SLOT), *snblk = sslot + NS;
+  int *sslot = reinterpret_cast<int *>(base + L::SLOT), *snblk = sslot + STAGES;
   constexpr int CH = D / 8; /* 16-byte chunks per row */
 
   const int tid = threadIdx.x, lane = tid & 31;
@@ -127,7 +128,7 @@ __global__ void __launch_bounds__(NTH, 1) sta_bwd_kernel(const __grid_constant__
     seen_by(kw, a.win[3 * h + 2], a.NW, &qw.wa, &qw.wz);
   }
   if (tid == 0) {
-    for (int s = 0; s < NS; s++) {
+    for (int s = 0; s < STAGES; s++) {
       mbar_init(&full[s], a.tma ? 1 : 129);
       mbar_init(&empty[s], CTH);
     }
@@ -149,7 +150,7 @@ __global__ void __launch_bounds__(NTH, 1) sta_bwd_kernel(const __grid_constant__
     fence_proxy_async();
   }
   __syncthreads();
-  if constexpr (COLS) {
+  if constexpr (D == 64) {
     /* K^T (D rows of BK keys, in column halves of 64 keys as the Q tiles):
     ** dQ's B operand, K-major, each warpgroup's 32 columns of D whole rows */
     const uint16_t *k16 = reinterpret_cast<const uint16_t *>(sK);
@@ -177,8 +178,8 @@ __global__ void __launch_bounds__(NTH, 1) sta_bwd_kernel(const __grid_constant__
     if (a.tma && pt > 0) return;
     qw.start(a);
     for (int it = 0; qw.kind != 2; it++, qw.next(a)) {
-      const int st = it % NS, slot = qw.slot(a);
-      if (it >= NS) mbar_wait(&empty[st], ((it / NS) - 1) & 1);
+      const int st = it % STAGES, slot = qw.slot(a);
+      if (it >= STAGES) mbar_wait(&empty[st], ((it / STAGES) - 1) & 1);
       T *q = sQ + st * BQ * D, *g = sdO + st * BQ * D;
       if (pt == 0) {
         sslot[st] = slot; /* read by the consumers after their wait */
@@ -220,20 +221,17 @@ __global__ void __launch_bounds__(NTH, 1) sta_bwd_kernel(const __grid_constant__
   setmaxnreg_inc<240>();
   const float sl2 = a.scale_log2;
   const uint32_t dK0 = sdesc_lo(sK + wg * 64 * 64, 16), dV0 = sdesc_lo(sV + wg * 64 * 64, 16);
-  /* dQ's B: K's column half wg (D 128: each warpgroup takes 64 of D over all
-  ** 128 keys), K^T's rows 32 wg .. 32 wg + 31 (COLS: 32 of D over all 128
-  ** keys) or K's rows of this warpgroup (D 64: all of D over its own 64
-  ** keys; the two partial sums add in the accumulator) */
-  const uint32_t dKq = COLS ? sdesc_lo(sKt + wg * 32 * 64, 16)
-                       : D == 128 ? sdesc_lo(sK + wg * BK * 64, 16) : sdesc_lo(sK + wg * 64 * 64, 16);
+  /* dQ's B, this warpgroup's W columns of D over all 128 keys: K's column
+  ** half wg (D 128) or K^T's rows 32 wg .. 32 wg + 31 (D 64) */
+  const uint32_t dKq = D == 64 ? sdesc_lo(sKt + wg * 32 * 64, 16) : sdesc_lo(sK + wg * BK * 64, 16);
   float dk[D / 2], dv[D / 2];
 #pragma unroll
   for (int e = 0; e < D / 2; e++) dk[e] = dv[e] = 0.f;
 
   const int nblk = *snblk;
   for (int it = 0; it < nblk; it++) {
-    const int st = it % NS;
-    mbar_wait(&full[st], (it / NS) & 1);
+    const int st = it % STAGES;
+    mbar_wait(&full[st], (it / STAGES) & 1);
     const int slot = sslot[st];
 
     const uint32_t dQs = sdesc_lo(sQ + st * BQ * D, 16), dOs = sdesc_lo(sdO + st * BQ * D, 16);
@@ -316,16 +314,15 @@ __global__ void __launch_bounds__(NTH, 1) sta_bwd_kernel(const __grid_constant__
       WgOps<T, D>::pv(dv, pa[kk], sdesc_of(dOt + (uint32_t)((kk * 16 * 128) >> 4)));
     sta_wgmma::commit();
     fence_proxy_async();
-    bar_named(1, CTH); /* dQ reads both warpgroups' dS^T (D 128, COLS) */
+    bar_named(1, CTH); /* dQ reads both warpgroups' dS^T */
 
-    /* dQ (queries x 64 columns), then dK += dS^T Q: dQ goes to shared
+    /* dQ (queries x W columns), then dK += dS^T Q: dQ goes to shared
     ** memory while dK is still on the tensor cores */
     float dq[W / 2];
-    const uint32_t dSt = sdesc_lo(D == 128 || COLS ? sds : sds + wg * 64 * 64, 16);
-    constexpr int KQ = D == 128 || COLS ? BK / 16 : 4;
+    const uint32_t dSt = sdesc_lo(sds, 16);
 #pragma unroll
-    for (int kk = 0; kk < KQ; kk++) {
-      if constexpr (COLS) /* K^T's keys 16 kk.. : column half kk / 4, 32 bytes a step in it */
+    for (int kk = 0; kk < BK / 16; kk++) {
+      if constexpr (D == 64) /* K^T's keys 16 kk.. : column half kk / 4, 32 bytes a step in it */
         WgOps64<T>::s32tn(dq, sdesc_of(dSt + (uint32_t)((kk * 16 * 128) >> 4)),
                           sdesc_of(dKq + (uint32_t)((((kk >> 2) * D * 128) + (kk & 3) * 32) >> 4)),
                           kk > 0);
@@ -358,13 +355,12 @@ __global__ void __launch_bounds__(NTH, 1) sta_bwd_kernel(const __grid_constant__
     fence_proxy_async();
     bar_named(2 + wg, 128);
     if ((tid & 127) == 0) {
-      const int64_t blk = (bh * a.nqb + slot) * (D / W) + (D == 128 || COLS ? wg : 0);
+      const int64_t blk = (bh * a.nqb + slot) * (D / W) + wg;
       float *dst = a.dqacc + blk * 64 * W;
       if (DET) {
         /* every key block adds in a fixed order: wait for this one's turn,
         ** add, wait for the add to land, pass the turn on */
-        const int turn = dq_turn(a, a.win + 3 * h, kt, khh, kw, text, kb, slot) * (D == 64 ? 2 : 1) +
-                         (D == 64 ? wg : 0);
+        const int turn = dq_turn(a, a.win + 3 * h, kt, khh, kw, text, kb, slot);
         while (ld_acquire(a.turn + blk) != turn) {}
         bulk_reduce_add(dst, sdq, 64 * W * 4);
         bulk_wait();

@@ -73,10 +73,10 @@ template <> struct WgOps<__half, 64> {
   static __device__ __forceinline__ void pv(float *d, const uint32_t *a, uint64_t b) { sta_wgmma::rs_n64_f16_tb(d, a, b, 1); }
 };
 
-/* The backward's m64n64 GEMMs (D-independent): s64 (S^T = K Q^T and dP^T
-** = V dO^T, both operands K-major from shared memory) and s64tt (dQ = dS
-** K, both MN-major); s32tn (dQ's 32-column half at D 64 from K^T: A
-** MN-major, B K-major). */
+/* The backward's GEMMs from shared memory: s64 (S^T = K Q^T and dP^T = V
+** dO^T, m64n64, both operands K-major); dQ = dS K, a warpgroup's D / 2
+** columns: s64tt at D 128 (m64n64 from K, both MN-major), s32tn at D 64
+** (m64n32 from K^T: A MN-major, B K-major). */
 template <typename T> struct WgOps64;
 template <> struct WgOps64<__nv_bfloat16> {
   static __device__ __forceinline__ void s64(float *d, uint64_t a, uint64_t b, int s) { sta_wgmma::ss_n64_bf16(d, a, b, s); }

@@ -104,7 +104,7 @@ __device__ __forceinline__ void ss_n192_f16(float *d, uint64_t da, uint64_t db, 
       : "l"(da), "l"(db), "r"(scale_d));
 }
 /* m64n64k16 with both operands MN-major (transposed A and B: dQ = dS K of
-** the backward, dS^T and K stored key-major) */
+** the D 128 backward, dS^T and K stored key-major) */
 __device__ __forceinline__ void ss_n64_bf16_tt(float *d, uint64_t da, uint64_t db, int scale_d) {
   asm volatile(
       "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
@@ -119,8 +119,8 @@ __device__ __forceinline__ void ss_n64_f16_tt(float *d, uint64_t da, uint64_t db
       : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
       : "l"(da), "l"(db), "r"(scale_d));
 }
-/* m64n32k16, A MN-major and B K-major (the column-split D 64 backward: dQ
-** = dS K over all keys, dS^T stored key-major, K^T stored d-major) */
+/* m64n32k16, A MN-major and B K-major (dQ = dS K of the D 64 backward,
+** dS^T stored key-major, K^T stored d-major) */
 __device__ __forceinline__ void ss_n32_bf16_tn(float *d, uint64_t da, uint64_t db, int scale_d) {
   asm volatile(
       "{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\n"
