@@ -3,7 +3,7 @@
 bf16 sta and what a user would otherwise run, in one run on the GPU machine.
 
   bench_fp8.py [--lib build/libsta.so] [--reps N] [--out DIR] [--no-flex]
-               [--no-accuracy] [--cases a,b,...] [--prepass 1,0] [--variants 0,3,4]
+               [--no-accuracy] [--cases a,b,...] [--prepass 1,0]
 
 Through sta_bench.py's ctypes mirrors (checked against core/sta.h), its
 timing (CUDA events, median of REPS) and its FLOP count:
@@ -16,10 +16,7 @@ timing (CUDA events, median of REPS) and its FLOP count:
      windows), cuDNN dense SDPA; ms and TFLOP/s (the STA FLOPs for all);
      fp8 under each quantize pre-pass variant of --prepass (STA_FP8_PREPASS: 0 the
      portable kernels, 1 the bandwidth ones),
-     the first reported, each one's pre-pass time beside it; and under each
-     kernel variant of --variants (STA_FP8_VARIANT: 0 the default kernel,
-     3 the TMA producer, 4 it with S(n+1) before P V(n)), alternated, each
-     one's kernel time and whether its output and lse have the first's bits;
+     the first reported, each one's pre-pass time beside it;
      the fp8 forward's quantize pre-pass and its attention kernel
      separately, by torch.profiler's kernel times;
   3. accuracy at full hunyuan-720p size (24 heads, D 128): fp8 and bf16 sta
@@ -110,38 +107,7 @@ def set_prepass(v):
     os.environ["STA_FP8_PREPASS"] = str(v)  # read by the library at each call
 
 
-def set_variant(v):
-    os.environ["STA_FP8_VARIANT"] = str(v)  # read by the library at each call
-
-
-def variants_ab(sta, g, q, k, v, o, reps, variants):
-    """ms (the better of two alternated medians), kernel ms (torch.profiler)
-    and same bits as variants[0] (output and lse), per kernel variant."""
-    H, S = q.shape[2], q.shape[1]
-    ms = {x: [] for x in variants}
-    for _ in range(2):
-        for x in variants:
-            set_variant(x)
-            ms[x].append(bg.time_ms(lambda: sta.forward(g, q, k, v, o, precision=FP8), reps)[0])
-    out, lse, res = {}, {}, {}
-    for x in variants:
-        set_variant(x)
-        out[x] = torch.full_like(o, float("nan"))
-        lse[x] = torch.full((1, H, S), float("nan"), device="cuda")
-        sta.forward(g, q, k, v, out[x], lse=lse[x], precision=FP8)
-        kt = kernel_times(lambda: sta.forward(g, q, k, v, o, precision=FP8), max(3, reps // 4))
-        v0 = variants[0]
-        res[str(x)] = dict(ms=min(ms[x]), ms_all=ms[x], kernel_ms=kt["kernel_ms"],
-                           prepass_ms=kt["prepass_ms"],
-                           same_bits=bool(torch.equal(out[x].view(torch.int16),
-                                                      out[v0].view(torch.int16)) and
-                                          torch.equal(lse[x].view(torch.int32),
-                                                      lse[v0].view(torch.int32))))
-    set_variant(variants[0])
-    return res
-
-
-def bench(sta, names, reps, log, flex, prepass, variants):
+def bench(sta, names, reps, log, flex, prepass):
     from torch.nn.attention import SDPBackend, sdpa_kernel
     import torch.nn.functional as F
     flexfns = bg.flex_setup() if flex else None
@@ -161,8 +127,6 @@ def bench(sta, names, reps, log, flex, prepass, variants):
                                          reps)[0])
             set_prepass(prepass[0])
             ms16.append(bg.time_ms(lambda: sta.forward(g, q, k, v, o), reps)[0])
-        if len(variants) > 1:
-            row["by_variant"] = variants_ab(sta, g, q, k, v, o, reps, variants)
         row.update(fp8_ms=min(ms8), fp8_ms_all=ms8, bf16_ms=min(ms16), bf16_ms_all=ms16,
                    fp8_tflops=fl / min(ms8) / 1e9, bf16_tflops=fl / min(ms16) / 1e9,
                    fp8_ms_by_prepass=dict([(str(prepass[0]), min(ms8))] +
@@ -211,16 +175,6 @@ def bench(sta, names, reps, log, flex, prepass, variants):
         for x, ms in r["fp8_ms_by_prepass"].items():
             pp = r.get("prepass_ms_by_prepass", {}).get(x)
             log("| %s | %s | %.2f | %s |" % (r["name"], x, ms, "%.3f" % pp if pp else "n/a"))
-    if len(variants) > 1:
-        log("")
-        log("| case | kernel variant | fp8 ms | kernel ms | pre-pass ms | bits as variant %s |"
-            % variants[0])
-        log("|---|---|---|---|---|---|")
-        for r in rows:
-            for x, d in r.get("by_variant", {}).items():
-                log("| %s | %s | %.2f | %.2f | %.3f | %s |" % (
-                    r["name"], x, d["ms"], d["kernel_ms"], d["prepass_ms"],
-                    "same" if d["same_bits"] else "DIFFER"))
     log("")
     log("ms: the better of two alternated runs (median of REPS each); TFLOP/s of the STA "
         "FLOPs; pre-pass and kernel: torch.profiler kernel times per call")
@@ -307,8 +261,6 @@ def main():
     ap.add_argument("--no-accuracy", action="store_true")
     ap.add_argument("--cases", default=",".join(CASES))
     ap.add_argument("--prepass", default="1,0", help="STA_FP8_PREPASS values to time")
-    ap.add_argument("--variants", default="0", help="STA_FP8_VARIANT values to A/B (the first "
-                    "runs everything else)")
     a = ap.parse_args()
     log = bg.file_log(a.out, "bench_fp8.log")
     sta = bg.Sta(a.lib)
@@ -318,9 +270,7 @@ def main():
     log("# %s | %s | torch %s | %s" % (res["gpu"], sta.describe, torch.__version__, res["date"]))
     res["gemm"] = gemm_ceiling(a.reps, log)
     prepass = [int(x) for x in a.prepass.split(",") if x]
-    variants = [int(x) for x in a.variants.split(",") if x]
-    set_variant(variants[0])
-    res["bench"] = bench(sta, a.cases.split(","), a.reps, log, not a.no_flex, prepass, variants)
+    res["bench"] = bench(sta, a.cases.split(","), a.reps, log, not a.no_flex, prepass)
     set_prepass(prepass[0])
     log("")
     log("fp8 GEMM ceiling (torch._scaled_mm e4m3, 8192^3): %.0f TFLOP/s; bf16 torch.mm: %.0f" %

@@ -142,7 +142,7 @@ static void quantize_head(const sta_attn_params *p, const sta_fp8_geom *g, const
       o->v8[((bh * 2 + 0) * D + d) * R + r] = hi;
       o->v8[((bh * 2 + 1) * D + d) * R + r] = sta_f32_to_e4m3(y - sta_e4m3_to_f32(hi));
     }
-    int64_t krow = bh * R + (o->kperm ? sta_fp8_kslot(r, R) : r);
+    int64_t krow = bh * R + sta_fp8_kslot(r, R);
     quantize_row(x, D, o->k8 + krow * D, &o->k_scale[krow]);
   }
 }
@@ -233,10 +233,11 @@ sta_status sta_cpu_fp8_attention(const sta_attn_params *p) {
       double qs = (double)o.q_scale[bh * R + i] * c, m = -INFINITY, l = 0;
       int64_t n = key_rows(p, &g, h, i, keys);
       for (int64_t j = 0; j < n; j++) {
-        const int8_t *k8 = o.k8 + (bh * R + keys[j]) * D;
+        const int64_t kr = bh * R + sta_fp8_kslot(keys[j], R); /* the kernels' key layout */
+        const int8_t *k8 = o.k8 + kr * D;
         int32_t dot = 0;
         for (int64_t d = 0; d < D; d++) dot += (int32_t)q8[d] * (int32_t)k8[d];
-        sc[j] = (double)dot * qs * (double)o.k_scale[bh * R + keys[j]];
+        sc[j] = (double)dot * qs * (double)o.k_scale[kr];
         if (sc[j] > m || sc[j] != sc[j]) m = sc[j];
       }
       m = ceil(m);

@@ -510,7 +510,8 @@ STA_HD int sta_fp8_exponent(float qam, float kam) {
 **               ratio not finite
 **   q8, k8 [rows][D]  int8: x' = q * 2^e (or k' * 2^-e); per row amax
 **               (NaN if any is NaN), inv = 127 / amax (0 when amax is 0),
-**               code = rint(f32(x' * inv)), scale = amax / 127
+**               code = rint(f32(x' * inv)), scale = amax / 127; k8's
+**               (and k_scale's) row of key r is sta_fp8_kslot(r, rows)
 **   q_scale, k_scale [rows]; q_bias[rows] = q . k_mean (double, channel
 **               order, to float): lse = ln(l) + m ln 2 + scale * q_bias
 **   v_scale[D]  amax of v over the keys / 448; y = f32(v * (448 / amax))
@@ -530,12 +531,11 @@ typedef struct sta_fp8_geom {
 } sta_fp8_geom;
 typedef struct sta_fp8_ops {
   int64_t batch, heads, rows, head_dim;
-  int8_t *q8, *k8;        /* [B][H][rows][D] */
+  int8_t *q8, *k8;        /* [B][H][rows][D]; k8 and k_scale rows in sta_fp8_kslot's order */
   uint8_t *v8;            /* [B][H][2][D][rows] */
   float *q_scale, *k_scale, *q_bias; /* [B][H][rows] */
   float *k_mean, *v_scale; /* [B][H][D] */
   int8_t *eq;             /* [B][H][D] */
-  int kperm;              /* k8 and k_scale rows in sta_fp8_kslot's order */
 } sta_fp8_ops;
 
 /* Input row of quantized row r, or -1 for a padding row. */
@@ -544,13 +544,12 @@ STA_HD int64_t sta_fp8_source(const sta_fp8_geom *g, int64_t r) {
   if (g->tiled) return sta_tiled_token(g->canvas, g->tile, g->grid, r) < 0 ? -1 : r;
   return sta_tiled_token(g->canvas, g->tile, g->grid, r);
 }
-/* The kernels' key order (kernels/kernel_fp8.cuh): in each 16 keys of a
+/* The kernel's key order (kernels/producer_fp8.cuh): in each 16 keys of a
 ** block, S accumulator column c holds key sta_fp8_col_key(c), the k order
-** of the thread's 8-bit A fragment of P.  With sta_fp8_ops.kperm the
-** pre-pass stores k8 and k_scale so (TMA copies blocks that start on a
-** 16-row boundary as they are): key r at row sta_fp8_kslot(r, rows), the
-** inverse permutation within each whole 16 rows, the last partial 16 in
-** order. */
+** of the thread's 8-bit A fragment of P.  The pre-pass stores k8 and
+** k_scale so (TMA copies blocks that start on a 16-row boundary as they
+** are): key r at row sta_fp8_kslot(r, rows), the inverse permutation
+** within each whole 16 rows, the last partial 16 in order. */
 STA_HD int sta_fp8_col_key(int c) {
   const int cc = c & 15;
   return (c & ~15) + 4 * ((cc >> 1) & 3) + 2 * (cc >> 3) + (cc & 1);

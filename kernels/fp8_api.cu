@@ -2,18 +2,16 @@
 ** fp8_api.cu -- the fp8 forward on device tensors (sta_cuda_attention_fp8,
 ** sta_cuda.h; the backend's attention_fp8): the CUDA backend's limits, the
 ** quantize pre-pass (fp8_quant.cu) into a stream-ordered workspace, the
-** kernel's argument (built only here) and the head dim dispatch (the
-** kernel writes the tiled order's padding rows itself, any dtype); the
-** kernel is kernel_fp8.cuh's, or with STA_FP8_VARIANT=3 (read per call: an
-** A/B) kernel_fp8_tma.cuh's, over the permuted key layout and its TMA
-** maps.  What it computes is core/cpu_fp8.c's reference up to the order
-** and width of its sums; the two kernels give the same bits.
+** kernel's argument (built only here: the TMA maps over the workspace
+** too) and the head dim dispatch (the kernel, kernel_fp8.cuh, writes the
+** tiled order's padding rows itself, any dtype).  What it computes is
+** core/cpu_fp8.c's reference up to the order and width of its sums.
 */
 #include <stdlib.h>
 #include <string.h>
 
 #include "args_common.h"
-#include "kernel_fp8_tma.cuh"
+#include "kernel_fp8.cuh"
 #include "tma_map.h"
 
 namespace {
@@ -69,27 +67,20 @@ void params_init(sta::Fp8Params &x, const sta_attn_params *p, const sta_fp8_ops 
   sta::clamp_windows(x.win, p);
 }
 
-/* STA_FP8_VARIANT, read per call: 3 the TMA kernel, 4 it with S(n+1)
-** before P V(n), else the default. */
-int fp8_variant(void) {
-  const char *s = getenv("STA_FP8_VARIANT");
-  const int v = s ? atoi(s) : 0;
-  return v == 3 || v == 4 ? v : 0;
-}
-
-/* The TMA kernel's maps over o's buffers (x->p.R set): Q and K rows of D
-** bytes, boxes of 128 rows; the V planes [B*H][2 D][R] in boxes of 128 keys
-** where R % 16 == 0 (tma_kv).  False when the driver refuses one. */
-bool tma_maps(sta::Fp8TmaParams *x, const sta_fp8_ops &o) {
-  const uint64_t R = (uint64_t)x->p.R, D = (uint64_t)o.head_dim,
+/* The kernel's maps over o's buffers (x->R and x->v_vec set): Q and K rows
+** of D bytes, boxes of 128 rows; the V planes [B*H][2 D][R] in boxes of
+** 128 keys where R % 16 == 0 (v_vec).  False when the driver refuses one:
+** within the limits below (16-byte strides, dims below 2^32) only a driver
+** without the encoder does. */
+bool tma_maps(sta::Fp8Params *x, const sta_fp8_ops &o) {
+  const uint64_t R = (uint64_t)x->R, D = (uint64_t)o.head_dim,
                  bh = (uint64_t)(o.batch * o.heads);
   const uint64_t qd[3] = {D, R, bh}, qs[2] = {D, R * D};
   const uint32_t qbox[3] = {(uint32_t)D, sta::FP8_BM, 1}, kbox[3] = {(uint32_t)D, sta::FP8_BK, 1};
   if (!sta::tma_encode_bytes(&x->mq, o.q8, qd, qs, qbox) ||
       !sta::tma_encode_bytes(&x->mk, o.k8, qd, qs, kbox))
     return false;
-  x->tma_kv = R % 16 == 0;
-  if (!x->tma_kv) return true;
+  if (!x->v_vec) return true;
   const uint64_t vd[3] = {R, 2 * D, bh}, vs[2] = {R, 2 * D * R};
   const uint32_t vbox[3] = {sta::FP8_BK, (uint32_t)(2 * D), 1};
   return sta::tma_encode_bytes(&x->mv, o.v8, vd, vs, vbox);
@@ -127,32 +118,23 @@ sta_status sta_cuda_attention_fp8(const sta_attn_params *p) {
   void *ws = NULL;
   sta_status s = ops_alloc(&o, &ws, p->batch, p->heads, g.rows, p->head_dim, sm);
   if (s != STA_OK) return s;
-  /* both kernels' arguments, about 7 KB: off the stack */
-  sta::Fp8TmaParams *x = (sta::Fp8TmaParams *)aligned_alloc(alignof(sta::Fp8TmaParams),
-                                                              sizeof(sta::Fp8TmaParams));
+  /* the kernel's argument, about 7 KB: off the stack */
+  sta::Fp8Params *x = (sta::Fp8Params *)aligned_alloc(alignof(sta::Fp8Params),
+                                                       sizeof(sta::Fp8Params));
   if (!x) s = sta_error(STA_ERR_NOMEM, "attention: out of host memory");
-  const int variant = fp8_variant();
   if (s == STA_OK) {
-    memset(x, 0, sizeof *x);
-    params_init(x->p, p, o);
-    if (variant && !tma_maps(x, o))
-      s = sta_error(STA_ERR_BACKEND, "fp8 attention: STA_FP8_VARIANT=%d: the driver refused a "
-                    "TMA map", variant);
-    o.kperm = variant != 0;
+    params_init(*x, p, o);
+    /* no cp.async path for Q: without the maps the kernel cannot run */
+    if (!tma_maps(x, o))
+      s = sta_error(STA_ERR_BACKEND, "fp8 attention: the driver refused a TMA map (the fp8 "
+                    "kernel loads by TMA)");
   }
   if (s == STA_OK) s = sta_cuda_fp8_quantize(p, &o);
   if (s == STA_OK) {
     const int64_t bh = p->batch * p->heads;
-    const int64_t items = x->p.n_video_items + (g.rows - g.tiled_video + sta::FP8_BM - 1) / sta::FP8_BM;
-    if (variant == 3)
-      s = p->head_dim == 128 ? sta::run_fp8_tma<128, false>(*x, bh, items)
-                             : sta::run_fp8_tma<64, false>(*x, bh, items);
-    else if (variant == 4)
-      s = p->head_dim == 128 ? sta::run_fp8_tma<128, true>(*x, bh, items)
-                             : sta::run_fp8_tma<64, true>(*x, bh, items);
-    else
-      s = p->head_dim == 128 ? sta::run_fp8<128>(x->p, bh, items)
-                             : sta::run_fp8<64>(x->p, bh, items);
+    const int64_t items =
+        x->n_video_items + (g.rows - g.tiled_video + sta::FP8_BM - 1) / sta::FP8_BM;
+    s = p->head_dim == 128 ? sta::run_fp8<128>(*x, bh, items) : sta::run_fp8<64>(*x, bh, items);
   }
   free(x);
   const cudaError_t e = cudaFreeAsync(ws, sm);

@@ -261,7 +261,7 @@ __global__ void __launch_bounds__(2 * D, 768 / (2 * D))
       y[j] = key ? sta_fmul(elt<ES>(xk[x], j, a.dt) - mk[j], pk[j]) : 0.0f;
     sc = quant8<TPR>(y, c);
     if (s != -2) {
-      const int64_t kr = a.o.kperm ? bh * R + sta_fp8_kslot(r, R) : row;
+      const int64_t kr = bh * R + sta_fp8_kslot(r, R);
       *(uint2 *)(a.o.k8 + kr * D + 8 * g) = c;
       if (g == 0) a.o.k_scale[kr] = sc;
     }

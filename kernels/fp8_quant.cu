@@ -125,7 +125,7 @@ __global__ void __launch_bounds__(QWARPS * 32, QJ <= 4 ? 3 : 1) fp8_rows(const _
   for (int i = w; i < QROWS; i += QWARPS) {
     const int64_t r = r0 + i, row = bh * a.R + r;
     if (r >= a.R) break;
-    const int64_t krow = a.o.kperm ? bh * a.R + sta_fp8_kslot(r, a.R) : row;
+    const int64_t krow = bh * a.R + sta_fp8_kslot(r, a.R);
     int8_t *q8 = a.o.q8 + row * D, *k8 = a.o.k8 + krow * D;
     const int64_t src = rsrc[i];
     const bool key = src >= 0 && r < a.g.keys_end;

@@ -4,8 +4,8 @@
 ** the scores as core/cpu_fp8.c takes them, the online softmax against the
 ** running maximum rounded up to an integer (rescales are exact powers of
 ** two), P * 448 in e4m3 straight from the accumulators into wgmma's 8-bit
-** A fragment (the key order of kernel_fp8.cuh's fp8_col_key makes the two
-** one), O += P V_hi + P V_lo; then the output rows.
+** A fragment (the key order of producer_fp8.cuh's fp8_col_key makes the
+** two one), O += P V_hi + P V_lo; then the output rows.
 **
 ** Accumulator fragments (m64nN, per warp w and lane 4g+t): register
 ** x = 4j + 2i + e holds row 16w + g + 8i, column 8j + 2t + e.
@@ -83,9 +83,9 @@ __device__ __forceinline__ void issue_pv(float *acc, uint32_t (*pa)[4], uint32_t
 }
 
 /* S = Q K^T in int8 (dq, dk: descriptor words of this warpgroup's Q rows
-** and the block's K rows; HI: the descriptors' high word, mma.cuh's
-** SDESC_HI for rows of 128 bytes), issued and committed, not waited for. */
-template <int D, uint32_t HI = SDESC_HI>
+** and the block's K rows; HI: the descriptors' high word, Fp8Smem::HI),
+** issued and committed, not waited for. */
+template <int D, uint32_t HI>
 __device__ __forceinline__ void issue_s(int32_t *sacc, uint32_t dq, uint32_t dk) {
   sta_wgmma::fence();
 #pragma unroll
@@ -96,10 +96,8 @@ __device__ __forceinline__ void issue_s(int32_t *sacc, uint32_t dq, uint32_t dk)
 }
 
 /* A block's per-key info as (k_scale, 0) or (0, -inf) per S column, the
-** columns 2i and 2i + 1 at once: pairs (k_scale, bias) in one array, or
-** k_scale and the bias in two (Fp8KeyInfo: the TMA kernel's, whose
-** k_scale arrives by a bulk copy). */
-__device__ __forceinline__ float4 fp8_info(const float4 *info, int i) { return info[i]; }
+** columns 2i and 2i + 1 at once, from two arrays: k_scale (it arrives by
+** a bulk copy) and the bias. */
 struct Fp8KeyInfo {
   const float2 *ks, *bias;
 };
@@ -113,9 +111,9 @@ __device__ __forceinline__ float4 fp8_info(const Fp8KeyInfo &x, int i) {
 ** both: the wgmma's "+r" operands keep it live throughout); the running
 ** max st.m (an integer), alpha = 2^(old m - new m), the row sums st.l;
 ** info: (k_scale, 0) or (0, -inf) per S column. */
-template <int D, class KI>
+template <int D>
 __device__ __forceinline__ void fp8_softmax(Fp8Rows<D> &st, int32_t *sp, float *alpha,
-                                            const KI &info, int t) {
+                                            const Fp8KeyInfo &info, int t) {
   float s[64];
   /* scores s = acc * (q_scale * scale * log2 e) * k_scale (cpu_fp8.c's
   ** order), -inf where info masks the key */
@@ -184,10 +182,10 @@ __device__ __forceinline__ void rescale_o(Fp8Rows<D> &st, const float *alpha) {
   for (int x = 0; x < D / 2; x++) st.o[x] *= alpha[(x >> 1) & 1];
 }
 
-/* One key block, not overlapped: S, its softmax, P V. */
-template <int D, uint32_t HI, class KI>
+/* One key block: S, its softmax, P V. */
+template <int D, uint32_t HI>
 __device__ __forceinline__ void fp8_block(Fp8Rows<D> &st, uint32_t dq, uint32_t dk, uint32_t dv,
-                                          const KI &info, int t) {
+                                          const Fp8KeyInfo &info, int t) {
   int32_t sacc[64];
   issue_s<D, HI>(sacc, dq, dk);
   sta_wgmma::wait<0>();
@@ -209,72 +207,6 @@ __device__ __forceinline__ void fp8_block(Fp8Rows<D> &st, uint32_t dq, uint32_t 
   sta_wgmma::pin<D / 2>(st.o);
 #endif
   sta_wgmma::pin_r<16>(&pa[0][0]);
-}
-
-/* An item's nb key blocks with S(n+1) issued before P V(n) (the bf16
-** kernel's order; two-level accumulation), at D 64 the softmax of n+1
-** under P V(n) too (at D 128 that needs about 250 registers: spills at
-** 232); per block the same operations on each register in the same order
-** as fp8_block, so the same bits.  Ring of L::RING buffers from block g (g
-** advanced), full / empty barriers at L::BAR; qempty arrived on after the
-** last S.  Live at once: O, P V(n)'s fresh accumulator and P(n) (in
-** flight), S(n+1). */
-template <int D, class L>
-__device__ __forceinline__ void fp8_blocks_ovl(Fp8Rows<D> &st, unsigned char *sm, uint32_t dq,
-                                               int &g, int nb, uint64_t *qempty, int t) {
-  constexpr int NB = L::RING;
-  constexpr bool UNDER = D == 64;
-  constexpr uint32_t KSTEP = L::KB >> 4, VSTEP = L::VB >> 4;
-  uint64_t *full = (uint64_t *)(sm + L::BAR), *empty = full + NB;
-  const uint32_t dk0 = sdesc_lo(sm + L::K, 16), dv0 = sdesc_lo(sm + L::V, 16);
-  if (nb == 0) {
-    mbar_arrive(qempty);
-    return;
-  }
-  int32_t sacc[64];
-  uint32_t pa[4][4];
-  float alpha[2], an[2], ob[D / 2];
-  int b = g % NB;
-  mbar_wait(&full[b], (g / NB) & 1);
-  fence_proxy_async();
-  issue_s<D, L::HI>(sacc, dq, dk0 + b * KSTEP);
-  sta_wgmma::wait<0>();
-  sta_wgmma::pin_i<64>(sacc);
-  if (nb == 1) mbar_arrive(qempty);
-  fp8_softmax<D>(st, sacc, alpha, L::info(sm, b), t);
-  pack_p(sacc, pa);
-  for (int n = 0; n < nb; n++, g++) {
-    b = g % NB;
-    const int bn = (g + 1) % NB;
-    const bool more = n + 1 < nb;
-    if (more) {
-      mbar_wait(&full[bn], ((g + 1) / NB) & 1);
-      fence_proxy_async();
-      issue_s<D, L::HI>(sacc, dq, dk0 + bn * KSTEP);
-    }
-    issue_pv<D>(ob, pa, dv0 + b * VSTEP, 1);
-    if (UNDER && more) {
-      sta_wgmma::wait<1>(); /* S(n+1); P V(n) may run on */
-      sta_wgmma::pin_i<64>(sacc);
-      if (n + 2 == nb) mbar_arrive(qempty);
-      fp8_softmax<D>(st, sacc, an, L::info(sm, bn), t);
-    }
-    sta_wgmma::wait<0>();
-    if (!UNDER && more) sta_wgmma::pin_i<64>(sacc);
-    sta_wgmma::pin<D / 2>(ob);
-    sta_wgmma::pin_r<16>(&pa[0][0]);
-    add_pv<D>(st, ob, alpha);
-    mbar_arrive(&empty[b]); /* S(n) and P V(n) done with the buffer */
-    if (!UNDER && more) {
-      if (n + 2 == nb) mbar_arrive(qempty);
-      fp8_softmax<D>(st, sacc, an, L::info(sm, bn), t);
-    }
-    if (more) {
-      pack_p(sacc, pa);
-      alpha[0] = an[0];
-      alpha[1] = an[1];
-    }
-  }
 }
 
 /* The output of this thread's two rows (rows[i]: quantized row, or -1

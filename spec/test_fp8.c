@@ -439,9 +439,10 @@ static void test_fp8_quantizer(void **state) {
       assert_true(abs(ops.eq[h * 64 + c]) <= 3); /* the outlier channels move some */
     }
     for (int64_t r = 0; r < R; r++) {
-      int64_t s = sta_fp8_source(&g, r), row = h * R + r;
+      /* k8 and k_scale in the kernel's key layout */
+      int64_t s = sta_fp8_source(&g, r), row = h * R + r, kr = h * R + sta_fp8_kslot(r, R);
       if (s < 0) { /* padding: all zero */
-        assert_true(ops.q_scale[row] == 0 && ops.k_scale[row] == 0 && ops.q_bias[row] == 0);
+        assert_true(ops.q_scale[row] == 0 && ops.k_scale[kr] == 0 && ops.q_bias[row] == 0);
         for (int c = 0; c < 64; c++) assert_true(ops.q8[row * 64 + c] == 0);
         continue;
       }
@@ -456,9 +457,9 @@ static void test_fp8_quantizer(void **state) {
         bias += (double)q[(s * 2 + h) * 64 + c] * ops.k_mean[h * 64 + c];
         if (r >= g.keys_end) continue;
         float kx = (k[(s * 2 + h) * 64 + c] - ops.k_mean[h * 64 + c]) / e;
-        assert_true(fabsf(ops.k8[row * 64 + c] * ops.k_scale[row] - kx) <=
-                    0.5f * ops.k_scale[row] * 1.0001f);
-        maxk = abs(ops.k8[row * 64 + c]) > maxk ? abs(ops.k8[row * 64 + c]) : maxk;
+        assert_true(fabsf(ops.k8[kr * 64 + c] * ops.k_scale[kr] - kx) <=
+                    0.5f * ops.k_scale[kr] * 1.0001f);
+        maxk = abs(ops.k8[kr * 64 + c]) > maxk ? abs(ops.k8[kr * 64 + c]) : maxk;
         float y = v[(s * 2 + h) * 64 + c] / ops.v_scale[h * 64 + c];
         float hi = sta_e4m3_to_f32(ops.v8[((h * 2) * 64 + c) * R + r]);
         float lo = sta_e4m3_to_f32(ops.v8[((h * 2 + 1) * 64 + c) * R + r]);
@@ -467,7 +468,7 @@ static void test_fp8_quantizer(void **state) {
       assert_int_equal(maxq, 127); /* the row's amax maps to 127 */
       assert_true(fabs(ops.q_bias[row] - bias) <= 1e-5 * (fabs(bias) + 1));
       if (r < g.keys_end) { assert_int_equal(maxk, 127); nk++; }
-      else assert_true(ops.k_scale[row] == 0);
+      else assert_true(ops.k_scale[kr] == 0);
     }
   }
   assert_int_equal(nq, 2 * (V + 12));
@@ -478,10 +479,10 @@ static void test_fp8_quantizer(void **state) {
   prob_free(&p);
 }
 
-/* The permuted key layout (sta_fp8_ops.kperm, the TMA kernel's): the same
-** operands, k8 and k_scale rows moved within each whole 16 rows to
-** sta_fp8_kslot, the partial last 16 in order; sta_fp8_col_key and
-** sta_fp8_kslot inverse permutations. */
+/* The key layout (sta_fp8_ops' k8 and k_scale, what test_fp8_quantizer
+** reads through it): sta_fp8_col_key and sta_fp8_kslot inverse
+** permutations within each 16 keys, the partial last 16 in order, every
+** row once. */
 static void test_fp8_key_layout(void **state) {
   (void)state;
   for (int c = 0; c < 16; c++) {
@@ -491,40 +492,21 @@ static void test_fp8_key_layout(void **state) {
   assert_int_equal(sta_fp8_col_key(2), 4);  /* a thread's columns 2t, 2t+1, 8+2t: keys 4t.. */
   assert_int_equal(sta_fp8_col_key(8), 2);
   assert_int_equal(sta_fp8_kslot(17, 20), 17); /* the partial last 16: in order */
-  static const int32_t cv[3] = {7, 13, 11}, w1[3] = {1, 1, 1};
-  prob p;
-  prob_make(&p, cv, TILE, 12, 7, 1, 2, 64, 1, w1, STA_BF16, STA_BSHD,
-            (sta_order)sta_test_rint(0, 1), 1, sta_test_rnd());
-  sta_tensor *o = new_like(p.q, STA_BF16, 0);
-  sta_attn_params ap;
-  OK(sta_attn_resolve(&p.d, p.q, p.k, p.v, o, NULL, &ap));
-  sta_fp8_geom g;
-  sta_fp8_geom_init(&g, &ap);
-  const int64_t R = g.rows, D = 64, n = 2 * R;
-  assert_true(R % 16 != 0);
-  sta_fp8_ops x, y;
-  OK(sta_fp8_ops_alloc(&x, 1, 2, R, D));
-  OK(sta_fp8_ops_alloc(&y, 1, 2, R, D));
-  y.kperm = 1;
-  OK(sta_cpu_fp8_quantize(&ap, &x));
-  OK(sta_cpu_fp8_quantize(&ap, &y));
-  int64_t moved = 0;
-  for (int64_t row = 0; row < n; row++) {
-    const int64_t h = row / R, r = row % R, slot = h * R + sta_fp8_kslot(r, R);
-    moved += slot != row;
-    assert_memory_equal(y.k8 + slot * D, x.k8 + row * D, (size_t)D);
-    assert_memory_equal(&y.k_scale[slot], &x.k_scale[row], sizeof(float));
+  static const int64_t rows[3] = {16, 3084, 37};
+  for (int i = 0; i < 3; i++) {
+    const int64_t R = rows[i];
+    char *seen = calloc((size_t)R, 1);
+    int64_t moved = 0;
+    for (int64_t r = 0; r < R; r++) {
+      const int64_t k = sta_fp8_kslot(r, R);
+      assert_true(k >= 0 && k < R && !seen[k]);
+      assert_true((k & ~15) == (r & ~15));
+      seen[k] = 1;
+      moved += k != r;
+    }
+    assert_true(moved > R / 2);
+    free(seen);
   }
-  assert_true(moved > n / 2);
-  assert_memory_equal(y.q8, x.q8, (size_t)(n * D));
-  assert_memory_equal(y.v8, x.v8, (size_t)(2 * n * D));
-  assert_memory_equal(y.q_scale, x.q_scale, (size_t)n * sizeof(float));
-  assert_memory_equal(y.q_bias, x.q_bias, (size_t)n * sizeof(float));
-  sta_fp8_ops_free(&x);
-  sta_fp8_ops_free(&y);
-  free((void *)ap.windows);
-  sta_tensor_destroy(o);
-  prob_free(&p);
 }
 
 /* ---- 8-bit operands ------------------------------------------------------------ */

@@ -1,16 +1,16 @@
 /* test_gpu_fp8.c -- the fp8 forward on CUDA (issue 20; make test-gpu):
-** the quantize pre-pass (kernels/fp8_quant.cu) against the CPU quantizer
-** (core/cpu_fp8.c) bit for bit -- every byte of every buffer, each
-** prefilled with garbage -- on fresh random inputs over geometries (partial
-** tiles, the tiled order with NaN in its padding rows, text past text_len,
-** BSHD and BHSD, strided views, bf16 / f16 / f32, D 32 to 160, DiT-like
-** offsets and outlier channels); and STA_PRECISION_FP8 on CUDA tensors
-** (kernels/kernel_fp8.cuh): the forward's output and lse against the CPU's
-** fp8 reference within a tolerance derived from what the kernel may differ
-** in (FP8_REL below), and at least 2x closer to it than the native output
-** (a silent native run fails), over random geometries and fixed multi-block
-** ones, bf16, f16 and f32, each kernel variant of STA_FP8_TEST_VARIANTS
-** bit for bit the first's; its errors; a layer;
+** the quantize pre-pass (kernels/fp8_quant.cu, fp8_prepass.cu) against the
+** CPU quantizer (core/cpu_fp8.c) bit for bit -- every byte of every buffer,
+** each prefilled with garbage -- on fresh random inputs over geometries
+** (partial tiles, the tiled order with NaN in its padding rows, text past
+** text_len, BSHD and BHSD, strided views, bf16 / f16 / f32, D 32 to 160,
+** DiT-like offsets and outlier channels); and STA_PRECISION_FP8 on CUDA
+** tensors (kernels/kernel_fp8.cuh): the forward's output and lse against
+** the CPU's fp8 reference within a tolerance derived from what the kernel
+** may differ in (FP8_REL below), and at least 2x closer to it than the
+** native output (a silent native run fails), over random geometries and
+** fixed multi-block ones, bf16, f16 and f32, a second run bit for bit the
+** first's; its errors; a layer;
 ** sta_attention_forward_fp8 on CUDA against the host.  Skips cleanly
 ** without a device.  STA_TEST_SEED replays a run; STA_GPU_CASES sets the random
 ** cases (default 60). */
@@ -146,7 +146,7 @@ static int prepass_variants(int *v) {
   return n;
 }
 
-static void check_prepass_layout(twin *t, int kperm) {
+static void check_prepass(twin *t) {
   sta_tensor *ho = NULL, *dout = NULL;
   int64_t os[4];
   for (int i = 0; i < 4; i++) os[i] = sta_tensor_size(t->h[0], i);
@@ -159,7 +159,6 @@ static void check_prepass_layout(twin *t, int kperm) {
   sta_fp8_geom_init(&g, &hp);
   sta_fp8_ops ho8, dev;
   OK(sta_fp8_ops_alloc(&ho8, t->B, t->H, g.rows, t->D));
-  ho8.kperm = kperm;
   OK(sta_cpu_fp8_quantize(&hp, &ho8));
   void **hslot[9];
   size_t hbytes[9];
@@ -168,7 +167,6 @@ static void check_prepass_layout(twin *t, int kperm) {
   for (int v = 0; v < npv; v++) {
     memset(&dev, 0, sizeof dev);
     dev.batch = t->B; dev.heads = t->H; dev.rows = g.rows; dev.head_dim = t->D;
-    dev.kperm = kperm;
     void **slot[9];
     size_t bytes[9];
     sta_tensor *buf[9];
@@ -187,7 +185,7 @@ static void check_prepass_layout(twin *t, int kperm) {
     sta_status rc = sta_cuda_fp8_quantize(&dp, &dev);
     unsetenv("STA_FP8_PREPASS");
     if (rc != STA_OK)
-      fail_msg("%s: STA_FP8_PREPASS=%d kperm %d: %s", twin_str(t), pv[v], kperm, sta_last_error());
+      fail_msg("%s: STA_FP8_PREPASS=%d: %s", twin_str(t), pv[v], sta_last_error());
     OK(sta_cuda_synchronize());
     for (int i = 0; i < n; i++) {
       sta_tensor *h = NULL;
@@ -195,8 +193,8 @@ static void check_prepass_layout(twin *t, int kperm) {
       const unsigned char *a = sta_tensor_data(h), *b = *hslot[i];
       for (size_t j = 0; j < bytes[i]; j++)
         if (a[j] != b[j])
-          fail_msg("%s: STA_FP8_PREPASS=%d kperm %d: %s byte %zu of %zu: device 0x%02x, "
-                   "host 0x%02x", twin_str(t), pv[v], kperm, FIELD[i], j, bytes[i], a[j], b[j]);
+          fail_msg("%s: STA_FP8_PREPASS=%d: %s byte %zu of %zu: device 0x%02x, host 0x%02x",
+                   twin_str(t), pv[v], FIELD[i], j, bytes[i], a[j], b[j]);
       sta_tensor_destroy(h);
       sta_tensor_destroy(buf[i]);
     }
@@ -206,13 +204,6 @@ static void check_prepass_layout(twin *t, int kperm) {
   free((void *)dp.windows);
   sta_tensor_destroy(ho);
   sta_tensor_destroy(dout);
-}
-
-/* Both key layouts (sta_fp8_ops.kperm: the default kernel's rows in
-** order, STA_FP8_VARIANT=3's permuted). */
-static void check_prepass(twin *t) {
-  check_prepass_layout(t, 0);
-  check_prepass_layout(t, 1);
 }
 
 static void test_prepass_bits(void **state) {
@@ -359,34 +350,17 @@ static int same_bits(const sta_tensor *a, const sta_tensor *b) {
   return same;
 }
 
-/* The kernel variants to run (STA_FP8_TEST_VARIANTS, default "0,3,4": 0 the
-** default kernel, 3 the TMA one, 4 it with S(n+1) before P V(n):
-** STA_FP8_VARIANT), the first checked against the CPU, the others bit for
-** bit against it. */
-static int kernel_variants(int *v) {
-  const char *e = getenv("STA_FP8_TEST_VARIANTS");
-  int n = 0;
-  for (const char *c = e && *e ? e : "0,3,4"; *c && n < 8; c++)
-    if (*c >= '0' && *c <= '9') v[n++] = *c - '0';
-  return n;
-}
-
-/* The fp8 forward of t on the device into o, l (filled with 7 first) under
-** STA_FP8_VARIANT=variant. */
-static void fp8_run(twin *t, sta_tensor *o, sta_tensor *l, int variant) {
+/* The fp8 forward of t on the device into o, l (filled with 7 first). */
+static void fp8_run(twin *t, sta_tensor *o, sta_tensor *l) {
   OK(sta_tensor_fill(o, 7.0));
   OK(sta_tensor_fill(l, 7.0));
-  char vs[2] = {(char)('0' + variant), 0};
-  setenv("STA_FP8_VARIANT", vs, 1);
   sta_status rc = sta_attention_forward(&t->d, t->dv[0], t->dv[1], t->dv[2], o, l);
-  unsetenv("STA_FP8_VARIANT");
-  if (rc != STA_OK) fail_msg("%s: STA_FP8_VARIANT=%d: %s", twin_str(t), variant, sta_last_error());
+  if (rc != STA_OK) fail_msg("%s: %s", twin_str(t), sta_last_error());
 }
 
 /* The fp8 forward of t on the device against the CPU's fp8 reference and
 ** away from the native output; a second run the same bits (the persistent
-** CTAs take the items in whatever order they come), and so each other
-** kernel variant (the same sums in the same order). */
+** CTAs take the items in whatever order they come). */
 static void check_fp8_forward(twin *t) {
   int64_t os[4], ls[3] = {t->B, t->H, t->S};
   for (int i = 0; i < 4; i++) os[i] = sta_tensor_size(t->h[0], i);
@@ -395,9 +369,7 @@ static void check_fp8_forward(twin *t) {
   OK(sta_tensor_create(&l, STA_F32, STA_CUDA, 3, ls));
   OK(sta_tensor_create(&o1, t->dt, STA_CUDA, 4, os));
   OK(sta_tensor_create(&l1, STA_F32, STA_CUDA, 3, ls));
-  int kv[8];
-  const int nkv = kernel_variants(kv);
-  fp8_run(t, o, l, kv[0]);
+  fp8_run(t, o, l);
   sta_tensor *hq = NULL, *hk = NULL, *hv = NULL, *ro = NULL, *rl = NULL, *no = NULL;
   OK(sta_tensor_to(&hq, t->h[0], STA_F32, STA_CPU));
   OK(sta_tensor_to(&hk, t->h[1], STA_F32, STA_CPU));
@@ -424,17 +396,15 @@ static void check_fp8_forward(twin *t) {
     if (r / rn > worst_ratio) worst_ratio = r / rn;
   }
   if (!(r < FP8_REL && mx < FP8_LSE))
-    fail_msg("%s: STA_FP8_VARIANT=%d against the CPU's fp8 reference: rel L2 %g (at most %g), "
-             "lse max %g (at most %g)", twin_str(t), kv[0], r, FP8_REL, mx, FP8_LSE);
+    fail_msg("%s: against the CPU's fp8 reference: rel L2 %g (at most %g), lse max %g (at "
+             "most %g)", twin_str(t), r, FP8_REL, mx, FP8_LSE);
   if (rn >= FP8_APART && !(r * 2 < rn))
     fail_msg("%s: the fp8 output is as far from the fp8 reference (rel %g) as the native one "
              "(rel %g): fp8 silently not run", twin_str(t), r, rn);
-  for (int v = 0; v < nkv; v++) {
-    fp8_run(t, o1, l1, kv[v]);
-    if (!same_bits(o, o1) || !same_bits(l, l1))
-      fail_msg("%s: STA_FP8_VARIANT=%d differs from %d's first run (out rel %g, lse max %g)",
-               twin_str(t), kv[v], kv[0], rel_l2(o1, o), max_diff(l1, l));
-  }
+  fp8_run(t, o1, l1);
+  if (!same_bits(o, o1) || !same_bits(l, l1))
+    fail_msg("%s: a second run differs from the first (out rel %g, lse max %g)", twin_str(t),
+             rel_l2(o1, o), max_diff(l1, l));
   sta_tensor_destroy(hq); sta_tensor_destroy(hk); sta_tensor_destroy(hv);
   sta_tensor_destroy(ro); sta_tensor_destroy(rl); sta_tensor_destroy(no);
   sta_tensor_destroy(o); sta_tensor_destroy(l);
@@ -454,8 +424,9 @@ static void test_fp8_forward(void **state) {
 }
 
 /* 6x8x8 tiles (whole, then partial) over several key blocks: runs 16-byte
-** aligned (the cp.async path of V), D 128 and 64, text keys, windows per
-** head. */
+** aligned (whole blocks by TMA, the rest by 16-byte cp.async), D 128 and
+** 64, text keys, windows per head; the last with rows % 16 != 0 (every
+** block by cp.async). */
 static void test_fp8_forward_tiles(void **state) {
   NEED_GPU();
   /* the last: 576 items of 32 rows, several per CTA of the persistent

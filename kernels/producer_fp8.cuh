@@ -1,47 +1,134 @@
 /*
-** kernel_fp8_tma.cuh -- sta_fp8_fwd_tma, the fp8 forward with a TMA
-** producer (STA_FP8_VARIANT=3, and 4 with S(n+1) issued before P V(n):
-** mainloop_fp8.cuh's fp8_blocks_ovl; fp8_api.cu; kernel_fp8.cuh's
-** sta_fp8_fwd_ws is the default): the same items, blocks, consumers and
-** bits, the loads by the copy engine.  The pre-pass writes k8 and k_scale
-** in the kernels' key order (sta_fp8_ops.kperm: core/internal.h's
-** sta_fp8_kslot), so a block of 128 keys from a 16-row boundary is one
-** box of a 3-D map as it is.
+** producer_fp8.cuh -- the fp8 forward kernel's (kernel_fp8.cuh) work items,
+** key blocks, shared memory and producer warpgroup.  The pre-pass writes
+** k8 and k_scale in the kernel's key order (core/internal.h's
+** sta_fp8_kslot), so a block of 128 keys from a 16-row boundary is one box
+** of a 3-D map as it lies.
 **
-** Producer warpgroup (setmaxnreg down to FP8_TMA_PREG, no spills: 32
-** spills), the walker (its thread 0) and 96 helpers (warps 1..3; lanes
-** 1..31 of warp 0 leave).  The walker takes the items, loads each one's Q
-** by TMA (map mq, box D x 128 rows; rows past R zero) onto qfull, and per
-** key block, once its buffer is free (empty), publishes the block
+** Producer warpgroup (setmaxnreg down to FP8_PREG, no spills: 32 spills):
+** the walker (its thread 0) and 96 helpers (warps 1..3; lanes 1..31 of
+** warp 0 leave).  The walker takes the items, loads each one's Q by TMA
+** (map mq, box D x 128 rows; rows past R zero) onto qfull, and per key
+** block, once its buffer is free (empty), publishes the block
 ** (Fp8BlockDesc, dfull) and, where the block is 128 keys from a 16-row
-** boundary and R % 16 == 0 (tma_kv), loads K (mk), both V planes (mv, box
+** boundary and R % 16 == 0 (v_vec), loads K (mk), both V planes (mv, box
 ** 128 keys x 2 D) and its k_scale (a 512-byte bulk copy) onto full[b].
 ** The helpers write each column's mask (0, or -inf for a key past the
 ** block or a padding row) and load the blocks TMA does not take by
 ** cp.async (fp8_load_krow, fp8_load_vrow, through sta_fp8_kslot); full[b]
 ** counts the walker (its arrival carries the bytes) and the 96 helpers.
 **
-** Shared memory: Q and K rows of D bytes (128-byte swizzle at D 128, 64-byte
-** at D 64: what TMA writes; the S descriptors' high word HI says which), V
-** planes and the ring as kernel_fp8.cuh's, the info as two arrays (k_scale,
-** mask: mainloop_fp8.cuh's Fp8KeyInfo).
+** Shared memory (Fp8Smem): two Q buffers (item k of a CTA in k & 1, so the
+** next item's Q loads under this one's blocks), a ring of FP8_NB key
+** blocks.  Q and K rows of D bytes (128-byte swizzle at D 128, 64-byte at
+** D 64: what TMA writes; the S descriptors' high word HI says which), V
+** planes as rows of d, 128 keys each (K-major B of the PV GEMM, 128-byte
+** swizzle), the per-key info as two arrays (k_scale, mask:
+** mainloop_fp8.cuh's Fp8KeyInfo).
 */
-#ifndef STA_KERNEL_FP8_TMA_CUH
-#define STA_KERNEL_FP8_TMA_CUH
+#ifndef STA_PRODUCER_FP8_CUH
+#define STA_PRODUCER_FP8_CUH
 
-#include "kernel_fp8.cuh"
+#include "mainloop_fp8.cuh"
+#include "tile_scheduler.cuh" /* next_item */
 
 namespace sta {
 
-/* The kernel's argument: the maps first (64-byte aligned), then the
-** default kernel's. */
-struct Fp8TmaParams {
-  CUtensorMap mq, mk, mv; /* q8, k8 [B*H][R][D]; V planes [B*H][2 D][R] (tma_kv only) */
-  Fp8Params p;
-  int tma_kv;             /* R % 16 == 0: mk, mv used for whole aligned blocks */
+/* The key (within its block) that S column / K row c holds: in each
+** 32-key chunk, a thread's accumulator columns 2t, 2t+1, 8+2t, 9+2t (and
+** 16 more) hold keys 4t..4t+3 (and 16 more), its A fragment's k order
+** (core/internal.h's sta_fp8_col_key, which the pre-pass's key layout
+** follows). */
+__device__ __forceinline__ int fp8_col_key(int c) { return sta_fp8_col_key(c); }
+
+/* The key blocks of one item: runs of key rows (a window's rows of tiles
+** along w, then the text keys; text queries: every row below keys_end),
+** each cut into blocks of FP8_BK.  Every thread that needs them computes
+** the runs (Fp8Runs) in its registers and walks them with its own cursor
+** (Fp8Walk: the same blocks in the same order, at its own pace). */
+struct Fp8Runs {
+  int lo[3], cnt[3], nruns, text_item;
+};
+struct Fp8Walk {
+  int64_t pos; /* offset in the current run */
+  int ri;
+  __device__ static void run(const Fp8Params &a, const Fp8Runs &r, int i, int64_t &start,
+                             int64_t &len) {
+    if (r.text_item) { start = 0; len = a.g.keys_end; return; }
+    if (i < r.cnt[0] * r.cnt[1]) {
+      const int t = r.lo[0] + i / r.cnt[1], hh = r.lo[1] + i % r.cnt[1];
+      start = (((int64_t)t * a.g.grid[1] + hh) * a.g.grid[2] + r.lo[2]) * a.vol;
+      len = (int64_t)r.cnt[2] * a.vol;
+      return;
+    }
+    start = a.g.tiled_video;
+    len = a.g.keys_end - a.g.tiled_video;
+  }
+  __device__ bool next(const Fp8Params &a, const Fp8Runs &r, int64_t &start, int &len) {
+    for (; ri < r.nruns; ri++, pos = 0) {
+      int64_t s, n;
+      run(a, r, ri, s, n);
+      if (pos < n) {
+        start = s + pos;
+        len = (int)(n - pos < FP8_BK ? n - pos : FP8_BK);
+        pos += FP8_BK;
+        return true;
+      }
+    }
+    return false;
+  }
 };
 
-template <int D, int NB> struct Fp8TmaSmem {
+/* The item's query rows [q0, q1) and its key runs (wk: written only where
+** runs is set). */
+__device__ __forceinline__ void fp8_item_runs(const Fp8Params &a, int64_t item, int h,
+                                              Fp8Runs &wk, int64_t &q0, int64_t &q1, bool runs) {
+  if (item < a.n_video_items) {
+    const int64_t tq = item / a.qbpt;
+    q0 = tq * a.vol + (item % a.qbpt) * FP8_BM;
+    q1 = q0 + FP8_BM < (tq + 1) * a.vol ? q0 + FP8_BM : (tq + 1) * a.vol;
+    if (!runs) return;
+    const int tc[3] = {(int)(tq / ((int64_t)a.g.grid[1] * a.g.grid[2])),
+                       (int)((tq / a.g.grid[2]) % a.g.grid[1]), (int)(tq % a.g.grid[2])};
+#pragma unroll
+    for (int ax = 0; ax < 3; ax++) {
+      const int k = a.win[3 * h + ax], c = a.g.grid[ax];
+      int s = tc[ax] - k / 2;
+      s = s < 0 ? 0 : s > c - k ? c - k : s;
+      wk.lo[ax] = k >= c ? 0 : s;
+      wk.cnt[ax] = k >= c ? c : k;
+    }
+    wk.text_item = 0;
+    wk.nruns = wk.cnt[0] * wk.cnt[1] + (a.g.keys_end > a.g.tiled_video ? 1 : 0);
+  } else {
+    q0 = a.g.tiled_video + (item - a.n_video_items) * FP8_BM;
+    q1 = q0 + FP8_BM < a.R ? q0 + FP8_BM : a.R;
+    if (!runs) return;
+    wk.text_item = 1;
+    wk.nruns = 1;
+  }
+}
+
+/* Work item j of a launch: (batch * head, item of fp8_item_runs).
+** The text query blocks of every head first (each over all keys: the
+** longest), then head by head its tile items in order (neighbours share
+** key blocks in L2). */
+__device__ __forceinline__ void fp8_item(const Fp8Params &a, int j, int64_t &bh, int64_t &it) {
+  const int nt = a.items_per_bh - a.n_video_items;
+  const int64_t nbh = a.n_items / a.items_per_bh;
+  if (j < nbh * nt) {
+    bh = j / nt;
+    it = a.n_video_items + j % nt;
+  } else {
+    const int64_t x = j - nbh * nt;
+    bh = x / a.n_video_items;
+    it = x % a.n_video_items;
+  }
+}
+
+constexpr int FP8_NB = 3; /* key blocks in the ring */
+template <int D> struct Fp8Smem {
+  static constexpr int NB = FP8_NB;
   static constexpr int QP = D, QB = FP8_BM * QP; /* a Q or K row's bytes; a Q buffer */
   /* descriptors: SBO 8 rows, 128- or 64-byte swizzle */
   static constexpr uint32_t HI = ((8 * QP) >> 4) | ((D == 128 ? 1u : 2u) << 30);
@@ -55,27 +142,28 @@ template <int D, int NB> struct Fp8TmaSmem {
   static constexpr int ITEM = BAR + (3 * NB + 4) * 8;
   static constexpr int DESC = ITEM + 8;              /* Fp8BlockDesc [NB] */
   static constexpr int BYTES = DESC + NB * 16;
-  static constexpr int RING = NB;
   static_assert(D == 64 || D == 128, "rows of 64 or 128 bytes");
   /* 16-byte chunk ch of K row c, as the swizzle puts it */
   static __device__ __forceinline__ int kswz(int c, int ch) {
     return c * QP + ((ch ^ ((c * QP >> 7) & (QP / 16 - 1))) << 4);
   }
+  /* buffer b's per-key info (mainloop_fp8.cuh's fp8_info) */
   static __device__ __forceinline__ Fp8KeyInfo info(const unsigned char *sm, int b) {
     return Fp8KeyInfo{(const float2 *)(sm + KS) + b * (FP8_BK / 2),
                       (const float2 *)(sm + MASK) + b * (FP8_BK / 2)};
   }
 };
-constexpr int FP8_TMA_PREG = 40, FP8_TMA_CREG = 232; /* 32 / 224 spill */
-static_assert(128 * (FP8_TMA_PREG + 2 * FP8_TMA_CREG) <= (65536 / 384) / 8 * 8 * 384,
+constexpr int FP8_PREG = 40, FP8_CREG = 232; /* 32 / 224 spill */
+static_assert(128 * (FP8_PREG + 2 * FP8_CREG) <= (65536 / 384) / 8 * 8 * 384,
               "setmaxnreg: more registers than the launch gives the CTA");
 
 /* The block's key row c and its k_scale (ok: its key is a key) by cp.async
-** through the permuted layout: smem row c holds key start + fp8_col_key(c);
+** through the key layout: smem row c holds key start + fp8_col_key(c);
 ** zeros past len. */
-template <int D, class L>
+template <int D>
 __device__ __forceinline__ void fp8_load_krow(const Fp8Params &a, unsigned char *sm, int buf,
                                               int64_t bh, int start, int len, int c, bool ok) {
+  using L = Fp8Smem<D>;
   const int kp = fp8_col_key(c);
   const int r = kp < len ? (int)sta_fp8_kslot(start + kp, a.R) : 0;
   const int8_t *src = a.k8 + (bh * a.R + r) * D;
@@ -90,9 +178,10 @@ __device__ __forceinline__ void fp8_load_krow(const Fp8Params &a, unsigned char 
 /* The block's V row vr (plane * D + d) by cp.async (16 bytes at a time
 ** where the block starts 16-byte aligned and R % 16 == 0, else bytewise),
 ** zeros past len. */
-template <int D, class L>
+template <int D>
 __device__ __forceinline__ void fp8_load_vrow(const Fp8Params &a, unsigned char *sm, int buf,
                                               int64_t bh, int start, int len, int vr) {
+  using L = Fp8Smem<D>;
   const uint8_t *src = a.v8 + (bh * 2 * D + vr) * a.R + start;
   unsigned char *dst = sm + L::V + buf * L::VB + vr * 128;
   const bool vec = a.v_vec && (start & 15) == 0;
@@ -108,7 +197,7 @@ __device__ __forceinline__ void fp8_load_vrow(const Fp8Params &a, unsigned char 
   }
 }
 
-/* A key block as the producer's walker publishes it (Fp8TmaSmem::DESC). */
+/* A key block as the walker publishes it (Fp8Smem::DESC). */
 struct Fp8BlockDesc {
   int start, len, bh, tma; /* len -1: no more blocks */
 };
@@ -118,10 +207,9 @@ struct Fp8BlockDesc {
 ** block, once the buffer is free, the block's Fp8BlockDesc for the helpers
 ** (dfull) and, where TMA takes the block, its K, V and k_scale onto full. */
 template <int D, bool PERSIST>
-__device__ __forceinline__ void fp8_walk_tma(const Fp8TmaParams &x, unsigned char *sm) {
-  using L = Fp8TmaSmem<D, FP8_WS_NB>;
-  constexpr int NB = FP8_WS_NB;
-  const Fp8Params &a = x.p;
+__device__ __forceinline__ void fp8_walker(const Fp8Params &a, unsigned char *sm) {
+  using L = Fp8Smem<D>;
+  constexpr int NB = L::NB;
   uint64_t *full = (uint64_t *)(sm + L::BAR), *empty = full + NB, *qfull = empty + NB,
            *qempty = qfull + 2, *dfull = qempty + 2;
   int *sitem = (int *)(sm + L::ITEM);
@@ -142,22 +230,22 @@ __device__ __forceinline__ void fp8_walk_tma(const Fp8TmaParams &x, unsigned cha
     }
     int64_t bh, it, q0, q1, ks;
     int kl;
-    fp8_ws_item(a, j, bh, it);
+    fp8_item(a, j, bh, it);
     Fp8Runs runs;
     Fp8Walk wk = {0, 0};
     fp8_item_runs(a, it, (int)(bh % a.heads), runs, q0, q1, true);
     mbar_expect_tx(&qfull[qb], FP8_BM * D);
-    tma_load_3d(sm + L::Q + qb * L::QB, &x.mq, 0, (int)q0, (int)bh, &qfull[qb]);
+    tma_load_3d(sm + L::Q + qb * L::QB, &a.mq, 0, (int)q0, (int)bh, &qfull[qb]);
     while (wk.next(a, runs, ks, kl)) {
       const int b = g % NB;
-      const bool tma = x.tma_kv && kl == FP8_BK && (ks & 15) == 0;
+      const bool tma = a.v_vec && kl == FP8_BK && (ks & 15) == 0;
       if (g >= NB) mbar_wait(&empty[b], (g / NB - 1) & 1);
       desc[b] = Fp8BlockDesc{(int)ks, kl, (int)bh, tma};
       mbar_arrive(&dfull[b]);
       if (tma) {
         mbar_expect_tx(&full[b], L::KB + L::VB + FP8_BK * 4);
-        tma_load_3d(sm + L::K + b * L::KB, &x.mk, 0, (int)ks, (int)bh, &full[b]);
-        tma_load_3d(sm + L::V + b * L::VB, &x.mv, (int)ks, 0, (int)bh, &full[b]);
+        tma_load_3d(sm + L::K + b * L::KB, &a.mk, 0, (int)ks, (int)bh, &full[b]);
+        tma_load_3d(sm + L::V + b * L::VB, &a.mv, (int)ks, 0, (int)bh, &full[b]);
         bulk_load(sm + L::KS + b * FP8_BK * 4, a.k_scale + bh * a.R + ks, FP8_BK * 4, &full[b]);
       } else {
         mbar_arrive(&full[b]);
@@ -173,9 +261,9 @@ __device__ __forceinline__ void fp8_walk_tma(const Fp8TmaParams &x, unsigned cha
 ** the block, its K rows, V rows and k_scale by cp.async; then each arrives
 ** on full[b]. */
 template <int D>
-__device__ __forceinline__ void fp8_help_tma(const Fp8Params &a, unsigned char *sm, int h) {
-  using L = Fp8TmaSmem<D, FP8_WS_NB>;
-  constexpr int NB = FP8_WS_NB, NH = 96;
+__device__ __forceinline__ void fp8_helpers(const Fp8Params &a, unsigned char *sm, int h) {
+  using L = Fp8Smem<D>;
+  constexpr int NB = L::NB, NH = 96;
   uint64_t *full = (uint64_t *)(sm + L::BAR), *dfull = full + 2 * NB + 4;
   const Fp8BlockDesc *desc = (const Fp8BlockDesc *)(sm + L::DESC);
   float *mask = (float *)(sm + L::MASK);
@@ -188,68 +276,16 @@ __device__ __forceinline__ void fp8_help_tma(const Fp8Params &a, unsigned char *
       const int kp = fp8_col_key(c);
       const bool ok = kp < d.len && (!a.has_pad || fp8_source(a.g, d.start + kp) >= 0);
       mask[b * FP8_BK + c] = ok ? 0.0f : -INFINITY;
-      if (!d.tma) fp8_load_krow<D, L>(a, sm, b, d.bh, d.start, d.len, c, ok);
+      if (!d.tma) fp8_load_krow<D>(a, sm, b, d.bh, d.start, d.len, c, ok);
     }
     if (!d.tma) {
-      for (int vr = h; vr < 2 * D; vr += NH) fp8_load_vrow<D, L>(a, sm, b, d.bh, d.start, d.len, vr);
+      for (int vr = h; vr < 2 * D; vr += NH) fp8_load_vrow<D>(a, sm, b, d.bh, d.start, d.len, vr);
       cp_async_commit();
       cp_async_wait_all();
       fence_proxy_async();
     }
     mbar_arrive(&full[b]);
   }
-}
-
-/* 384 threads, warpgroup 2 the producer (setmaxnreg down), 0 and 1 the
-** consumers (kernel_fp8.cuh's fp8_consume over this layout; OVL: its
-** blocks by mainloop_fp8.cuh's fp8_blocks_ovl); PERSIST as sta_fp8_fwd_ws. */
-template <int D, bool PERSIST, bool OVL>
-__global__ void __launch_bounds__(384, 1) sta_fp8_fwd_tma(const __grid_constant__ Fp8TmaParams x) {
-  using L = Fp8TmaSmem<D, FP8_WS_NB>;
-  constexpr int NB = FP8_WS_NB;
-  extern __shared__ unsigned char fp8_smem_raw[];
-  unsigned char *sm = (unsigned char *)(((uintptr_t)fp8_smem_raw + 1023) & ~(uintptr_t)1023);
-  const int tid = threadIdx.x;
-  const int wg = __shfl_sync(0xffffffffu, tid >> 7, 0); /* warp-uniform */
-  if (tid == 0) {
-    uint64_t *bar = (uint64_t *)(sm + L::BAR);
-    for (int b = 0; b < NB; b++) {
-      mbar_init(&bar[b], 97);           /* full: the walker and the 96 helpers */
-      mbar_init(&bar[NB + b], 256);     /* empty: the consumer threads */
-      mbar_init(&bar[2 * NB + 4 + b], 1); /* dfull: the walker */
-    }
-    for (int b = 0; b < 2; b++) {
-      mbar_init(&bar[2 * NB + b], 1);       /* qfull: the walker */
-      mbar_init(&bar[2 * NB + 2 + b], 256); /* qempty */
-    }
-  }
-  __syncthreads();
-  if (wg == 2) {
-    setmaxnreg_dec<FP8_TMA_PREG>();
-    if (tid == 256) fp8_walk_tma<D, PERSIST>(x, sm);
-    else if (tid >= 288) fp8_help_tma<D>(x.p, sm, tid - 288);
-    return;
-  }
-  setmaxnreg_inc<FP8_TMA_CREG>();
-  fp8_consume<D, L, OVL && STA_FP8_TWO_LEVEL>(x.p, sm, tid);
-}
-
-/* The kernel over bh x n_items items (run_fp8's launch, with x's maps);
-** OVL: S(n+1) before P V(n). */
-template <int D, bool OVL>
-sta_status run_fp8_tma(const Fp8TmaParams &x0, int64_t bh, int64_t n_items) {
-  Fp8TmaParams *x = (Fp8TmaParams *)aligned_alloc(alignof(Fp8TmaParams), sizeof(Fp8TmaParams));
-  if (!x) return sta_error(STA_ERR_NOMEM, "attention: out of host memory");
-  *x = x0;
-  int grid = 0;
-  sta_status s = fp8_items(&x->p, bh, n_items, &grid);
-  if (s == STA_OK) {
-    const int smem = Fp8TmaSmem<D, FP8_WS_NB>::BYTES + 1024;
-    s = x->p.sched ? fp8_launch(sta_fp8_fwd_tma<D, true, OVL>, *x, grid, smem)
-                   : fp8_launch(sta_fp8_fwd_tma<D, false, OVL>, *x, grid, smem);
-  }
-  free(x);
-  return s;
 }
 
 } /* namespace sta */
