@@ -35,8 +35,8 @@ sta_attention_forward runs on them.
            times (3) per softmax mode on the same inputs: ms per library
            and round, and whether the outputs are bit-identical.
 --env NAME=V1,V2,...  the same A/B over settings of an environment variable
-           the library reads per call (e.g. STA_FWD_L2=0,1,2: the first is
-           the reference), with --lib.
+           the library reads per call (e.g. STA_CUDA_VARIANT=0,9: the first
+           is the reference), with --lib.
 --graph    CUDA graph capture of the forward (first call captured, eager,
            captured again): outputs equal bit for bit.
 --dtypes   bf16 against fp16 at hunyuan-720p, sta, cuDNN dense and a plain

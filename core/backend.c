@@ -12,6 +12,7 @@
 static int32_t n_threads = 0;
 static _Thread_local void *cuda_stream = NULL;
 static _Thread_local char last_launch[512];
+static _Thread_local int64_t wave_gate_test; /* sta_cuda_set_wave_gate_test */
 static int64_t dev_in_use = 0, dev_peak = 0; /* __atomic builtins (clang refuses them on _Atomic) */
 static int64_t transferred = 0;
 
@@ -111,6 +112,9 @@ void sta_cuda_note_launch(const char *fmt, ...) {
 }
 
 const char *sta_cuda_last_launch(void) { return last_launch; }
+
+void sta_cuda_set_wave_gate_test(int64_t bytes) { wave_gate_test = bytes; }
+int64_t sta_cuda_wave_gate_test(void) { return wave_gate_test; }
 
 sta_status sta_cuda_synchronize(void) {
   if (!sta_backend_available(STA_CUDA))

@@ -273,6 +273,12 @@ void sta_transfer_account(int64_t bytes);
 __attribute__((format(printf, 1, 2)))
 #endif
 void sta_cuda_note_launch(const char *fmt, ...);
+/* For tests only (spec/test_gpu_attention.c), no user setting: the K/V
+** bytes of a work item from which this thread's persistent CUDA forwards
+** hold it at the wave gate (kernels/tile_scheduler.cuh); 0 (the default)
+** WAVE_GATE_BYTES there, -1 no gate, small values gate small geometries. */
+void sta_cuda_set_wave_gate_test(int64_t bytes);
+int64_t sta_cuda_wave_gate_test(void);
 
 /* CPU implementations, used by the CPU backend and tests. */
 sta_status sta_cpu_attention(const sta_attn_params *p);

@@ -513,9 +513,10 @@ void *sta_cuda_get_stream(void);
 sta_status sta_cuda_synchronize(void);
 /* One line on this thread's last CUDA forward launch: the kernel (Wide,
 ** Tall or Square, dtype, head dim), rows x keys per block, grid and work
-** items, whether TMA or the cp.async gather loads, the tensor maps it got
-** and, when a TMA path was left out, why.  "" before the first.  For
-** diagnosing a slow call; the text may change between versions. */
+** items, whether TMA or the cp.async gather loads, the tensor maps it got,
+** the wave gate's threshold where it is on and, when a TMA path was left
+** out, why.  "" before the first.  For diagnosing a slow call; the text
+** may change between versions. */
 const char *sta_cuda_last_launch(void);
 /* Device bytes held by sta tensors now, and the peak since reset. */
 int64_t sta_device_bytes_in_use(void);

@@ -13,16 +13,15 @@ namespace sta {
 
 /* A consumer warp's output rows, normalised and stored straight from the
 ** accumulators (lane holds rows r0 + lane / 4 and + 8, column pairs
-** 8j + 2 (lane & 3)), and their LSE.  HINT (the STA_FWD_L2 kernel): the
-** 16-byte aligned rows with l2_policy_q's policy. */
-template <typename T, int D, int BR, bool HINT = false>
+** 8j + 2 (lane & 3)), and their LSE; 16-byte aligned rows with the L2
+** policy evict_first (written once: the L2 keeps the keys instead). */
+template <typename T, int D, int BR>
 __device__ __forceinline__ void store_o(const FwdParams &a, int item, const float *o,
                                         const float *m, const float *l, int r0,
                                         int lane) {
   Item x;
   decode_item<BR>(a, item, x); /* again: cheaper than keeping it live */
-  uint64_t pol = 0;
-  if constexpr (HINT) pol = l2_policy_q(a);
+  const uint64_t pol = l2_policy<1>();
   T *go = reinterpret_cast<T *>(a.o) + x.b * a.o_sb + x.head * a.o_sh;
   const float ln2 = 0.69314718055994530942f;
 #pragma unroll
@@ -38,10 +37,7 @@ __device__ __forceinline__ void store_o(const FwdParams &a, int item, const floa
     for (int j = 0; j < D / 8; j++) {
       uint32_t v = Mma<T>::pack(o[4 * j + 2 * hr] * inv, o[4 * j + 2 * hr + 1] * inv);
       if (a.vec) {
-        if constexpr (HINT)
-          st_global_hint(dst + 8 * j, v, pol);
-        else
-          *reinterpret_cast<uint32_t *>(dst + 8 * j) = v;
+        st_global_hint(dst + 8 * j, v, pol);
       } else {
         uint16_t *d16 = reinterpret_cast<uint16_t *>(dst + 8 * j);
         d16[0] = (uint16_t)(v & 0xffff);

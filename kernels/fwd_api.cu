@@ -100,14 +100,16 @@ static void setup_tma(FwdParams &x, const sta_attn_params *p, int variant) {
 
 void fwd_note_launch(const FwdParams &a, const char *kernel, const char *dtype, int d, int br,
                      int bk, int gather, int persist, int grid) {
+  char gate[48] = "";
+  if (a.gate_nkb) snprintf(gate, sizeof gate, "; wave gate from %d key blocks", a.gate_nkb);
   sta_cuda_note_launch(
       "forward: %s<%s, D %d>, %d query rows x %d keys, %s grid %d, %d items (%d text); loads by "
-      "%s; tensor maps: K/V tiles %s, Q tiles %s, rows %s, 192-row %s%s%s",
+      "%s; tensor maps: K/V tiles %s, Q tiles %s, rows %s, 192-row %s%s%s%s",
       kernel, dtype, d, br, bk, persist ? "persistent" : "one CTA per item,", grid, a.n_items,
       a.n_text_items,
       gather && !(a.tma && a.tma_q && a.tma_rows) ? "TMA and the cp.async gather" : "TMA",
       a.tma ? "yes" : "no", a.tma_q ? "yes" : "no", a.tma_rows ? "yes" : "no",
-      a.tma_k3 || a.tma_q3 ? "yes" : "no", tma_off ? "; TMA path left out: " : "",
+      a.tma_k3 || a.tma_q3 ? "yes" : "no", gate, tma_off ? "; TMA path left out: " : "",
       tma_off ? tma_off : "");
 }
 

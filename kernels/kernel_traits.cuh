@@ -38,7 +38,6 @@ struct FwdTraits {
   static constexpr bool SPLIT = SPLIT_;  /* K and V in rings of their own */
   static constexpr int PREG = PREG_, CREG = CREG_; /* setmaxnreg: producer, consumers */
   static constexpr bool GATHER = GATHER_; /* the cp.async producer where TMA cannot load */
-  static constexpr bool L2X = false;      /* the STA_FWD_L2 experiments (WideL2) */
   static constexpr int NWG = BR / 64;     /* consumer warpgroups */
   static constexpr int CTH = 128 * NWG;   /* consumer threads */
   static constexpr int THREADS = CTH + 128;
@@ -57,11 +56,6 @@ struct FwdTraits {
 template <typename T, int D> using Square = FwdTraits<T, D, 128, 128, 3, false, 64, 216, true>;
 template <typename T> using Wide = FwdTraits<T, 128, 128, 192, 2, true, 24, 240, false>;
 template <typename T> using Tall = FwdTraits<T, 64, 192, 128, 6, false, 32, 160, false>;
-/* Wide with the STA_FWD_L2 experiments compiled in (FwdParams::l2 picks
-** them at run time; fwd_l2_bf16_d128.cu) */
-template <typename T> struct WideL2 : Wide<T> {
-  static constexpr bool L2X = true;
-};
 
 /* Where a kernel's shared memory is: Q, the K and V stages, the barriers,
 ** the stages' block info, (joint rings) the gather's row tables, the item

@@ -13,8 +13,8 @@
 namespace sta {
 
 /* The launch of sta_fwd<K, PERSIST>: items counted for K's rows, a grid
-** of min(SMs, items) on the counters in a.sched (PERSIST) or one CTA per
-** item. */
+** of min(SMs, items) on the counters in a.sched with the wave gate where
+** it applies (PERSIST), or one CTA per item. */
 template <class K, bool PERSIST>
 sta_status launch_fwd(FwdParams &a) {
   constexpr int BR = K::BR;
@@ -27,7 +27,12 @@ sta_status launch_fwd(FwdParams &a) {
   if (cs != STA_OK || a.n_items == 0) return cs;
   const int n = a.n_items;
   int grid = n;
-  if (PERSIST) grid = sta_cuda_sm_count() < n ? sta_cuda_sm_count() : n;
+  a.gate_nkb = 0;
+  if (PERSIST) {
+    grid = sta_cuda_sm_count() < n ? sta_cuda_sm_count() : n;
+    if (!K::GATHER || (a.tma && a.tma_q && a.tma_rows)) /* produce_tma: the gate's */
+      a.gate_nkb = wave_gate_nkb(a, grid, K::BK, (int64_t)K::BK * 2 * K::D * sizeof(typename K::T));
+  }
   kern<<<(unsigned)grid, K::THREADS, K::SMEM, sta_cuda_stream()>>>(a);
   e = cudaGetLastError();
   if (e != cudaSuccess) return sta_cuda_fail(e, "attention kernel launch");
@@ -42,8 +47,7 @@ sta_status launch_fwd(FwdParams &a) {
 ** D 64: Tall, the 192-row items and their maps), else Square; persistent
 ** on the counters of sched_slot, one CTA per item where there are none (a
 ** first launch under capture).  Variant (STA_CUDA_VARIANT, for tests and
-** benchmarks) 2: one CTA per item; 9: Square.  bf16 D 128 under
-** STA_FWD_L2: the experiments' Wide (run_fwd_l2). */
+** benchmarks) 2: one CTA per item; 9: Square. */
 template <typename T, int D>
 sta_status run_fwd(FwdParams &a, int variant) {
   using Big = typename std::conditional<D == 128, Wide<T>, Tall<T>>::type;
@@ -54,8 +58,6 @@ sta_status run_fwd(FwdParams &a, int variant) {
     if (st != STA_OK) return st;
   }
   if (!a.sched) return big ? launch_fwd<Big, false>(a) : launch_fwd<Square<T, D>, false>(a);
-  if constexpr (D == 128 && std::is_same<T, __nv_bfloat16>::value)
-    if (big && fwd_l2_config(a)) return run_fwd_l2(a);
   return big ? launch_fwd<Big, true>(a) : launch_fwd<Square<T, D>, true>(a);
 }
 

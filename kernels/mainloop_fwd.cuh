@@ -135,7 +135,7 @@ __device__ __forceinline__ void consume(const FwdParams &a, const FwdSmem<K> &sm
       mbar_arrive(&sm.vempty[vs]);
     }
     g += p.nkb;
-    store_o<T, D, K::BR, K::L2X>(a, item, o, m, l, wg * 64 + wq * 16, lane);
+    store_o<T, D, K::BR>(a, item, o, m, l, wg * 64 + wq * 16, lane);
   }
 }
 

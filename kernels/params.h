@@ -45,7 +45,7 @@ struct FwdParams {
   const void *q, *k, *v;
   void *o;
   float *lse;
-  int *sched; /* persistent kernel: [next item, CTAs done], reset at exit */
+  int *sched; /* persistent kernel: [next item, CTAs done, items loaded], reset at exit */
   int64_t q_sb, q_ss, q_sh, k_sb, k_ss, k_sh, v_sb, v_ss, v_sh;
   int64_t o_sb, o_ss, o_sh, lse_sb, lse_sh, lse_ss;
   /* geometry (STA.md sections 1-3) */
@@ -57,17 +57,12 @@ struct FwdParams {
   int n_text_qblocks; /* blocks of text query rows (per head and batch) */
   int n_text_items;   /* batch * heads * n_text_qblocks: they come first */
   int n_items;        /* all work items */
+  int gate_nkb;       /* the wave gate: items of this many key blocks or more (0: none) */
   /* softmax */
   float scale_log2;
   float rescale_th;   /* 0 exact running maximum, 8 fast (softmax_block) */
   int16_t win[3 * STA_MAX_HEADS];  /* min(K, C) per head and axis */
   int16_t horder[STA_MAX_HEADS];   /* heads, largest window first */
-  /* STA_FWD_L2 experiments (fwd_l2_bf16_d128.cu; 0 everywhere else).  In
-  ** the struct's tail padding: the default kernels' parameter is
-  ** unchanged. */
-  int l2;          /* the setting's bits: 1 hints, 2 wave gate, 4 pin */
-  int l2_gate_nkb; /* gate items of at least this many key blocks */
-  int l2_pin_t, l2_pin_row; /* pin: K/V of frames (rows) below these, and text rows */
 };
 
 /* Everything of x from p (which has passed the core's checks and the CUDA
@@ -86,13 +81,6 @@ void fwd_note_launch(const FwdParams &x, const char *kernel, const char *dtype, 
 /* Runs one (dtype, head dim)'s forward on x (launch_fwd.cuh; instantiated
 ** once each in fwd_<dtype>_d<D>.cu).  variant: STA_CUDA_VARIANT. */
 template <typename T, int D> sta_status run_fwd(FwdParams &x, int variant);
-
-/* The STA_FWD_L2 experiments (fwd_l2_bf16_d128.cu), bf16 D 128 with the
-** persistent 192-key kernel only: fwd_l2_config reads STA_FWD_L2 (and its
-** knobs) into x, or returns 0 (the default kernel); run_fwd_l2 launches
-** the experiment's kernel (x.sched set). */
-int fwd_l2_config(FwdParams &x);
-sta_status run_fwd_l2(FwdParams &x);
 
 } /* namespace sta */
 

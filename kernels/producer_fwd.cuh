@@ -5,6 +5,9 @@
 ** rows, an addressable (batch, head)), one thread runs it all
 ** (produce_tma); otherwise the 128 threads gather by cp.async what TMA
 ** cannot take (produce_gather, the Square kernels only).
+** L2 policy of the TMA loads: K and V evict_last, Q evict_first (and the
+** output, store_o): every item of a head reads the same key blocks, Q and
+** O are read or written once (FA3 loads K and V with EVICT_LAST too).
 */
 #ifndef STA_PRODUCER_FWD_CUH
 #define STA_PRODUCER_FWD_CUH
@@ -66,38 +69,39 @@ __device__ __forceinline__ int block_mode(const FwdParams &a, const Item &x,
 }
 
 /* An item's Q tile by TMA (row map for text rows and in the tiled order,
-** tile map otherwise), signalled on qfull; one thread.  HINT: L2 policy
-** pol. */
-template <typename T, int D, int BR = 128, bool HINT = false>
+** tile map otherwise), signalled on qfull; one thread; evict_first. */
+template <typename T, int D, int BR = 128>
 __device__ __forceinline__ void tma_load_q(const FwdParams &a, const Item &x, T *sQ,
-                                           int c0, int c4, uint64_t *qfull, uint64_t pol = 0) {
+                                           int c0, int c4, uint64_t *qfull) {
   const CUtensorMap *rm = BR == 128 ? &a.rmq : &a.rmq3, *tm = BR == 128 ? &a.tmq : &a.tmq3;
+  const uint64_t pol = l2_policy<1>();
   mbar_expect_tx(qfull, BR * D * (int)sizeof(T));
 #pragma unroll
   for (int hf = 0; hf < D / 64; hf++) {
     if (x.text)
-      tma_load_3d<HINT>(sQ + hf * BR * 64, rm, c0 + hf * 64, a.VR + x.qrow0, c4, qfull, pol);
+      tma_load_3d<true>(sQ + hf * BR * 64, rm, c0 + hf * 64, a.VR + x.qrow0, c4, qfull, pol);
     else if (a.tiled) /* qrow0: the item's first t-slice of the tile */
-      tma_load_3d<HINT>(sQ + hf * BR * 64, rm, c0 + hf * 64,
+      tma_load_3d<true>(sQ + hf * BR * 64, rm, c0 + hf * 64,
                         x.qtile * a.tile_vol + x.qrow0 * 64, c4, qfull, pol);
     else
-      tma_load_5d<HINT>(sQ + hf * BR * 64, tm, c0 + hf * 64, x.qw0, x.qh0,
+      tma_load_5d<true>(sQ + hf * BR * 64, tm, c0 + hf * 64, x.qw0, x.qh0,
                         x.qt0 + x.qrow0, c4, qfull, pol);
   }
 }
 
 /* One 64-column half of a key block by TMA onto bar: a tile block (mode 1:
-** tile map tm at bi's origin) or the block's rows from row0 (row map rm).
-** HINT: L2 policy pol. */
-template <typename T, bool HINT = false>
+** tile map tm at bi's origin) or the block's rows from row0 (row map rm);
+** evict_last. */
+template <typename T>
 __device__ __forceinline__ void tma_load_half(T *dst, const CUtensorMap *tm,
                                               const CUtensorMap *rm, const BlkInfo &bi,
                                               int mode, int row0, int c, int c4,
-                                              uint64_t *bar, uint64_t pol = 0) {
+                                              uint64_t *bar) {
+  const uint64_t pol = l2_policy<2>();
   if (mode == 1)
-    tma_load_5d<HINT>(dst, tm, c, bi.w0, bi.h0, bi.t0, c4, bar, pol);
+    tma_load_5d<true>(dst, tm, c, bi.w0, bi.h0, bi.t0, c4, bar, pol);
   else
-    tma_load_3d<HINT>(dst, rm, c, row0, c4, bar, pol);
+    tma_load_3d<true>(dst, rm, c, row0, c4, bar, pol);
 }
 
 /* K and V of one key block by TMA into a stage, signalled on bar; one
@@ -121,25 +125,22 @@ __device__ __forceinline__ void tma_load_kv(const FwdParams &a, T *dk, T *dv,
 ** coordinates (item_blocks), so no block costs an integer division.  Split
 ** rings: K(j) and V(j) are issued together (fewer registers in this thread,
 ** which spills at 24); V(j) waits for V(j - 2)'s release, after PV(j - 2),
-** and K(j + 1) behind it for K(j - 1)'s, after S(j - 1). */
+** and K(j + 1) behind it for K(j - 1)'s, after S(j - 1).  PERSIST: an
+** item's keys wait at the wave gate (tile_scheduler.cuh) when the launch
+** set one. */
 template <class K, bool PERSIST>
 __device__ __forceinline__ void produce_tma(const FwdParams &a, const FwdSmem<K> &sm) {
   using T = typename K::T;
   constexpr int D = K::D, BK = K::BK, STAGES = K::STAGES;
-  constexpr bool X = K::L2X;
-  static_assert(!X || K::SPLIT, "the L2 experiments are in the split-ring producer");
   int g = 0, s = 0, n = 0; /* blocks so far; their stage and lap */
   auto put = [&](const BlkInfo &bi, int mode, int row0, int c0, int c4) {
     if constexpr (K::SPLIT) {
       constexpr int BYTES = BK * D * (int)sizeof(T); /* one of K, V */
       auto load = [&](T *dst, const CUtensorMap *tm, const CUtensorMap *rm, uint64_t *bar) {
         mbar_expect_tx(bar, BYTES);
-        uint64_t pol = 0;
-        if constexpr (X) pol = l2_policy_kv(a, bi, mode, row0);
 #pragma unroll
         for (int hf = 0; hf < D / 64; hf++)
-          tma_load_half<T, X>(dst + hf * BK * 64, tm, rm, bi, mode, row0, c0 + hf * 64, c4,
-                              bar, pol);
+          tma_load_half<T>(dst + hf * BK * 64, tm, rm, bi, mode, row0, c0 + hf * 64, c4, bar);
       };
       const int sk = g % STAGES;
       if (g >= STAGES) mbar_wait(&sm.kempty[sk], (g / STAGES - 1) & 1);
@@ -162,7 +163,7 @@ __device__ __forceinline__ void produce_tma(const FwdParams &a, const FwdSmem<K>
   };
   for (int k = 0;; k++) {
     if (k > 0) mbar_wait(sm.qempty, (k - 1) & 1);
-    const int item = next_item<PERSIST, X ? 3 : 2>(a, k);
+    const int item = next_item<PERSIST, PERSIST ? 3 : 2>(a, k); /* 3: the gate's count */
     *sm.sitem = item;
     if (item < 0) {
       mbar_arrive(sm.qfull); /* the consumers read -1 and stop */
@@ -172,19 +173,17 @@ __device__ __forceinline__ void produce_tma(const FwdParams &a, const FwdSmem<K>
     decode_item<K::BR, BK>(a, item, x);
     if (x.qcount <= 0) {
       mbar_arrive(sm.qfull);
-      if constexpr (X) l2_loaded(a);
+      if constexpr (PERSIST) wave_loaded(a);
       continue;
     }
     const int c0 = a.tma_fused ? x.head * D : 0;
     const int c4 = a.tma_fused ? x.b : x.b * a.heads + x.head;
-    uint64_t pq = 0;
-    if constexpr (X) pq = l2_policy_q(a);
-    tma_load_q<T, D, K::BR, X>(a, x, sm.q, c0, c4, sm.qfull, pq);
-    if constexpr (X) l2_gate(a, item, x.p.nkb);
+    tma_load_q<T, D, K::BR>(a, x, sm.q, c0, c4, sm.qfull);
+    if constexpr (PERSIST) wave_gate(a, item, x.p.nkb);
     item_blocks<BK>(a, x.p, [&](const BlkInfo &bi, int mode, int row0) {
       put(bi, mode, row0, c0, c4);
     });
-    if constexpr (X) l2_loaded(a);
+    if constexpr (PERSIST) wave_loaded(a);
   }
 }
 

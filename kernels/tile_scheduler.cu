@@ -73,4 +73,21 @@ sta_status count_items(FwdParams &a, int BR) {
   return STA_OK;
 }
 
+/* a.gate_nkb of a persistent launch (tile_scheduler.cuh) */
+int wave_gate_nkb(const FwdParams &a, int grid, int bk, int64_t blk) {
+  const int64_t t = sta_cuda_wave_gate_test();
+  const int64_t bytes = t ? t : WAVE_GATE_BYTES;
+  if (bytes < 0 || a.n_items <= grid) return 0;
+  const int64_t nkb = (bytes + blk - 1) / blk;
+  /* the longest item: a text query block (every key) or a tile's query
+  ** block under the largest window (window_plan's nkb) */
+  int64_t most = a.n_text_items ? (a.V + a.text_len + bk - 1) / bk : 0;
+  const int64_t bpt = (a.tile_vol + bk - 1) / bk, tb = (a.text_len + bk - 1) / bk;
+  for (int h = 0; h < a.heads; h++) {
+    const int64_t w = (int64_t)a.win[3 * h] * a.win[3 * h + 1] * a.win[3 * h + 2] * bpt + tb;
+    most = w > most ? w : most;
+  }
+  return most >= nkb ? (int)nkb : 0;
+}
+
 } /* namespace sta */

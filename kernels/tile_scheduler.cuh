@@ -6,8 +6,7 @@
 ** tiles.  A CTA takes one item (grid of n_items) or, persistent, takes
 ** items from a global counter until none is left (next_item); the host
 ** side (tile_scheduler.cu) counts the items and hands each launch its
-** counters.  Also the device side of the STA_FWD_L2 experiments
-** (fwd_l2_bf16_d128.cu): L2 policies and the wave gate.
+** counters.  Also the persistent forward's wave gate.
 */
 #ifndef STA_TILE_SCHEDULER_CUH
 #define STA_TILE_SCHEDULER_CUH
@@ -103,47 +102,35 @@ __device__ __forceinline__ int next_item(const P &a, int k) {
   return item;
 }
 
-/* ---- the STA_FWD_L2 experiments (K::L2X kernels; a.l2's bits) ---------- */
+/* ---- the wave gate (the persistent forward's produce_tma) ------------------
+** Where items walk more keys than the L2 keeps well (hunyuan-720p's full
+** window: 602 blocks of 192 keys, 59 MB of K and V a head, the H200's L2
+** 50 MB), the L2 serves a key block to every CTA of the head that reads it
+** before it is evicted, so what it keeps depends on how far apart in the
+** walk those CTAs are; items there are all alike, so a CTA's phase persists
+** from item to item and small differences in speed accumulate.  The gate
+** makes the items of a wave (items [w G, w G + G), G the grid) start their
+** keys together: an item of at least a.gate_nkb key blocks (0: no gate;
+** launch_fwd sets it from WAVE_GATE_BYTES) starts loading its keys only
+** once every item before its wave has issued its last loads (a.sched[2],
+** counted by wave_loaded).  Then each key block comes from DRAM about
+** once a wave.  It moves only when keys are read, never what an item
+** computes or in which order: the output's bits do not depend on it. */
 
-/* Q's and the output's L2 policy: evict_first under bits 1 and 4 (read or
-** written once: they leave room for the keys), else evict_normal. */
-__device__ __forceinline__ uint64_t l2_policy_q(const FwdParams &a) {
-  return a.l2 & 5 ? l2_policy<1>() : l2_policy<0>();
-}
-
-/* A K/V block's L2 policy: bit 4 (pin) evict_last for the blocks of the
-** first l2_pin_t frames of the head (rows below l2_pin_row; the text
-** rows: every item reads them) and evict_normal for the rest, so that the
-** same part of a head's keys stays in the L2 however far apart the CTAs
-** walking them are; else bit 1 evict_last for every block (FA3's choice),
-** else evict_normal. */
-__device__ __forceinline__ uint64_t l2_policy_kv(const FwdParams &a, const BlkInfo &bi,
-                                                 int mode, int row0) {
-  if (a.l2 & 4) {
-    const bool pin = mode == 1 ? bi.t0 < a.l2_pin_t : row0 < a.l2_pin_row || row0 >= a.VR;
-    return pin ? l2_policy<2>() : l2_policy<0>();
-  }
-  return a.l2 & 1 ? l2_policy<2>() : l2_policy<0>();
-}
-
-/* Bit 2, the wave gate: an item of at least l2_gate_nkb key blocks starts
-** loading its keys only once as many items as come before its wave (waves
-** of gridDim.x items in item order) have issued their last loads
-** (a.sched[2], l2_loaded), so the CTAs of one wave, which walk the same
-** keys of a head, start them together instead of drifting apart across
-** the launch.  The wait gives up after 2^18 clocks (CTAs not resident, a
-** slow wave); it moves only when keys are read, never what an item
-** computes. */
-__device__ __forceinline__ void l2_gate(const FwdParams &a, int item, int nkb) {
+/* Wait (this producer thread) until the items before item's wave have
+** issued their loads, or 2^18 clocks have passed: a CTA of the grid may
+** not be resident yet (another kernel on the SMs) or a wave may be slow;
+** the gate only delays, it never waits for more than that. */
+__device__ __forceinline__ void wave_gate(const FwdParams &a, int item, int nkb) {
   const int before = item / (int)gridDim.x * (int)gridDim.x;
-  if (!(a.l2 & 2) || before == 0 || nkb < a.l2_gate_nkb) return;
+  if (!a.gate_nkb || before == 0 || nkb < a.gate_nkb) return;
   const long long t0 = clock64();
   while (ld_acquire(a.sched + 2) < before && clock64() - t0 < (1ll << 18)) __nanosleep(64);
 }
-/* Bit 2: this item's loads are issued (before the CTA's next next_item,
+/* This item's loads are issued (called before the CTA's next next_item,
 ** whose last CTA resets the count). */
-__device__ __forceinline__ void l2_loaded(const FwdParams &a) {
-  if (a.l2 & 2) {
+__device__ __forceinline__ void wave_loaded(const FwdParams &a) {
+  if (a.gate_nkb) {
     atomicAdd(a.sched + 2, 1);
     __threadfence();
   }
@@ -160,6 +147,20 @@ sta_status sched_slot(int **slot);
 ** caller): text query blocks first, then the tiles' query blocks; sets
 ** a.n_text_qblocks, a.n_text_items, a.n_items (0: nothing to launch). */
 sta_status count_items(FwdParams &a, int BR);
+
+/* The wave gate's threshold: items whose K and V are at least this many
+** bytes wait for their wave.  A head's K/V stream larger than a good part
+** of the 50 MB L2 is read again from DRAM whenever the persistent CTAs
+** walking it drift apart; the gate keeps a wave together (kernels/
+** README.md: on the H200, hunyuan-720p's full window, 59 MB an item, read
+** 359 GB from DRAM without it, 13 GB with it).  wan-720p 3,6,10 (35 MB an
+** item) is gated too; hunyuan-720p 3,3,3 (5.4 MB) is not. */
+constexpr int64_t WAVE_GATE_BYTES = (int64_t)16 << 20;
+/* a.gate_nkb for a persistent launch of grid CTAs over a's items (counted)
+** in key blocks of bk keys, blk bytes of K and V each: the blocks of
+** WAVE_GATE_BYTES (or the tests' sta_cuda_wave_gate_test), 0 where no item
+** can reach it or all items fit in one wave. */
+int wave_gate_nkb(const FwdParams &a, int grid, int bk, int64_t blk);
 
 } /* namespace sta */
 

@@ -363,26 +363,24 @@ static void test_tiled_order(void **state) {
   printf("# tiled order: worst rel L2 %.3e\n", worst);
 }
 
-/* ---- the STA_FWD_L2 experiments ---------------------------------------------
-** kernels/fwd_l2_bf16_d128.cu: every setting (L2 policies, the wave gate,
-** the pin) must compute the default's bits, out and lse.
-** bf16 D 128 geometries of the default kernel (6x8x8 tiles, every load by
-** TMA) with more items than SMs (the gate waits from the second wave on),
-** per-head windows of whole and partial canvases, text with padding rows,
-** the untiled order with batch 1 and the tiled order with batch 2; the
-** gate's threshold at 1 MB (items of 11 key blocks and more take it) and
-** the pin at 1 MB (one frame: the rest of the keys stay unpinned), so
-** that both sides of each are taken. */
-
-/* setenv, or unsetenv for NULL */
-static void env_set(const char *name, const char *v) {
-  if (v) setenv(name, v, 1);
-  else unsetenv(name);
-}
+/* ---- the wave gate ------------------------------------------------------
+** kernels/tile_scheduler.cuh: the persistent forward holds an item's keys
+** until the waves before its own have issued their loads.  It applies to
+** items of 16 MB of K and V and more, which no geometry of a test reaches,
+** so the tests' hook (sta_cuda_set_wave_gate_test, internal.h) lowers the
+** threshold to 1 byte (every item past the first wave waits) or turns the
+** gate off; the gate must change no bit of out or lse, and the gated
+** output must match the CPU's.  Geometries with more items than SMs (the
+** gate waits from the second wave on) for each kernel whose producer
+** takes the gate (Wide, Tall, Square with every load by TMA), per-head
+** windows of whole and partial canvases, text with padding rows, the
+** untiled order with batch 1 and the tiled order with batch 2; the
+** gathering Square kernel never gates. */
 
 /* out and lse of c's forward (fresh randn q, k, v of seed c->seed) on the
-** GPU under the current environment, as host copies */
-static void l2_forward(const gcase *c, sta_tensor **ho, sta_tensor **hl) {
+** GPU, as host copies; the launch's line in line (n bytes) */
+static void gate_forward(const gcase *c, sta_tensor **ho, sta_tensor **hl, char *line,
+                         size_t n) {
   sta_attention_desc d;
   memset(&d, 0, sizeof d);
   sta_geometry_init(&d.geom, c->canvas[0], c->canvas[1], c->canvas[2]);
@@ -396,32 +394,35 @@ static void l2_forward(const gcase *c, sta_tensor **ho, sta_tensor **hl) {
   int64_t shape[4] = {c->B, S, c->H, c->D}, lshape[3] = {c->B, c->H, S};
   sta_tensor *t[4] = {NULL, NULL, NULL, NULL}, *lse = NULL;
   for (int i = 0; i < 4; i++) {
-    assert_int_equal(sta_tensor_create(&t[i], STA_BF16, STA_CUDA, 4, shape), STA_OK);
+    assert_int_equal(sta_tensor_create(&t[i], c->dtype, STA_CUDA, 4, shape), STA_OK);
     if (i < 3) assert_int_equal(sta_tensor_randn(t[i], c->seed * 3 + (uint64_t)i, 0.0, 1.0), STA_OK);
   }
   assert_int_equal(sta_tensor_fill(t[3], NAN), STA_OK);
   assert_int_equal(sta_tensor_create(&lse, STA_F32, STA_CUDA, 3, lshape), STA_OK);
   assert_int_equal(sta_tensor_fill(lse, NAN), STA_OK);
   if (sta_attention_forward(&d, t[0], t[1], t[2], t[3], lse) != STA_OK)
-    fail_msg("l2 forward: %s", sta_last_error());
-  assert_int_equal(sta_tensor_to(ho, t[3], STA_BF16, STA_CPU), STA_OK);
+    fail_msg("gate forward: %s", sta_last_error());
+  snprintf(line, n, "%s", sta_cuda_last_launch());
+  assert_int_equal(sta_tensor_to(ho, t[3], c->dtype, STA_CPU), STA_OK);
   assert_int_equal(sta_tensor_to(hl, lse, STA_F32, STA_CPU), STA_OK);
   for (int i = 0; i < 4; i++) sta_tensor_destroy(t[i]);
   sta_tensor_destroy(lse);
 }
 
-static void test_l2_experiments(void **state) {
+static void test_wave_gate(void **state) {
   NEED_GPU();
-  static const char *const names[] = {"STA_FWD_L2", "STA_FWD_L2_GATE_MB", "STA_FWD_L2_PIN_MB"};
-  static const char *const all[] = {"7", "1", "2", "3", "4", "5", "6"};
-  static const char *const quick[] = {"7", "6"}; /* sanitizer runs */
-  const int q = getenv("STA_GPU_QUICK") != NULL, nmodes = q ? 2 : 7;
-  char *was[3];
-  for (int i = 0; i < 3; i++) {
-    const char *v = getenv(names[i]);
-    was[i] = v ? strdup(v) : NULL;
+  static const char *const ENV[3] = {"STA_CUDA_VARIANT", "STA_NO_TMA", "STA_NO_TMA_Q"};
+  char keep[3][64];
+  int had[3];
+  for (int i = 0; i < 3; i++) { /* test-gpu's passes set them: the default kernels here */
+    const char *e = getenv(ENV[i]);
+    had[i] = e != NULL;
+    snprintf(keep[i], sizeof keep[i], "%s", e ? e : "");
+    unsetenv(ENV[i]);
   }
-  gcase c[2];
+  const int quick = getenv("STA_GPU_QUICK") != NULL;
+  gcase c[5];
+  const char *kern[5] = {"Wide<bf16", "Wide<bf16", "Tall<f16", "Square<bf16", "Square<f16"};
   case_init(&c[0], 12, 32, 48); /* 2x4x6 tiles: 145 items a head */
   c[0].H = 3; c[0].text = 70; c[0].text_len = 50; c[0].seed = 61;
   c[0].n_windows = 3;
@@ -429,13 +430,33 @@ static void test_l2_experiments(void **state) {
   memcpy(c[0].windows, w, sizeof w);
   c[1] = c[0]; /* the tiled order, batch 2, whole windows */
   c[1].tiled = 1; c[1].B = 2; c[1].H = 2; c[1].n_windows = 1; c[1].seed = 62;
-  for (int g = 0; g < (q ? 1 : 2); g++) {
-    sta_tensor *o0 = NULL, *l0 = NULL;
-    for (int i = 0; i < 3; i++) env_set(names[i], NULL);
-    l2_forward(&c[g], &o0, &l0); /* the default kernel */
-    const size_t on = (size_t)sta_tensor_numel(o0) * 2, ln = (size_t)sta_tensor_numel(l0) * 4;
+  c[2] = c[0]; /* D 64: 192-row items, 97 a head */
+  c[2].D = 64; c[2].dtype = STA_F16; c[2].seed = 63;
+  c[3] = c[0]; /* tile depth 4: the 128 x 128 kernel, every load by TMA */
+  c[3].tile[0] = 4; c[3].seed = 64;
+  c[4] = c[3]; /* 4x4x8 tiles: the gather, no gate */
+  c[4].tile[1] = 4; c[4].dtype = STA_F16; c[4].seed = 65;
+  double worst = 0;
+  for (int g = 0; g < 5; g++) {
+    if (quick && (g == 1 || g == 4)) continue; /* sanitizer runs */
+    const int gated = g < 4;
+    sta_tensor *o[3], *l[3];
+    char line[3][512];
+    static const int64_t how[3] = {1, -1, 0}; /* every item, none, the default */
+    for (int i = 0; i < 3; i++) {
+      sta_cuda_set_wave_gate_test(how[i]);
+      gate_forward(&c[g], &o[i], &l[i], line[i], sizeof line[i]);
+    }
+    sta_cuda_set_wave_gate_test(0);
+    printf("# wave gate, geometry %d: %s\n", g, line[0]);
+    if (!strstr(line[0], kern[g]) || !strstr(line[0], "persistent"))
+      fail_msg("geometry %d: not %s, persistent: %s", g, kern[g], line[0]);
+    if (gated != (strstr(line[0], "wave gate from 1 key blocks") != NULL))
+      fail_msg("geometry %d: the gate %s: %s", g, gated ? "is off" : "is on", line[0]);
+    if (strstr(line[1], "wave gate") || strstr(line[2], "wave gate")) /* below 16 MB */
+      fail_msg("geometry %d: gated without the hook: %s / %s", g, line[1], line[2]);
     sta_tensor *f = NULL; /* every row written (no NaN left), not zeros */
-    assert_int_equal(sta_tensor_to(&f, o0, STA_F32, STA_CPU), STA_OK);
+    assert_int_equal(sta_tensor_to(&f, o[0], STA_F32, STA_CPU), STA_OK);
     const float *x = sta_tensor_data(f);
     double sum = 0;
     for (int64_t i = 0; i < sta_tensor_numel(f); i++) {
@@ -444,28 +465,24 @@ static void test_l2_experiments(void **state) {
     }
     assert_true(sum > 0);
     sta_tensor_destroy(f);
-    env_set(names[1], "1");
-    env_set(names[2], "1");
-    for (int m = 0; m < nmodes; m++) {
-      const char *mode = q ? quick[m] : all[m];
-      sta_tensor *o = NULL, *l = NULL;
-      env_set(names[0], mode);
-      l2_forward(&c[g], &o, &l);
-      if (memcmp(sta_tensor_data(o), sta_tensor_data(o0), on))
-        fail_msg("STA_FWD_L2=%s, geometry %d: out differs from the default's", mode, g);
-      if (memcmp(sta_tensor_data(l), sta_tensor_data(l0), ln))
-        fail_msg("STA_FWD_L2=%s, geometry %d: lse differs from the default's", mode, g);
-      sta_tensor_destroy(o);
-      sta_tensor_destroy(l);
+    const size_t on = (size_t)sta_tensor_numel(o[0]) * 2, ln = (size_t)sta_tensor_numel(l[0]) * 4;
+    for (int i = 1; i < 3; i++) {
+      if (memcmp(sta_tensor_data(o[i]), sta_tensor_data(o[0]), on))
+        fail_msg("geometry %d: out gated and %s differ", g, i == 1 ? "ungated" : "default");
+      if (memcmp(sta_tensor_data(l[i]), sta_tensor_data(l[0]), ln))
+        fail_msg("geometry %d: lse gated and %s differ", g, i == 1 ? "ungated" : "default");
     }
-    sta_tensor_destroy(o0);
-    sta_tensor_destroy(l0);
+    for (int i = 0; i < 3; i++) {
+      sta_tensor_destroy(o[i]);
+      sta_tensor_destroy(l[i]);
+    }
+    sta_cuda_set_wave_gate_test(1); /* gated, against the CPU */
+    run_case(&c[g], &worst);
+    sta_cuda_set_wave_gate_test(0);
   }
-  for (int i = 0; i < 3; i++) {
-    env_set(names[i], was[i]);
-    free(was[i]);
-  }
-  printf("# STA_FWD_L2: %d settings bit-identical to the default\n", nmodes);
+  for (int i = 0; i < 3; i++)
+    if (had[i]) setenv(ENV[i], keep[i], 1);
+  printf("# wave gate: bit-identical gated, ungated and by default; worst rel L2 %.3e\n", worst);
 }
 
 /* ---- accuracy against float64 ----------------------------------------------
@@ -984,7 +1001,7 @@ int main(void) {
       cmocka_unit_test(test_default_tiles),   cmocka_unit_test(test_d64_tiles),
       cmocka_unit_test(test_layouts),         cmocka_unit_test(test_large_scores),
       cmocka_unit_test(test_random_geometries), cmocka_unit_test(test_tiled_order),
-      cmocka_unit_test(test_l2_experiments),
+      cmocka_unit_test(test_wave_gate),
       cmocka_unit_test(test_accuracy_f64),
       cmocka_unit_test(test_head_diff),       cmocka_unit_test(test_kernel_choice),
   };
