@@ -434,6 +434,8 @@ static void test_wave_gate(void **state) {
   c[2].D = 64; c[2].dtype = STA_F16; c[2].seed = 63;
   c[3] = c[0]; /* tile depth 4: the 128 x 128 kernel, every load by TMA */
   c[3].tile[0] = 4; c[3].seed = 64;
+  const int32_t w3[9] = {3, 5, 6, 1, 3, 3, 3, 5, 7}; /* valid on 3x4x6 and 3x8x6 tiles */
+  memcpy(c[3].windows, w3, sizeof w3);
   c[4] = c[3]; /* 4x4x8 tiles: the gather, no gate */
   c[4].tile[1] = 4; c[4].dtype = STA_F16; c[4].seed = 65;
   double worst = 0;
