@@ -132,41 +132,26 @@ __global__ void __launch_bounds__(384, 1) sta_fp8_fwd(const __grid_constant__ Fp
   fp8_consume<D>(a, sm, tid);
 }
 
-/* Kernel k over x on grid CTAs of 384 threads with smem bytes of shared
-** memory, on this thread's stream. */
-template <class P>
-sta_status fp8_launch(void (*k)(P), const P &x, int grid, int smem) {
+/* The kernel over bh x n_items items (x: the caller's, maps encoded; its
+** item counts and scheduler slot filled in here): persistent CTAs (one per
+** SM at most) where the scheduler's counters are there (sched_slot), else
+** a CTA per item; 384 threads each, on this thread's stream. */
+template <int D> sta_status run_fp8(Fp8Params &x, int64_t bh, int64_t n_items) {
+  if (bh * n_items > 0x7fffffff)
+    return sta_error(STA_ERR_UNSUPPORTED, "attention: %lld fp8 work items, too many for the "
+                     "CUDA backend", (long long)(bh * n_items));
+  x.items_per_bh = (int)n_items;
+  x.n_items = (int)(bh * n_items);
+  const sta_status s = sched_slot(&x.sched);
+  if (s != STA_OK) return s;
+  const int n = x.n_items, sms = sta_cuda_sm_count();
+  const int grid = x.sched && sms < n ? sms : n, smem = Fp8Smem<D>::BYTES + 1024;
+  void (*k)(Fp8Params) = x.sched ? sta_fp8_fwd<D, true> : sta_fp8_fwd<D, false>;
   cudaError_t e = cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
   if (e != cudaSuccess) return sta_cuda_fail(e, "fp8 attention: shared memory");
   k<<<(unsigned)grid, 384, smem, sta_cuda_stream()>>>(x);
   e = cudaGetLastError();
   return e == cudaSuccess ? STA_OK : sta_cuda_fail(e, "fp8 attention: kernel launch");
-}
-
-/* x's bh x n_items work items and *grid: persistent CTAs (one per SM at
-** most) where the scheduler's counters are there (sched_slot), else a CTA
-** per item. */
-inline sta_status fp8_items(Fp8Params *x, int64_t bh, int64_t n_items, int *grid) {
-  if (bh * n_items > 0x7fffffff)
-    return sta_error(STA_ERR_UNSUPPORTED, "attention: %lld fp8 work items, too many for the "
-                     "CUDA backend", (long long)(bh * n_items));
-  x->items_per_bh = (int)n_items;
-  x->n_items = (int)(bh * n_items);
-  const sta_status s = sched_slot(&x->sched);
-  const int n = x->n_items, sms = sta_cuda_sm_count();
-  *grid = x->sched && sms < n ? sms : n;
-  return s;
-}
-
-/* The kernel over bh x n_items items (x: the caller's, maps encoded; its
-** item counts and scheduler slot filled in here). */
-template <int D> sta_status run_fp8(Fp8Params &x, int64_t bh, int64_t n_items) {
-  int grid = 0;
-  const sta_status s = fp8_items(&x, bh, n_items, &grid);
-  if (s != STA_OK) return s;
-  const int smem = Fp8Smem<D>::BYTES + 1024;
-  return x.sched ? fp8_launch(sta_fp8_fwd<D, true>, x, grid, smem)
-                 : fp8_launch(sta_fp8_fwd<D, false>, x, grid, smem);
 }
 
 } /* namespace sta */
