@@ -39,10 +39,10 @@ __device__ __forceinline__ void load8(const T *p, int vec, float *f) {
 
 /* Slot row i (RT threads, columns c .. c + 7 each): LSE * log2(e) and D_i =
 ** dO . O in slot order, and the row's part of the f32 dQ accumulator
-** zeroed (its W columns of each 64 x W block: dq_off). */
+** zeroed (dq_acc_at). */
 template <typename T, int D>
 __global__ void sta_bwd_prep(const __grid_constant__ BwdArgs a, const __grid_constant__ RowArgs r) {
-  constexpr int RT = Rows<D>::RT, W = dq_w(D);
+  constexpr int RT = Rows<D>::RT;
   const int64_t i = (int64_t)blockIdx.x * Rows<D>::PER_BLOCK + threadIdx.x / RT;
   const int c = (int)(threadIdx.x % RT) * 8;
   if (i >= r.rows) return; /* whole warps: rows is a multiple of 64 */
@@ -62,9 +62,7 @@ __global__ void sta_bwd_prep(const __grid_constant__ BwdArgs a, const __grid_con
   }
 #pragma unroll
   for (int m = RT / 2; m > 0; m >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, m);
-  constexpr int LW = W == 64 ? 6 : 5; /* the accumulator: blocks of 64 x W, D / W a slot */
-  float4 *z = reinterpret_cast<float4 *>(a.dqacc + (sbh * (D / W) + (c >> LW)) * 64 * W +
-                                         dq_off<W>(rr, c & (W - 1)));
+  float4 *z = reinterpret_cast<float4 *>(a.dqacc + dq_acc_at<D>(sbh, rr, c));
   z[0] = make_float4(0.f, 0.f, 0.f, 0.f);
   z[1] = make_float4(0.f, 0.f, 0.f, 0.f);
   if (c == 0) {
@@ -95,7 +93,7 @@ __global__ void sta_bwd_zero(const __grid_constant__ BwdArgs a, const __grid_con
 ** at the row's place. */
 template <typename T, int D>
 __global__ void sta_bwd_post(const __grid_constant__ BwdArgs a, const __grid_constant__ RowArgs r) {
-  constexpr int RT = Rows<D>::RT, W = dq_w(D);
+  constexpr int RT = Rows<D>::RT;
   const int64_t i = (int64_t)blockIdx.x * Rows<D>::PER_BLOCK + threadIdx.x / RT;
   const int c = (int)(threadIdx.x % RT) * 8;
   if (i >= r.rows) return;
@@ -103,9 +101,7 @@ __global__ void sta_bwd_post(const __grid_constant__ BwdArgs a, const __grid_con
   const int64_t sbh = i / BQ, bh = sbh / a.nqb, b = bh / a.heads, h = bh % a.heads;
   const int slot = (int)(sbh % a.nqb), s = slot_row(a, slot, rr);
   if (s < 0) return;
-  constexpr int LW = W == 64 ? 6 : 5;
-  const float4 *acc = reinterpret_cast<const float4 *>(
-      a.dqacc + (sbh * (D / W) + (c >> LW)) * 64 * W + dq_off<W>(rr, c & (W - 1)));
+  const float4 *acc = reinterpret_cast<const float4 *>(a.dqacc + dq_acc_at<D>(sbh, rr, c));
   const float4 x0 = acc[0], x1 = acc[1];
   const float f[8] = {x0.x, x0.y, x0.z, x0.w, x1.x, x1.y, x1.z, x1.w};
   T *q = reinterpret_cast<T *>(r.dq) + b * r.dq_sb + s * r.dq_ss + h * r.dq_sh + c;

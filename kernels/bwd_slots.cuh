@@ -20,6 +20,13 @@ template <int W> __host__ __device__ __forceinline__ int dq_off(int r, int c) {
   return r * W + ((((c >> 3) ^ (r & (W / 8 - 1)))) << 3) + (c & 7);
 }
 
+/* f32 index in the dQ accumulator of slot-row rr, column c (a multiple of
+** 8) of query block sbh: D / W blocks of 64 x W a query block. */
+template <int D> __device__ __forceinline__ int64_t dq_acc_at(int64_t sbh, int rr, int c) {
+  constexpr int W = dq_w(D), LW = W == 64 ? 6 : 5;
+  return (sbh * (D / W) + (c >> LW)) * 64 * W + dq_off<W>(rr, c & (W - 1));
+}
+
 /* Extents of tile (it, ih, iw) on each axis (partial at the borders), and
 ** its id. */
 struct Ext {
