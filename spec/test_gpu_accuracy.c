@@ -292,6 +292,7 @@ int main(void) {
   uint64_t seed = s ? strtoull(s, NULL, 10) : (uint64_t)time(NULL);
   printf("# STA_TEST_SEED=%llu\n", (unsigned long long)seed);
   sta_test_seed(seed * 0x9e3779b97f4a7c15ull + 1);
+  sta_test_filter();
   const struct CMUnitTest tests[] = {cmocka_unit_test(test_accuracy_f64)};
   return cmocka_run_group_tests(tests, gpu_setup, NULL);
 }

@@ -394,6 +394,7 @@ int main(void) {
   uint64_t seed = s ? strtoull(s, NULL, 10) : (uint64_t)time(NULL);
   printf("# STA_TEST_SEED=%llu\n", (unsigned long long)seed);
   sta_test_seed(seed * 2654435761ull + 88172645463325252ull);
+  sta_test_filter();
   if (!sta_backend_available(STA_CUDA))
     printf("# no CUDA backend: %s\n", sta_backend_describe(STA_CUDA));
   const struct CMUnitTest tests[] = {

@@ -574,6 +574,7 @@ int main(void) {
   uint64_t seed = s ? strtoull(s, NULL, 10) : (uint64_t)time(NULL);
   if (!seed) seed = 1;
   sta_test_seed(seed);
+  sta_test_filter();
   printf("# STA_TEST_SEED=%llu\n", (unsigned long long)seed);
   if (sta_backend_available(STA_CUDA)) printf("# %s\n", sta_backend_describe(STA_CUDA));
   else printf("# no CUDA backend: %s\n", sta_backend_describe(STA_CUDA));

@@ -303,6 +303,7 @@ static int setup(void **state) {
 }
 
 int main(void) {
+  sta_test_filter();
   const struct CMUnitTest tests[] = {
     cmocka_unit_test(test_copy),
     cmocka_unit_test(test_copy_across),

@@ -27,6 +27,13 @@ static inline uint64_t sta_test_rnd(void) {
   x ^= x << 17;
   return *sta_test_rng() = x;
 }
+/* STA_TEST_FILTER=<glob> runs only the tests whose names match (cmocka's
+** filter; '*' and '?'), so a slow tool such as racecheck can take one test
+** per process. Call in main before cmocka_run_group_tests. */
+static inline void sta_test_filter(void) {
+  const char *f = getenv("STA_TEST_FILTER");
+  if (f && *f) cmocka_set_test_filter(f);
+}
 /* Uniform in [lo, hi] (inclusive). */
 static inline int64_t sta_test_rint(int64_t lo, int64_t hi) {
   return lo + (int64_t)(sta_test_rnd() % (uint64_t)(hi - lo + 1));
