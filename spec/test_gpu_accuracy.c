@@ -13,7 +13,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 #include <cmocka.h>
 
 #include "internal.h"
@@ -288,11 +287,7 @@ static void test_accuracy_f64(void **state) {
 }
 
 int main(void) {
-  const char *s = getenv("STA_TEST_SEED");
-  uint64_t seed = s ? strtoull(s, NULL, 10) : (uint64_t)time(NULL);
-  printf("# STA_TEST_SEED=%llu\n", (unsigned long long)seed);
-  sta_test_seed(seed * 0x9e3779b97f4a7c15ull + 1);
-  sta_test_filter();
+  sta_test_begin(0x9e3779b97f4a7c15ull, 1);
   const struct CMUnitTest tests[] = {cmocka_unit_test(test_accuracy_f64)};
   return cmocka_run_group_tests(tests, gpu_setup, NULL);
 }

@@ -18,7 +18,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 #include <cmocka.h>
 
 #include "internal.h"
@@ -390,11 +389,7 @@ static void test_refusals(void **state) {
 }
 
 int main(void) {
-  const char *s = getenv("STA_TEST_SEED");
-  uint64_t seed = s ? strtoull(s, NULL, 10) : (uint64_t)time(NULL);
-  printf("# STA_TEST_SEED=%llu\n", (unsigned long long)seed);
-  sta_test_seed(seed * 2654435761ull + 88172645463325252ull);
-  sta_test_filter();
+  sta_test_begin(2654435761ull, 88172645463325252ull);
   if (!sta_backend_available(STA_CUDA))
     printf("# no CUDA backend: %s\n", sta_backend_describe(STA_CUDA));
   const struct CMUnitTest tests[] = {

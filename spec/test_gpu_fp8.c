@@ -22,7 +22,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 #include <cmocka.h>
 
 #include "internal.h"
@@ -570,12 +569,7 @@ static void test_fp8_layer_and_8bit_operands(void **state) {
 }
 
 int main(void) {
-  const char *s = getenv("STA_TEST_SEED");
-  uint64_t seed = s ? strtoull(s, NULL, 10) : (uint64_t)time(NULL);
-  if (!seed) seed = 1;
-  sta_test_seed(seed);
-  sta_test_filter();
-  printf("# STA_TEST_SEED=%llu\n", (unsigned long long)seed);
+  sta_test_begin(1, 0);
   if (sta_backend_available(STA_CUDA)) printf("# %s\n", sta_backend_describe(STA_CUDA));
   else printf("# no CUDA backend: %s\n", sta_backend_describe(STA_CUDA));
   const struct CMUnitTest tests[] = {

@@ -9,6 +9,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <cmocka.h>
 
 #include "sta.h"
@@ -33,6 +34,17 @@ static inline uint64_t sta_test_rnd(void) {
 static inline void sta_test_filter(void) {
   const char *f = getenv("STA_TEST_FILTER");
   if (f && *f) cmocka_set_test_filter(f);
+}
+/* The first lines of a test's main: the seed from STA_TEST_SEED (or the
+** clock), printed so that a run can be replayed, seeds the generator as
+** seed * mul + add; then sta_test_filter().  Returns the seed. */
+static inline uint64_t sta_test_begin(uint64_t mul, uint64_t add) {
+  const char *s = getenv("STA_TEST_SEED");
+  uint64_t seed = s ? strtoull(s, NULL, 10) : (uint64_t)time(NULL);
+  printf("# STA_TEST_SEED=%llu\n", (unsigned long long)seed);
+  sta_test_seed(seed * mul + add);
+  sta_test_filter();
+  return seed;
 }
 /* Uniform in [lo, hi] (inclusive). */
 static inline int64_t sta_test_rint(int64_t lo, int64_t hi) {
