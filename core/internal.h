@@ -216,6 +216,21 @@ typedef struct sta_attn_params {
   int64_t dq_sb, dq_ss, dq_sh;
   int64_t dk_sb, dk_ss, dk_sh;
   int64_t dv_sb, dv_ss, dv_sh;
+  /* The mask (sta.h, sta_mask_kind), resolved and validated by
+  ** sta_attn_resolve.  WINDOW: windows above, the rest 0 / NULL.  BLOCKS
+  ** and WINDOW_OR_BLOCKS: the lists on the tensors' device, contiguous;
+  ** query block m of (b, h) sees idx[((b*heads + h)*q_blocks + m)*list_len
+  ** + i] for i < num[(b*heads + h)*q_blocks + m]; block n's valid rows
+  ** are [n*block_rows, n*block_rows + size) (sizes NULL: whole blocks).
+  ** kv_len: the rows of k and v (seq_len, except that BLOCKS lets q have
+  ** its own). */
+  int32_t mask;                      /* sta_mask_kind */
+  int32_t block_rows;                /* rows per block */
+  int64_t kv_len;                    /* rows of k, v */
+  int64_t q_blocks, kv_blocks;       /* Mq, Mk */
+  int64_t list_len;                  /* L: idx entries per query block */
+  const int32_t *num, *idx;          /* [B][heads][Mq], [B][heads][Mq][L] */
+  const int32_t *q_sizes, *kv_sizes; /* [Mq], [Mk]; NULL: whole blocks */
 } sta_attn_params;
 
 /* FastVideo's tiled order (sta.h, sta_order): the tiled row of untiled

@@ -132,9 +132,15 @@ int32_t sta_cancel_requested(void);
 ** below the Files section (npy excepted: no such .npy type) computes on
 ** it: STA_ERR_UNSUPPORTED (elementwise operations) or STA_ERR_DTYPE (the
 ** attention's q, k, v) saying so.
+**
+** STA_I32 (int32) holds block lists and block sizes (sta_block_list): on
+** any device, created, wrapped, viewed, copied to and from another i32
+** tensor, filled, read and written elementwise on the host (sta_tensor_get
+** and _set, exact); no operation computes on it and it converts to no
+** other dtype (STA_ERR_DTYPE / STA_ERR_UNSUPPORTED saying so).
 */
 typedef enum sta_dtype {
-  STA_F32 = 0, STA_F16 = 1, STA_BF16 = 2, STA_F8E4M3 = 3
+  STA_F32 = 0, STA_F16 = 1, STA_BF16 = 2, STA_F8E4M3 = 3, STA_I32 = 4
 } sta_dtype;
 typedef enum sta_device { STA_CPU = 0, STA_CUDA = 1 } sta_device;
 
@@ -404,6 +410,40 @@ typedef enum sta_precision {
   STA_PRECISION_FP8 = 1
 } sta_precision;
 
+/* The mask: which keys each query row sees (STA.md sections 2, 3 and 12).
+** WINDOW, the default, is STA's tile window (desc->windows, desc->geom).
+** BLOCKS takes the choice as data: the rows are cut into blocks of
+** block_rows rows (q into Mq = Sq / block_rows blocks, k and v into Mk =
+** Sk / block_rows, Sq and Sk multiples of block_rows), and query block m
+** of (batch b, head h) sees the key blocks idx[b][h][m][0 .. num[b][h][m]),
+** FastVideo's q2k_idx / q2k_num.  Block n's first kv_sizes[n] rows are
+** keys, the rest padding that is never a key (q_sizes likewise for the
+** query blocks: a padding query row's output is 0, its lse -inf, its
+** gradients 0); a query block with an empty list outputs 0 and lse -inf.
+** q may have another sequence length than k and v (its own Mq); no text
+** rows and no geometry (desc->geom and desc->windows are not read).
+** WINDOW_OR_BLOCKS (NABLA): a key block is seen when the window or the
+** list holds it; the blocks are then the tiles of desc->geom (order
+** STA_ORDER_TILED, block_rows = the tile volume, Mq = Mk = the tiles, no
+** text rows), valid rows a prefix of each block as for BLOCKS, and
+** window membership is STA.md section 2's rule on the tile grid.  A list
+** with an index outside [0, Mk), or an index twice in one query block's
+** list, is STA_ERR_ARGUMENT naming (b, h, m) and the index; num outside
+** [0, L] likewise.  The lists live on q's device. */
+typedef enum sta_mask_kind {
+  STA_MASK_WINDOW = 0,
+  STA_MASK_BLOCKS = 1,
+  STA_MASK_WINDOW_OR_BLOCKS = 2
+} sta_mask_kind;
+
+typedef struct sta_block_list {
+  int32_t block_rows;         /* rows per block; 0 = 64 */
+  const sta_tensor *num;      /* i32 [B, heads, Mq], contiguous */
+  const sta_tensor *idx;      /* i32 [B, heads, Mq, L], contiguous, L >= every num */
+  const sta_tensor *kv_sizes; /* NULL: every key block whole; else i32 [Mk] in 1..block_rows */
+  const sta_tensor *q_sizes;  /* NULL: kv_sizes when Mq == Mk (else whole); else i32 [Mq] */
+} sta_block_list;
+
 /* Zero-initialise (sta_attention_desc d = {0}) and set what you need:
 ** every zero field means its default. */
 typedef struct sta_attention_desc {
@@ -418,6 +458,8 @@ typedef struct sta_attention_desc {
                              about 3x the time (BENCHMARKS.md); the CPU is
                              always deterministic */
   sta_precision precision; /* forward compute; 0 = STA_PRECISION_NATIVE */
+  sta_mask_kind mask;     /* which keys each query sees; 0 = STA_MASK_WINDOW */
+  const sta_block_list *blocks; /* STA_MASK_BLOCKS, STA_MASK_WINDOW_OR_BLOCKS */
 } sta_attention_desc;
 
 /* out = STA(q, k, v).  q, k, v, out: 4-D in desc->layout, one shape

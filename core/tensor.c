@@ -21,6 +21,7 @@ const char *sta_dtype_name(sta_dtype dtype) {
   case STA_F16: return "f16";
   case STA_BF16: return "bf16";
   case STA_F8E4M3: return "f8e4m3";
+  case STA_I32: return "i32";
   }
   return "?";
 }
