@@ -525,6 +525,8 @@ static double axis_pairs(int32_t c_tok, int32_t tile, int32_t k) {
 
 double sta_attention_flops(const sta_attention_desc *desc, int64_t batch,
                            int64_t seq_len, int64_t heads, int64_t head_dim) {
+  if (desc && desc->mask != STA_MASK_WINDOW)
+    return sta_mask_flops(desc, batch, seq_len, heads, head_dim);
   if (!desc || !desc->windows || heads < 1) return 0;
   const sta_geometry *g = &desc->geom;
   int64_t v = sta_geometry_video_tokens(g), tl = sta_geometry_text_len(g, seq_len);

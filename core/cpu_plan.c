@@ -41,16 +41,6 @@ static void window_box(const int32_t g[3], const int32_t *win, int64_t tile, int
   }
 }
 
-/* Does the window win of query tile m hold key tile n (mask.h's rule)? */
-static int window_holds(const int32_t g[3], const int32_t *win, int64_t m, int64_t n) {
-  int32_t qc[3], kc[3];
-  tile_coords(g, m, qc);
-  tile_coords(g, n, kc);
-  for (int i = 0; i < 3; i++)
-    if (!sta_window_holds(qc[i], kc[i], sta_window_span(win[i], g[i]), g[i])) return 0;
-  return 1;
-}
-
 /* ---- key ranges of a query block ----------------------------------------- */
 
 static int64_t window_key_ranges(const sta_cpu_plan *pl, int64_t head, int64_t tile,
@@ -265,7 +255,7 @@ static void build_lists(const sta_cpu_plan *pl, int64_t bh, int64_t *pos) {
     int32_t kept = 0;
     for (int32_t i = 0; i < sta_list_count(p->num, row); i++) {
       const int32_t n = sta_list_block(p->idx, L, row, i);
-      if (uni && window_holds(p->grid, win, m, n)) continue;
+      if (uni && sta_window_holds_tile(p->grid, win, m, n)) continue;
       pl->lids[row * L + kept++] = n;
       off[n + 1]++;
     }

@@ -249,6 +249,11 @@ sta_status sta_mask_resolve(const sta_attention_desc *desc, const sta_tensor *q,
 ** a backend's check_lists runs where it is set; otherwise the lists are
 ** copied to the host and checked there. */
 sta_status sta_mask_check_lists(const sta_attn_params *p, sta_device dev);
+/* sta_attention_flops of a block mask: 4 D per (valid query row, valid key
+** row of a block it sees); 0 when the lists do not fit (batch, heads,
+** seq_len) or hold a bad entry.  Device lists are copied to the host. */
+double sta_mask_flops(const sta_attention_desc *desc, int64_t batch, int64_t seq_len,
+                      int64_t heads, int64_t head_dim);
 
 /* FastVideo's tiled order (sta.h, sta_order): the tiled row of untiled
 ** video index x (sta_tiled_token, its inverse, is below with the fp8

@@ -237,3 +237,59 @@ sta_status sta_mask_resolve(const sta_attention_desc *desc, const sta_tensor *q,
   p->q_sizes = bl->q_sizes ? sta_tensor_data(bl->q_sizes) : Mq == Mk ? p->kv_sizes : NULL;
   return sta_mask_check_lists(p, dev);
 }
+
+/* t on the host (itself, or a new copy in *own), or NULL: not a live
+** contiguous i32 tensor of n elements (n < 0: any). */
+static const int32_t *host_ints(const sta_tensor *t, int64_t n, sta_tensor **own) {
+  *own = NULL;
+  if (!sta_handle_live(t, STA_KIND_TENSOR) || t->dtype != STA_I32 ||
+      !sta_tensor_is_contiguous(t) || (n >= 0 && sta_tensor_numel(t) != n))
+    return NULL;
+  if (t->storage->device == STA_CPU) return sta_tensor_data(t);
+  return sta_tensor_to(own, t, STA_I32, STA_CPU) == STA_OK ? sta_tensor_data(*own) : NULL;
+}
+
+double sta_mask_flops(const sta_attention_desc *desc, int64_t batch, int64_t seq_len,
+                      int64_t heads, int64_t head_dim) {
+  const sta_block_list *bl = desc->blocks;
+  const int uni = desc->mask == STA_MASK_WINDOW_OR_BLOCKS;
+  if (!bl || (desc->mask != STA_MASK_BLOCKS && !uni) || batch < 1 || heads < 1 ||
+      !sta_handle_live(bl->idx, STA_KIND_TENSOR) || bl->idx->ndim != 4)
+    return 0;
+  int32_t grid[3] = {1, 1, 1};
+  const int64_t tv = (int64_t)desc->geom.tile[0] * desc->geom.tile[1] * desc->geom.tile[2];
+  const int64_t bv = bl->block_rows > 0 ? bl->block_rows : uni ? tv : 64;
+  if (uni) {
+    if (!desc->windows || sta_geometry_check(&desc->geom, seq_len) != STA_OK) return 0;
+    sta_geometry_grid(&desc->geom, grid);
+  }
+  const int64_t Mq = seq_len / bv, L = bl->idx->shape[3];
+  const int64_t Mk = uni ? Mq : bl->kv_sizes ? sta_tensor_numel(bl->kv_sizes) : INT32_MAX;
+  sta_tensor *own[4];
+  const int32_t *num = host_ints(bl->num, batch * heads * Mq, &own[0]);
+  const int32_t *idx = host_ints(bl->idx, batch * heads * Mq * L, &own[1]);
+  const int32_t *ks = bl->kv_sizes ? host_ints(bl->kv_sizes, -1, &own[2]) : (own[2] = NULL, NULL);
+  const int32_t *qs = bl->q_sizes ? host_ints(bl->q_sizes, Mq, &own[3]) : (own[3] = NULL, NULL);
+  if (!bl->q_sizes && bl->kv_sizes && Mq == Mk) qs = ks;
+  double pairs = 0;
+  int ok = num && idx && (!bl->kv_sizes || ks) && (!bl->q_sizes || qs) && seq_len % bv == 0;
+  for (int64_t bh = 0; ok && bh < batch * heads; bh++) {
+    const int32_t *win = uni ? desc->windows + (desc->n_windows == 1 ? 0 : 3 * (bh % heads)) : NULL;
+    for (int64_t m = 0; ok && m < Mq; m++) {
+      const int64_t row = bh * Mq + m;
+      double keys = 0;
+      ok = num[row] >= 0 && num[row] <= L;
+      for (int32_t i = 0; ok && i < num[row]; i++) {
+        const int32_t n = idx[row * L + i];
+        ok = n >= 0 && n < Mk;
+        if (ok && !(uni && sta_window_holds_tile(grid, win, m, n)))
+          keys += sta_block_valid(ks, n, (int32_t)bv);
+      }
+      for (int64_t n = 0; uni && ok && n < Mk; n++)
+        if (sta_window_holds_tile(grid, win, m, n)) keys += sta_block_valid(ks, n, (int32_t)bv);
+      pairs += keys * sta_block_valid(qs, m, (int32_t)bv);
+    }
+  }
+  for (int i = 0; i < 4; i++) sta_tensor_destroy(own[i]);
+  return ok ? 4.0 * (double)head_dim * pairs : 0;
+}

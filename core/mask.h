@@ -10,7 +10,8 @@
 ** [start(q), start(q) + k), start(q) = min(max(q - k/2, 0), c - k).  Since
 ** start never decreases with q, the query tiles whose window holds key
 ** tile kt are one range [lo, hi] (sta_window_seen_by), never empty (kt
-** sees itself).  A 3-D window is the product of its three axes.
+** sees itself).  A 3-D window is the product of its three axes
+** (sta_window_holds_tile: membership between two tiles of a grid).
 **
 ** Block lists (sta.h, sta_block_list; resolved into sta_attn_params):
 ** query block m of (batch b, head h) sees the key blocks idx[row*L + i],
@@ -60,6 +61,17 @@ STA_HD void sta_window_seen_by(int32_t kt, int32_t k, int32_t c, int32_t *lo, in
   const int32_t a = kt - k + 1;
   *lo = a <= 0 ? 0 : a + k / 2;
   *hi = kt >= c - k ? c - 1 : kt + k / 2;
+}
+
+/* Does the window win (per axis, not clamped) of query tile m hold key
+** tile n, tiles numbered (t*NH + h)*NW + w on grid g (the union's rule)? */
+STA_HD int sta_window_holds_tile(const int32_t g[3], const int32_t *win, int64_t m, int64_t n) {
+  const int64_t hw = (int64_t)g[1] * g[2];
+  const int32_t q[3] = {(int32_t)(m / hw), (int32_t)((m / g[2]) % g[1]), (int32_t)(m % g[2])};
+  const int32_t k[3] = {(int32_t)(n / hw), (int32_t)((n / g[2]) % g[1]), (int32_t)(n % g[2])};
+  for (int i = 0; i < 3; i++)
+    if (!sta_window_holds(q[i], k[i], sta_window_span(win[i], g[i]), g[i])) return 0;
+  return 1;
 }
 
 /* ---- block lists --------------------------------------------------------- */

@@ -289,8 +289,7 @@ static void test_shapes(void **state) {
   check(&c);
 }
 
-/* The union: against the reference; with empty lists it is the window,
-** with every block listed dense attention. */
+/* The union: against the reference; with empty lists it is the window. */
 static void test_union(void **state) {
   (void)state;
   bprob c;
@@ -469,6 +468,47 @@ static void test_deterministic(void **state) {
   set_free(&a);
 }
 
+/* sta_attention_flops counts 4 D per (valid query row, valid key row of a
+** block it sees); the union's window by STA.md section 2's centred form. */
+static void test_flops(void **state) {
+  (void)state;
+  for (int uni = 0; uni < 2; uni++) {
+    bprob c;
+    prob_init(&c, 5, 6, 48);
+    if (uni) {
+      prob_init(&c, 0, 0, 0);
+      prob_union(&c, 6, 8, 12, 2, 4, 4, 3);
+    }
+    bset s;
+    set_make(&s, &c);
+    const int32_t *num = sta_tensor_data(s.num), *idx = sta_tensor_data(s.idx);
+    double pairs = 0;
+    for (int64_t r = 0; r < c.B * c.H * c.Mq; r++) {
+      int64_t m = r % c.Mq, keys = 0;
+      for (int64_t n = 0; n < c.Mk; n++) {
+        int seen = 0;
+        for (int32_t i = 0; i < num[r]; i++) seen |= idx[r * c.L + i] == n;
+        if (uni) { /* tiles 3x2x3, window 3 on each axis */
+          int64_t g[3] = {3, 2, 3}, in = 1;
+          int64_t qc[3] = {m / 6, (m / 3) % 2, m % 3}, kc[3] = {n / 6, (n / 3) % 2, n % 3};
+          for (int a = 0; a < 3; a++) {
+            int64_t k = 3 < g[a] ? 3 : g[a], rr = k / 2, ctr = qc[a] < rr ? rr : qc[a] > g[a] - 1 - rr ? g[a] - 1 - rr : qc[a];
+            in &= k >= g[a] || llabs(kc[a] - ctr) <= rr;
+          }
+          seen |= (int)in;
+        }
+        if (seen) keys += size_of(s.ks, n, c.rows);
+      }
+      pairs += (double)keys * size_of(s.qs, m, c.rows);
+    }
+    double fl = sta_attention_flops(&s.d, c.B, sq(&c), c.H, c.D);
+    if (fl != 4.0 * (double)c.D * pairs) fail_msg("uni %d: flops %g, counted %g", uni, fl, 4.0 * c.D * pairs);
+    assert_true(fl > 0);
+    assert_true(sta_attention_flops(&s.d, c.B, sq(&c) + c.rows, c.H, c.D) == 0); /* lists unfit */
+    set_free(&s);
+  }
+}
+
 /* Every bad input: its exact message, and out, lse untouched. */
 static void expect_bad(bset *s, sta_status want, const char *msg) {
   sta_tensor *o0 = f32_copy(s->t[O]), *l0 = NULL;
@@ -581,6 +621,24 @@ static void test_errors(void **state) {
   sta_expect_err(sta_attention_backward(&s.d, s.t[Q], s.t[K], s.t[V], s.t[O], s.lse, s.t[DO],
                                         s.t[DQ], s.t[DQ], s.t[DV]), STA_ERR_SHAPE,
                  "dk: shape [B=2, S=192, heads=3, D=16] differs from k's [B=2, S=256, heads=3, D=16]");
+  /* sequence parallelism shards the window only */
+  sta_comm *cm = NULL;
+  assert_int_equal(sta_comm_loopback(&cm, 1), STA_OK);
+  sta_attention_desc sp = s.d;
+  int32_t w3[3] = {3, 3, 3};
+  sta_geometry_init(&sp.geom, 3, 8, 8);
+  sp.windows = w3;
+  sp.n_windows = 1;
+  sta_tensor *k192 = NULL, *v192 = NULL;
+  assert_int_equal(sta_tensor_to(&k192, s.t[Q], STA_F32, STA_CPU), STA_OK);
+  assert_int_equal(sta_tensor_to(&v192, s.t[Q], STA_F32, STA_CPU), STA_OK);
+  sta_expect_err(sta_sp_attention(cm, &sp, s.t[Q], k192, v192, s.t[O]), STA_ERR_UNSUPPORTED,
+                 "mask: sequence parallelism runs STA_MASK_WINDOW only, got 1");
+  sp.mask = STA_MASK_WINDOW;
+  assert_int_equal(sta_sp_attention(cm, &sp, s.t[Q], k192, v192, s.t[DQ]), STA_OK); /* the window runs */
+  sta_tensor_destroy(k192);
+  sta_tensor_destroy(v192);
+  sta_comm_destroy(cm);
   /* i32 is no attention operand */
   sta_tensor *qi = NULL;
   int64_t q4[4] = {2, 192, 3, 16};
@@ -726,6 +784,7 @@ int main(void) {
     cmocka_unit_test(test_union),
     cmocka_unit_test(test_dense),
     cmocka_unit_test(test_deterministic),
+    cmocka_unit_test(test_flops),
     cmocka_unit_test(test_errors),
     cmocka_unit_test(test_union_errors),
     cmocka_unit_test(test_i32),

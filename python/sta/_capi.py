@@ -42,7 +42,8 @@ class Geometry(C.Structure):
 class AttentionDesc(C.Structure):
     _fields_ = [("geom", Geometry), ("layout", _enum), ("n_windows", C.c_int32),
                 ("windows", C.POINTER(C.c_int32)), ("scale", C.c_float),
-                ("softmax", _enum), ("deterministic", C.c_int32), ("precision", _enum)]
+                ("softmax", _enum), ("deterministic", C.c_int32), ("precision", _enum),
+                ("mask", _enum), ("blocks", C.c_void_p)]  # mask 0: the window
 
 
 class LayerDesc(C.Structure):
