@@ -39,16 +39,11 @@ class Geometry(C.Structure):
                 ("text_len", C.c_int64), ("order", _enum)]
 
 
-class BlockList(C.Structure):
-    _fields_ = [("block_rows", C.c_int32), ("num", C.c_void_p), ("idx", C.c_void_p),
-                ("kv_sizes", C.c_void_p), ("q_sizes", C.c_void_p)]
-
-
 class AttentionDesc(C.Structure):
     _fields_ = [("geom", Geometry), ("layout", _enum), ("n_windows", C.c_int32),
                 ("windows", C.POINTER(C.c_int32)), ("scale", C.c_float),
                 ("softmax", _enum), ("deterministic", C.c_int32), ("precision", _enum),
-                ("mask", _enum), ("blocks", C.POINTER(BlockList))]
+                ("mask", _enum), ("blocks", C.c_void_p)]  # mask 0: the window
 
 
 class LayerDesc(C.Structure):
@@ -65,8 +60,7 @@ class TuneReport(C.Structure):
                 ("windows", (C.c_int32 * 3) * 16), ("counts", C.c_int64 * 16)]
 
 
-STRUCTS = {"sta_geometry": Geometry, "sta_block_list": BlockList,
-           "sta_attention_desc": AttentionDesc,
+STRUCTS = {"sta_geometry": Geometry, "sta_attention_desc": AttentionDesc,
            "sta_layer_desc": LayerDesc, "sta_tune_report": TuneReport}
 
 # ---- function declarations ----------------------------------------------------
