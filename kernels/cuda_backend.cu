@@ -9,6 +9,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 
+#include "bsa_params.h" /* sta_cuda_block_attention */
 #include "ops.cuh" /* to_f32: the elementwise operations' conversion */
 
 sta_status sta_cuda_fail(cudaError_t e, const char *what) {
@@ -252,8 +253,9 @@ sta_status cuda_head_diff(const sta_attn_params *p, float *l1, float *l2) {
   return rc;
 }
 
+/* The window (fwd_api.cu) or a block list (bsa_api.cu). */
 sta_status cuda_attention(const sta_attn_params *p) {
-  return sta_cuda_attention(p);
+  return p->mask == STA_MASK_WINDOW ? sta_cuda_attention(p) : sta_cuda_block_attention(p);
 }
 
 sta_status cuda_attention_backward(const sta_attn_params *p) {
