@@ -1,0 +1,537 @@
+/* test_gpu_blocks.c -- the CUDA block-sparse attention (masks BLOCKS and
+** WINDOW_OR_BLOCKS, STA.md section 12) against a float64 reference written
+** here, on fresh random problems: random lists per (batch, head, query
+** block), duplicate-free, of random lengths (empty ones too) in L slots;
+** random valid sizes of key and query blocks (partial blocks), NaN in
+** their padding rows (never read: a padding key is never a key, a padding
+** query row outputs 0 and lse -inf); Mq != Mk; block_rows 64, 128, 256,
+** 384; bf16 and f16; D 64 and 128; BSHD and BHSD, contiguous, permuted
+** storage and a fused qkv view; the union with a window; lse; outputs
+** poisoned (NaN) first, so every element is checked written; two runs
+** bit-identical.  The kernels are called through the backend table
+** (core/internal.h's sta_attn_params, built here), so this test does not
+** depend on the core's resolve of the lists; the CPU path's comparison is
+** test_blocks_public below.  Also the index arithmetic of bsa_walk.h on the
+** host (no GPU needed).  STA_TEST_SEED fixes the seed, STA_GPU_CASES the
+** number of random problems (default 60), STA_GPU_QUICK keeps them small
+** (compute-sanitizer). */
+#include <math.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <cmocka.h>
+
+#include "internal.h"
+#include "test_util.h"
+#include "../kernels/bsa_walk.h"
+
+#define MAXH 4
+
+typedef struct kcase {
+  int64_t B, H, D, Mq, Mk, L;
+  int32_t bv;
+  sta_dtype dtype;
+  sta_layout layout;
+  int store;    /* make4's (0, 1, 3, 4), or 2: q, k, v views of one fused qkv tensor */
+  int sizes;    /* 0 whole blocks, 1 kv_sizes (q_sizes = kv_sizes), 2 both, separate */
+  int uni;      /* WINDOW_OR_BLOCKS: blocks are the tiles of grid */
+  int32_t grid[3], win[3 * MAXH];
+  int fast, lse;
+  float scale;
+  uint64_t seed;
+} kcase;
+
+static void describe(const kcase *c, char *buf, size_t n) {
+  snprintf(buf, n,
+           "B%lld H%lld D%lld Mq %lld Mk %lld L %lld bv %d %s %s store %d sizes %d uni %d "
+           "grid %dx%dx%d win %d,%d,%d fast %d lse %d scale %g seed %llu",
+           (long long)c->B, (long long)c->H, (long long)c->D, (long long)c->Mq, (long long)c->Mk,
+           (long long)c->L, c->bv, sta_dtype_name(c->dtype), c->layout == STA_BSHD ? "BSHD" : "BHSD",
+           c->store, c->sizes, c->uni, c->grid[0], c->grid[1], c->grid[2], c->win[0], c->win[1],
+           c->win[2], c->fast, c->lse, (double)c->scale, (unsigned long long)c->seed);
+}
+
+/* A [B,S,H,D] or [B,H,S,D] tensor of dtype on dev: storage contiguous in
+** layout (store 0) or in the other layout, permuted (1), or rows of D + 8
+** (3: 16-byte aligned; TMA with the heads folded at batch 1, else the
+** cp.async gather) or D + 1 elements (4: the element-wise gather) in
+** layout; *base holds it. */
+static sta_tensor *make4(sta_tensor **base, sta_dtype dt, sta_device dev, sta_layout layout,
+                         int store, int64_t B, int64_t S, int64_t H, int64_t D) {
+  static const int32_t swap[4] = {0, 2, 1, 3};
+  int bshd = (layout == STA_BSHD) != (store == 1);
+  int64_t shape[4] = {B, bshd ? S : H, bshd ? H : S, D + (store == 3 ? 8 : store == 4 ? 1 : 0)};
+  sta_tensor *v = NULL;
+  assert_int_equal(sta_tensor_create(base, dt, dev, 4, shape), STA_OK);
+  if (store == 1) assert_int_equal(sta_tensor_permute(&v, *base, swap), STA_OK);
+  else assert_int_equal(sta_tensor_narrow(&v, *base, 3, 0, D), STA_OK);
+  return v;
+}
+
+/* q, k, v as views of one [B, S, 3H, D] storage (BSHD) or its [B, 3H, S, D]
+** permutation (BHSD): head stride D, row stride 3 H D. */
+static void make_qkv(sta_tensor **base, sta_tensor *t[3], sta_dtype dt, sta_layout layout,
+                     int64_t B, int64_t S, int64_t H, int64_t D) {
+  static const int32_t swap[4] = {0, 2, 1, 3};
+  int64_t shape[4] = {B, S, 3 * H, D};
+  assert_int_equal(sta_tensor_create(base, dt, STA_CUDA, 4, shape), STA_OK);
+  sta_tensor *p = NULL;
+  if (layout == STA_BHSD) assert_int_equal(sta_tensor_permute(&p, *base, swap), STA_OK);
+  for (int i = 0; i < 3; i++) {
+    t[i] = NULL;
+    assert_int_equal(sta_tensor_narrow(&t[i], p ? p : *base, layout == STA_BHSD ? 1 : 2, i * H, H),
+                     STA_OK);
+  }
+  sta_tensor_destroy(p);
+}
+
+/* Row (b, s, h) of a contiguous host f32 tensor in layout. */
+static const float *rowp(const sta_tensor *t, sta_layout layout, int64_t b, int64_t s, int64_t h) {
+  const float *x = sta_tensor_data(t);
+  int64_t i1 = layout == STA_BSHD ? s : h, i2 = layout == STA_BSHD ? h : s;
+  return x + b * sta_tensor_stride(t, 0) + i1 * sta_tensor_stride(t, 1) +
+         i2 * sta_tensor_stride(t, 2);
+}
+
+/* Fill rows [r0, r1) of (every b, h) of t (host or device, layout) with value. */
+static void fill_rows(sta_tensor *t, sta_layout layout, int64_t r0, int64_t r1, double value) {
+  if (r1 <= r0) return;
+  sta_tensor *r = NULL;
+  assert_int_equal(sta_tensor_narrow(&r, t, layout == STA_BSHD ? 1 : 2, r0, r1 - r0), STA_OK);
+  assert_int_equal(sta_tensor_fill(r, value), STA_OK);
+  sta_tensor_destroy(r);
+}
+
+/* The window rule (STA.md section 2) on one axis, written out here. */
+static int in_window(int32_t q, int32_t kt, int32_t k, int32_t c) {
+  if (k > c) k = c;
+  int32_t s = q - k / 2;
+  if (s < 0) s = 0;
+  if (s > c - k) s = c - k;
+  return kt >= s && kt < s + k;
+}
+
+typedef struct lists {
+  int32_t *num, *idx, *qs, *ks; /* host */
+  void *dnum, *didx, *dqs, *dks; /* device */
+} lists;
+
+static void *to_device(const void *h, size_t bytes) {
+  const sta_backend_ops *be = sta_backend_get(STA_CUDA);
+  void *d = NULL;
+  assert_int_equal(be->alloc(&d, bytes ? bytes : 4), STA_OK);
+  if (bytes) assert_int_equal(be->memcpy(d, STA_CUDA, h, STA_CPU, bytes), STA_OK);
+  return d;
+}
+
+/* Random lists: per (b, h, m) a count in [0, min(L, Mk)] (a few empty,
+** most long) of distinct blocks; unused slots hold -1 (never read). */
+static void make_lists(const kcase *c, lists *x) {
+  const int64_t rows = c->B * c->H * c->Mq;
+  x->num = calloc((size_t)rows, 4);
+  x->idx = calloc((size_t)(rows * c->L), 4);
+  x->qs = calloc((size_t)c->Mq, 4);
+  x->ks = calloc((size_t)c->Mk, 4);
+  int32_t *perm = calloc((size_t)c->Mk, 4);
+  assert_non_null(x->num); assert_non_null(x->idx); assert_non_null(x->qs);
+  assert_non_null(x->ks); assert_non_null(perm);
+  const int64_t most = c->L < c->Mk ? c->L : c->Mk;
+  for (int64_t r = 0; r < rows; r++) {
+    int64_t n = sta_test_rint(0, 7) == 0 ? sta_test_rint(0, most) : most - sta_test_rint(0, most / 4);
+    if (sta_test_rint(0, 11) == 0) n = 0;
+    for (int64_t i = 0; i < c->Mk; i++) perm[i] = (int32_t)i;
+    for (int64_t i = 0; i < n; i++) { /* partial Fisher-Yates */
+      int64_t j = sta_test_rint(i, c->Mk - 1);
+      int32_t t = perm[i]; perm[i] = perm[j]; perm[j] = t;
+      x->idx[r * c->L + i] = perm[i];
+    }
+    for (int64_t i = n; i < c->L; i++) x->idx[r * c->L + i] = -1;
+    x->num[r] = (int32_t)n;
+  }
+  free(perm);
+  for (int64_t n = 0; n < c->Mk; n++)
+    x->ks[n] = c->sizes && sta_test_rint(0, 2) ? (int32_t)sta_test_rint(c->bv / 4 > 0 ? c->bv / 4 : 1, c->bv)
+                                               : c->bv;
+  if (c->sizes && c->bv > 16 && c->Mk > 1) x->ks[sta_test_rint(0, c->Mk - 1)] = 1; /* one row */
+  for (int64_t m = 0; m < c->Mq; m++)
+    x->qs[m] = c->sizes == 2 ? (int32_t)sta_test_rint(1, c->bv)
+               : c->sizes == 1 && m < c->Mk ? x->ks[m] : c->bv;
+  x->dnum = to_device(x->num, (size_t)rows * 4);
+  x->didx = to_device(x->idx, (size_t)(rows * c->L) * 4);
+  x->dqs = c->sizes ? to_device(x->qs, (size_t)c->Mq * 4) : NULL;
+  x->dks = c->sizes ? to_device(x->ks, (size_t)c->Mk * 4) : NULL;
+}
+
+static void free_lists(lists *x) {
+  const sta_backend_ops *be = sta_backend_get(STA_CUDA);
+  free(x->num); free(x->idx); free(x->qs); free(x->ks);
+  be->release(x->dnum); be->release(x->didx);
+  if (x->dqs) be->release(x->dqs);
+  if (x->dks) be->release(x->dks);
+}
+
+/* Does query block m of (b, h) see key block n? */
+static int sees(const kcase *c, const lists *x, int64_t b, int64_t h, int64_t m, int64_t n) {
+  const int64_t row = (b * c->H + h) * c->Mq + m;
+  if (c->uni) {
+    int32_t q[3] = {(int32_t)(m / (c->grid[1] * c->grid[2])), (int32_t)(m / c->grid[2] % c->grid[1]),
+                    (int32_t)(m % c->grid[2])};
+    int32_t k[3] = {(int32_t)(n / (c->grid[1] * c->grid[2])), (int32_t)(n / c->grid[2] % c->grid[1]),
+                    (int32_t)(n % c->grid[2])};
+    int all = 1;
+    for (int a = 0; a < 3; a++) all &= in_window(q[a], k[a], c->win[3 * h + a], c->grid[a]);
+    if (all) return 1;
+  }
+  for (int32_t i = 0; i < x->num[row]; i++)
+    if (x->idx[row * c->L + i] == n) return 1;
+  return 0;
+}
+
+/* sta_attn_params of a BLOCKS / WINDOW_OR_BLOCKS call on device views. */
+static void params_of(const kcase *c, const lists *x, sta_tensor *const t[4], float *lse,
+                      int32_t *wins, sta_attn_params *p) {
+  memset(p, 0, sizeof *p);
+  p->q = sta_tensor_data(t[0]); p->k = sta_tensor_data(t[1]); p->v = sta_tensor_data(t[2]);
+  p->o = sta_tensor_data(t[3]);
+  p->lse = lse;
+  p->dtype = c->dtype;
+  p->batch = c->B; p->seq_len = c->Mq * c->bv; p->heads = c->H; p->head_dim = c->D;
+  int64_t *st[4][3] = {{&p->q_sb, &p->q_ss, &p->q_sh}, {&p->k_sb, &p->k_ss, &p->k_sh},
+                       {&p->v_sb, &p->v_ss, &p->v_sh}, {&p->o_sb, &p->o_ss, &p->o_sh}};
+  for (int i = 0; i < 4; i++) {
+    *st[i][0] = sta_tensor_stride(t[i], 0);
+    *st[i][1] = sta_tensor_stride(t[i], c->layout == STA_BSHD ? 1 : 2);
+    *st[i][2] = sta_tensor_stride(t[i], c->layout == STA_BSHD ? 2 : 1);
+  }
+  p->lse_sb = c->H * p->seq_len; p->lse_sh = p->seq_len; p->lse_ss = 1;
+  p->scale = c->scale > 0 ? c->scale : (float)(1.0 / sqrt((double)c->D));
+  p->fast_softmax = c->fast;
+  p->mask = c->uni ? STA_MASK_WINDOW_OR_BLOCKS : STA_MASK_BLOCKS;
+  p->block_rows = c->bv;
+  p->kv_len = c->Mk * c->bv;
+  p->q_blocks = c->Mq; p->kv_blocks = c->Mk; p->list_len = c->L;
+  p->num = x->dnum; p->idx = x->didx;
+  p->q_sizes = x->dqs; p->kv_sizes = x->dks;
+  if (c->uni) {
+    memcpy(p->grid, c->grid, sizeof p->grid);
+    for (int64_t h = 0; h < c->H; h++) memcpy(wins + 3 * h, c->win + 3 * h, 3 * sizeof(int32_t));
+    p->windows = wins;
+  }
+}
+
+static double worst[2];
+
+/* One problem: the GPU (twice: bit-identical) against the float64
+** reference on the same rounded inputs. */
+static void run_case(const kcase *c) {
+  char what[400];
+  describe(c, what, sizeof what);
+  const sta_backend_ops *be = sta_backend_get(STA_CUDA);
+  lists x;
+  make_lists(c, &x);
+  const int64_t Sq = c->Mq * c->bv, Sk = c->Mk * c->bv;
+  /* host inputs in the dtype, NaN in the padding rows */
+  sta_tensor *hb[3], *h[3], *f[3];
+  for (int i = 0; i < 3; i++) {
+    h[i] = make4(&hb[i], c->dtype, STA_CPU, c->layout, 0, c->B, i ? Sk : Sq, c->H, c->D);
+    assert_int_equal(sta_tensor_randn(h[i], c->seed * 3 + (uint64_t)i, i == 2 ? 0.3 : 0.0, 1.0),
+                     STA_OK);
+    const int64_t M = i ? c->Mk : c->Mq;
+    const int32_t *sz = i ? x.ks : x.qs;
+    for (int64_t n = 0; n < M; n++) fill_rows(h[i], c->layout, n * c->bv + sz[n], (n + 1) * c->bv, NAN);
+    f[i] = NULL;
+    assert_int_equal(sta_tensor_to(&f[i], h[i], STA_F32, STA_CPU), STA_OK);
+  }
+  /* device views */
+  sta_tensor *qkvb = NULL, *gb[4] = {NULL, NULL, NULL, NULL}, *g[4];
+  if (c->store == 2) {
+    make_qkv(&qkvb, g, c->dtype, c->layout, c->B, Sq, c->H, c->D);
+  } else {
+    for (int i = 0; i < 3; i++)
+      g[i] = make4(&gb[i], c->dtype, STA_CUDA, c->layout, c->store > 2 ? c->store : (c->store + i) & 1,
+                   c->B, i ? Sk : Sq, c->H, c->D);
+  }
+  g[3] = make4(&gb[3], c->dtype, STA_CUDA, c->layout, c->store == 1 || c->store == 4 ? c->store : 0,
+               c->B, Sq, c->H, c->D);
+  for (int i = 0; i < 3; i++) assert_int_equal(sta_tensor_copy(g[i], h[i]), STA_OK);
+  sta_tensor *glse = NULL, *out[2] = {NULL, NULL}, *lh[2] = {NULL, NULL};
+  int64_t ls[3] = {c->B, c->H, Sq};
+  assert_int_equal(sta_tensor_create(&glse, STA_F32, STA_CUDA, 3, ls), STA_OK);
+  int32_t wins[3 * MAXH];
+  for (int run = 0; run < 2; run++) {
+    assert_int_equal(sta_tensor_fill(gb[3], NAN), STA_OK); /* poison */
+    assert_int_equal(sta_tensor_fill(glse, NAN), STA_OK);
+    sta_attn_params p;
+    params_of(c, &x, g, c->lse ? sta_tensor_data(glse) : NULL, wins, &p);
+    sta_status rc = be->attention(&p);
+    if (rc != STA_OK) fail_msg("%s: GPU: %s", what, sta_last_error());
+    assert_int_equal(be->synchronize(), STA_OK);
+    assert_int_equal(sta_tensor_to(&out[run], g[3], STA_F32, STA_CPU), STA_OK);
+    assert_int_equal(sta_tensor_to(&lh[run], glse, STA_F32, STA_CPU), STA_OK);
+  }
+  const char *launch = sta_cuda_last_launch();
+  if (!strstr(launch, "block-sparse")) fail_msg("%s: launched %s", what, launch);
+  double mx, rel;
+  assert_int_equal(sta_tensor_compare(out[0], out[1], &mx, &rel), STA_OK);
+  if (mx != 0.0) fail_msg("%s: two runs differ (max %g)", what, mx);
+
+  /* float64 reference, row by row */
+  const double scale = c->scale > 0 ? c->scale : 1.0 / sqrt((double)c->D);
+  double *sc = malloc(sizeof(double) * (size_t)Sk), *acc = malloc(sizeof(double) * (size_t)c->D);
+  assert_non_null(sc); assert_non_null(acc);
+  double num2 = 0, den2 = 0;
+  const float *ol = sta_tensor_data(lh[0]);
+  for (int64_t b = 0; b < c->B; b++)
+    for (int64_t hh = 0; hh < c->H; hh++)
+      for (int64_t m = 0; m < c->Mq; m++) {
+        char *seen = calloc((size_t)c->Mk, 1);
+        assert_non_null(seen);
+        for (int64_t n = 0; n < c->Mk; n++) seen[n] = (char)sees(c, &x, b, hh, m, n);
+        for (int64_t r = 0; r < c->bv; r++) {
+          const int64_t s = m * c->bv + r;
+          const int valid = r < x.qs[m];
+          double mxs = -INFINITY, sum = 0;
+          int64_t nk = 0;
+          const float *qr = rowp(f[0], c->layout, b, s, hh);
+          for (int64_t n = 0; valid && n < c->Mk; n++) {
+            if (!seen[n]) continue;
+            for (int64_t j = 0; j < x.ks[n]; j++) {
+              const float *kr = rowp(f[1], c->layout, b, n * c->bv + j, hh);
+              double dot = 0;
+              for (int64_t d = 0; d < c->D; d++) dot += (double)qr[d] * kr[d];
+              sc[nk++] = dot * scale;
+              if (dot * scale > mxs) mxs = dot * scale;
+            }
+          }
+          for (int64_t d = 0; d < c->D; d++) acc[d] = 0;
+          nk = 0;
+          for (int64_t n = 0; valid && n < c->Mk; n++) {
+            if (!seen[n]) continue;
+            for (int64_t j = 0; j < x.ks[n]; j++) {
+              const double e = exp(sc[nk++] - mxs);
+              const float *vr = rowp(f[2], c->layout, b, n * c->bv + j, hh);
+              sum += e;
+              for (int64_t d = 0; d < c->D; d++) acc[d] += e * vr[d];
+            }
+          }
+          const float *orow = rowp(out[0], c->layout, b, s, hh);
+          for (int64_t d = 0; d < c->D; d++) {
+            const double want = sum > 0 ? acc[d] / sum : 0.0, got = orow[d];
+            if (isnan(got)) fail_msg("%s: out[%lld, %lld, %lld, %lld] not written (NaN)", what,
+                                     (long long)b, (long long)s, (long long)hh, (long long)d);
+            if (sum == 0 && got != 0.0)
+              fail_msg("%s: out[%lld, %lld, %lld, %lld] = %g, wanted 0 (%s)", what, (long long)b,
+                       (long long)s, (long long)hh, (long long)d, got,
+                       valid ? "empty list" : "padding row");
+            num2 += (got - want) * (got - want);
+            den2 += want * want;
+          }
+          if (c->lse) {
+            const double lw = sum > 0 ? mxs + log(sum) : -INFINITY;
+            const double lg = ol[(b * c->H + hh) * Sq + s];
+            if (!(lw == lg || fabs(lw - lg) < 2e-3))
+              fail_msg("%s: lse[%lld, %lld, %lld] = %g, wanted %g", what, (long long)b,
+                       (long long)hh, (long long)s, lg, lw);
+          }
+        }
+        free(seen);
+      }
+  const double r = den2 > 0 ? sqrt(num2 / den2) : sqrt(num2);
+  const double tol = c->dtype == STA_BF16 ? 1e-2 : 2e-3;
+  if (!(r < tol)) fail_msg("%s: rel L2 %g (tol %g)", what, r, tol);
+  if (r > worst[c->dtype == STA_F16]) worst[c->dtype == STA_F16] = r;
+  free(sc); free(acc);
+  for (int i = 0; i < 3; i++) {
+    sta_tensor_destroy(h[i]); sta_tensor_destroy(hb[i]); sta_tensor_destroy(f[i]);
+    sta_tensor_destroy(g[i]); sta_tensor_destroy(gb[i]);
+  }
+  sta_tensor_destroy(g[3]); sta_tensor_destroy(gb[3]); sta_tensor_destroy(qkvb);
+  for (int i = 0; i < 2; i++) { sta_tensor_destroy(out[i]); sta_tensor_destroy(lh[i]); }
+  sta_tensor_destroy(glse);
+  free_lists(&x);
+}
+
+static void case_init(kcase *c, int32_t bv, int64_t Mq, int64_t Mk, int64_t L) {
+  memset(c, 0, sizeof *c);
+  c->B = 1; c->H = 2; c->D = 128;
+  c->Mq = Mq; c->Mk = Mk; c->L = L; c->bv = bv;
+  c->dtype = STA_BF16;
+  c->layout = STA_BSHD;
+  c->sizes = 2;
+  c->lse = 1;
+  c->seed = sta_test_rnd();
+}
+
+/* The union: blocks are the tiles of a grid (block_rows = tile volume). */
+static void uni_init(kcase *c, int32_t bv, int32_t t, int32_t hh, int32_t w, int64_t L) {
+  case_init(c, bv, (int64_t)t * hh * w, (int64_t)t * hh * w, L);
+  c->uni = 1;
+  c->grid[0] = t; c->grid[1] = hh; c->grid[2] = w;
+  for (int64_t i = 0; i < MAXH; i++)
+    for (int a = 0; a < 3; a++) c->win[3 * i + a] = (int32_t)(1 + 2 * sta_test_rint(0, 1));
+  c->sizes = 1;
+}
+
+static void test_fixed(void **state) {
+  NEED_GPU();
+  kcase c;
+  case_init(&c, 64, 6, 9, 5); /* the split kernel, partial blocks, Mq != Mk */
+  run_case(&c);
+  c.D = 64; c.dtype = STA_F16; c.seed = sta_test_rnd();
+  run_case(&c);
+  case_init(&c, 256, 3, 4, 3); /* the shared kernel, two parts and two sub-blocks */
+  run_case(&c);
+  c.D = 64; c.layout = STA_BHSD; c.store = 1; c.seed = sta_test_rnd();
+  run_case(&c);
+  case_init(&c, 128, 4, 4, 6); /* L > Mk */
+  c.store = 2; c.B = 2; c.sizes = 1; c.scale = 0.05f;
+  run_case(&c);
+  case_init(&c, 384, 2, 3, 2); /* three parts, three sub-blocks */
+  c.fast = 1; c.H = 1;
+  run_case(&c);
+  case_init(&c, 64, 5, 4, 4); /* the gathers: 16-byte rows (B 2), element loads */
+  c.store = 3; c.B = 2;
+  run_case(&c);
+  case_init(&c, 256, 2, 2, 2);
+  c.store = 4; c.D = 64; c.dtype = STA_F16;
+  run_case(&c);
+  uni_init(&c, 64, 2, 3, 4, 3); /* window or blocks */
+  run_case(&c);
+  uni_init(&c, 128, 3, 2, 2, 2);
+  c.D = 64; c.layout = STA_BHSD;
+  run_case(&c);
+}
+
+static void test_random(void **state) {
+  NEED_GPU();
+  const char *ns = getenv("STA_GPU_CASES");
+  const int quick = getenv("STA_GPU_QUICK") != NULL;
+  int n = ns ? atoi(ns) : 60;
+  static const int32_t bvs[] = {64, 64, 64, 128, 256, 256, 384};
+  for (int i = 0; i < n; i++) {
+    kcase c;
+    const int32_t bv = bvs[sta_test_rint(0, 6)];
+    const int64_t cap = quick ? 3 : (bv == 64 ? 12 : 4);
+    if (sta_test_rint(0, 4) == 0) {
+      uni_init(&c, bv, (int32_t)sta_test_rint(1, 3), (int32_t)sta_test_rint(1, 3),
+               (int32_t)sta_test_rint(1, 3), sta_test_rint(1, 4));
+      c.H = sta_test_rint(1, MAXH);
+    } else {
+      const int64_t Mq = sta_test_rint(1, cap), Mk = sta_test_rint(1, cap);
+      case_init(&c, bv, Mq, Mk, sta_test_rint(1, Mk + 2));
+      c.H = sta_test_rint(1, MAXH);
+      c.sizes = (int)sta_test_rint(0, 2);
+      if (c.Mq != c.Mk && c.sizes == 1) c.sizes = 2;
+    }
+    c.B = sta_test_rint(1, 2);
+    c.D = sta_test_rint(0, 1) ? 128 : 64;
+    c.dtype = sta_test_rint(0, 1) ? STA_BF16 : STA_F16;
+    c.layout = (sta_layout)sta_test_rint(0, 1);
+    static const int stores[] = {0, 0, 1, 3, 4, 2};
+    c.store = stores[sta_test_rint(0, c.Mq == c.Mk ? 5 : 4)];
+    c.fast = sta_test_rint(0, 3) == 0;
+    c.lse = sta_test_rint(0, 3) != 0;
+    c.scale = sta_test_rint(0, 3) ? 0.0f : 0.06f;
+    run_case(&c);
+  }
+  printf("# worst rel L2 against float64: bf16 %.3g, f16 %.3g\n", worst[0], worst[1]);
+}
+
+/* block_rows the CUDA backend does not take: refused, naming it. */
+static void test_refusals(void **state) {
+  NEED_GPU();
+  kcase c;
+  case_init(&c, 96, 2, 2, 2);
+  c.sizes = 0;
+  lists x;
+  make_lists(&c, &x);
+  sta_tensor *b[4], *t[4];
+  for (int i = 0; i < 4; i++) t[i] = make4(&b[i], c.dtype, STA_CUDA, c.layout, 0, 1, 192, 2, 128);
+  sta_attn_params p;
+  int32_t wins[3 * MAXH];
+  params_of(&c, &x, t, NULL, wins, &p);
+  EXPECT_ERR(sta_backend_get(STA_CUDA)->attention(&p), STA_ERR_UNSUPPORTED,
+             "attention: block_rows 96 not supported on cuda (64 or a multiple of 128 up to 1024)");
+  for (int i = 0; i < 4; i++) { sta_tensor_destroy(t[i]); sta_tensor_destroy(b[i]); }
+  free_lists(&x);
+}
+
+/* bsa_walk.h on the host: every sub-block's loaded rows, mask and valid
+** rows (each valid row of the block exactly once, nothing past it read),
+** the item order, and the union's window box against the rule. */
+static void test_walk(void **state) {
+  (void)state;
+  for (int32_t bk = 64; bk <= 128; bk += 64)
+    for (int32_t bv = bk; bv <= 4 * bk; bv += bk)
+      for (int32_t s = 1; s <= bv; s++) {
+        int32_t seen[1024] = {0};
+        const int32_t ns = bsa_subs(s, bk);
+        assert_int_equal(ns, (s + bk - 1) / bk);
+        for (int32_t j = 0; j < ns; j++) {
+          int32_t r0, lo;
+          bsa_sub(s, j, bk, &r0, &lo);
+          assert_true(lo >= 0 && lo < bk);
+          assert_true(r0 + bk <= s); /* never past the valid rows */
+          for (int32_t x = lo; x < bk; x++) {
+            assert_true(r0 + x >= 0);
+            seen[r0 + x]++;
+          }
+          for (int32_t x = 0; x < lo; x++) /* masked: zeros before the block, or seen before */
+            assert_true(r0 + x < 0 || seen[r0 + x] == 1);
+        }
+        for (int32_t r = 0; r < s; r++) assert_int_equal(seen[r], 1);
+      }
+  int64_t item = 0;
+  for (int32_t b = 0; b < 2; b++)
+    for (int32_t h = 0; h < 3; h++)
+      for (int32_t m = 0; m < 5; m++)
+        for (int32_t q = 0; q < 2; q++, item++) {
+          int32_t xb, xh, xm, xq;
+          bsa_item(item, 5, 2, 3, &xb, &xh, &xm, &xq);
+          assert_true(xb == b && xh == h && xm == m && xq == q);
+        }
+  assert_int_equal(bsa_part_rows(200, 0, 128), 128);
+  assert_int_equal(bsa_part_rows(200, 1, 128), 72);
+  assert_int_equal(bsa_part_rows(100, 1, 128), 0);
+  for (int it = 0; it < 200; it++) {
+    int32_t g[3], st[3], k[3];
+    int16_t win[3];
+    for (int a = 0; a < 3; a++) {
+      g[a] = (int32_t)sta_test_rint(1, 7);
+      win[a] = (int16_t)sta_test_rint(1, g[a]);
+    }
+    const int32_t tiles = g[0] * g[1] * g[2], m = (int32_t)sta_test_rint(0, tiles - 1);
+    bsa_window_box(m, g, win, st, k);
+    int32_t cnt = 0;
+    for (int32_t n = 0; n < tiles; n++) {
+      int want = in_window(m / (g[1] * g[2]), n / (g[1] * g[2]), win[0], g[0]) &&
+                 in_window(m / g[2] % g[1], n / g[2] % g[1], win[1], g[1]) &&
+                 in_window(m % g[2], n % g[2], win[2], g[2]);
+      assert_int_equal(bsa_window_has(n, g, st, k), want);
+      cnt += want;
+    }
+    assert_int_equal(cnt, k[0] * k[1] * k[2]);
+    for (int32_t e = 0; e < cnt; e++) {
+      const int32_t n = bsa_window_tile(e, g, st, k);
+      assert_true(bsa_window_has(n, g, st, k));
+      if (e) assert_true(n > bsa_window_tile(e - 1, g, st, k)); /* tile order */
+    }
+  }
+}
+
+int main(void) {
+  sta_test_begin(2862933555777941757ull, 3037000493ull);
+  if (!sta_backend_available(STA_CUDA))
+    printf("# no CUDA backend: %s\n", sta_backend_describe(STA_CUDA));
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_walk),
+      cmocka_unit_test(test_refusals),
+      cmocka_unit_test(test_fixed),
+      cmocka_unit_test(test_random),
+  };
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}
