@@ -9,7 +9,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 
-#include "bsa_params.h" /* sta_cuda_block_attention */
+#include "bsa_bwd_params.h" /* sta_cuda_block_attention_backward */
+#include "bsa_params.h"     /* sta_cuda_block_attention */
 #include "ops.cuh" /* to_f32: the elementwise operations' conversion */
 
 sta_status sta_cuda_fail(cudaError_t e, const char *what) {
@@ -259,7 +260,8 @@ sta_status cuda_attention(const sta_attn_params *p) {
 }
 
 sta_status cuda_attention_backward(const sta_attn_params *p) {
-  return sta_cuda_attention_backward(p);
+  return p->mask == STA_MASK_WINDOW ? sta_cuda_attention_backward(p)
+                                    : sta_cuda_block_attention_backward(p);
 }
 
 const sta_backend_ops cuda_ops = {
