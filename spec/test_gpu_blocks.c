@@ -8,7 +8,9 @@
 ** 384; bf16 and f16; D 64 and 128; BSHD and BHSD, contiguous, permuted
 ** storage and a fused qkv view; the union with a window; lse; outputs
 ** poisoned (NaN) first, so every element is checked written; two runs
-** bit-identical.  The kernels are called through the backend table
+** bit-identical.  The backward (dq, dk, dv from the GPU forward's out and
+** lse) against float64 gradients, zeros on padding rows, the deterministic
+** mode bit-identical run to run.  The kernels are called through the backend table
 ** (core/internal.h's sta_attn_params, built here), so this test does not
 ** depend on the core's resolve of the lists; the CPU path's comparison is
 ** test_blocks_public below.  Also the index arithmetic of bsa_walk.h on the
@@ -41,6 +43,7 @@ typedef struct kcase {
   int uni;      /* WINDOW_OR_BLOCKS: blocks are the tiles of grid */
   int32_t grid[3], win[3 * MAXH];
   int fast, lse;
+  int bwd;      /* also the backward (0 no, 1 yes, 2 and the deterministic mode) */
   float scale;
   uint64_t seed;
 } kcase;
@@ -48,11 +51,11 @@ typedef struct kcase {
 static void describe(const kcase *c, char *buf, size_t n) {
   snprintf(buf, n,
            "B%lld H%lld D%lld Mq %lld Mk %lld L %lld bv %d %s %s store %d sizes %d uni %d "
-           "grid %dx%dx%d win %d,%d,%d fast %d lse %d scale %g seed %llu",
+           "grid %dx%dx%d win %d,%d,%d fast %d lse %d bwd %d scale %g seed %llu",
            (long long)c->B, (long long)c->H, (long long)c->D, (long long)c->Mq, (long long)c->Mk,
            (long long)c->L, c->bv, sta_dtype_name(c->dtype), c->layout == STA_BSHD ? "BSHD" : "BHSD",
            c->store, c->sizes, c->uni, c->grid[0], c->grid[1], c->grid[2], c->win[0], c->win[1],
-           c->win[2], c->fast, c->lse, (double)c->scale, (unsigned long long)c->seed);
+           c->win[2], c->fast, c->lse, c->bwd, (double)c->scale, (unsigned long long)c->seed);
 }
 
 /* A [B,S,H,D] or [B,H,S,D] tensor of dtype on dev: storage contiguous in
@@ -225,6 +228,150 @@ static void params_of(const kcase *c, const lists *x, sta_tensor *const t[4], fl
 
 static double worst[2];
 
+static double worst_bwd[2][3];
+static int with_bwd; /* test_backward: the cases' backward too */
+
+/* The backward of a case (after its forward: g[3] the GPU's out, glse its
+** lse) against the float64 gradients; deterministic (bwd 2): two runs bit
+** for bit, and the default within rounding of them. */
+static void check_backward(const kcase *c, const lists *x, sta_tensor *const f[3],
+                           sta_tensor *const g[4], sta_tensor *glse, const char *what) {
+  const sta_backend_ops *be = sta_backend_get(STA_CUDA);
+  const int64_t Sq = c->Mq * c->bv, Sk = c->Mk * c->bv, D = c->D;
+  sta_tensor *hdob = NULL, *hdo = make4(&hdob, c->dtype, STA_CPU, c->layout, 0, c->B, Sq, c->H, D);
+  assert_int_equal(sta_tensor_randn(hdo, c->seed * 3 + 7, 0.0, 1.0), STA_OK);
+  for (int64_t m = 0; m < c->Mq; m++) fill_rows(hdo, c->layout, m * c->bv + x->qs[m], (m + 1) * c->bv, NAN);
+  sta_tensor *fdo = NULL, *gdob = NULL, *gdo;
+  assert_int_equal(sta_tensor_to(&fdo, hdo, STA_F32, STA_CPU), STA_OK);
+  gdo = make4(&gdob, c->dtype, STA_CUDA, c->layout, c->store == 2 ? 0 : c->store, c->B, Sq, c->H, D);
+  assert_int_equal(sta_tensor_copy(gdo, hdo), STA_OK);
+  const int runs = c->bwd == 2 ? 3 : 1; /* deterministic twice, then the default */
+  sta_tensor *gg[3][3], *ggb[3][3], *hg[3][3];
+  int32_t wins[3 * MAXH];
+  for (int run = 0; run < runs; run++) {
+    for (int i = 0; i < 3; i++) {
+      gg[run][i] = make4(&ggb[run][i], c->dtype, STA_CUDA, c->layout, c->store == 2 ? 0 : c->store,
+                         c->B, i ? Sk : Sq, c->H, D);
+      assert_int_equal(sta_tensor_fill(ggb[run][i], NAN), STA_OK); /* poison */
+    }
+    sta_attn_params p;
+    params_of(c, x, g, sta_tensor_data(glse), wins, &p);
+    p.deterministic = c->bwd == 2 && run < 2;
+    p.dout = sta_tensor_data(gdo);
+    p.dq = sta_tensor_data(gg[run][0]); p.dk = sta_tensor_data(gg[run][1]);
+    p.dv = sta_tensor_data(gg[run][2]);
+    sta_tensor *const t4[4] = {gdo, gg[run][0], gg[run][1], gg[run][2]};
+    int64_t *st[4][3] = {{&p.do_sb, &p.do_ss, &p.do_sh}, {&p.dq_sb, &p.dq_ss, &p.dq_sh},
+                         {&p.dk_sb, &p.dk_ss, &p.dk_sh}, {&p.dv_sb, &p.dv_ss, &p.dv_sh}};
+    for (int i = 0; i < 4; i++) {
+      *st[i][0] = sta_tensor_stride(t4[i], 0);
+      *st[i][1] = sta_tensor_stride(t4[i], c->layout == STA_BSHD ? 1 : 2);
+      *st[i][2] = sta_tensor_stride(t4[i], c->layout == STA_BSHD ? 2 : 1);
+    }
+    sta_status rc = be->attention_backward(&p);
+    if (rc != STA_OK) fail_msg("%s: GPU backward (run %d): %s", what, run, sta_last_error());
+    assert_int_equal(be->synchronize(), STA_OK);
+    for (int i = 0; i < 3; i++) {
+      hg[run][i] = NULL;
+      assert_int_equal(sta_tensor_to(&hg[run][i], gg[run][i], STA_F32, STA_CPU), STA_OK);
+    }
+  }
+  static const char *name[3] = {"dq", "dk", "dv"};
+  for (int run = 1; run < runs; run++)
+    for (int i = 0; i < 3; i++) {
+      double mx, rel;
+      assert_int_equal(sta_tensor_compare(hg[0][i], hg[run][i], &mx, &rel), STA_OK);
+      if (run == 1 && mx != 0.0) fail_msg("%s: deterministic runs differ (%s, max %g)", what, name[i], mx);
+      if (run == 2 && !(rel < 1e-2)) fail_msg("%s: deterministic vs default: %s rel %g", what, name[i], rel);
+    }
+  /* float64 gradients */
+  const double scale = c->scale > 0 ? c->scale : 1.0 / sqrt((double)D);
+  const int64_t nq = c->B * c->H * Sq * D, nk = c->B * c->H * Sk * D;
+  double *rq = calloc((size_t)nq, sizeof(double)), *rk = calloc((size_t)nk, sizeof(double));
+  double *rv = calloc((size_t)nk, sizeof(double)), *pr = malloc(sizeof(double) * (size_t)Sk);
+  int64_t *kr = malloc(sizeof(int64_t) * (size_t)Sk);
+  double *orow = malloc(sizeof(double) * (size_t)D);
+  assert_true(rq && rk && rv && pr && kr && orow);
+  for (int64_t b = 0; b < c->B; b++)
+    for (int64_t hh = 0; hh < c->H; hh++)
+      for (int64_t m = 0; m < c->Mq; m++)
+        for (int64_t r = 0; r < x->qs[m]; r++) {
+          const int64_t s = m * c->bv + r, bh = b * c->H + hh;
+          const float *qr = rowp(f[0], c->layout, b, s, hh), *dor = rowp(fdo, c->layout, b, s, hh);
+          int64_t nkey = 0;
+          double mxs = -INFINITY, sum = 0;
+          for (int64_t n = 0; n < c->Mk; n++) {
+            if (!sees(c, x, b, hh, m, n)) continue;
+            for (int64_t j = 0; j < x->ks[n]; j++) {
+              const float *krw = rowp(f[1], c->layout, b, n * c->bv + j, hh);
+              double dot = 0;
+              for (int64_t d = 0; d < D; d++) dot += (double)qr[d] * krw[d];
+              kr[nkey] = n * c->bv + j;
+              pr[nkey] = dot * scale;
+              if (pr[nkey] > mxs) mxs = pr[nkey];
+              nkey++;
+            }
+          }
+          if (nkey == 0) continue;
+          for (int64_t d = 0; d < D; d++) orow[d] = 0;
+          for (int64_t i = 0; i < nkey; i++) {
+            pr[i] = exp(pr[i] - mxs);
+            sum += pr[i];
+          }
+          double di = 0;
+          for (int64_t i = 0; i < nkey; i++) {
+            pr[i] /= sum;
+            const float *vr = rowp(f[2], c->layout, b, kr[i], hh);
+            for (int64_t d = 0; d < D; d++) orow[d] += pr[i] * vr[d];
+          }
+          for (int64_t d = 0; d < D; d++) di += orow[d] * dor[d];
+          double *dqr = rq + (bh * Sq + s) * D;
+          for (int64_t i = 0; i < nkey; i++) {
+            const float *vr = rowp(f[2], c->layout, b, kr[i], hh);
+            const float *krw = rowp(f[1], c->layout, b, kr[i], hh);
+            double dp = 0;
+            for (int64_t d = 0; d < D; d++) dp += (double)dor[d] * vr[d];
+            const double ds = pr[i] * (dp - di);
+            double *dkr = rk + (bh * Sk + kr[i]) * D, *dvr = rv + (bh * Sk + kr[i]) * D;
+            for (int64_t d = 0; d < D; d++) {
+              dqr[d] += scale * ds * krw[d];
+              dkr[d] += scale * ds * qr[d];
+              dvr[d] += pr[i] * dor[d];
+            }
+          }
+        }
+  const double *ref[3] = {rq, rk, rv};
+  const double tol = c->dtype == STA_F16 ? 1e-2 : 3e-2;
+  for (int i = 0; i < 3; i++) {
+    const int64_t S = i ? Sk : Sq;
+    double num2 = 0, den2 = 0;
+    for (int64_t b = 0; b < c->B; b++)
+      for (int64_t hh = 0; hh < c->H; hh++)
+        for (int64_t s = 0; s < S; s++) {
+          const float *gr = rowp(hg[0][i], c->layout, b, s, hh);
+          const double *rr = ref[i] + ((b * c->H + hh) * S + s) * D;
+          for (int64_t d = 0; d < D; d++) {
+            if (isnan(gr[d])) fail_msg("%s: %s[%lld, %lld, %lld, %lld] not written (NaN)", what,
+                                       name[i], (long long)b, (long long)s, (long long)hh, (long long)d);
+            if (rr[d] == 0.0 && gr[d] != 0.0 && (i ? s % c->bv >= x->ks[s / c->bv] : s % c->bv >= x->qs[s / c->bv]))
+              fail_msg("%s: %s on padding row %lld: %g", what, name[i], (long long)s, (double)gr[d]);
+            num2 += (gr[d] - rr[d]) * (gr[d] - rr[d]);
+            den2 += rr[d] * rr[d];
+          }
+        }
+    const double rel = den2 > 0 ? sqrt(num2 / den2) : sqrt(num2);
+    if (!(rel < tol)) fail_msg("%s: %s rel L2 %g (tol %g)", what, name[i], rel, tol);
+    if (rel > worst_bwd[c->dtype == STA_F16][i]) worst_bwd[c->dtype == STA_F16][i] = rel;
+  }
+  free(rq); free(rk); free(rv); free(pr); free(kr); free(orow);
+  for (int run = 0; run < runs; run++)
+    for (int i = 0; i < 3; i++) {
+      sta_tensor_destroy(gg[run][i]); sta_tensor_destroy(ggb[run][i]); sta_tensor_destroy(hg[run][i]);
+    }
+  sta_tensor_destroy(hdo); sta_tensor_destroy(hdob); sta_tensor_destroy(fdo);
+  sta_tensor_destroy(gdo); sta_tensor_destroy(gdob);
+}
+
 /* One problem: the GPU (twice: bit-identical) against the float64
 ** reference on the same rounded inputs. */
 static void run_case(const kcase *c) {
@@ -266,7 +413,7 @@ static void run_case(const kcase *c) {
     assert_int_equal(sta_tensor_fill(gb[3], NAN), STA_OK); /* poison */
     assert_int_equal(sta_tensor_fill(glse, NAN), STA_OK);
     sta_attn_params p;
-    params_of(c, &x, g, c->lse ? sta_tensor_data(glse) : NULL, wins, &p);
+    params_of(c, &x, g, c->lse || c->bwd ? sta_tensor_data(glse) : NULL, wins, &p);
     sta_status rc = be->attention(&p);
     if (rc != STA_OK) fail_msg("%s: GPU: %s", what, sta_last_error());
     assert_int_equal(be->synchronize(), STA_OK);
@@ -345,6 +492,7 @@ static void run_case(const kcase *c) {
   if (!(r < tol)) fail_msg("%s: rel L2 %g (tol %g)", what, r, tol);
   if (r > worst[c->dtype == STA_F16]) worst[c->dtype == STA_F16] = r;
   free(sc); free(acc);
+  if (c->bwd && with_bwd) check_backward(c, &x, f, g, glse, what);
   for (int i = 0; i < 3; i++) {
     sta_tensor_destroy(h[i]); sta_tensor_destroy(hb[i]); sta_tensor_destroy(f[i]);
     sta_tensor_destroy(g[i]); sta_tensor_destroy(gb[i]);
@@ -363,6 +511,7 @@ static void case_init(kcase *c, int32_t bv, int64_t Mq, int64_t Mk, int64_t L) {
   c->layout = STA_BSHD;
   c->sizes = 2;
   c->lse = 1;
+  c->bwd = 1;
   c->seed = sta_test_rnd();
 }
 
@@ -376,14 +525,15 @@ static void uni_init(kcase *c, int32_t bv, int32_t t, int32_t hh, int32_t w, int
   c->sizes = 1;
 }
 
-static void test_fixed(void **state) {
-  NEED_GPU();
+static void fixed_cases(void) {
   kcase c;
   case_init(&c, 64, 6, 9, 5); /* the split kernel, partial blocks, Mq != Mk */
+  c.bwd = 2;
   run_case(&c);
   c.D = 64; c.dtype = STA_F16; c.seed = sta_test_rnd();
   run_case(&c);
   case_init(&c, 256, 3, 4, 3); /* the shared kernel, two parts and two sub-blocks */
+  c.bwd = 2;
   run_case(&c);
   c.D = 64; c.layout = STA_BHSD; c.store = 1; c.seed = sta_test_rnd();
   run_case(&c);
@@ -406,11 +556,8 @@ static void test_fixed(void **state) {
   run_case(&c);
 }
 
-static void test_random(void **state) {
-  NEED_GPU();
-  const char *ns = getenv("STA_GPU_CASES");
+static void random_cases(int n) {
   const int quick = getenv("STA_GPU_QUICK") != NULL;
-  int n = ns ? atoi(ns) : 60;
   static const int32_t bvs[] = {64, 64, 64, 128, 256, 256, 384};
   for (int i = 0; i < n; i++) {
     kcase c;
@@ -436,9 +583,35 @@ static void test_random(void **state) {
     c.fast = sta_test_rint(0, 3) == 0;
     c.lse = sta_test_rint(0, 3) != 0;
     c.scale = sta_test_rint(0, 3) ? 0.0f : 0.06f;
+    c.bwd = (int)sta_test_rint(0, 2);
     run_case(&c);
   }
-  printf("# worst rel L2 against float64: bf16 %.3g, f16 %.3g\n", worst[0], worst[1]);
+  printf("# worst rel L2 against float64: bf16 %.3g, f16 %.3g; backward (dq, dk, dv) bf16 %.3g "
+         "%.3g %.3g, f16 %.3g %.3g %.3g\n",
+         worst[0], worst[1], worst_bwd[0][0], worst_bwd[0][1], worst_bwd[0][2], worst_bwd[1][0],
+         worst_bwd[1][1], worst_bwd[1][2]);
+}
+
+static void test_fixed(void **state) {
+  NEED_GPU();
+  with_bwd = 0;
+  fixed_cases();
+}
+
+static void test_random(void **state) {
+  NEED_GPU();
+  const char *ns = getenv("STA_GPU_CASES");
+  with_bwd = 0;
+  random_cases(ns ? atoi(ns) : 60);
+}
+
+/* The backward on the fixed cases and a third of the random ones. */
+static void test_backward(void **state) {
+  NEED_GPU();
+  const char *ns = getenv("STA_GPU_CASES");
+  with_bwd = 1;
+  fixed_cases();
+  random_cases((ns ? atoi(ns) : 60) / 3);
 }
 
 /* block_rows the CUDA backend does not take: refused, naming it. */
@@ -532,6 +705,7 @@ int main(void) {
       cmocka_unit_test(test_refusals),
       cmocka_unit_test(test_fixed),
       cmocka_unit_test(test_random),
+      cmocka_unit_test(test_backward),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
