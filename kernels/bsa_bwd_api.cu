@@ -200,6 +200,10 @@ sta_status sta_cuda_block_attention_backward(const sta_attn_params *p) {
   for (int i = 0; i < 12; i++)
     if (st[i] % 8) vec = 0;
   x.vec = vec;
+  x.pair4 = ((uintptr_t)p->dk % 4 == 0) && ((uintptr_t)p->dv % 4 == 0);
+  const int64_t gs[] = {p->dk_sb, p->dk_ss, p->dk_sh, p->dv_sb, p->dv_ss, p->dv_sh};
+  for (int i = 0; i < 6; i++)
+    if (gs[i] % 2) x.pair4 = 0;
   x.bv = p->block_rows;
   x.Mq = (int)p->q_blocks;
   x.Mk = (int)p->kv_blocks;

@@ -32,6 +32,7 @@ struct BsaBwdArgs {
   int64_t q_sb, q_ss, q_sh, k_sb, k_ss, k_sh, v_sb, v_ss, v_sh, do_sb, do_ss, do_sh;
   int64_t dk_sb, dk_ss, dk_sh, dv_sb, dv_ss, dv_sh;
   int heads, batch, vec;
+  int pair4;     /* dk, dv: 4-byte aligned pairs (bases and strides) */
   int bv, Mq, Mk;
   int subs;      /* CTAs per key block: 1 (bv 64) or bv / 128 */
   const int32_t *q_sizes, *kv_sizes;

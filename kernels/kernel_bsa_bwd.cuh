@@ -240,6 +240,8 @@ __global__ void __launch_bounds__(384, 1) sta_bsa_bwd(const __grid_constant__ Bs
   float dk[D / 2], dv[D / 2];
 #pragma unroll
   for (int e = 0; e < D / 2; e++) dk[e] = dv[e] = 0.f;
+  const int krow[2] = {(SPLIT ? 0 : wg * 64) + wq * 16 + (lane >> 2),
+                       (SPLIT ? 0 : wg * 64) + wq * 16 + (lane >> 2) + 8}; /* this thread's keys */
 
   for (int it = SPLIT ? wg : 0; it < nblk; it += SPLIT ? 2 : 1) {
     const int st = it % ST;
@@ -265,6 +267,7 @@ __global__ void __launch_bounds__(384, 1) sta_bsa_bwd(const __grid_constant__ Bs
     sta_wgmma::wait<1>();
     sta_wgmma::pin<BQ / 2>(s);
 
+    /* P^T; 0 on padding keys (zero rows: S^T 0, and 2^-LSE may overflow) */
     const float *ls = slse + st * BQ, *ds = sdd + st * BQ;
     uint32_t pa[BQ / 16][4], da[BQ / 16][4];
 #pragma unroll
@@ -277,7 +280,7 @@ __global__ void __launch_bounds__(384, 1) sta_bsa_bwd(const __grid_constant__ Bs
           const float l2 = ls[c];
 #pragma unroll
           for (int hr = 0; hr < 2; hr++)
-            s[4 * j + 2 * hr + e] = ex2(fmaf(s[4 * j + 2 * hr + e], sl2, -l2));
+            s[4 * j + 2 * hr + e] = krow[hr] < kc ? ex2(fmaf(s[4 * j + 2 * hr + e], sl2, -l2)) : 0.f;
         }
 #pragma unroll
       for (int i = 0; i < 4; i++) pa[kk][i] = Mma<T>::pack(s[8 * kk + 2 * i], s[8 * kk + 2 * i + 1]);
@@ -327,6 +330,7 @@ __global__ void __launch_bounds__(384, 1) sta_bsa_bwd(const __grid_constant__ Bs
     const uint32_t dSt = sdesc_lo(sds, 16);
     /* dQ, W columns from column half hf of D over the CTA's keys: issued */
     auto issue_dq = [&](float *dq, int hf) {
+      sta_wgmma::fence(); /* dq's registers were read since */
       const uint32_t kq = D == 64 ? sdesc_lo(sKt + hf * 32 * 64, 16) : sdesc_lo(sK + hf * BKC * 64, 16);
 #pragma unroll
       for (int kk = 0; kk < BKC / 16; kk++) {
@@ -429,10 +433,19 @@ __global__ void __launch_bounds__(384, 1) sta_bsa_bwd(const __grid_constant__ Bs
 #pragma unroll
     for (int j = 0; j < D / 8; j++) {
       const int c = 8 * j + 2 * (lane & 3);
-      *reinterpret_cast<uint32_t *>(gdk + row * a.dk_ss + c) =
+      const uint32_t vk =
           ok ? Mma<T>::pack(dk[4 * j + 2 * hr] * a.scale, dk[4 * j + 2 * hr + 1] * a.scale) : 0u;
-      *reinterpret_cast<uint32_t *>(gdv + row * a.dv_ss + c) =
-          ok ? Mma<T>::pack(dv[4 * j + 2 * hr], dv[4 * j + 2 * hr + 1]) : 0u;
+      const uint32_t vv = ok ? Mma<T>::pack(dv[4 * j + 2 * hr], dv[4 * j + 2 * hr + 1]) : 0u;
+      T *pk = gdk + row * a.dk_ss + c, *pv = gdv + row * a.dv_ss + c;
+      if (a.pair4) {
+        *reinterpret_cast<uint32_t *>(pk) = vk;
+        *reinterpret_cast<uint32_t *>(pv) = vv;
+      } else { /* odd strides: element stores */
+        reinterpret_cast<uint16_t *>(pk)[0] = (uint16_t)(vk & 0xffff);
+        reinterpret_cast<uint16_t *>(pk)[1] = (uint16_t)(vk >> 16);
+        reinterpret_cast<uint16_t *>(pv)[0] = (uint16_t)(vv & 0xffff);
+        reinterpret_cast<uint16_t *>(pv)[1] = (uint16_t)(vv >> 16);
+      }
     }
   }
 }
