@@ -61,5 +61,8 @@ void bsa_note_launch(const BsaParams &x, const char *kernel, const char *dtype, 
 
 /* The block-sparse forward on device tensors (mask != WINDOW; bsa_api.cu). */
 sta_status sta_cuda_block_attention(const sta_attn_params *p);
+/* The resolved lists of p checked on the device (bsa_check.cu): the CUDA
+** backend's check_lists (core/internal.h), core/mask.c's messages. */
+sta_status sta_cuda_check_lists(const sta_attn_params *p);
 
 #endif

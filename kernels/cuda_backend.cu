@@ -268,7 +268,9 @@ const sta_backend_ops cuda_ops = {
     "cuda",      cuda_probe,     cuda_alloc,  cuda_release,
     cuda_memcpy, sta_cuda_copy,  sta_cuda_fill, sta_cuda_randn,
     cuda_attention, cuda_head_diff, cuda_synchronize, cuda_attention_backward,
-    sta_cuda_lincomb, sta_cuda_stats, sta_cuda_attention_fp8};
+    sta_cuda_lincomb, sta_cuda_stats, sta_cuda_attention_fp8,
+    /* the block-sparse kernels (bsa_api.cu, bsa_bwd_api.cu) and their list check */
+    1 << STA_MASK_BLOCKS | 1 << STA_MASK_WINDOW_OR_BLOCKS, sta_cuda_check_lists};
 
 } /* namespace */
 
