@@ -141,12 +141,11 @@ __global__ void __launch_bounds__(384, 1) sta_bsa_bwd(const __grid_constant__ Bs
     asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
     int cnt = 0; /* the query blocks' 64-row parts: the consumers' loop count */
     if (kc > 0 || det) {
-      BsaQWalk qw;
-      qw.e = a.k2q_off[(int64_t)bh * a.Mk + n];
-      qw.e1 = a.k2q_off[(int64_t)bh * a.Mk + n + 1];
-      for (int e = qw.e; e < qw.e1; e++) {
-        const int m = a.k2q_idx[e], qs = a.q_sizes ? a.q_sizes[m] : a.bv;
-        cnt += (qs + 63) >> 6;
+      const int e0 = a.k2q_off[(int64_t)bh * a.Mk + n], e1 = a.k2q_off[(int64_t)bh * a.Mk + n + 1];
+      if (a.bv == 64 || !a.q_sizes) { /* every query block whole parts (or one) */
+        cnt = (e1 - e0) * (a.bv / 64);
+      } else {
+        for (int e = e0; e < e1; e++) cnt += (a.q_sizes[a.k2q_idx[e]] + 63) >> 6;
       }
     }
     *snblk = cnt;
