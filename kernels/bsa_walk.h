@@ -25,12 +25,8 @@
 
 #include <stdint.h>
 
-#ifndef STA_HD
-#if defined(__CUDACC__)
-#define STA_HD static __host__ __device__ __forceinline__
-#else
-#define STA_HD static inline
-#endif
+#include "mask.h" /* the window rule (sta_window_start) and STA_HD */
+
 #endif
 
 /* Key blocks of BK rows in a block of s valid rows. */
@@ -73,24 +69,16 @@ STA_HD void bsa_tile(int32_t n, int32_t nh, int32_t nw, int32_t *t, int32_t *h, 
   *w = n % nw;
 }
 
-/* First tile on an axis of c tiles of query tile q's window of k (clamped
-** to c) tiles: STA.md section 2's rule (core/mask.h's sta_window_start,
-** written again here until that header is on this branch). */
-STA_HD int32_t bsa_window_start(int32_t q, int32_t k, int32_t c) {
-  int32_t s = q - k / 2;
-  s = s < 0 ? 0 : s;
-  return s < c - k ? s : c - k;
-}
-
-/* The window of query tile m as a box: first tile st[3] and extent k[3]
-** (win: the head's window clamped to the grid g[3]). */
+/* The window of query tile m as a box (STA.md section 2's rule, core/
+** mask.h): first tile st[3] and extent k[3] (win: the head's window
+** clamped to the grid g[3]). */
 STA_HD void bsa_window_box(int32_t m, const int32_t g[3], const int16_t *win, int32_t st[3],
                            int32_t k[3]) {
   int32_t q[3];
   bsa_tile(m, g[1], g[2], &q[0], &q[1], &q[2]);
   for (int i = 0; i < 3; i++) {
     k[i] = win[i];
-    st[i] = bsa_window_start(q[i], k[i], g[i]);
+    st[i] = sta_window_start(q[i], k[i], g[i]);
   }
 }
 
