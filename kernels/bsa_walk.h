@@ -27,8 +27,6 @@
 
 #include "mask.h" /* the window rule (sta_window_start) and STA_HD */
 
-#endif
-
 /* Key blocks of BK rows in a block of s valid rows. */
 STA_HD int32_t bsa_subs(int32_t s, int32_t bk) { return (s + bk - 1) / bk; }
 
