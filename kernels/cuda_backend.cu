@@ -10,6 +10,7 @@
 #include <stdlib.h>
 
 #include "ops.cuh" /* to_f32: the elementwise operations' conversion */
+#include "vsa.cuh" /* VSA's pieces (vsa_rows.cu, vsa_coarse.cu) */
 
 sta_status sta_cuda_fail(cudaError_t e, const char *what) {
   (void)cudaGetLastError(); /* clear a non-sticky error */
@@ -264,7 +265,10 @@ const sta_backend_ops cuda_ops = {
     "cuda",      cuda_probe,     cuda_alloc,  cuda_release,
     cuda_memcpy, sta_cuda_copy,  sta_cuda_fill, sta_cuda_randn,
     cuda_attention, cuda_head_diff, cuda_synchronize, cuda_attention_backward,
-    sta_cuda_lincomb, sta_cuda_stats, sta_cuda_attention_fp8};
+    sta_cuda_lincomb, sta_cuda_stats, sta_cuda_attention_fp8,
+    sta_cuda_vsa_means, sta_cuda_vsa_coarse, sta_cuda_vsa_combine, sta_cuda_vsa_backward_prep,
+    sta_cuda_vsa_backward_coarse, sta_cuda_vsa_reorder, sta_cuda_vsa_workspace,
+    sta_cuda_vsa_workspace_free, sta_cuda_vsa_capturing};
 
 } /* namespace */
 

@@ -375,13 +375,7 @@ static void test_selection_ties(void **state) {
   vset s;
   vset_make(&s, &c);
   /* every key cube a copy of cube 0: all scores tie, topk = 0, 1, 2 */
-  for (int64_t n = 1; n < c.mk; n++) {
-    sta_tensor *a = NULL, *b = NULL;
-    assert_int_equal(sta_tensor_narrow(&a, s.k, 1, 0, c.br), STA_OK);
-    assert_int_equal(sta_tensor_narrow(&b, s.k, 1, n * c.br, c.br), STA_OK);
-    assert_int_equal(sta_tensor_copy(b, a), STA_OK);
-    sta_tensor_destroy(a); sta_tensor_destroy(b);
-  }
+  for (int64_t n = 1; n < c.mk; n++) vsa_copy_cube(&c, &s, 0, n);
   int32_t *idx = coarse_idx(&c, &s);
   for (int64_t i = 0; i < c.B * c.H * c.mq; i++)
     for (int32_t j = 0; j < c.topk; j++) assert_int_equal(idx[i * c.topk + j], j);
@@ -404,11 +398,7 @@ static void test_selection_ties(void **state) {
     c.topk = (int32_t)sta_test_rint(1, 8);
     c.seed = 50 + (uint64_t)trial;
     vset_make(&s, &c);
-    sta_tensor *a = NULL, *b = NULL;
-    assert_int_equal(sta_tensor_narrow(&a, s.k, 1, 2 * c.br, c.br), STA_OK);
-    assert_int_equal(sta_tensor_narrow(&b, s.k, 1, 5 * c.br, c.br), STA_OK);
-    assert_int_equal(sta_tensor_copy(b, a), STA_OK);
-    sta_tensor_destroy(a); sta_tensor_destroy(b);
+    vsa_copy_cube(&c, &s, 2, 5);
     double sc[81];
     vsa_scores(&c, &s, 0, 0, sc);
     idx = coarse_idx(&c, &s);

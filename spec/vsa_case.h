@@ -129,6 +129,17 @@ static inline void vset_free(vset *s) {
   memset(s, 0, sizeof *s);
 }
 
+/* Key cube `to` of s made a copy of key cube `from` (rows, padding included). */
+static inline void vsa_copy_cube(const vcase *c, vset *s, int64_t from, int64_t to) {
+  sta_tensor *a = NULL, *b = NULL;
+  const int32_t dim = c->layout == STA_BSHD ? 1 : 2;
+  if (sta_tensor_narrow(&a, s->k, dim, from * c->br, c->br) != STA_OK ||
+      sta_tensor_narrow(&b, s->k, dim, to * c->br, c->br) != STA_OK || sta_tensor_copy(b, a) != STA_OK)
+    fail_msg("copy of cube %lld: %s", (long long)from, sta_last_error());
+  sta_tensor_destroy(a);
+  sta_tensor_destroy(b);
+}
+
 /* Element (b, row, h, d) of a 4-D tensor in c's layout (host or device). */
 static inline double vsa_at(const vcase *c, const sta_tensor *t, int64_t b, int64_t row, int64_t h,
                             int64_t d) {

@@ -1,0 +1,371 @@
+/* test_gpu_vsa.c -- VSA on CUDA (STA.md section 12) against the CPU: the
+** coarse branch and selection (the same cubes exactly, out_c and lse_c to
+** float rounding), the forward and backward against the double reference
+** on random problems (cube sizes 16..64 and 60..256, q with its own cubes,
+** gate, layouts, bf16 and f16, D 64 and 128), padding rows 0, ties and NaN
+** in the selection, bit-identical reruns, the cube order.  The inputs are
+** drawn on each device from one seed (randn gives the same bits
+** everywhere) and kept clear of near ties.  Skips without a CUDA device.
+** STA_TEST_SEED replays a run; STA_GPU_CASES sets the random cases
+** (default 24); STA_GPU_QUICK takes 3 small ones (compute-sanitizer).
+** STA_VSA_BENCH=1 adds the timing at hunyuan-720p (30x48x80 canvas, 24
+** heads, D 128, bf16, sparsity 0.875): the whole forward against the fine
+** branch alone, the coarse branch, the backward against the fine backward
+** (scripts/device/gpu-check-vsa). */
+#include <math.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <cmocka.h>
+
+#include "internal.h"
+#include "vsa_case.h"
+
+static int quick(void) { return getenv("STA_GPU_QUICK") != NULL; }
+
+static int cases(void) {
+  const char *s = getenv("STA_GPU_CASES");
+  if (quick()) return 3;
+  return s && atoi(s) > 0 ? atoi(s) : 24;
+}
+
+/* A random case; *c settled (seed) on the host set h, g its device twin. */
+static void random_case(vcase *c, int i) {
+  vcase_init(c);
+  c->dtype = i % 2 ? STA_F16 : STA_BF16;
+  c->layout = i % 3 ? STA_BSHD : STA_BHSD;
+  c->br = i % 5 == 4 ? 256 : 64;
+  c->lo = c->br == 256 ? 60 : 16;
+  c->mk = sta_test_rint(2, quick() ? 5 : 24);
+  c->mq = i % 4 == 1 ? sta_test_rint(1, quick() ? 5 : 24) : c->mk;
+  c->qown = i % 3 == 2;
+  c->topk = (int32_t)sta_test_rint(1, c->mk);
+  c->B = sta_test_rint(1, 2);
+  c->H = sta_test_rint(1, 3);
+  c->D = i % 2 ? 64 : 128;
+  c->gate = i % 4 != 3;
+  c->scale = i % 5 == 2 ? 0.05f : 0.0f;
+  c->seed = sta_test_rnd() % 1000000;
+}
+
+static void twins(vcase *c, vset *h, vset *g) {
+  vset_make_clear(h, c);
+  vcase cd = *c;
+  cd.dev = STA_CUDA;
+  vset_make(g, &cd);
+  double mx = 1;
+  assert_int_equal(sta_tensor_compare(g->q, h->q, &mx, NULL), STA_OK);
+  if (!(mx == 0.0) && !isnan(mx)) fail_msg("the device's inputs differ from the host's (%g)", mx);
+}
+
+/* A host copy of a device tensor. */
+static sta_tensor *host(const sta_tensor *t) {
+  sta_tensor *x = NULL;
+  if (!t) return NULL;
+  if (sta_tensor_to(&x, t, sta_tensor_dtype(t), STA_CPU) != STA_OK) fail_msg("%s", sta_last_error());
+  return x;
+}
+
+static const char *describe(const vcase *c) {
+  static char buf[256];
+  snprintf(buf, sizeof buf, "B%lld H%lld D%lld Mq %lld Mk %lld cubes of %d topk %d %s layout %d "
+           "gate %d qown %d scale %g seed %llu", (long long)c->B, (long long)c->H, (long long)c->D,
+           (long long)c->mq, (long long)c->mk, c->br, c->topk, sta_dtype_name(c->dtype),
+           (int)c->layout, c->gate, c->qown, (double)c->scale, (unsigned long long)c->seed);
+  return buf;
+}
+
+/* sta_vsa_coarse of a set into fresh tensors on its device. */
+static void coarse(const vcase *c, vset *s, sta_device dev, sta_tensor **t) {
+  const int64_t n4[4] = {c->B, c->H, c->mq, c->D}, ni[4] = {c->B, c->H, c->mq, c->topk};
+  assert_int_equal(sta_tensor_create(&t[0], STA_F32, dev, 4, n4), STA_OK);
+  assert_int_equal(sta_tensor_create(&t[1], STA_F32, dev, 3, n4), STA_OK);
+  assert_int_equal(sta_tensor_create(&t[2], STA_I32, dev, 4, ni), STA_OK);
+  assert_int_equal(sta_tensor_create(&t[3], STA_I32, dev, 3, ni), STA_OK);
+  if (sta_vsa_coarse(&s->d, s->q, s->k, s->v, t[0], t[1], t[2], t[3]) != STA_OK)
+    fail_msg("coarse on %s: %s", sta_device_name(dev), sta_last_error());
+}
+
+static void test_gpu_coarse(void **state) {
+  NEED_GPU();
+  for (int i = 0; i < cases(); i++) {
+    vcase c;
+    vset h, g;
+    random_case(&c, i);
+    twins(&c, &h, &g);
+    sta_tensor *th[4], *tg[4], *back[4];
+    coarse(&c, &h, STA_CPU, th);
+    coarse(&c, &g, STA_CUDA, tg);
+    for (int j = 0; j < 4; j++) back[j] = host(tg[j]);
+    const size_t ni = (size_t)(c.B * c.H * c.mq);
+    if (memcmp(sta_tensor_data(back[2]), sta_tensor_data(th[2]), ni * (size_t)c.topk * 4))
+      fail_msg("selection differs from the CPU's: %s", describe(&c));
+    assert_memory_equal(sta_tensor_data(back[3]), sta_tensor_data(th[3]), ni * 4);
+    double rel = 1, mx = 1;
+    assert_int_equal(sta_tensor_compare(back[0], th[0], NULL, &rel), STA_OK);
+    assert_int_equal(sta_tensor_compare(back[1], th[1], &mx, NULL), STA_OK);
+    if (!(rel < 2e-5) || !(mx < 2e-5)) fail_msg("out_c rel %g, lse_c max %g: %s", rel, mx, describe(&c));
+    for (int j = 0; j < 4; j++) {
+      sta_tensor_destroy(th[j]); sta_tensor_destroy(tg[j]); sta_tensor_destroy(back[j]);
+    }
+    vset_free(&h);
+    vset_free(&g);
+  }
+}
+
+/* The device's forward and backward against the double reference. */
+static void test_gpu_forward_backward(void **state) {
+  NEED_GPU();
+  for (int i = 0; i < cases(); i++) {
+    vcase c, c32;
+    vset h, g, r;
+    random_case(&c, i);
+    twins(&c, &h, &g);
+    c32 = c;
+    c32.dtype = STA_F32;
+    vset_make(&r, &c32);
+    sta_tensor *in[5] = {h.q, h.k, h.v, h.gate, h.dout}, *rin[5] = {r.q, r.k, r.v, r.gate, r.dout};
+    for (int j = 0; j < 5; j++)
+      if (in[j]) assert_int_equal(sta_tensor_copy(rin[j], in[j]), STA_OK);
+    if (sta_vsa_forward(&g.d, g.q, g.k, g.v, g.gate, g.out, g.lse) != STA_OK)
+      fail_msg("forward: %s: %s", sta_last_error(), describe(&c));
+    if (sta_vsa_backward(&g.d, g.q, g.k, g.v, g.gate, g.out, g.lse, g.dout, g.dq, g.dk, g.dv, g.dg) !=
+        STA_OK)
+      fail_msg("backward: %s: %s", sta_last_error(), describe(&c));
+    assert_int_equal(sta_vsa_reference(&r.d, r.q, r.k, r.v, r.gate, r.out, r.lse), STA_OK);
+    assert_int_equal(sta_vsa_backward_reference(&r.d, r.q, r.k, r.v, r.gate, r.dout, r.dq, r.dk,
+                                                r.dv, r.dg), STA_OK);
+    const sta_tensor *got[6] = {g.out, g.dq, g.dk, g.dv, g.dg, g.lse};
+    const sta_tensor *want[5] = {r.out, r.dq, r.dk, r.dv, r.dg};
+    static const char *const N[5] = {"out", "dq", "dk", "dv", "dgate"};
+    sta_tensor *hg[6];
+    for (int j = 0; j < 6; j++) hg[j] = host(got[j]);
+    for (int j = 0; j < 5; j++) {
+      if (!hg[j]) continue;
+      const int kv = j == 2 || j == 3;
+      double mx, rel = vsa_rel(&c, &h, hg[j], want[j], kv, &mx);
+      const double tol = c.dtype == STA_BF16 ? (j ? 2e-2 : 1e-2) : (j ? 6e-3 : 3e-3);
+      if (getenv("STA_TEST_VERBOSE")) printf("# %s rel %.3g\n", N[j], rel);
+      if (!(rel < tol)) fail_msg("%s: rel L2 %g (max %g), tolerance %g: %s", N[j], rel, mx, tol, describe(&c));
+      vsa_pad_zero(&c, &h, hg[j], kv, N[j]);
+    }
+    const double dl = vsa_lse_diff(&c, &h, hg[5], r.lse);
+    if (!(dl < 1e-2)) fail_msg("lse: max diff %g: %s", dl, describe(&c));
+    for (int j = 0; j < 6; j++) sta_tensor_destroy(hg[j]);
+    vset_free(&h); vset_free(&g); vset_free(&r);
+  }
+}
+
+/* Copies of one key cube tie exactly on the device too: the lower index. */
+static void test_gpu_ties(void **state) {
+  NEED_GPU();
+  vcase c;
+  vcase_init(&c);
+  c.dev = STA_CUDA; c.dtype = STA_BF16; c.D = 64; c.mq = c.mk = 9; c.topk = 4; c.sizes = 0;
+  c.seed = 5;
+  vset g;
+  vset_make(&g, &c);
+  for (int64_t n = 1; n < c.mk; n++) vsa_copy_cube(&c, &g, 0, n);
+  sta_tensor *t[4], *idx;
+  coarse(&c, &g, STA_CUDA, t);
+  idx = host(t[2]);
+  const int32_t *x = sta_tensor_data(idx);
+  for (int64_t i = 0; i < c.B * c.H * c.mq; i++)
+    for (int32_t j = 0; j < c.topk; j++) assert_int_equal(x[i * c.topk + j], j);
+  sta_tensor_destroy(idx);
+  for (int j = 0; j < 4; j++) sta_tensor_destroy(t[j]);
+  vset_free(&g);
+}
+
+/* Two runs, the same bits (deterministic fine backward asked for). */
+static void test_gpu_deterministic(void **state) {
+  NEED_GPU();
+  vcase c;
+  vcase_init(&c);
+  c.dev = STA_CUDA; c.dtype = STA_BF16; c.D = 128; c.mq = c.mk = quick() ? 4 : 16;
+  c.topk = c.mk / 2; c.gate = 1; c.H = 2; c.seed = 9;
+  vset a, b;
+  vset_make(&a, &c);
+  vset_make(&b, &c);
+  a.d.deterministic = b.d.deterministic = 1;
+  vset *s[2] = {&a, &b};
+  for (int i = 0; i < 2; i++) {
+    assert_int_equal(sta_vsa_forward(&s[i]->d, s[i]->q, s[i]->k, s[i]->v, s[i]->gate, s[i]->out,
+                                     s[i]->lse), STA_OK);
+    assert_int_equal(sta_vsa_backward(&s[i]->d, s[i]->q, s[i]->k, s[i]->v, s[i]->gate, s[i]->out,
+                                      s[i]->lse, s[i]->dout, s[i]->dq, s[i]->dk, s[i]->dv,
+                                      s[i]->dg), STA_OK);
+  }
+  const sta_tensor *x[6] = {a.out, a.lse, a.dq, a.dk, a.dv, a.dg}, *y[6] = {b.out, b.lse, b.dq, b.dk, b.dv, b.dg};
+  for (int i = 0; i < 6; i++) {
+    sta_tensor *hx = host(x[i]), *hy = host(y[i]);
+    const size_t n = (size_t)sta_tensor_numel(hx) * sta_dtype_size(sta_tensor_dtype(hx));
+    assert_memory_equal(sta_tensor_data(hx), sta_tensor_data(hy), n);
+    sta_tensor_destroy(hx); sta_tensor_destroy(hy);
+  }
+  vset_free(&a); vset_free(&b);
+}
+
+static void test_gpu_cubes(void **state) {
+  NEED_GPU();
+  for (int i = 0; i < (quick() ? 2 : 8); i++) {
+    int32_t cv[3] = {(int32_t)sta_test_rint(1, 9), (int32_t)sta_test_rint(1, 17),
+                     (int32_t)sta_test_rint(1, 17)};
+    int32_t cb[3] = {4, i % 2 ? 8 : 4, i % 2 ? 8 : 4};
+    int64_t count;
+    assert_int_equal(sta_vsa_cube_count(cv, cb, &count), STA_OK);
+    const int64_t V = (int64_t)cv[0] * cv[1] * cv[2], rows = count * cb[0] * cb[1] * cb[2];
+    vcase c;
+    vcase_init(&c);
+    c.H = 3; c.D = 8; c.layout = i % 2 ? STA_BHSD : STA_BSHD;
+    sta_tensor *u = vsa_t4(&c, V, STA_BF16), *ch = vsa_t4(&c, rows, STA_BF16), *du = NULL;
+    assert_int_equal(sta_tensor_randn(u, (uint64_t)i + 1, 0, 1), STA_OK);
+    assert_int_equal(sta_tensor_to_cubes(ch, u, cv, cb, c.layout), STA_OK);
+    assert_int_equal(sta_tensor_to(&du, u, STA_BF16, STA_CUDA), STA_OK);
+    c.dev = STA_CUDA;
+    sta_tensor *dc = vsa_t4(&c, rows, STA_BF16), *db = vsa_t4(&c, V, STA_BF16);
+    assert_int_equal(sta_tensor_fill(dc, NAN), STA_OK);
+    assert_int_equal(sta_tensor_to_cubes(dc, du, cv, cb, c.layout), STA_OK);
+    assert_int_equal(sta_tensor_from_cubes(db, dc, cv, cb, c.layout), STA_OK);
+    double m1 = 1, m2 = 1;
+    assert_int_equal(sta_tensor_compare(dc, ch, &m1, NULL), STA_OK);
+    assert_int_equal(sta_tensor_compare(db, u, &m2, NULL), STA_OK);
+    assert_true(m1 == 0.0 && m2 == 0.0);
+    sta_tensor *sz = NULL, *hs = NULL;
+    assert_int_equal(sta_tensor_create(&sz, STA_I32, STA_CUDA, 1, &count), STA_OK);
+    assert_int_equal(sta_vsa_cube_sizes(sz, cv, cb), STA_OK);
+    hs = host(sz);
+    int64_t total = 0;
+    for (int64_t m = 0; m < count; m++) total += ((const int32_t *)sta_tensor_data(hs))[m];
+    assert_int_equal(total, V);
+    sta_tensor *t[7] = {u, ch, du, dc, db, sz, hs};
+    for (int j = 0; j < 7; j++) sta_tensor_destroy(t[j]);
+  }
+}
+
+/* ---- timing at hunyuan-720p (STA_VSA_BENCH=1) ----------------------------------- */
+
+static double now_ms(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
+}
+
+/* Median ms of reps calls of what(arg), synchronized. */
+static double time_ms(sta_status (*what)(void *), void *arg, int reps) {
+  double t[64];
+  if (reps > 64) reps = 64;
+  for (int i = 0; i < reps + 1; i++) {
+    assert_int_equal(sta_cuda_synchronize(), STA_OK);
+    const double t0 = now_ms();
+    if (what(arg) != STA_OK) fail_msg("bench: %s", sta_last_error());
+    assert_int_equal(sta_cuda_synchronize(), STA_OK);
+    if (i) t[i - 1] = now_ms() - t0; /* the first warms up */
+  }
+  for (int i = 0; i < reps; i++)
+    for (int j = i + 1; j < reps; j++)
+      if (t[j] < t[i]) { double x = t[i]; t[i] = t[j]; t[j] = x; }
+  return t[reps / 2];
+}
+
+typedef struct bench {
+  vset *s;
+  sta_tensor *oc, *lc, *idx, *num;
+  sta_block_list bl;
+  sta_attention_desc ad;
+} bench;
+
+static sta_status b_forward(void *a) {
+  bench *b = a;
+  return sta_vsa_forward(&b->s->d, b->s->q, b->s->k, b->s->v, b->s->gate, b->s->out, b->s->lse);
+}
+static sta_status b_backward(void *a) {
+  bench *b = a;
+  vset *s = b->s;
+  return sta_vsa_backward(&s->d, s->q, s->k, s->v, s->gate, s->out, s->lse, s->dout, s->dq, s->dk,
+                          s->dv, s->dg);
+}
+static sta_status b_coarse(void *a) {
+  bench *b = a;
+  return sta_vsa_coarse(&b->s->d, b->s->q, b->s->k, b->s->v, b->oc, b->lc, b->idx, b->num);
+}
+static sta_status b_fine(void *a) {
+  bench *b = a;
+  return sta_attention_forward(&b->ad, b->s->q, b->s->k, b->s->v, b->s->out, b->s->lse);
+}
+static sta_status b_fine_backward(void *a) {
+  bench *b = a;
+  vset *s = b->s;
+  return sta_attention_backward(&b->ad, s->q, s->k, s->v, s->out, s->lse, s->dout, s->dq, s->dk,
+                                s->dv);
+}
+
+static void test_gpu_bench_hunyuan(void **state) {
+  NEED_GPU();
+  if (!getenv("STA_VSA_BENCH")) skip();
+  const int32_t canvas[3] = {30, 48, 80}, cube[3] = {4, 4, 4};
+  int64_t count;
+  assert_int_equal(sta_vsa_cube_count(canvas, cube, &count), STA_OK);
+  vcase c;
+  vcase_init(&c);
+  c.dev = STA_CUDA; c.dtype = STA_BF16; c.B = 1; c.H = 24; c.D = 128; c.mq = c.mk = count;
+  c.sizes = 0; c.gate = 1; c.seed = 3;
+  assert_int_equal(sta_vsa_topk(0.875, count, &c.topk), STA_OK);
+  vset s;
+  vset_make(&s, &c);
+  sta_tensor *sz = NULL;
+  assert_int_equal(sta_tensor_create(&sz, STA_I32, STA_CUDA, 1, &count), STA_OK);
+  assert_int_equal(sta_vsa_cube_sizes(sz, canvas, cube), STA_OK);
+  s.d.kv_sizes = sz;
+  bench b;
+  memset(&b, 0, sizeof b);
+  b.s = &s;
+  sta_tensor *t4[4];
+  coarse(&c, &s, STA_CUDA, t4);
+  b.oc = t4[0]; b.lc = t4[1]; b.idx = t4[2]; b.num = t4[3];
+  b.bl.block_rows = 64; b.bl.num = b.num; b.bl.idx = b.idx; b.bl.kv_sizes = sz;
+  b.ad.layout = c.layout; b.ad.mask = STA_MASK_BLOCKS; b.ad.blocks = &b.bl;
+  /* FLOP over the selected pairs of valid tokens */
+  sta_tensor *hi = host(b.idx), *hs = host(sz);
+  const int32_t *ix = sta_tensor_data(hi), *zs = sta_tensor_data(hs);
+  double pairs = 0;
+  for (int64_t i = 0; i < c.H * c.mq; i++)
+    for (int32_t j = 0; j < c.topk; j++) pairs += (double)zs[i % c.mq] * zs[ix[i * c.topk + j]];
+  const double fl = 4.0 * (double)c.D * pairs;
+  const int reps = 10;
+  const double tc = time_ms(b_coarse, &b, reps), tf = time_ms(b_fine, &b, reps);
+  const double tv = time_ms(b_forward, &b, reps), tfb = time_ms(b_fine_backward, &b, reps);
+  const double tvb = time_ms(b_backward, &b, reps);
+  printf("# hunyuan-720p VSA: %lld cubes of 64, topk %d, 24 heads, D 128, bf16, gate\n",
+         (long long)count, c.topk);
+  printf("# %-34s %9s %9s\n", "piece", "ms", "TFLOP/s");
+  printf("# %-34s %9.3f\n", "coarse + selection (sta_vsa_coarse)", tc);
+  printf("# %-34s %9.3f %9.1f\n", "fine branch alone (block list)", tf, fl / tf / 1e9);
+  printf("# %-34s %9.3f %9.1f\n", "VSA forward", tv, fl / tv / 1e9);
+  printf("# %-34s %9.3f\n", "VSA forward / fine branch", tv / tf);
+  printf("# %-34s %9.3f %9.1f\n", "fine backward alone", tfb, 2.5 * fl / tfb / 1e9);
+  printf("# %-34s %9.3f %9.1f\n", "VSA backward", tvb, 2.5 * fl / tvb / 1e9);
+  printf("# %-34s %9.3f\n", "VSA backward / fine backward", tvb / tfb);
+  sta_tensor_destroy(hi); sta_tensor_destroy(hs);
+  sta_tensor_destroy(b.oc); sta_tensor_destroy(b.lc); sta_tensor_destroy(b.idx);
+  sta_tensor_destroy(b.num); sta_tensor_destroy(sz);
+  vset_free(&s);
+}
+
+int main(void) {
+  sta_test_begin(40503u, 29);
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_gpu_coarse),
+      cmocka_unit_test(test_gpu_forward_backward),
+      cmocka_unit_test(test_gpu_ties),
+      cmocka_unit_test(test_gpu_deterministic),
+      cmocka_unit_test(test_gpu_cubes),
+      cmocka_unit_test(test_gpu_bench_hunyuan),
+  };
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}
