@@ -68,7 +68,7 @@ $(BUILD)/obj/core/%.o: core/%.c $(wildcard core/*.h)
 	@mkdir -p $(@D)
 	$(CC) $(CFLAGS) $(STA_CFLAGS) -c $< -o $@
 
-$(BUILD)/obj/kernels/%.o: kernels/%.cu $(wildcard kernels/*.h kernels/*.cuh) core/sta.h core/internal.h
+$(BUILD)/obj/kernels/%.o: kernels/%.cu $(wildcard kernels/*.h kernels/*.cuh) core/sta.h core/internal.h core/mask.h
 	@mkdir -p $(@D)
 	$(NVCC) $(NVCCFLAGS) -c $< -o $@
 

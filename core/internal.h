@@ -13,6 +13,7 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "mask.h" /* the mask rule (STA_HD) */
 #include "sta.h"
 
 #ifdef __cplusplus
@@ -233,6 +234,22 @@ typedef struct sta_attn_params {
   const int32_t *q_sizes, *kv_sizes; /* [Mq], [Mk]; NULL: whole blocks */
 } sta_attn_params;
 
+/* The block lists of desc (mask BLOCKS or WINDOW_OR_BLOCKS, checked to be
+** one of them) for q: every check of sta.h's sta_block_list and STA.md
+** section 12 (the backend runs the kind; no fp8; block_rows; whole blocks;
+** the tensors' dtype, shape, contiguity and device; the union's tiled
+** geometry without text), then the lists' contents (sta_mask_check_lists);
+** fills p's mask fields.  p: resolved but for them (seq_len, kv_len,
+** batch, heads, tile, grid, tiled, video_rows). */
+sta_status sta_mask_resolve(const sta_attention_desc *desc, const sta_tensor *q,
+                            sta_attn_params *p);
+/* The contents of p's lists on device dev: sizes in 1..block_rows, num in
+** 0..L, indices in [0, Mk) and none twice in one list; STA_ERR_ARGUMENT
+** naming (b, h, m), the entry and the value.  The seam of a device check:
+** a backend's check_lists runs where it is set; otherwise the lists are
+** copied to the host and checked there. */
+sta_status sta_mask_check_lists(const sta_attn_params *p, sta_device dev);
+
 /* FastVideo's tiled order (sta.h, sta_order): the tiled row of untiled
 ** video index x (sta_tiled_token, its inverse, is below with the fp8
 ** quantizer, which runs it on the device too). */
@@ -273,6 +290,13 @@ typedef struct sta_backend_ops {
   /* The forward at STA_PRECISION_FP8 (params' precision); NULL: not here
   ** yet (STA_ERR_UNSUPPORTED). */
   sta_status (*attention_fp8)(const sta_attn_params *p);
+  /* The block masks (sta_mask_kind) attention and attention_backward run:
+  ** bit 1 << kind; 0 (the default), the window only.  Every other kind is
+  ** refused in one place, sta_mask_resolve (STA_ERR_UNSUPPORTED). */
+  int32_t masks;
+  /* Check resolved block lists where they live, with sta_mask_check_lists'
+  ** messages; NULL: they are copied to the host and checked there. */
+  sta_status (*check_lists)(const sta_attn_params *p);
   /* Video Sparse Attention's pieces around the fine branch (sta_vsa_params
   ** below; core/vsa.c drives them, the CPU's are core/vsa_cpu.c's, called
   ** directly).  NULL: VSA is not on this backend. */
@@ -344,12 +368,8 @@ sta_status sta_attn_run(const sta_attn_params *p, sta_device device);
 ** libm (log, sin and cos are polynomials here), only integer hashing and
 ** IEEE operations rounded once each.  The sta_d* helpers keep compilers
 ** from contracting a*b+c into an fma on one side only (nvcc would; clang
-** would inside one expression). */
-#if defined(__CUDACC__)
-#define STA_HD static __host__ __device__ __forceinline__
-#else
-#define STA_HD static inline
-#endif
+** would inside one expression).  STA_HD (static inline on the host,
+** __host__ __device__ under nvcc) comes from mask.h. */
 #if defined(__CUDA_ARCH__)
 STA_HD double sta_dadd(double a, double b) { return __dadd_rn(a, b); }
 STA_HD double sta_dmul(double a, double b) { return __dmul_rn(a, b); }

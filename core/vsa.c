@@ -50,6 +50,9 @@ static sta_status impl_of(sta_device dev, vsa_impl *im) {
       !be->attention_backward)
     return sta_error(STA_ERR_UNSUPPORTED, "vsa: not implemented on %s in this build",
                      sta_device_name(dev));
+  if (!(be->masks & (1 << STA_MASK_BLOCKS)))
+    return sta_error(STA_ERR_UNSUPPORTED, "vsa: the block-list attention (the fine branch) is "
+                     "not on %s in this build", sta_device_name(dev));
   vsa_impl c = {be->vsa_means, be->vsa_coarse, be->vsa_combine, be->vsa_backward_prep,
                 be->vsa_backward_coarse, be->attention, be->attention_backward,
                 be->workspace, be->workspace_free, be->capturing};

@@ -266,6 +266,7 @@ const sta_backend_ops cuda_ops = {
     cuda_memcpy, sta_cuda_copy,  sta_cuda_fill, sta_cuda_randn,
     cuda_attention, cuda_head_diff, cuda_synchronize, cuda_attention_backward,
     sta_cuda_lincomb, sta_cuda_stats, sta_cuda_attention_fp8,
+    0 /* masks */, NULL /* check_lists */,
     sta_cuda_vsa_means, sta_cuda_vsa_coarse, sta_cuda_vsa_combine, sta_cuda_vsa_backward_prep,
     sta_cuda_vsa_backward_coarse, sta_cuda_vsa_reorder, sta_cuda_vsa_workspace,
     sta_cuda_vsa_workspace_free, sta_cuda_vsa_capturing};
