@@ -33,8 +33,9 @@ static sta_status cpu_workspace(void **p, size_t n) {
 }
 static int32_t cpu_capturing(void) { return 0; }
 
-/* The pieces on device, or STA_ERR_UNSUPPORTED. */
-static sta_status impl_of(sta_device dev, vsa_impl *im) {
+/* The pieces on device, or STA_ERR_UNSUPPORTED; fine: the call runs the
+** fine branch (the block-list attention) too. */
+static sta_status impl_of(sta_device dev, int fine, vsa_impl *im) {
   memset(im, 0, sizeof *im);
   if (dev == STA_CPU) {
     vsa_impl c = {sta_cpu_vsa_means, sta_cpu_vsa_coarse, sta_cpu_vsa_combine,
@@ -50,7 +51,7 @@ static sta_status impl_of(sta_device dev, vsa_impl *im) {
       !be->attention_backward)
     return sta_error(STA_ERR_UNSUPPORTED, "vsa: not implemented on %s in this build",
                      sta_device_name(dev));
-  if (!(be->masks & (1 << STA_MASK_BLOCKS)))
+  if (fine && !(be->masks & (1 << STA_MASK_BLOCKS)))
     return sta_error(STA_ERR_UNSUPPORTED, "vsa: the block-list attention (the fine branch) is "
                      "not on %s in this build", sta_device_name(dev));
   vsa_impl c = {be->vsa_means, be->vsa_coarse, be->vsa_combine, be->vsa_backward_prep,
@@ -190,11 +191,11 @@ static sta_status check_sizes(const sta_tensor *t, const char *name, int64_t m, 
 }
 
 /* What every VSA call checks: desc, q, k, v, gate (may be NULL); fills p's
-** operands, sizes and scale, *bq and *bk, and im.  out_rows: the tensors
-** that must have q's shape (name, tensor; NULL entries skipped). */
+** operands, sizes and scale, *bq and *bk, and im (fine: the call runs the
+** fine branch). */
 static sta_status resolve(const sta_vsa_desc *desc, const sta_tensor *q, const sta_tensor *k,
                           const sta_tensor *v, const sta_tensor *gate, sta_vsa_params *p,
-                          sta_bshd *bq, sta_bshd *bk, vsa_impl *im) {
+                          sta_bshd *bq, sta_bshd *bk, vsa_impl *im, int fine) {
   sta_bshd bv, bg;
   sta_status rc;
   if (!desc) return sta_error(STA_ERR_ARGUMENT, "desc: expected a descriptor, got NULL");
@@ -245,7 +246,7 @@ static sta_status resolve(const sta_vsa_desc *desc, const sta_tensor *q, const s
     return sta_error(STA_ERR_ARGUMENT, "deterministic: expected 0 or 1, got %d",
                      (int)desc->deterministic);
   const sta_device dev = q->storage->device;
-  if ((rc = impl_of(dev, im)) != STA_OK) return rc;
+  if ((rc = impl_of(dev, fine, im)) != STA_OK) return rc;
   if ((rc = check_sizes(desc->kv_sizes, "kv_sizes", mk, br, dev, im)) != STA_OK) return rc;
   const sta_tensor *qs = desc->q_sizes ? desc->q_sizes : mq == mk ? desc->kv_sizes : NULL;
   if ((rc = check_sizes(desc->q_sizes, "q_sizes", mq, br, dev, im)) != STA_OK) return rc;
@@ -415,7 +416,7 @@ static sta_status fwd_operands(const sta_vsa_desc *desc, const sta_tensor *const
   if (rc != STA_OK) return rc;
   if (ref && t[0]->storage->device != STA_CPU)
     return sta_error(STA_ERR_ARGUMENT, "q: the reference runs on host tensors only");
-  if ((rc = resolve(desc, t[0], t[1], t[2], t[3], p, &bq, &bk, im)) != STA_OK) return rc;
+  if ((rc = resolve(desc, t[0], t[1], t[2], t[3], p, &bq, &bk, im, 1)) != STA_OK) return rc;
   if ((rc = check_out(out, "out", desc->layout, t[0], "q", &bq, &p->f.o, &p->f.o_sb, &p->f.o_ss,
                       &p->f.o_sh)) != STA_OK)
     return rc;
@@ -444,7 +445,7 @@ static sta_status bwd_operands(const sta_vsa_desc *desc, const sta_tensor *const
   if (rc != STA_OK) return rc;
   if (ref && t[0]->storage->device != STA_CPU)
     return sta_error(STA_ERR_ARGUMENT, "q: the reference runs on host tensors only");
-  if ((rc = resolve(desc, t[0], t[1], t[2], t[3], p, &bq, &bk, im)) != STA_OK) return rc;
+  if ((rc = resolve(desc, t[0], t[1], t[2], t[3], p, &bq, &bk, im, 1)) != STA_OK) return rc;
   if (!ref) {
     if ((rc = check_out(t[4], "out", desc->layout, t[0], "q", &bq, &outp, &p->out_sb,
                         &p->out_ss, &p->out_sh)) != STA_OK ||
@@ -528,7 +529,7 @@ sta_status sta_vsa_coarse(const sta_vsa_desc *desc, const sta_tensor *q, const s
   sta_bshd bq, bk;
   vsa_impl im;
   sta_status rc = live(t, N, 7, 0xfu << 3);
-  if (rc != STA_OK || (rc = resolve(desc, q, k, v, NULL, &p, &bq, &bk, &im)) != STA_OK) return rc;
+  if (rc != STA_OK || (rc = resolve(desc, q, k, v, NULL, &p, &bq, &bk, &im, 0)) != STA_OK) return rc;
   const sta_device dev = q->storage->device;
   const int64_t n_oc[4] = {bq.b, bq.h, p.f.q_blocks, bq.d}, n_idx[4] = {bq.b, bq.h, p.f.q_blocks, p.topk};
   if ((out_c && (rc = check_aux(out_c, "out_c", STA_F32, 4, n_oc, "[B, heads, Mq, D]", dev)) !=

@@ -331,9 +331,11 @@ sta_status sta_cuda_vsa_coarse(const sta_vsa_params *p) {
     return sta_error(STA_ERR_UNSUPPORTED, "vsa: batch x heads %lld too large for cuda",
                      (long long)z);
   const size_t smem = sizeof(uint32_t) * (size_t)mk;
-  cudaError_t e = cudaFuncSetAttribute(select_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                       (int)(smem > 48 * 1024 ? smem : 48 * 1024));
-  if (e != cudaSuccess) return sta_cuda_fail(e, "vsa selection: shared memory");
+  if (smem > 40 * 1024) { /* past the default 48 KB with the static part */
+    cudaError_t e = cudaFuncSetAttribute(select_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                         (int)smem);
+    if (e != cudaSuccess) return sta_cuda_fail(e, "vsa selection: shared memory");
+  }
   Select a = {p->sc, p->lsec, p->idx, p->num, (int)mq, (int)mk, p->topk, f->scale};
   select_kernel<<<dim3((unsigned)mq, (unsigned)z), ST, smem, sta_cuda_stream()>>>(a);
   if ((rc = launched("vsa selection")) != STA_OK) return rc;

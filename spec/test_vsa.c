@@ -493,8 +493,7 @@ static void test_errors(void **state) {
   d = s.d; d.layout = (sta_layout)3;
   EXPECT_ERR(FWD(d, s.out), STA_ERR_ARGUMENT, "layout: expected STA_BSHD (0) or STA_BHSD (1), got 3");
   d = s.d; d.block_rows = 256;
-  EXPECT_ERR(FWD(d, s.out), STA_ERR_SHAPE,
-             "q: 256 rows, expected a positive multiple of block_rows 256");
+  EXPECT_ERR(FWD(d, s.out), STA_ERR_ARGUMENT, "topk: expected 1..1 (the key cubes), got 2");
   /* sizes */
   int32_t bad[4] = {64, 3, 65, 1}, zero[4] = {5, 0, 5, 5};
   sta_tensor *b1 = vsa_i32(&c, 4, bad), *b0 = vsa_i32(&c, 4, zero), *b3 = vsa_i32(&c, 3, bad);
@@ -517,6 +516,9 @@ static void test_errors(void **state) {
   EXPECT_ERR(sta_vsa_forward(&s.d, s.q, s.k, s.v, s.gate, s.q, s.lse), STA_ERR_ARGUMENT,
              "out: shares memory with q (the forward writes out while it reads q; use a separate "
              "tensor)");
+  d = s.d; d.block_rows = 256; d.topk = 1;
+  EXPECT_ERR(sta_vsa_forward(&d, small, s.k, s.v, NULL, s.out, s.lse), STA_ERR_SHAPE,
+             "q: 128 rows, expected a positive multiple of block_rows 256");
   EXPECT_ERR(sta_vsa_forward(&s.d, s.q, small, s.v, s.gate, s.out, s.lse), STA_ERR_SHAPE,
              "v: shape [B=1, S=256, heads=2, D=16] differs from k's [B=1, S=128, heads=2, D=16]");
   EXPECT_ERR(sta_vsa_backward(&s.d, s.q, s.k, s.v, NULL, s.out, s.lse, s.dout, s.dq, s.dk, s.dv,
