@@ -345,6 +345,71 @@ static void test_fast_extremes(void **state) {
   check_fast(&c);
 }
 
+/* Sizes from random canvases (border cubes partial on every axis), both
+** cube sizes. */
+static void test_fast_canvas(void **state) {
+  (void)state;
+  for (int i = 0; i < 4; i++) {
+    vcase c;
+    vcase_init(&c);
+    c.br = i % 2 ? 256 : 64;
+    do {
+      for (int a = 0; a < 3; a++) c.canvas[a] = (int32_t)sta_test_rint(2, a ? 14 : 9);
+      c.mk = c.mq = vsa_canvas_sizes(c.canvas, c.br, NULL);
+    } while (c.mk < 2 || c.mk > 12);
+    c.topk = (int32_t)sta_test_rint(1, c.mk);
+    c.gate = i < 2;
+    c.dtype = i == 3 ? STA_BF16 : STA_F32;
+    c.seed = sta_test_rnd() % 100000;
+    check_fast(&c);
+  }
+}
+
+/* Sparsity 0 with gate 0 on a canvas: the untiled tokens, put in cube
+** order, through VSA and back equal dense attention over the tokens (the
+** STA reference with one tile holding the canvas): padding rows are no
+** tokens, the cube order loses none. */
+static void test_dense_canvas(void **state) {
+  (void)state;
+  for (int i = 0; i < 2; i++) {
+    vcase c;
+    vcase_init(&c);
+    c.br = i ? 256 : 64;
+    c.canvas[0] = 6; c.canvas[1] = i ? 10 : 7; c.canvas[2] = i ? 9 : 5;
+    c.mq = c.mk = vsa_canvas_sizes(c.canvas, c.br, NULL);
+    c.topk = (int32_t)c.mk;
+    c.gate = 1; c.layout = i ? STA_BHSD : STA_BSHD; c.seed = 90 + (uint64_t)i;
+    int32_t cube[3];
+    vsa_cube_of(c.br, cube);
+    const int64_t V = (int64_t)c.canvas[0] * c.canvas[1] * c.canvas[2];
+    vset s;
+    vset_make(&s, &c);
+    assert_int_equal(sta_tensor_fill(s.gate, 0.0), STA_OK);
+    sta_tensor *u[3], *cu[3] = {s.q, s.k, s.v};
+    for (int j = 0; j < 3; j++) {
+      u[j] = vsa_t4(&c, V, c.dtype);
+      assert_int_equal(sta_tensor_randn(u[j], 300 + (uint64_t)j, 0, 1), STA_OK);
+      assert_int_equal(sta_tensor_to_cubes(cu[j], u[j], c.canvas, cube, c.layout), STA_OK);
+    }
+    assert_int_equal(sta_vsa_forward(&s.d, s.q, s.k, s.v, s.gate, s.out, s.lse), STA_OK);
+    sta_tensor *o = vsa_t4(&c, V, c.dtype), *ref = vsa_t4(&c, V, c.dtype);
+    assert_int_equal(sta_tensor_from_cubes(o, s.out, c.canvas, cube, c.layout), STA_OK);
+    sta_attention_desc d;
+    memset(&d, 0, sizeof d);
+    sta_geometry_init(&d.geom, c.canvas[0], c.canvas[1], c.canvas[2]);
+    memcpy(d.geom.tile, c.canvas, sizeof c.canvas);
+    const int32_t w[3] = {1, 1, 1};
+    d.layout = c.layout; d.n_windows = 1; d.windows = w;
+    assert_int_equal(sta_attention_reference(&d, u[0], u[1], u[2], ref, NULL), STA_OK);
+    double mx, rel;
+    assert_int_equal(sta_tensor_compare(o, ref, &mx, &rel), STA_OK);
+    if (!(rel < 2e-6)) fail_msg("cube %d: rel %g max %g against dense attention", c.br, rel, mx);
+    for (int j = 0; j < 3; j++) sta_tensor_destroy(u[j]);
+    sta_tensor_destroy(o); sta_tensor_destroy(ref);
+    vset_free(&s);
+  }
+}
+
 /* ---- the selection ------------------------------------------------------------------- */
 
 /* sta_vsa_coarse's idx (host) for s. */
@@ -553,6 +618,8 @@ int main(void) {
       cmocka_unit_test(test_fast_random),
       cmocka_unit_test(test_fast_cube256),
       cmocka_unit_test(test_fast_extremes),
+      cmocka_unit_test(test_fast_canvas),
+      cmocka_unit_test(test_dense_canvas),
       cmocka_unit_test(test_selection_ties),
       cmocka_unit_test(test_deterministic),
       cmocka_unit_test(test_cancel),

@@ -24,6 +24,7 @@ typedef struct vcase {
   int32_t lo;   /* smallest random size */
   int qown;     /* q has sizes of its own (always when mq != mk and sizes) */
   sta_device dev;
+  int32_t canvas[3]; /* canvas[0] > 0: the sizes are this canvas's cubes' (cube by br) */
   uint64_t seed;
 } vcase;
 
@@ -77,6 +78,28 @@ static inline void vsa_fill_pad(const vcase *c, sta_tensor *t, int64_t M, const 
   }
 }
 
+/* The cube (4x4x4 or 4x8x8) of br rows, and the valid tokens of each cube
+** of a canvas, written out: the product of the cube's clipped extents. */
+static inline void vsa_cube_of(int32_t br, int32_t cube[3]) {
+  cube[0] = 4;
+  cube[1] = cube[2] = br == 256 ? 8 : 4;
+}
+static inline int64_t vsa_canvas_sizes(const int32_t cv[3], int32_t br, int32_t *sz) {
+  int32_t cb[3];
+  int64_t n = 0;
+  vsa_cube_of(br, cb);
+  for (int32_t t = 0; t < cv[0]; t += cb[0])
+    for (int32_t h = 0; h < cv[1]; h += cb[1])
+      for (int32_t w = 0; w < cv[2]; w += cb[2]) {
+        const int32_t a = cv[0] - t < cb[0] ? cv[0] - t : cb[0];
+        const int32_t b = cv[1] - h < cb[1] ? cv[1] - h : cb[1];
+        const int32_t e = cv[2] - w < cb[2] ? cv[2] - w : cb[2];
+        if (sz) sz[n] = a * b * e;
+        n++;
+      }
+  return n;
+}
+
 static inline void vset_make(vset *s, const vcase *c) {
   memset(s, 0, sizeof *s);
   uint64_t r = c->seed * 0x9e3779b97f4a7c15ull + 1;
@@ -84,6 +107,8 @@ static inline void vset_make(vset *s, const vcase *c) {
     r = r * 6364136223846793005ull + 1442695040888963407ull;
     s->ksz[m] = c->sizes ? c->lo + (int32_t)((r >> 33) % (uint64_t)(c->br - c->lo + 1)) : c->br;
   }
+  if (c->canvas[0] > 0 && vsa_canvas_sizes(c->canvas, c->br, s->ksz) != c->mk)
+    fail_msg("canvas: not Mk cubes");
   const int qown = c->sizes && (c->qown || c->mq != c->mk);
   for (int64_t m = 0; m < c->mq; m++) {
     r = r * 6364136223846793005ull + 1442695040888963407ull;
