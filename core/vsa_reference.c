@@ -14,6 +14,8 @@
 typedef struct head {
   double *qc, *kc, *vc, *a, *s, *oc; /* Mq x D, Mk x D, Mk x D, Mq x Mk, Mq x Mk, Mq x D */
   int32_t *sel;                       /* Mq x topk */
+  int64_t *ks;                        /* a query cube's key rows (topk x block_rows) */
+  double *pw, *os;                    /* their weights; a row's out_s (D) */
 } head;
 
 static double ld(const void *base, sta_dtype dt, int64_t off) {
@@ -34,9 +36,10 @@ static int better(double x, int64_t i, double y, int64_t j) {
 
 static void head_free(head *w) {
   free(w->qc); free(w->kc); free(w->vc); free(w->a); free(w->s); free(w->oc); free(w->sel);
+  free(w->ks); free(w->pw); free(w->os);
 }
 
-/* The coarse branch and the selection of (b, h). */
+/* The coarse branch and the selection of (b, h), and the head's scratch. */
 static int coarse(const sta_vsa_params *p, int64_t b, int64_t h, head *w) {
   const sta_attn_params *f = &p->f;
   const int64_t D = f->head_dim, mq = f->q_blocks, mk = f->kv_blocks, br = f->block_rows;
@@ -49,7 +52,12 @@ static int coarse(const sta_vsa_params *p, int64_t b, int64_t h, head *w) {
   w->a = malloc(sizeof(double) * (size_t)(mq * mk));
   w->s = malloc(sizeof(double) * (size_t)(mq * mk));
   w->sel = malloc(sizeof(int32_t) * (size_t)(mq * K));
-  if (!w->qc || !w->kc || !w->vc || !w->oc || !w->a || !w->s || !w->sel) return 0;
+  w->ks = malloc(sizeof(int64_t) * (size_t)K * (size_t)br);
+  w->pw = malloc(sizeof(double) * (size_t)K * (size_t)br);
+  w->os = malloc(sizeof(double) * (size_t)D);
+  if (!w->qc || !w->kc || !w->vc || !w->oc || !w->a || !w->s || !w->sel || !w->ks || !w->pw ||
+      !w->os)
+    return 0;
   for (int64_t m = 0; m < mq; m++) {
     const int64_t n = sta_vsa_qsize(p, m);
     for (int64_t d = 0; d < D; d++) {
@@ -140,33 +148,29 @@ static double gate_at(const sta_vsa_params *p, int64_t b, int64_t row, int64_t h
 sta_status sta_cpu_vsa_reference(const sta_vsa_params *p) {
   const sta_attn_params *f = &p->f;
   const int64_t H = f->heads, D = f->head_dim, br = f->block_rows;
-  const int64_t nkmax = (int64_t)p->topk * br;
   int fail = 0;
   #pragma omp parallel for schedule(dynamic)
   for (int64_t g = 0; g < f->batch * H; g++) {
     const int64_t b = g / H, h = g % H;
     head w;
-    int64_t *ks = malloc(sizeof(int64_t) * (size_t)nkmax);
-    double *pw = malloc(sizeof(double) * (size_t)nkmax), *os = malloc(sizeof(double) * (size_t)D);
-    if (!coarse(p, b, h, &w) || !ks || !pw || !os) {
+    if (!coarse(p, b, h, &w)) {
       #pragma omp atomic write
       fail = 1;
     } else {
       for (int64_t m = 0; m < f->q_blocks; m++) {
-        const int64_t n = sta_vsa_qsize(p, m), nk = keys_of(p, &w, m, ks);
+        const int64_t n = sta_vsa_qsize(p, m), nk = keys_of(p, &w, m, w.ks);
         for (int64_t r = 0; r < br; r++) {
           const int64_t row = m * br + r;
           double lse = -INFINITY;
-          if (r < n) lse = fine_row(p, b, h, row, ks, nk, pw, os);
+          if (r < n) lse = fine_row(p, b, h, row, w.ks, nk, w.pw, w.os);
           for (int64_t d = 0; d < D; d++)
             st(f->o, f->dtype, b * f->o_sb + row * f->o_ss + h * f->o_sh + d,
-               r < n ? gate_at(p, b, row, h, d) * w.oc[m * D + d] + os[d] : 0.0);
+               r < n ? gate_at(p, b, row, h, d) * w.oc[m * D + d] + w.os[d] : 0.0);
           if (f->lse) f->lse[b * f->lse_sb + h * f->lse_sh + row * f->lse_ss] = (float)lse;
         }
       }
     }
     head_free(&w);
-    free(ks); free(pw); free(os);
   }
   return fail ? sta_error(STA_ERR_NOMEM, "out of host memory (VSA reference)") : STA_OK;
 }
@@ -175,22 +179,21 @@ sta_status sta_cpu_vsa_backward_reference(const sta_vsa_params *p) {
   const sta_attn_params *f = &p->f;
   const int64_t H = f->heads, D = f->head_dim, br = f->block_rows;
   const int64_t mq = f->q_blocks, mk = f->kv_blocks, sq = f->seq_len, sk = f->kv_len;
-  const int64_t nkmax = (int64_t)p->topk * br;
   int fail = 0;
   #pragma omp parallel for schedule(dynamic)
   for (int64_t g = 0; g < f->batch * H; g++) {
     const int64_t b = g / H, h = g % H;
     head w;
-    int64_t *ks = malloc(sizeof(int64_t) * (size_t)nkmax);
-    double *pw = malloc(sizeof(double) * (size_t)nkmax), *os = malloc(sizeof(double) * (size_t)D);
     double *dq = calloc((size_t)(sq * D), sizeof(double)), *dk = calloc((size_t)(sk * D), sizeof(double));
     double *dv = calloc((size_t)(sk * D), sizeof(double)), *gm = calloc((size_t)(mq * D), sizeof(double));
     double *dy = malloc(sizeof(double) * (size_t)D), *dc = calloc((size_t)((mq + 2 * mk) * D), sizeof(double));
-    if (!coarse(p, b, h, &w) || !ks || !pw || !os || !dq || !dk || !dv || !gm || !dy || !dc) {
+    if (!coarse(p, b, h, &w) || !dq || !dk || !dv || !gm || !dy || !dc) {
       #pragma omp atomic write
       fail = 1;
     } else {
       double *dqc = dc, *dkc = dc + mq * D, *dvc = dc + (mq + mk) * D;
+      int64_t *ks = w.ks;
+      double *pw = w.pw, *os = w.os;
       for (int64_t m = 0; m < mq; m++) {
         const int64_t n = sta_vsa_qsize(p, m), nk = keys_of(p, &w, m, ks);
         for (int64_t r = 0; r < n; r++) {
@@ -260,7 +263,7 @@ sta_status sta_cpu_vsa_backward_reference(const sta_vsa_params *p) {
         }
     }
     head_free(&w);
-    free(ks); free(pw); free(os); free(dq); free(dk); free(dv); free(gm); free(dy); free(dc);
+    free(dq); free(dk); free(dv); free(gm); free(dy); free(dc);
   }
   return fail ? sta_error(STA_ERR_NOMEM, "out of host memory (VSA reference)") : STA_OK;
 }
