@@ -161,7 +161,7 @@ static void test_gpu_forward_backward(void **state) {
       if (!hg[j]) continue;
       const int kv = j == 2 || j == 3;
       double mx, rel = vsa_rel(&c, &h, hg[j], want[j], kv, &mx);
-      const double tol = c.dtype == STA_BF16 ? (j ? 2e-2 : 1e-2) : (j ? 6e-3 : 3e-3);
+      const double tol = c.dtype == STA_BF16 ? (j ? 3e-2 : 1e-2) : (j ? 1e-2 : 3e-3); /* as test_gpu_backward */
       if (getenv("STA_TEST_VERBOSE")) printf("# %s rel %.3g\n", N[j], rel);
       if (!(rel < tol)) fail_msg("%s: rel L2 %g (max %g), tolerance %g: %s", N[j], rel, mx, tol, describe(&c));
       vsa_pad_zero(&c, &h, hg[j], kv, N[j]);
