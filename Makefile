@@ -189,8 +189,10 @@ install: runtime install-python
 # (so it loads the library this install put there, wherever the package
 # went); without a python3, left to pip.
 install-python: runtime
-	@if [ -z '$(PYTHON_SITEDIR)' ]; then \
+	@if [ -z '$(PYTHON_SITEDIR)' ] && ! command -v $(PYTHON) >/dev/null 2>&1; then \
 	  echo "sta: no $(PYTHON) here: the Python package is not installed (pip install ./python)"; \
+	elif [ -z '$(PYTHON_SITEDIR)' ]; then \
+	  echo "sta: PYTHON_SITEDIR is empty: the Python package is left to pip (pip install ./python)"; \
 	else \
 	  echo "sta: the Python package goes to $(PYTHON_SITEDIR)"; \
 	  install -d $(DESTDIR)$(PYTHON_SITEDIR)/sta && \

@@ -336,6 +336,7 @@ def _dist_info_files(p, tag, editable=False):
 def _write_wheel(wheel_directory, p, tag, members, editable=False):
     name = "%s-%s" % (dist_name(p), p["version"])
     filename = "%s-%s.whl" % (name, tag)
+    os.makedirs(wheel_directory, exist_ok=True)
     path = os.path.join(wheel_directory, filename)
     tmp = path + ".part"
     w = _Wheel(tmp)
@@ -347,6 +348,9 @@ def _write_wheel(wheel_directory, p, tag, members, editable=False):
             w.add("%s/%s" % (dist_info, fname), data)
         w.close(dist_info + "/RECORD")
         os.replace(tmp, path)
+    except BaseException:
+        w.zip.close()
+        raise
     finally:
         if os.path.exists(tmp):
             os.remove(tmp)
@@ -423,6 +427,7 @@ def build_sdist(sdist_directory, config_settings=None):
         members.append(("LICENSE", _read(license_file()), False))
     members += [(arc, _read(src), False) for arc, src in _package_files()]
     members.append(("libsta.so", _read(lib), True))
+    os.makedirs(sdist_directory, exist_ok=True)
     path = os.path.join(sdist_directory, filename)
     tmp = path + ".part"
     try:
