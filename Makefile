@@ -208,7 +208,10 @@ uninstall:
 	rm -f $(DESTDIR)$(PREFIX)/include/sta.h $(DESTDIR)$(PREFIX)/lib/libsta.a \
 	  $(DESTDIR)$(PREFIX)/lib/libsta.so $(DESTDIR)$(PREFIX)/bin/sta-run
 	rm -rf $(DESTDIR)$(LUA_LIBDIR)/sta $(DESTDIR)$(LUA_SHAREDIR)/sta $(DESTDIR)$(LUAJIT_SHAREDIR)/sta
-	if [ -n '$(PYTHON_SITEDIR)' ]; then rm -rf $(DESTDIR)$(PYTHON_SITEDIR)/sta; fi
+	@d='$(DESTDIR)$(PYTHON_SITEDIR)/sta'; \
+	if [ -n '$(PYTHON_SITEDIR)' ] && [ -L "$$d/libsta.so" ]; then rm -rf "$$d" && echo "rm -rf $$d"; \
+	elif [ -n '$(PYTHON_SITEDIR)' ] && [ -e "$$d" ]; then \
+	  echo "sta: $$d is not make install's (no sta/libsta.so link): left to pip uninstall sta-attention"; fi
 
 clean:
 	rm -rf $(BUILD)
