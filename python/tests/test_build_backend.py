@@ -89,7 +89,8 @@ def test_wheel_holds_package_library_and_metadata(tmp_path, libsta):
                  "License-File: LICENSE", "Requires-Python: >=3.9",
                  'Requires-Dist: torch; extra == "torch"'):
         assert line + "\n" in meta, line
-    assert "\n\n# sta for PyTorch" in meta  # the README as the description
+    with open(os.path.join(PYDIR, "README.md"), encoding="utf-8") as f:
+        assert meta.endswith("\n\n" + f.read())  # the README is the description
     wheel = files[info + "WHEEL"][0].decode()
     assert "Root-Is-Purelib: false\n" in wheel and "Tag: py3-none-%s\n" % m.group(2) in wheel
     assert files[info + "top_level.txt"][0] == b"sta\n"
