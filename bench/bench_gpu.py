@@ -7,7 +7,7 @@ wrapped as sta device tensors (sta_tensor_wrap, STA_CUDA) and
 sta_attention_forward runs on them.
 
   bench_gpu.py [--lib build/libsta.so] [--check N] [--bench] [--accuracy]
-               [--sweep] [--variants] [--ab LIB,...] [--env NAME=V,...] [--dtypes]
+               [--sweep] [--variants] [--ab LIB,...] [--set KNOB=V,...] [--dtypes]
                [--clocks S] [--graph] [--reps N] [--out DIR]
 
 --check N  N fresh random geometries against a float32 torch reference of
@@ -24,8 +24,8 @@ sta_attention_forward runs on them.
            (FastVideo's: each row a random direction with a norm from
            N(0.1, 10)); rel L2, mean and max abs error.
 --sweep    canvas sweep at window 3,3,3: sta vs dense.
---variants kernel variants (STA_CUDA_VARIANT: 0 the default, 2 one CTA per
-           work item, 9 the 128 x 128 kernel) on the cases STA_CASES names
+--variants kernel variants (the library's test-only setting: 0 the default,
+           2 one CTA per work item, 9 the 128 x 128 kernel) on the cases STA_CASES names
            (default hunyuan-720p, wan-720p; "all": the section 8 workloads
            plus mixed per-head windows, D 64 and fp16 at hunyuan-720p);
            STA_VARIANTS picks the variants (the first is the reference for
@@ -34,9 +34,11 @@ sta_attention_forward runs on them.
            separated) loaded in this one process, alternated STA_AB_ROUNDS
            times (3) per softmax mode on the same inputs: ms per library
            and round, and whether the outputs are bit-identical.
---env NAME=V1,V2,...  the same A/B over settings of an environment variable
-           the library reads per call (e.g. STA_CUDA_VARIANT=0,9: the first
-           is the reference), with --lib.
+--set KNOB=V1,V2,...  the same A/B over the library's test-only kernel
+           settings (variant=0,9, no_tma=0,1 or no_tma_q=0,1: the first is
+           the reference), with --lib.
+--variant V, --no-tma  with --ab or --set: every config runs variant V, or
+           loads everything by the gather.
 --graph    CUDA graph capture of the forward (first call captured, eager,
            captured again): outputs equal bit for bit.
 --dtypes   bf16 against fp16 at hunyuan-720p, sta, cuDNN dense and a plain
@@ -415,7 +417,7 @@ def variants(sta, reps, log, results):
         for mode in softmax_modes():
             ref = None
             for var in [int(x) for x in os.environ.get('STA_VARIANTS', '0,9').split(',')]:
-                os.environ["STA_CUDA_VARIANT"] = str(var)
+                sta.set_kernels(variant=var)
                 o.fill_(float("nan"))  # this variant's output, or NaN
                 ms, _ = time_ms(lambda: sta.forward(g, q, k, v, o, softmax=SOFTMAX[mode]), reps)
                 torch.cuda.synchronize()
@@ -426,31 +428,26 @@ def variants(sta, reps, log, results):
                                  softmax=mode, variant=var, ms=ms, tflop=fl / 1e12,
                                  tflops=fl / ms / 1e9, rel_vs_first=e))
                 log("variant %s" % json.dumps(rows[-1]))
-            os.environ.pop("STA_CUDA_VARIANT", None)
+            sta.set_kernels()
         del q, k, v, o
     results["variants"] = rows
 
 
 def ab(configs, reps, log, results):
     """Libraries or settings side by side in this process: every case of
-    variant_cases and softmax mode, the configs (name, library, environment)
-    alternated STA_AB_ROUNDS times on the same inputs (default kernels);
-    outputs compared bit for bit with the first config's."""
+    variant_cases and softmax mode, the configs (name, library, kernel
+    settings) alternated STA_AB_ROUNDS times on the same inputs; outputs
+    compared bit for bit with the first config's."""
     rounds = int(os.environ.get("STA_AB_ROUNDS", "3"))
     names = [c[0] for c in configs]
 
     def run(cfg, fn):
-        _, lib, env = cfg
-        old = {k: os.environ.get(k) for k in env}
-        os.environ.update(env)
+        _, lib, knobs = cfg
+        lib.set_kernels(**knobs)
         try:
             return fn(lib)
         finally:
-            for k, v in old.items():
-                if v is None:
-                    os.environ.pop(k, None)
-                else:
-                    os.environ[k] = v
+            lib.set_kernels()
     rows = []
     for case in variant_cases():
         g, S, (q, k, v, o), fl = variant_inputs(case)
@@ -491,20 +488,27 @@ def ab(configs, reps, log, results):
                 "%.1e" % d for d in r["max_diff"])))
 
 
-def ab_configs(sta, libs, env):
-    """--ab: (name, library, {}) for --lib and each of libs; --env NAME=V1,V2:
-    (NAME=Vi, --lib's library, {NAME: Vi}) for each setting."""
-    if env:
+KNOBS = ("variant", "no_tma", "no_tma_q")  # Sta.set_kernels
+
+
+def ab_configs(sta, libs, knob, base):
+    """--ab: (name, library, base) for --lib and each of libs; --set
+    KNOB=V1,V2: (KNOB=Vi, --lib's library, base with KNOB = Vi) for each
+    setting.  base: the kernel settings every config runs (--variant,
+    --no-tma)."""
+    if knob:
         if libs:
-            raise SystemExit("--env and --ab: one or the other")
-        name, _, vals = env.partition("=")
-        if not name or not vals:
-            raise SystemExit("--env wants NAME=V1,V2,...; got %r" % env)
-        return [("%s=%s" % (name, x), sta, {name: x}) for x in vals.split(",")]
+            raise SystemExit("--set and --ab: one or the other")
+        name, _, vals = knob.partition("=")
+        if name not in KNOBS or not vals:
+            raise SystemExit("--set wants KNOB=V1,V2,... with KNOB one of %s; got %r" %
+                             (", ".join(KNOBS), knob))
+        return [("%s=%s" % (name, x), sta, dict(base, **{name: int(x)})) for x in vals.split(",")]
     out = []
     for lib in [sta] + [Sta(x) for x in libs.split(",")]:
         path = os.path.abspath(lib.path)
-        out.append((os.path.basename(os.path.dirname(path)) + "/" + os.path.basename(path), lib, {}))
+        out.append((os.path.basename(os.path.dirname(path)) + "/" + os.path.basename(path), lib,
+                    dict(base)))
     return out
 
 
@@ -658,7 +662,9 @@ def main():
     ap.add_argument("--bench", action="store_true")
     ap.add_argument("--accuracy", action="store_true")
     ap.add_argument("--ab", default="", help="comma-separated libraries to A/B against --lib")
-    ap.add_argument("--env", default="", help="NAME=V1,V2,...: settings to A/B with --lib")
+    ap.add_argument("--set", default="", help="KNOB=V1,V2,...: kernel settings to A/B with --lib")
+    ap.add_argument("--variant", type=int, default=0, help="the kernel variant of every A/B config")
+    ap.add_argument("--no-tma", action="store_true", help="every A/B config loads by the gather")
     ap.add_argument("--no-flex", action="store_true")
     ap.add_argument("--sweep", action="store_true")
     ap.add_argument("--variants", action="store_true")
@@ -683,8 +689,9 @@ def main():
         fails += check(sta, a.check, a.seed, log)
     if a.variants:
         variants(sta, a.reps, log, results)
-    if a.ab or a.env:
-        ab(ab_configs(sta, a.ab, a.env), a.reps, log, results)
+    if a.ab or a.set:
+        base = dict(variant=a.variant, no_tma=int(a.no_tma))
+        ab(ab_configs(sta, a.ab, a.set, base), a.reps, log, results)
     if a.accuracy:
         fx = flex_setup()
         if not fx:

@@ -28,7 +28,8 @@ class Geometry(C.Structure):  # core/sta.h sta_geometry
 class Desc(C.Structure):  # core/sta.h sta_attention_desc
     _fields_ = [("geom", Geometry), ("layout", C.c_int), ("n_windows", C.c_int32),
                 ("windows", C.POINTER(C.c_int32)), ("scale", C.c_float),
-                ("softmax", C.c_int), ("deterministic", C.c_int32), ("precision", C.c_int)]
+                ("softmax", C.c_int), ("deterministic", C.c_int32), ("precision", C.c_int),
+                ("mask", C.c_int), ("blocks", C.c_void_p)]
 
 
 class GeometryV0(C.Structure):  # sta_geometry before sta_order (commit cf93765)
@@ -83,6 +84,26 @@ class Sta:
         self.old_abi = not hasattr(L, "sta_geometry_video_rows")
         if self.old_abi:
             L.sta_attention_forward.argtypes = [C.POINTER(DescV0)] + [C.c_void_p] * 5
+
+    def set_kernels(self, variant=0, no_tma=0, no_tma_q=0):
+        """The library's test-only kernel settings (core/internal.h:
+        sta_cuda_set_variant_test, sta_cuda_set_tma_test), process-wide:
+        variant 0 the default, 2 one CTA per work item, 9 the 128 x 128
+        kernel; no_tma every load by the cp.async gather (forward and
+        backward), no_tma_q the forward's Q.  A library built before the
+        setters read STA_CUDA_VARIANT, STA_NO_TMA and STA_NO_TMA_Q at each
+        call instead (an A/B against an older build): those are set."""
+        L = self.lib
+        if hasattr(L, "sta_cuda_set_variant_test"):
+            L.sta_cuda_set_variant_test(int(variant))
+            L.sta_cuda_set_tma_test((1 if no_tma else 0) | (2 if no_tma_q else 0))
+            return
+        for name, val in (("STA_CUDA_VARIANT", variant), ("STA_NO_TMA", no_tma),
+                          ("STA_NO_TMA_Q", no_tma_q)):
+            if val:
+                os.environ[name] = str(int(val))
+            else:
+                os.environ.pop(name, None)
 
     def wrap(self, t):
         h = C.c_void_p()

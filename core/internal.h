@@ -294,6 +294,22 @@ void sta_cuda_note_launch(const char *fmt, ...);
 ** WAVE_GATE_BYTES there, -1 no gate, small values gate small geometries. */
 void sta_cuda_set_wave_gate_test(int64_t bytes);
 int64_t sta_cuda_wave_gate_test(void);
+/* For tests and benchmarks only, no user setting (the library reads no
+** environment variable to choose a kernel; the GPU tests' mains take
+** STA_TEST_CUDA_VARIANT, STA_TEST_NO_TMA and STA_TEST_NO_TMA_Q, the
+** benchmarks call these through ctypes).  Process-wide, so that every
+** thread of a caller takes them (torch runs a backward on its own thread).
+** variant: the CUDA forward's kernel (kernels/launch_fwd.cuh, run_fwd): 0
+** the default, 2 one CTA per work item (what the first launch under a
+** CUDA-graph capture runs), 9 the 128 x 128 kernel; any other value is 0.
+** tma: bits STA_TEST_NO_TMA (forward and backward load everything by the
+** cp.async gather) and STA_TEST_NO_TMA_Q (the forward gathers Q); 0 the
+** default. */
+enum { STA_TEST_NO_TMA = 1, STA_TEST_NO_TMA_Q = 2 };
+void sta_cuda_set_variant_test(int32_t variant);
+int32_t sta_cuda_variant_test(void);
+void sta_cuda_set_tma_test(int32_t flags);
+int32_t sta_cuda_tma_test(void);
 
 /* CPU implementations, used by the CPU backend and tests. */
 sta_status sta_cpu_attention(const sta_attn_params *p);

@@ -22,6 +22,7 @@
 
 #include "internal.h"
 #include "test_util.h"
+#include "gpu_hooks.h"
 
 #define MAXH 4
 
@@ -390,6 +391,7 @@ static void test_refusals(void **state) {
 
 int main(void) {
   sta_test_begin(2654435761ull, 88172645463325252ull);
+  sta_test_kernel_settings();
   if (!sta_backend_available(STA_CUDA))
     printf("# no CUDA backend: %s\n", sta_backend_describe(STA_CUDA));
   const struct CMUnitTest tests[] = {
