@@ -11,23 +11,6 @@
 
 #include "internal.h"
 
-#ifdef STA_WITH_CUDA
-/* cudart (linked in with the CUDA backend): the pipeline's second stream,
-** its events, strided copies.  Opaque pointers for cudaStream_t and
-** cudaEvent_t, int for cudaError_t and cudaMemcpyKind. */
-int cudaStreamCreateWithFlags(void **stream, unsigned flags);
-int cudaStreamDestroy(void *stream);
-int cudaEventCreateWithFlags(void **event, unsigned flags);
-int cudaEventDestroy(void *event);
-int cudaEventRecord(void *event, void *stream);
-int cudaStreamWaitEvent(void *stream, void *event, unsigned flags);
-int cudaMemcpy2DAsync(void *dst, size_t dpitch, const void *src, size_t spitch, size_t width,
-                      size_t height, int kind, void *stream);
-int cudaMemcpyAsync(void *dst, const void *src, size_t n, int kind, void *stream);
-const char *cudaGetErrorString(int error);
-enum { CUDA_STREAM_NON_BLOCKING = 1, CUDA_EVENT_NO_TIMING = 2, CUDA_COPY_DEFAULT = 4 };
-#endif
-
 #define MAX_LOOPBACK 64
 #define MAX_CHUNKS 64
 
@@ -42,7 +25,8 @@ struct sta_comm {
   int32_t chunks; /* sta_comm_set_chunks; 0: choose */
   sta_tensor *ws; /* SP workspace, kept between forwards (grown, never shrunk) */
   sta_tensor *dbuf; /* the descriptor's device bytes (a transport of CUDA memory only) */
-  void *side;       /* CUDA: the second stream, made on first use */
+  const sta_backend_ops *lanes; /* the backend of side and ev (CUDA's), once made */
+  void *side;       /* the second stream, made on first use */
   void *ev[N_EVENTS];
 };
 
@@ -78,11 +62,9 @@ void sta_comm_destroy(sta_comm *c) {
   if (c->t.destroy) c->t.destroy(c->t.self);
   sta_tensor_destroy(c->ws);
   sta_tensor_destroy(c->dbuf);
-#ifdef STA_WITH_CUDA
-  for (int i = 0; i < N_EVENTS; i++)
-    if (c->ev[i]) (void)cudaEventDestroy(c->ev[i]);
-  if (c->side) (void)cudaStreamDestroy(c->side);
-#endif
+  for (int i = 0; i < N_EVENTS && c->lanes; i++)
+    if (c->ev[i]) c->lanes->event_destroy(c->ev[i]);
+  if (c->side) c->lanes->stream_destroy(c->side);
   free(c);
 }
 
@@ -219,15 +201,8 @@ static void span_fold(sta_span *a, sta_span *b) {
   }
 }
 
-#ifdef STA_WITH_CUDA
-static sta_status cuda_check(int e, const char *what) {
-  if (e == 0) return STA_OK;
-  return sta_error(STA_ERR_DEVICE, "cuda: %s failed: %s (%d)", what, cudaGetErrorString(e), e);
-}
-#endif
-
 /* Block dj of dst <- block sj of src (one run and n[]; folded here), on
-** dev: CUDA copies are queued on this thread's stream. */
+** dev: a device's copies are queued on this thread's stream. */
 static sta_status span_copy(const sta_span *dst_, int64_t dj, const sta_span *src_, int64_t sj,
                             sta_device dev) {
   sta_span dst = *dst_, src = *src_;
@@ -235,6 +210,9 @@ static sta_status span_copy(const sta_span *dst_, int64_t dj, const sta_span *sr
   const char *s0 = (const char *)src.base + sj * src.peer;
   char *d0 = (char *)dst.base + dj * dst.peer;
   int64_t run = src.run, n0 = src.n[0];
+  const sta_backend_ops *b = dev == STA_CPU ? NULL : sta_backend_get(dev);
+  if (dev != STA_CPU && (!b || !b->copy_2d))
+    return sta_error(STA_ERR_BACKEND, "st attn not supported");
   for (int64_t i2 = 0; i2 < src.n[2]; i2++)
     for (int64_t i1 = 0; i1 < src.n[1]; i1++) {
       const char *s = s0 + i2 * src.pitch[2] + i1 * src.pitch[1];
@@ -244,23 +222,15 @@ static sta_status span_copy(const sta_span *dst_, int64_t dj, const sta_span *sr
           memcpy(d + i0 * dst.pitch[0], s + i0 * src.pitch[0], (size_t)run);
         continue;
       }
-#ifdef STA_WITH_CUDA
-      void *st = sta_cuda_get_stream();
       sta_status rc = STA_OK;
       if (n0 == 1 || (src.pitch[0] >= run && dst.pitch[0] >= run))
-        rc = cuda_check(cudaMemcpy2DAsync(d, (size_t)(n0 == 1 ? run : dst.pitch[0]), s,
-                                          (size_t)(n0 == 1 ? run : src.pitch[0]), (size_t)run,
-                                          (size_t)n0, CUDA_COPY_DEFAULT, st),
-                        "cudaMemcpy2DAsync");
+        rc = b->copy_2d(d, (size_t)(n0 == 1 ? run : dst.pitch[0]), s,
+                        (size_t)(n0 == 1 ? run : src.pitch[0]), (size_t)run, (size_t)n0);
       else /* overlapping or negative pitches: run by run */
         for (int64_t i0 = 0; i0 < n0 && rc == STA_OK; i0++)
-          rc = cuda_check(cudaMemcpyAsync(d + i0 * dst.pitch[0], s + i0 * src.pitch[0],
-                                          (size_t)run, CUDA_COPY_DEFAULT, st),
-                          "cudaMemcpyAsync");
+          rc = b->copy_2d(d + i0 * dst.pitch[0], (size_t)run, s + i0 * src.pitch[0],
+                          (size_t)run, (size_t)run, 1);
       if (rc != STA_OK) return rc;
-#else
-      return sta_error(STA_ERR_BACKEND, "st attn not supported");
-#endif
     }
   return STA_OK;
 }
@@ -729,22 +699,16 @@ static sta_status workspace(sta_comm *c, sta_device dev, int64_t bytes, char **b
   return STA_OK;
 }
 
-/* The CUDA stream and events of c's pipeline, made once. */
-static sta_status lanes_ready(sta_comm *c) {
-#ifdef STA_WITH_CUDA
+/* The second stream and the events of c's pipeline on dev, made once. */
+static sta_status lanes_ready(sta_comm *c, sta_device dev) {
+  const sta_backend_ops *b = sta_backend_get(dev);
   sta_status rc = STA_OK;
-  if (!c->side)
-    rc = cuda_check(cudaStreamCreateWithFlags(&c->side, CUDA_STREAM_NON_BLOCKING),
-                    "cudaStreamCreateWithFlags");
+  if (!b || !b->stream_create) return sta_error(STA_ERR_BACKEND, "st attn not supported");
+  c->lanes = b;
+  if (!c->side) rc = b->stream_create(&c->side);
   for (int i = 0; i < N_EVENTS && rc == STA_OK; i++)
-    if (!c->ev[i])
-      rc = cuda_check(cudaEventCreateWithFlags(&c->ev[i], CUDA_EVENT_NO_TIMING),
-                      "cudaEventCreateWithFlags");
+    if (!c->ev[i]) rc = b->event_create(&c->ev[i]);
   return rc;
-#else
-  (void)c;
-  return sta_error(STA_ERR_BACKEND, "st attn not supported");
-#endif
 }
 
 /* Work after this goes to the side lane (side) or the caller's stream. */
@@ -754,25 +718,13 @@ static void lane_use(const pipe *p, int side) {
 
 /* Record event ev on a lane, or make a lane wait for it. */
 static sta_status lane_mark(const pipe *p, int ev, int side) {
-#ifdef STA_WITH_CUDA
-  if (p->lanes)
-    return cuda_check(cudaEventRecord(p->c->ev[ev], side ? p->c->side : p->main),
-                      "cudaEventRecord");
-#else
-  (void)p; (void)ev; (void)side;
-#endif
-  return STA_OK;
+  if (!p->lanes) return STA_OK;
+  return p->c->lanes->event_record(p->c->ev[ev], side ? p->c->side : p->main);
 }
 
 static sta_status lane_wait(const pipe *p, int side, int ev) {
-#ifdef STA_WITH_CUDA
-  if (p->lanes)
-    return cuda_check(cudaStreamWaitEvent(side ? p->c->side : p->main, p->c->ev[ev], 0),
-                      "cudaStreamWaitEvent");
-#else
-  (void)p; (void)ev; (void)side;
-#endif
-  return STA_OK;
+  if (!p->lanes) return STA_OK;
+  return p->c->lanes->stream_wait(side ? p->c->side : p->main, p->c->ev[ev]);
 }
 
 /* Rows [s0, s0 + rows) and heads [h0, h0 + hn) of t (x its sizes), block j
@@ -1010,7 +962,7 @@ static sta_status prepare(pipe *p, sta_comm *c, const sta_geometry *g, sta_layou
   if (rc == STA_OK && job->check)
     rc = job->check(job, p->g[0][0], p->g[0][1], p->g[0][2], p->g[0][3]);
   if (rc == STA_OK && p->dev == STA_CUDA && p->n > 1) {
-    rc = lanes_ready(c);
+    rc = lanes_ready(c, p->dev);
     p->lanes = rc == STA_OK;
     p->main = sta_cuda_get_stream();
   }

@@ -32,12 +32,6 @@
 
 #define MAX_TCP 64
 
-#ifdef STA_WITH_CUDA
-/* cudart (linked in when the CUDA backend is): choose the rank's device. */
-int cudaSetDevice(int device);
-int cudaGetDeviceCount(int *count);
-#endif
-
 /* ---- the NCCL API we use (nccl.h, stable since 2.7) ------------------------ */
 
 typedef struct nccl_id { char internal[128]; } nccl_id;
@@ -558,19 +552,16 @@ sta_status sta_comm_nccl(sta_comm **out, int32_t rank, int32_t size, const char 
     return sta_error(STA_ERR_ARGUMENT, "device: expected -1 or a CUDA device, got %d", (int)device);
   pthread_once(&nccl_once, nccl_load);
   if (!nccl.loaded) return sta_error(STA_ERR_BACKEND, "%s", nccl.why);
-#ifdef STA_WITH_CUDA
   /* select the device before anything (the probe too) makes a context */
-  if (device >= 0) {
-    int n = 0;
-    if (cudaGetDeviceCount(&n) == 0 && n > 0) {
-      if (device >= n)
-        return sta_error(STA_ERR_ARGUMENT, "device: %d, but %d CUDA devices are visible",
-                         (int)device, n);
-      if (cudaSetDevice(device) != 0)
-        return sta_error(STA_ERR_DEVICE, "cuda: cannot select device %d", (int)device);
-    }
+  const sta_backend_ops *cuda = sta_backend_get(STA_CUDA);
+  int32_t ndev = device >= 0 && cuda ? cuda->device_count() : 0;
+  if (ndev > 0) {
+    if (device >= ndev)
+      return sta_error(STA_ERR_ARGUMENT, "device: %d, but %d CUDA devices are visible",
+                       (int)device, (int)ndev);
+    if (cuda->set_device(device) != STA_OK)
+      return sta_error(STA_ERR_DEVICE, "cuda: cannot select device %d", (int)device);
   }
-#endif
   if (!sta_backend_available(STA_CUDA))
     return sta_error(STA_ERR_BACKEND, "nccl: needs a CUDA device; %s",
                      sta_backend_describe(STA_CUDA));
@@ -766,11 +757,10 @@ sta_status sta_comm_from_env(sta_comm **out) {
   if ((rc = env_rendezvous(at, sizeof at, size, family)) != STA_OK) return rc;
   if (be && strcmp(be, "tcp") == 0) rc = sta_comm_tcp(out, rank, size, at);
   else {
-#ifdef STA_WITH_CUDA
     /* a launcher that shows each rank only its own GPU: local rank r -> device 0 */
-    int n = 0;
-    if (cudaGetDeviceCount(&n) == 0 && n > 0) local %= n;
-#endif
+    const sta_backend_ops *cuda = sta_backend_get(STA_CUDA);
+    int32_t n = cuda ? cuda->device_count() : 0;
+    if (n > 0) local %= n;
     rc = sta_comm_nccl(out, rank, size, at, local);
     if (rc == STA_ERR_BACKEND) { /* no GPU: say what works here */
       char msg[1024];

@@ -270,6 +270,26 @@ typedef struct sta_backend_ops {
   /* The forward at STA_PRECISION_FP8 (params' precision); NULL: not here
   ** yet (STA_ERR_UNSUPPORTED). */
   sta_status (*attention_fp8)(const sta_attn_params *p);
+  /* The rest serves the sequence-parallel layer (core/dist/); NULL where
+  ** the backend has no such thing (the CPU).  Devices: how many this
+  ** process sees (0 when none answers), and the calling thread's choice
+  ** among them (before anything else touches the device). */
+  int32_t (*device_count)(void);
+  sta_status (*set_device)(int32_t device);
+  /* Streams and events: opaque handles for work that overlaps (a stream
+  ** that does not wait for the default one); record an event on a
+  ** stream, make a stream wait for an event. */
+  sta_status (*stream_create)(void **stream);
+  void (*stream_destroy)(void *stream);
+  sta_status (*event_create)(void **event);
+  void (*event_destroy)(void *event);
+  sta_status (*event_record)(void *event, void *stream);
+  sta_status (*stream_wait)(void *stream, void *event);
+  /* height rows of width bytes, dpitch and spitch bytes apart (each >=
+  ** width), between memory of this device, queued on this thread's
+  ** stream. */
+  sta_status (*copy_2d)(void *dst, size_t dpitch, const void *src, size_t spitch, size_t width,
+                        size_t height);
 } sta_backend_ops;
 
 /* The backend table for a device, NULL when not compiled in. */
