@@ -964,9 +964,13 @@ sta_status sta_sp_unshard(sta_tensor *full, const sta_tensor *local,
 ** disagree ("ranks disagree on ..."), or when one rank's own checks fail
 ** ("rank r: <its error>"; in a loopback world that rank returns at once
 ** and its run aborts the others).  After such an error nothing has moved,
-** out is unchanged and the communicator is ready for the next call.  A
-** transport or device failure after data started moving may leave out
-** partly written.  The buffers (the gathered q, k, v, out of two chunks
+** out is unchanged and the communicator is ready for the next call.  The
+** ranks agree again after each head chunk's compute: when one failed or
+** was cancelled (sta_cancel on its process), every rank returns its error
+** at once ("rank r: sp attention: cancelled (sta_cancel) ..."), out holding
+** the heads of the chunks that finished before it (the message says how
+** many; none: out unchanged), and the next call works.  A transport or
+** device failure while data moves may leave out partly written.  The buffers (the gathered q, k, v, out of two chunks
 ** and the pack buffer) stay in c for the next call, grown as needed, until
 ** sta_comm_destroy. */
 sta_status sta_sp_attention(sta_comm *c, const sta_attention_desc *desc,

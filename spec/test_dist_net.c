@@ -1,7 +1,8 @@
 /* test_dist_net.c -- the process transports: SP attention over TCP between
 ** ranks as threads of this process (as processes under scripts/sta-launch)
-** equal to one device, its rendezvous errors, and NCCL's errors where there
-** is no NCCL. */
+** equal to one device, its rendezvous errors; a rank cancelled (another
+** process: sta_cancel is process-wide) stopping both ranks at once, the
+** next call working; NCCL's errors where there is no NCCL. */
 #include <math.h>
 #include <pthread.h>
 #include <stdarg.h>
@@ -13,6 +14,8 @@
 #include <string.h>
 #include <time.h>
 #include <unistd.h>
+#include <spawn.h>
+#include <sys/wait.h>
 #include <cmocka.h>
 
 #include "dist_util.h"
@@ -147,6 +150,214 @@ static void test_tcp_transport(void **state) {
   assert_ptr_equal(c, (sta_comm *)0x1);
 }
 
+/* ---- one rank cancelled: both stop at once, the next call works -------------
+** Rank 1 runs in a second process (this binary again, --cancel-rank),
+** since sta_cancel raises a process-wide flag.  Both ranks go through a
+** relay transport over their TCP communicator; rank 1's relay raises the
+** cancel flag after a given all-to-all of a call.  Four calls, two head
+** chunks each: (A) rank 1 cancelled before its call; (B) a plain call;
+** (C) rank 1 cancelled after the first chunk's output went back (its
+** second chunk's forward sees the flag); (D) a plain call.  A and C must
+** fail on both ranks within seconds (not STA_DIST_TIMEOUT) with rank 1's
+** cancel as the error; B and D equal one device. */
+
+typedef struct relay {
+  sta_comm *inner;
+  int32_t a2a, cancel_after; /* raise sta_cancel after that all-to-all (0: never) */
+} relay;
+
+static int32_t relay_rank(void *self) { return sta_comm_rank(((relay *)self)->inner); }
+static int32_t relay_size(void *self) { return sta_comm_size(((relay *)self)->inner); }
+
+static sta_status relay_move(relay *r, const void *send, void *recv, size_t sbytes,
+                             size_t rbytes, int gather) {
+  sta_tensor *s = NULL, *t = NULL;
+  int64_t ns = (int64_t)sbytes, nr = (int64_t)rbytes;
+  sta_status rc = sta_tensor_wrap(&s, (void *)send, STA_F8E4M3, STA_CPU, 1, &ns, NULL);
+  if (rc == STA_OK) rc = sta_tensor_wrap(&t, recv, STA_F8E4M3, STA_CPU, 1, &nr, NULL);
+  if (rc == STA_OK)
+    rc = gather ? sta_comm_all_gather(r->inner, s, t) : sta_comm_all_to_all(r->inner, s, t);
+  sta_tensor_destroy(s);
+  sta_tensor_destroy(t);
+  return rc;
+}
+
+static sta_status relay_a2a(void *self, const void *send, void *recv, size_t chunk,
+                            sta_device d) {
+  relay *r = self;
+  size_t n = chunk * (size_t)relay_size(self);
+  (void)d;
+  sta_status rc = relay_move(r, send, recv, n, n, 0);
+  if (++r->a2a == r->cancel_after) sta_cancel();
+  return rc;
+}
+
+static sta_status relay_gather(void *self, const void *send, void *recv, size_t chunk,
+                               sta_device d) {
+  (void)d;
+  return relay_move(self, send, recv, chunk, chunk * (size_t)relay_size(self), 1);
+}
+
+static sta_status relay_barrier(void *self) { return sta_comm_barrier(((relay *)self)->inner); }
+
+/* One call's outcome on a rank: per head of out (bit h), whether it is as
+** before the call and whether it equals one device's shard. */
+typedef struct cancel_call {
+  sta_status rc;
+  char msg[256];
+  double secs;
+  int kept, equal;
+} cancel_call;
+
+/* The heads (bits) in which a and b are equal. */
+static int heads_equal(const sta_tensor *a, const sta_tensor *b) {
+  int bits = 0;
+  for (int64_t h = 0; h < sta_tensor_size(a, 2); h++) {
+    sta_tensor *x = NULL, *y = NULL;
+    double mx = -1;
+    assert_int_equal(sta_tensor_narrow(&x, a, 2, h, 1), STA_OK);
+    assert_int_equal(sta_tensor_narrow(&y, b, 2, h, 1), STA_OK);
+    assert_int_equal(sta_tensor_compare(x, y, &mx, NULL), STA_OK);
+    bits |= (mx == 0.0) << h;
+    sta_tensor_destroy(x);
+    sta_tensor_destroy(y);
+  }
+  return bits;
+}
+
+static double now_s(void) {
+  struct timespec t;
+  clock_gettime(CLOCK_MONOTONIC, &t);
+  return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
+}
+
+/* Rank rank's four calls (A..D above) through id_file; 0 when the ranks
+** met.  Inputs from seed (both processes draw the same). */
+static int cancel_rank(int32_t rank, const char *id_file, uint64_t seed, cancel_call call[4]) {
+  const int32_t p = 2;
+  int32_t w[3] = {3, 1, 3};
+  sta_attention_desc d;
+  memset(&d, 0, sizeof d);
+  sta_geometry_init(&d.geom, 4, 4, 4);
+  d.geom.tile[0] = d.geom.tile[1] = d.geom.tile[2] = 2;
+  d.n_windows = 1;
+  d.windows = w;
+  seed_base = seed;
+  sta_tensor *fq = randn4(STA_F32, STA_BSHD, 1, 67, 4, 8), *fk = randn4(STA_F32, STA_BSHD, 1, 67, 4, 8);
+  sta_tensor *fv = randn4(STA_F32, STA_BSHD, 1, 67, 4, 8), *fo = new4(STA_F32, STA_BSHD, 1, 67, 4, 8);
+  assert_int_equal(sta_attention_forward(&d, fq, fk, fv, fo, NULL), STA_OK);
+  sta_tensor *q = new4(STA_F32, STA_BSHD, 1, 35, 4, 8), *k = new4(STA_F32, STA_BSHD, 1, 35, 4, 8);
+  sta_tensor *v = new4(STA_F32, STA_BSHD, 1, 35, 4, 8), *want = new4(STA_F32, STA_BSHD, 1, 35, 4, 8);
+  sta_tensor *o = randn4(STA_F32, STA_BSHD, 1, 35, 4, 8);
+  assert_int_equal(sta_sp_shard(q, fq, &d.geom, STA_BSHD, rank, p), STA_OK);
+  assert_int_equal(sta_sp_shard(k, fk, &d.geom, STA_BSHD, rank, p), STA_OK);
+  assert_int_equal(sta_sp_shard(v, fv, &d.geom, STA_BSHD, rank, p), STA_OK);
+  assert_int_equal(sta_sp_shard(want, fo, &d.geom, STA_BSHD, rank, p), STA_OK);
+  sta_comm *tcp = NULL, *c = NULL;
+  relay rl = {NULL, 0, 0};
+  int met = sta_comm_tcp(&tcp, rank, p, id_file) == STA_OK;
+  if (met) {
+    rl.inner = tcp;
+    sta_transport t = {"relay", 1u << STA_CPU, &rl, relay_rank, relay_size, relay_a2a,
+                       relay_gather, relay_barrier, NULL, NULL};
+    assert_int_equal(sta_comm_create(&c, &t), STA_OK);
+    assert_int_equal(sta_comm_set_chunks(c, 2), STA_OK);
+  }
+  for (int i = 0; i < 4 && met; i++) {
+    assert_int_equal(sta_tensor_randn(o, next_seed(), 0.0, 1.0), STA_OK);
+    sta_tensor *before = snapshot(o);
+    rl.a2a = 0;
+    rl.cancel_after = rank == 1 && i == 2 ? 7 : 0; /* in: 2 x 3, out(0): the 7th */
+    if (rank == 1 && i == 0) sta_cancel();
+    double t0 = now_s();
+    call[i].rc = sta_sp_attention(c, &d, q, k, v, o);
+    call[i].secs = now_s() - t0;
+    snprintf(call[i].msg, sizeof call[i].msg, "%s", call[i].rc == STA_OK ? "" : sta_last_error());
+    sta_cancel_clear();
+    call[i].kept = heads_equal(o, before);
+    call[i].equal = heads_equal(o, want);
+    sta_tensor_destroy(before);
+  }
+  sta_comm_destroy(c);
+  sta_comm_destroy(tcp);
+  sta_tensor *all[] = {fq, fk, fv, fo, q, k, v, want, o};
+  for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) sta_tensor_destroy(all[i]);
+  return met ? 0 : -1;
+}
+
+/* What rank r must see of the four calls; NULL when it did, else why not.
+** C returned chunk 0's heads (global heads 0 and 2: the first of each
+** rank's two) and left the others as they were. */
+static const char *cancel_verdict(int32_t r, const cancel_call call[4], char *why, size_t n) {
+  static const char *const first =
+      "sp attention: cancelled (sta_cancel) before it finished; no output was changed";
+  static const char *const later =
+      "sp attention: cancelled (sta_cancel) after 1 of 2 head chunks; out holds their heads, "
+      "the rest is unchanged";
+  for (int i = 0; i < 4; i++) {
+    const cancel_call *x = &call[i];
+    char want[512];
+    if (i % 2) {
+      if (x->rc != STA_OK || x->equal != 15)
+        return snprintf(why, n, "call %c: rc %d (%s), heads equal to one device %#x", 'A' + i,
+                        (int)x->rc, x->msg, (unsigned)x->equal), why;
+      continue;
+    }
+    snprintf(want, sizeof want, "%s%s", r == 1 ? "" : "rank 1: ", i == 0 ? first : later);
+    int kept = i == 0 ? 15 : 10, equal = i == 0 ? 0 : 5;
+    if (x->rc != STA_ERR_CANCELLED || strcmp(x->msg, want) != 0 || x->secs > 5 ||
+        x->kept != kept || (x->equal & equal) != equal)
+      return snprintf(why, n, "call %c: rc %d \"%s\" after %.1f s (heads kept %#x, done %#x); "
+                      "wanted STA_ERR_CANCELLED \"%s\" within 5 s (heads kept %#x, done %#x)",
+                      'A' + i, (int)x->rc, x->msg, x->secs, (unsigned)x->kept,
+                      (unsigned)x->equal, want, (unsigned)kept, (unsigned)equal), why;
+  }
+  return NULL;
+}
+
+/* Rank 1, in the second process: 0 when it saw what it must. */
+static int cancel_child(const char *id_file, uint64_t seed) {
+  cancel_call call[4];
+  char why[1024];
+  memset(call, 0, sizeof call);
+  if (cancel_rank(1, id_file, seed, call) != 0) {
+    printf("# rank 1: no rendezvous: %s\n", sta_last_error());
+    return 1;
+  }
+  const char *bad = cancel_verdict(1, call, why, sizeof why);
+  if (bad) printf("# rank 1: %s\n", bad);
+  return bad ? 1 : 0;
+}
+
+static void test_tcp_cancel_one_rank(void **state) {
+  (void)state;
+  char self[1024], id_file[64], seed[32];
+  ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
+  assert_true(n > 0);
+  self[n] = '\0';
+  snprintf(id_file, sizeof id_file, "/tmp/sta-test-dist-%d-cancel.id", (int)getpid());
+  remove(id_file);
+  uint64_t s = next_seed();
+  snprintf(seed, sizeof seed, "%llu", (unsigned long long)s);
+  setenv("STA_DIST_TIMEOUT", "10", 1);
+  char *argv[] = {self, "--cancel-rank", id_file, seed, NULL};
+  extern char **environ;
+  pid_t pid;
+  assert_int_equal(posix_spawn(&pid, self, NULL, NULL, argv, environ), 0);
+  cancel_call call[4];
+  char why[1024];
+  memset(call, 0, sizeof call);
+  int met = cancel_rank(0, id_file, s, call);
+  int status = 0;
+  assert_int_equal(waitpid(pid, &status, 0), pid);
+  setenv("STA_DIST_TIMEOUT", "30", 1);
+  remove(id_file);
+  assert_int_equal(met, 0);
+  const char *bad = cancel_verdict(0, call, why, sizeof why);
+  if (bad) fail_msg("rank 0: %s", bad);
+  if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) fail_msg("rank 1 failed (its lines above)");
+}
+
 /* No NCCL here: clear errors, never a crash. */
 static void test_errors_nccl_env(void **state) {
   (void)state;
@@ -200,10 +411,13 @@ static void test_errors_nccl_env(void **state) {
   unsetenv("STA_NCCL_LIB");
 }
 
-int main(void) {
+int main(int argc, char **argv) {
+  if (argc == 4 && strcmp(argv[1], "--cancel-rank") == 0) /* test_tcp_cancel_one_rank's rank 1 */
+    return cancel_child(argv[2], strtoull(argv[3], NULL, 10));
   dist_test_begin("test_dist_net");
   const struct CMUnitTest tests[] = {
     cmocka_unit_test(test_tcp_transport),
+    cmocka_unit_test(test_tcp_cancel_one_rank),
     cmocka_unit_test(test_errors_nccl_env),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);

@@ -129,11 +129,13 @@ typedef struct sp_job {
   int32_t *windows;               /* sp_attention, per-head windows: this rank's */
   uint64_t hash;                  /* sp_attention: of the global windows */
   sta_layer *layer;               /* SP layer */
+  const char *what;               /* the call, for messages: "sp attention" */
 } sp_job;
 
 /* job on this rank's shards q, k, v, out (layout, the global geometry g)
-** over c: this rank's checks (pre: the caller's own status), every rank's
-** agreement, then the pipeline. */
+** over c: this rank's checks (pre: the caller's own status; a raised
+** cancel flag), every rank's agreement, then the pipeline, whose ranks
+** agree after each chunk's compute whether all go on. */
 sta_status sta_sp_run(sta_comm *c, const sta_geometry *g, sta_layout layout,
                       const sta_tensor *q, const sta_tensor *k, const sta_tensor *v,
                       sta_tensor *out, sp_job *job, sta_status pre);

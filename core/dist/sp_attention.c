@@ -80,6 +80,7 @@ sta_status sta_sp_attention(sta_comm *c, const sta_attention_desc *desc,
   job.check = attn_check;
   job.compute = attn_compute;
   job.desc = desc;
+  job.what = "sp attention";
   sta_status rc = sta_sp_run(c, desc ? &desc->geom : NULL, desc ? desc->layout : STA_BSHD, q,
                              k, v, out, &job, pre);
   free(job.windows);
@@ -159,6 +160,7 @@ sta_status sta_sp_layer_forward(sta_sp_layer *l, const sta_tensor *q, const sta_
   memset(&job, 0, sizeof job);
   job.compute = layer_compute;
   job.layer = l->layer;
+  job.what = "sp layer forward";
   sta_bshd x;
   sta_status pre = STA_OK;
   int32_t p = sta_comm_size(l->comm);

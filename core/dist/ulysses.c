@@ -185,6 +185,8 @@ static sta_status step_out(const pipe *p, int64_t c) {
 ** reuses its slot); out(c - 2) before compute(c) (which reuses its output
 ** slot).  So out(c - 1) and in(c + 1) run while compute(c) does.  Without
 ** lanes the same steps run one after another in this order. */
+static sta_status chunk_agree(const pipe *p, int64_t c, sta_status rc);
+
 static sta_status pipeline(const pipe *p) {
   int64_t n = p->n;
   sta_status rc = lane_mark(p, EV_START, 0);
@@ -199,6 +201,7 @@ static sta_status pipeline(const pipe *p) {
     if (rc == STA_OK && c >= 2) rc = lane_wait(p, 0, EV_OUT + (int)c - 2);
     lane_use(p, 0);
     if (rc == STA_OK) rc = step_compute(p, c);
+    rc = chunk_agree(p, c, rc); /* every rank goes on, or every rank stops here */
     if (rc == STA_OK) rc = lane_mark(p, EV_COMP + (int)c, 0);
     if (rc == STA_OK) rc = lane_wait(p, 1, EV_COMP + (int)c);
     lane_use(p, 1);
@@ -383,12 +386,12 @@ static sta_status disagree(const sp_desc *a, const sp_desc *b, int32_t r) {
   return STA_OK;
 }
 
-/* Exchange every rank's descriptor (host memory, else the transport's
-** device memory) and compare.  mine->status: this rank's own checks. */
-static sta_status agree(sta_comm *c, sp_desc *mine) {
+/* Every rank's descriptor into *all (size of them; free it), through host
+** memory, else the transport's device memory; each checked to be one. */
+static sta_status gather_descs(sta_comm *c, const sp_desc *mine, sp_desc **out) {
   int32_t np = sta_comm_size(c);
   sta_status rc;
-  sp_desc *all = sta_calloc((size_t)np, sizeof *all);
+  sp_desc *all = *out = sta_calloc((size_t)np, sizeof *all);
   if (!all) return sta_error(STA_ERR_NOMEM, "out of host memory (SP descriptors)");
   if (c->t.devices & (1u << STA_CPU))
     rc = c->t.all_gather(c->t.self, mine, all, sizeof *mine, STA_CPU);
@@ -408,12 +411,52 @@ static sta_status agree(sta_comm *c, sp_desc *mine) {
     if (memcmp(all[r].magic, "sta-sp1", 8) != 0)
       rc = sta_error(STA_ERR_STATE, "rank %d sent no SP descriptor (is it in another "
                      "collective?)", (int)r);
-  if (rc == STA_OK && mine->status != STA_OK) rc = sta_error(mine->status, "%s", mine->msg);
-  for (int32_t r = 0; r < np && rc == STA_OK; r++)
-    if (all[r].status != STA_OK) rc = sta_error(all[r].status, "rank %d: %s", (int)r, all[r].msg);
+  return rc;
+}
+
+/* The first failure among every rank's status: this rank's own, else
+** "rank r: <its message>". */
+static sta_status first_failure(const sp_desc *mine, const sp_desc *all, int32_t np) {
+  if (mine->status != STA_OK) return sta_error(mine->status, "%s", mine->msg);
+  for (int32_t r = 0; r < np; r++)
+    if (all[r].status != STA_OK) return sta_error(all[r].status, "rank %d: %s", (int)r, all[r].msg);
+  return STA_OK;
+}
+
+/* Exchange every rank's descriptor and compare.  mine->status: this rank's
+** own checks. */
+static sta_status agree(sta_comm *c, sp_desc *mine) {
+  int32_t np = sta_comm_size(c);
+  sp_desc *all = NULL;
+  sta_status rc = gather_descs(c, mine, &all);
+  if (rc == STA_OK) rc = first_failure(mine, all, np);
   for (int32_t r = 1; r < np && rc == STA_OK; r++) rc = disagree(&all[0], &all[r], r);
   free(all);
   return rc;
+}
+
+/* After chunk c's compute, whose status on this rank is rc: whether every
+** rank goes on.  A rank that failed or was cancelled must not leave the
+** others waiting in the exchanges that follow until STA_DIST_TIMEOUT: every
+** rank stops here with the first failure (its own first), and the links
+** stay in step for the next call.  A loopback rank's failure aborts its
+** world instead (sta_comm_loopback_run). */
+static sta_status chunk_agree(const pipe *p, int64_t c, sta_status rc) {
+  if (rc == STA_ERR_CANCELLED) /* say how much of out the call wrote */
+    rc = c == 0 ? sta_cancelled(p->job->what)
+                : sta_error(STA_ERR_CANCELLED, "%s: cancelled (sta_cancel) after %lld of %lld "
+                            "head chunks; out holds their heads, the rest is unchanged",
+                            p->job->what, (long long)c, (long long)p->n);
+  if (p->sp.p == 1 || sta_loopback_is(p->c)) return rc;
+  sp_desc mine, *all = NULL;
+  memset(&mine, 0, sizeof mine);
+  memcpy(mine.magic, "sta-sp1", 8);
+  mine.status = rc;
+  if (rc != STA_OK) snprintf(mine.msg, sizeof mine.msg, "%s", sta_last_error());
+  sta_status g = gather_descs(p->c, &mine, &all);
+  if (g == STA_OK || rc != STA_OK) g = first_failure(&mine, all, p->sp.p);
+  free(all);
+  return g;
 }
 
 /* This rank's descriptor (status: its own checks). */
@@ -456,6 +499,7 @@ sta_status sta_sp_run(sta_comm *c, const sta_geometry *g, sta_layout layout,
   const sta_tensor *t[4] = {q, k, v, out};
   pipe p;
   STA_CHECK_HANDLE(c, STA_KIND_COMM, "comm");
+  if (pre == STA_OK) pre = sta_cancel_point(job->what); /* every rank learns of it */
   sta_status rc = prepare(&p, c, g, layout, t, job, pre);
   /* every rank learns of every rank's failed checks, unless this is a
   ** loopback world, whose run aborts the others when this rank returns */
