@@ -146,4 +146,65 @@ static inline void full_free(full_qkvo *f) {
   sta_tensor_destroy(f->o);
 }
 
+/* ---- a caller's transport ------------------------------------------------------ */
+
+/* Relays every collective to an inner communicator (raw bytes wrapped as
+** 1-byte tensors) and counts them; fail_gather makes all-gather fail,
+** cancel_after raises sta_cancel after that all-to-all (counted since a2a
+** was last set to 0). */
+typedef struct relay {
+  sta_comm *inner;
+  int32_t a2a, gather, barrier, destroyed, fail_gather, cancel_after;
+} relay;
+
+static inline int32_t relay_rank(void *self) { return sta_comm_rank(((relay *)self)->inner); }
+static inline int32_t relay_size(void *self) { return sta_comm_size(((relay *)self)->inner); }
+
+static inline sta_status relay_move(relay *r, const void *send, void *recv, size_t sbytes,
+                                    size_t rbytes, int gather) {
+  sta_tensor *s = NULL, *t = NULL;
+  int64_t ns = (int64_t)sbytes, nr = (int64_t)rbytes;
+  sta_status rc = sta_tensor_wrap(&s, (void *)send, STA_F8E4M3, STA_CPU, 1, &ns, NULL);
+  if (rc == STA_OK) rc = sta_tensor_wrap(&t, recv, STA_F8E4M3, STA_CPU, 1, &nr, NULL);
+  if (rc == STA_OK)
+    rc = gather ? sta_comm_all_gather(r->inner, s, t) : sta_comm_all_to_all(r->inner, s, t);
+  sta_tensor_destroy(s);
+  sta_tensor_destroy(t);
+  return rc;
+}
+
+static inline sta_status relay_a2a(void *self, const void *send, void *recv, size_t chunk,
+                                   sta_device d) {
+  relay *r = self;
+  size_t n = chunk * (size_t)relay_size(self);
+  assert_int_equal(d, STA_CPU);
+  sta_status rc = relay_move(r, send, recv, n, n, 0);
+  if (++r->a2a == r->cancel_after) sta_cancel();
+  return rc;
+}
+
+static inline sta_status relay_gather(void *self, const void *send, void *recv, size_t chunk,
+                                      sta_device d) {
+  relay *r = self;
+  assert_int_equal(d, STA_CPU);
+  r->gather++;
+  if (r->fail_gather) return sta_error(STA_ERR_DEVICE, "fake: link down");
+  return relay_move(r, send, recv, chunk, chunk * (size_t)relay_size(self), 1);
+}
+
+static inline sta_status relay_barrier(void *self) {
+  relay *r = self;
+  r->barrier++;
+  return sta_comm_barrier(r->inner);
+}
+
+static inline void relay_destroy(void *self) { ((relay *)self)->destroyed++; }
+
+/* The transport table of r, CPU memory, named "relay". */
+static inline sta_transport relay_transport(relay *r) {
+  sta_transport t = {"relay", 1u << STA_CPU, r, relay_rank, relay_size, relay_a2a,
+                     relay_gather, relay_barrier, relay_destroy, NULL};
+  return t;
+}
+
 #endif

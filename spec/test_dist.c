@@ -76,54 +76,6 @@ static void test_loopback_collectives(void **state) {
 
 /* ---- a caller's transport ---------------------------------------------------------- */
 
-/* Counts the collectives and delegates to a loopback communicator (raw
-** bytes wrapped as f16 tensors); fail_gather makes all-gather fail. */
-typedef struct counting {
-  sta_comm *inner;
-  int32_t a2a, gather, barrier, fail_gather, destroyed;
-} counting;
-
-static int32_t cnt_rank(void *self) { return sta_comm_rank(((counting *)self)->inner); }
-static int32_t cnt_size(void *self) { return sta_comm_size(((counting *)self)->inner); }
-
-static sta_status cnt_move(counting *c, const void *send, void *recv, size_t sbytes,
-                           size_t rbytes, int gather) {
-  sta_tensor *s = NULL, *r = NULL;
-  int64_t ns = (int64_t)(sbytes / 2), nr = (int64_t)(rbytes / 2);
-  sta_status rc = sta_tensor_wrap(&s, (void *)send, STA_F16, STA_CPU, 1, &ns, NULL);
-  if (rc == STA_OK) rc = sta_tensor_wrap(&r, recv, STA_F16, STA_CPU, 1, &nr, NULL);
-  if (rc == STA_OK)
-    rc = gather ? sta_comm_all_gather(c->inner, s, r) : sta_comm_all_to_all(c->inner, s, r);
-  sta_tensor_destroy(s);
-  sta_tensor_destroy(r);
-  return rc;
-}
-
-static sta_status cnt_a2a(void *self, const void *send, void *recv, size_t chunk, sta_device d) {
-  counting *c = self;
-  size_t n = chunk * (size_t)cnt_size(self);
-  assert_int_equal(d, STA_CPU);
-  c->a2a++;
-  return cnt_move(c, send, recv, n, n, 0);
-}
-
-static sta_status cnt_gather(void *self, const void *send, void *recv, size_t chunk,
-                             sta_device d) {
-  counting *c = self;
-  assert_int_equal(d, STA_CPU);
-  c->gather++;
-  if (c->fail_gather) return sta_error(STA_ERR_DEVICE, "fake: link down");
-  return cnt_move(c, send, recv, chunk, chunk * (size_t)cnt_size(self), 1);
-}
-
-static sta_status cnt_barrier(void *self) {
-  counting *c = self;
-  c->barrier++;
-  return sta_comm_barrier(c->inner);
-}
-
-static void cnt_destroy(void *self) { ((counting *)self)->destroyed++; }
-
 typedef struct custom_job {
   sta_comm *comm;
   const sta_attention_desc *desc;
@@ -148,15 +100,14 @@ static void test_custom_transport(void **state) {
   (void)state;
   const int32_t p = 2;
   sta_comm *inner[2], *comms[2];
-  counting cnt[2];
+  relay cnt[2];
   memset(cnt, 0, sizeof cnt);
   assert_int_equal(sta_comm_loopback(inner, p), STA_OK);
   for (int32_t r = 0; r < p; r++) {
     cnt[r].inner = inner[r];
-    sta_transport t = {"counting", 1u << STA_CPU, &cnt[r], cnt_rank, cnt_size,
-                       cnt_a2a, cnt_gather, cnt_barrier, cnt_destroy, NULL};
+    sta_transport t = relay_transport(&cnt[r]);
     assert_int_equal(sta_comm_create(&comms[r], &t), STA_OK);
-    assert_string_equal(sta_comm_name(comms[r]), "counting");
+    assert_string_equal(sta_comm_name(comms[r]), "relay");
     assert_int_equal(sta_comm_rank(comms[r]), r);
   }
   int32_t w[3] = {1, 3, 1};
@@ -214,9 +165,11 @@ static void test_custom_transport(void **state) {
     sta_tensor_destroy(ref);
   }
   /* a rank outside the size is refused */
-  counting bad = {inner[0], 0, 0, 0, 0, 0};
-  sta_transport t = {"counting", 1u << STA_CPU, &bad, cnt_size, cnt_size, cnt_a2a,
-                     cnt_gather, cnt_barrier, cnt_destroy, NULL};
+  relay bad;
+  memset(&bad, 0, sizeof bad);
+  bad.inner = inner[0];
+  sta_transport t = relay_transport(&bad);
+  t.rank = relay_size;
   sta_comm *c = NULL;
   sta_expect_err(sta_comm_create(&c, &t), STA_ERR_ARGUMENT,
                "transport: rank 2 of size 2 is not a rank");

@@ -161,45 +161,6 @@ static void test_tcp_transport(void **state) {
 ** fail on both ranks within seconds (not STA_DIST_TIMEOUT) with rank 1's
 ** cancel as the error; B and D equal one device. */
 
-typedef struct relay {
-  sta_comm *inner;
-  int32_t a2a, cancel_after; /* raise sta_cancel after that all-to-all (0: never) */
-} relay;
-
-static int32_t relay_rank(void *self) { return sta_comm_rank(((relay *)self)->inner); }
-static int32_t relay_size(void *self) { return sta_comm_size(((relay *)self)->inner); }
-
-static sta_status relay_move(relay *r, const void *send, void *recv, size_t sbytes,
-                             size_t rbytes, int gather) {
-  sta_tensor *s = NULL, *t = NULL;
-  int64_t ns = (int64_t)sbytes, nr = (int64_t)rbytes;
-  sta_status rc = sta_tensor_wrap(&s, (void *)send, STA_F8E4M3, STA_CPU, 1, &ns, NULL);
-  if (rc == STA_OK) rc = sta_tensor_wrap(&t, recv, STA_F8E4M3, STA_CPU, 1, &nr, NULL);
-  if (rc == STA_OK)
-    rc = gather ? sta_comm_all_gather(r->inner, s, t) : sta_comm_all_to_all(r->inner, s, t);
-  sta_tensor_destroy(s);
-  sta_tensor_destroy(t);
-  return rc;
-}
-
-static sta_status relay_a2a(void *self, const void *send, void *recv, size_t chunk,
-                            sta_device d) {
-  relay *r = self;
-  size_t n = chunk * (size_t)relay_size(self);
-  (void)d;
-  sta_status rc = relay_move(r, send, recv, n, n, 0);
-  if (++r->a2a == r->cancel_after) sta_cancel();
-  return rc;
-}
-
-static sta_status relay_gather(void *self, const void *send, void *recv, size_t chunk,
-                               sta_device d) {
-  (void)d;
-  return relay_move(self, send, recv, chunk, chunk * (size_t)relay_size(self), 1);
-}
-
-static sta_status relay_barrier(void *self) { return sta_comm_barrier(((relay *)self)->inner); }
-
 /* One call's outcome on a rank: per head of out (bit h), whether it is as
 ** before the call and whether it equals one device's shard. */
 typedef struct cancel_call {
@@ -254,12 +215,12 @@ static int cancel_rank(int32_t rank, const char *id_file, uint64_t seed, cancel_
   assert_int_equal(sta_sp_shard(v, fv, &d.geom, STA_BSHD, rank, p), STA_OK);
   assert_int_equal(sta_sp_shard(want, fo, &d.geom, STA_BSHD, rank, p), STA_OK);
   sta_comm *tcp = NULL, *c = NULL;
-  relay rl = {NULL, 0, 0};
+  relay rl;
+  memset(&rl, 0, sizeof rl);
   int met = sta_comm_tcp(&tcp, rank, p, id_file) == STA_OK;
   if (met) {
     rl.inner = tcp;
-    sta_transport t = {"relay", 1u << STA_CPU, &rl, relay_rank, relay_size, relay_a2a,
-                       relay_gather, relay_barrier, NULL, NULL};
+    sta_transport t = relay_transport(&rl);
     assert_int_equal(sta_comm_create(&c, &t), STA_OK);
     assert_int_equal(sta_comm_set_chunks(c, 2), STA_OK);
   }
