@@ -132,7 +132,7 @@ sta_status sta_shape_mismatch(const char *what, const char *an,
                               const sta_tensor *a, const char *bn,
                               const sta_tensor *b);
 
-/* ---- elementwise iteration (core/ops.c; kernels/ops.cu) --------------- */
+/* ---- elementwise iteration (core/ops.c; kernels/ops.cuh) -------------- */
 
 /* The common iteration space of up to 3 tensors of one shape, in their
 ** row-major element order (which is the logical index randn draws by):
@@ -267,8 +267,7 @@ typedef struct sta_backend_ops {
                         float b, const sta_tensor *y);
   /* Reduce t on the device; only *out crosses to the host. */
   sta_status (*stats)(const sta_tensor *t, sta_stats *out);
-  /* The forward at STA_PRECISION_FP8 (params' precision); NULL: not here
-  ** yet (STA_ERR_UNSUPPORTED). */
+  /* The forward at STA_PRECISION_FP8 (params' precision). */
   sta_status (*attention_fp8)(const sta_attn_params *p);
   /* The rest serves the sequence-parallel layer (core/dist/); NULL where
   ** the backend has no such thing (the CPU).  Devices: how many this

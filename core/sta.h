@@ -345,10 +345,6 @@ int64_t sta_geometry_video_rows(const sta_geometry *g);
 int64_t sta_geometry_text_len(const sta_geometry *g, int64_t seq_len);
 /* Check one window against the grid (odd or >= axis tiles, >= 1). */
 sta_status sta_window_check(const sta_geometry *g, const int32_t window[3]);
-/* FastVideo's usual window, 3, 3, 3 tiles: a value to offer.  The Lua
-** and FFI bindings, like sta-run, apply no default: a window must be
-** given (a silent default hid typos such as windows=). */
-void sta_window_default(int32_t window[3]);
 /* Key-tile range on one axis (STA.md section 2): q the query tile, k the
 ** window, c the tiles on the axis.  Returns STA_ERR_WINDOW for bad k. */
 sta_status sta_window_range(int32_t q, int32_t k, int32_t c, int32_t *start,

@@ -231,7 +231,7 @@ static void test_random_geometries(void **state) {
   printf("# %d random geometries: worst rel L2 %.3e\n", n, worst);
 }
 
-/* FastVideo's tiled token order read in place (issue 19): whole 6x8x8
+/* FastVideo's tiled token order read in place: whole 6x8x8
 ** tiles take the default kernels' row-map paths (D 128: Wide, D 64: Tall;
 ** variant 9: the 128 x 128 kernel with every load by TMA, 2: one CTA per
 ** item; sta_cuda_set_variant_test), whole 2x8x8 tiles the 128 x 128 kernel's, partial tiles

@@ -236,7 +236,7 @@ static void test_random_geometries(void **state) {
          worst_rel[1][2]);
 }
 
-/* FastVideo's tiled token order read in place (issue 19): whole 6x8x8 tiles
+/* FastVideo's tiled token order read in place: whole 6x8x8 tiles
 ** take the row maps (a t-slice is a run of 64 rows), partial and other
 ** tiles the gather; padding rows hold NaN in q, k, v, dout and get dq = dk
 ** = dv = 0 (compared with the CPU's, which are 0: every gradient element
