@@ -45,7 +45,7 @@ LIBS       = $(CJSON_LIBS) $(BLAS_LIBS) -fopenmp -lm -lpthread -ldl
 CUDA_HOME ?= $(patsubst %/bin/nvcc,%,$(NVCC))
 NVCCFLAGS ?= -O3 -gencode=arch=compute_90a,code=sm_90a -std=c++17 \
              -Xcompiler -fPIC -Icore -lineinfo --expt-relaxed-constexpr
-CORE_SRC   = $(sort $(wildcard core/*.c))
+CORE_SRC   = $(sort $(wildcard core/*.c core/dist/*.c))
 CORE_OBJ   = $(CORE_SRC:%.c=$(BUILD)/obj/%.o)
 CU_SRC     = $(sort $(wildcard kernels/*.cu))
 ifneq ($(strip $(NVCC)),)
@@ -78,7 +78,7 @@ runtime: lib $(TOOLS) $(LUA_MOD)
 # PROGRESS=1 (make example) prints one line per file compiled
 say = $(if $(PROGRESS),@echo "  $(1)")
 
-$(BUILD)/obj/core/%.o: core/%.c $(wildcard core/*.h)
+$(BUILD)/obj/core/%.o: core/%.c $(wildcard core/*.h core/dist/*.h)
 	@mkdir -p $(@D)
 	$(call say,CC    $<)
 	$(CC) $(CFLAGS) $(STA_CFLAGS) -c $< -o $@

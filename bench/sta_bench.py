@@ -1,9 +1,11 @@
 #!/usr/bin/env python3
-"""sta_bench.py -- what the GPU benchmarks share (bench_gpu.py, bench_backward.py,
-bench_fp8.py, ncu_one.py, profile_gpu.py): the ctypes mirrors of sta.h's
-structs (checked against the header), libsta through its public API, the STA
-mask, a float32 reference and the FLOP count, timing, FlexAttention's STA
-mask_mods, the section 8 workloads and their inputs.  A library: no main."""
+"""sta_bench.py -- what the GPU benchmarks share (bench_gpu.py, bench_ab.py,
+bench_accuracy.py, bench_backward.py, bench_fp8.py; spec/gpu_torch_check.py,
+research/): the ctypes mirrors of sta.h's structs (checked against the
+header), libsta through its public API and the test-only kernel settings,
+the STA mask, a float32 reference and the FLOP count, timing, FlexAttention's
+STA mask_mods, the section 8 workloads, the kernel work's cases and their
+inputs.  A library: no main."""
 import ctypes as C
 import os
 import statistics
@@ -32,18 +34,8 @@ class Desc(C.Structure):  # core/sta.h sta_attention_desc
                 ("mask", C.c_int), ("blocks", C.c_void_p)]
 
 
-class GeometryV0(C.Structure):  # sta_geometry before sta_order (commit cf93765)
-    _fields_ = [("canvas", C.c_int32 * 3), ("tile", C.c_int32 * 3), ("text_len", C.c_int64)]
-
-
-class DescV0(C.Structure):  # sta_attention_desc of those libraries
-    _fields_ = [("geom", GeometryV0), ("layout", C.c_int), ("n_windows", C.c_int32),
-                ("windows", C.POINTER(C.c_int32)), ("scale", C.c_float),
-                ("softmax", C.c_int), ("deterministic", C.c_int32)]
-
-
 def check_mirrors(header=os.path.join(HERE, "..", "core", "sta.h")):
-    """The two structs above mirror sta.h by hand: refuse to run when the
+    """Geometry and Desc mirror sta.h by hand: refuse to run when the
     header's field names differ (a changed struct must not go unnoticed)."""
     import re
     try:
@@ -79,11 +71,29 @@ class Sta:
             raise SystemExit("sta: CUDA backend unavailable: %s" %
                              L.sta_backend_describe(STA_CUDA).decode())
         self.describe = L.sta_backend_describe(STA_CUDA).decode()
-        # a library from before sta_geometry.order (an A/B's older build):
-        # its structs, untiled rows and native precision only
-        self.old_abi = not hasattr(L, "sta_geometry_video_rows")
-        if self.old_abi:
-            L.sta_attention_forward.argtypes = [C.POINTER(DescV0)] + [C.c_void_p] * 5
+        if not hasattr(L, "sta_geometry_video_rows"):
+            raise SystemExit("sta: %s predates sta_geometry.order (commit cf93765): its "
+                             "sta_attention_desc differs from Desc" % path)
+
+    def set_kernels(self, variant=0, no_tma=0, no_tma_q=0):
+        """The library's test-only kernel settings (core/internal.h:
+        sta_cuda_set_variant_test, sta_cuda_set_tma_test), process-wide:
+        variant 0 the default, 2 one CTA per work item, 9 the 128 x 128
+        kernel; no_tma every load by the cp.async gather (forward and
+        backward), no_tma_q the forward's Q.  A library built before the
+        setters read STA_CUDA_VARIANT, STA_NO_TMA and STA_NO_TMA_Q at each
+        call instead (an A/B against an older build): those are set."""
+        L = self.lib
+        if hasattr(L, "sta_cuda_set_variant_test"):
+            L.sta_cuda_set_variant_test(int(variant))
+            L.sta_cuda_set_tma_test((1 if no_tma else 0) | (2 if no_tma_q else 0))
+            return
+        for name, val in (("STA_CUDA_VARIANT", variant), ("STA_NO_TMA", no_tma),
+                          ("STA_NO_TMA_Q", no_tma_q)):
+            if val:
+                os.environ[name] = str(int(val))
+            else:
+                os.environ.pop(name, None)
 
     def wrap(self, t):
         h = C.c_void_p()
@@ -101,9 +111,7 @@ class Sta:
         """q, k, v, o: torch tensors in layout; g: dict geometry."""
         wins = g["windows"]
         w = (C.c_int32 * len(wins))(*wins)
-        if self.old_abi and precision != STA_PRECISION_NATIVE:
-            raise RuntimeError("%s predates the precision field" % self.path)
-        d = DescV0() if self.old_abi else Desc()
+        d = Desc()
         d.geom.canvas[:] = list(g["canvas"])
         d.geom.tile[:] = list(g["tile"])
         d.geom.text_len = g["text_len"]
@@ -112,8 +120,7 @@ class Sta:
         d.windows = C.cast(w, C.POINTER(C.c_int32))
         d.scale = g.get("scale", 0.0)
         d.softmax = softmax
-        if not self.old_abi:
-            d.precision = precision
+        d.precision = precision
         hs = [self.wrap(t) for t in (q, k, v, o)] + [self.wrap(lse) if lse is not None else None]
         rc = self.lib.sta_attention_forward(C.byref(d), *hs)
         for h in hs:
@@ -355,3 +362,73 @@ def errors(o, ref):
     d = o.float() - ref
     return dict(rel=(d.norm() / ref.norm()).item(), mean=d.abs().mean().item(),
                 max=d.abs().max().item())
+
+
+# The kernel work's cases: the canonical workloads plus a searched-like mix of
+# per-head windows, D 64 and fp16 (each at hunyuan-720p).  STA_CASES picks
+# them by name (comma-separated), STA_VARIANTS the kernel variants.
+MIXED_WINDOWS = [(3, 3, 3), (1, 3, 3), (3, 6, 10), (1, 3, 5), (1, 1, 1), (3, 3, 5),
+                 (5, 6, 10), (3, 5, 7)]
+
+
+def variant_cases():
+    cases = []
+    for name, canvas, text, win in WORKLOADS:
+        cases.append((name, canvas, text, list(win), 24, 128, torch.bfloat16))
+    hy = WORKLOADS[0]
+    mixed = []
+    for h in range(24):
+        mixed += list(MIXED_WINDOWS[h % len(MIXED_WINDOWS)])
+    cases.append(("hunyuan-720p-mixed", hy[1], hy[2], mixed, 24, 128, torch.bfloat16))
+    cases.append(("hunyuan-720p-d64", hy[1], hy[2], list(hy[3]), 48, 64, torch.bfloat16))
+    cases.append(("hunyuan-720p-fp16", hy[1], hy[2], list(hy[3]), 24, 128, torch.float16))
+    want = os.environ.get("STA_CASES", "hunyuan-720p,wan-720p")
+    if want != "all":
+        names = want.split(",")
+        cases = [c for c in cases if c[0] in names]
+    return cases
+
+
+def softmax_modes():
+    return [m for m in os.environ.get("STA_SOFTMAX", "exact,fast").split(",") if m]
+
+
+def variant_inputs(case):
+    name, canvas, text, win, H, D, dt = case
+    S = canvas[0] * canvas[1] * canvas[2] + text
+    g = dict(canvas=canvas, tile=(6, 8, 8), text_len=text, windows=win)
+    torch.manual_seed(1)
+    q, k, v = (torch.randn(1, S, H, D, device="cuda", dtype=dt) for _ in range(3))
+    return g, S, (q, k, v, torch.empty_like(q)), flops(g, S, H, D)
+
+
+# ---- a benchmark's session ---------------------------------------------------
+
+def common_args(ap, reps=20):
+    """--lib, --reps and --out, as every GPU benchmark takes them."""
+    ap.add_argument("--lib", default=os.path.join(os.environ.get("BUILD", "build"), "libsta.so"))
+    ap.add_argument("--reps", type=int, default=reps)
+    ap.add_argument("--out", default=os.environ.get("OUT", "."))
+
+
+def session(a, name, **extra):
+    """The library of a.lib, a log to stdout and OUT/NAME.log, and the
+    results' header (GPU, library, torch, date, command, extra)."""
+    import sys
+    import time
+    log = file_log(a.out, name + ".log")
+    sta = Sta(a.lib)
+    results = dict(gpu=torch.cuda.get_device_name(), sta=sta.describe, torch=torch.__version__,
+                   date=time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
+                   command=" ".join(sys.argv), **extra)
+    log("# %s | %s | torch %s | %s%s" % (results["gpu"], sta.describe, torch.__version__,
+                                         results["date"],
+                                         "".join(" | %s %s" % kv for kv in extra.items())))
+    return sta, log, results
+
+
+def save(a, name, results):
+    """results as OUT/NAME.json."""
+    import json
+    with open(os.path.join(a.out, name + ".json"), "w") as f:
+        json.dump(results, f, indent=1)

@@ -117,14 +117,6 @@ static sta_status check_windows(const sta_attention_desc *desc, const sta_bshd *
   return STA_OK;
 }
 
-/* STA_PRECISION_FP8 where the backend has no fp8 forward. */
-static sta_status fp8_unsupported(sta_device d) {
-  return sta_error(STA_ERR_UNSUPPORTED,
-                   "precision: STA_PRECISION_FP8 is not implemented on %s yet (issue 20: the "
-                   "fp8 kernel); the CPU backend computes it by its reference (host tensors)",
-                   sta_device_name(d));
-}
-
 /* sta_attn_resolve; out_optional: out may be NULL (the backward reference,
 ** which has no forward output); f8: q, k, v are sta_attention_forward_fp8's
 ** (checked already). */
@@ -294,8 +286,7 @@ sta_status sta_attn_run(const sta_attn_params *p, sta_device device) {
   sta_status rc = sta_cancel_point("attention"); /* before each launch */
   const sta_backend_ops *be = sta_backend_get(device);
   if (rc != STA_OK) return rc;
-  if (p->precision != STA_PRECISION_FP8) return be->attention(p);
-  return be->attention_fp8 ? be->attention_fp8(p) : fp8_unsupported(device);
+  return p->precision == STA_PRECISION_FP8 ? be->attention_fp8(p) : be->attention(p);
 }
 
 /* f32 [B, S, heads, D] (in desc's layout, contiguous, on x8's device) of
@@ -388,7 +379,6 @@ sta_status sta_attention_forward_fp8(const sta_attention_desc *desc, const sta_t
   sta_attn_params p; /* the forward's checks: geometry, windows, lse, the backend */
   if ((rc = resolve(desc, q8, k8, v8, NULL, lse, &p, 1, 1)) != STA_OK) return rc;
   free((void *)p.windows);
-  if (dev != STA_CPU && !sta_backend_get(dev)->attention_fp8) return fp8_unsupported(dev);
   sta_tensor *t[4] = {NULL, NULL, NULL, NULL};
   for (int i = 0; i < 3 && (rc = dequantize(&t[i], desc->layout, x8[i], &b[i],
                                             i < 2 ? sc[i] : NULL, i < 2 ? NULL : sc[i])) == STA_OK;

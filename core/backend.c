@@ -13,6 +13,7 @@ static int32_t n_threads = 0;
 static _Thread_local void *cuda_stream = NULL;
 static _Thread_local char last_launch[512];
 static _Thread_local int64_t wave_gate_test; /* sta_cuda_set_wave_gate_test */
+static int32_t variant_test, tma_test; /* process-wide; __atomic builtins */
 static int64_t dev_in_use = 0, dev_peak = 0; /* __atomic builtins (clang refuses them on _Atomic) */
 static int64_t transferred = 0;
 
@@ -116,6 +117,15 @@ const char *sta_cuda_last_launch(void) { return last_launch; }
 
 void sta_cuda_set_wave_gate_test(int64_t bytes) { wave_gate_test = bytes; }
 int64_t sta_cuda_wave_gate_test(void) { return wave_gate_test; }
+
+void sta_cuda_set_variant_test(int32_t variant) {
+  __atomic_store_n(&variant_test, variant == 2 || variant == 9 ? variant : 0, __ATOMIC_RELAXED);
+}
+int32_t sta_cuda_variant_test(void) { return __atomic_load_n(&variant_test, __ATOMIC_RELAXED); }
+void sta_cuda_set_tma_test(int32_t flags) {
+  __atomic_store_n(&tma_test, flags & (STA_TEST_NO_TMA | STA_TEST_NO_TMA_Q), __ATOMIC_RELAXED);
+}
+int32_t sta_cuda_tma_test(void) { return __atomic_load_n(&tma_test, __ATOMIC_RELAXED); }
 
 sta_status sta_cuda_synchronize(void) {
   if (!sta_backend_available(STA_CUDA))

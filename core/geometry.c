@@ -117,11 +117,6 @@ sta_status sta_window_check(const sta_geometry *g, const int32_t window[3]) {
   return STA_OK;
 }
 
-void sta_window_default(int32_t window[3]) {
-  if (!window) { sta_error(STA_ERR_ARGUMENT, "window: expected 3 ints, got NULL"); return; }
-  window[0] = window[1] = window[2] = 3;
-}
-
 sta_status sta_window_range(int32_t q, int32_t k, int32_t c, int32_t *start,
                             int32_t *count) {
   if (!start || !count)

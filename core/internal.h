@@ -133,7 +133,7 @@ sta_status sta_shape_mismatch(const char *what, const char *an,
                               const sta_tensor *a, const char *bn,
                               const sta_tensor *b);
 
-/* ---- elementwise iteration (core/ops.c; kernels/ops.cu) --------------- */
+/* ---- elementwise iteration (core/ops.c; kernels/ops.cuh) -------------- */
 
 /* The common iteration space of up to 3 tensors of one shape, in their
 ** row-major element order (which is the logical index randn draws by):
@@ -292,8 +292,7 @@ typedef struct sta_backend_ops {
                         float b, const sta_tensor *y);
   /* Reduce t on the device; only *out crosses to the host. */
   sta_status (*stats)(const sta_tensor *t, sta_stats *out);
-  /* The forward at STA_PRECISION_FP8 (params' precision); NULL: not here
-  ** yet (STA_ERR_UNSUPPORTED). */
+  /* The forward at STA_PRECISION_FP8 (params' precision). */
   sta_status (*attention_fp8)(const sta_attn_params *p);
   /* The block masks (sta_mask_kind) attention and attention_backward run:
   ** bit 1 << kind; 0 (the default), the window only.  Every other kind is
@@ -321,6 +320,26 @@ typedef struct sta_backend_ops {
   /* 1 while this thread's stream is being captured into a CUDA graph (no
   ** read-back then). */
   int32_t (*capturing)(void);
+  /* The rest serves the sequence-parallel layer (core/dist/); NULL where
+  ** the backend has no such thing (the CPU).  Devices: how many this
+  ** process sees (0 when none answers), and the calling thread's choice
+  ** among them (before anything else touches the device). */
+  int32_t (*device_count)(void);
+  sta_status (*set_device)(int32_t device);
+  /* Streams and events: opaque handles for work that overlaps (a stream
+  ** that does not wait for the default one); record an event on a
+  ** stream, make a stream wait for an event. */
+  sta_status (*stream_create)(void **stream);
+  void (*stream_destroy)(void *stream);
+  sta_status (*event_create)(void **event);
+  void (*event_destroy)(void *event);
+  sta_status (*event_record)(void *event, void *stream);
+  sta_status (*stream_wait)(void *stream, void *event);
+  /* height rows of width bytes, dpitch and spitch bytes apart (each >=
+  ** width), between memory of this device, queued on this thread's
+  ** stream. */
+  sta_status (*copy_2d)(void *dst, size_t dpitch, const void *src, size_t spitch, size_t width,
+                        size_t height);
 } sta_backend_ops;
 
 /* The backend table for a device, NULL when not compiled in. */
@@ -345,6 +364,22 @@ void sta_cuda_note_launch(const char *fmt, ...);
 ** WAVE_GATE_BYTES there, -1 no gate, small values gate small geometries. */
 void sta_cuda_set_wave_gate_test(int64_t bytes);
 int64_t sta_cuda_wave_gate_test(void);
+/* For tests and benchmarks only, no user setting (the library reads no
+** environment variable to choose a kernel; the GPU tests' mains take
+** STA_TEST_CUDA_VARIANT, STA_TEST_NO_TMA and STA_TEST_NO_TMA_Q, the
+** benchmarks call these through ctypes).  Process-wide, so that every
+** thread of a caller takes them (torch runs a backward on its own thread).
+** variant: the CUDA forward's kernel (kernels/launch_fwd.cuh, run_fwd): 0
+** the default, 2 one CTA per work item (what the first launch under a
+** CUDA-graph capture runs), 9 the 128 x 128 kernel; any other value is 0.
+** tma: bits STA_TEST_NO_TMA (forward and backward load everything by the
+** cp.async gather) and STA_TEST_NO_TMA_Q (the forward gathers Q); 0 the
+** default. */
+enum { STA_TEST_NO_TMA = 1, STA_TEST_NO_TMA_Q = 2 };
+void sta_cuda_set_variant_test(int32_t variant);
+int32_t sta_cuda_variant_test(void);
+void sta_cuda_set_tma_test(int32_t flags);
+int32_t sta_cuda_tma_test(void);
 
 /* CPU implementations, used by the CPU backend and tests. */
 sta_status sta_cpu_attention(const sta_attn_params *p);

@@ -1,8 +1,9 @@
 /*
 ** ops.c -- elementwise operations and reductions: the checks of the public
 ** calls (sta.h "Elementwise operations and reductions") and their host
-** loops; device tensors go to the backend (kernels/ops.cu for CUDA).
-** The host loops are also those of sta_tensor_copy, _fill and _randn.
+** loops; device tensors go to the backend (kernels/ops_elementwise.cu and
+** ops_stats.cu for CUDA).  The host loops are also those of
+** sta_tensor_copy, _fill and _randn.
 */
 #include <float.h>
 #include <stdlib.h>

@@ -348,10 +348,6 @@ int64_t sta_geometry_video_rows(const sta_geometry *g);
 int64_t sta_geometry_text_len(const sta_geometry *g, int64_t seq_len);
 /* Check one window against the grid (odd or >= axis tiles, >= 1). */
 sta_status sta_window_check(const sta_geometry *g, const int32_t window[3]);
-/* FastVideo's usual window, 3, 3, 3 tiles: a value to offer.  The Lua
-** and FFI bindings, like sta-run, apply no default: a window must be
-** given (a silent default hid typos such as windows=). */
-void sta_window_default(int32_t window[3]);
 /* Key-tile range on one axis (STA.md section 2): q the query tile, k the
 ** window, c the tiles on the axis.  Returns STA_ERR_WINDOW for bad k. */
 sta_status sta_window_range(int32_t q, int32_t k, int32_t c, int32_t *start,
@@ -1096,9 +1092,13 @@ sta_status sta_sp_unshard(sta_tensor *full, const sta_tensor *local,
 ** disagree ("ranks disagree on ..."), or when one rank's own checks fail
 ** ("rank r: <its error>"; in a loopback world that rank returns at once
 ** and its run aborts the others).  After such an error nothing has moved,
-** out is unchanged and the communicator is ready for the next call.  A
-** transport or device failure after data started moving may leave out
-** partly written.  The buffers (the gathered q, k, v, out of two chunks
+** out is unchanged and the communicator is ready for the next call.  The
+** ranks agree again after each head chunk's compute: when one failed or
+** was cancelled (sta_cancel on its process), every rank returns its error
+** at once ("rank r: sp attention: cancelled (sta_cancel) ..."), out holding
+** the heads of the chunks that finished before it (the message says how
+** many; none: out unchanged), and the next call works.  A transport or
+** device failure while data moves may leave out partly written.  The buffers (the gathered q, k, v, out of two chunks
 ** and the pack buffer) stay in c for the next call, grown as needed, until
 ** sta_comm_destroy. */
 sta_status sta_sp_attention(sta_comm *c, const sta_attention_desc *desc,

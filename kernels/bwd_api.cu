@@ -60,7 +60,7 @@ using namespace sta;
 ** with D or a batch stride that folds into the head count. */
 void setup_tma(BwdArgs &x, const sta_attn_params *p) {
   x.tma = 0;
-  if (getenv("STA_NO_TMA") || !x.vec || p->tile[1] != 8 || p->tile[2] != 8) return;
+  if ((sta_cuda_tma_test() & STA_TEST_NO_TMA) || !x.vec || p->tile[1] != 8 || p->tile[2] != 8) return;
   if (p->tiled && p->video_rows != p->video_len) return;
   const int64_t D = p->head_dim;
   int fused = p->q_sh == D && p->do_sh == D;

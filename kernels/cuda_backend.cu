@@ -1,9 +1,10 @@
 /*
 ** cuda_backend.cu -- the CUDA backend table (core/internal.h): probe,
 ** device memory, transfers, the SM count, attention (fwd_api.cu),
-** head_diff; the elementwise operations are in ops_elementwise.cu and
-** ops_stats.cu.  Never prints, never aborts:
-** every failure is a status and a message.
+** head_diff, and what the sequence-parallel layer needs (device choice,
+** streams, events, 2-D copies); the elementwise operations are in
+** ops_elementwise.cu and ops_stats.cu.  Never prints, never aborts: every
+** failure is a status and a message.
 */
 #include <cuda_runtime.h>
 #include <stdio.h>
@@ -255,6 +256,63 @@ sta_status cuda_head_diff(const sta_attn_params *p, float *l1, float *l2) {
   return rc;
 }
 
+/* ---- devices, streams, events, 2-D copies (core/dist/) --------------------- */
+
+int32_t cuda_device_count(void) {
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return 0;
+  }
+  return n;
+}
+
+sta_status cuda_set_device(int32_t device) {
+  cudaError_t e = cudaSetDevice(device);
+  return e == cudaSuccess ? STA_OK : sta_cuda_fail(e, "cudaSetDevice");
+}
+
+sta_status cuda_stream_create(void **stream) {
+  cudaStream_t s = NULL;
+  cudaError_t e = cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking);
+  if (e != cudaSuccess) return sta_cuda_fail(e, "cudaStreamCreateWithFlags");
+  *stream = s;
+  return STA_OK;
+}
+
+void cuda_stream_destroy(void *stream) {
+  if (stream) (void)cudaStreamDestroy((cudaStream_t)stream);
+}
+
+sta_status cuda_event_create(void **event) {
+  cudaEvent_t ev = NULL;
+  cudaError_t e = cudaEventCreateWithFlags(&ev, cudaEventDisableTiming);
+  if (e != cudaSuccess) return sta_cuda_fail(e, "cudaEventCreateWithFlags");
+  *event = ev;
+  return STA_OK;
+}
+
+void cuda_event_destroy(void *event) {
+  if (event) (void)cudaEventDestroy((cudaEvent_t)event);
+}
+
+sta_status cuda_event_record(void *event, void *stream) {
+  cudaError_t e = cudaEventRecord((cudaEvent_t)event, (cudaStream_t)stream);
+  return e == cudaSuccess ? STA_OK : sta_cuda_fail(e, "cudaEventRecord");
+}
+
+sta_status cuda_stream_wait(void *stream, void *event) {
+  cudaError_t e = cudaStreamWaitEvent((cudaStream_t)stream, (cudaEvent_t)event, 0);
+  return e == cudaSuccess ? STA_OK : sta_cuda_fail(e, "cudaStreamWaitEvent");
+}
+
+sta_status cuda_copy_2d(void *dst, size_t dpitch, const void *src, size_t spitch, size_t width,
+                        size_t height) {
+  cudaError_t e = cudaMemcpy2DAsync(dst, dpitch, src, spitch, width, height, cudaMemcpyDefault,
+                                    sta_cuda_stream());
+  return e == cudaSuccess ? STA_OK : sta_cuda_fail(e, "cudaMemcpy2DAsync");
+}
+
 /* The window (fwd_api.cu) or a block list (bsa_api.cu). */
 sta_status cuda_attention(const sta_attn_params *p) {
   return p->mask == STA_MASK_WINDOW ? sta_cuda_attention(p) : sta_cuda_block_attention(p);
@@ -275,7 +333,11 @@ const sta_backend_ops cuda_ops = {
     /* VSA's pieces around the fine branch (vsa_rows.cu, vsa_coarse.cu) */
     sta_cuda_vsa_means, sta_cuda_vsa_coarse, sta_cuda_vsa_combine, sta_cuda_vsa_backward_prep,
     sta_cuda_vsa_backward_coarse, sta_cuda_vsa_reorder, sta_cuda_vsa_workspace,
-    sta_cuda_vsa_workspace_free, sta_cuda_vsa_capturing};
+    sta_cuda_vsa_workspace_free, sta_cuda_vsa_capturing,
+    /* devices, streams, events, 2-D copies (core/dist/) */
+    cuda_device_count, cuda_set_device, cuda_stream_create, cuda_stream_destroy,
+    cuda_event_create, cuda_event_destroy, cuda_event_record, cuda_stream_wait,
+    cuda_copy_2d};
 
 } /* namespace */
 

@@ -31,12 +31,14 @@ static thread_local const char *tma_off;
 ** maps), which needs whole tiles: a padding row must never be read as a
 ** key (it may hold anything), so with partial tiles the tiles' blocks are
 ** gathered by token.
-** STA_NO_TMA turns all of it off (the gather path), for tests.  Sets
-** tma_off to the first reason a path was left out. */
+** The tests' setting (sta_cuda_set_tma_test, core/internal.h) turns all
+** of it off (the gather path), or Q's tile maps.  Sets tma_off to the
+** first reason a path was left out. */
 static void setup_tma(FwdParams &x, const sta_attn_params *p, int variant) {
+  const int32_t no_tma = sta_cuda_tma_test();
   x.tma = x.tma_q = x.tma_rows = x.tma_q3 = x.tma_k3 = 0;
   tma_off = NULL;
-  if (getenv("STA_NO_TMA")) { tma_off = "STA_NO_TMA is set"; return; }
+  if (no_tma & STA_TEST_NO_TMA) { tma_off = "off by the tests' setting (no TMA)"; return; }
   if (!x.vec) {
     tma_off = "an operand's base or stride is not a multiple of 16 bytes";
     return;
@@ -72,11 +74,12 @@ static void setup_tma(FwdParams &x, const sta_attn_params *p, int variant) {
     x.tma = 1;
   if (!x.tma && !tma_off)
     tma_off = p->tiled ? "tiled order with partial tiles" : "the driver refused K's or V's tile map";
-  if (x.tma && !getenv("STA_NO_TMA_Q") &&
+  if (x.tma && !(no_tma & STA_TEST_NO_TMA_Q) &&
       (p->tiled || tma_encode(&x.tmq, p->q, p, p->q_sb, p->q_ss, p->q_sh, fused, nhb, 1)))
     x.tma_q = 1;
   if (x.tma && !x.tma_q && !tma_off)
-    tma_off = getenv("STA_NO_TMA_Q") ? "STA_NO_TMA_Q is set" : "the driver refused Q's tile map";
+    tma_off = no_tma & STA_TEST_NO_TMA_Q ? "Q's maps off by the tests' setting"
+                                         : "the driver refused Q's tile map";
   /* the default kernel's 192-row maps (3 t-slices): Q in items of 192
   ** rows at D 64, K and V in blocks of 192 keys at D 128 */
   const bool by3 = x.tma_q && x.tma_rows && p->tile[0] % 3 == 0 &&
@@ -93,7 +96,7 @@ static void setup_tma(FwdParams &x, const sta_attn_params *p, int variant) {
       tma_encode(&x.rmv3, p->v, p, p->v_sb, p->v_ss, p->v_sh, fused, nhb, 0, 192))
     x.tma_k3 = 1;
   if (!tma_off && !(D == 128 ? x.tma_k3 : x.tma_q3))
-    tma_off = variant == 9          ? "STA_CUDA_VARIANT=9 (the 128 x 128 kernel)"
+    tma_off = variant == 9          ? "variant 9 by the tests' setting (the 128 x 128 kernel)"
               : p->tile[0] % 3 != 0 ? "tile depth not a multiple of 3 (no 192-row maps)"
                                     : "the driver refused a 192-row map";
 }
@@ -145,12 +148,6 @@ void fwd_params_init(FwdParams &x, const sta_attn_params *p, int variant) {
 
 } /* namespace sta */
 
-int sta_cuda_attention_variant(void) {
-  const char *s = getenv("STA_CUDA_VARIANT"); /* read per call: benchmarks */
-  const int x = s ? atoi(s) : 0;
-  return x == 2 || x == 9 ? x : 0;
-}
-
 sta_status sta_cuda_attention(const sta_attn_params *p) {
   if (p->dtype != STA_BF16 && p->dtype != STA_F16)
     return sta_error(STA_ERR_DTYPE,
@@ -182,7 +179,7 @@ sta_status sta_cuda_attention(const sta_attn_params *p) {
   const size_t asz = (sizeof(sta::FwdParams) + al - 1) & ~(al - 1);
   sta::FwdParams *x = (sta::FwdParams *)aligned_alloc(al, asz); /* for CUtensorMap */
   if (!x) return sta_error(STA_ERR_NOMEM, "attention: out of host memory");
-  const int var = sta_cuda_attention_variant();
+  const int var = sta_cuda_variant_test(); /* 0 but in tests and benchmarks */
   sta::fwd_params_init(*x, p, var);
   sta_status s;
   if (p->dtype == STA_BF16)

@@ -46,8 +46,8 @@ sta_status launch_fwd(FwdParams &a) {
 ** 3 | tt allow it (D 128: Wide, the 192-key blocks and their 192-row maps;
 ** D 64: Tall, the 192-row items and their maps), else Square; persistent
 ** on the counters of sched_slot, one CTA per item where there are none (a
-** first launch under capture).  Variant (STA_CUDA_VARIANT, for tests and
-** benchmarks) 2: one CTA per item; 9: Square. */
+** first launch under capture).  Variant (sta_cuda_set_variant_test, for
+** tests and benchmarks) 2: one CTA per item; 9: Square. */
 template <typename T, int D>
 sta_status run_fwd(FwdParams &a, int variant) {
   using Big = typename std::conditional<D == 128, Wide<T>, Tall<T>>::type;

@@ -79,7 +79,7 @@ void fwd_note_launch(const FwdParams &x, const char *kernel, const char *dtype, 
                      int bk, int gather, int persist, int grid);
 
 /* Runs one (dtype, head dim)'s forward on x (launch_fwd.cuh; instantiated
-** once each in fwd_<dtype>_d<D>.cu).  variant: STA_CUDA_VARIANT. */
+** once each in fwd_<dtype>_d<D>.cu).  variant: sta_cuda_variant_test(). */
 template <typename T, int D> sta_status run_fwd(FwdParams &x, int variant);
 
 } /* namespace sta */

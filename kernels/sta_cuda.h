@@ -55,9 +55,4 @@ sta_status sta_cuda_pad_rows(const sta_attn_params *p, void *t, int64_t sb, int6
 /* The STA backward on device tensors (kernels/bwd_api.cu). */
 sta_status sta_cuda_attention_backward(const sta_attn_params *p);
 
-/* The forward's kernel variant, read from STA_CUDA_VARIANT at each call
-** (tests and benchmarks): 0 the default, 2 one CTA per work item, 9 the
-** 128 x 128 kernel (launch_fwd.cuh's run_fwd); anything else is 0. */
-int sta_cuda_attention_variant(void);
-
 #endif

@@ -16,7 +16,7 @@
 
 /* ---- errors ------------------------------------------------------------ */
 
-/* The binding's one error policy (GUIDE.md, "Errors"): a failure of the
+/* The binding's one error policy (README, "Using it from Lua"): a failure of the
 ** environment returns nil, message, code -- out of host or device memory
 ** (400), a device failure (500), a file (600).  Everything else is misuse
 ** and raises: arguments (100), state (200), requests this build or machine

@@ -121,7 +121,7 @@ static const struct { const char *name; writer fn; } WRITERS[] = {
   {"r.json", w_search}, {"raw.bin", w_raw}};
 #define NW (sizeof WRITERS / sizeof WRITERS[0])
 
-/* The issue-16 regression: a write that fails midway (the file size limit
+/* A write that fails midway (the file size limit
 ** stands in for a full disk) used to truncate the target and then remove
 ** it; now the old file stays, byte for byte, and nothing else is left. */
 static void test_failed_write_keeps_old_file(void **state) {

@@ -26,9 +26,6 @@ static void test_init_grid_tokens(void **state) {
   assert_int_equal(g.tile[1], 8);
   assert_int_equal(g.tile[2], 8);
   assert_int_equal(g.text_len, -1);
-  int32_t w[3] = {0, 0, 0};
-  sta_window_default(w);
-  assert_memory_equal(w, ((int32_t[]){3, 3, 3}), 12);
   int32_t grid[3];
   sta_geometry_grid(&g, grid);
   assert_int_equal(grid[0], 5);

@@ -17,6 +17,7 @@
 
 #include "internal.h"
 #include "gpu_case.h"
+#include "gpu_hooks.h"
 
 /* ---- accuracy against float64 ----------------------------------------------
 ** The GPU's bf16/f16 output against the exact result: the CPU's float64
@@ -288,6 +289,7 @@ static void test_accuracy_f64(void **state) {
 
 int main(void) {
   sta_test_begin(0x9e3779b97f4a7c15ull, 1);
+  sta_test_kernel_settings();
   const struct CMUnitTest tests[] = {cmocka_unit_test(test_accuracy_f64)};
   return cmocka_run_group_tests(tests, gpu_setup, NULL);
 }

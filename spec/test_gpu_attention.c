@@ -21,6 +21,7 @@
 
 #include "internal.h"
 #include "gpu_case.h"
+#include "gpu_hooks.h"
 
 /* A [B,S,H,D] or [B,H,S,D] device tensor of dtype whose storage is
 ** contiguous in layout (order 0) or in the other layout, permuted (order
@@ -230,10 +231,10 @@ static void test_random_geometries(void **state) {
   printf("# %d random geometries: worst rel L2 %.3e\n", n, worst);
 }
 
-/* FastVideo's tiled token order read in place (issue 19): whole 6x8x8
+/* FastVideo's tiled token order read in place: whole 6x8x8
 ** tiles take the default kernels' row-map paths (D 128: Wide, D 64: Tall;
-** STA_CUDA_VARIANT 9: the 128 x 128 kernel with every load by TMA, 2: one
-** CTA per item), whole 2x8x8 tiles the 128 x 128 kernel's, partial tiles
+** variant 9: the 128 x 128 kernel with every load by TMA, 2: one CTA per
+** item; sta_cuda_set_variant_test), whole 2x8x8 tiles the 128 x 128 kernel's, partial tiles
 ** and other tiles the gather (the padding rows, NaN in q, k, v, are never
 ** keys; out 0 and lse -inf there). */
 static void test_tiled_order(void **state) {
@@ -247,18 +248,15 @@ static void test_tiled_order(void **state) {
   run_case(&c, &worst);
   c.D = 128; c.dtype = STA_F16; c.layout = STA_BHSD; c.order = 1; c.B = 2; c.seed = 3;
   run_case(&c, &worst);
-  static const char *const variants[] = {"9", "2"};
-  const char *was = getenv("STA_CUDA_VARIANT"); /* make test-gpu sets it per run */
-  char keep[16];
-  snprintf(keep, sizeof keep, "%s", was ? was : "");
+  static const int32_t variants[] = {9, 2};
+  const int32_t was = sta_cuda_variant_test(); /* make test-gpu sets it per run */
   for (int i = 0; i < 2; i++) {
-    setenv("STA_CUDA_VARIANT", variants[i], 1);
+    sta_cuda_set_variant_test(variants[i]);
     case_init(&c, 12, 16, 24);
     c.tiled = 1; c.text = 33; c.seed = 4 + (uint64_t)i; c.D = i ? 64 : 128;
     run_case(&c, &worst);
   }
-  if (was) setenv("STA_CUDA_VARIANT", keep, 1);
-  else unsetenv("STA_CUDA_VARIANT");
+  sta_cuda_set_variant_test(was);
   case_init(&c, 6, 16, 16); /* 2x8x8 whole tiles: 128 x 128 */
   c.tile[0] = 2; c.tiled = 1; c.text = 9; c.seed = 6;
   run_case(&c, &worst);
@@ -330,15 +328,7 @@ static void gate_forward(const gcase *c, sta_tensor **ho, sta_tensor **hl, char 
 
 static void test_wave_gate(void **state) {
   NEED_GPU();
-  static const char *const ENV[3] = {"STA_CUDA_VARIANT", "STA_NO_TMA", "STA_NO_TMA_Q"};
-  char keep[3][64];
-  int had[3];
-  for (int i = 0; i < 3; i++) { /* test-gpu's passes set them: the default kernels here */
-    const char *e = getenv(ENV[i]);
-    had[i] = e != NULL;
-    snprintf(keep[i], sizeof keep[i], "%s", e ? e : "");
-    unsetenv(ENV[i]);
-  }
+  const sta_test_kernels was = sta_test_kernels_default(); /* test-gpu's passes set them */
   const int quick = getenv("STA_GPU_QUICK") != NULL;
   gcase c[5];
   const char *kern[5] = {"Wide<bf16", "Wide<bf16", "Tall<f16", "Square<bf16", "Square<f16"};
@@ -401,8 +391,7 @@ static void test_wave_gate(void **state) {
     run_case(&c[g], &worst);
     sta_cuda_set_wave_gate_test(0);
   }
-  for (int i = 0; i < 3; i++)
-    if (had[i]) setenv(ENV[i], keep[i], 1);
+  sta_test_kernels_put(was);
   printf("# wave gate: bit-identical gated, ungated and by default; worst rel L2 %.3e\n", worst);
 }
 
@@ -552,19 +541,11 @@ static void launch_has(const char *what, const char *line, const char *const *wa
 ** head windows from a forward context's metadata, through a layer) takes
 ** the same kernel, loads, tensor maps and items as the bare forward on
 ** separate q, k, v (bench_gpu.py's call): Wide, every load by TMA; the same
-** output bit for bit.  D 64 takes Tall.  STA_NO_TMA, rows 8 bytes off
+** output bit for bit.  D 64 takes Tall.  No TMA, rows 8 bytes off
 ** 16-byte alignment and a tile depth of 4 fall back, naming why. */
 static void test_kernel_choice(void **state) {
   NEED_GPU();
-  static const char *const ENV[2] = {"STA_NO_TMA", "STA_CUDA_VARIANT"};
-  char keep[2][64];
-  int had[2];
-  for (int i = 0; i < 2; i++) { /* test-gpu's passes set them */
-    const char *e = getenv(ENV[i]);
-    had[i] = e != NULL;
-    snprintf(keep[i], sizeof keep[i], "%s", e ? e : "");
-    unsetenv(ENV[i]);
-  }
+  const sta_test_kernels was = sta_test_kernels_default(); /* test-gpu's passes set them */
   const int64_t H = 3, D = 128, T = 40;
   sta_geometry g;
   sta_geometry_init(&g, 12, 16, 24);
@@ -616,12 +597,13 @@ static void test_kernel_choice(void **state) {
   sta_strategy_destroy(st);
 
   /* fallbacks, each naming its reason */
-  setenv("STA_NO_TMA", "1", 1);
+  sta_cuda_set_tma_test(STA_TEST_NO_TMA);
   bare_launch(&g, q, k, v, o1, line, sizeof line);
-  unsetenv("STA_NO_TMA");
+  sta_cuda_set_tma_test(0);
   const char *const notma[] = {"Square<bf16, D 128>", "TMA and the cp.async gather",
-                               "K/V tiles no", "left out: STA_NO_TMA is set", NULL};
-  launch_has("STA_NO_TMA", line, notma, NULL);
+                               "K/V tiles no", "left out: off by the tests' setting (no TMA)",
+                               NULL};
+  launch_has("no TMA", line, notma, NULL);
   sta_tensor *bm, *m = dev_randn(S, H, D, 4, 4, 17, &bm); /* rows 8 bytes off */
   bare_launch(&g, m, k, v, o1, line, sizeof line);
   const char *const unal[] = {"Square<bf16, D 128>", "not a multiple of 16 bytes", NULL};
@@ -640,12 +622,12 @@ static void test_kernel_choice(void **state) {
   for (int i = 0; i < 4; i++) { sta_tensor_destroy(t6[i]); sta_tensor_destroy(b6[i]); }
   sta_tensor *all[] = {q, k, v, x, o1, o2, m, bq, bk, bv, bx, bo1, bo2, bm};
   for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) sta_tensor_destroy(all[i]);
-  for (int i = 0; i < 2; i++)
-    if (had[i]) setenv(ENV[i], keep[i], 1);
+  sta_test_kernels_put(was);
 }
 
 int main(void) {
   sta_test_begin(0x9e3779b97f4a7c15ull, 1);
+  sta_test_kernel_settings();
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_copy_fill),       cmocka_unit_test(test_f32_refused),
       cmocka_unit_test(test_default_tiles),   cmocka_unit_test(test_d64_tiles),

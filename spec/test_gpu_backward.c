@@ -22,6 +22,7 @@
 
 #include "internal.h"
 #include "test_util.h"
+#include "gpu_hooks.h"
 
 #define MAXH 4
 
@@ -235,7 +236,7 @@ static void test_random_geometries(void **state) {
          worst_rel[1][2]);
 }
 
-/* FastVideo's tiled token order read in place (issue 19): whole 6x8x8 tiles
+/* FastVideo's tiled token order read in place: whole 6x8x8 tiles
 ** take the row maps (a t-slice is a run of 64 rows), partial and other
 ** tiles the gather; padding rows hold NaN in q, k, v, dout and get dq = dk
 ** = dv = 0 (compared with the CPU's, which are 0: every gradient element
@@ -390,6 +391,7 @@ static void test_refusals(void **state) {
 
 int main(void) {
   sta_test_begin(2654435761ull, 88172645463325252ull);
+  sta_test_kernel_settings();
   if (!sta_backend_available(STA_CUDA))
     printf("# no CUDA backend: %s\n", sta_backend_describe(STA_CUDA));
   const struct CMUnitTest tests[] = {

@@ -3,7 +3,7 @@
 gen-api-test.lua -- writes spec/test_api.c's generated half: every public
 function of core/sta.h (the STA_DECLS block) called with NULL in each pointer
 argument in turn, and with a released handle in each handle argument, the
-other arguments valid (made by spec/test_api_fixture.h).  A call that returns
+other arguments valid (made by spec/test_api.c's fixture).  A call that returns
 a status must fail with a 1xx status and a message naming the argument
 (nullable arguments, listed below, need only not crash); every call must
 leave no live handle behind.

@@ -1,19 +1,17 @@
 #!/usr/bin/env python3
 """ncu_one.py -- one STA forward or backward call at a named workload, for
-profilers (ncu -k regex:sta_ -c 1 python3 bench/ncu_one.py ...), plus two
+profilers (ncu -k regex:sta_ -c 1 python3 research/ncu_one.py ...), plus two
 small timing modes.
 
-  ncu_one.py --lib LIB [--abi current|base] --what fwd|bwd
+  ncu_one.py --lib LIB --what fwd|bwd
              [--workload hunyuan-720p|full|wan-720p|d64] [--softmax exact|fast]
-             [--calls N] [--ab LIB2 [--ab-abi current|base]] [--pool-ab N]
+             [--calls N] [--ab LIB2] [--pool-ab N]
 
 --ab LIB2: time --calls calls of LIB and LIB2 alternated, 3 rounds each
 (median per round, ms), and the largest relative difference of their
 outputs (out, or dq, dk, dv).
 --pool-ab N: N calls per round, 2 rounds each, of the device's default
 memory pool as is and with its release threshold at the maximum (libcuda).
---abi base: the struct layout of sta.h before sta_geometry.order (commit
-ad8ba14 and earlier: build-base of gpu-check-kernels --prep).
 """
 import argparse
 import ctypes as C
@@ -22,7 +20,7 @@ import sys
 
 import torch
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "bench"))
 import sta_bench as bg  # noqa: E402
 
 WORKLOADS = {  # canvas, text, heads, D, window
@@ -36,9 +34,8 @@ WORKLOADS = {  # canvas, text, heads, D, window
 class Runner:
     """One library: forward and backward on fixed tensors."""
 
-    def __init__(self, path, abi, a, t):
-        if abi == "current":
-            bg.check_mirrors()
+    def __init__(self, path, a, t):
+        bg.check_mirrors()
         self.L = L = C.CDLL(os.path.abspath(path))
         L.sta_tensor_wrap.argtypes = [C.POINTER(C.c_void_p), C.c_void_p, C.c_int, C.c_int,
                                       C.c_int32, C.POINTER(C.c_int64), C.POINTER(C.c_int64)]
@@ -46,7 +43,7 @@ class Runner:
         L.sta_last_error.restype = C.c_char_p
         canvas, text, H, D, win = WORKLOADS[a.workload]
         self.w = (C.c_int32 * 3)(*win)
-        d = self.d = (bg.Desc if abi == "current" else bg.DescV0)()
+        d = self.d = bg.Desc()
         d.geom.canvas[:] = list(canvas)
         d.geom.tile[:] = [6, 8, 8]
         d.geom.text_len = text
@@ -106,13 +103,11 @@ def pool_ab(a, fn):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--lib", required=True)
-    ap.add_argument("--abi", default="current", choices=("current", "base"))
     ap.add_argument("--what", default="fwd", choices=("fwd", "bwd"))
     ap.add_argument("--workload", default="hunyuan-720p", choices=sorted(WORKLOADS))
     ap.add_argument("--softmax", default="exact", choices=("exact", "fast"))
     ap.add_argument("--calls", type=int, default=2)
     ap.add_argument("--ab", default="")
-    ap.add_argument("--ab-abi", default="current", choices=("current", "base"))
     ap.add_argument("--pool-ab", type=int, default=0)
     a = ap.parse_args()
     canvas, text, H, D, win = WORKLOADS[a.workload]
@@ -123,14 +118,14 @@ def main():
     for n in ("o", "dq", "dk", "dv"):
         t[n] = torch.empty_like(t["q"])
     t["lse"] = torch.empty(1, H, S, device="cuda", dtype=torch.float32)
-    r = Runner(a.lib, a.abi, a, t)
+    r = Runner(a.lib, a, t)
     r.fwd()  # the backward's out and lse
     step = r.fwd if a.what == "fwd" else r.bwd
     if a.pool_ab:
         pool_ab(a, step)
         return
     if a.ab:
-        r2 = Runner(a.ab, a.ab_abi, a, t)
+        r2 = Runner(a.ab, a, t)
         outs = ("o",) if a.what == "fwd" else ("dq", "dk", "dv")
         step()
         ref = [t[n].clone() for n in outs]
@@ -146,8 +141,8 @@ def main():
     for _ in range(a.calls):
         step()
     torch.cuda.synchronize()
-    print("ncu_one: %s %s %s (%s) x%d: out %.4g" % (a.what, a.workload, a.softmax, a.abi, a.calls,
-                                                    float(t["o"].float().abs().mean())))
+    print("ncu_one: %s %s %s x%d: out %.4g" % (a.what, a.workload, a.softmax, a.calls,
+                                               float(t["o"].float().abs().mean())))
 
 
 if __name__ == "__main__":

@@ -21,7 +21,7 @@ bf16 holds without rounding, and in a peaked row that term carries most of
 the weight.
 
 Runs on the development machine (Debian's python3-numpy):
-    /usr/bin/python3 bench/rounding_sim.py [seed]
+    /usr/bin/python3 research/rounding_sim.py [seed]
 """
 import sys
 

@@ -20,7 +20,7 @@ for every (query, column), prep must zero each f32 of a slot once, and the
 staging stores must be free of bank conflicts.  Integer inputs: every sum
 is exact.
 
-  python3 bench/bwd_cols_check.py [--seed S]
+  python3 research/bwd_cols_check.py [--seed S]
 """
 import argparse
 import random
