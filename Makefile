@@ -163,7 +163,7 @@ install: all
 	install -m 755 $(TOOLS) $(DESTDIR)$(PREFIX)/bin/
 	install -m 755 $(LUA_MOD) $(DESTDIR)$(LUA_LIBDIR)/sta/
 	install -m 644 lua/sta/*.lua $(DESTDIR)$(LUA_SHAREDIR)/sta/
-	install -m 644 lua/sta/ffi.lua $(DESTDIR)$(LUAJIT_SHAREDIR)/sta/ # where luajit looks
+	install -m 644 lua/sta/ffi.lua lua/sta/options.lua $(DESTDIR)$(LUAJIT_SHAREDIR)/sta/ # where luajit looks
 	install -d $(DESTDIR)$(PYTHON_SITEDIR)/sta
 	install -m 644 python/sta/*.py $(DESTDIR)$(PYTHON_SITEDIR)/sta/
 

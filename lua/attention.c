@@ -23,15 +23,17 @@ static int32_t *opts_windows(lua_State *L, int opts, int32_t *n) {
 }
 
 /* The descriptor of an attention call from its options table at opts (or
-** nil): layout, canvas (else the known shape of q's length), tile,
-** text_len, order, window(s), scale, softmax, precision, deterministic.  d->windows
-** lives in a userdata this leaves on the stack: keep it there for the
-** call (an option's __index may run a collection). */
-static void read_desc(lua_State *L, int opts, const char *const *keys, sta_tensor *q,
-                      sta_attention_desc *d) {
-  sta_lua_check_opts(L, opts, keys);
+** nil; it must exist on the stack), checked against the schema of call
+** (sta_lua_options) and replaced by its normalized copy: layout, canvas
+** (else the known shape of q's length), tile, text_len, order, window(s),
+** scale, softmax, precision, deterministic; absent ones as the core's
+** defaults.  d->windows lives in a userdata this leaves on the stack:
+** keep it there for the call. */
+void sta_lua_read_desc(lua_State *L, int opts, const char *call, sta_tensor *q,
+                       sta_attention_desc *d) {
+  sta_lua_options(L, opts, call);
   memset(d, 0, sizeof *d);
-  d->layout = sta_lua_parse_layout(L, lua_istable(L, opts) ? sta_lua_str_field(L, opts, "layout") : NULL);
+  d->layout = sta_lua_parse_layout(L, sta_lua_str_field(L, opts, "layout"));
   if (!sta_lua_read_geometry(L, opts, &d->geom)) {
     sta_geometry gk;
     if (sta_tensor_ndim(q) != 4)
@@ -44,12 +46,36 @@ static void read_desc(lua_State *L, int opts, const char *const *keys, sta_tenso
     d->geom = gk;
   }
   d->windows = opts_windows(L, opts, &d->n_windows);
-  if (lua_istable(L, opts)) {
-    d->scale = (float)sta_lua_num_field(L, opts, "scale", 0);
-    d->deterministic = sta_lua_bool_field(L, opts, "deterministic", 0);
-    d->softmax = sta_lua_parse_softmax(L, sta_lua_str_field(L, opts, "softmax"));
-    d->precision = sta_lua_parse_precision(L, sta_lua_str_field(L, opts, "precision"));
+  d->scale = (float)sta_lua_num_field(L, opts, "scale", 0); /* 0: the core's 1/sqrt(D) */
+  d->deterministic = sta_lua_bool_field(L, opts, "deterministic", 0);
+  d->softmax = sta_lua_parse_softmax(L, sta_lua_str_field(L, opts, "softmax"));
+  d->precision = sta_lua_parse_precision(L, sta_lua_str_field(L, opts, "precision"));
+}
+
+void sta_lua_push_desc(lua_State *L, const sta_attention_desc *d) {
+  lua_createtable(L, 0, 10);
+  sta_lua_push_ints(L, d->geom.canvas, 3);
+  lua_setfield(L, -2, "canvas");
+  sta_lua_push_ints(L, d->geom.tile, 3);
+  lua_setfield(L, -2, "tile");
+  if (d->geom.text_len >= 0) {
+    lua_pushinteger(L, (lua_Integer)d->geom.text_len);
+    lua_setfield(L, -2, "text_len");
   }
+  lua_pushstring(L, sta_lua_order_name(d->geom.order));
+  lua_setfield(L, -2, "order");
+  lua_pushstring(L, d->layout == STA_BHSD ? "bhsd" : "bshd");
+  lua_setfield(L, -2, "layout");
+  sta_lua_push_window_list(L, d->windows, d->n_windows);
+  lua_setfield(L, -2, "window");
+  if (d->scale > 0) {
+    lua_pushnumber(L, d->scale);
+    lua_setfield(L, -2, "scale");
+  }
+  lua_pushstring(L, d->softmax == STA_SOFTMAX_FAST ? "fast" : "exact");
+  lua_setfield(L, -2, "softmax");
+  lua_pushstring(L, d->precision == STA_PRECISION_FP8 ? "fp8" : "native");
+  lua_setfield(L, -2, "precision");
 }
 
 /* *out: the tensor opts[key] if given, else a new one like t; pushed.  1,
@@ -95,10 +121,8 @@ static int attention_common(lua_State *L, int ref) {
   sta_tensor *k = sta_lua_check_tensor(L, 2, "k");
   sta_tensor *v = sta_lua_check_tensor(L, 3, "v");
   sta_attention_desc d;
-  static const char *const keys[] = {"canvas", "tile", "text_len", "order", "geometry", "window",
-                                     "layout", "scale", "softmax", "precision", "deterministic",
-                                     "out", "lse", NULL};
-  read_desc(L, 4, keys, q, &d);
+  lua_settop(L, 4);
+  sta_lua_read_desc(L, 4, ref ? "reference" : "attention", q, &d);
   const int top = lua_gettop(L); /* d.windows' userdata stays below it */
   sta_tensor *lse;
   int want_lse;
@@ -124,10 +148,8 @@ static int l_attention_backward(lua_State *L) {
   sta_tensor *t[6];
   for (int i = 0; i < 6; i++) t[i] = sta_lua_check_tensor(L, i + 1, N[i]);
   sta_attention_desc d;
-  static const char *const keys[] = {"canvas", "tile", "text_len", "order", "geometry", "window",
-                                     "layout", "scale", "softmax", "precision", "deterministic",
-                                     "dq", "dk", "dv", NULL};
-  read_desc(L, 7, keys, t[0], &d); /* d.windows' userdata stays on the stack */
+  lua_settop(L, 7);
+  sta_lua_read_desc(L, 7, "attention_backward", t[0], &d); /* d.windows' userdata stays on the stack */
   sta_tensor *g[3];
   static const char *G[3] = {"dq", "dk", "dv"};
   for (int i = 0; i < 3; i++) {
@@ -150,13 +172,11 @@ static int l_attention_fp8(lua_State *L) {
   sta_tensor *t[6];
   for (int i = 0; i < 6; i++) t[i] = sta_lua_check_tensor(L, i + 1, N[i]);
   sta_attention_desc d;
-  static const char *const keys[] = {"canvas", "tile", "text_len", "order", "geometry", "window",
-                                     "layout", "scale", "softmax", "precision", "out", "lse",
-                                     "dtype", NULL};
-  read_desc(L, 7, keys, t[0], &d);
+  lua_settop(L, 7);
+  sta_lua_read_desc(L, 7, "attention_fp8", t[0], &d);
   const int top = lua_gettop(L); /* d.windows' userdata stays below it */
-  if (!lua_istable(L, 7) || !sta_lua_str_field(L, 7, "precision")) d.precision = STA_PRECISION_FP8;
-  const char *dt = lua_istable(L, 7) ? sta_lua_str_field(L, 7, "dtype") : NULL;
+  if (!sta_lua_str_field(L, 7, "precision")) d.precision = STA_PRECISION_FP8;
+  const char *dt = sta_lua_str_field(L, 7, "dtype");
   const sta_dtype odt = dt ? sta_lua_parse_dtype(L, dt) : STA_F32;
   sta_tensor *lse;
   int want_lse;

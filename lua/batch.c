@@ -29,12 +29,12 @@ static int b_release(lua_State *L) {
   return 0;
 }
 
-/* forward_batch{batch_size=1, negative=false} */
+/* forward_batch{batch_size=1, negative=false} (sta.options) */
 static int l_forward_batch(lua_State *L) {
-  static const char *const keys[] = {"batch_size", "negative", NULL};
-  sta_lua_check_opts(L, 1, keys);
-  int32_t bs = lua_istable(L, 1) ? sta_lua_int32_field(L, 1, "batch_size", 1) : 1;
-  int neg = lua_istable(L, 1) ? sta_lua_bool_field(L, 1, "negative", 0) : 0;
+  lua_settop(L, 1);
+  sta_lua_options(L, 1, "forward_batch"); /* fills batch_size's default */
+  int32_t bs = sta_lua_int32_field(L, 1, "batch_size", 0);
+  int neg = sta_lua_bool_field(L, 1, "negative", 0);
   LBatch *u = lua_newuserdatauv(L, sizeof *u, 0);
   u->fb = NULL;
   luaL_setmetatable(L, STA_LUA_BATCH);

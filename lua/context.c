@@ -164,26 +164,26 @@ void sta_lua_context_leave(sta_context *c) {
   if (c) sta_context_pop(c);
 }
 
+/* forward_context{step=, metadata=, batch=} (sta.options; sta.forward_context
+** of init.lua builds the metadata from strategy=, layers=, heads=) */
 static int l_forward_context(lua_State *L) {
-  static const char *const keys[] = {"step", "metadata", "batch", NULL};
-  sta_lua_check_opts(L, 1, keys);
-  int32_t step = 0;
   sta_metadata *md = NULL;
   sta_forward_batch *fb = NULL;
   lua_settop(L, 1);
+  sta_lua_options(L, 1, "forward_context"); /* fills step's default */
   lua_createtable(L, 0, 2); /* 2: pins */
-  if (lua_istable(L, 1)) {
-    step = sta_lua_int32_field(L, 1, "step", 0);
-    if (lua_getfield(L, 1, "metadata") != LUA_TNIL) {
-      md = sta_lua_check_metadata(L, -1);
-      lua_setfield(L, 2, "metadata");
-    } else lua_pop(L, 1);
-    if (lua_getfield(L, 1, "batch") != LUA_TNIL) {
-      fb = sta_lua_check_batch(L, -1);
-      lua_setfield(L, 2, "batch");
-    } else lua_pop(L, 1);
-  }
-  if (step < 0) return sta_lua_misuse(L, "step: expected >= 0, got %d", (int)step);
+  int32_t step = sta_lua_int32_field(L, 1, "step", 0);
+  if (lua_getfield(L, 1, "strategy") != LUA_TNIL)
+    return sta_lua_misuse(L, "strategy: give it to sta.forward_context (sta.core's takes metadata=)");
+  lua_pop(L, 1);
+  if (lua_getfield(L, 1, "metadata") != LUA_TNIL) {
+    md = sta_lua_check_metadata(L, -1);
+    lua_setfield(L, 2, "metadata");
+  } else lua_pop(L, 1);
+  if (lua_getfield(L, 1, "batch") != LUA_TNIL) {
+    fb = sta_lua_check_batch(L, -1);
+    lua_setfield(L, 2, "batch");
+  } else lua_pop(L, 1);
   lua_pushthread(L);
   stack_of(L, -1); /* 4: this coroutine's stack */
   lua_Integer n = stack_n(L, 4);

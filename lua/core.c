@@ -222,6 +222,7 @@ int luaopen_sta_core(lua_State *L) {
   luaL_newlib(L, core_funcs);
   luaL_newlib(L, debug_funcs);
   lua_setfield(L, -2, "debug");
+  sta_lua_load_options(L);
   sta_lua_open_tensor(L);
   sta_lua_open_files(L);
   sta_lua_open_geometry(L);

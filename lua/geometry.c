@@ -38,15 +38,14 @@ int sta_lua_read_geometry(lua_State *L, int idx, sta_geometry *g) {
   lua_pop(L, 1);
   if (lua_getfield(L, idx, "tile") != LUA_TNIL) sta_lua_int_list(L, -1, g->tile, 3, "tile");
   lua_pop(L, 1);
-  g->text_len = (int64_t)sta_lua_int_field(L, idx, "text_len", -1);
+  g->text_len = (int64_t)sta_lua_int_field(L, idx, "text_len", g->text_len);
   g->order = sta_lua_parse_order(L, sta_lua_str_field(L, idx, "order"));
   return have;
 }
 
 static int l_geometry(lua_State *L) {
-  luaL_checktype(L, 1, LUA_TTABLE);
-  static const char *const keys[] = {"canvas", "tile", "text_len", "order", NULL};
-  sta_lua_check_keys(L, 1, keys);
+  lua_settop(L, 1);
+  sta_lua_options(L, 1, "geometry");
   sta_geometry g;
   if (!sta_lua_read_geometry(L, 1, &g))
     return sta_lua_misuse(L, "canvas: expected {T, H, W}, got nil");

@@ -29,16 +29,17 @@ static int y_release(lua_State *L) {
 }
 
 /* layer{prefix= or layer=, heads=, head_dim=, sp_rank=, sp_size=, canvas=,
-** tile=, text_len=, order=, layout=, backend=, scale=, softmax=, precision=,
-** strategy=} */
+** tile=, text_len=, order=, layout=, device=, scale=, softmax=, precision=,
+** strategy=}: the fields SP layers share, from the normalized options at
+** opts (sta_lua_options) */
 void sta_lua_layer_desc(lua_State *L, int opts, int pins, sta_layer_desc *d) {
   d->prefix = sta_lua_str_field(L, opts, "prefix");
   d->layer_index = sta_lua_int32_field(L, opts, "layer", 0);
   d->local_heads = sta_lua_int32_field(L, opts, "heads", 0);
   d->head_dim = sta_lua_int32_field(L, opts, "head_dim", 0);
-  const char *be = sta_lua_str_field(L, opts, "backend");
-  d->backend = be ? sta_lua_parse_device(L, be, "backend") : STA_CPU;
-  d->scale = (float)sta_lua_num_field(L, opts, "scale", 0);
+  const char *dev = sta_lua_str_field(L, opts, "device");
+  d->backend = dev ? sta_lua_parse_device(L, dev, "device") : STA_CPU;
+  d->scale = (float)sta_lua_num_field(L, opts, "scale", 0); /* 0: the core's 1/sqrt(D) */
   d->softmax = sta_lua_parse_softmax(L, sta_lua_str_field(L, opts, "softmax"));
   d->precision = sta_lua_parse_precision(L, sta_lua_str_field(L, opts, "precision"));
   if (lua_getfield(L, opts, "strategy") != LUA_TNIL) {
@@ -52,13 +53,8 @@ void sta_lua_layer_desc(lua_State *L, int opts, int pins, sta_layer_desc *d) {
 }
 
 static int l_layer(lua_State *L) {
-  luaL_checktype(L, 1, LUA_TTABLE);
-  static const char *const keys[] = {"prefix", "layer", "heads", "head_dim", "backend", "scale",
-                                     "softmax", "precision", "strategy", "sp_rank", "sp_size",
-                                     "geometry",
-                                     "canvas", "tile", "text_len", "order", "layout", NULL};
-  sta_lua_check_keys(L, 1, keys);
   lua_settop(L, 1);
+  sta_lua_options(L, 1, "layer");
   lua_createtable(L, 0, 2); /* 2: pins */
   sta_layer_desc d;
   memset(&d, 0, sizeof d);
@@ -76,7 +72,13 @@ static int l_layer(lua_State *L) {
   return rc == STA_OK ? 1 : sta_lua_fail(L, rc);
 }
 
-/* layer:forward(q, k, v [, out | {out =, lse = true | tensor}]) -> out [, lse] */
+/* layer:forward(q, k, v [, out | {out =, lse = true | tensor}]) -> out [,
+** lse, used].  With lse, used records what the forward ran (STA.md section
+** 10): the options of sta.attention_backward (canvas, tile, text_len,
+** order, layout, one window per head, scale, softmax, precision), or for a
+** search row {search = why it has no backward}.  layer:backward takes it,
+** so the backward uses the forward's windows whatever the context, the
+** strategy or the layer hold by then. */
 static int y_forward(lua_State *L) {
   sta_layer *l = check_layer(L, 1);
   sta_tensor *q = sta_lua_check_tensor(L, 2, "q");
@@ -86,8 +88,7 @@ static int y_forward(lua_State *L) {
   int want_lse = 0, r;
   lua_settop(L, 5);
   if (lua_istable(L, 5)) {
-    static const char *const keys[] = {"out", "lse", NULL};
-    sta_lua_check_opts(L, 5, keys);
+    sta_lua_options(L, 5, "layer_forward");
     if (lua_getfield(L, 5, "out") != LUA_TNIL) out = sta_lua_check_tensor(L, -1, "out");
     if (lua_getfield(L, 5, "lse") != LUA_TNIL) {
       if (lua_isboolean(L, -1)) want_lse = lua_toboolean(L, -1);
@@ -100,6 +101,7 @@ static int y_forward(lua_State *L) {
   if (out && lua_istable(L, 5)) lua_getfield(L, 5, "out");
   else if (out) lua_pushvalue(L, 5);
   else if ((r = sta_lua_push_like(L, q, &out)) != 1) return r;
+  const int iout = lua_gettop(L);
   if (want_lse) {
     if (lse) lua_getfield(L, 5, "lse");
     else {
@@ -116,35 +118,66 @@ static int y_forward(lua_State *L) {
   }
   sta_status rc;
   sta_context *c = sta_lua_context_enter(L);
-  STA_LUA_LONG(rc, sta_layer_forward_lse(l, q, k, v, out, lse));
+  if (!want_lse) {
+    STA_LUA_LONG(rc, sta_layer_forward_lse(l, q, k, v, out, NULL));
+    sta_lua_context_leave(c);
+    return rc == STA_OK ? 1 : sta_lua_fail(L, rc);
+  }
+  /* the descriptor first, then the forward with exactly it (a search row:
+  ** the layer's own forward, and a record that it has no backward) */
+  sta_attention_desc d;
+  const int64_t hl = sta_tensor_ndim(q) == 4 ? sta_tensor_size(q, sta_layer_layout(l) == STA_BSHD
+                                                                     ? 2 : 1) : 1;
+  int32_t *wins = lua_newuserdatauv(L, sizeof(int32_t) * 3 * (size_t)(hl > 0 ? hl : 1), 0);
+  sta_status rd = sta_layer_resolve(l, q, &d, wins);
+  if (rd == STA_OK) STA_LUA_LONG(rc, sta_attention_forward(&d, q, k, v, out, lse));
+  else if (rd == STA_ERR_UNSUPPORTED) {
+    lua_pushstring(L, sta_last_error()); /* why it has no backward */
+    STA_LUA_LONG(rc, sta_layer_forward_lse(l, q, k, v, out, lse));
+  } else rc = rd;
   sta_lua_context_leave(c);
   if (rc != STA_OK) return sta_lua_fail(L, rc);
-  return want_lse ? 2 : 1;
+  if (rd == STA_OK) sta_lua_push_desc(L, &d);
+  else {
+    lua_createtable(L, 0, 1);
+    lua_insert(L, -2);
+    lua_setfield(L, -2, "search");
+  }
+  lua_pushvalue(L, iout);
+  lua_pushvalue(L, iout + 1); /* lse */
+  lua_rotate(L, -3, -1);      /* out, lse, used */
+  return 3;
 }
 
-/* layer:backward(q, k, v, out, lse, dout [, {dq =, dk =, dv =}]) -> dq, dk,
-** dv, under the live context of the forward */
+/* layer:backward(q, k, v, out, lse, dout, used [, {dq =, dk =, dv =}]) ->
+** dq, dk, dv: the gradients of the forward that returned out, lse and used
+** (sta_attention_backward with used: no context needed, nothing looked up
+** again) */
 static int y_backward(lua_State *L) {
   static const char *N[6] = {"q", "k", "v", "out", "lse", "dout"}, *G[3] = {"dq", "dk", "dv"};
-  sta_layer *l = check_layer(L, 1);
+  check_layer(L, 1);
   sta_tensor *t[6], *g[3];
   for (int i = 0; i < 6; i++) t[i] = sta_lua_check_tensor(L, i + 2, N[i]);
-  static const char *const keys[] = {"dq", "dk", "dv", NULL};
-  sta_lua_check_opts(L, 8, keys);
-  lua_settop(L, 8);
+  lua_settop(L, 9);
+  if (!lua_istable(L, 8))
+    return sta_lua_misuse(L, "used: expected the third result of layer:forward(q, k, v, {lse = "
+                             "true}), got %s", luaL_typename(L, 8));
+  if (lua_getfield(L, 8, "search") != LUA_TNIL) return lua_error(L);
+  lua_pop(L, 1);
+  sta_lua_options(L, 9, "layer_backward");
+  sta_attention_desc d;
+  sta_lua_read_desc(L, 8, "attention_backward", t[0], &d); /* its windows stay on the stack */
   for (int i = 0; i < 3; i++) {
-    if (lua_istable(L, 8) && lua_getfield(L, 8, G[i]) != LUA_TNIL) {
+    if (lua_getfield(L, 9, G[i]) != LUA_TNIL) {
       g[i] = sta_lua_check_tensor(L, -1, G[i]);
       continue;
     }
-    if (lua_istable(L, 8)) lua_pop(L, 1);
+    lua_pop(L, 1);
     int r = sta_lua_push_like(L, t[0], &g[i]);
     if (r != 1) return r;
   }
   sta_status rc;
-  sta_context *c = sta_lua_context_enter(L);
-  STA_LUA_LONG(rc, sta_layer_backward(l, t[0], t[1], t[2], t[3], t[4], t[5], g[0], g[1], g[2]));
-  sta_lua_context_leave(c);
+  STA_LUA_LONG(rc, sta_attention_backward(&d, t[0], t[1], t[2], t[3], t[4], t[5], g[0], g[1], g[2]));
   if (rc != STA_OK) return sta_lua_fail(L, rc);
   return 3;
 }

@@ -108,6 +108,15 @@ double sta_lua_num_field(lua_State *L, int t, const char *k, double def);
 int sta_lua_bool_field(lua_State *L, int t, const char *k, int def);
 /* String field or NULL; the string stays alive in the table. */
 const char *sta_lua_str_field(lua_State *L, int t, const char *k);
+/* The options table at idx (which must exist: lua_settop first) checked
+** against the schema of call in lua/sta/options.lua (keys, kinds, ranges,
+** required options) and replaced by its normalized plain copy: triples and
+** windows as tables of integers (their string spellings parsed), aliases
+** under their names, absent options absent (the core's defaults apply).
+** Misuse raises the schema's message, the same as the FFI's and Python's. */
+void sta_lua_options(lua_State *L, int idx, const char *call);
+/* luaopen: require "sta.options" once for sta_lua_options. */
+void sta_lua_load_options(lua_State *L);
 /* Raise unless idx is none, nil or a table whose keys are all in keys
 ** (NULL-terminated): "options: unknown key 'windws' (known: ...)". */
 void sta_lua_check_opts(lua_State *L, int idx, const char *const *keys);
@@ -171,6 +180,15 @@ sta_geometry *sta_lua_check_geometry(lua_State *L, int idx);
 ** text_len=, order=.  Returns 0 when no canvas was given (g: canvas
 ** 0,0,0 with the tile, text_len and order given). */
 int sta_lua_read_geometry(lua_State *L, int idx, sta_geometry *g);
+/* attention.c: the descriptor of an attention call from its options at
+** opts (which must exist), checked against the schema of call and replaced
+** by the normalized copy; canvas absent: the known shape of q's length.
+** d->windows lives in a userdata left on the stack: keep it there. */
+void sta_lua_read_desc(lua_State *L, int opts, const char *call, sta_tensor *q,
+                       sta_attention_desc *d);
+/* d as the options table sta_lua_read_desc reads back (unset fields left
+** out), pushed. */
+void sta_lua_push_desc(lua_State *L, const sta_attention_desc *d);
 /* strategy.c */
 sta_lua_strategy *sta_lua_new_strategy(lua_State *L);
 sta_strategy *sta_lua_check_strategy(lua_State *L, int idx);

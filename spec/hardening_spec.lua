@@ -108,24 +108,24 @@ describe("issue 16 through Lua", function()
       H.error_of(n.set, n, 0, 0, 0, { 1, 2 ^ 32 + 3, 1 }))
     assert.equal("layers: expected a 32-bit integer, got -2147483649",
       H.error_of(sta.metadata, -2 ^ 31 - 1))
-    assert.equal("heads: expected a 32-bit integer, got 1099511627776",
+    assert.equal("heads: expected a 32-bit integer >= 1, got 1099511627776",
       H.error_of(sta.strategy.uniform, { steps = 1, layers = 1, heads = 2 ^ 40, window = { 1, 1, 1 } }))
     assert.equal("step: expected an integer, got 0.5", H.error_of(s.get, s, 0.5, 0, 0))
   end)
 
   it("raises on an unknown option key and on an omitted window (defect 9)", function()
     local q = H.randn({ 1, S, HEADS, D })
-    assert.equal("options: unknown key 'windows' (known: canvas, tile, text_len, order, geometry, "
-      .. "window, layout, scale, softmax, precision, deterministic, out, lse)",
+    assert.equal("options: unknown key 'windows' (known: canvas, tile, text_len, order, layout, "
+      .. "window, scale, softmax, precision, deterministic, geometry, out, lse)",
       H.error_of(sta.attention, q, q, q, { canvas = canvas, tile = tile, windows = { 1, 1, 1 } }))
     assert.equal("window: required ({Kt, Kh, Kw} for every head, or a list of them, one per head)",
       H.error_of(sta.attention, q, q, q, { canvas = canvas, tile = tile }))
-    assert.equal("options: unknown key 'stepp' (known: step, metadata, batch)",
+    assert.equal("options: unknown key 'stepp' (known: step, metadata, batch, strategy, layers, heads)",
       H.error_of(sta.forward_context, { stepp = 1 }))
     assert.equal("options: unknown key 'sed' (known: seed, dtype, device, mean, std)",
       H.error_of(sta.randn, { 2 }, { sed = 1 }))
-    assert.equal("options: unknown key 'head' (known: prefix, layer, heads, head_dim, backend, scale, "
-      .. "softmax, precision, strategy, sp_rank, sp_size, geometry, canvas, tile, text_len, order, layout)",
+    assert.equal("options: unknown key 'head' (known: prefix, layer, heads, head_dim, sp_rank, sp_size, "
+      .. "canvas, tile, text_len, order, layout, geometry, device, scale, softmax, precision, strategy)",
       H.error_of(sta.layer, { head = 2 }))
     assert.equal("options: unknown key 'window_size' (known: steps, layers, heads, window, full, full_steps)",
       H.error_of(sta.strategy.uniform, { steps = 1, layers = 1, heads = 1, window_size = { 1, 1, 1 } }))
@@ -133,7 +133,7 @@ describe("issue 16 through Lua", function()
     assert.equal("options: unknown key 'windows' (known: canvas, tile, text_len, geometry, window, layout, "
       .. "scale, out)", H.error_of(comm.attention, comm, q, q, q, { canvas = canvas, windows = { 1, 1, 1 } }))
     assert.equal("options: unknown key 'head' (known: prefix, layer, heads, head_dim, canvas, tile, "
-      .. "text_len, geometry, layout, backend, scale, softmax, precision, strategy)",
+      .. "text_len, layout, geometry, device, scale, softmax, precision, strategy)",
       H.error_of(sta.dist.layer, comm, { canvas = canvas, heads = 2, head = 2 }))
   end)
 
