@@ -136,6 +136,43 @@ describe("sta.ffi #ffi", function()
     assert.truthy(err{ window = {1, 1, 1}, tile = {2, 4, 2 ^ 32 + 4} }:find("^tile%[3%]: expected a 32%-bit integer"))
   end)
 
+  -- the generated binding tests (spec/option_cases.lua): every option of
+  -- every FFI call x missing, wrong type, out of range, boundary, with the
+  -- schema's exact message, as the Lua module and Python raise it
+  it("checks every option as the schema says (the generated cases)", function()
+    package.path = "spec/?.lua;" .. package.path
+    local cases = require("option_cases")(S.options)
+    local P = cases.problem
+    local shape = {1, P.S, P.heads, P.D}
+    local q, k, v, g = S.randn(shape, seed + 30), S.randn(shape, seed + 31), S.randn(shape, seed + 32),
+                       S.randn(shape, seed + 33)
+    local out, lse = S.attention(q, k, v, { canvas = P.canvas, tile = P.tile, window = {1, 1, 1}, lse = true })
+    local f8 = {}
+    for i, x in ipairs{ q, k, v } do
+      f8[i] = S.tensor(shape, "f8e4m3")
+      S.check(C.sta_tensor_copy(f8[i], x))
+    end
+    local rs, cs = S.tensor({1, P.heads, P.S}), S.tensor({1, P.heads, P.D})
+    S.check(C.sta_tensor_fill(rs, 0.5))
+    S.check(C.sta_tensor_fill(cs, 0.5))
+    local run = {
+      attention = function(o) return S.attention(q, k, v, o) end,
+      reference = function(o) return S.attention(q, k, v, o, true) end,
+      attention_backward = function(o) return S.attention_backward(q, k, v, out, lse, g, o) end,
+      attention_fp8 = function(o) return S.attention_fp8(f8[1], f8[2], f8[3], rs, rs, cs, o) end,
+    }
+    local n, refused = 0, 0
+    for _, c in ipairs(cases.list("ffi")) do
+      local ok, err = pcall(run[c.call], c.opts)
+      local msg = not ok and err or nil
+      assert(cases.agrees(c, msg), ("%s %s %s %s: expected %s, got %s"):format(c.call, c.option,
+        c.what, S.options.show(c.value), tostring(c.expect or "no schema error"), tostring(msg)))
+      n = n + 1
+      if c.expect then refused = refused + 1 end
+    end
+    assert.is_true(n > 300 and refused > 200, n .. " cases")
+  end)
+
   it("reports errors through the status and sta_last_error", function()
     local out = ffi.new("sta_tensor *[1]")
     local dims = ffi.new("int64_t[5]", {1, 1, 1, 1, 1})

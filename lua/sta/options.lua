@@ -76,8 +76,8 @@ M.options = {
   dv = { kind = "tensor", only = { lua = true, ffi = true }, doc = "dv to write" },
   dtype = { kind = "enum", values = { "f32", "f16", "bf16" }, only = { lua = true, ffi = true },
             doc = "the dtype of a new out" },
-  out_dtype = { kind = "object", class = "torch.dtype", only = { python = true },
-                doc = "the dtype of out (float32, float16, bfloat16)" },
+  out_dtype = { kind = "object", class = "torch.dtype (float32, float16 or bfloat16)",
+                only = { python = true }, doc = "the dtype of out" },
   -- layers
   prefix = { kind = "string", doc = "module prefix; the layer is prefix.split('.')[-3]" },
   layer = { kind = "int32", min = 0, doc = "layer index (when no prefix)", default = 0 },
@@ -396,15 +396,20 @@ M.is_a = {
 
 -- ---- the Python copy ----------------------------------------------------------
 
+--- A Lua value as a Python literal (tables: tuples, or dicts by sorted key).
 local function py(v)
   local t = type(v)
   if t == "string" then return ("%q"):format(v) end
   if t == "boolean" then return v and "True" or "False" end
+  if t == "nil" then return "None" end
   if t == "number" then
+    if v ~= v then return 'float("nan")' end
+    if v == huge then return 'float("inf")' end
+    if v == -huge then return '-float("inf")' end
     return (is_integer(v) and v > -2 ^ 53 and v < 2 ^ 53) and ("%d"):format(v) or ("%.17g"):format(v)
   end
   if t == "table" then
-    if #v > 0 then
+    if #v > 0 or next(v) == nil then
       local parts = {}
       for i, x in ipairs(v) do parts[i] = py(x) end
       return "(" .. table.concat(parts, ", ") .. (#v == 1 and ",)" or ")")
@@ -418,6 +423,8 @@ local function py(v)
   end
   error("sta.options: cannot write a " .. t .. " for Python", 0)
 end
+
+M.python_literal = py
 
 --- python/sta/_options.py: the tables above for Python.
 function M.python_source()

@@ -70,16 +70,27 @@ def test_python_side_checks_name_the_argument(qkv):
         ("STA_ERR_ARGUMENT", "v: expected a torch.Tensor, got list", dict(v=[1.0])),
         ("STA_ERR_ARGUMENT", "layout: expected \"bshd\" or \"bhsd\", got 'bsdh'",
          dict(layout="bsdh")),
-        ("STA_ERR_ARGUMENT", "scale: expected a positive number or None, got 0", dict(scale=0)),
+        ("STA_ERR_ARGUMENT", "scale: expected a number > 0 that float32 holds (not 0, not Inf, "
+         "no NaN), got 0", dict(scale=0)),
+        ("STA_ERR_ARGUMENT", "scale: expected a number > 0 that float32 holds (not 0, not Inf, "
+         "no NaN), got 1e-50", dict(scale=1e-50)),
         ("STA_ERR_ARGUMENT", "softmax: expected \"exact\" or \"fast\", got 'slow'",
          dict(softmax="slow")),
-        ("STA_ERR_ARGUMENT", "text_len: expected a non-negative integer or None, got -1",
+        ("STA_ERR_ARGUMENT", "text_len: expected a 64-bit integer >= 0, got -1",
          dict(text_len=-1)),
-        ("STA_ERR_WINDOW", "canvas: expected 3 integers, got (8, 8)", dict(canvas=(8, 8))),
-        ("STA_ERR_WINDOW", "window[1]: expected 3 integers, got (1, 1)",
+        ("STA_ERR_ARGUMENT", "text_len: expected a 64-bit integer >= 0, got 3.5",
+         dict(text_len=3.5)),
+        ("STA_ERR_WINDOW", "canvas: expected 3 integers, got 2", dict(canvas=(8, 8))),
+        ("STA_ERR_WINDOW", "window[2]: expected 3 integers, got 2",
          dict(window=[(1, 1, 1), (1, 1)])),
-        ("STA_ERR_WINDOW", "window: expected 3 integers or 'TxHxW', got '3x3'",
-         dict(window="3x3")),
+        ("STA_ERR_WINDOW", "window: expected 3 integers or a list of them, one per head ({Kt, "
+         "Kh, Kw}, 'KtxKhxKw', 'Kt,Kh,Kw', a list of those, '3,3,3:1,5,7' or '1x1x1,3x3x3'), "
+         "got '3x3'", dict(window="3x3")),
+        ("STA_ERR_ARGUMENT", "options: unknown key 'windows' (known: canvas, tile, text_len, "
+         "order, layout, window, scale, softmax, precision, deterministic, return_lse)",
+         dict(windows=(1, 1, 1))),
+        ("STA_ERR_ARGUMENT", "window: required ({Kt, Kh, Kw} for every head, or a list of them, "
+         "one per head)", dict(window=None)),
     ]
     for name, msg, over in cases:
         args = dict(q=q, k=k, v=v, window=(1, 1, 1), **KW)
