@@ -31,15 +31,16 @@ return function(O)
     forward_context = { step = 0 },
     uniform = { steps = 1, layers = 1, heads = 2, window = { 1, 1, 1 } },
     geometry = { canvas = { 2, 4, 4 } },
+    tune = { files = { "/nonexistent/search.json" } },
   }
   -- the calls of each binding (Python: reference_backward is its
   -- attention_backward; forward_context pushes nothing until `with`)
   M.calls = {
     lua = { "attention", "reference", "attention_backward", "attention_fp8", "layer",
-            "forward_batch", "forward_context", "uniform", "geometry" },
+            "forward_batch", "forward_context", "uniform", "geometry", "tune" },
     ffi = { "attention", "reference", "attention_backward", "attention_fp8" },
     python = { "attention", "reference", "attention_backward", "attention_fp8", "layer",
-               "forward_batch", "forward_context", "uniform" },
+               "forward_batch", "forward_context", "uniform", "tune" },
   }
 
   local function copy(t)
@@ -95,6 +96,9 @@ return function(O)
       add("type", 1); add("type", "x")
     elseif k == "output" then
       add("type", 1); add("type", "x"); add("boundary", true); add("boundary", false)
+    elseif k == "paths" then
+      add("type", 5); add("type", "x"); add("type", true); add("range", { 1 })
+      add("range", { "a.json", true })
     end
     return v
   end

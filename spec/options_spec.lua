@@ -43,6 +43,7 @@ local function harness()
     forward_context = function(o) local c = sta.forward_context(o); c:pop() end,
     uniform = function(o) return sta.strategy.uniform(o) end,
     geometry = function(o) return sta.geometry(o) end,
+    tune = function(o) return sta.tune(o) end,
   }
 end
 

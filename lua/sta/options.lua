@@ -34,6 +34,7 @@ Kinds and what a value must be:
   tensor    a tensor of the binding (checked by the binding)
   object    an object of class (checked by the binding's is_a)
   output    true, false, or a tensor to write into
+  paths     a list of file paths (strings; Python: also os.PathLike)
 ]]
 
 local M = {}
@@ -99,6 +100,10 @@ M.options = {
   layers = { kind = "int32", min = 1, doc = "transformer layers", default = 1 },
   full = { kind = "windows", single = true, doc = "the full window" },
   full_steps = { kind = "int32", min = 0, doc = "steps with the full window", default = 0 },
+  -- tuning (sta_tune; absent: sta_tune_defaults')
+  files = { kind = "paths", doc = "saved search files" },
+  skip_steps = { kind = "int32", min = 0, doc = "steps that keep the full window",
+                 default = "sta_tune_defaults'" },
 }
 
 local ATTENTION = { "canvas", "tile", "text_len", "order", "layout", "window", "scale", "softmax",
@@ -130,6 +135,7 @@ M.calls = {
   forward_batch = { "batch_size", "negative" },
   forward_context = { "step", "metadata", "batch", "strategy", "layers", "heads?" },
   uniform = { "steps", "layers!", "heads", "window", "full", "full_steps" },
+  tune = { "files!", "skip_steps", "full" },
 }
 
 -- ---- checking -----------------------------------------------------------------
@@ -185,6 +191,7 @@ function M.expected(def)
   if k == "tensor" then return "a tensor" end
   if k == "output" then return "a boolean or a tensor" end
   if k == "object" then return "a " .. def.class end
+  if k == "paths" then return "a list of paths (strings)" end
   return k
 end
 
@@ -298,6 +305,17 @@ function M.check_value(name, v, def, is_a)
   end
   if k == "triple" then return check_triple(name, v, def) end
   if k == "windows" then return check_windows(name, v, def) end
+  if k == "paths" then
+    if type(v) ~= "table" then fail("%s: expected %s, got %s", name, M.expected(def), M.show(v)) end
+    local out = {}
+    for i = 1, #v do
+      if type(v[i]) ~= "string" then
+        fail("%s[%d]: expected a path (a string), got %s", name, i, M.show(v[i]))
+      end
+      out[i] = v[i]
+    end
+    return out
+  end
   if k == "output" and type(v) == "boolean" then return v end
   if (k == "tensor" or k == "output" or k == "object") and is_a and
       not is_a(v, k == "object" and def.class or "tensor", k) then

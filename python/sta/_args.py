@@ -11,6 +11,7 @@ filled in; absent options stay absent (the core's defaults apply).
 """
 import math
 import numbers
+import os
 
 from ._options import CALLS, FLOAT32, OPTIONS
 from .errors import ArgumentError
@@ -86,6 +87,8 @@ def expected(d):
         return "a boolean or a tensor"
     if k == "object":
         return "a " + d["class"]
+    if k == "paths":
+        return "a list of paths (strings)"
     return k
 
 
@@ -201,6 +204,18 @@ def check_value(name, v, d, is_a=None):
         return _triple(name, v, d)
     if k == "windows":
         return _windows(name, v, d)
+    if k == "paths":
+        if isinstance(v, (str, bytes, numbers.Number, bool)) or not hasattr(v, "__len__") or \
+                not hasattr(v, "__getitem__"):
+            _fail(name, v, d)
+        out = []
+        for i in range(len(v)):
+            p = os.fspath(v[i]) if isinstance(v[i], os.PathLike) else v[i]
+            if not isinstance(p, str):
+                raise _bad(_E_ARGUMENT, "%s[%d]: expected a path (a string), got %s"
+                           % (name, i + 1, show(p)))
+            out.append(p)
+        return tuple(out)
     if k == "output" and isinstance(v, bool):
         return v
     if is_a is not None and not is_a(v, d.get("class", "tensor")):

@@ -170,6 +170,7 @@ FUNCS = {
     "sta_layer_resolve": (_st, [_p, _p, _desc, _i32p]),
     # tuning
     "sta_tune": (_st, [_pp, _i32, C.POINTER(_s), _i32, _i32p, C.POINTER(TuneReport)]),
+    "sta_tune_defaults": (None, [_i32p, _i32p]),
 }
 
 def _here():

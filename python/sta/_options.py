@@ -15,6 +15,7 @@ OPTIONS = {
     "dq": {"doc": "dq to write", "kind": "tensor", "only": ("ffi", "lua")},
     "dtype": {"doc": "the dtype of a new out", "kind": "enum", "only": ("ffi", "lua"), "values": ("f32", "f16", "bf16")},
     "dv": {"doc": "dv to write", "kind": "tensor", "only": ("ffi", "lua")},
+    "files": {"doc": "saved search files", "kind": "paths"},
     "full": {"doc": "the full window", "kind": "windows", "single": True},
     "full_steps": {"default": 0, "doc": "steps with the full window", "kind": "int32", "min": 0},
     "geometry": {"class": "sta.Geometry", "doc": "canvas, tile, text_len and order in one", "excludes": ("canvas", "tile", "text_len", "order"), "kind": "object", "only": ("lua",)},
@@ -33,6 +34,7 @@ OPTIONS = {
     "prefix": {"doc": "module prefix; the layer is prefix.split('.')[-3]", "kind": "string"},
     "return_lse": {"doc": "return the log-sum-exp too", "kind": "bool", "only": ("python",)},
     "scale": {"default": "1/sqrt(D)", "doc": "the softmax scale", "kind": "float32", "positive": True},
+    "skip_steps": {"default": "sta_tune_defaults'", "doc": "steps that keep the full window", "kind": "int32", "min": 0},
     "softmax": {"doc": "the forward's softmax", "kind": "enum", "values": ("exact", "fast")},
     "sp_rank": {"default": 0, "doc": "this rank", "kind": "int32", "min": 0},
     "sp_size": {"default": 1, "doc": "ranks splitting the heads", "kind": "int32", "min": 1},
@@ -58,6 +60,7 @@ CALLS = {
     "sp_attention": ("canvas", "tile", "text_len", "geometry", "window", "layout", "scale", "out"),
     "sp_layer": ("prefix", "layer", "heads", "head_dim", "canvas", "tile", "text_len", "layout", "geometry", "device", "scale", "softmax", "precision", "strategy"),
     "sp_shard": ("canvas", "tile", "text_len", "geometry", "window?", "layout", "scale", "out"),
+    "tune": ("files!", "skip_steps", "full"),
     "uniform": ("steps", "layers!", "heads", "window", "full", "full_steps"),
 }
 

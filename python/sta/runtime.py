@@ -652,15 +652,21 @@ def _search_function():
 
 # ---- tuning -------------------------------------------------------------------------
 
-def tune(files, skip_steps=12, full=(3, 6, 10)):
+def tune(files=None, skip_steps=None, full=None, **unknown):
     """Average L2 over saved search files; full window below skip_steps, the
-    argmin afterwards.  Returns (Strategy, report dict: sparsity, windows,
-    counts)."""
-    paths = [_path(f, "files[%d]" % i) for i, f in enumerate(files)]
+    argmin afterwards (absent: sta_tune_defaults', FastVideo's).  Returns
+    (Strategy, report dict: sparsity, windows, counts)."""
+    if unknown:
+        raise _args.unknown("tune", unknown)
+    o = _args.check("tune", dict(files=files, skip_steps=skip_steps, full=full))
+    L = _L()
+    dfull, dskip = (C.c_int32 * 3)(), C.c_int32()
+    L.sta_tune_defaults(dfull, C.byref(dskip))
+    paths = [p.encode() for p in o["files"]]
     arr = (C.c_char_p * max(len(paths), 1))(*paths)
     rep = TuneReport()
-    h = _new(_L().sta_tune, len(paths), arr, skip_steps, ints(triple(full, "full")),
-             C.byref(rep))
+    h = _new(L.sta_tune, len(paths), arr, o.get("skip_steps", dskip.value),
+             ints(o["full"]) if "full" in o else dfull, C.byref(rep))
     n = min(rep.n_windows, 16)
     return Strategy(h), {"sparsity": rep.sparsity,
                          "windows": [tuple(rep.windows[i]) for i in range(n)],

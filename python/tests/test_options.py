@@ -38,6 +38,7 @@ def run(gen):
         "forward_batch": lambda **o: sta.ForwardBatch(**o),
         "forward_context": context,
         "uniform": lambda **o: sta.Strategy.uniform(**o),
+        "tune": lambda **o: sta.tune(**o),
     }
 
 
