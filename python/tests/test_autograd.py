@@ -206,3 +206,46 @@ def test_double_backward_raises(rng, gen):
         total = _second_order(fn, q)
         with pytest.raises(RuntimeError, match="differentiate twice|no double backward"):
             total.backward()
+
+
+def test_layer_gradients_are_the_forwards_whatever_changes_after_it(rng, gen):
+    """The class behind defect 3, by property: random geometries, per-head
+    windows from a strategy or a metadata row, and a random change between
+    forward and backward (the strategy swapped or edited, the row rewritten,
+    the metadata, strategy or layer closed, another context pushed): the
+    gradients are always those of the forward's windows and scale."""
+    for _ in range(8):
+        g = random_geometry(rng, per_head=True)
+        H, D = g["heads"], g["D"]
+        geom = dict(canvas=g["canvas"], tile=g["tile"], text_len=g["text_len"])
+        wins = [tuple(w) for w in g["window"]]
+        other = [tuple(rng.choice([1, 3]) for _ in range(3)) for _ in range(H)]
+        strat = sta.Strategy()
+        for h, w in enumerate(wins):
+            strat.set(0, 0, h, w)
+        scale = rng.choice([None, 0.25])
+        use_md = rng.random() < 0.5
+        md = sta.Metadata(1).set_row(0, wins) if use_md else None
+        layer = sta.Layer(layer=0, heads=H, head_dim=D, strategy=None if use_md else strat,
+                          scale=scale, **geom)
+        q, k, v = make_qkv(g, gen, requires_grad=True)
+        dout = randn(q.shape, gen)
+        changes = {
+            "swap": lambda: setattr(layer, "strategy", sta.Strategy.uniform(1, 1, H, (1, 1, 1))),
+            "edit": lambda: strat.set(0, 0, 0, other[0]),
+            "row": lambda: md.set_row(0, other) if md else None,
+            "close metadata": lambda: md.close() if md else None,
+            "close layer": layer.close,
+            "push": lambda: sta.forward_context(step=0, batch=sta.ForwardBatch(),
+                                                metadata=sta.Metadata(1).set_row(0, other)).push(),
+        }
+        change = rng.choice(sorted(changes))
+        with sta.forward_context(step=0, batch=sta.ForwardBatch(), metadata=md):
+            out = layer(q, k, v)
+            changes[change]()
+        depth = sta.context_depth()
+        out.backward(dout)
+        want = dense_grads(q, k, v, dout, window=wins, scale=scale, **geom)
+        for name, got, w in zip("qkv", (q.grad, k.grad, v.grad), want):
+            assert rel_err(got, w) < 1e-4, (name, change, g)
+        assert depth == sta.context_depth()
