@@ -9,7 +9,8 @@ activations (.npy or .safetensors), printed as a table.
   lua5.4 examples/compare.lua --demo      (random activations written to .npy first)
 
 --canvas may be left out for FastVideo's sequence lengths.  --window takes
-one window for all heads or one per head.
+one window for all heads or one per head (3x3x3,1x5x7 or 3,3,3:1,5,7; triples
+as TxHxW or T,H,W, as sta-run and every binding take them).
 ]]
 local sta = require "sta"
 local cli = require "sta.cli"
@@ -89,8 +90,7 @@ else
 end
 local grid = geom:grid()
 
-local windows = {}
-for w in opts.window:gmatch("[^,]+") do windows[#windows + 1] = cli.triple(w, "--window") end
+local windows = cli.windows(opts.window, "--window")
 if #windows ~= 1 and #windows ~= heads then
   fail(("--window: expected 1 or %d windows (one per head), got %d"):format(heads, #windows))
 end

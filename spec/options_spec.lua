@@ -80,6 +80,23 @@ describe("the option schema", function()
       :format(n, refused, accepted))
   end)
 
+  it("takes both spellings of triples and window lists, in calls and in the examples' flags", function()
+    local cli = require "sta.cli"
+    assert.same({ 30, 48, 80 }, cli.triple("30x48x80", "--canvas"))
+    assert.same({ 30, 48, 80 }, cli.triple("30,48,80", "--canvas"))
+    assert.same({ { 3, 3, 3 }, { 1, 5, 7 } }, cli.windows("3,3,3:1,5,7", "--window"))
+    assert.same({ { 3, 3, 3 }, { 1, 5, 7 } }, cli.windows("3x3x3,1x5x7", "--window"))
+    assert.same({ { 3, 3, 3 } }, cli.windows("3x3x3", "--window"))
+    assert.equal("--canvas: expected 3 integers ({a, b, c}, 'axbxc' or 'a,b,c'), got '30x48'",
+      H.error_of(cli.triple, "30x48", "--canvas"))
+    local run = harness()
+    local a = run.attention({ canvas = "2x4x4", tile = "1,2,2", window = "1,1,1:1,3,1" })
+    local b = run.attention({ canvas = P.canvas, tile = P.tile, window = { { 1, 1, 1 }, { 1, 3, 1 } } })
+    local c = run.attention({ canvas = "2,4,4", tile = "1x2x2", window = "1x1x1,1x3x1" })
+    assert.equal(0, (a:compare(b)))
+    assert.equal(0, (c:compare(b)))
+  end)
+
   it("never depends on earlier calls: a refused value is refused after a good one", function()
     local run = harness()
     local o = { canvas = P.canvas, tile = P.tile, window = { 1, 1, 1 } }
