@@ -83,7 +83,8 @@ def backends():
 
 def set_num_threads(n):
     """Threads of sta's CPU backend (0: OpenMP's default)."""
-    _capi.lib().sta_set_num_threads(int(n))
+    from ._args import check_value
+    _capi.lib().sta_set_num_threads(check_value("n", n, {"kind": "int32"}))
 
 
 def get_num_threads():

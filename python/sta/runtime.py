@@ -59,6 +59,29 @@ def _path(p, name="path"):
     raise _bad(_E_ARGUMENT, "%s: expected a path, got %s" % (name, type(p).__name__))
 
 
+_INT32 = {"kind": "int32"}
+
+
+def _i32(name, v):
+    """v as an int32 argument of a C call: an integer in range, else
+    ArgumentError naming it (ctypes would wrap it silently)."""
+    return _args.check_value(name, v, _INT32)
+
+
+def _floats(name, rows, n, width):
+    """rows: n lists of width numbers, flat for C (ArgumentError otherwise)."""
+    import numbers
+    if not hasattr(rows, "__len__") or len(rows) != n or any(
+            not hasattr(r, "__len__") or len(r) != width for r in rows):
+        raise _bad(_E_ARGUMENT, "%s: expected %d lists of %d floats (candidate x head)"
+                   % (name, n, width))
+    flat = [x for r in rows for x in r]
+    for x in flat:
+        if isinstance(x, bool) or not isinstance(x, numbers.Real):
+            raise _bad(_E_ARGUMENT, "%s: expected numbers, got %s" % (name, _args.show(x)))
+    return (C.c_float * max(len(flat), 1))(*flat)
+
+
 def _is_a(v, cls):
     """The option schema's classes (kind object) in this binding."""
     c = {"sta.Strategy": Strategy, "sta.Metadata": Metadata,
@@ -119,6 +142,9 @@ class Strategy(_Handle):
     @classmethod
     def parse(cls, text):
         """Parse strategy JSON from a string or bytes."""
+        if not isinstance(text, (str, bytes, bytearray, memoryview)):
+            raise _bad(_E_ARGUMENT, "text: expected JSON as str or bytes, got %s"
+                       % _args.show(text))
         data = text.encode() if isinstance(text, str) else bytes(text)
         return cls(_new(_L().sta_strategy_parse, data, len(data)))
 
@@ -159,12 +185,13 @@ class Strategy(_Handle):
     def get(self, step, layer, head):
         """(Kt, Kh, Kw); ArgumentError (STA_ERR_KEY) naming a missing key."""
         w = (C.c_int32 * 3)()
-        _L().check(_L().sta_strategy_get(self.handle, step, layer, head, w))
+        _L().check(_L().sta_strategy_get(self.handle, _i32("step", step), _i32("layer", layer),
+                                         _i32("head", head), w))
         return tuple(w)
 
     def set(self, step, layer, head, window):
-        _L().check(_L().sta_strategy_set(self.handle, step, layer, head,
-                                         ints(triple(window, "window"))))
+        _L().check(_L().sta_strategy_set(self.handle, _i32("step", step), _i32("layer", layer),
+                                         _i32("head", head), ints(triple(window, "window"))))
         return self
 
     def __len__(self):
@@ -179,7 +206,8 @@ class Strategy(_Handle):
 
     def check(self, steps, layers, heads):
         """Every (step, layer, head) below the counts present, else ArgumentError."""
-        _L().check(_L().sta_strategy_check(self.handle, steps, layers, heads))
+        _L().check(_L().sta_strategy_check(self.handle, _i32("steps", steps),
+                                           _i32("layers", layers), _i32("heads", heads)))
 
     def sparsity(self, grid):
         """1 - sum(window volume) / sum(full volume) on a tile grid (NT, NH, NW)."""
@@ -214,20 +242,24 @@ class Metadata(_Handle):
 
     def __init__(self, layers=None, handle=None):
         if handle is None:
-            handle = _new(_L().sta_metadata_create, layers if layers is not None else 0)
+            handle = _new(_L().sta_metadata_create,
+                          _i32("layers", layers) if layers is not None else 0)
         super().__init__(handle)
 
     @classmethod
     def from_strategy(cls, strategy, step, layers, heads):
         """The table of step; strategy None gives "mask_strategy cannot be None ..."."""
+        _optional(strategy, Strategy, "strategy")
         s = strategy.handle if strategy is not None else None
-        return cls(handle=_new(_L().sta_metadata_from_strategy, s, step, layers, heads))
+        return cls(handle=_new(_L().sta_metadata_from_strategy, s, _i32("step", step),
+                               _i32("layers", layers), _i32("heads", heads)))
 
     @classmethod
     def search(cls, layers, candidates):
         """A search table: every layer's row is the candidates (full last)."""
         flat = [x for i, w in enumerate(candidates) for x in triple(w, "candidates[%d]" % i)]
-        return cls(handle=_new(_L().sta_metadata_search, layers, len(flat) // 3, ints(flat)))
+        return cls(handle=_new(_L().sta_metadata_search, _i32("layers", layers), len(flat) // 3,
+                               ints(flat)))
 
     @property
     def layers(self):
@@ -238,14 +270,16 @@ class Metadata(_Handle):
 
     def set_row(self, layer, windows):
         flat = [x for i, w in enumerate(windows) for x in triple(w, "windows[%d]" % i)]
-        _L().check(_L().sta_metadata_set_row(self.handle, layer, len(flat) // 3, ints(flat)))
+        _L().check(_L().sta_metadata_set_row(self.handle, _i32("layer", layer), len(flat) // 3,
+                                             ints(flat)))
         return self
 
     def row(self, layer):
         """The windows of layer's row, a list of (Kt, Kh, Kw); [] when unset."""
         n = C.c_int32()
         p = C.POINTER(C.c_int32)()
-        _L().check(_L().sta_metadata_row(self.handle, layer, C.byref(n), C.byref(p)))
+        _L().check(_L().sta_metadata_row(self.handle, _i32("layer", layer), C.byref(n),
+                                         C.byref(p)))
         return [(p[3 * i], p[3 * i + 1], p[3 * i + 2]) for i in range(n.value)]
 
     def __repr__(self):
@@ -289,14 +323,11 @@ class ForwardBatch(_Handle):
         [candidate][head] lists of floats."""
         flat = [x for i, w in enumerate(candidates) for x in triple(w, "candidates[%d]" % i)]
         n = len(flat) // 3
-        heads = len(l1[0]) if n else 0
-        for name, loss in (("l1", l1), ("l2", l2)):
-            if len(loss) != n or any(len(r) != heads for r in loss):
-                raise _bad(_E_ARGUMENT, "%s: expected %d lists of %d floats (candidate x head)"
-                                    % (name, n, heads))
-        a = (C.c_float * max(n * heads, 1))(*[x for r in l1 for x in r])
-        b = (C.c_float * max(n * heads, 1))(*[x for r in l2 for x in r])
-        _L().check(_L().sta_forward_batch_record(self.handle, 1 if negative else 0, step, layer,
+        heads = len(l1[0]) if n and hasattr(l1, "__len__") and len(l1) and \
+            hasattr(l1[0], "__len__") else 0
+        a, b = _floats("l1", l1, n, heads), _floats("l2", l2, n, heads)
+        _L().check(_L().sta_forward_batch_record(self.handle, 1 if negative else 0,
+                                                 _i32("step", step), _i32("layer", layer),
                                                  n, ints(flat), heads, a, b))
         return self
 

@@ -119,3 +119,37 @@ def test_failed_call_leaves_no_error_state_behind(qkv):
         sta.attention(q, k, v, window=(0, 1, 1), **KW)
     out = sta.attention(q, k, v, window=(1, 1, 1), **KW)  # the next call is unaffected
     assert torch.isfinite(out).all()
+
+
+def test_positional_integers_are_refused_not_wrapped():
+    """Integer arguments outside int32 raise ArgumentError naming them
+    (ctypes would wrap 2**32 + 1 to 1), wrong types too (never a ctypes or
+    TypeError)."""
+    s = sta.Strategy.uniform(2, 1, 1, window=(1, 1, 1))
+    md = sta.Metadata(1)
+    fb = sta.ForwardBatch()
+    cases = [
+        (lambda: s.get(2 ** 32, 0, 0), "step: expected a 32-bit integer, got 4294967296"),
+        (lambda: s.set(0, 2 ** 32 + 1, 0, (1, 1, 1)),
+         "layer: expected a 32-bit integer, got 4294967297"),
+        (lambda: s.get(0, 0, "0"), "head: expected a 32-bit integer, got '0'"),
+        (lambda: s.check(1.5, 1, 1), "steps: expected a 32-bit integer, got 1.5"),
+        (lambda: sta.Metadata(-2 ** 31 - 1), "layers: expected a 32-bit integer, got -2147483649"),
+        (lambda: md.row(True), "layer: expected a 32-bit integer, got true"),
+        (lambda: md.set_row(2 ** 40, [(1, 1, 1)]),
+         "layer: expected a 32-bit integer, got 1099511627776"),
+        (lambda: sta.Metadata.from_strategy(s, 0, 2 ** 31, 1),
+         "layers: expected a 32-bit integer, got 2147483648"),
+        (lambda: sta.Metadata.from_strategy("s", 0, 1, 1),
+         "strategy: expected a sta.Strategy, got 's'"),
+        (lambda: fb.record(2 ** 33, 0, [(1, 1, 1)], [[0.5]], [[0.5]]),
+         "step: expected a 32-bit integer, got 8589934592"),
+        (lambda: fb.record(0, 0, [(1, 1, 1)], [["x"]], [[0.5]]), "l1: expected numbers, got 'x'"),
+        (lambda: sta.Strategy.parse(5), "text: expected JSON as str or bytes, got 5"),
+        (lambda: sta.set_num_threads(2 ** 32), "n: expected a 32-bit integer, got 4294967296"),
+    ]
+    for fn, msg in cases:
+        with pytest.raises(sta.ArgumentError) as info:
+            fn()
+        assert str(info.value) == msg
+    assert s.get(1, 0, 0) == (1, 1, 1) and fb.records() == 0
