@@ -134,6 +134,8 @@ describe("sta.ffi #ffi", function()
     assert.truthy(err{ window = {1, 1, 1}, scale = -1 }:find("^scale: expected a number > 0"))
     assert.truthy(err{ window = {1, 1, 1}, text_len = 2 ^ 63 }:find("^text_len: expected"))
     assert.truthy(err{ window = {1, 1, 1}, tile = {2, 4, 2 ^ 32 + 4} }:find("^tile%[3%]: expected a 32%-bit integer"))
+    assert.equal("shape[2]: expected a 64-bit integer >= 0, got 1.5", select(2, pcall(S.tensor, {2, 1.5})))
+    assert.equal("shape[1]: expected a 64-bit integer >= 0, got -1", select(2, pcall(S.tensor, {-1})))
   end)
 
   -- the generated binding tests (spec/option_cases.lua): every option of

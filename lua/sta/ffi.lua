@@ -85,6 +85,13 @@ local tensor_ptr = ffi.typeof("sta_tensor *")
 -- Arguments: misuse raises naming the argument, as the C module does.
 local function bad(fmt, ...) error(fmt:format(...), 0) end
 
+-- Options are checked against sta.options (lua/sta/options.lua, next to
+-- this file), the schema every binding shares: the same keys, kinds,
+-- ranges and messages as the Lua module and Python.
+local options = dofile(dirname(here) .. "/options.lua")
+M.options = options
+local SIZE, SEED = { kind = "int64", min = 0 }, { kind = "int64" }
+
 local function check_tensor(t, name)
   if type(t) ~= "cdata" or not ffi.istype(tensor_ptr, t) or t == nil then
     error(("%s: expected a tensor, got %s"):format(name, t == nil and "nil" or type(t)), 0)
@@ -109,6 +116,7 @@ end
 --- New contiguous tensor owned by the collector.
 function M.tensor(shape, dtype, dev)
   if type(shape) ~= "table" then bad("shape: expected a list of sizes, got %s", type(shape)) end
+  for i = 1, #shape do options.check_value(("shape[%d]"):format(i), shape[i], SIZE) end
   local dims = ffi.new("int64_t[?]", math.max(#shape, 1), shape)
   local out = ffi.new("sta_tensor *[1]")
   M.check(C.sta_tensor_create(out, M.dtype(dtype or "f32"), device(dev), #shape, dims))
@@ -116,16 +124,12 @@ function M.tensor(shape, dtype, dev)
 end
 
 function M.randn(shape, seed, dtype)
+  if seed ~= nil then options.check_value("seed", seed, SEED) end
   local t = M.tensor(shape, dtype)
   M.check(C.sta_tensor_randn(t, seed or 0, 0, 1))
   return t
 end
 
--- Options are checked against sta.options (lua/sta/options.lua, next to
--- this file), the schema every binding shares: the same keys, kinds,
--- ranges and messages as the Lua module and Python.
-local options = dofile(dirname(here) .. "/options.lua")
-M.options = options
 local function is_a(v, class)
   return class == "tensor" and type(v) == "cdata" and ffi.istype(tensor_ptr, v) and v ~= nil
 end
