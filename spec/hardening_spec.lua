@@ -153,17 +153,23 @@ describe("issue 16 through Lua", function()
       H.error_of(sta.attention, q, q, q, o))
     sta.cancel_clear()
     assert.truthy(sta.attention(q, q, q, o))
-    -- the REPL: SIGINT one second into a forward of several seconds
-    local script = H.tmp(".sh")
-    H.write(script, [[
-      { printf 'q = sta.randn({1, 96*16*16, 8, 64}, {seed = 1}); o = {canvas = {96, 16, 16}, window = {99, 99, 99}}\n'
+    -- the REPL: SIGINT one second into a forward of several seconds.  The
+    -- REPL says when its inputs are made (a marker file): a SIGINT sent
+    -- while the interpreter still starts (slow under ASan on a loaded
+    -- machine) would be lost, the shell starting it in the background with
+    -- SIGINT ignored until lua.c's first call installs its handler.
+    local script, marker = H.tmp(".sh"), H.tmp(".ready")
+    H.write(script, ([[
+      { printf 'q = sta.randn({1, 96*16*16, 8, 64}, {seed = 1}); o = {canvas = {96, 16, 16}, window = {99, 99, 99}}; io.open("%s", "w"):close()\n'
         printf 't0 = sta.now(); sta.attention(q, q, q, o)\n'
         sleep 4; printf 'print("after", sta.cancelled(), sta.now() - t0)\n'; } | scripts/sta-repl &
       pid=$!
+      for i in $(seq 300); do [ -e '%s' ] && break; sleep 0.2; done
       sleep 1
       kill -INT $pid
+      rm -f '%s'
       wait $pid
-    ]])
+    ]]):format(marker, marker, marker))
     local out = H.sh("bash " .. H.quote(script))
     -- the call stops at its next work item; lua.c's own handler (chained)
     -- then reports "interrupted!", or the binding's cancel error comes first
