@@ -3,7 +3,10 @@
 #                   nvcc is on the PATH)
 #   make test       every CPU test: C (cmocka), Lua (busted), Python (pytest)
 #   make test-gpu   GPU tests on a machine with a CUDA device
-#   make bench      CPU benchmark (bench-gpu: the GPU one)
+#   make bench      CPU benchmark, QUICK=1 for a short one (bench-gpu: the GPU one)
+#   make example    the example pipeline: builds only the library and the Lua
+#                   module, with one line per file compiled
+#   make install    PREFIX=/usr/local; the Python package where $(PYTHON) looks
 #   make sanitize   the CPU suite under ASan + UBSan
 #   make fuzz       libFuzzer targets, bounded (FUZZ_SECONDS)
 #   make valgrind   memcheck over the C tests and busted
@@ -20,7 +23,12 @@ LUA_INCDIR ?= $(shell $(PKG_CONFIG) --cflags-only-I lua5.4 2>/dev/null | sed 's/
 LUA_LIBDIR ?= $(PREFIX)/lib/lua/$(LUA_VERSION)
 LUA_SHAREDIR ?= $(PREFIX)/share/lua/$(LUA_VERSION)
 LUAJIT_SHAREDIR ?= $(PREFIX)/share/lua/5.1
-PYTHON_SITEDIR ?= $(PREFIX)/lib/python3/dist-packages
+PYTHON    ?= python3
+# where the interpreter that will import sta looks (scripts/python-sitedir):
+# under PREFIX when it reads a folder there, else, with the default PREFIX,
+# its own site-packages
+PYTHON_SITEDIR ?= $(shell $(PYTHON) scripts/python-sitedir $(PREFIX) \
+                    $(if $(filter file,$(origin PREFIX)),--default-prefix) 2>/dev/null)
 CJSON_CFLAGS ?= $(shell $(PKG_CONFIG) --cflags libcjson 2>/dev/null || echo -I/usr/include/cjson)
 CJSON_LIBS ?= -lcjson
 BLAS_CFLAGS ?= $(shell $(PKG_CONFIG) --cflags openblas 2>/dev/null)
@@ -59,17 +67,25 @@ TOOLS      = $(BUILD)/sta-run
 BENCH_SRC  = $(sort $(wildcard bench/*.c))
 BENCH_BIN  = $(BENCH_SRC:bench/%.c=$(BUILD)/bench/%)
 
-.PHONY: all lib deps tests test test-c test-lua test-python test-gpu bench bench-gpu gpu-tests-dyn \
-        sanitize fuzz valgrind repl example install clean
-all: lib $(TOOLS) $(LUA_MOD) $(TEST_BIN) $(BENCH_BIN)
+.PHONY: all lib lua runtime deps tests test test-c test-lua test-python test-gpu bench bench-gpu \
+        gpu-tests-dyn sanitize fuzz valgrind repl example install install-python uninstall clean
+all: runtime $(TEST_BIN) $(BENCH_BIN)
 lib: $(BUILD)/libsta.a $(BUILD)/libsta.so
+lua: $(LUA_MOD)
+# what is installed: the library, the CLI, the Lua module (no tests)
+runtime: lib $(TOOLS) $(LUA_MOD)
+
+# PROGRESS=1 (make example) prints one line per file compiled
+say = $(if $(PROGRESS),@echo "  $(1)")
 
 $(BUILD)/obj/core/%.o: core/%.c $(wildcard core/*.h)
 	@mkdir -p $(@D)
+	$(call say,CC    $<)
 	$(CC) $(CFLAGS) $(STA_CFLAGS) -c $< -o $@
 
-$(BUILD)/obj/kernels/%.o: kernels/%.cu $(wildcard kernels/*.h kernels/*.cuh) core/sta.h core/internal.h
+$(BUILD)/obj/kernels/%.o: kernels/%.cu $(wildcard kernels/*.h kernels/*.cuh) core/sta.h core/internal.h core/mask.h
 	@mkdir -p $(@D)
+	$(call say,NVCC  $< (CUDA: the slow part))
 	$(NVCC) $(NVCCFLAGS) -c $< -o $@
 
 $(BUILD)/libsta.a: $(CORE_OBJ) $(CU_OBJ)
@@ -77,6 +93,7 @@ $(BUILD)/libsta.a: $(CORE_OBJ) $(CU_OBJ)
 	ar rcs $@ $^
 
 $(BUILD)/libsta.so: $(CORE_OBJ) $(CU_OBJ)
+	$(call say,LINK  $@)
 	$(CC) -shared -o $@ $^ $(LDFLAGS) $(LIBS)
 
 $(BUILD)/sta-run: scripts/sta-run.c $(BUILD)/libsta.a
@@ -85,6 +102,7 @@ $(BUILD)/sta-run: scripts/sta-run.c $(BUILD)/libsta.a
 # The Lua C module: -shared -fPIC, no -llua (the interpreter provides it).
 $(LUA_MOD): $(LUA_CSRC) $(wildcard lua/*.h) $(BUILD)/libsta.a
 	@mkdir -p $(@D)
+	$(call say,CC    the Lua module $@)
 	$(CC) $(CFLAGS) $(STA_CFLAGS) -I$(LUA_INCDIR) -shared $(LUA_CSRC) \
 	  -o $@ $(BUILD)/libsta.a $(LDFLAGS) $(LIBS)
 
@@ -132,8 +150,9 @@ test-python: deps
 test-gpu: all
 	@BUILD=$(BUILD) scripts/test/test-gpu
 
-bench: all
-	@$(BUILD)/bench/bench_cpu
+# QUICK=1: a short run (bench_cpu --quick)
+bench: $(BUILD)/bench/bench_cpu
+	@$(BUILD)/bench/bench_cpu $(if $(filter-out 0,$(QUICK)),--quick)
 
 bench-gpu: all
 	@BUILD=$(BUILD) scripts/device/bench-gpu
@@ -147,14 +166,15 @@ fuzz:
 valgrind:
 	@scripts/test/valgrind
 
-repl: all
+repl: lib lua
 	@BUILD=$(BUILD) scripts/sta-repl
 
-example: deps
-	@$(MAKE) -s --no-print-directory all
+# only what the example needs: its packages (not the test ones), the
+# library and the Lua module (scripts/run-example)
+example:
 	@BUILD=$(BUILD) scripts/run-example
 
-install: all
+install: runtime install-python
 	install -d $(DESTDIR)$(PREFIX)/include $(DESTDIR)$(PREFIX)/lib \
 	  $(DESTDIR)$(PREFIX)/bin $(DESTDIR)$(LUA_LIBDIR)/sta \
 	  $(DESTDIR)$(LUA_SHAREDIR)/sta $(DESTDIR)$(LUAJIT_SHAREDIR)/sta
@@ -164,8 +184,34 @@ install: all
 	install -m 755 $(LUA_MOD) $(DESTDIR)$(LUA_LIBDIR)/sta/
 	install -m 644 lua/sta/*.lua $(DESTDIR)$(LUA_SHAREDIR)/sta/
 	install -m 644 lua/sta/ffi.lua lua/sta/options.lua $(DESTDIR)$(LUAJIT_SHAREDIR)/sta/ # where luajit looks
-	install -d $(DESTDIR)$(PYTHON_SITEDIR)/sta
-	install -m 644 python/sta/*.py $(DESTDIR)$(PYTHON_SITEDIR)/sta/
+
+# The Python package, with sta/libsta.so a link to $(PREFIX)/lib/libsta.so
+# (so it loads the library this install put there, wherever the package
+# went); without a python3, left to pip.
+install-python: runtime
+	@if [ -z '$(PYTHON_SITEDIR)' ] && ! command -v $(PYTHON) >/dev/null 2>&1; then \
+	  echo "sta: no $(PYTHON) here: the Python package is not installed (pip install ./python)"; \
+	elif [ -z '$(PYTHON_SITEDIR)' ]; then \
+	  echo "sta: PYTHON_SITEDIR is empty: the Python package is left to pip (pip install ./python)"; \
+	else \
+	  echo "sta: the Python package goes to $(PYTHON_SITEDIR)"; \
+	  install -d $(DESTDIR)$(PYTHON_SITEDIR)/sta && \
+	  install -m 644 python/sta/*.py $(DESTDIR)$(PYTHON_SITEDIR)/sta/ && \
+	  ln -sf $(PREFIX)/lib/libsta.so $(DESTDIR)$(PYTHON_SITEDIR)/sta/libsta.so && \
+	  if ! $(PYTHON) scripts/python-sitedir --reads '$(PYTHON_SITEDIR)'; then \
+	    echo "sta: note: $(PYTHON) ($$(command -v $(PYTHON))) does not look in $(PYTHON_SITEDIR):"; \
+	    echo "     run it with PYTHONPATH=$(PYTHON_SITEDIR), or pip install ./python"; \
+	  fi; \
+	fi
+
+uninstall:
+	rm -f $(DESTDIR)$(PREFIX)/include/sta.h $(DESTDIR)$(PREFIX)/lib/libsta.a \
+	  $(DESTDIR)$(PREFIX)/lib/libsta.so $(DESTDIR)$(PREFIX)/bin/sta-run
+	rm -rf $(DESTDIR)$(LUA_LIBDIR)/sta $(DESTDIR)$(LUA_SHAREDIR)/sta $(DESTDIR)$(LUAJIT_SHAREDIR)/sta
+	@d='$(DESTDIR)$(PYTHON_SITEDIR)/sta'; \
+	if [ -n '$(PYTHON_SITEDIR)' ] && [ -L "$$d/libsta.so" ]; then rm -rf "$$d" && echo "rm -rf $$d"; \
+	elif [ -n '$(PYTHON_SITEDIR)' ] && [ -e "$$d" ]; then \
+	  echo "sta: $$d is not make install's (no sta/libsta.so link): left to pip uninstall sta-attention"; fi
 
 clean:
 	rm -rf $(BUILD)

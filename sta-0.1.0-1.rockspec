@@ -27,7 +27,7 @@ external_dependencies = {
 }
 build = {
    type = "make",
-   build_target = "all",
+   build_target = "runtime", -- the library, sta-run and the Lua module (no tests)
    build_variables = {
       CFLAGS = "$(CFLAGS)",
       LUA = "$(LUA)",
@@ -38,6 +38,7 @@ build = {
    },
    install_target = "install",
    install_variables = {
+      PYTHON_SITEDIR = "", -- the Python package is pip's: pip install ./python
       CFLAGS = "$(CFLAGS)",
       LUA = "$(LUA)",
       LUA_INCDIR = "$(LUA_INCDIR)",

@@ -43,25 +43,35 @@ static sta_status check_tensor4(const sta_tensor *t, const char *name,
   return STA_OK;
 }
 
+/* t (named name) is 4-D in layout with the shape bq of ref (named rn; its
+** S too unless any_s), ref's dtype and device. */
+static sta_status check_like(const sta_tensor *t, const char *name, sta_layout layout,
+                             const sta_tensor *ref, const char *rn, const sta_bshd *bq,
+                             sta_bshd *bt, int any_s) {
+  sta_status rc = check_tensor4(t, name, layout, bt);
+  if (rc != STA_OK) return rc;
+  if (bt->b != bq->b || (!any_s && bt->s != bq->s) || bt->h != bq->h || bt->d != bq->d)
+    return sta_error(STA_ERR_SHAPE,
+                     "%s: shape [B=%lld, S=%lld, heads=%lld, D=%lld] differs from "
+                     "%s's [B=%lld, S=%lld, heads=%lld, D=%lld]%s",
+                     name, (long long)bt->b, (long long)bt->s, (long long)bt->h,
+                     (long long)bt->d, rn, (long long)bq->b, (long long)bq->s,
+                     (long long)bq->h, (long long)bq->d,
+                     any_s ? " (STA_MASK_BLOCKS: only S may differ)" : "");
+  if (t->dtype != ref->dtype)
+    return sta_error(STA_ERR_DTYPE, "%s: dtype %s differs from %s's %s", name,
+                     sta_dtype_name(t->dtype), rn, sta_dtype_name(ref->dtype));
+  if (t->storage->device != ref->storage->device)
+    return sta_error(STA_ERR_ARGUMENT, "%s: on %s while %s is on %s", name,
+                     sta_device_name(t->storage->device), rn,
+                     sta_device_name(ref->storage->device));
+  return STA_OK;
+}
+
 /* t (named name) is 4-D in layout with q's shape bq, dtype and device. */
 static sta_status check_like_q(const sta_tensor *t, const char *name, sta_layout layout,
                                const sta_tensor *q, const sta_bshd *bq, sta_bshd *bt) {
-  sta_status rc = check_tensor4(t, name, layout, bt);
-  if (rc != STA_OK) return rc;
-  if (bt->b != bq->b || bt->s != bq->s || bt->h != bq->h || bt->d != bq->d)
-    return sta_error(STA_ERR_SHAPE,
-                     "%s: shape [B=%lld, S=%lld, heads=%lld, D=%lld] differs from "
-                     "q's [B=%lld, S=%lld, heads=%lld, D=%lld]",
-                     name, (long long)bt->b, (long long)bt->s, (long long)bt->h,
-                     (long long)bt->d, (long long)bq->b, (long long)bq->s,
-                     (long long)bq->h, (long long)bq->d);
-  if (t->dtype != q->dtype)
-    return sta_error(STA_ERR_DTYPE, "%s: dtype %s differs from q's %s", name,
-                     sta_dtype_name(t->dtype), sta_dtype_name(q->dtype));
-  if (t->storage->device != q->storage->device)
-    return sta_error(STA_ERR_ARGUMENT, "%s: on %s while q is on %s", name,
-                     sta_device_name(t->storage->device), sta_device_name(q->storage->device));
-  return STA_OK;
+  return check_like(t, name, layout, q, "q", bq, bt, 0);
 }
 
 /* t (named name) is f32 [B, heads, n] of bq's B and heads, on device dev
@@ -84,6 +94,26 @@ static sta_status check_f32_3d(const sta_tensor *t, const char *name, const sta_
   if (t->storage->device != dev)
     return sta_error(STA_ERR_ARGUMENT, "%s: on %s while %s is on %s", name,
                      sta_device_name(t->storage->device), ref, sta_device_name(dev));
+  return STA_OK;
+}
+
+/* desc's geometry for q (bq) and its windows: 1 or one per head. */
+static sta_status check_windows(const sta_attention_desc *desc, const sta_bshd *bq) {
+  sta_status rc;
+  if ((rc = sta_geometry_check(&desc->geom, bq->s)) != STA_OK) return rc;
+  if (desc->n_windows != 1 && desc->n_windows != bq->h)
+    return sta_error(STA_ERR_WINDOW, "n_windows: expected 1 or heads (%lld), got %d",
+                     (long long)bq->h, (int)desc->n_windows);
+  if (!desc->windows) return sta_error(STA_ERR_WINDOW, "windows: expected an array, got NULL");
+  for (int32_t i = 0; i < desc->n_windows; i++)
+    if ((rc = sta_window_check(&desc->geom, desc->windows + 3 * i)) != STA_OK) {
+      if (desc->n_windows > 1) {
+        char msg[512];
+        snprintf(msg, sizeof msg, "head %d: %s", (int)i, sta_last_error());
+        return sta_error(rc, "%s", msg);
+      }
+      return rc;
+    }
   return STA_OK;
 }
 
@@ -112,28 +142,26 @@ static sta_status resolve(const sta_attention_desc *desc, const sta_tensor *q,
   if (q->dtype == STA_F8E4M3 && !f8)
     return sta_error(STA_ERR_DTYPE, "q: f8e4m3 operands go to sta_attention_forward_fp8 (with "
                      "their scales)");
-  for (int i = 1; i < 4; i++)
-    if ((i < 3 || out || !out_optional) &&
-        (rc = check_like_q(t[i], ARG[i], desc->layout, q, &b[0], &b[i])) != STA_OK)
-      return rc;
+  if (q->dtype == STA_I32)
+    return sta_error(STA_ERR_DTYPE, "q: expected f32, f16 or bf16, got i32");
+  if (desc->mask != STA_MASK_WINDOW && desc->mask != STA_MASK_BLOCKS &&
+      desc->mask != STA_MASK_WINDOW_OR_BLOCKS)
+    return sta_error(STA_ERR_ARGUMENT, "mask: expected STA_MASK_WINDOW (0), STA_MASK_BLOCKS (1) "
+                     "or STA_MASK_WINDOW_OR_BLOCKS (2), got %d", (int)desc->mask);
+  /* BLOCKS: k and v have their own length (v k's); out is q's */
+  const int own = desc->mask == STA_MASK_BLOCKS;
+  if ((rc = check_like(k, "k", desc->layout, q, "q", &b[0], &b[1], own)) != STA_OK ||
+      (rc = own ? check_like(v, "v", desc->layout, k, "k", &b[1], &b[2], 0)
+                : check_like_q(v, "v", desc->layout, q, &b[0], &b[2])) != STA_OK)
+    return rc;
+  if ((out || !out_optional) &&
+      (rc = check_like_q(out, ARG[3], desc->layout, q, &b[0], &b[3])) != STA_OK)
+    return rc;
   if (b[0].b < 1 || b[0].h < 1 || b[0].d < 1)
     return sta_error(STA_ERR_SHAPE,
                      "q: batch, heads and D must be >= 1, got B=%lld heads=%lld D=%lld",
                      (long long)b[0].b, (long long)b[0].h, (long long)b[0].d);
-  if ((rc = sta_geometry_check(&desc->geom, b[0].s)) != STA_OK) return rc;
-  if (desc->n_windows != 1 && desc->n_windows != b[0].h)
-    return sta_error(STA_ERR_WINDOW, "n_windows: expected 1 or heads (%lld), got %d",
-                     (long long)b[0].h, (int)desc->n_windows);
-  if (!desc->windows) return sta_error(STA_ERR_WINDOW, "windows: expected an array, got NULL");
-  for (int32_t i = 0; i < desc->n_windows; i++)
-    if ((rc = sta_window_check(&desc->geom, desc->windows + 3 * i)) != STA_OK) {
-      if (desc->n_windows > 1) {
-        char msg[512];
-        snprintf(msg, sizeof msg, "head %d: %s", (int)i, sta_last_error());
-        return sta_error(rc, "%s", msg);
-      }
-      return rc;
-    }
+  if (!own && (rc = check_windows(desc, &b[0])) != STA_OK) return rc;
   if (desc->softmax != STA_SOFTMAX_EXACT && desc->softmax != STA_SOFTMAX_FAST)
     return sta_error(STA_ERR_ARGUMENT,
                      "softmax: expected STA_SOFTMAX_EXACT (0) or STA_SOFTMAX_FAST (1), got %d",
@@ -158,9 +186,10 @@ static sta_status resolve(const sta_attention_desc *desc, const sta_tensor *q,
   if ((rc = check_no_alias("forward", "reading", lse, "lse", out, "out")) != STA_OK) return rc;
   if (q->storage->device != STA_CPU && !sta_backend_available(q->storage->device))
     return sta_error(STA_ERR_BACKEND, "st attn not supported");
-  int32_t *w = sta_malloc(sizeof(int32_t) * 3 * (size_t)b[0].h);
-  if (!w) return sta_error(STA_ERR_NOMEM, "out of host memory (windows)");
-  for (int64_t h = 0; h < b[0].h; h++)
+  int32_t *w = NULL; /* BLOCKS: no windows, no geometry */
+  if (!own && !(w = sta_malloc(sizeof(int32_t) * 3 * (size_t)b[0].h)))
+    return sta_error(STA_ERR_NOMEM, "out of host memory (windows)");
+  for (int64_t h = 0; h < b[0].h && w; h++)
     for (int i = 0; i < 3; i++)
       w[3 * h + i] = desc->windows[(desc->n_windows == 1 ? 0 : 3 * h) + i];
 
@@ -177,17 +206,24 @@ static sta_status resolve(const sta_attention_desc *desc, const sta_tensor *q,
     p->lse = sta_tensor_data(lse);
     p->lse_sb = lse->stride[0]; p->lse_sh = lse->stride[1]; p->lse_ss = lse->stride[2];
   }
-  for (int i = 0; i < 3; i++) { p->canvas[i] = desc->geom.canvas[i]; p->tile[i] = desc->geom.tile[i]; }
-  sta_geometry_grid(&desc->geom, p->grid);
-  p->video_len = sta_geometry_video_tokens(&desc->geom);
-  p->video_rows = sta_geometry_video_rows(&desc->geom);
-  p->tiled = desc->geom.order == STA_ORDER_TILED;
-  p->text_len = sta_geometry_text_len(&desc->geom, b[0].s);
+  if (!own) {
+    for (int i = 0; i < 3; i++) { p->canvas[i] = desc->geom.canvas[i]; p->tile[i] = desc->geom.tile[i]; }
+    sta_geometry_grid(&desc->geom, p->grid);
+    p->video_len = sta_geometry_video_tokens(&desc->geom);
+    p->video_rows = sta_geometry_video_rows(&desc->geom);
+    p->tiled = desc->geom.order == STA_ORDER_TILED;
+    p->text_len = sta_geometry_text_len(&desc->geom, b[0].s);
+  }
   p->windows = w;
   p->scale = desc->scale > 0 ? desc->scale : (float)(1.0 / sqrt((double)b[0].d));
   p->fast_softmax = desc->softmax == STA_SOFTMAX_FAST;
   p->precision = desc->precision;
   p->deterministic = desc->deterministic;
+  p->kv_len = b[1].s;
+  if (desc->mask != STA_MASK_WINDOW && (rc = sta_mask_resolve(desc, q, p)) != STA_OK) {
+    free(w);
+    return rc;
+  }
   return STA_OK;
 }
 
@@ -382,19 +418,24 @@ sta_status sta_attention_reference(const sta_attention_desc *desc,
 }
 
 /* The backward's operands beyond the forward's: dout read, dq dk dv
-** written (names in order); each like q, the written ones overlapping
+** written (names in order); dout and dq like q, dk and dv like k (like q
+** but for STA_MASK_BLOCKS's own length), the written ones overlapping
 ** nothing else.  ro: the tensors only read (q, k, v, out or dout, ...). */
 static sta_status bwd_operands(const sta_attention_desc *desc, const sta_tensor *q,
-                               const sta_tensor *dout, sta_tensor *const *g,
+                               const sta_tensor *k, const sta_tensor *dout, sta_tensor *const *g,
                                const sta_tensor *const *ro, const char *const *ro_name,
                                int n_ro, sta_attn_params *p) {
   static const char *GN[3] = {"dq", "dk", "dv"};
-  sta_bshd bq, bd, bg[3];
+  sta_bshd bq, bk, bd, bg[3];
   sta_status rc;
+  const int own = p->mask == STA_MASK_BLOCKS;
   if ((rc = check_tensor4(q, "q", desc->layout, &bq)) != STA_OK) return rc;
+  if ((rc = check_tensor4(k, "k", desc->layout, &bk)) != STA_OK) return rc;
   if ((rc = check_like_q(dout, "dout", desc->layout, q, &bq, &bd)) != STA_OK) return rc;
   for (int i = 0; i < 3; i++)
-    if ((rc = check_like_q(g[i], GN[i], desc->layout, q, &bq, &bg[i])) != STA_OK) return rc;
+    if ((rc = i > 0 && own ? check_like(g[i], GN[i], desc->layout, k, "k", &bk, &bg[i], 0)
+                           : check_like_q(g[i], GN[i], desc->layout, q, &bq, &bg[i])) != STA_OK)
+      return rc;
   for (int i = 0; i < 3; i++) {
     for (int j = 0; j < i; j++)
       if ((rc = check_no_alias("backward", "writing", g[i], GN[i], g[j], GN[j])) != STA_OK) return rc;
@@ -430,7 +471,7 @@ sta_status sta_attention_backward(const sta_attention_desc *desc, const sta_tens
   sta_tensor *g[3] = {dq, dk, dv};
   const sta_tensor *ro[6] = {q, k, v, out, lse, dout};
   static const char *RN[6] = {"q", "k", "v", "out", "lse", "dout"};
-  rc = bwd_operands(desc, q, dout, g, ro, RN, 6, &p);
+  rc = bwd_operands(desc, q, k, dout, g, ro, RN, 6, &p);
   sta_tensor *outs[W_N] = {NULL, NULL, dq, dk, dv};
   if (rc == STA_OK && q->storage->device == STA_CPU)
     rc = run_scratch(&p, desc->layout, outs, sta_cpu_attention_backward);
@@ -462,7 +503,7 @@ sta_status sta_attention_backward_reference(const sta_attention_desc *desc,
   sta_tensor *g[3] = {dq, dk, dv};
   const sta_tensor *ro[4] = {q, k, v, dout};
   static const char *RN[4] = {"q", "k", "v", "dout"};
-  rc = bwd_operands(desc, q, dout, g, ro, RN, 4, &p);
+  rc = bwd_operands(desc, q, k, dout, g, ro, RN, 4, &p);
   sta_tensor *outs[W_N] = {NULL, NULL, dq, dk, dv};
   if (rc == STA_OK) rc = run_scratch(&p, desc->layout, outs, sta_cpu_attention_backward_reference);
   free((void *)p.windows);
@@ -484,6 +525,8 @@ static double axis_pairs(int32_t c_tok, int32_t tile, int32_t k) {
 
 double sta_attention_flops(const sta_attention_desc *desc, int64_t batch,
                            int64_t seq_len, int64_t heads, int64_t head_dim) {
+  if (desc && desc->mask != STA_MASK_WINDOW)
+    return sta_mask_flops(desc, batch, seq_len, heads, head_dim);
   if (!desc || !desc->windows || heads < 1) return 0;
   const sta_geometry *g = &desc->geom;
   int64_t v = sta_geometry_video_tokens(g), tl = sta_geometry_text_len(g, seq_len);

@@ -1,13 +1,16 @@
 /*
 ** cpu_attention.c -- the CPU STA forward: blocked, OpenMP + OpenBLAS.
 **
-** Per (batch, head): K and V are gathered once (f32) into the compact tiled
-** order of cpu_common.h (from the untiled or the tiled order in place), so the key tiles of one window row along w are one
-** contiguous block, and a full window is a single block.  Query work
-** items (a query tile, split into blocks of at most QB rows, or a block of
-** text rows) then run in parallel: gather and pre-scale Q, and for each
-** chunk of at most KC contiguous keys S = Q K^T (sgemm), an online softmax
-** in base 2, O += P V (sgemm); finally normalise and store.
+** Per (batch, head): K and V are gathered once (f32) into the compact
+** order of cpu_common.h (from the untiled or the tiled order in place, or
+** the valid rows of a block list's key blocks), so the key tiles of one
+** window row along w are one contiguous block, a full window is a single
+** block, and so is a run of listed key blocks.  Query work items (a query
+** tile or block, split into blocks of at most QB rows, or a block of text
+** rows) then run in parallel: gather and pre-scale Q, and for each chunk of
+** at most KC contiguous keys of the plan's key ranges S = Q K^T (sgemm), an
+** online softmax in base 2, O += P V (sgemm); finally normalise and store
+** (a query block with no keys: out 0, lse -inf).
 ** OpenBLAS's thread count is process-wide: the first of any concurrent
 ** forwards sets it to 1, the last one out restores it, so forwards run at
 ** once from several caller threads all see single-threaded GEMMs.
@@ -91,7 +94,15 @@ static void run_item(const sta_cpu_plan *pl, int64_t b, int64_t h, const sta_cpu
     w->l[i] = 0;
   }
   memset(w->o, 0, sizeof(float) * (size_t)(nb * D));
-  int64_t nr = sta_cpu_key_ranges(pl, h, it->tile, w->lo, w->hi), total = 0;
+  int64_t nr = sta_cpu_key_ranges(pl, b, h, it->tile, w->lo, w->hi), total = 0;
+  if (nr == 0) { /* an empty block list: out 0, lse -inf */
+    for (int64_t i = 0; i < nb; i++) {
+      int64_t t = sta_cpu_row_token(pl, it->row + i);
+      sta_cpu_zero_row(p, p->o, p->o_sb, p->o_ss, p->o_sh, b, t, h);
+      if (p->lse) p->lse[b * p->lse_sb + h * p->lse_sh + t * p->lse_ss] = -INFINITY;
+    }
+    return;
+  }
   for (int64_t r = 0; r < nr; r++) total += w->hi[r] - w->lo[r];
   if (nr > 1 && total <= STA_CPU_KC && total < 16 * nr) {
     /* many short ranges (small tiles): one block, one GEMM pair, instead
@@ -196,7 +207,7 @@ sta_status sta_cpu_attention(const sta_attn_params *p) {
       #pragma omp for schedule(static)
       for (int64_t x = 0; x < ng * pl.keys; x++) {
         int64_t g = x / pl.keys, r = x % pl.keys, bh = g0 + g;
-        int64_t b = bh / p->heads, h = bh % p->heads, t = sta_cpu_row_token(&pl, r);
+        int64_t b = bh / p->heads, h = bh % p->heads, t = sta_cpu_key_token(&pl, r);
         sta_cpu_load_row(kf + g * stride + r * D,
                  (const char *)p->k + (b * p->k_sb + t * p->k_ss + h * p->k_sh) * (int64_t)es,
                  p->dtype, D, 1.0f);
@@ -214,7 +225,8 @@ sta_status sta_cpu_attention(const sta_attn_params *p) {
     }
   }
   sta_cpu_blas_single(0);
-  /* padding rows of the tiled order: no keys, out 0 and lse -inf */
+  /* padding rows (of the tiled order, of partial blocks): no keys, out 0
+  ** and lse -inf */
   for (int64_t bh = 0; bh < BH && !skipped; bh++)
     for (int64_t i = 0; i < pl.npad; i++) {
       int64_t b = bh / p->heads, h = bh % p->heads, t = pl.pad[i];

@@ -9,11 +9,14 @@
 ** over work items that own their outputs, so no two threads ever add into
 ** the same row and the result does not depend on the schedule or the
 ** thread count:
-**   1. key items (a key tile split into blocks of at most QB rows, or a
-**      block of text keys) walk the query rows that see them -- on each
-**      axis one contiguous range of query tiles, plus every text query --
-**      in chunks of at most KC rows: S^T = K Q^T, P^T, dP^T = V dO^T,
-**      dS^T = P^T (dP^T - D), then dV += P^T dO and dK += dS^T Q;
+**   1. key items (a key tile or block split into blocks of at most QB
+**      rows, or a block of text keys) walk the query rows that see them
+**      (the plan's query ranges: the window's inverse -- on each axis one
+**      contiguous range of query tiles, plus every text query -- or the
+**      query blocks that list the key block, inverted on the host by a
+**      counting sort, so in a fixed order) in chunks of at most KC rows:
+**      S^T = K Q^T, P^T, dP^T = V dO^T, dS^T = P^T (dP^T - D), then dV +=
+**      P^T dO and dK += dS^T Q;
 **   2. query items (the forward's) walk their key ranges: the same S^T,
 **      P^T, dS^T, then dQ += dS K.
 ** Seven GEMMs per (query, key) block where a fused pass needs five (S and
@@ -56,51 +59,6 @@ static head_bufs head_of(const bwd *w, int64_t g) {
   x.l2 = x.vf + K * D;
   x.dd = x.l2 + S;
   return x;
-}
-
-/* Query tiles [lo, hi] on one axis of c tiles whose window (k) holds key
-** tile kt: contiguous, since a window's start never decreases with q. */
-static void seen_by(int32_t kt, int32_t k, int32_t c, int32_t *lo, int32_t *hi) {
-  int32_t s, n;
-  *lo = c;
-  *hi = -1;
-  for (int32_t q = 0; q < c; q++) {
-    sta_window_range(q, k, c, &s, &n);
-    if (kt >= s && kt < s + n) {
-      if (q < *lo) *lo = q;
-      *hi = q;
-    }
-  }
-}
-
-/* Compact query row ranges [lo, hi) that see key tile `tile` (-1: a text
-** key, seen by every row) for head's window, merged where adjacent. */
-static int64_t query_ranges(const bwd *w, int64_t head, int64_t tile, int64_t *lo,
-                            int64_t *hi) {
-  const sta_attn_params *p = w->pl.p;
-  int64_t n = 0;
-  if (tile < 0) {
-    lo[0] = 0;
-    hi[0] = w->rows;
-    return 1;
-  }
-  const int32_t *g = p->grid, *win = p->windows + 3 * head;
-  int32_t kc[3] = {(int32_t)(tile / ((int64_t)g[1] * g[2])), (int32_t)((tile / g[2]) % g[1]),
-                   (int32_t)(tile % g[2])};
-  int32_t a[3], z[3];
-  for (int i = 0; i < 3; i++) seen_by(kc[i], win[i], g[i], &a[i], &z[i]);
-  for (int32_t t = a[0]; t <= z[0]; t++)
-    for (int32_t hh = a[1]; hh <= z[1]; hh++) {
-      int64_t t0 = ((int64_t)t * g[1] + hh) * g[2] + a[2];
-      int64_t s = w->pl.tile_off[t0], e = w->pl.tile_off[t0 + z[2] - a[2] + 1];
-      if (n > 0 && hi[n - 1] == s) hi[n - 1] = e;
-      else { lo[n] = s; hi[n] = e; n++; }
-    }
-  if (w->rows > p->video_len) { /* every text query sees every video key */
-    if (n > 0 && hi[n - 1] == p->video_len) hi[n - 1] = w->rows;
-    else { lo[n] = p->video_len; hi[n] = w->rows; n++; }
-  }
-  return n;
 }
 
 /* For nk key rows x nq query columns of S^T (st) and dP^T (dpt), leading
@@ -167,7 +125,7 @@ static void key_item(const bwd *w, const head_bufs *hb, int64_t b, int64_t h,
   const size_t es = sta_dtype_size(p->dtype);
   memset(x->acc0, 0, sizeof(float) * (size_t)(nk * D)); /* dK */
   memset(x->acc1, 0, sizeof(float) * (size_t)(nk * D)); /* dV */
-  int64_t nr = query_ranges(w, h, it->tile, x->lo, x->hi);
+  int64_t nr = sta_cpu_query_ranges(&w->pl, b, h, it->tile, x->lo, x->hi);
   for (int64_t r = 0; r < nr; r++) {
     int64_t len = x->hi[r] - x->lo[r], parts = (len + STA_CPU_KC - 1) / STA_CPU_KC;
     for (int64_t part = 0, q0 = x->lo[r]; part < parts; part++) {
@@ -182,7 +140,7 @@ static void key_item(const bwd *w, const head_bufs *hb, int64_t b, int64_t h,
     }
   }
   for (int64_t i = 0; i < nk; i++) {
-    int64_t t = sta_cpu_row_token(&w->pl, k0 + i);
+    int64_t t = sta_cpu_key_token(&w->pl, k0 + i);
     sta_cpu_store_row((char *)p->dk + (b * p->dk_sb + t * p->dk_ss + h * p->dk_sh) * (int64_t)es,
                       p->dtype, x->acc0 + i * D, D, p->scale);
     sta_cpu_store_row((char *)p->dv + (b * p->dv_sb + t * p->dv_ss + h * p->dv_sh) * (int64_t)es,
@@ -199,7 +157,7 @@ static void query_item(const bwd *w, const head_bufs *hb, int64_t b, int64_t h,
   const float *qc = hb->qf + q0 * D, *dc = hb->dof + q0 * D;
   const size_t es = sta_dtype_size(p->dtype);
   memset(x->acc0, 0, sizeof(float) * (size_t)(nq * D));
-  int64_t nr = sta_cpu_key_ranges(&w->pl, h, it->tile, x->lo, x->hi);
+  int64_t nr = sta_cpu_key_ranges(&w->pl, b, h, it->tile, x->lo, x->hi);
   for (int64_t r = 0; r < nr; r++) {
     int64_t len = x->hi[r] - x->lo[r], parts = (len + STA_CPU_KC - 1) / STA_CPU_KC;
     for (int64_t part = 0, k0 = x->lo[r]; part < parts; part++) {
@@ -226,43 +184,48 @@ static void free_bwd(bwd *w) {
   free(w->kitems);
 }
 
-/* Gather row r (compact order) of (b, h) into hb: q, dO, LSE, D (and, for
-** key rows, k and v). */
+/* Gather compact row r of (b, h) into hb: as a query row (r < rows) q,
+** dO, LSE and D, as a key row (r < keys) k and v. */
 static void gather_row(const bwd *w, const head_bufs *hb, int64_t b, int64_t h, int64_t r) {
   const sta_attn_params *p = w->pl.p;
   const int64_t D = p->head_dim;
   const size_t es = sta_dtype_size(p->dtype);
-  int64_t t = sta_cpu_row_token(&w->pl, r);
+  int64_t t;
 #define AT(base, sb, ss, sh) ((const char *)(base) + (b * (sb) + t * (ss) + h * (sh)) * (int64_t)es)
-  float *q = hb->qf + r * D, *g = hb->dof + r * D;
-  sta_cpu_load_row(q, AT(p->q, p->q_sb, p->q_ss, p->q_sh), p->dtype, D, 1.0f);
-  sta_cpu_load_row(g, AT(p->dout, p->do_sb, p->do_ss, p->do_sh), p->dtype, D, 1.0f);
-  const char *o = AT(p->o, p->o_sb, p->o_ss, p->o_sh);
-  double di = 0;
-  for (int64_t d = 0; d < D; d++) di += (double)g[d] * (double)sta_load_f32(o + d * es, p->dtype);
-  hb->dd[r] = (float)di;
-  hb->l2[r] = p->lse[b * p->lse_sb + h * p->lse_sh + t * p->lse_ss] * 1.44269504088896341f;
+  if (r < w->rows) {
+    t = sta_cpu_row_token(&w->pl, r); /* only for query rows: the map has w->rows entries */
+    float *q = hb->qf + r * D, *g = hb->dof + r * D;
+    sta_cpu_load_row(q, AT(p->q, p->q_sb, p->q_ss, p->q_sh), p->dtype, D, 1.0f);
+    sta_cpu_load_row(g, AT(p->dout, p->do_sb, p->do_ss, p->do_sh), p->dtype, D, 1.0f);
+    const char *o = AT(p->o, p->o_sb, p->o_ss, p->o_sh);
+    double di = 0;
+    for (int64_t d = 0; d < D; d++) di += (double)g[d] * (double)sta_load_f32(o + d * es, p->dtype);
+    hb->dd[r] = (float)di;
+    hb->l2[r] = p->lse[b * p->lse_sb + h * p->lse_sh + t * p->lse_ss] * 1.44269504088896341f;
+  }
   if (r < w->pl.keys) {
+    t = sta_cpu_key_token(&w->pl, r);
     sta_cpu_load_row(hb->kf + r * D, AT(p->k, p->k_sb, p->k_ss, p->k_sh), p->dtype, D, 1.0f);
     sta_cpu_load_row(hb->vf + r * D, AT(p->v, p->v_sb, p->v_ss, p->v_sh), p->dtype, D, 1.0f);
   }
 #undef AT
 }
 
-/* dK = dV = 0 on the rows that are never keys (past the valid text, and
-** the tiled order's padding rows, whose dQ is 0 too). */
+/* dQ = 0 on the rows that are no queries (padding), dK = dV = 0 on the
+** rows that are never keys (padding, and past the valid text). */
 static void zero_pad_rows(const sta_cpu_plan *pl, int64_t b, int64_t h) {
   const sta_attn_params *p = pl->p;
-  for (int64_t t = p->video_rows + p->text_len; t < p->seq_len; t++) {
+  for (int64_t t = pl->keys_end; t < p->kv_len; t++) {
     sta_cpu_zero_row(p, p->dk, p->dk_sb, p->dk_ss, p->dk_sh, b, t, h);
     sta_cpu_zero_row(p, p->dv, p->dv_sb, p->dv_ss, p->dv_sh, b, t, h);
   }
-  for (int64_t i = 0; i < pl->npad; i++) {
-    int64_t t = pl->pad[i];
+  for (int64_t i = 0; i < pl->nkpad; i++) {
+    int64_t t = pl->kpad[i];
     sta_cpu_zero_row(p, p->dk, p->dk_sb, p->dk_ss, p->dk_sh, b, t, h);
     sta_cpu_zero_row(p, p->dv, p->dv_sb, p->dv_ss, p->dv_sh, b, t, h);
-    sta_cpu_zero_row(p, p->dq, p->dq_sb, p->dq_ss, p->dq_sh, b, t, h);
   }
+  for (int64_t i = 0; i < pl->npad; i++)
+    sta_cpu_zero_row(p, p->dq, p->dq_sb, p->dq_ss, p->dq_sh, b, pl->pad[i], h);
 }
 
 sta_status sta_cpu_attention_backward(const sta_attn_params *p) {
@@ -275,10 +238,10 @@ sta_status sta_cpu_attention_backward(const sta_attn_params *p) {
   int64_t *rbuf = NULL;
   sta_status rc = sta_cpu_plan_make(&w.pl, p);
   const int64_t S = w.rows = w.pl.rows; /* the tiled order's padding rows: none */
-  if (rc == STA_OK) rc = sta_cpu_items(&w.pl, p->text_len, &w.kitems, &w.nkitems);
+  if (rc == STA_OK) rc = sta_cpu_items(w.pl.key_off, w.pl.nkb, p->text_len, &w.kitems, &w.nkitems);
+  const int64_t G = S > w.pl.keys ? S : w.pl.keys; /* rows gathered per head */
   if (rc == STA_OK) {
-    w.max_qranges = (int64_t)p->grid[0] * p->grid[1] + 1;
-    int64_t nrng = w.max_qranges > w.pl.max_ranges ? w.max_qranges : w.pl.max_ranges;
+    int64_t nrng = w.pl.max_qranges > w.pl.max_ranges ? w.pl.max_qranges : w.pl.max_ranges;
     w.per_head = 2 * S * D + 2 * w.pl.keys * D + 2 * S;
     w.hg = (int64_t)(STA_CPU_KV_GROUP_BYTES / (sizeof(float) * (size_t)w.per_head + 1));
     w.hg = w.hg < 1 ? 1 : w.hg > BH ? BH : w.hg;
@@ -312,10 +275,10 @@ sta_status sta_cpu_attention_backward(const sta_attn_params *p) {
     for (int64_t g0 = 0; g0 < BH; g0 += w.hg) {
       const int64_t ng = BH - g0 < w.hg ? BH - g0 : w.hg;
       #pragma omp for schedule(static)
-      for (int64_t i = 0; i < ng * S; i++) {
-        const int64_t bh = g0 + i / S;
-        head_bufs hb = head_of(&w, i / S);
-        gather_row(&w, &hb, bh / p->heads, bh % p->heads, i % S);
+      for (int64_t i = 0; i < ng * G; i++) {
+        const int64_t bh = g0 + i / G;
+        head_bufs hb = head_of(&w, i / G);
+        gather_row(&w, &hb, bh / p->heads, bh % p->heads, i % G);
       }
       #pragma omp for schedule(dynamic, 1) nowait
       for (int64_t i = 0; i < ng * nk; i++) {

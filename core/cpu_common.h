@@ -10,6 +10,14 @@
 ** window is a single block.  Compact row r is sequence row token[r] (r <
 ** V) or r - V + video_rows: FastVideo's tiled order is the compact order
 ** with the partial tiles padded, so a tiled input maps the same way.
+**
+** Block lists (STA_MASK_BLOCKS, STA_MASK_WINDOW_OR_BLOCKS; mask.h): the
+** query blocks' valid rows block after block are the compact query order,
+** the key blocks' the compact key order (no text), so a run of listed
+** blocks is one range of keys.  The plan holds each query block's list
+** sorted (for the union only the blocks its window lacks, the rule asked
+** once per listed block) and each key block's inverse, the query blocks
+** that list it, sorted: the ranges the forward and the backward walk.
 */
 #ifndef STA_CPU_COMMON_H
 #define STA_CPU_COMMON_H
@@ -40,14 +48,25 @@ typedef struct sta_cpu_item {
 
 typedef struct sta_cpu_plan {
   const sta_attn_params *p;
-  int64_t ntiles, keys;   /* keys: V + text_len */
-  int64_t rows;           /* compact rows: V + text rows (every query) */
-  int64_t *tile_off;      /* ntiles + 1 row offsets, compact order */
-  int64_t *token;         /* compact video row -> sequence row */
-  int64_t *pad, npad;     /* the padding rows of the tiled order */
+  int64_t ntiles, keys;   /* query blocks (tiles); keys: V + text_len (lists: valid key rows) */
+  int64_t rows;           /* compact query rows: V + text rows (every query) */
+  int64_t *tile_off;      /* ntiles + 1 query row offsets, compact order */
+  int64_t nkb;            /* key blocks (the window: the tiles) */
+  int64_t *key_off;       /* nkb + 1 key row offsets (the window: tile_off) */
+  int64_t *token, *ktoken; /* compact query / key row -> sequence row, r < nmap */
+  int64_t nmap, tail;     /* row r >= nmap (text) is sequence row r - nmap + tail */
+  int64_t *pad, npad;     /* sequence rows that are no query: padding (out, dq 0) */
+  int64_t *kpad, nkpad;   /* sequence key rows that are padding (dk, dv 0) */
+  int64_t keys_end;       /* sequence rows from here on are no keys (dk, dv 0) */
   sta_cpu_item *items;
-  int64_t nitems, max_ranges;
+  int64_t nitems, max_ranges, max_qranges;
   float *kf, *vf;         /* keys x D */
+  /* block lists: per list row (b, h, m), ln[row] key blocks at lids[row *
+  ** L], sorted (the union: those outside the window); per (b, h) and key
+  ** block n, the query blocks that list it at inv[bh * Mq * L + ioff[bh *
+  ** (Mk + 1) + n] ..], sorted */
+  int32_t *ln, *lids, *inv;
+  int64_t *ioff;
 } sta_cpu_plan;
 
 /* 2^x for x <= 0, branch-free so loops over it vectorise; relative error
@@ -92,28 +111,37 @@ static inline __m512 exp2_neg16(__m512 x) {
 #endif
 
 
-/* Tile offsets, compact-row -> sequence-row map, the padding rows (tiled
-** order), the query work items (text rows first: the largest items start
-** first) and kf/vf (keys x D floats).  On
-** failure returns STA_ERR_NOMEM (no message); free with sta_cpu_plan_free
-** either way. */
+/* Block offsets, compact-row -> sequence-row maps, the padding rows, the
+** query work items (text rows first: the largest items start first), the
+** sorted lists and their inverse (list kinds) and kf/vf (keys x D
+** floats).  On failure returns STA_ERR_NOMEM (no message); free with
+** sta_cpu_plan_free either way. */
 sta_status sta_cpu_plan_make(sta_cpu_plan *pl, const sta_attn_params *p);
 void sta_cpu_plan_free(sta_cpu_plan *pl);
-/* Work items over the compact rows: the text_rows rows from V (tile -1)
-** in blocks of STA_CPU_QB first, then each tile in equal parts of at most
-** STA_CPU_QB rows.  The forward's query items take every row after the
-** video; the backward's key items only the valid text keys.  *out from
-** sta_malloc; STA_ERR_NOMEM (no message) on failure. */
-sta_status sta_cpu_items(const sta_cpu_plan *pl, int64_t text_rows, sta_cpu_item **out,
-                         int64_t *count);
-/* Key row ranges [lo, hi) (compact order) of query tile `tile` (-1: text
-** rows, every key) for head's window, merged where adjacent; at most
-** pl->max_ranges. */
-int64_t sta_cpu_key_ranges(const sta_cpu_plan *pl, int64_t head, int64_t tile,
+/* Work items over the compact rows of nblocks blocks at offsets off: the
+** text_rows rows from off[nblocks] (tile -1) in blocks of STA_CPU_QB
+** first, then each block in equal parts of at most STA_CPU_QB rows.  The
+** forward's query items take every row after the video; the backward's key
+** items only the valid text keys.  *out from sta_malloc; STA_ERR_NOMEM (no
+** message) on failure. */
+sta_status sta_cpu_items(const int64_t *off, int64_t nblocks, int64_t text_rows,
+                         sta_cpu_item **out, int64_t *count);
+/* Key row ranges [lo, hi) (compact order) that query block `tile` (-1: text
+** rows, every key) of (b, head) sees, in order, merged where adjacent; at
+** most pl->max_ranges. */
+int64_t sta_cpu_key_ranges(const sta_cpu_plan *pl, int64_t b, int64_t head, int64_t tile,
                            int64_t *lo, int64_t *hi);
-/* Sequence row of compact row r. */
+/* Query row ranges [lo, hi) (compact order) that see key block `kb` (-1:
+** text keys, every query) of (b, head), in order, merged where adjacent;
+** at most pl->max_qranges. */
+int64_t sta_cpu_query_ranges(const sta_cpu_plan *pl, int64_t b, int64_t head, int64_t kb,
+                             int64_t *lo, int64_t *hi);
+/* Sequence row of compact query row r, and of compact key row r. */
 static inline int64_t sta_cpu_row_token(const sta_cpu_plan *pl, int64_t r) {
-  return r < pl->p->video_len ? pl->token[r] : r - pl->p->video_len + pl->p->video_rows;
+  return r < pl->nmap ? pl->token[r] : r - pl->nmap + pl->tail;
+}
+static inline int64_t sta_cpu_key_token(const sta_cpu_plan *pl, int64_t r) {
+  return r < pl->nmap ? pl->ktoken[r] : r - pl->nmap + pl->tail;
 }
 /* Zero the D elements of row t of (b, h) of an operand at base (strides
 ** sb, ss, sh in elements, d stride 1). */

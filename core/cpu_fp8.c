@@ -171,8 +171,10 @@ static int64_t key_rows(const sta_attn_params *p, const sta_fp8_geom *g, int64_t
   if (i < g->tiled_video) {
     int64_t t = i / vol, q[3] = {t / ((int64_t)g->grid[1] * g->grid[2]),
                                  (t / g->grid[2]) % g->grid[1], t % g->grid[2]};
-    for (int a = 0; a < 3; a++)
-      (void)sta_window_range((int32_t)q[a], p->windows[3 * h + a], g->grid[a], &lo[a], &cnt[a]);
+    for (int a = 0; a < 3; a++) { /* the rule: mask.h */
+      cnt[a] = sta_window_span(p->windows[3 * h + a], g->grid[a]);
+      lo[a] = sta_window_start((int32_t)q[a], cnt[a], g->grid[a]);
+    }
   }
   for (int32_t a = lo[0]; a < lo[0] + cnt[0]; a++)
     for (int32_t b = lo[1]; b < lo[1] + cnt[1]; b++)

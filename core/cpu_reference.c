@@ -1,8 +1,9 @@
 /*
 ** cpu_reference.c -- the brute-force oracle: one query row at a time, in
-** double, over the key set of STA.md sections 2-3 decided per key token from
-** coordinates (independently of the fast path's tile logic); and the
-** per-head difference used by mask search.
+** double, over the key set of STA.md sections 2-3 and 12 decided per key
+** row -- the window from token coordinates, a block list from the row's
+** block index and the blocks' sizes -- independently of the fast path's
+** tiles, plans and mask.h; and the per-head difference used by mask search.
 */
 #include <math.h>
 #include <omp.h>
@@ -11,7 +12,10 @@
 #include "internal.h"
 
 /* Is key tile kt inside the window of query tile qt on an axis of c tiles?
-** The centred form of STA.md section 2: center = clamp(q, r, c-1-r). */
+** The centred form of STA.md section 2: center = clamp(q, r, c-1-r).  Kept
+** apart from mask.h's rule (start = clamp(q - r, 0, c - k)) on purpose:
+** this file is the tests' oracle, and an oracle that shared the rule with
+** the fast paths could not catch a mistake in it. */
 static int axis_member(int64_t qt, int64_t kt, int64_t k, int64_t c) {
   if (k >= c) return 1;
   int64_t r = k / 2, center = qt;
@@ -31,27 +35,76 @@ static int row_coords(const sta_attn_params *p, int64_t s, int64_t c[3]) {
   return 1;
 }
 
-/* Does a query row (kind qk of row_coords, coordinates qc when video)
-** attend to key row j? */
-static int is_key(const sta_attn_params *p, const int32_t *win, int qk, const int64_t qc[3],
-                  int64_t j) {
+/* What one query row sees: kind (row_coords; for block lists 1, or -1 on
+** a padding row), its coordinates (window), its block m and which key
+** blocks its list names (lists). */
+typedef struct qrow {
+  int kind;
+  int64_t qc[3];
+  int64_t m;
+  unsigned char *listed; /* Mk flags (lists) */
+} qrow;
+
+/* Rows of block n that are valid: the first sizes[n], or all. */
+static int64_t valid_rows(const sta_attn_params *p, const int32_t *sizes, int64_t n) {
+  return sizes ? sizes[n] : p->block_rows;
+}
+
+/* The query row s of (b, h) into r (r->listed: Mk flags of scratch). */
+static void query_row(const sta_attn_params *p, int64_t b, int64_t h, int64_t s, qrow *r) {
+  if (p->mask == STA_MASK_WINDOW) {
+    r->kind = row_coords(p, s, r->qc);
+    return;
+  }
+  r->m = s / p->block_rows;
+  r->kind = s % p->block_rows < valid_rows(p, p->q_sizes, r->m) ? 1 : -1;
+  if (r->kind < 0) return;
+  int64_t list = (b * p->heads + h) * p->q_blocks + r->m;
+  memset(r->listed, 0, (size_t)p->kv_blocks);
+  for (int32_t i = 0; i < p->num[list]; i++) r->listed[p->idx[list * p->list_len + i]] = 1;
+}
+
+/* Is key tile kn inside the window win of query tile qm (tile ids)? */
+static int tile_member(const sta_attn_params *p, const int32_t *win, int64_t qm, int64_t kn) {
+  const int64_t g[3] = {p->grid[0], p->grid[1], p->grid[2]};
+  int64_t qc[3] = {qm / (g[1] * g[2]), (qm / g[2]) % g[1], qm % g[2]};
+  int64_t kc[3] = {kn / (g[1] * g[2]), (kn / g[2]) % g[1], kn % g[2]};
+  for (int i = 0; i < 3; i++)
+    if (!axis_member(qc[i], kc[i], win[i], g[i])) return 0;
+  return 1;
+}
+
+/* Does query row q attend to key row j (j < the rows of k)? */
+static int is_key(const sta_attn_params *p, const int32_t *win, const qrow *q, int64_t j) {
   int64_t kc[3];
-  if (qk < 0 || j >= p->video_rows + p->text_len) return 0;
+  if (q->kind < 0) return 0;
+  if (p->mask != STA_MASK_WINDOW) {
+    int64_t n = j / p->block_rows;
+    if (j % p->block_rows >= valid_rows(p, p->kv_sizes, n)) return 0;
+    return q->listed[n] ||
+           (p->mask == STA_MASK_WINDOW_OR_BLOCKS && tile_member(p, win, q->m, n));
+  }
+  if (j >= p->video_rows + p->text_len) return 0;
   int kk = row_coords(p, j, kc);
-  if (kk <= 0 || qk == 0) return kk >= 0;
+  if (kk <= 0 || q->kind == 0) return kk >= 0;
   for (int i = 0; i < 3; i++) {
     int64_t c = (p->canvas[i] + p->tile[i] - 1) / p->tile[i];
-    if (!axis_member(qc[i] / p->tile[i], kc[i] / p->tile[i], win[i], c)) return 0;
+    if (!axis_member(q->qc[i] / p->tile[i], kc[i] / p->tile[i], win[i], c)) return 0;
   }
   return 1;
 }
 
+/* Rows of k and v that may be keys. */
+static int64_t key_rows(const sta_attn_params *p) {
+  return p->mask == STA_MASK_WINDOW ? p->video_rows + p->text_len : p->kv_len;
+}
+
 sta_status sta_cpu_attention_reference(const sta_attn_params *p) {
-  int64_t S = p->seq_len, D = p->head_dim, keys = p->video_rows + p->text_len;
+  int64_t S = p->seq_len, D = p->head_dim, keys = key_rows(p);
   int64_t rows = p->batch * p->heads * S;
   int nt = sta_get_num_threads();
   size_t es = sta_dtype_size(p->dtype);
-  size_t per = (size_t)(keys + 2 * D);
+  size_t per = (size_t)(keys + 2 * D) + (size_t)(p->kv_blocks + 7) / 8;
   double *buf = sta_malloc(sizeof(double) * per * (size_t)nt);
   if (!buf) return sta_error(STA_ERR_NOMEM, "out of host memory (reference buffers)");
   int64_t skipped = 0; /* rows not run: cancelled (sta_cancel) */
@@ -59,17 +112,19 @@ sta_status sta_cpu_attention_reference(const sta_attn_params *p) {
   {
     int tid = omp_get_thread_num();
     double *logit = buf + per * (size_t)tid, *acc = logit + keys, *qd = acc + D;
+    qrow qr;
+    qr.listed = (unsigned char *)(qd + D);
     #pragma omp for schedule(dynamic, 16)
     for (int64_t r = 0; r < rows; r++) {
       if (sta_cancel_requested()) { __atomic_add_fetch(&skipped, 1, __ATOMIC_RELAXED); continue; }
       int64_t b = r / (p->heads * S), h = (r / S) % p->heads, s = r % S;
-      const int32_t *win = p->windows + 3 * h;
+      const int32_t *win = p->windows ? p->windows + 3 * h : NULL;
       const char *q = (const char *)p->q + (b * p->q_sb + s * p->q_ss + h * p->q_sh) * (int64_t)es;
       double m = -INFINITY;
-      int64_t qc[3] = {0, 0, 0};
-      int qk = row_coords(p, s, qc);
+      int64_t nkeys = 0;
+      query_row(p, b, h, s, &qr);
       char *o = (char *)p->o + (b * p->o_sb + s * p->o_ss + h * p->o_sh) * (int64_t)es;
-      if (qk < 0) { /* a padding row: no keys */
+      if (qr.kind < 0) { /* a padding row: no keys */
         for (int64_t d = 0; d < D; d++) sta_store_f32(o + d * es, p->dtype, 0.0f);
         if (p->lse) p->lse[b * p->lse_sb + h * p->lse_sh + s * p->lse_ss] = -INFINITY;
         continue;
@@ -78,15 +133,21 @@ sta_status sta_cpu_attention_reference(const sta_attn_params *p) {
       for (int64_t j = 0; j < keys; j++) {
         /* -Inf marks "not a key" (a real -Inf logit has weight 0 anyway);
         ** NaN logits must reach the sum, so NaN inputs give NaN rows */
-        if (!is_key(p, win, qk, qc, j)) { logit[j] = -INFINITY; continue; }
+        if (!is_key(p, win, &qr, j)) { logit[j] = -INFINITY; continue; }
         const char *k = (const char *)p->k + (b * p->k_sb + j * p->k_ss + h * p->k_sh) * (int64_t)es;
         double dot = 0;
+        nkeys++;
         for (int64_t d = 0; d < D; d++) dot += qd[d] * (double)sta_load_f32(k + d * es, p->dtype);
         logit[j] = dot * (double)p->scale;
         if (logit[j] > m) m = logit[j];
       }
       double l = 0;
       for (int64_t d = 0; d < D; d++) acc[d] = 0;
+      if (nkeys == 0) { /* an empty block list: out 0, lse -inf */
+        for (int64_t d = 0; d < D; d++) sta_store_f32(o + d * es, p->dtype, 0.0f);
+        if (p->lse) p->lse[b * p->lse_sb + h * p->lse_sh + s * p->lse_ss] = -INFINITY;
+        continue;
+      }
       for (int64_t j = 0; j < keys; j++) {
         if (logit[j] == -INFINITY) continue;
         double e = exp(logit[j] - m);
@@ -134,10 +195,10 @@ sta_status sta_cpu_head_diff(const sta_attn_params *p, float *l1, float *l2) {
 ** and stored once.  P is recomputed per row, exactly as the forward
 ** reference computes it. */
 sta_status sta_cpu_attention_backward_reference(const sta_attn_params *p) {
-  int64_t S = p->seq_len, D = p->head_dim, keys = p->video_rows + p->text_len;
+  int64_t S = p->seq_len, D = p->head_dim, keys = key_rows(p), KS = p->kv_len;
   int nt = sta_get_num_threads();
   size_t es = sta_dtype_size(p->dtype);
-  size_t per = (size_t)(2 * keys + 2 * keys * D + 4 * D);
+  size_t per = (size_t)(2 * keys + 2 * keys * D + 4 * D) + (size_t)(p->kv_blocks + 7) / 8;
   double *buf = sta_malloc(sizeof(double) * per * (size_t)nt);
   if (!buf) return sta_error(STA_ERR_NOMEM, "out of host memory (backward reference buffers)");
   int64_t skipped = 0; /* (batch, head) pairs not run: cancelled (sta_cancel) */
@@ -147,16 +208,18 @@ sta_status sta_cpu_attention_backward_reference(const sta_attn_params *p) {
     int tid = omp_get_thread_num();
     double *pr = buf + per * (size_t)tid, *dpr = pr + keys, *dk = dpr + keys, *dv = dk + keys * D;
     double *qd = dv + keys * D, *dod = qd + D, *od = dod + D, *dq = od + D;
+    qrow qr;
+    qr.listed = (unsigned char *)(dq + D);
     #pragma omp for schedule(dynamic, 1)
     for (int64_t bh = 0; bh < p->batch * p->heads; bh++) {
       if (sta_cancel_requested()) { __atomic_add_fetch(&skipped, 1, __ATOMIC_RELAXED); continue; }
       int64_t b = bh / p->heads, h = bh % p->heads;
-      const int32_t *win = p->windows + 3 * h;
+      const int32_t *win = p->windows ? p->windows + 3 * h : NULL;
       memset(dk, 0, sizeof(double) * (size_t)(2 * keys * D));
       for (int64_t s = 0; s < S; s++) {
-        int64_t qc[3] = {0, 0, 0};
-        int qk = row_coords(p, s, qc);
-        if (qk < 0) { /* a padding row sees no keys: dq 0 */
+        int64_t nkeys = 0;
+        query_row(p, b, h, s, &qr);
+        if (qr.kind < 0) { /* a padding row sees no keys: dq 0 */
           char *o = (char *)ROW(p->dq, p->dq_sb, p->dq_ss, p->dq_sh, s);
           for (int64_t d = 0; d < D; d++) sta_store_f32(o + d * es, p->dtype, 0.0f);
           continue;
@@ -168,12 +231,18 @@ sta_status sta_cpu_attention_backward_reference(const sta_attn_params *p) {
         }
         double m = -INFINITY, l = 0;
         for (int64_t j = 0; j < keys; j++) {
-          if (!is_key(p, win, qk, qc, j)) { pr[j] = -INFINITY; continue; }
+          if (!is_key(p, win, &qr, j)) { pr[j] = -INFINITY; continue; }
           const char *kr = ROW(p->k, p->k_sb, p->k_ss, p->k_sh, j);
           double dot = 0;
+          nkeys++;
           for (int64_t d = 0; d < D; d++) dot += qd[d] * (double)sta_load_f32(kr + d * es, p->dtype);
           pr[j] = dot * (double)p->scale;
           if (pr[j] > m) m = pr[j];
+        }
+        if (nkeys == 0) { /* an empty block list: dq 0 */
+          char *o = (char *)ROW(p->dq, p->dq_sb, p->dq_ss, p->dq_sh, s);
+          for (int64_t d = 0; d < D; d++) sta_store_f32(o + d * es, p->dtype, 0.0f);
+          continue;
         }
         for (int64_t j = 0; j < keys; j++)
           if (pr[j] != -INFINITY) l += exp(pr[j] - m);
@@ -206,7 +275,7 @@ sta_status sta_cpu_attention_backward_reference(const sta_attn_params *p) {
         for (int64_t d = 0; d < D; d++)
           sta_store_f32(o + d * es, p->dtype, (float)(dq[d] * (double)p->scale));
       }
-      for (int64_t j = 0; j < S; j++) {
+      for (int64_t j = 0; j < KS; j++) {
         char *ko = (char *)ROW(p->dk, p->dk_sb, p->dk_ss, p->dk_sh, j);
         char *vo = (char *)ROW(p->dv, p->dv_sb, p->dv_ss, p->dv_sh, j);
         for (int64_t d = 0; d < D; d++) {

@@ -1189,6 +1189,9 @@ static sta_status attn_prepare(sp_job *j, const pipe *p) {
   const sta_attention_desc *d = j->desc;
   int64_t nh = p->sp.h, hl = p->sp.hl;
   sta_status rc;
+  if (d->mask != STA_MASK_WINDOW) /* the lists are per global head: not sharded yet */
+    return sta_error(STA_ERR_UNSUPPORTED, "mask: sequence parallelism runs STA_MASK_WINDOW "
+                     "only, got %d", (int)d->mask);
   if (d->n_windows != 1 && d->n_windows != nh)
     return sta_error(STA_ERR_WINDOW, "n_windows: expected 1 or heads (%lld), got %d",
                      (long long)nh, (int)d->n_windows);

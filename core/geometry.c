@@ -130,15 +130,11 @@ sta_status sta_window_range(int32_t q, int32_t k, int32_t c, int32_t *start,
     return sta_error(STA_ERR_WINDOW, "window: query tile %d outside 0..%d",
                      (int)q, (int)c - 1);
   if (k < 1) return sta_error(STA_ERR_WINDOW, "window: K = %d, expected >= 1", (int)k);
-  if (k >= c) { *start = 0; *count = c; return STA_OK; }
-  if (k % 2 == 0)
+  if (k < c && k % 2 == 0)
     return sta_error(STA_ERR_WINDOW, "window: K = %d is even and smaller than %d tiles",
                      (int)k, (int)c);
-  int32_t s = q - k / 2;
-  if (s < 0) s = 0;
-  if (s > c - k) s = c - k;
-  *start = s;
-  *count = k;
+  *count = sta_window_span(k, c); /* the rule: mask.h */
+  *start = sta_window_start(q, *count, c);
   return STA_OK;
 }
 

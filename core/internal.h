@@ -13,6 +13,7 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "mask.h" /* the mask rule (STA_HD) */
 #include "sta.h"
 
 #ifdef __cplusplus
@@ -233,6 +234,27 @@ typedef struct sta_attn_params {
   const int32_t *q_sizes, *kv_sizes; /* [Mq], [Mk]; NULL: whole blocks */
 } sta_attn_params;
 
+/* The block lists of desc (mask BLOCKS or WINDOW_OR_BLOCKS, checked to be
+** one of them) for q: every check of sta.h's sta_block_list and STA.md
+** section 12 (the backend runs the kind; no fp8; block_rows; whole blocks;
+** the tensors' dtype, shape, contiguity and device; the union's tiled
+** geometry without text), then the lists' contents (sta_mask_check_lists);
+** fills p's mask fields.  p: resolved but for them (seq_len, kv_len,
+** batch, heads, tile, grid, tiled, video_rows). */
+sta_status sta_mask_resolve(const sta_attention_desc *desc, const sta_tensor *q,
+                            sta_attn_params *p);
+/* The contents of p's lists on device dev: sizes in 1..block_rows, num in
+** 0..L, indices in [0, Mk) and none twice in one list; STA_ERR_ARGUMENT
+** naming (b, h, m), the entry and the value.  The seam of a device check:
+** a backend's check_lists runs where it is set; otherwise the lists are
+** copied to the host and checked there. */
+sta_status sta_mask_check_lists(const sta_attn_params *p, sta_device dev);
+/* sta_attention_flops of a block mask: 4 D per (valid query row, valid key
+** row of a block it sees); 0 when the lists do not fit (batch, heads,
+** seq_len) or hold a bad entry.  Device lists are copied to the host. */
+double sta_mask_flops(const sta_attention_desc *desc, int64_t batch, int64_t seq_len,
+                      int64_t heads, int64_t head_dim);
+
 /* FastVideo's tiled order (sta.h, sta_order): the tiled row of untiled
 ** video index x (sta_tiled_token, its inverse, is below with the fp8
 ** quantizer, which runs it on the device too). */
@@ -240,6 +262,9 @@ int64_t sta_tiled_row(const int32_t canvas[3], const int32_t tile[3], const int3
                       int64_t x);
 
 /* ---- backends ----------------------------------------------------------- */
+
+struct sta_vsa_params;
+struct sta_vsa_cubes;
 
 typedef struct sta_backend_ops {
   const char *name;
@@ -270,6 +295,32 @@ typedef struct sta_backend_ops {
   /* The forward at STA_PRECISION_FP8 (params' precision); NULL: not here
   ** yet (STA_ERR_UNSUPPORTED). */
   sta_status (*attention_fp8)(const sta_attn_params *p);
+  /* The block masks (sta_mask_kind) attention and attention_backward run:
+  ** bit 1 << kind; 0 (the default), the window only.  Every other kind is
+  ** refused in one place, sta_mask_resolve (STA_ERR_UNSUPPORTED). */
+  int32_t masks;
+  /* Check resolved block lists where they live, with sta_mask_check_lists'
+  ** messages; NULL: they are copied to the host and checked there. */
+  sta_status (*check_lists)(const sta_attn_params *p);
+  /* Video Sparse Attention's pieces around the fine branch (sta_vsa_params
+  ** below; core/vsa.c drives them, the CPU's are core/vsa_cpu.c's, called
+  ** directly).  NULL: VSA is not on this backend. */
+  sta_status (*vsa_means)(const struct sta_vsa_params *p);
+  sta_status (*vsa_coarse)(const struct sta_vsa_params *p);
+  sta_status (*vsa_combine)(const struct sta_vsa_params *p);
+  sta_status (*vsa_backward_prep)(const struct sta_vsa_params *p);
+  sta_status (*vsa_backward_coarse)(const struct sta_vsa_params *p);
+  /* Rows between the untiled and the cube order (sta_tensor_to_cubes),
+  ** operands checked by core/vsa_cubes.c. */
+  sta_status (*vsa_reorder)(sta_tensor *dst, const sta_tensor *src,
+                            const struct sta_vsa_cubes *c, sta_layout layout, int32_t to_cubes);
+  /* Scratch memory ordered with this thread's work (CUDA: cudaMallocAsync
+  ** on its stream, legal in a graph capture). */
+  sta_status (*workspace)(void **p, size_t nbytes);
+  void (*workspace_free)(void *p);
+  /* 1 while this thread's stream is being captured into a CUDA graph (no
+  ** read-back then). */
+  int32_t (*capturing)(void);
 } sta_backend_ops;
 
 /* The backend table for a device, NULL when not compiled in. */
@@ -322,12 +373,8 @@ sta_status sta_attn_run(const sta_attn_params *p, sta_device device);
 ** libm (log, sin and cos are polynomials here), only integer hashing and
 ** IEEE operations rounded once each.  The sta_d* helpers keep compilers
 ** from contracting a*b+c into an fma on one side only (nvcc would; clang
-** would inside one expression). */
-#if defined(__CUDACC__)
-#define STA_HD static __host__ __device__ __forceinline__
-#else
-#define STA_HD static inline
-#endif
+** would inside one expression).  STA_HD (static inline on the host,
+** __host__ __device__ under nvcc) comes from mask.h. */
 #if defined(__CUDA_ARCH__)
 STA_HD double sta_dadd(double a, double b) { return __dadd_rn(a, b); }
 STA_HD double sta_dmul(double a, double b) { return __dmul_rn(a, b); }
@@ -620,6 +667,106 @@ sta_status sta_cuda_fp8_quantize(const sta_attn_params *p, const sta_fp8_ops *o)
 sta_status sta_cuda_fp8_dequantize(float *dst, const sta_bshd *bd, const uint8_t *x8,
                                    const sta_bshd *bx, const float *sc, const int64_t sc_st[3],
                                    int per_row);
+
+/* ---- Video Sparse Attention (core/vsa*.c, kernels/vsa_*.cu) ------------ */
+
+/* Cube order (STA.md section 12): canvas cut by cube, grid the cube grid
+** (ceil per axis), vol the cube volume. */
+typedef struct sta_vsa_cubes {
+  int32_t canvas[3], cube[3], grid[3];
+  int64_t count, vol;
+} sta_vsa_cubes;
+/* Valid tokens of cube c. */
+STA_HD int64_t sta_cube_size(const sta_vsa_cubes *g, int64_t c) {
+  const int64_t it = c / ((int64_t)g->grid[1] * g->grid[2]), ih = (c / g->grid[2]) % g->grid[1],
+                iw = c % g->grid[2];
+  const int64_t a = g->canvas[0] - it * g->cube[0], b = g->canvas[1] - ih * g->cube[1],
+                e = g->canvas[2] - iw * g->cube[2];
+  return (a < g->cube[0] ? a : g->cube[0]) * (b < g->cube[1] ? b : g->cube[1]) *
+         (e < g->cube[2] ? e : g->cube[2]);
+}
+/* The untiled video index (t*H + h)*W + w of row j of the cube order, or
+** -1 for a padding row (the rule; host and device). */
+STA_HD int64_t sta_cube_token(const sta_vsa_cubes *g, int64_t j) {
+  const int64_t c = j / g->vol, in = j % g->vol;
+  const int64_t it = c / ((int64_t)g->grid[1] * g->grid[2]), ih = (c / g->grid[2]) % g->grid[1],
+                iw = c % g->grid[2];
+  const int64_t a = g->canvas[0] - it * g->cube[0], b = g->canvas[1] - ih * g->cube[1],
+                e = g->canvas[2] - iw * g->cube[2];
+  const int64_t st = a < g->cube[0] ? a : g->cube[0], sh = b < g->cube[1] ? b : g->cube[1],
+                sw = e < g->cube[2] ? e : g->cube[2];
+  if (in >= st * sh * sw) return -1;
+  const int64_t lt = in / (sh * sw), lh = (in / sw) % sh, lw = in % sw;
+  return ((it * g->cube[0] + lt) * g->canvas[1] + ih * g->cube[1] + lh) * g->canvas[2] +
+         iw * g->cube[2] + lw;
+}
+/* The selection's order on a score (STA.md section 12): a larger key is
+** chosen first; -0 and +0 one key, NaN above everything.  Equal keys go
+** to the lower index. */
+STA_HD uint32_t sta_vsa_key(float x) {
+  uint32_t u;
+  x = x + 0.0f; /* -0 -> +0 */
+  memcpy(&u, &x, 4);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return 0xffffffffu;
+  return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+}
+
+/* A VSA call resolved by core/vsa.c.  f: the fine branch (mask
+** STA_MASK_BLOCKS, block_rows, q_blocks Mq, kv_blocks Mk, list_len topk,
+** kv_len Sk, seq_len Sq; q, k, v; o and lse: the forward's out and lse,
+** the backward's out_s scratch and lse; num, idx: the workspace's;
+** q_sizes, kv_sizes: on the tensors' device, NULL for whole cubes; dout,
+** dq, dk, dv in the backward).  The workspace's f32 arrays are
+** contiguous: means and their gradients [B][heads][M][D], out_c
+** [B][heads][Mq][D], lse_c [B][heads][Mq], the coarse matrix [B][heads][Mq]
+** [Mk] (vsa_coarse leaves the probabilities A there), idx [B][heads][Mq]
+** [topk], num [B][heads][Mq]. */
+typedef struct sta_vsa_params {
+  sta_attn_params f;
+  const void *gate;          /* NULL: 1 */
+  int64_t g_sb, g_ss, g_sh;
+  const void *out;           /* backward: the forward's out */
+  int64_t out_sb, out_ss, out_sh;
+  void *dgate;               /* backward; NULL: not wanted */
+  int64_t dg_sb, dg_ss, dg_sh;
+  int32_t topk;
+  float *qc, *kc, *vc, *oc, *lsec, *sc;
+  int32_t *idx, *num;
+  float *gc;                 /* backward: G[m], the gradient of out_c */
+  float *dqc, *dkc, *dvc;    /* backward: the means' gradients */
+} sta_vsa_params;
+
+/* The CPU's pieces (core/vsa_cpu.c; the backend entries' contracts):
+** means: qc, kc, vc.  coarse: from the means, sc = A, lsec, oc, idx
+** (ascending), num.  combine: f.o += gate * oc on valid rows, 0 on padding
+** rows.  backward_prep: f.o = out - gate * oc (valid rows, else 0), dgate
+** = dout * oc (valid rows, else 0), gc = sum of dout * gate over each
+** query cube's valid rows.  backward_coarse: from gc, the means, oc and
+** sc = A: dqc, dkc, dvc, each added / the cube's size to the valid rows of
+** f.dq, f.dk, f.dv (sc is overwritten). */
+sta_status sta_cpu_vsa_means(const sta_vsa_params *p);
+sta_status sta_cpu_vsa_coarse(const sta_vsa_params *p);
+sta_status sta_cpu_vsa_combine(const sta_vsa_params *p);
+sta_status sta_cpu_vsa_backward_prep(const sta_vsa_params *p);
+sta_status sta_cpu_vsa_backward_coarse(const sta_vsa_params *p);
+sta_status sta_cpu_vsa_reorder(sta_tensor *dst, const sta_tensor *src, const sta_vsa_cubes *c,
+                               sta_layout layout, int32_t to_cubes);
+/* The brute force in double (core/vsa_reference.c): f.o, f.lse (NULL:
+** not wanted) from q, k, v, gate; the backward's f.dq, f.dk, f.dv, dgate
+** from q, k, v, gate, f.dout.  Workspace unused. */
+sta_status sta_cpu_vsa_reference(const sta_vsa_params *p);
+sta_status sta_cpu_vsa_backward_reference(const sta_vsa_params *p);
+/* STA_ERR_ARGUMENT "<wn>: shares memory with <rn> (the <what> writes ...)"
+** when w and r overlap (NULL: fine). */
+sta_status sta_vsa_no_alias(const char *what, const sta_tensor *w, const char *wn,
+                            const sta_tensor *r, const char *rn);
+/* Valid rows of query cube m and key cube n (sizes NULL: whole). */
+static inline int64_t sta_vsa_qsize(const sta_vsa_params *p, int64_t m) {
+  return p->f.q_sizes ? p->f.q_sizes[m] : p->f.block_rows;
+}
+static inline int64_t sta_vsa_kvsize(const sta_vsa_params *p, int64_t n) {
+  return p->f.kv_sizes ? p->f.kv_sizes[n] : p->f.block_rows;
+}
 
 /* ---- files (fileio.c) ------------------------------------------------------ */
 

@@ -295,6 +295,8 @@ sta_status sta_npy_save(const sta_tensor *t, const char *path) {
   if (dt == STA_F8E4M3)
     return sta_error(STA_ERR_DTYPE, "t: .npy has no f8e4m3 type (convert it with sta_tensor_to "
                      "to f32 first)");
+  if (dt == STA_I32)
+    return sta_error(STA_ERR_DTYPE, "t: sta writes .npy files of f32, f16 and bf16, not i32");
   const char *descr = dt == STA_F32 ? "<f4" : dt == STA_F16 ? "<f2" : "<u2";
   char shp[128], hdr[256];
   int32_t nd = sta_tensor_ndim(t);

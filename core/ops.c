@@ -385,6 +385,9 @@ static sta_status check_operands(const char *op, int32_t n, const sta_tensor *co
   for (int32_t i = 0; i < n; i++) {
     sta_status rc = sta_f8_device_check(t[i], names[i]);
     if (rc != STA_OK) return rc;
+    if (t[i]->dtype == STA_I32) /* sta.h, STA_I32 */
+      return sta_error(STA_ERR_UNSUPPORTED, "%s: %s is i32 (no operation computes on i32: it "
+                       "holds block lists)", op, names[i]);
   }
   for (int32_t i = 1; i < n; i++)
     if (overlap(t[0], t[i]))

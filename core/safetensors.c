@@ -416,6 +416,9 @@ sta_status sta_safetensors_save(const char *path, int32_t n,
     char arg[32];
     snprintf(arg, sizeof arg, "tensors[%d]", (int)i);
     STA_CHECK_HANDLE(tensors[i], STA_KIND_TENSOR, arg);
+    if (sta_tensor_dtype(tensors[i]) == STA_I32)
+      return sta_error(STA_ERR_DTYPE, "%s: sta writes safetensors of f32, f16, bf16 and "
+                       "f8e4m3, not i32", arg);
     if (strcmp(names[i], "__metadata__") == 0)
       return sta_error(STA_ERR_ARGUMENT, "names[%d]: '__metadata__' is reserved", (int)i);
     for (int32_t j = 0; j < i; j++)

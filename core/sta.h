@@ -135,9 +135,12 @@ int32_t sta_cancel_requested(void);
 **
 ** STA_I32 (int32) holds block lists and block sizes (sta_block_list): on
 ** any device, created, wrapped, viewed, copied to and from another i32
-** tensor, filled, read and written elementwise on the host (sta_tensor_get
-** and _set, exact); no operation computes on it and it converts to no
-** other dtype (STA_ERR_DTYPE / STA_ERR_UNSUPPORTED saying so).
+** tensor (a device side contiguous: the bytes move by the backend's
+** memcpy), filled (a device tensor contiguous), read and written
+** elementwise on the host (sta_tensor_get and _set, exact; a value that is
+** no int32 is STA_ERR_ARGUMENT); no operation computes on it
+** (STA_ERR_UNSUPPORTED) and it converts to no other dtype (STA_ERR_DTYPE),
+** nor is it written to .npy or .safetensors files (STA_ERR_DTYPE).
 */
 typedef enum sta_dtype {
   STA_F32 = 0, STA_F16 = 1, STA_BF16 = 2, STA_F8E4M3 = 3, STA_I32 = 4
@@ -182,9 +185,9 @@ void *sta_tensor_data(const sta_tensor *t);
 int32_t sta_tensor_is_contiguous(const sta_tensor *t);
 /* Bytes of one element of dtype. */
 size_t sta_dtype_size(sta_dtype dtype);
-/* "f32", "f16", "bf16", "f8e4m3"; sta_dtype_parse also takes "float32",
-** "float16", "fp16", "bfloat16", "float8_e4m3fn", "e4m3" and returns
-** STA_ERR_DTYPE otherwise. */
+/* "f32", "f16", "bf16", "f8e4m3", "i32"; sta_dtype_parse takes the first
+** four (not yet "i32"), also "float32", "float16", "fp16", "bfloat16",
+** "float8_e4m3fn", "e4m3", and returns STA_ERR_DTYPE otherwise. */
 const char *sta_dtype_name(sta_dtype dtype);
 sta_status sta_dtype_parse(const char *name, sta_dtype *out);
 
@@ -425,11 +428,18 @@ typedef enum sta_precision {
 ** WINDOW_OR_BLOCKS (NABLA): a key block is seen when the window or the
 ** list holds it; the blocks are then the tiles of desc->geom (order
 ** STA_ORDER_TILED, block_rows = the tile volume, Mq = Mk = the tiles, no
-** text rows), valid rows a prefix of each block as for BLOCKS, and
-** window membership is STA.md section 2's rule on the tile grid.  A list
-** with an index outside [0, Mk), or an index twice in one query block's
-** list, is STA_ERR_ARGUMENT naming (b, h, m) and the index; num outside
-** [0, L] likewise.  The lists live on q's device. */
+** text rows: Sq = Sk = the padded tiles' rows), valid rows a prefix of
+** each block as for BLOCKS (the sizes, not the canvas, say which: the
+** canvas only places the blocks on the tile grid), and window membership
+** is STA.md section 2's rule on the tile grid.  A list with an index
+** outside [0, Mk), or an index twice in one query block's list, is
+** STA_ERR_ARGUMENT naming (b, h, m) and the index; num outside [0, L] and
+** sizes outside 1..block_rows likewise.  Entries of idx past num are never
+** read.  The lists live on q's device; the CPU backend runs every kind,
+** CUDA the window only so far (others STA_ERR_UNSUPPORTED); fp8 runs the
+** window only (STA_ERR_UNSUPPORTED).  A key block's keys are walked in
+** block order whatever the list's order, so a list's order changes no
+** bit of the result on the CPU. */
 typedef enum sta_mask_kind {
   STA_MASK_WINDOW = 0,
   STA_MASK_BLOCKS = 1,
@@ -437,7 +447,7 @@ typedef enum sta_mask_kind {
 } sta_mask_kind;
 
 typedef struct sta_block_list {
-  int32_t block_rows;         /* rows per block; 0 = 64 */
+  int32_t block_rows;         /* rows per block, >= 1; 0 = 64 (WINDOW_OR_BLOCKS: the tile volume) */
   const sta_tensor *num;      /* i32 [B, heads, Mq], contiguous */
   const sta_tensor *idx;      /* i32 [B, heads, Mq, L], contiguous, L >= every num */
   const sta_tensor *kv_sizes; /* NULL: every key block whole; else i32 [Mk] in 1..block_rows */
@@ -463,7 +473,8 @@ typedef struct sta_attention_desc {
 } sta_attention_desc;
 
 /* out = STA(q, k, v).  q, k, v, out: 4-D in desc->layout, one shape
-** [B, S, heads, D] (or BHSD), same dtype and device, last dim contiguous;
+** [B, S, heads, D] (or BHSD; STA_MASK_BLOCKS: k and v [B, Sk, heads, D]),
+** same dtype and device, last dim contiguous;
 ** rows in desc->geom.order (the tiled order is read in place, no copy).
 ** lse: NULL or f32 [B, heads, S] on the same device (natural log).  Runs on
 ** the backend of the tensors' device.  On error out and lse are unchanged. */
@@ -502,10 +513,11 @@ sta_status sta_attention_reference(const sta_attention_desc *desc,
 ** and lse (f32 [B, heads, S], as sta_attention_forward returns it) and
 ** dout = dLoss/dout, write dq, dk, dv = dLoss/dq, dk, dv.  desc, q, k, v
 ** as for the forward (same windows, text_len and scale); out, dout, dq,
-** dk, dv: the shape, dtype, device and layout of q, last dim contiguous,
-** strides free.  Rows that are never keys (past the valid text; padding
-** rows of the tiled order) get dk = dv = 0 exactly, padding rows dq = 0
-** too.  Every
+** dk, dv: the shape, dtype, device and layout of q (STA_MASK_BLOCKS: dk
+** and dv those of k), last dim contiguous, strides free.  Rows that are
+** never keys (past the valid text; padding rows of the tiled order or of
+** partial blocks) get dk = dv = 0 exactly, padding rows and query blocks
+** with an empty list dq = 0 too.  Every
 ** check runs before any work; on error dq, dk, dv are unchanged. */
 sta_status sta_attention_backward(const sta_attention_desc *desc,
                                   const sta_tensor *q, const sta_tensor *k,
@@ -523,13 +535,133 @@ sta_status sta_attention_backward_reference(const sta_attention_desc *desc,
                                             const sta_tensor *dout,
                                             sta_tensor *dq, sta_tensor *dk,
                                             sta_tensor *dv);
-/* Work of a forward in FLOP (4*D per (query, key) pair, both GEMMs). */
+/* Work of a forward in FLOP (4*D per (query, key) pair, both GEMMs).  A
+** block mask counts the valid query rows against the valid key rows of
+** the blocks each sees (the lists read on the host; device lists copied
+** there); 0 when the lists do not fit (batch, heads, seq_len) or hold a
+** bad entry. */
 double sta_attention_flops(const sta_attention_desc *desc, int64_t batch,
                            int64_t seq_len, int64_t heads, int64_t head_dim);
 /* Per-head L1 = mean|a-b| and L2 = mean((a-b)^2) over batch, rows, D, in
 ** float32.  a, b: same shape in layout; l1, l2: heads floats each. */
 sta_status sta_head_diff(const sta_tensor *a, const sta_tensor *b,
                          sta_layout layout, float *l1, float *l2);
+
+/* }====================================================================== */
+
+/*
+** {======================================================================
+** Video Sparse Attention (STA.md section 12)
+** =======================================================================
+** VSA as FastVideo's video_sparse_attn computes it.  Rows are in cube
+** order: the canvas cut into cubes of block_rows tokens (64: 4x4x4; 256:
+** 4x8x8), cube after cube, each cube's valid tokens first and padding
+** rows after (sta_tensor_to_cubes makes it from the untiled order).  Per
+** (batch, head): the means of q, k, v over each cube's valid rows; dense
+** softmax attention between the cubes (out_c); the topk key cubes of each
+** query cube by the coarse scores (exactly topk, ties towards the lower
+** index); the fine branch, block-sparse attention over the selected cubes
+** (sta_attention_forward with STA_MASK_BLOCKS); out = out_c * gate +
+** out_s on valid rows, 0 on padding rows.
+**
+** Operands: q [B, Sq, heads, D], k and v [B, Sk, heads, D] in
+** desc->layout (Sq = Mq * block_rows, Sk = Mk * block_rows); gate, out,
+** dout, dq and dgate of q's shape, dk and dv of k's; one dtype (f32, f16,
+** bf16) and device, the head dimension contiguous, strides otherwise free.
+** The sizes are i32 tensors on q's device; on CUDA they are read back and
+** checked before any work, except while the thread's stream is being
+** captured into a CUDA graph: then an out-of-range size is clamped into
+** 1..block_rows (memory-safe, no error).
+**
+** Why a forward and a backward and no state between them: the backward
+** recomputes the means, the coarse branch and the selection from q, k, v
+** (the forward's bits: every VSA kernel is deterministic) and the fine
+** branch's output as out - gate * out_c (a few percent of the backward's
+** time), so it takes what flash attention's backward takes: the
+** forward's inputs, out and lse.  A PyTorch autograd function saves (q,
+** k, v, gate, out, lse) and calls the backward with tensors only, under
+** torch.compile and in CUDA graphs (device scratch is stream-ordered); Lua
+** and C call the two functions; no caller buffer holds VSA's internals
+** and no activation is saved twice.  sta_vsa_coarse gives the coarse
+** branch and the selection alone (FastVideo's q2k_idx / q2k_num), for
+** callers that compose the fine branch themselves or inspect it.
+*/
+typedef struct sta_vsa_desc {
+  sta_layout layout;          /* of every 4-D operand */
+  int32_t block_rows;         /* rows per cube: 64 or 256; 0 = 64 */
+  int32_t topk;               /* key cubes per query cube, 1..Mk (sta_vsa_topk) */
+  float scale;                /* both branches; <= 0: 1/sqrt(D) */
+  int32_t deterministic;      /* the backward's, as sta_attention_desc's */
+  const sta_tensor *kv_sizes; /* NULL: whole key cubes; else i32 [Mk] in 1..block_rows */
+  const sta_tensor *q_sizes;  /* NULL: kv_sizes when Mq == Mk, else whole; else i32 [Mq] */
+} sta_vsa_desc;
+
+/* topk = ceil((1 - sparsity) * cubes) in IEEE double (FastVideo's VSA
+** backend): sparsity in [0, 1) and cubes >= 1, so 1 <= topk <= cubes.
+** On error *topk is unchanged. */
+sta_status sta_vsa_topk(double sparsity, int64_t cubes, int32_t *topk);
+/* The cubes of a canvas (T, H, W tokens) cut by cube (ct, ch, cw; e.g.
+** 4, 4, 4): ceil(T/ct) * ceil(H/ch) * ceil(W/cw) of them.  Every entry
+** >= 1 and the cube volume at most 4096.  On error *count is unchanged. */
+sta_status sta_vsa_cube_count(const int32_t canvas[3], const int32_t cube[3],
+                              int64_t *count);
+/* Each cube's valid tokens (FastVideo's variable_block_sizes): sizes i32
+** [cube count], on any device.  On error sizes is unchanged. */
+sta_status sta_vsa_cube_sizes(sta_tensor *sizes, const int32_t canvas[3],
+                              const int32_t cube[3]);
+/* The untiled video rows (section 1: T*H*W rows, no text) to cube order
+** (count * cube volume rows; padding rows 0) and back (padding rows
+** ignored).  in, out: 4-D in layout, the same batch, heads and D, dtype
+** and device.  On error out is unchanged. */
+sta_status sta_tensor_to_cubes(sta_tensor *out, const sta_tensor *in,
+                               const int32_t canvas[3], const int32_t cube[3],
+                               sta_layout layout);
+sta_status sta_tensor_from_cubes(sta_tensor *out, const sta_tensor *in,
+                                 const int32_t canvas[3], const int32_t cube[3],
+                                 sta_layout layout);
+/* out = VSA(q, k, v).  gate: NULL (1) or q's shape.  lse: NULL or f32 [B,
+** heads, Sq], the fine branch's log-sum-exp (sta_vsa_backward needs it).
+** Runs on the tensors' backend.  On error out and lse are unchanged. */
+sta_status sta_vsa_forward(const sta_vsa_desc *desc, const sta_tensor *q,
+                           const sta_tensor *k, const sta_tensor *v,
+                           const sta_tensor *gate, sta_tensor *out,
+                           sta_tensor *lse);
+/* The gradients of sta_vsa_forward (STA.md section 12): desc, q, k, v,
+** gate as for the forward, out and lse what it returned, dout =
+** dLoss/dout; writes dq, dk, dv and dgate (NULL when gate is NULL or its
+** gradient is not wanted).  Padding rows get 0.  Every check runs before
+** any work; on error dq, dk, dv, dgate are unchanged. */
+sta_status sta_vsa_backward(const sta_vsa_desc *desc, const sta_tensor *q,
+                            const sta_tensor *k, const sta_tensor *v,
+                            const sta_tensor *gate, const sta_tensor *out,
+                            const sta_tensor *lse, const sta_tensor *dout,
+                            sta_tensor *dq, sta_tensor *dk, sta_tensor *dv,
+                            sta_tensor *dgate);
+/* The coarse branch and the selection alone: out_c f32 [B, heads, Mq, D]
+** (the coarse output of each query cube), lse_c f32 [B, heads, Mq], idx
+** i32 [B, heads, Mq, topk] (the selected key cubes, ascending), num i32
+** [B, heads, Mq] (topk): a block list for sta_attention_forward.  Each
+** may be NULL.  On error nothing is written. */
+sta_status sta_vsa_coarse(const sta_vsa_desc *desc, const sta_tensor *q,
+                          const sta_tensor *k, const sta_tensor *v,
+                          sta_tensor *out_c, sta_tensor *lse_c,
+                          sta_tensor *idx, sta_tensor *num);
+/* The brute-force VSA in double, independent of the fast path: means,
+** scores, selection, every valid query row against its selected cubes'
+** valid keys, the combine.  Host tensors only; slow. */
+sta_status sta_vsa_reference(const sta_vsa_desc *desc, const sta_tensor *q,
+                             const sta_tensor *k, const sta_tensor *v,
+                             const sta_tensor *gate, sta_tensor *out,
+                             sta_tensor *lse);
+/* The reference's gradient in double from q, k, v, gate and dout alone
+** (dgate as for sta_vsa_backward).  Host tensors only; slow. */
+sta_status sta_vsa_backward_reference(const sta_vsa_desc *desc,
+                                      const sta_tensor *q, const sta_tensor *k,
+                                      const sta_tensor *v,
+                                      const sta_tensor *gate,
+                                      const sta_tensor *dout, sta_tensor *dq,
+                                      sta_tensor *dk, sta_tensor *dv,
+                                      sta_tensor *dgate);
 
 /* }====================================================================== */
 

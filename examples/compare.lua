@@ -1,29 +1,42 @@
 --[[
 compare.lua -- per-head error of STA against full attention on captured
-activations (.npy or .safetensors), printed as a table.
-
-  lua5.4 examples/compare.lua --q q.npy --k k.npy --v v.npy --canvas 30x48x80 \
-      [--tile 6x8x8] [--text N] [--window 3x3x3 | --window 3x3x3,1x5x7,...] \
-      [--layout bshd|bhsd] [--bf16] [--device cpu|cuda] [--dtype f32|bf16|f16]
-  lua5.4 examples/compare.lua --file acts.safetensors [--names q,k,v] ...
-  lua5.4 examples/compare.lua --demo      (random activations written to .npy first)
-
---canvas may be left out for FastVideo's sequence lengths.  --window takes
-one window for all heads or one per head (3x3x3,1x5x7 or 3,3,3:1,5,7; triples
-as TxHxW or T,H,W, as sta-run and every binding take them).
+activations.  `lua5.4 examples/compare.lua --help` prints the options, their
+defaults and what the script does (the `about` text below).
 ]]
 local sta = require "sta"
 local cli = require "sta.cli"
 
-local usage = [=[
-usage: compare.lua (--q F --k F --v F | --file F.safetensors [--names q,k,v] | --demo)
-       [--canvas TxHxW] [--tile TxHxW] [--text N] [--window W[,W...]] [--layout bshd|bhsd]
-       [--bf16] [--device cpu|cuda] [--dtype f32|bf16|f16] [--out DIR]]=]
-local ok, opts = pcall(cli.parse, arg, {
-  q = "", k = "", v = "", file = "", names = "q,k,v", canvas = "", tile = "6x8x8", text = -1,
-  window = "3x3x3", layout = "bshd", bf16 = false, device = "cpu", dtype = "", demo = false, out = "",
-}, usage)
-if not ok then io.stderr:write(opts, "\n", usage, "\n") os.exit(2) end
+local about = [[
+Per-head error of STA against full attention on captured activations (.npy
+or .safetensors), printed as a table: the window and sparsity of each head,
+the mean L1 and L2 differences and the relative error; then both times.
+  compare.lua --q q.npy --k k.npy --v v.npy --canvas 30x48x80 --window 3x3x3
+  compare.lua --file acts.safetensors --names q,k,v --window 3x3x3,1x5x7,...
+  compare.lua --demo     (random activations written to .npy under --out first)
+--canvas may be left out for FastVideo's sequence lengths; --window takes one
+window for all heads or one per head (3x3x3,1x5x7 or 3,3,3:1,5,7; triples as
+TxHxW or T,H,W, as sta-run and every binding take them).  Reads the inputs; writes files only
+with --demo.]]
+local spec, usage, help = cli.options("compare.lua", about, {
+  { "q", "", "F.npy", "queries [B, S, heads, D]", default = "none" },
+  { "k", "", "F.npy", "keys", default = "none" },
+  { "v", "", "F.npy", "values", default = "none" },
+  { "file", "", "F.safetensors", "q, k and v from one file instead", default = "none" },
+  { "names", "q,k,v", "Q,K,V", "their names in --file" },
+  { "demo", false, false, "compare random activations, written to --out first" },
+  { "canvas", "", "TxHxW", "latent video tokens", default = "from the sequence length (FastVideo's)" },
+  { "tile", "6x8x8", "TxHxW", "tile size" },
+  { "text", -1, "N", "valid text tokens", default = "every row after the video" },
+  { "window", "3x3x3", "W[,W...]", "one window, or one per head, in tiles",
+    default = "3x3x3; with --demo 1x1x1,1x2x2,2x1x1,2x2x2" },
+  { "layout", "bshd", "bshd|bhsd", "the inputs' layout" },
+  { "bf16", false, false, "read <u2 .npy arrays as raw bf16" },
+  { "device", "cpu", "cpu|cuda", "where to run" },
+  { "dtype", "", "f32|bf16|f16", "compute dtype", default = "the inputs'; bf16 for f32 inputs on CUDA" },
+  { "out", "", "DIR", "--demo's folder", default = "a new folder under $TMPDIR or /tmp" },
+})
+local ok, opts = pcall(cli.parse, arg, spec, help)
+if not ok then io.stderr:write("compare: ", opts, "\n", usage, "\n") os.exit(2) end
 
 local function main()
 
@@ -33,9 +46,7 @@ local function fail(msg)
 end
 
 if opts.demo then -- write random activations, then compare them like captured ones
-  local dir = opts.out ~= "" and opts.out or os.tmpname()
-  os.remove(dir)
-  os.execute(("mkdir -p '%s'"):format(dir))
+  local dir = cli.out_dir(opts.out, "compare")
   if opts.canvas == "" then opts.canvas = "6x16x16" end
   local c = cli.triple(opts.canvas, "--canvas")
   local S = c[1] * c[2] * c[3] + math.max(opts.text, 0)
@@ -45,6 +56,7 @@ if opts.demo then -- write random activations, then compare them like captured o
     opts[name] = path
   end
   if opts.window == "3x3x3" then opts.window = "1x1x1,1x2x2,2x1x1,2x2x2" end
+  print(("demo: random q, k, v written to %s/{q,k,v}.npy"):format(dir))
 end
 
 local function load(path)

@@ -1,4 +1,4 @@
-"""Swap sta into a FastVideo-style attention module (issue 19, item 4).
+"""Swap sta into a FastVideo-style attention module.
 
 FastVideo's DiTs call fastvideo_kernel's STA on q, k, v [B, heads, S, D]
 whose video rows are in FastVideo's tiled order (the model tiles its
@@ -19,12 +19,17 @@ prints the difference, the gradients' and the time.
 """
 import argparse
 import math
+import os
 import sys
 import time
 
 import torch
 
-import sta
+try:
+    import sta
+except ImportError:  # run from a checkout, sta not installed: the checkout's package
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "python"))
+    import sta
 from sta.fastvideo import sliding_tile_attention, tiled_order
 
 TILE = (6, 8, 8)
@@ -76,13 +81,19 @@ def dense_kernel(q, k, v, window_size, text_length, has_text=True, seq_shape="30
 
 
 def main(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--canvas", default="7x10x9", help="T x H x W latent tokens")
-    ap.add_argument("--text", type=int, default=16, help="text tokens after the video")
-    ap.add_argument("--dim", type=int, default=128)
-    ap.add_argument("--heads", type=int, default=2)
-    ap.add_argument("--window", default="1x3x3", help="Kt x Kh x Kw tiles, every head")
-    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    ap = argparse.ArgumentParser(
+        prog="fastvideo_dropin.py", formatter_class=argparse.RawDescriptionHelpFormatter,
+        description=__doc__.split("\n    python3 ")[0].rstrip() +
+        "\n\nWrites no files.  Defaults are shown with each option.")
+    ap.add_argument("--canvas", default="7x10x9", help="T x H x W latent tokens (default %(default)s)")
+    ap.add_argument("--text", type=int, default=16,
+                    help="text tokens after the video (default %(default)s)")
+    ap.add_argument("--dim", type=int, default=128, help="model width (default %(default)s)")
+    ap.add_argument("--heads", type=int, default=2, help="attention heads (default %(default)s)")
+    ap.add_argument("--window", default="1x3x3",
+                    help="Kt x Kh x Kw tiles, every head (default %(default)s)")
+    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu",
+                    help="cpu or cuda (default: cuda when torch sees a GPU; here %(default)s)")
     a = ap.parse_args(argv)
     canvas = tuple(int(c) for c in a.canvas.split("x"))
     window = tuple(int(c) for c in a.window.split("x"))

@@ -1,37 +1,41 @@
 --[[
 finetune.lua -- gradient descent through STA (STA.md section 10).
-
-The fine-tuning the STA paper does, in miniature: a teacher runs full
-attention; the student starts from the teacher's Q, K and V but attends
-only inside a sliding tile window, so its output differs; a few steps of
-gradient descent on Q, K and V through the STA layer's backward bring the
-sparse output back toward the dense one.  Each step pushes a forward
-context, runs layer:forward with the log-sum-exp and layer:backward with
-what that forward returned (its out, lse, and the record of the windows it
-ran, so the backward uses them whatever happens in between), and
-moves Q, K, V against their gradients, normalised by their RMS.  The
-parameters are kept in f32 (on the device when there is one) and cast to
-the compute dtype for each step.  Prints the loss per step; exits 1 if it
-did not fall.
-
-  lua5.4 examples/finetune.lua [--steps 20] [--lr 0.02] [--heads 4]
-      [--head-dim 64] [--canvas 12x16x24] [--tile 6x8x8] [--text 16]
-      [--window 1x1x1] [--device auto|cpu|cuda] [--dtype f32|bf16|f16]
-      [--seed N] [--quiet]
+`lua5.4 examples/finetune.lua --help` prints the options, their defaults and
+what the script does (the `about` text below).
 ]]
 local sta = require "sta"
 local cli = require "sta.cli"
 io.stdout:setvbuf("line")
 
-local usage = [==[
-usage: finetune.lua [--steps N] [--lr X] [--heads N] [--head-dim D] [--canvas TxHxW]
-       [--tile TxHxW] [--text N] [--window KtxKhxKw] [--device auto|cpu|cuda]
-       [--dtype f32|bf16|f16] [--seed N] [--quiet]]==]
+local about = [[
+Gradient descent through STA (STA.md section 10): the fine-tuning the STA
+paper does, in miniature.  A teacher runs full attention; the student starts
+from the teacher's Q, K and V but attends only inside a sliding tile window,
+so its output differs; a few steps of gradient descent on Q, K and V through
+the STA layer's backward bring the sparse output back toward the dense one.
+Each step pushes a forward context, runs layer:forward with the log-sum-exp
+and layer:backward with what that forward returned (out, lse and the record
+of the windows it ran, so the backward uses them whatever happens in
+between), and moves Q, K, V against their gradients, normalised by their
+RMS.  The parameters are kept in f32 (on the device when there is one)
+and cast to the compute dtype for each step.  Prints the loss per step;
+exits 1 if it did not fall.  Writes no files.]]
+local spec, usage, help = cli.options("finetune.lua", about, {
+  { "steps", 20, "N", "gradient steps" },
+  { "lr", 0.02, "X", "learning rate" },
+  { "heads", 4, "N", "attention heads" },
+  { "head_dim", 64, "D", "head dimension" },
+  { "canvas", "12x16x24", "TxHxW", "latent video tokens" },
+  { "tile", "6x8x8", "TxHxW", "tile size" },
+  { "text", 16, "N", "text tokens after the video" },
+  { "window", "1x1x1", "KtxKhxKw", "the student's window, in tiles" },
+  { "device", "auto", "auto|cpu|cuda", "where to run", default = "auto: cuda when a GPU answers" },
+  { "dtype", "", "f32|bf16|f16", "compute dtype", default = "f32 on the CPU, bf16 on CUDA" },
+  { "seed", 7, "N", "random seed" },
+  { "quiet", false, false, "print nothing but errors" },
+})
 
-local ok, opts = pcall(cli.parse, arg, {
-  steps = 20, lr = 0.02, heads = 4, head_dim = 64, canvas = "12x16x24", tile = "6x8x8",
-  text = 16, window = "1x1x1", device = "auto", dtype = "", seed = 7, quiet = false,
-}, usage)
+local ok, opts = pcall(cli.parse, arg, spec, help)
 if not ok then io.stderr:write("finetune: ", opts, "\n", usage, "\n") os.exit(2) end
 if opts.steps < 1 then io.stderr:write("finetune: --steps: expected >= 1, got ", opts.steps, "\n") os.exit(2) end
 if not (opts.lr > 0) then io.stderr:write("finetune: --lr: expected > 0, got ", opts.lr, "\n") os.exit(2) end

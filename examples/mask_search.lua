@@ -1,33 +1,39 @@
 --[[
 mask_search.lua -- STA mask search and tuning end to end, on synthetic
-activations whose answer is known.
-
-Half of the heads are "local": q = k = sharp positional features, so each
-token attends (almost only) to itself and every window gives the full
-output.  The other half are "wide": near-uniform attention over the whole
-video, so the largest window loses least.  The search runs every candidate
-window on every layer and step (search-mode metadata), records L1/L2 per
-head into the forward batch and saves one file per prompt; tuning averages
-them and picks per (step, layer, head) the window with the least L2.
-Expected: local heads get the smallest candidate, wide heads the largest.
-
-Writes into --out: search_<prompt>.json, strategy.json, strategy.svg and
-tiles_<head>.svg (the tiles one query tile sees under each head's window).
-
-  lua5.4 examples/mask_search.lua [--prompts 2] [--steps 4] [--layers 2]
-      [--skip-steps 1] [--heads 6] [--head-dim 32] [--canvas 6x12x12]
-      [--tile 2x4x4] [--out DIR] [--quiet]
+activations whose answer is known.  `lua5.4 examples/mask_search.lua --help`
+prints the options, their defaults and what the script does (the `about`
+text below).
 ]]
 local sta = require "sta"
 local cli = require "sta.cli"
 
-local usage = "usage: mask_search.lua [--prompts N] [--steps N] [--layers N] [--skip-steps N] [--heads N]\n"
-  .. "       [--head-dim D] [--canvas TxHxW] [--tile TxHxW] [--out DIR] [--seed N] [--quiet]"
-local ok, opts = pcall(cli.parse, arg, {
-  prompts = 2, steps = 4, layers = 2, skip_steps = 1, heads = 6, head_dim = 32,
-  canvas = "6x12x12", tile = "2x4x4", out = "mask_search_out", seed = 7, quiet = false,
-}, usage)
-if not ok then io.stderr:write(opts, "\n", usage, "\n") os.exit(2) end
+local about = [[
+STA mask search and tuning end to end, on synthetic activations whose answer
+is known.  Half of the heads are "local": q = k = sharp positional features,
+so each token attends (almost only) to itself and every window gives the full
+output.  The other half are "wide": near-uniform attention over the whole
+video, so the largest window loses least.  The search runs every candidate
+window on every layer and step (search-mode metadata), records L1/L2 per head
+into the forward batch and saves one file per prompt; tuning averages them
+and picks per (step, layer, head) the window with the least L2.  Expected:
+local heads get the smallest candidate, wide heads the largest.
+Writes into --out: search_<prompt>.json, strategy.json, strategy.svg and
+tiles_head<h>.svg (the tiles one query tile sees under each head's window).]]
+local spec, usage, help = cli.options("mask_search.lua", about, {
+  { "prompts", 2, "N", "prompts searched (one record file each)" },
+  { "steps", 4, "N", "denoising steps" },
+  { "layers", 2, "N", "transformer layers" },
+  { "skip_steps", 1, "N", "first steps tuning leaves at the full window" },
+  { "heads", 6, "N", "attention heads (half local, half wide)" },
+  { "head_dim", 32, "D", "head dimension" },
+  { "canvas", "6x12x12", "TxHxW", "latent video tokens" },
+  { "tile", "2x4x4", "TxHxW", "tile size" },
+  { "out", "", "DIR", "where the files go", default = "a new folder under $TMPDIR or /tmp" },
+  { "seed", 7, "N", "random seed" },
+  { "quiet", false, false, "print nothing but errors" },
+})
+local ok, opts = pcall(cli.parse, arg, spec, help)
+if not ok then io.stderr:write("mask_search: ", opts, "\n", usage, "\n") os.exit(2) end
 
 local function main()
 for _, n in ipairs{ "prompts", "steps", "layers", "heads", "head_dim" } do cli.int(opts, n, 1) end
@@ -56,7 +62,7 @@ if #search_row >= H then
   os.exit(2)
 end
 
-os.execute(("mkdir -p '%s'"):format(opts.out:gsub("'", "'\\''")))
+opts.out = cli.out_dir(opts.out, "mask_search")
 say("mask search: canvas %s, tile %s, grid %s; %d layers x %d heads (%d local, %d wide), %d steps, %d prompts\n",
   cli.fmt_triple(canvas), cli.fmt_triple(tile), cli.fmt_triple(grid), L, H, n_local, H - n_local, opts.steps,
   opts.prompts)

@@ -1,36 +1,41 @@
 --[[
-pipeline.lua -- a DiT-style denoising loop on sta.
-
-Each step runs a classifier-free-guidance pair (positive and negative
-prompt) through every layer; each layer calls layer:forward inside a
-forward context for its step, with the step's windows from a mask strategy
-(uniform: full window for the first steps, sparse afterwards; or the file
-named by STA_ATTENTION_CONFIG).  The latent is updated by the guided
-prediction after each step.  Progress on stderr, one timing line per step
-on stdout, a summary at the end.
-
-  lua5.4 examples/pipeline.lua [--steps 10] [--layers 4] [--heads 4]
-      [--head-dim 64] [--canvas 12x16x16] [--tile 6x8x8] [--text 16]
-      [--window 1x1x1] [--full-steps 2] [--guidance 5] [--device auto|cpu|cuda]
-      [--dtype f32|bf16|f16] [--seed N] [--threads N] [--quiet]
+pipeline.lua -- a DiT-style denoising loop on sta: what `make example`
+runs.  `lua5.4 examples/pipeline.lua --help` prints the options, their
+defaults and what the script does (the `about` text below).
 ]]
 local sta = require "sta"
 local cli = require "sta.cli"
 io.stdout:setvbuf("line") -- per-step lines as they come, also into a pipe
 
-local usage = [[
-usage: pipeline.lua [--steps N] [--layers N] [--heads N] [--head-dim D]
-       [--canvas TxHxW] [--tile TxHxW] [--text N] [--window KtxKhxKw]
-       [--full-steps N] [--guidance G] [--device auto|cpu|cuda] [--dtype f32|bf16|f16]
-       [--seed N] [--threads N] [--quiet]
-STA_ATTENTION_CONFIG=file.json uses that mask strategy; STA_DEVICE sets the device.]]
+local about = [[
+A DiT-style denoising loop on sta.  Each step runs a classifier-free-guidance
+pair (positive and negative prompt) through every layer; each layer calls
+layer:forward inside a forward context for its step, with the step's windows
+from a mask strategy (uniform: the full window for the first --full-steps
+steps, --window afterwards; or the file named by STA_ATTENTION_CONFIG).  The
+latent is updated by the guided prediction after each step.  A progress bar
+on stderr, one timing line per step on stdout, a summary at the end.  Writes
+no files.]]
+local spec, usage, help = cli.options("pipeline.lua", about, {
+  { "steps", 10, "N", "denoising steps" },
+  { "layers", 4, "N", "transformer layers" },
+  { "heads", 4, "N", "attention heads" },
+  { "head_dim", 64, "D", "head dimension" },
+  { "canvas", "12x16x16", "TxHxW", "latent video tokens" },
+  { "tile", "6x8x8", "TxHxW", "tile size" },
+  { "text", 16, "N", "text tokens after the video" },
+  { "window", "1x1x1", "KtxKhxKw", "the sparse window, in tiles" },
+  { "full_steps", -1, "N", "first steps with the full window", default = "2, or --steps when fewer" },
+  { "guidance", 5.0, "G", "classifier-free guidance scale" },
+  { "device", "auto", "auto|cpu|cuda", "where to run", default = "auto: cuda when a GPU answers" },
+  { "dtype", "", "f32|bf16|f16", "compute dtype", default = "f32 on the CPU, bf16 on CUDA" },
+  { "seed", 1234, "N", "random seed" },
+  { "threads", 0, "N", "CPU threads", default = "0: OpenMP's" },
+  { "quiet", false, false, "print nothing but errors" },
+}, "Environment: STA_ATTENTION_CONFIG=file.json uses that mask strategy; STA_DEVICE sets the device.")
 
-local ok, opts = pcall(cli.parse, arg, {
-  steps = 10, layers = 4, heads = 4, head_dim = 64, canvas = "12x16x16", tile = "6x8x8",
-  text = 16, window = "1x1x1", full_steps = -1, guidance = 5.0, device = "auto", dtype = "",
-  seed = 1234, threads = 0, quiet = false,
-}, usage)
-if not ok then io.stderr:write(opts, "\n", usage, "\n") os.exit(2) end
+local ok, opts = pcall(cli.parse, arg, spec, help)
+if not ok then io.stderr:write("pipeline: ", opts, "\n", usage, "\n") os.exit(2) end
 
 local function main()
 for _, n in ipairs{ "steps", "layers", "heads", "head_dim" } do cli.int(opts, n, 1) end

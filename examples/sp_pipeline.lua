@@ -1,50 +1,40 @@
 --[[
 sp_pipeline.lua -- sequence-parallel (Ulysses) STA, end to end.
+`lua5.4 examples/sp_pipeline.lua --help` prints the options, their defaults
+and what the script does (the `about` text below).
+]]
+local sta = require "sta"
+local dist = require "sta.dist"
+local cli = require "sta.cli"
 
-Every rank builds the same full q, k, v (same seeds), keeps its shard (V/P
-video rows of all heads + every text row), runs SP attention and checks its
-output shard against single-device STA on the whole problem, for each head
-chunk count asked; optionally times them.
-
+local about = [[
+Sequence-parallel (Ulysses) STA, end to end.  Every rank builds the same full
+q, k, v (same seeds), keeps its shard (V/P video rows of all heads + every
+text row), runs SP attention and checks its output shard against
+single-device STA on the whole problem, for each head chunk count asked;
+optionally times them.  Exits with an error when a rank's output differs.
+Writes no files.
   launched, one rank per process (dist.init(): scripts/sta-launch, or
   torchrun / mpirun / srun with MASTER_ADDR and MASTER_PORT):
     scripts/sta-launch -n 2 examples/sp_pipeline.lua --device cuda --shape hunyuan
   alone: --ranks P simulated ranks in this process (loopback, a thread each):
     lua5.4 examples/sp_pipeline.lua --ranks 4
-
-Options: --ranks P (loopback; default 2)  --device cpu|cuda (default cpu)
-  --shape small|medium|hunyuan (default small)  --iters N (timing; 0 = none)
-  --chunks LIST (head chunks of the pipeline, e.g. 0,1,2,4; 0 = chosen per
-  call; default 0)  --seed S.  Exits with an error when a rank's output
-  differs.
-
 Timing, launched: the median of N runs of each, between barriers: "single"
-is sta.attention on the whole problem on rank 0's device; "compute alone"
-the attention each rank runs (all tokens, H/P heads); "exchanges alone" the
-all-to-alls and the all-gather an SP call makes, on contiguous buffers,
-with nothing else running; "exposed" = SP - compute alone, and "hidden" the
-share of the exchanges that SP did not add to the compute.
-]]
-local sta = require "sta"
-local dist = require "sta.dist"
-local cli = require "sta.cli"
-local usage = "usage: sp_pipeline.lua [--ranks P] [--device cpu|cuda] "
-  .. "[--shape small|medium|hunyuan] [--iters N] [--chunks LIST] [--seed S]"
-
-local args = { ranks = 2, device = "cpu", shape = "small", iters = 0, chunks = "0",
-               seed = os.time() % 100000 }
-do
-  local i = 1
-  while i <= #arg do
-    local k = arg[i]:match("^%-%-(.+)$")
-    if not k or args[k] == nil or arg[i + 1] == nil then
-      io.stderr:write(usage, "\n")
-      os.exit(2)
-    end
-    args[k] = k == "chunks" and arg[i + 1] or math.tointeger(tonumber(arg[i + 1])) or arg[i + 1]
-    i = i + 2
-  end
-end
+is sta.attention on the whole problem on rank 0's device; "compute alone" the
+attention each rank runs (all tokens, H/P heads); "exchanges alone" the
+all-to-alls and the all-gather an SP call makes, on contiguous buffers, with
+nothing else running; "exposed" = SP - compute alone, and "hidden" the share
+of the exchanges that SP did not add to the compute.]]
+local spec, usage, help = cli.options("sp_pipeline.lua", about, {
+  { "ranks", 2, "P", "simulated ranks when not launched (loopback)" },
+  { "device", "cpu", "cpu|cuda", "where each rank runs" },
+  { "shape", "small", "small|medium|hunyuan", "the problem" },
+  { "iters", 0, "N", "timed runs of each (0: no timing)" },
+  { "chunks", "0", "LIST", "head chunks of the pipeline to check, e.g. 0,1,2,4 (0: chosen per call)" },
+  { "seed", os.time() % 100000, "S", "random seed", default = "from the clock" },
+})
+local ok, args = pcall(cli.parse, arg, spec, help)
+if not ok then io.stderr:write("sp_pipeline: ", args, "\n", usage, "\n") os.exit(2) end
 
 -- Problem shapes: canvas, tile, text rows, heads, head dim, dtype, windows
 -- cycled over the heads (global head h uses windows[h % #windows + 1]).

@@ -23,6 +23,7 @@
 #ifndef STA_BLOCK_WALK_CUH
 #define STA_BLOCK_WALK_CUH
 
+#include "mask.h" /* the window rule */
 #include "ptx.cuh"
 
 namespace sta {
@@ -57,24 +58,18 @@ __device__ __forceinline__ int video_row(const P &a, int x) {
                  w - iw * a.tw);
 }
 
-/* First key tile of query tile q on an axis of c tiles, window k <= c. */
-__device__ __forceinline__ int axis_start(int q, int k, int c) {
-  int s = q - k / 2;
-  s = s < 0 ? 0 : s;
-  return s < c - k ? s : c - k;
-}
-
-/* The key tiles of query tile (it, ih, iw) for a head's window, in key
-** blocks of bk keys (tile blocks first, then the text). */
+/* The key tiles of query tile (it, ih, iw) for a head's window (a.win:
+** clamped to the grid), in key blocks of bk keys (tile blocks first, then
+** the text). */
 template <class P>
 __device__ __forceinline__ void window_plan(const P &a, int head, int it,
                                             int ih, int iw, int bk, KeyPlan *p) {
   p->ct = a.win[3 * head];
   p->ch = a.win[3 * head + 1];
   p->cw = a.win[3 * head + 2];
-  p->st = axis_start(it, p->ct, a.NT);
-  p->sh = axis_start(ih, p->ch, a.NH);
-  p->sw = axis_start(iw, p->cw, a.NW);
+  p->st = sta_window_start(it, p->ct, a.NT); /* the rule: core/mask.h */
+  p->sh = sta_window_start(ih, p->ch, a.NH);
+  p->sw = sta_window_start(iw, p->cw, a.NW);
   p->bpt = (a.tile_vol + bk - 1) / bk;
   p->n_tblk = p->ct * p->ch * p->cw * p->bpt;
   p->nkb = p->n_tblk + (a.text_len + bk - 1) / bk;

@@ -1,9 +1,9 @@
 /*
 ** bwd_slots.cuh -- which query rows the backward visits and where their
 ** state lives: query blocks of 64 rows numbered by slot (each tile's blocks,
-** then the text rows'), the query tiles that see a key tile, the walk over
-** a CTA's blocks, the dQ accumulator's block layout, and the deterministic
-** mode's order of adds.
+** then the text rows'), the walk over a CTA's blocks (the query tiles
+** that see a key tile: core/mask.h's sta_window_seen_by), the dQ
+** accumulator's block layout, and the deterministic mode's order of adds.
 */
 #ifndef STA_BWD_SLOTS_CUH
 #define STA_BWD_SLOTS_CUH
@@ -89,9 +89,7 @@ __device__ __forceinline__ int dq_turn(const BwdArgs &a, const int16_t *win, int
     const int tl = s / a.qbpt;
     const int q[3] = {tl / (a.NH * a.NW), (tl / a.NW) % a.NH, tl % a.NW}, c[3] = {a.NT, a.NH, a.NW};
     for (int i = 0; i < 3; i++) {
-      int x = q[i] - win[i] / 2;
-      x = x < 0 ? 0 : x;
-      lo[i] = x < c[i] - win[i] ? x : c[i] - win[i];
+      lo[i] = sta_window_start(q[i], win[i], c[i]); /* the rule: core/mask.h */
       hi[i] = lo[i] + win[i] - 1;
     }
   }
@@ -104,23 +102,6 @@ __device__ __forceinline__ int dq_turn(const BwdArgs &a, const int16_t *win, int
         n += (e.et * e.eh * e.ew + BK - 1) / BK;
       }
   return n + kb; /* not reached: the key tile is in the window */
-}
-
-/* Query tiles [*lo, *hi] on one axis of c tiles whose window (k, already
-** min(K, c)) holds key tile kt: contiguous, since the start of a window
-** never decreases with the query tile. */
-__device__ __forceinline__ void seen_by(int kt, int k, int c, int *lo, int *hi) {
-  *lo = c;
-  *hi = -1;
-  for (int q = 0; q < c; q++) {
-    int s = q - k / 2;
-    s = s < 0 ? 0 : s;
-    s = s < c - k ? s : c - k;
-    if (kt >= s && kt < s + k) {
-      *lo = min(*lo, q);
-      *hi = q;
-    }
-  }
 }
 
 /* An odometer over the query blocks of one CTA: the tiles of the ranges

@@ -9,7 +9,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 
+#include "bsa_bwd_params.h" /* sta_cuda_block_attention_backward */
+#include "bsa_params.h"     /* sta_cuda_block_attention */
 #include "ops.cuh" /* to_f32: the elementwise operations' conversion */
+#include "vsa.cuh" /* VSA's pieces (vsa_rows.cu, vsa_coarse.cu) */
 
 sta_status sta_cuda_fail(cudaError_t e, const char *what) {
   (void)cudaGetLastError(); /* clear a non-sticky error */
@@ -252,19 +255,27 @@ sta_status cuda_head_diff(const sta_attn_params *p, float *l1, float *l2) {
   return rc;
 }
 
+/* The window (fwd_api.cu) or a block list (bsa_api.cu). */
 sta_status cuda_attention(const sta_attn_params *p) {
-  return sta_cuda_attention(p);
+  return p->mask == STA_MASK_WINDOW ? sta_cuda_attention(p) : sta_cuda_block_attention(p);
 }
 
 sta_status cuda_attention_backward(const sta_attn_params *p) {
-  return sta_cuda_attention_backward(p);
+  return p->mask == STA_MASK_WINDOW ? sta_cuda_attention_backward(p)
+                                    : sta_cuda_block_attention_backward(p);
 }
 
 const sta_backend_ops cuda_ops = {
     "cuda",      cuda_probe,     cuda_alloc,  cuda_release,
     cuda_memcpy, sta_cuda_copy,  sta_cuda_fill, sta_cuda_randn,
     cuda_attention, cuda_head_diff, cuda_synchronize, cuda_attention_backward,
-    sta_cuda_lincomb, sta_cuda_stats, sta_cuda_attention_fp8};
+    sta_cuda_lincomb, sta_cuda_stats, sta_cuda_attention_fp8,
+    /* the block-sparse kernels (bsa_api.cu, bsa_bwd_api.cu) and their list check */
+    1 << STA_MASK_BLOCKS | 1 << STA_MASK_WINDOW_OR_BLOCKS, sta_cuda_check_lists,
+    /* VSA's pieces around the fine branch (vsa_rows.cu, vsa_coarse.cu) */
+    sta_cuda_vsa_means, sta_cuda_vsa_coarse, sta_cuda_vsa_combine, sta_cuda_vsa_backward_prep,
+    sta_cuda_vsa_backward_coarse, sta_cuda_vsa_reorder, sta_cuda_vsa_workspace,
+    sta_cuda_vsa_workspace_free, sta_cuda_vsa_capturing};
 
 } /* namespace */
 

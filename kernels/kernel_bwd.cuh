@@ -123,9 +123,10 @@ __global__ void __launch_bounds__(NTH, 1) sta_bwd_kernel(const __grid_constant__
   if (text) {
     qw.ta = 0; qw.tz = a.NT - 1; qw.ha = 0; qw.hz = a.NH - 1; qw.wa = 0; qw.wz = a.NW - 1;
   } else {
-    seen_by(kt, a.win[3 * h], a.NT, &qw.ta, &qw.tz);
-    seen_by(khh, a.win[3 * h + 1], a.NH, &qw.ha, &qw.hz);
-    seen_by(kw, a.win[3 * h + 2], a.NW, &qw.wa, &qw.wz);
+    /* the query tiles that see key tile (kt, khh, kw): core/mask.h */
+    sta_window_seen_by(kt, a.win[3 * h], a.NT, &qw.ta, &qw.tz);
+    sta_window_seen_by(khh, a.win[3 * h + 1], a.NH, &qw.ha, &qw.hz);
+    sta_window_seen_by(kw, a.win[3 * h + 2], a.NW, &qw.wa, &qw.wz);
   }
   if (tid == 0) {
     for (int s = 0; s < STAGES; s++) {

@@ -92,11 +92,9 @@ __device__ __forceinline__ void fp8_item_runs(const Fp8Params &a, int64_t item, 
                        (int)((tq / a.g.grid[2]) % a.g.grid[1]), (int)(tq % a.g.grid[2])};
 #pragma unroll
     for (int ax = 0; ax < 3; ax++) {
-      const int k = a.win[3 * h + ax], c = a.g.grid[ax];
-      int s = tc[ax] - k / 2;
-      s = s < 0 ? 0 : s > c - k ? c - k : s;
-      wk.lo[ax] = k >= c ? 0 : s;
-      wk.cnt[ax] = k >= c ? c : k;
+      const int k = a.win[3 * h + ax]; /* clamped to the grid (clamp_windows) */
+      wk.lo[ax] = sta_window_start(tc[ax], k, a.g.grid[ax]); /* the rule: core/mask.h */
+      wk.cnt[ax] = k;
     }
     wk.text_item = 0;
     wk.nruns = wk.cnt[0] * wk.cnt[1] + (a.g.keys_end > a.g.tiled_video ? 1 : 0);

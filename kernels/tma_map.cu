@@ -73,6 +73,24 @@ bool tma_encode_bytes(CUtensorMap *m, const void *base, const uint64_t dims[3],
   return r == CUDA_SUCCESS;
 }
 
+bool tma_encode_nd(CUtensorMap *m, const void *base, bool bf16, int rank, const uint64_t *dims,
+                   const uint64_t *strides, const uint32_t *box) {
+  PFN_cuTensorMapEncodeTiled_v12000 enc = tensor_map_encoder();
+  if (!enc || rank < 2 || rank > 5) return false;
+  cuuint64_t d[5], st[4];
+  cuuint32_t bx[5], es[5] = {1, 1, 1, 1, 1};
+  for (int i = 0; i < rank; i++) {
+    d[i] = dims[i];
+    bx[i] = box[i];
+    if (i > 0) st[i - 1] = strides[i - 1];
+  }
+  CUresult r = enc(m, bf16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16,
+                   (cuuint32_t)rank, const_cast<void *>(base), d, st, bx, es,
+                   CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                   CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  return r == CUDA_SUCCESS;
+}
+
 } /* namespace sta */
 
 int sta_cuda_encode_map(void *m, const void *base, const sta_attn_params *p, int64_t sb,

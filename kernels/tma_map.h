@@ -30,6 +30,14 @@ bool tma_encode(CUtensorMap *m, const void *base, const sta_attn_params *p, int6
 bool tma_encode_bytes(CUtensorMap *m, const void *base, const uint64_t dims[3],
                       const uint64_t strides[2], const uint32_t box[3]);
 
+/* A map of bf16 (bf16 true) or f16 elements at base with rank (2..5)
+** dims (dims[0] contiguous), byte strides of dims 1.. (multiples of 16),
+** boxes of box[0] (64: 128 bytes, the 128-byte swizzle) x box[1..];
+** coordinates may start before a dim (negative) or run past it: those
+** elements read as zero.  False when the driver refuses. */
+bool tma_encode_nd(CUtensorMap *m, const void *base, bool bf16, int rank, const uint64_t *dims,
+                   const uint64_t *strides, const uint32_t *box);
+
 } /* namespace sta */
 
 #endif

@@ -111,6 +111,62 @@ describe("examples", function()
     os.remove(dir)
   end)
 
+  it("mask_search.lua without --out writes into a new folder under $TMPDIR, not the checkout", function()
+    local tmpdir = H.tmp(".tmpdir")
+    assert.is_true(os.execute("mkdir " .. H.quote(tmpdir)))
+    local out, ok = run_example("mask_search", quoted{ "--prompts", "1", "--steps", "1", "--layers", "1",
+      "--heads", "6", "--head-dim", "8", "--canvas", "3x6x6", "--tile", "1x2x2", "--skip-steps", "0" },
+      { TMPDIR = tmpdir })
+    assert.is_true(ok, out)
+    local dir = out:match("tuned strategy: (" .. tmpdir:gsub("%p", "%%%0") .. "/sta%-mask_search%.%w+)/strategy%.json")
+    assert.truthy(dir, out)
+    assert.truthy(H.read(dir .. "/strategy.json"):find("%S"))
+    local f = io.open("mask_search_out")
+    if f then f:close() end
+    assert.is_nil(f, "mask_search_out/ in the working folder")
+    assert.is_true(os.execute("rm -rf " .. H.quote(tmpdir)))
+  end)
+
+  it("every example's --help describes it and gives each option's default", function()
+    local names = {}
+    for f in io.popen("ls examples"):lines() do names[#names + 1] = f end
+    assert.is_true(#names >= 6, table.concat(names, " "))
+    for _, f in ipairs(names) do
+      local cmd
+      if f:match("%.lua$") then
+        cmd = ("LUA_PATH=%s LUA_CPATH=%s lua5.4 examples/%s --help"):format(H.quote(package.path),
+          H.quote(package.cpath), f)
+      elseif f:match("%.py$") then
+        local py
+        for _, p in ipairs{ "python3", "/usr/bin/python3" } do
+          if not py and select(2, H.sh(p .. " -c 'import torch'")) then py = p end
+        end
+        if not py then goto continue end -- the Python examples need torch
+        cmd = py .. " examples/" .. f .. " --help"
+      else goto continue end
+      do
+        local out, ok = H.sh(cmd)
+        assert.is_true(ok, f .. ": " .. out)
+        assert.equal(1, out:find("usage: " .. f, 1, true), f .. ": " .. out)
+        local about, opts = out:match("\n\n(.-)\n\noptions:\n(.*)$")
+        assert.truthy(about, f .. ": " .. out)
+        assert.is_true(#about > 200, f .. ": a description of what it does: " .. about)
+        local n = 0
+        for line in opts:gmatch("[^\n]+") do
+          local opt = line:match("^  (%-%-[%w%-]+)")
+          if opt then
+            n = n + 1
+            -- the default on the option's own line, or on the next (a long option)
+            local rest = opts:match(opt:gsub("%p", "%%%0") .. "[^\n]*\n?[^\n]*")
+            assert.truthy(rest:find("default", 1, true), f .. " " .. opt .. ": no default in: " .. rest)
+          end
+        end
+        assert.is_true(n >= 4, f .. ": " .. opts)
+      end
+      ::continue::
+    end
+  end)
+
   it("compare.lua prints the per-head table for .npy and .safetensors inputs", function()
     local sta = require "sta"
     local S = 2 * 8 * 8 + 3

@@ -31,10 +31,11 @@ typedef struct fx {
   sta_sp_layer *sp_layer, *sp_layer_out;
   sta_geometry geom;
   sta_attention_desc desc, desc8; /* desc8: STA_PRECISION_FP8 */
+  sta_vsa_desc vdesc;
   sta_layer_desc ldesc;
   sta_transport transport;
   sta_tune_report report;
-  int64_t shape4[4], strides4[4], index4[4];
+  int64_t shape4[4], strides4[4], index4[4], i64out;
   int32_t perm4[4], win[3], wins[3], cands[6], fullwin[3], grid[3], iout[16];
   const int32_t *cwins;
   double dout[4];
@@ -110,6 +111,7 @@ static void fx_open(fx *x) {
   x->desc.windows = x->win;
   x->desc8 = x->desc;
   x->desc8.precision = STA_PRECISION_FP8;
+  x->vdesc.topk = 1;
   int64_t shape[4] = {1, FX_S, FX_H, FX_D};
   for (int i = 0; i < 4; i++) { x->shape4[i] = shape[i]; x->perm4[i] = i; }
   x->strides4[3] = 1;

@@ -148,4 +148,55 @@ function cli.table(header, rows, out)
   end
 end
 
+
+--- An example's options, each written once: list = {{name, default,
+-- metavar, what [, default = "text"]}, ...} in the order --help shows them
+-- (name with "_"; metavar false for a flag; default text for a default
+-- that needs words, e.g. a sentinel).  Returns spec (cli.parse's), the
+-- usage lines and the --help text: usage, about, one line per option with
+-- its default, then epilog.
+function cli.options(prog, about, list, epilog)
+  local spec, parts, lines = {}, {}, {}
+  for _, o in ipairs(list) do
+    local name, default, metavar, what = o[1], o[2], o[3], o[4]
+    spec[name] = default
+    local left = "--" .. name:gsub("_", "-") .. (metavar and (" " .. metavar) or "")
+    parts[#parts + 1] = "[" .. left .. "]"
+    local def = o.default
+    if def == nil then
+      if type(default) == "boolean" then def = default and "on" or "off"
+      elseif default ~= "" then def = tostring(default) end
+    end
+    local text = what .. (def and (" (default " .. def .. ")") or "")
+    if #left > 22 then lines[#lines + 1] = "  " .. left .. "\n" .. (" "):rep(27) .. text
+    else lines[#lines + 1] = ("  %-24s %s"):format(left, text) end
+  end
+  local usage, line = {}, "usage: " .. prog
+  for _, p in ipairs(parts) do
+    if #line + #p + 1 > 92 then usage[#usage + 1] = line; line = (" "):rep(8 + #prog) .. p
+    else line = line .. " " .. p end
+  end
+  usage[#usage + 1] = line
+  usage = table.concat(usage, "\n")
+  local help = usage .. "\n\n" .. about:gsub("%s+$", "") .. "\n\noptions:\n" .. table.concat(lines, "\n")
+    .. ("\n  %-24s %s"):format("-h, --help", "this text")
+  if epilog then help = help .. "\n\n" .. epilog:gsub("%s+$", "") end
+  return spec, usage, help
+end
+
+--- A folder for an example's files: path made (mkdir -p), or when path is
+-- "" a new one under $TMPDIR (/tmp), named after the example.  Returns it.
+function cli.out_dir(path, name)
+  local function q(p) return "'" .. p:gsub("'", "'\\''") .. "'" end
+  if path == "" then
+    local f = io.popen(("mktemp -d %s"):format(q((os.getenv("TMPDIR") or "/tmp") .. "/sta-" .. name .. ".XXXXXX")))
+    path = f and f:read("l") or ""
+    if f then f:close() end
+    if path == "" then error("cannot make a temporary folder (mktemp -d)", 0) end
+  elseif not os.execute("mkdir -p " .. q(path)) then
+    error(("--out %s: cannot make the folder"):format(path), 0)
+  end
+  return path
+end
+
 return cli

@@ -6,7 +6,9 @@ and compares sizes and offsets, and parses the header's field names).
 
 The library is looked for, in order, at:
   1. $STA_LIBRARY (a path to libsta.so; when set, nowhere else);
-  2. next to the package: sta/libsta.so, then the folder holding sta/;
+  2. next to the package: sta/libsta.so (where the wheel of pip install
+     ./python carries it, and where make install links it), then the
+     folder holding sta/;
   3. in a source checkout, $STA_BUILD (or $BUILD, else build)/libsta.so of
      the repository that holds python/sta;
   4. the install prefix: <prefix>/lib/libsta.so for the prefix the package
@@ -45,7 +47,7 @@ class AttentionDesc(C.Structure):
     _fields_ = [("geom", Geometry), ("layout", _enum), ("n_windows", C.c_int32),
                 ("windows", C.POINTER(C.c_int32)), ("scale", C.c_float),
                 ("softmax", _enum), ("deterministic", C.c_int32), ("precision", _enum),
-                ("mask", _enum), ("blocks", C.c_void_p)]
+                ("mask", _enum), ("blocks", C.c_void_p)]  # mask 0: the window
 
 
 class LayerDesc(C.Structure):
@@ -223,7 +225,8 @@ def _load():
         return lib, path
     raise LibraryNotFound(
         "sta: cannot load libsta.so; looked in:\n" + "\n".join(tried) +
-        "\nBuild it (make) or install it (make install), or set STA_LIBRARY to its path.",
+        "\nBuild it (make), then pip install ./python (the wheel carries it) or make install;"
+        " or set STA_LIBRARY to its path.",
         0, "STA_OK")
 
 

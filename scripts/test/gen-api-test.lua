@@ -79,6 +79,12 @@ local NULLABLE = {
   ["sta_comm_tcp.id_file"] = true, ["sta_tune_defaults.full"] = true,
   ["sta_tune_defaults.skip_steps"] = true, ["sta_tensor_compare.max_abs"] = true,
   ["sta_tensor_compare.rel_l2"] = true,
+  ["sta_vsa_forward.gate"] = true, ["sta_vsa_forward.lse"] = true,
+  ["sta_vsa_backward.gate"] = true, ["sta_vsa_backward.dgate"] = true,
+  ["sta_vsa_coarse.out_c"] = true, ["sta_vsa_coarse.lse_c"] = true,
+  ["sta_vsa_coarse.idx"] = true, ["sta_vsa_coarse.num"] = true,
+  ["sta_vsa_reference.gate"] = true, ["sta_vsa_reference.lse"] = true,
+  ["sta_vsa_backward_reference.gate"] = true, ["sta_vsa_backward_reference.dgate"] = true,
 }
 
 -- Statuses sta.h gives for a NULL argument outside the 1xx group.
@@ -139,7 +145,8 @@ local BY_TYPE = {
   ["const int32_t *"] = "x.win", ["int32_t *"] = "x.iout", ["double *"] = "x.dout",
   ["float *"] = "x.fout", ["sta_dtype *"] = "&x.dtype_out", ["sta_tune_report *"] = "&x.report",
   ["char **"] = "&x.json", ["const char *"] = "x.path_out", ["void *"] = "NULL",
-  ["sta_stats *"] = "&x.stats",
+  ["sta_stats *"] = "&x.stats", ["const sta_vsa_desc *"] = "&x.vdesc",
+  ["int64_t *"] = "&x.i64out",
 }
 
 local SCALAR = { -- by parameter name, any integer or float type
@@ -149,6 +156,7 @@ local SCALAR = { -- by parameter name, any integer or float type
   i = "0", as_bf16 = "0", n_files = "1", skip_steps = "0", full_steps = "0",
   n_candidates = "2", seq_len = "FX_S", batch = "1", head_dim = "FX_D", t = "FX_T",
   h = "FX_HH", w = "FX_W", q = "0", k = "1", c = "1", device = "-1", a = "0.5", b = "2",
+  sparsity = "0.5", cubes = "4",
 }
 local ENUM = { sta_dtype = "STA_F32", sta_device = "STA_CPU", sta_layout = "STA_BSHD",
                sta_status = "STA_ERR_SHAPE" }

@@ -1,0 +1,10 @@
+/*
+** bsa_bf16_d64.cu -- the block-sparse forward kernels of bf16, head dim 64
+** (kernel_bsa.cuh's run_bsa, one instantiation per file so that they
+** compile in parallel).
+*/
+#include "kernel_bsa.cuh"
+
+namespace sta {
+template sta_status run_bsa<__nv_bfloat16, 64>(BsaParams &);
+}

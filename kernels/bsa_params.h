@@ -1,0 +1,68 @@
+/*
+** bsa_params.h -- the block-sparse forward's one argument (BsaParams),
+** built from the core's resolved problem (sta_attn_params with mask BLOCKS
+** or WINDOW_OR_BLOCKS) by bsa_api.cu alone, and the entry to each (dtype,
+** head dim)'s kernels.  Host and device; nvcc only.
+*/
+#ifndef STA_BSA_PARAMS_H
+#define STA_BSA_PARAMS_H
+
+#include <cuda.h> /* CUtensorMap (types only) */
+#include <stdint.h>
+
+#include "sta_cuda.h"
+
+#define STA_BSA_MAX_HEADS 1024
+
+namespace sta {
+
+struct BsaParams {
+  /* TMA maps, boxes of 64 columns, 128-byte swizzle: Q rows (3-D: C0, Sq,
+  ** N; box 64 x QR rows), K and V by block (4-D: C0, block_rows, Mk, N;
+  ** box 64 x BK rows: a box may start before its block, bsa_walk.h).  C0 =
+  ** heads * D and N = batch (tma_fused: head stride D), else C0 = D and N
+  ** = batch * heads (the batch folded into the heads' stride). */
+  CUtensorMap tmq, tmk, tmv;
+  int tma;       /* every load by TMA; else the producer warpgroup gathers */
+  int tma_fused;
+  const void *q, *k, *v;
+  void *o;
+  float *lse;
+  int *sched; /* persistent: [next item, CTAs done], reset at exit; NULL: a CTA an item */
+  int64_t q_sb, q_ss, q_sh, k_sb, k_ss, k_sh, v_sb, v_ss, v_sh;
+  int64_t o_sb, o_ss, o_sh, lse_sb, lse_sh, lse_ss;
+  int heads, batch, vec; /* vec: 16-byte aligned rows (q, k, v, o) */
+  /* the lists (core/internal.h: device pointers, validated) */
+  int bv;       /* block rows */
+  int Mq, Mk;   /* query and key blocks */
+  int64_t L;    /* idx entries per query block */
+  const int32_t *num, *idx, *q_sizes, *kv_sizes;
+  int uni;      /* WINDOW_OR_BLOCKS: the window's tiles, then the list's others */
+  int grid[3];  /* the union's tile grid (blocks are its tiles) */
+  /* work items (bsa_walk.h's bsa_item), set by the launch */
+  int parts;    /* items per query block */
+  int n_items;
+  float scale_log2;
+  float rescale_th; /* softmax_block's threshold: 0 exact, 8 fast */
+  int16_t win[3 * STA_BSA_MAX_HEADS]; /* the union: min(K, grid) per head and axis */
+};
+
+/* The block-sparse forward of one (dtype, head dim) on x (kernel_bsa.cuh;
+** instantiated once each in bsa_<dtype>_d<D>.cu): 64-row blocks by the
+** split kernel, multiples of 128 by the shared one.  persist: the
+** scheduler's counters when they can be had. */
+template <typename T, int D> sta_status run_bsa(BsaParams &x);
+
+/* Records a launch for sta_cuda_last_launch (bsa_api.cu). */
+void bsa_note_launch(const BsaParams &x, const char *kernel, const char *dtype, int d, int qr,
+                     int bk, int grid);
+
+} /* namespace sta */
+
+/* The block-sparse forward on device tensors (mask != WINDOW; bsa_api.cu). */
+sta_status sta_cuda_block_attention(const sta_attn_params *p);
+/* The resolved lists of p checked on the device (bsa_check.cu): the CUDA
+** backend's check_lists (core/internal.h), core/mask.c's messages. */
+sta_status sta_cuda_check_lists(const sta_attn_params *p);
+
+#endif

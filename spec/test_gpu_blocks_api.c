@@ -1,0 +1,195 @@
+/* test_gpu_blocks_api.c -- block-sparse attention on the GPU through the
+** public API (sta_attention_forward and _backward with STA_MASK_BLOCKS,
+** the lists as i32 tensors): against the CPU path on f32 copies of the same
+** values (forward, lse, gradients), and bad lists (an index out of range or
+** twice, num past L, a size outside 1..block_rows) refused on the GPU with
+** the CPU's status and message (the device check, kernels/bsa_check.cu,
+** against core/mask.c's), the outputs left as they were.  The kernels'
+** own coverage: test_gpu_blocks.c.  STA_TEST_SEED fixes the seed. */
+#include <math.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <cmocka.h>
+
+#include "blocks_case.h"
+
+static sta_tensor *i32_tensor(int32_t nd, const int64_t *shape, const int32_t *v, sta_device dev) {
+  sta_tensor *h = NULL, *d = NULL;
+  assert_int_equal(sta_tensor_create(&h, STA_I32, STA_CPU, nd, shape), STA_OK);
+  int64_t n = 1;
+  for (int i = 0; i < nd; i++) n *= shape[i];
+  memcpy(sta_tensor_data(h), v, sizeof(int32_t) * (size_t)n);
+  if (dev == STA_CPU) return h;
+  assert_int_equal(sta_tensor_to(&d, h, STA_I32, dev), STA_OK);
+  sta_tensor_destroy(h);
+  return d;
+}
+
+typedef struct plists {
+  sta_tensor *t[4]; /* num, idx, kv_sizes, q_sizes */
+  sta_block_list bl;
+} plists;
+
+static void plists_make(plists *pl, const kcase *c, const lists *x, sta_device dev) {
+  const int64_t ns[3] = {c->B, c->H, c->Mq}, is[4] = {c->B, c->H, c->Mq, c->L};
+  pl->t[0] = i32_tensor(3, ns, x->num, dev);
+  pl->t[1] = i32_tensor(4, is, x->idx, dev);
+  pl->t[2] = i32_tensor(1, &c->Mk, x->ks, dev);
+  pl->t[3] = i32_tensor(1, &c->Mq, x->qs, dev);
+  memset(&pl->bl, 0, sizeof pl->bl);
+  pl->bl.block_rows = c->bv;
+  pl->bl.num = pl->t[0]; pl->bl.idx = pl->t[1]; pl->bl.kv_sizes = pl->t[2]; pl->bl.q_sizes = pl->t[3];
+}
+
+static void plists_free(plists *pl) {
+  for (int i = 0; i < 4; i++) sta_tensor_destroy(pl->t[i]);
+}
+
+/* One problem through sta_attention_forward / _backward on both devices
+** (the CPU on f32 copies of the same values); then bad lists: the GPU's
+** status and message are the CPU's, and the outputs are left as they were. */
+static void public_case(const kcase *c) {
+  char what[400];
+  describe(c, what, sizeof what);
+  lists x;
+  make_lists(c, &x);
+  const int64_t Sq = c->Mq * c->bv, Sk = c->Mk * c->bv;
+  enum { NI = 4 };
+  sta_tensor *hb[NI], *h[NI], *f[NI], *g[NI];
+  for (int i = 0; i < NI; i++) { /* q, k, v, dout */
+    const int kv = i == 1 || i == 2;
+    h[i] = make4(&hb[i], c->dtype, STA_CPU, c->layout, 0, c->B, kv ? Sk : Sq, c->H, c->D);
+    assert_int_equal(sta_tensor_randn(h[i], c->seed * 5 + (uint64_t)i, i == 2 ? 0.3 : 0.0, 1.0), STA_OK);
+    const int64_t M = kv ? c->Mk : c->Mq;
+    const int32_t *sz = kv ? x.ks : x.qs;
+    for (int64_t n = 0; n < M; n++) fill_rows(h[i], c->layout, n * c->bv + sz[n], (n + 1) * c->bv, NAN);
+    f[i] = g[i] = NULL;
+    assert_int_equal(sta_tensor_to(&f[i], h[i], STA_F32, STA_CPU), STA_OK);
+    assert_int_equal(sta_tensor_to(&g[i], h[i], c->dtype, STA_CUDA), STA_OK);
+  }
+  plists hl, dl;
+  plists_make(&hl, c, &x, STA_CPU);
+  plists_make(&dl, c, &x, STA_CUDA);
+  sta_attention_desc d;
+  memset(&d, 0, sizeof d);
+  d.layout = c->layout;
+  d.mask = STA_MASK_BLOCKS;
+  d.scale = c->scale;
+  int64_t qshape[4], kshape[4], ls[3] = {c->B, c->H, Sq};
+  for (int i = 0; i < 4; i++) { qshape[i] = sta_tensor_size(f[0], i); kshape[i] = sta_tensor_size(f[1], i); }
+  sta_tensor *go = NULL, *glse = NULL, *co = NULL, *clse = NULL, *gg[3], *cg[3];
+  assert_int_equal(sta_tensor_create(&go, c->dtype, STA_CUDA, 4, qshape), STA_OK);
+  assert_int_equal(sta_tensor_create(&glse, STA_F32, STA_CUDA, 3, ls), STA_OK);
+  assert_int_equal(sta_tensor_create(&co, STA_F32, STA_CPU, 4, qshape), STA_OK);
+  assert_int_equal(sta_tensor_create(&clse, STA_F32, STA_CPU, 3, ls), STA_OK);
+  for (int i = 0; i < 3; i++) {
+    gg[i] = cg[i] = NULL;
+    assert_int_equal(sta_tensor_create(&gg[i], c->dtype, STA_CUDA, 4, i ? kshape : qshape), STA_OK);
+    assert_int_equal(sta_tensor_create(&cg[i], STA_F32, STA_CPU, 4, i ? kshape : qshape), STA_OK);
+    assert_int_equal(sta_tensor_fill(gg[i], NAN), STA_OK);
+  }
+  assert_int_equal(sta_tensor_fill(go, NAN), STA_OK);
+  d.blocks = &dl.bl;
+  sta_status rc = sta_attention_forward(&d, g[0], g[1], g[2], go, glse);
+  if (rc != STA_OK) fail_msg("%s: GPU forward: %s", what, sta_last_error());
+  rc = sta_attention_backward(&d, g[0], g[1], g[2], go, glse, g[3], gg[0], gg[1], gg[2]);
+  if (rc != STA_OK) fail_msg("%s: GPU backward: %s", what, sta_last_error());
+  assert_int_equal(sta_cuda_synchronize(), STA_OK);
+  d.blocks = &hl.bl;
+  assert_int_equal(sta_attention_forward(&d, f[0], f[1], f[2], co, clse), STA_OK);
+  assert_int_equal(sta_attention_backward(&d, f[0], f[1], f[2], co, clse, f[3], cg[0], cg[1], cg[2]),
+                   STA_OK);
+  double mx, rel;
+  assert_int_equal(sta_tensor_compare(go, co, &mx, &rel), STA_OK);
+  if (!(rel < (c->dtype == STA_BF16 ? 1e-2 : 2e-3))) fail_msg("%s: out rel L2 %g against the CPU", what, rel);
+  sta_tensor *hl2 = NULL;
+  assert_int_equal(sta_tensor_to(&hl2, glse, STA_F32, STA_CPU), STA_OK);
+  const float *a = sta_tensor_data(hl2), *bb = sta_tensor_data(clse);
+  for (int64_t i = 0; i < sta_tensor_numel(hl2); i++)
+    if (a[i] != bb[i] && !(fabsf(a[i] - bb[i]) < 2e-3f))
+      fail_msg("%s: lse[%lld] = %g, CPU %g", what, (long long)i, (double)a[i], (double)bb[i]);
+  sta_tensor_destroy(hl2);
+  static const char *name[3] = {"dq", "dk", "dv"};
+  for (int i = 0; i < 3; i++) {
+    assert_int_equal(sta_tensor_compare(gg[i], cg[i], &mx, &rel), STA_OK);
+    if (!(rel < (c->dtype == STA_F16 ? 1e-2 : 3e-2)))
+      fail_msg("%s: %s rel L2 %g against the CPU", what, name[i], rel);
+  }
+  /* bad lists: each fault on both devices, the same status and message */
+  const int64_t rows = c->B * c->H * c->Mq, r = rows - 1;
+  for (int fault = 0; fault < 5; fault++) {
+    lists y = x;
+    int32_t *num = malloc(sizeof(int32_t) * (size_t)rows), *idx = malloc(sizeof(int32_t) * (size_t)(rows * c->L));
+    int32_t *ks = malloc(sizeof(int32_t) * (size_t)c->Mk), *qs = malloc(sizeof(int32_t) * (size_t)c->Mq);
+    assert_true(num && idx && ks && qs);
+    memcpy(num, x.num, sizeof(int32_t) * (size_t)rows);
+    memcpy(idx, x.idx, sizeof(int32_t) * (size_t)(rows * c->L));
+    memcpy(ks, x.ks, sizeof(int32_t) * (size_t)c->Mk);
+    memcpy(qs, x.qs, sizeof(int32_t) * (size_t)c->Mq);
+    y.num = num; y.idx = idx; y.ks = ks; y.qs = qs;
+    num[r] = num[r] > 1 ? num[r] : 2; /* the last list: two entries at least */
+    idx[r * c->L] = 0; idx[r * c->L + 1] = c->Mk > 1 ? 1 : 0;
+    if (fault == 0) idx[r * c->L + 1] = (int32_t)c->Mk;           /* out of range */
+    if (fault == 1) idx[r * c->L + 1] = 0;                        /* twice */
+    if (fault == 2) num[r] = (int32_t)c->L + 1;                    /* num past L */
+    if (fault == 3) ks[c->Mk - 1] = c->bv + 1;                    /* a size */
+    if (fault == 4) { qs[0] = 0; ks[0] = 0; }                     /* kv first */
+    if (c->Mk == 1 && fault == 1) { free(num); free(idx); free(ks); free(qs); continue; }
+    if (num[r] > c->L && fault != 2) num[r] = (int32_t)c->L;
+    plists hb2, db2;
+    plists_make(&hb2, c, &y, STA_CPU);
+    plists_make(&db2, c, &y, STA_CUDA);
+    char cmsg[512];
+    d.blocks = &hb2.bl;
+    const sta_status crc = sta_attention_forward(&d, f[0], f[1], f[2], co, clse);
+    snprintf(cmsg, sizeof cmsg, "%s", sta_last_error());
+    assert_int_equal(sta_tensor_fill(go, NAN), STA_OK);
+    d.blocks = &db2.bl;
+    const sta_status grc = sta_attention_forward(&d, g[0], g[1], g[2], go, glse);
+    if (crc == STA_OK || grc != crc || strcmp(cmsg, sta_last_error()) != 0)
+      fail_msg("%s: bad lists (fault %d): GPU %s '%s', CPU %s '%s'", what, fault,
+               sta_status_name(grc), sta_last_error(), sta_status_name(crc), cmsg);
+    sta_tensor *ho = NULL;
+    assert_int_equal(sta_tensor_to(&ho, go, STA_F32, STA_CPU), STA_OK);
+    const float *o = sta_tensor_data(ho);
+    for (int64_t i = 0; i < sta_tensor_numel(ho); i++)
+      if (!isnan(o[i])) fail_msg("%s: bad lists (fault %d) wrote out[%lld]", what, fault, (long long)i);
+    sta_tensor_destroy(ho);
+    plists_free(&hb2);
+    plists_free(&db2);
+    free(num); free(idx); free(ks); free(qs);
+  }
+  for (int i = 0; i < NI; i++) {
+    sta_tensor_destroy(h[i]); sta_tensor_destroy(hb[i]); sta_tensor_destroy(f[i]); sta_tensor_destroy(g[i]);
+  }
+  for (int i = 0; i < 3; i++) { sta_tensor_destroy(gg[i]); sta_tensor_destroy(cg[i]); }
+  sta_tensor_destroy(go); sta_tensor_destroy(glse); sta_tensor_destroy(co); sta_tensor_destroy(clse);
+  plists_free(&hl);
+  plists_free(&dl);
+  free_lists(&x);
+}
+
+static void test_public(void **state) {
+  NEED_GPU();
+  kcase c;
+  case_init(&c, 64, 7, 5, 6); /* L > Mk */
+  public_case(&c);
+  case_init(&c, 256, 2, 3, 2);
+  c.D = 64; c.dtype = STA_F16; c.layout = STA_BHSD; c.B = 2;
+  public_case(&c);
+}
+
+int main(void) {
+  sta_test_begin(1181783497276652981ull, 7046029254386353131ull);
+  if (!sta_backend_available(STA_CUDA))
+    printf("# no CUDA backend: %s\n", sta_backend_describe(STA_CUDA));
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_public),
+  };
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}
