@@ -183,7 +183,7 @@ install: runtime install-python
 	install -m 755 $(TOOLS) $(DESTDIR)$(PREFIX)/bin/
 	install -m 755 $(LUA_MOD) $(DESTDIR)$(LUA_LIBDIR)/sta/
 	install -m 644 lua/sta/*.lua $(DESTDIR)$(LUA_SHAREDIR)/sta/
-	install -m 644 lua/sta/ffi.lua $(DESTDIR)$(LUAJIT_SHAREDIR)/sta/ # where luajit looks
+	install -m 644 lua/sta/ffi.lua lua/sta/options.lua $(DESTDIR)$(LUAJIT_SHAREDIR)/sta/ # where luajit looks
 
 # The Python package, with sta/libsta.so a link to $(PREFIX)/lib/libsta.so
 # (so it loads the library this install put there, wherever the package

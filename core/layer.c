@@ -333,6 +333,14 @@ sta_status sta_layer_forward(sta_layer *l, const sta_tensor *q,
   return sta_layer_forward_lse(l, q, k, v, out, NULL);
 }
 
+/* A search row has no backward (STA.md section 10). */
+static sta_status no_search_backward(const sta_layer *l, sta_context *ctx, int32_t n) {
+  return sta_error(STA_ERR_UNSUPPORTED,
+                   "backward: layer %d runs a mask search at step %d (%d candidate windows); "
+                   "a search-mode forward has no backward",
+                   (int)l->index, (int)sta_context_step(ctx), (int)n);
+}
+
 sta_status sta_layer_backward(sta_layer *l, const sta_tensor *q, const sta_tensor *k,
                               const sta_tensor *v, const sta_tensor *out,
                               const sta_tensor *lse, const sta_tensor *dout, sta_tensor *dq,
@@ -345,13 +353,32 @@ sta_status sta_layer_backward(sta_layer *l, const sta_tensor *q, const sta_tenso
   const int32_t *row;
   sta_status rc = layer_windows(l, ops, N, 8, &d, &ctx, &n, &row, &owned);
   if (rc != STA_OK) return rc;
-  if (n != 0)
-    rc = sta_error(STA_ERR_UNSUPPORTED,
-                   "backward: layer %d runs a mask search at step %d (%d candidate windows); "
-                   "a search-mode forward has no backward",
-                   (int)l->index, (int)sta_context_step(ctx), (int)n);
-  else
-    rc = sta_attention_backward(&d, q, k, v, out, lse, dout, dq, dk, dv);
+  if (n != 0) rc = no_search_backward(l, ctx, n);
+  else rc = sta_attention_backward(&d, q, k, v, out, lse, dout, dq, dk, dv);
+  free(owned);
+  return rc;
+}
+
+sta_status sta_layer_resolve(sta_layer *l, const sta_tensor *q, sta_attention_desc *desc,
+                             int32_t *windows) {
+  static const char *N[1] = {"q"};
+  const sta_tensor *ops[1] = {q};
+  sta_attention_desc d;
+  sta_context *ctx;
+  int32_t n, *owned;
+  const int32_t *row;
+  STA_CHECK_HANDLE(l, STA_KIND_LAYER, "layer");
+  if (!desc) return sta_error(STA_ERR_ARGUMENT, "desc: expected a descriptor, got NULL");
+  if (!windows) return sta_error(STA_ERR_ARGUMENT, "windows: expected %d ints, got NULL",
+                                 (int)(3 * l->local_heads));
+  sta_status rc = layer_windows(l, ops, N, 1, &d, &ctx, &n, &row, &owned);
+  if (rc != STA_OK) return rc;
+  if (n != 0) rc = no_search_backward(l, ctx, n);
+  else {
+    memcpy(windows, d.windows, sizeof(int32_t) * 3 * (size_t)d.n_windows);
+    d.windows = windows;
+    *desc = d;
+  }
   free(owned);
   return rc;
 }

@@ -902,6 +902,20 @@ sta_status sta_layer_backward(sta_layer *l, const sta_tensor *q,
                               const sta_tensor *out, const sta_tensor *lse,
                               const sta_tensor *dout, sta_tensor *dq,
                               sta_tensor *dk, sta_tensor *dv);
+/* The attention the layer's forward runs for q under the live context,
+** as a plain descriptor: the geometry (from q's length when the layer has
+** none), layout, scale, softmax, precision, and this rank's windows, one per
+** local head, copied to windows (local_heads * 3 ints) where desc->windows
+** points.  sta_attention_forward(desc, q, k, v, ...) computes what
+** sta_layer_forward does, and sta_attention_backward(desc, ...) its
+** gradients with no context at all: a binding keeps desc with the
+** forward's out and lse, so its backward uses the windows the forward used
+** whatever the context, the strategy or the layer hold by then (STA.md
+** section 10).  A search row: STA_ERR_UNSUPPORTED, as sta_layer_backward.
+** The checks of sta_layer_forward on the context and q; on error desc and
+** windows are unchanged. */
+sta_status sta_layer_resolve(sta_layer *l, const sta_tensor *q,
+                             sta_attention_desc *desc, int32_t *windows);
 
 /* }====================================================================== */
 

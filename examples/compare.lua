@@ -14,7 +14,8 @@ the mean L1 and L2 differences and the relative error; then both times.
   compare.lua --file acts.safetensors --names q,k,v --window 3x3x3,1x5x7,...
   compare.lua --demo     (random activations written to .npy under --out first)
 --canvas may be left out for FastVideo's sequence lengths; --window takes one
-window for all heads or one per head.  Reads the inputs; writes files only
+window for all heads or one per head (3x3x3,1x5x7 or 3,3,3:1,5,7; triples as
+TxHxW or T,H,W, as sta-run and every binding take them).  Reads the inputs; writes files only
 with --demo.]]
 local spec, usage, help = cli.options("compare.lua", about, {
   { "q", "", "F.npy", "queries [B, S, heads, D]", default = "none" },
@@ -101,8 +102,7 @@ else
 end
 local grid = geom:grid()
 
-local windows = {}
-for w in opts.window:gmatch("[^,]+") do windows[#windows + 1] = cli.triple(w, "--window") end
+local windows = cli.windows(opts.window, "--window")
 if #windows ~= 1 and #windows ~= heads then
   fail(("--window: expected 1 or %d windows (one per head), got %d"):format(heads, #windows))
 end

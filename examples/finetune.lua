@@ -14,9 +14,10 @@ from the teacher's Q, K and V but attends only inside a sliding tile window,
 so its output differs; a few steps of gradient descent on Q, K and V through
 the STA layer's backward bring the sparse output back toward the dense one.
 Each step pushes a forward context, runs layer:forward with the log-sum-exp
-and layer:backward under the same context (so the backward sees the windows
-the forward used), and moves Q, K, V against their gradients, normalised by
-their RMS.  The parameters are kept in f32 (on the device when there is one)
+and layer:backward with what that forward returned (out, lse and the record
+of the windows it ran, so the backward uses them whatever happens in
+between), and moves Q, K, V against their gradients, normalised by their
+RMS.  The parameters are kept in f32 (on the device when there is one)
 and cast to the compute dtype for each step.  Prints the loss per step;
 exits 1 if it did not fall.  Writes no files.]]
 local spec, usage, help = cli.options("finetune.lua", about, {
@@ -86,7 +87,7 @@ local losses = {}
 for step = 1, opts.steps + 1 do
   local q, k, v = cast(p.q), cast(p.k), cast(p.v)
   local ctx <close> = sta.forward_context{ step = 0, batch = batch }
-  local out, lse = layer:forward(q, k, v, { lse = true })
+  local out, lse, used = layer:forward(q, k, v, { lse = true })
   -- loss = mean((out - target)^2); dout = 2 (out - target) / n
   diff:copy(out)
   diff:axpby(-1, target, 1)
@@ -96,7 +97,7 @@ for step = 1, opts.steps + 1 do
   say("step %3d  loss %.6e\n", step - 1, loss)
   if step > opts.steps then break end
   diff:scale(2 / n)
-  local dq, dk, dv = layer:backward(q, k, v, out, lse, diff)
+  local dq, dk, dv = layer:backward(q, k, v, out, lse, diff, used)
   -- normalised gradient descent: each parameter moves lr * g / rms(g)
   for name, g in pairs{ q = dq, k = dk, v = dv } do
     local gs = g:stats()

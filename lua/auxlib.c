@@ -335,6 +335,29 @@ void sta_lua_push_window_list(lua_State *L, const int32_t *w, int32_t n) {
   }
 }
 
+/* ---- options (lua/sta/options.lua) ---------------------------------------- */
+
+#define STA_LUA_OPTIONS "sta.options"
+
+void sta_lua_load_options(lua_State *L) {
+  lua_getglobal(L, "require");
+  lua_pushliteral(L, "sta.options");
+  lua_call(L, 1, 1);
+  lua_setfield(L, LUA_REGISTRYINDEX, STA_LUA_OPTIONS);
+}
+
+void sta_lua_options(lua_State *L, int idx, const char *call) {
+  idx = lua_absindex(L, idx);
+  lua_getfield(L, LUA_REGISTRYINDEX, STA_LUA_OPTIONS);
+  lua_getfield(L, -1, "check");
+  lua_remove(L, -2);
+  lua_pushstring(L, call);
+  lua_pushvalue(L, idx);
+  lua_pushliteral(L, "lua");
+  lua_call(L, 3, 1); /* raises the schema's message */
+  lua_replace(L, idx);
+}
+
 /* ---- classes ------------------------------------------------------------ */
 
 void sta_lua_new_class(lua_State *L, const char *name, const luaL_Reg *meta,

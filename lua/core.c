@@ -222,11 +222,15 @@ int luaopen_sta_core(lua_State *L) {
   luaL_newlib(L, core_funcs);
   luaL_newlib(L, debug_funcs);
   lua_setfield(L, -2, "debug");
+  sta_lua_load_options(L);
   sta_lua_open_tensor(L);
   sta_lua_open_files(L);
   sta_lua_open_geometry(L);
+  sta_lua_open_attention(L);
   sta_lua_open_strategy(L);
-  sta_lua_open_runtime(L);
+  sta_lua_open_batch(L);
+  sta_lua_open_context(L);
+  sta_lua_open_layer(L);
   sta_lua_open_tune(L);
   push_status_table(L);
   lua_setfield(L, -2, "status");

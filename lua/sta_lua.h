@@ -3,9 +3,10 @@
 ** share.  One file per class, as LuaSocket and luv are laid out:
 **   auxlib.c    errors, device-memory pressure, argument readers, classes
 **   tensor.c    sta.Tensor              files.c     .npy, .safetensors
-**   geometry.c  sta.Geometry, tiling, attention
+**   geometry.c  sta.Geometry, tiling    attention.c  the attention calls
 **   strategy.c  sta.Strategy, sta.Metadata
-**   runtime.c   sta.ForwardBatch, sta.Context, sta.Layer
+**   batch.c     sta.ForwardBatch        context.c   sta.Context
+**   layer.c     sta.Layer
 **   tune.c      sta.tune                core.c      luaopen_sta_core
 **   dist.c      sta.Comm, sta.SPLayer (luaopen_sta_dist)
 **
@@ -27,7 +28,7 @@
 ** limit, and an STA_ERR_DEVICE_NOMEM is retried once after a full collect.
 ** Objects: userdata created released (NULL handle) before allocating;
 ** __gc and __close are one idempotent release; views pin their base with a
-** user value; forward contexts are kept per coroutine (runtime.c) and put
+** user value; forward contexts are kept per coroutine (context.c) and put
 ** on the core's stack only for the length of a call that reads them.
 */
 #ifndef STA_LUA_H
@@ -107,6 +108,15 @@ double sta_lua_num_field(lua_State *L, int t, const char *k, double def);
 int sta_lua_bool_field(lua_State *L, int t, const char *k, int def);
 /* String field or NULL; the string stays alive in the table. */
 const char *sta_lua_str_field(lua_State *L, int t, const char *k);
+/* The options table at idx (which must exist: lua_settop first) checked
+** against the schema of call in lua/sta/options.lua (keys, kinds, ranges,
+** required options) and replaced by its normalized plain copy: triples and
+** windows as tables of integers (their string spellings parsed), aliases
+** under their names, absent options absent (the core's defaults apply).
+** Misuse raises the schema's message, the same as the FFI's and Python's. */
+void sta_lua_options(lua_State *L, int idx, const char *call);
+/* luaopen: require "sta.options" once for sta_lua_options. */
+void sta_lua_load_options(lua_State *L);
 /* Raise unless idx is none, nil or a table whose keys are all in keys
 ** (NULL-terminated): "options: unknown key 'windws' (known: ...)". */
 void sta_lua_check_opts(lua_State *L, int idx, const char *const *keys);
@@ -170,16 +180,27 @@ sta_geometry *sta_lua_check_geometry(lua_State *L, int idx);
 ** text_len=, order=.  Returns 0 when no canvas was given (g: canvas
 ** 0,0,0 with the tile, text_len and order given). */
 int sta_lua_read_geometry(lua_State *L, int idx, sta_geometry *g);
+/* attention.c: the descriptor of an attention call from its options at
+** opts (which must exist), checked against the schema of call and replaced
+** by the normalized copy; canvas absent: the known shape of q's length.
+** d->windows lives in a userdata left on the stack: keep it there. */
+void sta_lua_read_desc(lua_State *L, int opts, const char *call, sta_tensor *q,
+                       sta_attention_desc *d);
+/* d as the options table sta_lua_read_desc reads back (unset fields left
+** out), pushed. */
+void sta_lua_push_desc(lua_State *L, const sta_attention_desc *d);
 /* strategy.c */
 sta_lua_strategy *sta_lua_new_strategy(lua_State *L);
 sta_strategy *sta_lua_check_strategy(lua_State *L, int idx);
 sta_metadata *sta_lua_check_metadata(lua_State *L, int idx);
-/* runtime.c: sta.layer's options at opts that SP layers share (prefix=,
+/* batch.c: the live forward batch at idx, else raise naming "batch". */
+sta_forward_batch *sta_lua_check_batch(lua_State *L, int idx);
+/* layer.c: sta.layer's options at opts that SP layers share (prefix=,
 ** layer=, heads=, head_dim=, backend=, scale=, softmax=, precision=, strategy=) into d, the
 ** strategy and prefix pinned in the table at pins. */
 void sta_lua_layer_desc(lua_State *L, int opts, int pins, sta_layer_desc *d);
 /* Around a core call that reads the live forward context: push on this OS
-** thread's core stack the context the running coroutine sees (runtime.c;
+** thread's core stack the context the running coroutine sees (context.c;
 ** raises when that context was collected without being closed), and pop it
 ** again.  NULL: the coroutine sees none of the binding's contexts. */
 sta_context *sta_lua_context_enter(lua_State *L);
@@ -193,7 +214,10 @@ void sta_lua_open_tensor(lua_State *L);
 void sta_lua_open_files(lua_State *L);
 void sta_lua_open_geometry(lua_State *L);
 void sta_lua_open_strategy(lua_State *L);
-void sta_lua_open_runtime(lua_State *L);
+void sta_lua_open_attention(lua_State *L);
+void sta_lua_open_batch(lua_State *L);
+void sta_lua_open_context(lua_State *L);
+void sta_lua_open_layer(lua_State *L);
 void sta_lua_open_tune(lua_State *L);
 
 #endif

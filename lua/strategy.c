@@ -61,16 +61,18 @@ static int l_strategy_default(lua_State *L) {
   return rc == STA_OK ? 1 : sta_lua_fail(L, rc);
 }
 
-/* uniform{steps=, layers=, heads=, window=, full=, full_steps=} */
+/* uniform{steps=, layers=, heads=, window=, full=, full_steps=} (sta.options) */
 static int l_strategy_uniform(lua_State *L) {
-  luaL_checktype(L, 1, LUA_TTABLE);
-  static const char *const keys[] = {"steps", "layers", "heads", "window", "full", "full_steps",
-                                     NULL};
-  sta_lua_check_keys(L, 1, keys);
+  lua_settop(L, 1);
+  sta_lua_options(L, 1, "uniform");
   int32_t w[3], full[3];
   int have_full = 0;
-  if (lua_getfield(L, 1, "window") == LUA_TNIL)
-    return sta_lua_misuse(L, "window: required ({Kt, Kh, Kw})");
+  lua_getfield(L, 1, "window");
+  if (lua_istable(L, -1)) { /* one window for every head */
+    lua_geti(L, -1, 1);
+    if (lua_istable(L, -1)) sta_lua_misuse(L, "window: expected one window {Kt, Kh, Kw}, got a list");
+    lua_pop(L, 1);
+  }
   sta_lua_int_list(L, -1, w, 3, "window");
   lua_pop(L, 1);
   if (lua_getfield(L, 1, "full") != LUA_TNIL) {
@@ -78,9 +80,9 @@ static int l_strategy_uniform(lua_State *L) {
     have_full = 1;
   }
   lua_pop(L, 1);
-  int32_t steps = sta_lua_int32_field(L, 1, "steps", 1);
-  int32_t layers = sta_lua_int32_field(L, 1, "layers", 1);
-  int32_t heads = sta_lua_int32_field(L, 1, "heads", 1);
+  int32_t steps = sta_lua_int32_field(L, 1, "steps", 0);
+  int32_t layers = sta_lua_int32_field(L, 1, "layers", 0);
+  int32_t heads = sta_lua_int32_field(L, 1, "heads", 0);
   int32_t full_steps = sta_lua_int32_field(L, 1, "full_steps", 0);
   sta_lua_strategy *u = sta_lua_new_strategy(L);
   sta_status rc = sta_strategy_uniform(&u->s, steps, layers, heads, w, have_full ? full : NULL,

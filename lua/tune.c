@@ -16,25 +16,18 @@
 /* tune{files={...}, skip_steps=, full=} -> strategy, report; sta_tune_defaults
 ** for what is left out */
 static int l_tune(lua_State *L) {
-  luaL_checktype(L, 1, LUA_TTABLE);
-  static const char *const keys[] = {"files", "skip_steps", "full", NULL};
-  sta_lua_check_keys(L, 1, keys);
   lua_settop(L, 1);
+  sta_lua_options(L, 1, "tune"); /* files: a list of strings now */
   int32_t full[3], skip;
   sta_tune_defaults(full, &skip);
   if (lua_getfield(L, 1, "full") != LUA_TNIL) sta_lua_int_list(L, -1, full, 3, "full");
   lua_pop(L, 1);
   skip = sta_lua_int32_field(L, 1, "skip_steps", skip);
-  if (lua_getfield(L, 1, "files") != LUA_TTABLE)
-    return sta_lua_misuse(L, "files: expected a list of search files, got %s",
-                          luaL_typename(L, -1));
+  lua_getfield(L, 1, "files");
   int32_t n = (int32_t)luaL_len(L, 2);
   const char **paths = lua_newuserdatauv(L, sizeof(char *) * (size_t)(n ? n : 1), 0);
   for (int32_t i = 0; i < n; i++) {
     lua_geti(L, 2, i + 1);
-    if (lua_type(L, -1) != LUA_TSTRING)
-      return sta_lua_misuse(L, "files[%d]: expected a path, got %s", (int)i + 1,
-                            luaL_typename(L, -1));
     paths[i] = lua_tostring(L, -1);
     lua_pop(L, 1); /* kept alive by the files table */
   }

@@ -68,7 +68,7 @@ describe("sta.attention_backward", function()
 end)
 
 describe("layer:backward", function()
-  it("uses the windows of the live context and refuses a search row", function()
+  it("uses the windows its forward ran (the forward's third result) and refuses a search row", function()
     local canvas, tile, S = {4, 8, 8}, {2, 4, 4}, 4 * 8 * 8 + 6
     local strat = sta.strategy.new()
     local wins = {{1, 1, 3}, {3, 1, 1}, {1, 3, 1}, {3, 3, 3}}
@@ -82,8 +82,9 @@ describe("layer:backward", function()
     local g = sta.randn({1, S, 4, 8}, { seed = seed + 9 })
     do
       local ctx <close> = sta.forward_context{ step = 0, batch = batch }
-      local out, lse = layer:forward(q, k, v, { lse = true })
-      local dq, dk, dv = layer:backward(q, k, v, out, lse, g)
+      local out, lse, used = layer:forward(q, k, v, { lse = true })
+      assert.same(wins, used.window)
+      local dq, dk, dv = layer:backward(q, k, v, out, lse, g, used)
       local r = { sta.attention_backward(q, k, v, out, lse, g, { canvas = canvas, tile = tile,
         text_len = 6, window = wins }) }
       for i, x in ipairs{ dq, dk, dv } do
@@ -93,8 +94,8 @@ describe("layer:backward", function()
     end
     local md = sta.metadata.search(1, {{1, 1, 1}, {3, 2, 3}})
     local ctx <close> = sta.forward_context{ step = 4, batch = batch, metadata = md }
-    local out, lse = layer:forward(q, k, v, { lse = true })
-    local ok, msg = pcall(layer.backward, layer, q, k, v, out, lse, g)
+    local out, lse, used = layer:forward(q, k, v, { lse = true })
+    local ok, msg = pcall(layer.backward, layer, q, k, v, out, lse, g, used)
     assert.is_false(ok)
     assert.equal("backward: layer 0 runs a mask search at step 4 (2 candidate windows); a " ..
                  "search-mode forward has no backward", msg)

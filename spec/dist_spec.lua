@@ -142,16 +142,17 @@ describe("sta.dist", function()
       H.error_of(comms[1].attention, comms[1], q, q, q,
         { canvas = { 2, 4, 13 }, window = { { 1, 1, 1 }, { 1, 1, 1 } }, out = out }))
     assert.equal("canvas: sequence parallelism needs the canvas {T, H, W} (or geometry=)",
-      H.error_of(comms[1].attention, comms[1], q, q, q, {}))
+      H.error_of(comms[1].attention, comms[1], q, q, q, { window = { 1, 1, 1 } }))
     assert.equal("comms: expected 1..64 communicators, got 0",
       H.error_of(dist.run_attention, {}, {}, {}, {}, { canvas = { 4, 4, 4 }, window = { 1, 1, 1 } }))
     assert.equal("q: expected 2 entries (one per rank), got 1",
       H.error_of(dist.run_attention, comms, { q }, { q }, { q }, { canvas = { 4, 4, 4 }, window = { 1, 1, 1 } }))
-    -- windows are read by the one reader sta.attention uses
+    -- windows are checked by the one schema sta.attention uses (sta.options)
     for w, msg in pairs({
       [{ 1, 1 }] = "window: expected 3 integers, got 2",
-      [{ { 1, 1, 1 }, 3 }] = "window[2]: expected a table of 3 integers, got number",
-      ["3x3x3"] = "window: expected {Kt, Kh, Kw} or a list per head, got string" }) do
+      [{ { 1, 1, 1 }, 3 }] = "window[2]: expected 3 integers ({a, b, c}, 'axbxc' or 'a,b,c'), got 3",
+      ["3x3"] = "window: expected 3 integers or a list of them, one per head ({Kt, Kh, Kw}, "
+        .. "'KtxKhxKw', 'Kt,Kh,Kw', a list of those, '3,3,3:1,5,7' or '1x1x1,3x3x3'), got '3x3'" }) do
       assert.equal(msg, H.error_of(comms[1].attention, comms[1], q, q, q,
         { canvas = { 2, 4, 13 }, window = w, out = out }))
       assert.equal(msg, H.error_of(sta.attention, q, q, q, { canvas = { 2, 4, 13 }, window = w }))
@@ -203,13 +204,13 @@ describe("sta.dist", function()
     local comms = dist.loopback(2)
     assert.equal("heads: 3 heads are not divisible by the 2 ranks",
       H.error_of(dist.layer, comms[1], { heads = 3, head_dim = 8, canvas = { 4, 4, 4 } }))
-    assert.equal("heads: expected the global head count (an integer >= 1), got nil",
+    assert.equal("heads: required (an integer >= 1: the heads on this rank; sta.dist.layer: of all ranks)",
       H.error_of(dist.layer, comms[1], { head_dim = 8, canvas = { 4, 4, 4 } }))
     assert.equal("canvas: sequence parallelism needs the canvas {T, H, W} (or geometry=)",
       H.error_of(dist.layer, comms[1], { heads = 2, head_dim = 8 }))
-    assert.equal("backend: unknown device 'tpu' (expected cpu or cuda)",
+    assert.equal("backend: expected \"cpu\" or \"cuda\", got 'tpu'",
       H.error_of(dist.layer, comms[1], { heads = 2, head_dim = 8, canvas = { 4, 4, 4 }, backend = "tpu" }))
-    assert.equal("prefix: expected a string, got number",
+    assert.equal("prefix: expected a string, got 3",
       H.error_of(dist.layer, comms[1], { heads = 2, head_dim = 8, canvas = { 4, 4, 4 }, prefix = 3 }))
     local layers = {}
     for r = 1, 2 do

@@ -26,7 +26,7 @@ describe("sta.ffi #ffi", function()
     local q = S.randn({1, S_len, 2, 32}, seed + 1)
     local k = S.randn({1, S_len, 2, 32}, seed + 2)
     local v = S.randn({1, S_len, 2, 32}, seed + 3)
-    local o = { canvas = canvas, tile = tile, text_len = 5, windows = {{1, 1, 1}, {3, 1, 2}} }
+    local o = { canvas = canvas, tile = tile, text_len = 5, window = {{1, 1, 1}, {3, 1, 2}} }
     local out = S.attention(q, k, v, o)
     local ref = S.attention(q, k, v, o, true)
     local max_abs, rel = S.compare(out, ref)
@@ -42,9 +42,10 @@ describe("sta.ffi #ffi", function()
     local S_len = 3 * 8 * 8 + 5
     local q, k, v, g = S.randn({1, S_len, 2, 16}, seed + 4), S.randn({1, S_len, 2, 16}, seed + 5),
                        S.randn({1, S_len, 2, 16}, seed + 6), S.randn({1, S_len, 2, 16}, seed + 7)
-    local o = { canvas = canvas, tile = tile, text_len = 4, windows = {{1, 1, 1}, {3, 1, 2}}, lse = true }
+    local o = { canvas = canvas, tile = tile, text_len = 4, window = {{1, 1, 1}, {3, 1, 2}}, lse = true }
     local out, lse = S.attention(q, k, v, o)
-    local dq, dk, dv = S.attention_backward(q, k, v, out, lse, g, o)
+    local bo = { canvas = canvas, tile = tile, text_len = 4, window = o.window }
+    local dq, dk, dv = S.attention_backward(q, k, v, out, lse, g, bo)
     local d, keep = S.desc(o)
     local r = { S.like(q), S.like(q), S.like(q) }
     S.check(C.sta_attention_backward_reference(d, q, k, v, g, r[1], r[2], r[3]))
@@ -54,7 +55,7 @@ describe("sta.ffi #ffi", function()
       assert.is_true(rel < 1e-4, rel)
     end
     assert.equal("lse: expected the forward's f32 [B, heads, S] log-sum-exp, got NULL",
-                 select(2, pcall(S.attention_backward, q, k, v, out, nil, g, o)))
+                 select(2, pcall(S.attention_backward, q, k, v, out, nil, g, bo)))
   end)
 
   it("takes precision = \"fp8\" in the descriptor", function()
@@ -111,6 +112,69 @@ describe("sta.ffi #ffi", function()
                  select(2, pcall(S.attention, q, k, v, o)))
   end)
 
+  -- issue 31, defect 5: short and long window lists, unknown layouts
+  it("refuses a window that is not 3 integers, and an unknown layout", function()
+    local q = S.randn({1, 4 * 8 * 8, 2, 8}, seed + 11)
+    local o = { canvas = {4, 8, 8}, tile = {2, 4, 4} }
+    local function err(extra)
+      local t = {}
+      for k, v in pairs(o) do t[k] = v end
+      for k, v in pairs(extra) do t[k] = v end
+      local ok, e = pcall(S.attention, q, q, q, t)
+      assert.is_false(ok, "accepted")
+      return e
+    end
+    assert.truthy(err{ window = {3, 1} }:find("^window: expected 3 integers"))
+    assert.truthy(err{ window = {3, 1, 3, 9} }:find("^window: expected 3 integers"))
+    assert.truthy(err{ window = {{1, 1, 1}, {3, 1}} }:find("^window%[2%]: expected 3 integers"))
+    assert.truthy(err{ window = {1, 1.5, 1} }:find("^window%[2%]: expected a 32%-bit integer"))
+    assert.truthy(err{ window = {1, 1, 1}, layout = "BSDH" }:find("^layout: expected"))
+    assert.truthy(err{ window = {1, 1, 1}, layout = 1 }:find("^layout: expected"))
+    assert.truthy(err{ window = {1, 1, 1}, scale = 0 }:find("^scale: expected a number > 0"))
+    assert.truthy(err{ window = {1, 1, 1}, scale = -1 }:find("^scale: expected a number > 0"))
+    assert.truthy(err{ window = {1, 1, 1}, text_len = 2 ^ 63 }:find("^text_len: expected"))
+    assert.truthy(err{ window = {1, 1, 1}, tile = {2, 4, 2 ^ 32 + 4} }:find("^tile%[3%]: expected a 32%-bit integer"))
+    assert.equal("shape[2]: expected a 64-bit integer >= 0, got 1.5", select(2, pcall(S.tensor, {2, 1.5})))
+    assert.equal("shape[1]: expected a 64-bit integer >= 0, got -1", select(2, pcall(S.tensor, {-1})))
+  end)
+
+  -- the generated binding tests (spec/option_cases.lua): every option of
+  -- every FFI call x missing, wrong type, out of range, boundary, with the
+  -- schema's exact message, as the Lua module and Python raise it
+  it("checks every option as the schema says (the generated cases)", function()
+    package.path = "spec/?.lua;" .. package.path
+    local cases = require("option_cases")(S.options)
+    local P = cases.problem
+    local shape = {1, P.S, P.heads, P.D}
+    local q, k, v, g = S.randn(shape, seed + 30), S.randn(shape, seed + 31), S.randn(shape, seed + 32),
+                       S.randn(shape, seed + 33)
+    local out, lse = S.attention(q, k, v, { canvas = P.canvas, tile = P.tile, window = {1, 1, 1}, lse = true })
+    local f8 = {}
+    for i, x in ipairs{ q, k, v } do
+      f8[i] = S.tensor(shape, "f8e4m3")
+      S.check(C.sta_tensor_copy(f8[i], x))
+    end
+    local rs, cs = S.tensor({1, P.heads, P.S}), S.tensor({1, P.heads, P.D})
+    S.check(C.sta_tensor_fill(rs, 0.5))
+    S.check(C.sta_tensor_fill(cs, 0.5))
+    local run = {
+      attention = function(o) return S.attention(q, k, v, o) end,
+      reference = function(o) return S.attention(q, k, v, o, true) end,
+      attention_backward = function(o) return S.attention_backward(q, k, v, out, lse, g, o) end,
+      attention_fp8 = function(o) return S.attention_fp8(f8[1], f8[2], f8[3], rs, rs, cs, o) end,
+    }
+    local n, refused = 0, 0
+    for _, c in ipairs(cases.list("ffi")) do
+      local ok, err = pcall(run[c.call], c.opts)
+      local msg = not ok and err or nil
+      assert(cases.agrees(c, msg), ("%s %s %s %s: expected %s, got %s"):format(c.call, c.option,
+        c.what, S.options.show(c.value), tostring(c.expect or "no schema error"), tostring(msg)))
+      n = n + 1
+      if c.expect then refused = refused + 1 end
+    end
+    assert.is_true(n > 300 and refused > 200, n .. " cases")
+  end)
+
   it("reports errors through the status and sta_last_error", function()
     local out = ffi.new("sta_tensor *[1]")
     local dims = ffi.new("int64_t[5]", {1, 1, 1, 1, 1})
@@ -137,9 +201,10 @@ describe("sta.ffi #ffi", function()
     assert.equal("v: expected a tensor, got nil", select(2, pcall(S.attention, q, q, ffi.cast("sta_tensor *", nil), o)))
     assert.equal("dtype: unknown dtype 'f64' (expected f32, f16, bf16 or f8e4m3)", select(2, pcall(S.tensor, {2, 2}, "f64")))
     assert.equal("device: expected \"cpu\" or \"cuda\", got tpu", select(2, pcall(S.tensor, {2, 2}, "f32", "tpu")))
-    assert.equal("options: unknown key 'windws'", select(2, pcall(S.attention, q, q, q,
+    assert.equal("options: unknown key 'windws' (known: canvas, tile, text_len, order, layout, window, "
+      .. "scale, softmax, precision, deterministic, out, lse)", select(2, pcall(S.attention, q, q, q,
       { canvas = {2, 4, 8}, windws = {{1, 1, 1}} })))
-    assert.equal("window: required ({Kt, Kh, Kw} for every head, or windows = one per head)",
+    assert.equal("window: required ({Kt, Kh, Kw} for every head, or a list of them, one per head)",
       select(2, pcall(S.attention, q, q, q, { canvas = {2, 4, 8} })))
     -- a released handle: refused, not read
     local t = S.tensor({2})

@@ -44,7 +44,7 @@ describe("sta geometry", function()
   end)
 
   it("rejects bad canvases, tiles, windows and text lengths exactly", function()
-    assert.equal("canvas: h = 0, expected 1..1048576", H.error_of(sta.geometry, { canvas = {4, 0, 4} }))
+    assert.equal("canvas[2]: expected a 32-bit integer >= 1, got 0", H.error_of(sta.geometry, { canvas = {4, 0, 4} }))
     assert.equal("tile: w = 0, expected 1..1048576",
       H.error_of(sta.geometry, { canvas = {4, 4, 4}, tile = {1, 1, 0} }))
     assert.equal("canvas: expected 3 integers, got 2", H.error_of(sta.geometry, { canvas = {4, 4} }))

@@ -108,24 +108,24 @@ describe("issue 16 through Lua", function()
       H.error_of(n.set, n, 0, 0, 0, { 1, 2 ^ 32 + 3, 1 }))
     assert.equal("layers: expected a 32-bit integer, got -2147483649",
       H.error_of(sta.metadata, -2 ^ 31 - 1))
-    assert.equal("heads: expected a 32-bit integer, got 1099511627776",
+    assert.equal("heads: expected a 32-bit integer >= 1, got 1099511627776",
       H.error_of(sta.strategy.uniform, { steps = 1, layers = 1, heads = 2 ^ 40, window = { 1, 1, 1 } }))
     assert.equal("step: expected an integer, got 0.5", H.error_of(s.get, s, 0.5, 0, 0))
   end)
 
   it("raises on an unknown option key and on an omitted window (defect 9)", function()
     local q = H.randn({ 1, S, HEADS, D })
-    assert.equal("options: unknown key 'windows' (known: canvas, tile, text_len, order, geometry, "
-      .. "window, layout, scale, softmax, precision, deterministic, out, lse)",
+    assert.equal("options: unknown key 'windows' (known: canvas, tile, text_len, order, layout, "
+      .. "window, scale, softmax, precision, deterministic, geometry, out, lse)",
       H.error_of(sta.attention, q, q, q, { canvas = canvas, tile = tile, windows = { 1, 1, 1 } }))
     assert.equal("window: required ({Kt, Kh, Kw} for every head, or a list of them, one per head)",
       H.error_of(sta.attention, q, q, q, { canvas = canvas, tile = tile }))
-    assert.equal("options: unknown key 'stepp' (known: step, metadata, batch)",
+    assert.equal("options: unknown key 'stepp' (known: step, metadata, batch, strategy, layers, heads)",
       H.error_of(sta.forward_context, { stepp = 1 }))
     assert.equal("options: unknown key 'sed' (known: seed, dtype, device, mean, std)",
       H.error_of(sta.randn, { 2 }, { sed = 1 }))
-    assert.equal("options: unknown key 'head' (known: prefix, layer, heads, head_dim, backend, scale, "
-      .. "softmax, precision, strategy, sp_rank, sp_size, geometry, canvas, tile, text_len, order, layout)",
+    assert.equal("options: unknown key 'head' (known: prefix, layer, heads, head_dim, sp_rank, sp_size, "
+      .. "canvas, tile, text_len, order, layout, geometry, device, scale, softmax, precision, strategy)",
       H.error_of(sta.layer, { head = 2 }))
     assert.equal("options: unknown key 'window_size' (known: steps, layers, heads, window, full, full_steps)",
       H.error_of(sta.strategy.uniform, { steps = 1, layers = 1, heads = 1, window_size = { 1, 1, 1 } }))
@@ -133,7 +133,7 @@ describe("issue 16 through Lua", function()
     assert.equal("options: unknown key 'windows' (known: canvas, tile, text_len, geometry, window, layout, "
       .. "scale, out)", H.error_of(comm.attention, comm, q, q, q, { canvas = canvas, windows = { 1, 1, 1 } }))
     assert.equal("options: unknown key 'head' (known: prefix, layer, heads, head_dim, canvas, tile, "
-      .. "text_len, geometry, layout, backend, scale, softmax, precision, strategy)",
+      .. "text_len, layout, geometry, device, scale, softmax, precision, strategy)",
       H.error_of(sta.dist.layer, comm, { canvas = canvas, heads = 2, head = 2 }))
   end)
 
@@ -153,17 +153,23 @@ describe("issue 16 through Lua", function()
       H.error_of(sta.attention, q, q, q, o))
     sta.cancel_clear()
     assert.truthy(sta.attention(q, q, q, o))
-    -- the REPL: SIGINT one second into a forward of several seconds
-    local script = H.tmp(".sh")
-    H.write(script, [[
-      { printf 'q = sta.randn({1, 96*16*16, 8, 64}, {seed = 1}); o = {canvas = {96, 16, 16}, window = {99, 99, 99}}\n'
+    -- the REPL: SIGINT one second into a forward of several seconds.  The
+    -- REPL says when its inputs are made (a marker file): a SIGINT sent
+    -- while the interpreter still starts (slow under ASan on a loaded
+    -- machine) would be lost, the shell starting it in the background with
+    -- SIGINT ignored until lua.c's first call installs its handler.
+    local script, marker = H.tmp(".sh"), H.tmp(".ready")
+    H.write(script, ([[
+      { printf 'q = sta.randn({1, 96*16*16, 8, 64}, {seed = 1}); o = {canvas = {96, 16, 16}, window = {99, 99, 99}}; io.open("%s", "w"):close()\n'
         printf 't0 = sta.now(); sta.attention(q, q, q, o)\n'
         sleep 4; printf 'print("after", sta.cancelled(), sta.now() - t0)\n'; } | scripts/sta-repl &
       pid=$!
+      for i in $(seq 300); do [ -e '%s' ] && break; sleep 0.2; done
       sleep 1
       kill -INT $pid
+      rm -f '%s'
       wait $pid
-    ]])
+    ]]):format(marker, marker, marker))
     local out = H.sh("bash " .. H.quote(script))
     -- the call stops at its next work item; lua.c's own handler (chained)
     -- then reports "interrupted!", or the binding's cancel error comes first

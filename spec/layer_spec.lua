@@ -157,10 +157,15 @@ describe("sta layers", function()
     assert.are_not.same(before, out:totable())
   end)
 
-  it("names the backend option in its errors, as SP layers do", function()
-    assert.equal("backend: unknown device 'tpu' (expected cpu or cuda)",
+  it("names the device option as given (device, or its alias backend), as SP layers do", function()
+    assert.equal("backend: expected \"cpu\" or \"cuda\", got 'tpu'",
       H.error_of(sta.layer, { layer = 0, heads = 1, head_dim = 8, backend = "tpu", canvas = canvas }))
-    assert.equal("prefix: expected a string, got number",
+    assert.equal("device: expected \"cpu\" or \"cuda\", got 'tpu'",
+      H.error_of(sta.layer, { layer = 0, heads = 1, head_dim = 8, device = "tpu", canvas = canvas }))
+    assert.equal("device: given twice (as device and backend)",
+      H.error_of(sta.layer, { layer = 0, heads = 1, head_dim = 8, device = "cpu", backend = "cpu",
+                              canvas = canvas }))
+    assert.equal("prefix: expected a string, got 3",
       H.error_of(sta.layer, { prefix = 3, heads = 1, head_dim = 8, canvas = canvas }))
   end)
 

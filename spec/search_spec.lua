@@ -105,6 +105,6 @@ describe("sta tuning", function()
     s, msg, code = sta.tune{ files = {"/nonexistent/search.json"} }
     assert.is_nil(s)
     assert.truthy(code == sta.status.IO or code == sta.status.FORMAT)
-    assert.equal("files: expected a list of search files, got nil", H.error_of(sta.tune, {}))
+    assert.equal("files: required (saved search files)", H.error_of(sta.tune, {}))
   end)
 end)

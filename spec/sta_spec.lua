@@ -44,13 +44,13 @@ describe("sta", function()
   it("takes the tile from the core and requires a window", function()
     local g = sta.geometry { canvas = { 12, 16, 16 } }
     assert.same({ 6, 8, 8 }, g.tile)
-    assert.equal("window: required ({Kt, Kh, Kw})",
+    assert.equal("window: required ({Kt, Kh, Kw} for every head, or a list of them, one per head)",
       H.error_of(sta.strategy.uniform, { steps = 1, layers = 1, heads = 1 }))
     local q = H.randn({ 1, 12 * 16 * 16, 1, 8 })
     assert.equal("window: required ({Kt, Kh, Kw} for every head, or a list of them, one per head)",
       H.error_of(sta.attention, q, q, q, { canvas = { 12, 16, 16 }, tile = { 6, 4, 4 } }))
-    assert.equal("options: unknown key 'windows' (known: canvas, tile, text_len, order, geometry, "
-      .. "window, layout, scale, softmax, precision, deterministic, out, lse)",
+    assert.equal("options: unknown key 'windows' (known: canvas, tile, text_len, order, layout, "
+      .. "window, scale, softmax, precision, deterministic, geometry, out, lse)",
       H.error_of(sta.attention, q, q, q, { canvas = { 12, 16, 16 }, windows = { 1, 1, 1 } }))
     local o3 = sta.attention(q, q, q, { canvas = { 12, 16, 16 }, tile = { 6, 4, 4 }, window = { 3, 3, 3 } })
     local o1 = sta.attention(q, q, q, { canvas = { 12, 16, 16 }, tile = { 6, 4, 4 }, window = { 1, 1, 1 } })

@@ -673,6 +673,19 @@ static void test_backward(void **state) {
   assert_int_equal(sta_attention_backward(&ad, t[0], t[1], t[2], t[3], lse, t[4], r[0], r[1], r[2]),
                    STA_OK);
   for (int i = 0; i < 3; i++) assert_same(t[5 + i], r[i], 0.0);
+  /* sta_layer_resolve gives that descriptor: what the forward ran, kept
+  ** for a backward that needs no context */
+  sta_attention_desc rd;
+  int32_t rw[6] = {0};
+  assert_int_equal(sta_layer_resolve(l, t[0], &rd, rw), STA_OK);
+  assert_ptr_equal(rd.windows, rw);
+  assert_int_equal(rd.n_windows, 2);
+  assert_memory_equal(rw, &wins[2][0], sizeof rw);
+  assert_memory_equal(&rd.geom, &ad.geom, sizeof rd.geom);
+  assert_int_equal(rd.layout, STA_BSHD);
+  assert_true(rd.scale == ld.scale);
+  assert_int_equal(sta_attention_forward(&rd, t[0], t[1], t[2], r[0], NULL), STA_OK);
+  assert_same(r[0], t[3], 0.0);
   /* a wrong operand is named */
   sta_tensor *three = randn4(1, S, 3, D);
   EXPECT_ERR(sta_layer_backward(l, t[0], t[1], t[2], t[3], lse, three, t[5], t[6], t[7]),
@@ -689,6 +702,12 @@ static void test_backward(void **state) {
              "backward: layer 0 runs a mask search at step 5 (2 candidate windows); a "
              "search-mode forward has no backward");
   for (int i = 0; i < 3; i++) assert_same(t[5 + i], r[i], 0.0);
+  int32_t before[6] = {7, 7, 7, 7, 7, 7};
+  memcpy(rw, before, sizeof rw);
+  EXPECT_ERR(sta_layer_resolve(l, t[0], &rd, rw), STA_ERR_UNSUPPORTED,
+             "backward: layer 0 runs a mask search at step 5 (2 candidate windows); a "
+             "search-mode forward has no backward");
+  assert_memory_equal(rw, before, sizeof rw);
   assert_int_equal(sta_context_pop(ctx), STA_OK);
   sta_metadata_destroy(md);
   sta_forward_batch_destroy(fb);

@@ -1,7 +1,11 @@
 --[[
 sta.cli -- the small pieces the example scripts share: option parsing,
-"AxBxC" triples, a progress bar on stderr, tables of numbers.
+triples and window lists in the spellings every binding takes (sta.options:
+"AxBxC" or "A,B,C"; "3,3,3:1,5,7" or "1x1x1,3x3x3"), a progress bar on
+stderr, tables of numbers.
 ]]
+local options = require "sta.options"
+
 local cli = {}
 
 --- Parse argv against spec = {name = default, ...}.  Accepts --name value,
@@ -50,11 +54,16 @@ function cli.parse(argv, spec, usage)
   return opts
 end
 
---- "12x16x16" (or "12,16,16") -> {12, 16, 16}
+--- "12x16x16" (or "12,16,16") -> {12, 16, 16}: sta.options' triple
 function cli.triple(s, what)
-  local a, b, c = tostring(s):match("^(%d+)[x,](%d+)[x,](%d+)$")
-  if not a then error(("%s: expected AxBxC, got '%s'"):format(what or "value", tostring(s)), 0) end
-  return { tonumber(a), tonumber(b), tonumber(c) }
+  return options.check_value(what or "value", tostring(s), { kind = "triple", min = 1 })
+end
+
+--- "3x3x3", "3,3,3", "3,3,3:1,5,7" or "1x1x1,3x3x3" -> a list of windows
+-- (one or one per head): sta.options' windows
+function cli.windows(s, what)
+  local w = options.check_value(what or "value", tostring(s), { kind = "windows" })
+  return type(w[1]) == "table" and w or { w }
 end
 
 function cli.fmt_triple(t) return table.concat(t, "x") end

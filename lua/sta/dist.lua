@@ -47,32 +47,30 @@ local path = assert(package.searchpath("sta.core", package.cpath))
 local open = assert(package.loadlib(path, "luaopen_sta_dist"))
 local C = open()
 
+local options = require "sta.options"
+
 local dist = {}
 dist.loopback = C.loopback
 
--- An unknown option key raises naming it, as the C module's functions do.
-local function known(list)
-  local set = {}
-  for k in list:gmatch("[%w_]+") do set[k] = true end
-  return set, list
-end
-local ATTENTION_KEYS = { known("canvas, tile, text_len, geometry, window, layout, scale, out") }
-local LAYER_KEYS = { known("prefix, layer, heads, head_dim, canvas, tile, text_len, geometry, "
-  .. "layout, backend, scale, softmax, precision, strategy") }
-local INIT_KEYS = { known("rank, size, id_file, device, backend") }
+-- dist.init's own keys (a transport, not an attention: not in sta.options)
+local INIT_KEYS = { rank = true, size = true, id_file = true, device = true, backend = true }
 
-local function check_keys(opts, keys)
+local function check_keys(opts, keys, list)
   for k in pairs(opts) do
-    if not keys[1][k] then
-      error(("options: unknown key '%s' (known: %s)"):format(tostring(k), keys[2]), 0)
+    if not keys[k] then
+      error(("options: unknown key '%s' (known: %s)"):format(tostring(k), list), 0)
     end
   end
 end
 
+--- opts of an SP call checked against sta.options (call "sp_attention" or
+-- "sp_layer"), normalized.
+local function checked(call, opts)
+  return options.check(call, opts, "lua")
+end
+
+-- (of normalized options)
 local function geometry_of(opts)
-  if type(opts) ~= "table" then
-    error(("options: expected a table, got %s"):format(type(opts)), 0)
-  end
   if opts.geometry ~= nil then return opts.geometry end
   if opts.canvas == nil then
     error("canvas: sequence parallelism needs the canvas {T, H, W} (or geometry=)", 0)
@@ -102,7 +100,7 @@ function dist.init(opts)
   if type(opts) ~= "table" then
     error(("options: expected a table, got %s"):format(type(opts)), 0)
   end
-  check_keys(opts, INIT_KEYS)
+  check_keys(opts, INIT_KEYS, "rank, size, id_file, device, backend")
   return C._init(opts.rank or 0, opts.size or 1, opts.id_file, opts.device or -1, opts.backend)
 end
 
@@ -110,19 +108,22 @@ local comm_methods = debug.getregistry()["sta.Comm"].methods
 
 --- comm:attention(q, k, v, opts) -> out: this rank's shard of the output.
 function comm_methods.attention(comm, q, k, v, opts)
-  opts = opts or {}
+  opts = checked("sp_attention", opts)
   local g = geometry_of(opts)
-  check_keys(opts, ATTENTION_KEYS)
   local out = opts.out or like(q)
   return C._attention(comm, g, opts.window, opts.layout, opts.scale, q, k, v, out)
 end
 
 --- Run SP attention on every rank of a loopback world (one thread each).
 function dist.run_attention(comms, qs, ks, vs, opts)
-  opts = opts or {}
+  local outs = type(opts) == "table" and opts.out or nil -- a list, one per rank
+  if outs ~= nil then
+    local o = {}
+    for key, val in pairs(opts) do if key ~= "out" then o[key] = val end end
+    opts = o
+  end
+  opts = checked("sp_attention", opts)
   local g = geometry_of(opts)
-  check_keys(opts, ATTENTION_KEYS)
-  local outs = opts.out
   if outs == nil then
     outs = {}
     for r, q in ipairs(qs) do outs[r] = like(q) end
@@ -131,14 +132,14 @@ function dist.run_attention(comms, qs, ks, vs, opts)
 end
 
 local function layout_dims(layout)
-  if layout == "bhsd" or layout == "BHSD" then return 3, 2 end
+  if layout == "bhsd" then return 3, 2 end
   return 2, 3
 end
 
 --- The rank's shard of a full [B, S, H, D] tensor: its V/size video rows
 -- and every text row.
 function dist.shard(full, opts, rank, size)
-  opts = opts or {}
+  opts = checked("sp_shard", opts)
   local g = geometry_of(opts)
   local shape = full:shape()
   local sdim = layout_dims(opts.layout)
@@ -153,7 +154,7 @@ end
 
 --- The full tensor from every rank's shard (shards[r + 1] is rank r's).
 function dist.unshard(shards, opts)
-  opts = opts or {}
+  opts = checked("sp_shard", opts)
   local g = geometry_of(opts)
   local size = #shards
   local shape = shards[1]:shape()
@@ -168,18 +169,11 @@ end
 local layer_methods = debug.getregistry()["sta.SPLayer"].methods
 
 --- dist.layer(comm, {prefix= or layer=, heads= (global), head_dim=, canvas=,
--- tile=, text_len=, layout=, backend=, scale=, strategy=})
+-- tile=, text_len=, layout=, device=, scale=, strategy=})
 function dist.layer(comm, opts)
-  if type(opts) ~= "table" then
-    error(("options: expected a table, got %s"):format(type(opts)), 0)
-  end
-  check_keys(opts, LAYER_KEYS)
+  opts = checked("sp_layer", opts)
   local size = comm:size()
-  local heads = opts.heads or 0
-  if math.type(heads) ~= "integer" or heads < 1 then
-    error(("heads: expected the global head count (an integer >= 1), got %s"):format(
-      tostring(opts.heads)), 0)
-  end
+  local heads = opts.heads
   if heads % size ~= 0 then
     error(("heads: %d heads are not divisible by the %d ranks"):format(heads, size), 0)
   end

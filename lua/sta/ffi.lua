@@ -85,6 +85,13 @@ local tensor_ptr = ffi.typeof("sta_tensor *")
 -- Arguments: misuse raises naming the argument, as the C module does.
 local function bad(fmt, ...) error(fmt:format(...), 0) end
 
+-- Options are checked against sta.options (lua/sta/options.lua, next to
+-- this file), the schema every binding shares: the same keys, kinds,
+-- ranges and messages as the Lua module and Python.
+local options = dofile(dirname(here) .. "/options.lua")
+M.options = options
+local SIZE, SEED = { kind = "int64", min = 0 }, { kind = "int64" }
+
 local function check_tensor(t, name)
   if type(t) ~= "cdata" or not ffi.istype(tensor_ptr, t) or t == nil then
     error(("%s: expected a tensor, got %s"):format(name, t == nil and "nil" or type(t)), 0)
@@ -109,6 +116,7 @@ end
 --- New contiguous tensor owned by the collector.
 function M.tensor(shape, dtype, dev)
   if type(shape) ~= "table" then bad("shape: expected a list of sizes, got %s", type(shape)) end
+  for i = 1, #shape do options.check_value(("shape[%d]"):format(i), shape[i], SIZE) end
   local dims = ffi.new("int64_t[?]", math.max(#shape, 1), shape)
   local out = ffi.new("sta_tensor *[1]")
   M.check(C.sta_tensor_create(out, M.dtype(dtype or "f32"), device(dev), #shape, dims))
@@ -116,54 +124,54 @@ function M.tensor(shape, dtype, dev)
 end
 
 function M.randn(shape, seed, dtype)
+  if seed ~= nil then options.check_value("seed", seed, SEED) end
   local t = M.tensor(shape, dtype)
   M.check(C.sta_tensor_randn(t, seed or 0, 0, 1))
   return t
 end
 
-local DESC_KEYS = { canvas = true, tile = true, text_len = true, order = true, window = true,
-                    windows = true, layout = true, scale = true, lse = true, deterministic = true,
-                    precision = true }
+local function is_a(v, class)
+  return class == "tensor" and type(v) == "cdata" and ffi.istype(tensor_ptr, v) and v ~= nil
+end
+
 local ORDERS = { untiled = C.STA_ORDER_UNTILED, tiled = C.STA_ORDER_TILED }
+local LAYOUTS = { bshd = C.STA_BSHD, bhsd = C.STA_BHSD }
+local SOFTMAX = { exact = C.STA_SOFTMAX_EXACT, fast = C.STA_SOFTMAX_FAST }
 local PRECISIONS = { native = C.STA_PRECISION_NATIVE, fp8 = C.STA_PRECISION_FP8 }
 
---- An sta_attention_desc from {canvas=, tile=, text_len=, order= ("untiled"
--- or "tiled": FastVideo's tiled token order, read in place), window= or
--- windows=, layout=, scale=, precision= ("native" or "fp8": sta.h's
--- sta_precision, never chosen for the caller)}; keeps the window array
--- alive in the result.
--- canvas and a window (or windows, one per head) are required; an unknown
--- key raises naming it.
-function M.desc(o)
-  if type(o) ~= "table" then bad("options: expected a table, got %s", type(o)) end
-  for k in pairs(o) do
-    if not DESC_KEYS[k] then bad("options: unknown key '%s'", tostring(k)) end
-  end
-  if type(o.canvas) ~= "table" then bad("canvas: expected {T, H, W}, got %s", type(o.canvas)) end
-  if o.window == nil and o.windows == nil then
-    bad("window: required ({Kt, Kh, Kw} for every head, or windows = one per head)")
-  end
+--- An sta_attention_desc from the options of call (default "attention";
+-- sta.options: canvas=, tile=, text_len=, order=, layout=, window= (one,
+-- or one per head), scale=, softmax=, precision=, deterministic=, and the
+-- call's out=, lse=, dq=...), checked; absent ones are the core's defaults
+-- (no canvas: the known shape of q's sequence length).  Returns the
+-- descriptor, the window array it points to (keep it alive with the
+-- descriptor) and the normalized options.
+function M.desc(o, q, call)
+  o = options.check(call or "attention", o, "ffi", is_a)
   local d = ffi.new("sta_attention_desc")
-  C.sta_geometry_init(d.geom, o.canvas[1], o.canvas[2], o.canvas[3])
-  if o.tile then for i = 0, 2 do d.geom.tile[i] = o.tile[i + 1] end end
-  d.geom.text_len = o.text_len or -1
-  if o.order ~= nil and not ORDERS[o.order] then
-    bad("order: expected \"untiled\" or \"tiled\", got '%s'", tostring(o.order))
+  local c = o.canvas
+  if c then
+    C.sta_geometry_init(d.geom, c[1], c[2], c[3])
+  else
+    if q == nil then bad("canvas: required when no q is given (the known shape of q's length)") end
+    local s = C.sta_tensor_ndim(q) == 4 and C.sta_tensor_size(q, o.layout == "bhsd" and 2 or 1) or -1
+    M.check(C.sta_geometry_from_seq_len(d.geom, s))
   end
-  d.geom.order = ORDERS[o.order or "untiled"]
-  d.layout = o.layout == "bhsd" and C.STA_BHSD or C.STA_BSHD
-  local wins = o.windows or { o.window }
+  if o.tile then for i = 0, 2 do d.geom.tile[i] = o.tile[i + 1] end end
+  if o.text_len then d.geom.text_len = o.text_len end
+  if o.order then d.geom.order = ORDERS[o.order] end
+  if o.layout then d.layout = LAYOUTS[o.layout] end
+  local wins = type(o.window[1]) == "table" and o.window or { o.window }
   local flat = {}
   for _, w in ipairs(wins) do for a = 1, 3 do flat[#flat + 1] = w[a] end end
   local arr = ffi.new("int32_t[?]", #flat, flat)
   d.n_windows = #wins
   d.windows = arr
-  d.scale = o.scale or 0
-  if o.precision ~= nil and not PRECISIONS[o.precision] then
-    bad("precision: expected \"native\" or \"fp8\", got '%s'", tostring(o.precision))
-  end
-  d.precision = PRECISIONS[o.precision or "native"]
-  return d, arr
+  if o.scale then d.scale = o.scale end -- absent: 0, the core's 1/sqrt(D)
+  if o.softmax then d.softmax = SOFTMAX[o.softmax] end
+  if o.precision then d.precision = PRECISIONS[o.precision] end
+  if o.deterministic then d.deterministic = 1 end
+  return d, arr, o
 end
 
 function M.shape(t)
@@ -181,21 +189,27 @@ function M.like(t)
                   device_names[tonumber(C.sta_tensor_device(t))])
 end
 
--- The f32 [B, heads, S] log-sum-exp of a BSHD q when o.lse, else nil.
+-- The lse to write when o.lse: o.lse itself if a tensor, else a new f32
+-- [B, heads, S] on q's device; nil without o.lse.
 local function new_lse(q, o)
   if not o.lse then return nil end
+  if o.lse ~= true then return o.lse end
   local s = M.shape(q)
-  return M.tensor({ s[1], s[3], s[2] }, "f32", device_names[tonumber(C.sta_tensor_device(q))])
+  local b, h, n = s[1], s[3], s[2]
+  if o.layout == "bhsd" then h, n = s[2], s[3] end
+  return M.tensor({ b, h, n }, "f32", device_names[tonumber(C.sta_tensor_device(q))])
 end
 
 --- out = STA(q, k, v) (reference = true: the brute-force reference); with
--- o.lse also the f32 [B, heads, S] log-sum-exp (BSHD).
+-- o.lse also the f32 [B, heads, S] log-sum-exp (o.lse a tensor: written
+-- there); o.out: the output to write.
 function M.attention(q, k, v, o, reference)
   check_tensor(q, "q")
   check_tensor(k, "k")
   check_tensor(v, "v")
-  local d, keep = M.desc(o)
-  local out, lse = M.like(q), new_lse(q, o)
+  local d, keep
+  d, keep, o = M.desc(o, q, reference and "reference" or "attention")
+  local out, lse = o.out or M.like(q), new_lse(q, o)
   local f = reference and C.sta_attention_reference or C.sta_attention_forward
   M.check(f(d, q, k, v, out, lse))
   local _ = keep
@@ -206,16 +220,15 @@ end
 --- out = STA of 8-bit operands (f8e4m3) with their f32 scales
 -- (sta_attention_forward_fp8: q_scale, k_scale [B, heads, S], v_scale [B,
 -- heads, D]); o as for attention (precision fp8 unless given), plus o.dtype
--- of out ("f32", the default, "f16" or "bf16").
+-- of a new out ("f32", the default, "f16" or "bf16").
 function M.attention_fp8(q8, k8, v8, q_scale, k_scale, v_scale, o)
   local names = { "q8", "k8", "v8", "q_scale", "k_scale", "v_scale" }
   for i, t in ipairs{ q8, k8, v8, q_scale, k_scale, v_scale } do check_tensor(t, names[i]) end
-  if type(o) ~= "table" then bad("options: expected a table, got %s", type(o)) end
-  local od = {}
-  for key, val in pairs(o) do if key ~= "dtype" then od[key] = val end end
-  od.precision = od.precision or "fp8"
-  local d, keep = M.desc(od)
-  local out = M.tensor(M.shape(q8), o.dtype or "f32", device_names[tonumber(C.sta_tensor_device(q8))])
+  local d, keep
+  d, keep, o = M.desc(o, q8, "attention_fp8")
+  if not o.precision then d.precision = C.STA_PRECISION_FP8 end
+  local out = o.out or M.tensor(M.shape(q8), o.dtype or "f32",
+                                device_names[tonumber(C.sta_tensor_device(q8))])
   local lse = new_lse(q8, o)
   M.check(C.sta_attention_forward_fp8(d, q8, k8, v8, q_scale, k_scale, v_scale, out, lse))
   local _ = keep
@@ -224,11 +237,11 @@ function M.attention_fp8(q8, k8, v8, q_scale, k_scale, v_scale, o)
 end
 
 --- dq, dk, dv of out = STA(q, k, v) for dout (STA.md section 10); o as for
--- attention, plus o.deterministic.
+-- attention (deterministic= too), plus dq=, dk=, dv= to write into.
 function M.attention_backward(q, k, v, out, lse, dout, o)
-  local d, keep = M.desc(o)
-  d.deterministic = o.deterministic and 1 or 0
-  local dq, dk, dv = M.like(q), M.like(q), M.like(q)
+  local d, keep
+  d, keep, o = M.desc(o, q, "attention_backward")
+  local dq, dk, dv = o.dq or M.like(q), o.dk or M.like(q), o.dv or M.like(q)
   M.check(C.sta_attention_backward(d, q, k, v, out, lse, dout, dq, dk, dv))
   local _ = keep
   return dq, dk, dv

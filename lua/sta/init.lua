@@ -30,6 +30,7 @@ heads and tile coordinates are 0-based, as in STA.md and strategy files.
   sta.svg (pictures of masks), sta.dist (sequence parallelism), sta.cli (example helpers), sta.ffi (LuaJIT)
 ]]
 local core = require "sta.core"
+local options = require "sta.options"
 
 local sta = {}
 for k, v in pairs(core) do sta[k] = v end
@@ -81,18 +82,10 @@ end
 -- strategy=, layers=, heads=, batch=} to build the step's metadata from a
 -- strategy.  Use as a to-be-closed value:
 --   local ctx <close> = sta.forward_context{step = 3, metadata = md, batch = fb}
-local CONTEXT_KEYS = { step = true, metadata = true, batch = true, strategy = true, layers = true,
-                       heads = true }
 function sta.forward_context(opts)
-  if type(opts) == "table" and opts.strategy ~= nil and opts.metadata == nil then
-    for k in pairs(opts) do
-      if not CONTEXT_KEYS[k] then
-        error(("options: unknown key '%s' (known: step, metadata, batch, strategy, layers, heads)")
-          :format(tostring(k)), 0)
-      end
-    end
-    local md = core.metadata.from_strategy(opts.strategy, opts.step or 0,
-      opts.layers or 1, opts.heads or 1)
+  opts = options.check("forward_context", opts, "lua")
+  if opts.strategy ~= nil then
+    local md = core.metadata.from_strategy(opts.strategy, opts.step, opts.layers, opts.heads or 1)
     opts = { step = opts.step, metadata = md, batch = opts.batch }
   end
   return core.forward_context(opts)

@@ -85,7 +85,7 @@ def run_shape(name, device, dtype, calls, reps, paths):
     q, k, v = (torch.randn(1, S, H, D, device=device).to(dtype) for _ in range(3))
     args = dict(canvas=canvas, window=window, tile=tile, text_len=text)
     L = _capi.lib()
-    spec = _op._spec(canvas, window, tile, text, "bshd", None, "exact", False)
+    spec = _op._spec("attention", canvas=canvas, window=window, tile=tile, text_len=text)[0]
     desc = _op._desc(spec)
     out = torch.empty_like(q)
     hs = [_op._wrap(L, t) for t in (q, k, v, out)]  # its own: the op's cache evicts
@@ -108,7 +108,7 @@ def run_shape(name, device, dtype, calls, reps, paths):
 
     fns = {"direct": direct, "eager": eager, "grad": grad}
     if _op.CUSTOM_OP:
-        op_args = _op._op_inputs(spec, False, False)
+        op_args = (*spec, 0)  # the Spec's fields, then no lse
         op_fn = torch.ops.sta.attention.default
 
         def op():

@@ -35,7 +35,7 @@ __all__ = ["attention", "attention_fp8", "reference", "reference_backward", "Err
            "forward_context", "current_context", "context_depth", "in_forward_pass", "Layer",
            "tune", "layer_index_from_prefix", "library_path", "version", "backends",
            "backend_available", "backend_describe", "set_num_threads", "get_num_threads",
-           "has_backward", "last_launch", "fastvideo"]
+           "last_launch", "fastvideo"]
 
 try:  # the op needs torch; strategies, contexts and errors work without it
     import torch  # noqa: F401
@@ -83,7 +83,8 @@ def backends():
 
 def set_num_threads(n):
     """Threads of sta's CPU backend (0: OpenMP's default)."""
-    _capi.lib().sta_set_num_threads(int(n))
+    from ._args import check_value
+    _capi.lib().sta_set_num_threads(check_value("n", n, {"kind": "int32"}))
 
 
 def get_num_threads():
@@ -95,7 +96,3 @@ def last_launch():
     gather loads, tensor maps, items; why a TMA path was left out), "" before one."""
     return _capi.lib().sta_cuda_last_launch().decode()
 
-
-def has_backward():
-    """True when the loaded libsta.so has sta_attention_backward."""
-    return _capi.lib().has("sta_attention_backward")

@@ -42,6 +42,8 @@ class Geometry(C.Structure):
 
 
 class AttentionDesc(C.Structure):
+    # mask and blocks (block-sparse masks, sta.h) are mirrored for the
+    # struct's size and left 0 / NULL: the window mask
     _fields_ = [("geom", Geometry), ("layout", _enum), ("n_windows", C.c_int32),
                 ("windows", C.POINTER(C.c_int32)), ("scale", C.c_float),
                 ("softmax", _enum), ("deterministic", C.c_int32), ("precision", _enum),
@@ -131,6 +133,7 @@ FUNCS = {
     # metadata
     "sta_metadata_create": (_st, [_pp, _i32]),
     "sta_metadata_destroy": (None, [_p]),
+    "sta_metadata_retain": (None, [_p]),
     "sta_metadata_layers": (_i32, [_p]),
     "sta_metadata_set_row": (_st, [_p, _i32, _i32, _i32p]),
     "sta_metadata_row": (_st, [_p, _i32, _i32p, C.POINTER(_i32p)]),
@@ -139,6 +142,7 @@ FUNCS = {
     # forward batch
     "sta_forward_batch_create": (_st, [_pp, _i32]),
     "sta_forward_batch_destroy": (None, [_p]),
+    "sta_forward_batch_retain": (None, [_p]),
     "sta_forward_batch_size": (_i32, [_p]),
     "sta_forward_batch_set_negative": (None, [_p, _i32]),
     "sta_forward_batch_is_negative": (_i32, [_p]),
@@ -165,15 +169,11 @@ FUNCS = {
     "sta_layer_forward": (_st, [_p, _p, _p, _p, _p]),
     "sta_layer_forward_lse": (_st, [_p, _p, _p, _p, _p, _p]),
     "sta_layer_backward": (_st, [_p, _p, _p, _p, _p, _p, _p, _p, _p, _p]),
+    "sta_layer_resolve": (_st, [_p, _p, _desc, _i32p]),
     # tuning
     "sta_tune": (_st, [_pp, _i32, C.POINTER(_s), _i32, _i32p, C.POINTER(TuneReport)]),
+    "sta_tune_defaults": (None, [_i32p, _i32p]),
 }
-
-# Declared in sta.h but possibly not yet in an older libsta.so: looked up
-# lazily, and a missing one raises NotImplementedError when called.
-OPTIONAL = {"sta_attention_backward", "sta_attention_backward_reference",
-            "sta_layer_forward_lse", "sta_layer_backward", "sta_cuda_last_launch"}
-
 
 def _here():
     return os.path.dirname(os.path.abspath(__file__))
@@ -230,18 +230,6 @@ def _load():
         0, "STA_OK")
 
 
-class _Missing:
-    """Stands in for a function an older library lacks."""
-
-    def __init__(self, name, path):
-        self.name, self.path = name, path
-
-    def __call__(self, *args):
-        raise NotImplementedError("%s is not in %s (declared in sta.h, not yet built into "
-                                  "this library: rebuild libsta from a newer checkout)"
-                                  % (self.name, self.path))
-
-
 class Lib:
     """The loaded library: lib.sta_xxx are the declared functions."""
 
@@ -251,17 +239,11 @@ class Lib:
             try:
                 f = getattr(self.cdll, name)
             except AttributeError:
-                if name in OPTIONAL:
-                    setattr(self, name, _Missing(name, self.path))
-                    continue
                 raise LibraryNotFound("sta: %s lacks %s (an older or foreign libsta.so; set "
                                       "STA_LIBRARY to the one built from this checkout)"
                                       % (self.path, name), 0, "STA_OK")
             f.restype, f.argtypes = res, args
             setattr(self, name, f)
-
-    def has(self, name):
-        return not isinstance(getattr(self, name, None), _Missing)
 
     def error(self, rc):
         """The exception for status rc, with sta_last_error()'s exact text."""

@@ -10,22 +10,21 @@ With torch >= 2.4 the op is registered as torch.ops.sta.attention (and
 torch.ops.sta.attention_backward), with fake implementations and registered
 autograd, so torch.compile(fullgraph=True) keeps it as one node; eager calls
 that need no gradient skip the dispatcher and call the library directly.
-The op's arguments are q, k, v, the spec's ints (_spec), its scale and an
-lse mode (_op_inputs): few arguments, each converted at every dispatch.
-Older torch (Debian 12's 1.13) gets a torch.autograd.Function.
+A call is described by a Spec (named fields: the options checked against
+sta's option schema, _args.check), which is also the op's argument list
+after q, k, v.  Older torch (Debian 12's 1.13) gets a
+torch.autograd.Function.
 """
 import ctypes as C
-import numbers
 import threading
+from typing import NamedTuple
 
 import torch
 
-from . import _capi
-from ._capi import (AttentionDesc, STA_BF16, STA_BSHD, STA_CPU, STA_CUDA,
-                    STA_F16, STA_F32, STA_F8E4M3, STA_PRECISION_FP8, STA_PRECISION_NATIVE,
-                    STA_SOFTMAX_EXACT, STA_SOFTMAX_FAST)
-from ._args import (_E_ARGUMENT, _E_DTYPE, _E_SHAPE, _E_WINDOW, _bad, _is_int, _layout,
-                    _order, _text_len, _triple)
+from . import _args, _capi
+from ._capi import (AttentionDesc, Geometry, STA_BF16, STA_BSHD, STA_CPU, STA_CUDA, STA_F16,
+                    STA_F32, STA_F8E4M3, STA_PRECISION_FP8)
+from ._args import _E_ARGUMENT, _E_DTYPE, _E_SHAPE, _bad
 
 __all__ = ["attention", "attention_fp8", "reference", "reference_backward", "CUSTOM_OP"]
 
@@ -35,8 +34,6 @@ _DTYPES = {torch.float32: STA_F32, torch.float16: STA_F16, torch.bfloat16: STA_B
 _F8 = tuple(t for t in (getattr(torch, "float8_e4m3fn", None), torch.uint8) if t is not None)
 _WRAP_DTYPES = dict(_DTYPES)
 _WRAP_DTYPES.update({t: STA_F8E4M3 for t in _F8})
-_SOFTMAX = {"exact": STA_SOFTMAX_EXACT, "fast": STA_SOFTMAX_FAST}
-_PRECISION = {"native": STA_PRECISION_NATIVE, "fp8": STA_PRECISION_FP8}
 _PLAIN = (torch.Tensor, torch.nn.Parameter)
 
 
@@ -54,55 +51,33 @@ CUSTOM_OP = _version_at_least(2, 4) and hasattr(torch, "library") and \
 # ---- arguments --------------------------------------------------------------
 
 
-def _windows(window):
-    """window (3 ints or "KtxKhxKw") or one window per head -> a flat tuple."""
-    if isinstance(window, str):
-        return _triple(window, "window")
-    try:
-        items = list(window)
-    except TypeError:
-        raise _bad(_E_WINDOW, "window: expected 3 integers or a list of them (one per "
-                   "head), got %r" % (window,)) from None
-    if items and _is_int(items[0]):  # one window (else _triple names the bad part)
-        return _triple(items, "window")
-    if not items:
-        raise _bad(_E_WINDOW, "window: expected 3 integers or a list of them (one per head), "
-                   "got an empty list")
-    flat = []
-    for i, w in enumerate(items):
-        flat.extend(_triple(w, "window[%d]" % i))
-    return tuple(flat)
+class Spec(NamedTuple):
+    """One call's description, hashable, in sta_attention_desc's terms; an
+    unset field is the core's default.  Also the op's arguments after q, k,
+    v, in this order (torch.ops.sta.attention's schema names them)."""
+    canvas: tuple        # (T, H, W); (): the known shape of q's length
+    tile: tuple          # (tt, th, tw); (): sta_geometry_init's
+    text_len: int        # -1: every row after the video (sta_geometry)
+    layout: int          # sta_layout
+    softmax: int         # sta_softmax
+    deterministic: int   # 0 or 1
+    order: int           # sta_order
+    precision: int       # sta_precision
+    windows: tuple       # Kt, Kh, Kw per window, flat: one window or one per head
+    scale: float         # 0.0: 1/sqrt(D) (sta_attention_desc.scale)
 
 
-# A spec is the hashable description of one call, flat: the ints of
-# sta_attention_desc, then the windows, then the scale (0.0: 1/sqrt(D)).
-# torch.ops.sta.attention takes list(spec[:-1]) and spec[-1].
-_LAYOUT, _WINDOWS = 7, 12  # spec[_LAYOUT]; the windows are spec[_WINDOWS:-1]
-
-
-def _spec(canvas, window, tile, text_len, layout, scale, softmax, deterministic,
-          order="untiled", precision="native"):
-    """(T, H, W, tt, th, tw, text_len, layout, softmax, deterministic, order,
-    precision, *windows, scale) from attention()'s arguments, checked."""
-    canvas = _triple(canvas, "canvas")
-    order = _order(order)
-    tile = _triple(tile, "tile")
-    windows = _windows(window)
-    text_len = _text_len(text_len)
-    lay = _layout(layout)
-    if scale is None:
-        scale = 0.0
-    elif isinstance(scale, bool) or not isinstance(scale, numbers.Real) or not scale > 0:
-        raise _bad(_E_ARGUMENT, "scale: expected a positive number or None, got %r" % (scale,))
-    sm = _SOFTMAX.get(softmax) if isinstance(softmax, str) else None
-    if sm is None:
-        raise _bad(_E_ARGUMENT, "softmax: expected \"exact\" or \"fast\", got %r" % (softmax,))
-    pr = _PRECISION.get(precision) if isinstance(precision, str) else None
-    if pr is None:
-        raise _bad(_E_ARGUMENT, "precision: expected \"native\" or \"fp8\", got %r"
-                   % (precision,))
-    return canvas + tile + (text_len, lay, sm, int(bool(deterministic)), order, pr) + \
-        windows + (float(scale),)
+def _spec(call, is_a=None, **given):
+    """The Spec of call's options (checked: _args.check), and the checked
+    options."""
+    o = _args.check(call, given, is_a)
+    w = o["window"]
+    return Spec(o.get("canvas", ()), o.get("tile", ()), o.get("text_len", -1),
+                _args.enum("layout", o.get("layout")), _args.enum("softmax", o.get("softmax")),
+                1 if o.get("deterministic") else 0, _args.enum("order", o.get("order")),
+                _args.enum("precision", o.get("precision")),
+                w if type(w[0]) is int else tuple([x for t in w for x in t]),
+                o.get("scale", 0.0)), o
 
 
 def _check_tensors(names, tensors):
@@ -137,32 +112,54 @@ def _bhs(q, layout):
 # ---- calling the library ------------------------------------------------------
 
 _cache = threading.local()
-_specs = {}  # attention()'s arguments -> _spec, eager calls
+_specs = {}  # attention()'s arguments (type-exact) -> Spec, eager calls
 
 
-def _desc(spec):
-    """A pointer to a (cached) sta_attention_desc for spec."""
+def _geometry(spec, seq_len):
+    """sta_geometry of spec: the canvas with the core's defaults
+    (sta_geometry_init), or the known shape of seq_len; then the fields spec
+    sets."""
+    L = _capi.lib()
+    g = Geometry()
+    if spec.canvas:
+        L.sta_geometry_init(C.byref(g), *spec.canvas)
+    else:
+        L.check(L.sta_geometry_from_seq_len(C.byref(g), seq_len))
+    if spec.tile:
+        g.tile[:] = spec.tile
+    g.text_len = spec.text_len
+    g.order = spec.order
+    return g
+
+
+def _desc(spec, q=None):
+    """A pointer to a (cached) sta_attention_desc for spec (q: for a spec
+    with no canvas, the known shape of its sequence length)."""
     descs = getattr(_cache, "descs", None)
     if descs is None:
         descs = _cache.descs = {}
-    hit = descs.get(spec)
+    seq_len = -1 if spec.canvas or q is None else _seq_len(q, spec)
+    key = spec if spec.canvas else (spec, seq_len)
+    hit = descs.get(key)
     if hit is not None:
         return hit[2]
     d = AttentionDesc()
-    d.geom.canvas[:] = spec[0:3]
-    d.geom.tile[:] = spec[3:6]
-    d.geom.text_len, d.layout, d.softmax, d.deterministic, d.geom.order, d.precision = \
-        spec[6:_WINDOWS]
-    windows = spec[_WINDOWS:-1]
-    arr = _capi.ints(windows)
-    d.n_windows = len(windows) // 3
+    d.geom = _geometry(spec, seq_len)
+    d.layout, d.softmax, d.deterministic, d.precision = \
+        spec.layout, spec.softmax, spec.deterministic, spec.precision
+    arr = _capi.ints(spec.windows)
+    d.n_windows = len(spec.windows) // 3
     d.windows = C.cast(arr, C.POINTER(C.c_int32))
-    d.scale = spec[-1]
+    d.scale = spec.scale
     if len(descs) >= 256:
         descs.clear()
     ref = C.byref(d)
-    descs[spec] = (d, arr, ref)
+    descs[key] = (d, arr, ref)
     return ref
+
+
+def _seq_len(q, spec):
+    return q.shape[1 if spec.layout == STA_BSHD else 2] if q.dim() == 4 else -1
 
 
 _SIZES = {n: C.c_int64 * n for n in range(1, 9)}
@@ -260,13 +257,8 @@ def _call(fn, desc, tensors, device):
 def _forward(q, k, v, spec, compute_lse):
     """out (and lse, else None) = STA(q, k, v), allocated by torch."""
     out = q.new_empty(q.shape)  # contiguous, q's dtype and device
-    if compute_lse:
-        b, x, y, _ = q.shape
-        lse = q.new_empty((b, y, x) if spec[_LAYOUT] == STA_BSHD else (b, x, y),
-                          dtype=torch.float32)
-    else:
-        lse = None
-    _call("sta_attention_forward", _desc(spec), (q, k, v, out, lse), q.device)
+    lse = q.new_empty(_bhs(q, spec.layout), dtype=torch.float32) if compute_lse else None
+    _call("sta_attention_forward", _desc(spec, q), (q, k, v, out, lse), q.device)
     return out, lse
 
 
@@ -276,7 +268,7 @@ def _last_dim_dense(t):
 
 def _backward(q, k, v, out, lse, dout, dlse, spec):
     """dq, dk, dv of STA; dlse (or None): the gradient reaching lse."""
-    desc = _desc(spec)
+    desc = _desc(spec, q)
     dout = _last_dim_dense(dout)
     dq = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     dk = torch.empty(q.shape, dtype=q.dtype, device=q.device)
@@ -288,7 +280,7 @@ def _backward(q, k, v, out, lse, dout, dlse, spec):
         # out' = -e_0 and dout' = dlse_i e_0 that is exactly P_ij dlse_i.
         # (materialised, not stride-0 views: every kernel path takes them)
         g = dlse.to(q.dtype)  # [B, heads, S]
-        g = g.transpose(1, 2) if spec[_LAYOUT] == STA_BSHD else g
+        g = g.transpose(1, 2) if spec.layout == STA_BSHD else g
         dout2 = torch.zeros(q.shape, dtype=q.dtype, device=q.device)
         dout2[..., 0] = g
         zero = torch.zeros(q.shape, dtype=q.dtype, device=q.device)
@@ -324,21 +316,30 @@ def _backward(q, k, v, out, lse, dout, dlse, spec):
 _LSE_NONE, _LSE_SAVED, _LSE_RETURNED = 0, 1, 2
 
 
-def _op_inputs(spec, compute_lse, return_lse):
-    """torch.ops.sta.attention's arguments after q, k, v for spec."""
-    return (list(spec[:-1]), spec[-1],
-            _LSE_RETURNED if return_lse else _LSE_SAVED if compute_lse else _LSE_NONE)
+def _lse_mode(compute_lse, return_lse):
+    return _LSE_RETURNED if return_lse else _LSE_SAVED if compute_lse else _LSE_NONE
 
+
+def _spec_of(canvas, tile, text_len, layout, softmax, deterministic, order, precision, windows,
+             scale):
+    """The Spec of the op's arguments (its int[] arrive as lists)."""
+    return Spec(tuple(canvas), tuple(tile), text_len, layout, softmax, deterministic, order,
+                precision, tuple(windows), scale)
+
+
+# the op's arguments after q, k, v (and out, lse, dout, dlse): Spec's fields
+_SPEC_ARGS = ", ".join(("int[] " if t is tuple else "float " if t is float else "int ") + n
+                       for n, t in Spec.__annotations__.items())
 
 if CUSTOM_OP:
     _LIB = torch.library.Library("sta", "FRAGMENT")  # kept: registrations live with it
     _TAGS = tuple(getattr(torch.Tag, t) for t in ("pt2_compliant_tag", "needs_fixed_stride_order")
                   if hasattr(torch.Tag, t))
-    _LIB.define("attention(Tensor q, Tensor k, Tensor v, int[] spec, float scale, int lse) "
-                "-> (Tensor, Tensor)", tags=_TAGS)
+    _LIB.define("attention(Tensor q, Tensor k, Tensor v, %s, int lse) -> (Tensor, Tensor)"
+                % _SPEC_ARGS, tags=_TAGS)
     _LIB.define("attention_backward(Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, "
-                "Tensor dout, Tensor? dlse, int[] spec, float scale) "
-                "-> (Tensor, Tensor, Tensor)", tags=_TAGS)
+                "Tensor dout, Tensor? dlse, %s) -> (Tensor, Tensor, Tensor)" % _SPEC_ARGS,
+                tags=_TAGS)
     _ATTENTION = torch.ops.sta.attention.default
     _ATTENTION_BACKWARD = torch.ops.sta.attention_backward.default
     _AFTER_AUTOGRAD = torch._C._after_autograd_keyset
@@ -352,19 +353,27 @@ if CUSTOM_OP:
             torch._C.DispatchKey.ADInplaceOrView)))
     _grad_enabled = torch.is_grad_enabled
 
-    def _attention_kernel(q, k, v, spec, scale, lse):
-        out, l = _forward(q, k, v, (*spec, scale), lse != _LSE_NONE)
+    def _attention_kernel(q, k, v, canvas, tile, text_len, layout, softmax, deterministic, order,
+                          precision, windows, scale, lse):
+        spec = _spec_of(canvas, tile, text_len, layout, softmax, deterministic, order, precision,
+                        windows, scale)
+        out, l = _forward(q, k, v, spec, lse != _LSE_NONE)
         return out, l if l is not None else q.new_empty(0, dtype=torch.float32)
 
-    def _attention_fake(q, k, v, spec, scale, lse):
+    def _attention_fake(q, k, v, canvas, tile, text_len, layout, softmax, deterministic, order,
+                        precision, windows, scale, lse):
         out = q.new_empty(q.shape)
-        shape = _bhs(q, spec[_LAYOUT]) if lse != _LSE_NONE else (0,)
+        shape = _bhs(q, layout) if lse != _LSE_NONE else (0,)
         return out, q.new_empty(shape, dtype=torch.float32)
 
-    def _attention_backward_kernel(q, k, v, out, lse, dout, dlse, spec, scale):
-        return _backward(q, k, v, out, lse, dout, dlse, (*spec, scale))
+    def _attention_backward_kernel(q, k, v, out, lse, dout, dlse, canvas, tile, text_len, layout,
+                                   softmax, deterministic, order, precision, windows, scale):
+        return _backward(q, k, v, out, lse, dout, dlse,
+                         _spec_of(canvas, tile, text_len, layout, softmax, deterministic, order,
+                                  precision, windows, scale))
 
-    def _attention_backward_fake(q, k, v, out, lse, dout, dlse, spec, scale):
+    def _attention_backward_fake(q, k, v, out, lse, dout, dlse, canvas, tile, text_len, layout,
+                                 softmax, deterministic, order, precision, windows, scale):
         return q.new_empty(q.shape), q.new_empty(q.shape), q.new_empty(q.shape)
 
     def _below_autograd(op, kernel, keyset, args):
@@ -387,10 +396,10 @@ if CUSTOM_OP:
             raise RuntimeError("sta.attention: the backward is not differentiable (no double "
                                "backward through sta::attention_backward)")
 
-    def _attention_autograd(keyset, q, k, v, spec, scale, lse):
+    def _attention_autograd(keyset, q, k, v, *args):
         if _grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
-            return _AttentionFunction.apply(q, k, v, spec, scale, lse, keyset)
-        return _below_autograd(_ATTENTION, _attention_kernel, keyset, (q, k, v, spec, scale, lse))
+            return _AttentionFunction.apply(q, k, v, _spec_of(*args[:-1]), args[-1], keyset)
+        return _below_autograd(_ATTENTION, _attention_kernel, keyset, (q, k, v) + args)
 
     def _attention_backward_autograd(keyset, *args):
         if _grad_enabled() and any(isinstance(t, torch.Tensor) and t.requires_grad
@@ -409,19 +418,21 @@ if CUSTOM_OP:
 
 
 class _AttentionFunction(torch.autograd.Function):
-    """sta.attention's autograd (inputs: q, k, v, then _op_inputs, then
-    keyset).  keyset: the Autograd kernel's, whose op the forward
-    redispatches below autograd and whose backward is sta::attention_backward;
-    None on torch < 2.4: the library directly."""
+    """sta.attention's autograd: inputs q, k, v, the Spec, the lse mode and
+    keyset: the Autograd kernel's, whose op the forward redispatches below
+    autograd and whose backward is sta::attention_backward (which refuses a
+    double backward itself); None on torch < 2.4: the library directly,
+    and the backward is once_differentiable (a double backward raises
+    torch's error instead of a silently detached gradient)."""
 
     @staticmethod
-    def forward(ctx, q, k, v, spec, scale, lse, keyset):
+    def forward(ctx, q, k, v, spec, lse, keyset):
         if keyset is None:
-            out, l = _forward(q, k, v, (*spec, scale), True)
+            out, l = _forward(q, k, v, spec, True)
         else:
             out, l = _below_autograd(_ATTENTION, _attention_kernel, keyset,
-                                     (q, k, v, spec, scale, max(lse, _LSE_SAVED)))
-        ctx.args, ctx.op = (spec, scale), keyset is not None
+                                     (q, k, v) + tuple(spec) + (max(lse, _LSE_SAVED),))
+        ctx.spec, ctx.op = spec, keyset is not None
         ctx.return_lse = lse == _LSE_RETURNED
         ctx.save_for_backward(q, k, v, out, l)
         if not ctx.return_lse:
@@ -431,16 +442,32 @@ class _AttentionFunction(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, dout, dlse):
-        q, k, v, out, lse = ctx.saved_tensors
-        if dout is None:
-            dout = torch.zeros_like(out)
-        dlse = dlse if ctx.return_lse else None
-        spec, scale = ctx.args
         if ctx.op:
-            dq, dk, dv = _ATTENTION_BACKWARD(q, k, v, out, lse, dout, dlse, spec, scale)
-        else:
-            dq, dk, dv = _backward(q, k, v, out, lse, dout, dlse, (*spec, scale))
-        return dq, dk, dv, None, None, None, None
+            return _op_backward(ctx, dout, dlse)
+        return _plain_backward(ctx, dout, dlse)
+
+
+def _op_backward(ctx, dout, dlse):
+    q, k, v, out, lse = ctx.saved_tensors
+    dout = torch.zeros_like(out) if dout is None else dout
+    dq, dk, dv = _ATTENTION_BACKWARD(q, k, v, out, lse, dout, dlse if ctx.return_lse else None,
+                                     *ctx.spec)
+    return dq, dk, dv, None, None, None
+
+
+def _plain_backward(ctx, dout, dlse):
+    q, k, v, out, lse = ctx.saved_tensors
+    return _once(ctx, dout, dlse, q, k, v, out, lse)
+
+
+@torch.autograd.function.once_differentiable
+def _once(ctx, dout, dlse, q, k, v, out, lse):
+    """The gradients, once: once_differentiable sees q, k, v among its
+    arguments, so a double backward through them raises too, not only one
+    through dout."""
+    dout = torch.zeros_like(out) if dout is None else dout
+    return _backward(q, k, v, out, lse, dout, dlse if ctx.return_lse else None, ctx.spec) + \
+        (None, None, None)
 
 
 _is_compiling = getattr(getattr(torch, "compiler", None), "is_compiling", None)
@@ -450,23 +477,47 @@ def _compiling():
     return _is_compiling is not None and bool(_is_compiling())
 
 
-def attention(q, k, v, *, canvas, window, tile=(6, 8, 8), text_len=None, layout="bshd",
-              scale=None, return_lse=False, softmax="exact", deterministic=False,
-              order="untiled", precision="native"):
+def _spec_key(canvas, window, tile, text_len, layout, scale, softmax, deterministic, order,
+              precision):
+    """attention()'s arguments as a cache key that only equal checks can
+    share, or None (not cached: checked every call).  Cached: strings, None,
+    and triples of exact ints for canvas, window and tile (a window per head
+    is checked every call), with the types of the scalars in the key.  So
+    (1, 1, 1) never finds the entry of (True, 1, 1), nor text_len 2 that of
+    2.0: a check never depends on an earlier call."""
+    t = type
+    for x in (canvas, window, tile):
+        if x is not None and t(x) is not str and not (
+                t(x) is tuple and len(x) == 3 and t(x[0]) is int and t(x[1]) is int and
+                t(x[2]) is int):
+            return None
+    return (canvas, window, tile, text_len, t(text_len), layout, scale, t(scale), softmax,
+            deterministic, t(deterministic), order, precision)
+
+
+def attention(q=None, k=None, v=None, *, canvas=None, window=None, tile=None, text_len=None,
+              layout=None, scale=None, return_lse=None, softmax=None, deterministic=None,
+              order=None, precision=None, **unknown):
     """Sliding Tile Attention of torch tensors (STA.md sections 1-4, 10).
 
     q, k, v: 4-D [B, S, heads, D] (layout "bshd") or [B, heads, S, D]
     ("bhsd"), one shape, dtype and device; any strides with the last dim
     contiguous (views are read in place).  float32 on the CPU; bfloat16 and
     float16 (D 64, 128) on CUDA, float32 too on the CPU backend.
-    canvas: (T, H, W) video tokens, text rows after the video.
+    Options (sta's option schema, the same as the Lua module's; None or
+    absent: the core's default):
+    canvas: (T, H, W) video tokens, or "TxHxW" / "T,H,W"; absent: the known
+    shape of q's length (FastVideo's); text rows after the video.
+    window (required): (Kt, Kh, Kw) in tiles for all heads, or a list of
+    them, one per head; strings "3x3x3", "3,3,3", "3,3,3:1,5,7",
+    "1x1x1,3x3x3".
+    tile: (tt, th, tw) (the core's 6x8x8); text_len: valid text rows (all
+    after the video).
     order: the rows' token order, "untiled" (t slowest, w fastest) or
     "tiled" (FastVideo's: tile after tile, each padded to tt*th*tw rows,
     S = NT*NH*NW*tt*th*tw + text), read in place; the output comes out in
     it, padding rows 0 (they are never keys, and their gradients are 0).
-    window: (Kt, Kh, Kw) in tiles for all heads, or a list of them, one per head.
-    tile: (tt, th, tw); text_len: valid text rows (None: all after the video).
-    scale: None for 1/sqrt(D).  softmax: "exact" or "fast" (GPU, opt-in).
+    scale: > 0 (1/sqrt(D)).  softmax: "exact" or "fast" (GPU, opt-in).
     deterministic: bit-identical gradients run to run (slower on the GPU).
     precision: "native" (the inputs' dtype, float32 accumulation) or "fp8"
     (opt-in, never chosen for you: Q, K, V quantized to 8 bits by sta.h's
@@ -475,48 +526,71 @@ def attention(q, k, v, *, canvas, window, tile=(6, 8, 8), text_len=None, layout=
 
     Returns out (torch-allocated, q's shape, dtype, device), and with
     return_lse=True also lse, float32 [B, heads, S] (natural log).
-    Differentiable in q, k, v (and through lse).  Errors raise sta.Error
-    subclasses with sta's exact message.
+    Differentiable in q, k, v (and through lse); a double backward raises.
+    Every misuse raises an sta.Error subclass with sta's exact message.
     """
+    if unknown:
+        raise _args.unknown("attention", unknown)
     _check_tensors(("q", "k", "v"), (q, k, v))
     compiling = _compiling()
-    spec = None
-    if not compiling:  # eager: the normalised arguments from a cache
-        key = (canvas, window, tile, text_len, layout, scale, softmax, deterministic, order,
-               precision)
-        try:
+    spec = key = None
+    if not compiling:  # eager: the checked arguments from a cache
+        key = _spec_key(canvas, window, tile, text_len, layout, scale, softmax, deterministic,
+                        order, precision)
+        if key is not None:
             spec = _specs.get(key)
-        except TypeError:  # unhashable (lists): parsed every call
-            key = None
     if spec is None:
-        spec = _spec(canvas, window, tile, text_len, layout, scale, softmax, deterministic,
-                     order, precision)
-        if not compiling and key is not None:
+        spec = _spec("attention", canvas=canvas, window=window, tile=tile, text_len=text_len,
+                     layout=layout, scale=scale, softmax=softmax, deterministic=deterministic,
+                     order=order, precision=precision)[0]
+        if key is not None:
             if len(_specs) >= 256:
                 _specs.clear()
             _specs[key] = spec
+    return _run_attention(q, k, v, spec, return_lse is not None and _want_lse(return_lse),
+                          compiling)
+
+
+_RETURN_LSE = _args.OPTIONS["return_lse"]
+
+
+def _want_lse(return_lse):
+    return _args.check_value("return_lse", return_lse, _RETURN_LSE)
+
+
+def _run_attention(q, k, v, spec, return_lse, compiling=None):
+    """attention() of a checked spec (also sta.Layer's)."""
     need_grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or
                                              v.requires_grad)
+    if compiling is None:
+        compiling = _compiling()
     if CUSTOM_OP and (need_grad or compiling or type(q) not in _PLAIN or
                       type(k) not in _PLAIN or type(v) not in _PLAIN):
-        out, lse = _ATTENTION(q, k, v, *_op_inputs(spec, need_grad, return_lse))
+        out, lse = _ATTENTION(q, k, v, *spec, _lse_mode(need_grad, return_lse))
     elif need_grad:
-        out, lse = _AttentionFunction.apply(q, k, v, *_op_inputs(spec, True, return_lse), None)
+        out, lse = _AttentionFunction.apply(q, k, v, spec, _lse_mode(True, return_lse), None)
     else:
         out, lse = _forward(q, k, v, spec, return_lse)
     return (out, lse) if return_lse else out
 
 
-def attention_fp8(q8, k8, v8, q_scale, k_scale, v_scale, *, canvas, window, tile=(6, 8, 8),
-                  text_len=None, layout="bshd", scale=None, return_lse=False, order="untiled",
-                  out_dtype=torch.float32):
+def _is_out_dtype(v, cls):
+    return v in _DTYPES
+
+
+def attention_fp8(q8=None, k8=None, v8=None, q_scale=None, k_scale=None, v_scale=None, *,
+                  canvas=None, window=None, tile=None, text_len=None, layout=None, scale=None,
+                  return_lse=None, order=None, precision=None, softmax=None, deterministic=None,
+                  out_dtype=None, **unknown):
     """sta_attention_forward_fp8: STA of operands already in 8 bits (e4m3:
     torch.float8_e4m3fn, or the raw codes as uint8), standing for q8 *
     q_scale, k8 * k_scale, v8 * v_scale: q_scale, k_scale float32 [B, heads,
     S] (a scale per row; stride-0 views give one per head), v_scale float32
     [B, heads, D] (per channel).  The fp8 forward (precision "fp8") on those
-    values; out in out_dtype (float32, float16 or bfloat16), no autograd.
-    Other arguments as attention()."""
+    values; out in out_dtype (float32, the default, float16 or bfloat16), no
+    autograd.  Other options as attention()."""
+    if unknown:
+        raise _args.unknown("attention_fp8", unknown)
     names = ("q8", "k8", "v8")
     for name, t in zip(names, (q8, k8, v8)):
         if not isinstance(t, torch.Tensor) or t.dtype not in _F8:
@@ -526,17 +600,20 @@ def attention_fp8(q8, k8, v8, q_scale, k_scale, v_scale, *, canvas, window, tile
     for name, t in zip(("q_scale", "k_scale", "v_scale"), (q_scale, k_scale, v_scale)):
         if not isinstance(t, torch.Tensor):
             raise _bad(_E_ARGUMENT, "%s: expected a torch.Tensor, got %s" % (name, type(t).__name__))
-    if out_dtype not in _DTYPES:
-        raise _bad(_E_DTYPE, "out_dtype: expected float32, float16 or bfloat16, got %s" % (out_dtype,))
     if q8.dim() != 4:
         raise _bad(_E_SHAPE, "q8: expected a 4-D tensor, got %d-D %s" % (q8.dim(), list(q8.shape)))
-    spec = _spec(canvas, window, tile, text_len, layout, scale, "exact", False, order, "fp8")
-    out = torch.empty(q8.shape, dtype=out_dtype, device=q8.device)
-    lse = torch.empty(_bhs(q8, spec[_LAYOUT]), dtype=torch.float32, device=q8.device) \
-        if return_lse else None
-    _call("sta_attention_forward_fp8", _desc(spec),
+    spec, o = _spec("attention_fp8", _is_out_dtype, canvas=canvas, window=window, tile=tile,
+                    text_len=text_len, layout=layout, scale=scale, order=order, softmax=softmax,
+                    deterministic=deterministic, return_lse=return_lse, out_dtype=out_dtype,
+                    precision=precision)
+    if precision is None:  # this call's default: the fp8 forward
+        spec = spec._replace(precision=STA_PRECISION_FP8)
+    out = torch.empty(q8.shape, dtype=o.get("out_dtype", torch.float32), device=q8.device)
+    lse = torch.empty(_bhs(q8, spec.layout), dtype=torch.float32, device=q8.device) \
+        if o.get("return_lse") else None
+    _call("sta_attention_forward_fp8", _desc(spec, q8),
           (q8, k8, v8, q_scale, k_scale, v_scale, out, lse), q8.device)
-    return (out, lse) if return_lse else out
+    return (out, lse) if lse is not None else out
 
 
 def _host_only(names, tensors):
@@ -546,29 +623,40 @@ def _host_only(names, tensors):
                        % (name, t.device))
 
 
-def reference(q, k, v, *, canvas, window, tile=(6, 8, 8), text_len=None, layout="bshd",
-              scale=None, return_lse=False, order="untiled"):
+def reference(q=None, k=None, v=None, *, canvas=None, window=None, tile=None, text_len=None,
+              layout=None, scale=None, return_lse=None, order=None, softmax=None,
+              deterministic=None, precision=None, **unknown):
     """sta_attention_reference: the brute-force dense masked attention, in
-    double, of host tensors (slow; for tests).  Arguments as attention()."""
+    double, of host tensors (slow; for tests).  Options as attention()."""
+    if unknown:
+        raise _args.unknown("reference", unknown)
     _check_tensors(("q", "k", "v"), (q, k, v))
     _host_only(("q", "k", "v"), (q, k, v))
-    spec = _spec(canvas, window, tile, text_len, layout, scale, "exact", False, order)
+    spec, o = _spec("reference", canvas=canvas, window=window, tile=tile, text_len=text_len,
+                    layout=layout, scale=scale, order=order, softmax=softmax,
+                    deterministic=deterministic, precision=precision, return_lse=return_lse)
     out = torch.empty(q.shape, dtype=q.dtype)
-    lse = torch.empty(_bhs(q, spec[_LAYOUT]), dtype=torch.float32) if return_lse else None
+    lse = torch.empty(_bhs(q, spec.layout), dtype=torch.float32) if o.get("return_lse") else None
     with torch.no_grad():
-        _call("sta_attention_reference", _desc(spec), (q, k, v, out, lse), q.device)
-    return (out, lse) if return_lse else out
+        _call("sta_attention_reference", _desc(spec, q), (q, k, v, out, lse),
+              q.device)
+    return (out, lse) if lse is not None else out
 
 
-def reference_backward(q, k, v, dout, *, canvas, window, tile=(6, 8, 8), text_len=None,
-                       layout="bshd", scale=None, order="untiled"):
+def reference_backward(q=None, k=None, v=None, dout=None, *, canvas=None, window=None, tile=None,
+                       text_len=None, layout=None, scale=None, order=None, softmax=None,
+                       deterministic=None, precision=None, **unknown):
     """sta_attention_backward_reference: dq, dk, dv of reference(), in double,
-    of host tensors (slow; for tests)."""
+    of host tensors (slow; for tests).  Options as attention()."""
+    if unknown:
+        raise _args.unknown("attention_backward", unknown)
     _check_tensors(("q", "k", "v", "dout"), (q, k, v, dout))
     _host_only(("q", "k", "v", "dout"), (q, k, v, dout))
-    spec = _spec(canvas, window, tile, text_len, layout, scale, "exact", False, order)
+    spec = _spec("attention_backward", canvas=canvas, window=window, tile=tile,
+                 text_len=text_len, layout=layout, scale=scale, order=order, softmax=softmax,
+                 deterministic=deterministic, precision=precision)[0]
     grads = [torch.empty(q.shape, dtype=q.dtype) for _ in range(3)]
     with torch.no_grad():
-        _call("sta_attention_backward_reference", _desc(spec),
+        _call("sta_attention_backward_reference", _desc(spec, q),
               (q, k, v, _last_dim_dense(dout), *grads), q.device)
     return tuple(grads)

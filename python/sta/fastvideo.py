@@ -26,31 +26,32 @@ import torch
 
 from . import _capi
 from ._capi import Geometry, STA_BSHD
-from ._args import _E_WINDOW, _bad, _triple
+from ._args import _E_WINDOW, _bad, triple
 from ._op import attention
 
 __all__ = ["sliding_tile_attention", "tiled_order"]
 
-TILE = (6, 8, 8)
 _orders = {}  # tiled_order's
 
 
 def _geometry(canvas, tile):
+    """canvas with the core's defaults (sta_geometry_init: its tile, 6x8x8,
+    FastVideo's), tile when given."""
     g = Geometry()
-    g.canvas[:] = canvas
-    g.tile[:] = tile
-    g.text_len = -1
+    _capi.lib().sta_geometry_init(C.byref(g), *triple(canvas, "canvas"))
+    if tile is not None:
+        g.tile[:] = triple(tile, "tile")
     return g
 
 
-def tiled_order(canvas, tile=TILE, text_rows=0):
+def tiled_order(canvas, tile=None, text_rows=0):
     """FastVideo's tiled order of a canvas, from libsta's sta_tensor_tile:
     a CPU int64 tensor src of tiled_len + text_rows entries, src[j] = the
     untiled row at tiled row j, -1 for the padding rows of partial tiles.
     For a model that tiles its sequence once (as FastVideo's pipelines do:
     x[:, src.clamp(min=0)] before the blocks, the inverse after them); the
     attention itself reads the tiled rows in place."""
-    key = (tuple(canvas), tuple(tile), text_rows)
+    key = (tuple(canvas), tuple(tile) if tile is not None else None, text_rows)
     src = _orders.get(key)
     if src is not None:
         return src
@@ -77,13 +78,13 @@ def tiled_order(canvas, tile=TILE, text_rows=0):
 def sliding_tile_attention(q, k, v, window_size, text_length, has_text=True,
                            seq_shape="30x48x80"):
     """fastvideo_kernel.sliding_tile_attention on libsta (see the module doc)."""
-    canvas = _triple(seq_shape, "seq_shape")
+    canvas = triple(seq_shape, "seq_shape")
     if not isinstance(q, torch.Tensor) or q.dim() != 4:
         raise _bad(101, "q: expected a 4-D [B, heads, S, D] tensor, got %s"
                    % ("%d-D" % q.dim() if isinstance(q, torch.Tensor) else type(q).__name__))
-    wins = [_triple(w, "window_size[%d]" % i) for i, w in enumerate(window_size)]
+    wins = [triple(w, "window_size[%d]" % i) for i, w in enumerate(window_size)]
     if len(wins) != q.shape[1]:
         raise _bad(_E_WINDOW, "window_size: expected one window per head (%d), got %d"
                    % (q.shape[1], len(wins)))
-    return attention(q, k, v, canvas=canvas, tile=TILE, window=wins,
+    return attention(q, k, v, canvas=canvas, window=wins,  # the core's tile: FastVideo's
                      text_len=text_length if has_text else 0, layout="bhsd", order="tiled")

@@ -13,17 +13,24 @@ Lua module offers them:
             out = layer(q, k, v)          # windows of (step, 7, head)
 
 Objects own their C handles and release them when collected (or on
-close()).  A context borrows its metadata and batch: the Python context
-object keeps them alive until it is popped.
+close()).  Options are checked against sta's one option schema (_args),
+as in the Lua module and the LuaJIT FFI.  A pushed context holds references
+to its metadata and batch (closing them changes nothing until it is
+popped).  Contexts are kept per thread and per asyncio task (a
+contextvars.ContextVar, as the Lua module keeps them per coroutine: STA.md
+section 6) and put on the core's stack only around a call that reads them;
+a context collected while pushed (push() without pop()) is detected there:
+that call raises naming it and the context goes.
 """
+import contextvars
 import ctypes as C
 import os
-import threading
+import weakref
 
-from . import _capi
-from ._args import _E_ARGUMENT, _bad, _layout, _order, _text_len, _triple
-from ._capi import LayerDesc, TuneReport, ints
-from .errors import StateError
+from . import _args, _capi
+from ._args import _E_ARGUMENT, _bad, enum, triple
+from ._capi import AttentionDesc, LayerDesc, TuneReport, ints
+from .errors import StateError, UnsupportedError
 
 __all__ = ["Strategy", "Metadata", "ForwardBatch", "ForwardContext", "forward_context",
            "current_context", "context_depth", "in_forward_pass", "Layer", "tune",
@@ -52,11 +59,41 @@ def _path(p, name="path"):
     raise _bad(_E_ARGUMENT, "%s: expected a path, got %s" % (name, type(p).__name__))
 
 
+_INT32 = {"kind": "int32"}
+
+
+def _i32(name, v):
+    """v as an int32 argument of a C call: an integer in range, else
+    ArgumentError naming it (ctypes would wrap it silently)."""
+    return _args.check_value(name, v, _INT32)
+
+
+def _floats(name, rows, n, width):
+    """rows: n lists of width numbers, flat for C (ArgumentError otherwise)."""
+    import numbers
+    if not hasattr(rows, "__len__") or len(rows) != n or any(
+            not hasattr(r, "__len__") or len(r) != width for r in rows):
+        raise _bad(_E_ARGUMENT, "%s: expected %d lists of %d floats (candidate x head)"
+                   % (name, n, width))
+    flat = [x for r in rows for x in r]
+    for x in flat:
+        if isinstance(x, bool) or not isinstance(x, numbers.Real):
+            raise _bad(_E_ARGUMENT, "%s: expected numbers, got %s" % (name, _args.show(x)))
+    return (C.c_float * max(len(flat), 1))(*flat)
+
+
+def _is_a(v, cls):
+    """The option schema's classes (kind object) in this binding."""
+    c = {"sta.Strategy": Strategy, "sta.Metadata": Metadata,
+         "sta.ForwardBatch": ForwardBatch}.get(cls)
+    return c is not None and isinstance(v, c)
+
+
 def _optional(value, cls, name):
     """value is None or a cls, else ArgumentError naming the argument."""
     if value is not None and not isinstance(value, cls):
-        raise _bad(_E_ARGUMENT, "%s: expected sta.%s, got %s"
-                   % (name, cls.__name__, type(value).__name__))
+        raise _bad(_E_ARGUMENT, "%s: expected a sta.%s, got %s"
+                   % (name, cls.__name__, _args.show(value)))
 
 
 class _Handle:
@@ -105,6 +142,9 @@ class Strategy(_Handle):
     @classmethod
     def parse(cls, text):
         """Parse strategy JSON from a string or bytes."""
+        if not isinstance(text, (str, bytes, bytearray, memoryview)):
+            raise _bad(_E_ARGUMENT, "text: expected JSON as str or bytes, got %s"
+                       % _args.show(text))
         data = text.encode() if isinstance(text, str) else bytes(text)
         return cls(_new(_L().sta_strategy_parse, data, len(data)))
 
@@ -115,12 +155,19 @@ class Strategy(_Handle):
         return cls(_new(_L().sta_strategy_load_default))
 
     @classmethod
-    def uniform(cls, steps, layers, heads, window, full=None, full_steps=0):
-        """One window everywhere (required, as in the C, Lua and FFI APIs); full for
-        steps < full_steps."""
-        w = ints(_triple(window, "window"))
-        f = ints(_triple(full, "full")) if full is not None else None
-        return cls(_new(_L().sta_strategy_uniform, steps, layers, heads, w, f, full_steps))
+    def uniform(cls, steps=None, layers=None, heads=None, window=None, full=None,
+                full_steps=None, **unknown):
+        """One window everywhere (steps, layers, heads and window required, as
+        in the C, Lua and FFI APIs); full for steps < full_steps."""
+        if unknown:
+            raise _args.unknown("uniform", unknown)
+        o = _args.check("uniform", dict(steps=steps, layers=layers, heads=heads, window=window,
+                                        full=full, full_steps=full_steps))
+        if type(o["window"][0]) is not int:
+            raise _bad(_E_ARGUMENT, "window: expected one window {Kt, Kh, Kw}, got a list")
+        f = ints(o["full"]) if "full" in o else None
+        return cls(_new(_L().sta_strategy_uniform, o["steps"], o["layers"], o["heads"],
+                        ints(o["window"]), f, o["full_steps"]))
 
     def save(self, path):
         """Write the JSON file atomically."""
@@ -138,12 +185,13 @@ class Strategy(_Handle):
     def get(self, step, layer, head):
         """(Kt, Kh, Kw); ArgumentError (STA_ERR_KEY) naming a missing key."""
         w = (C.c_int32 * 3)()
-        _L().check(_L().sta_strategy_get(self.handle, step, layer, head, w))
+        _L().check(_L().sta_strategy_get(self.handle, _i32("step", step), _i32("layer", layer),
+                                         _i32("head", head), w))
         return tuple(w)
 
     def set(self, step, layer, head, window):
-        _L().check(_L().sta_strategy_set(self.handle, step, layer, head,
-                                         ints(_triple(window, "window"))))
+        _L().check(_L().sta_strategy_set(self.handle, _i32("step", step), _i32("layer", layer),
+                                         _i32("head", head), ints(triple(window, "window"))))
         return self
 
     def __len__(self):
@@ -158,12 +206,13 @@ class Strategy(_Handle):
 
     def check(self, steps, layers, heads):
         """Every (step, layer, head) below the counts present, else ArgumentError."""
-        _L().check(_L().sta_strategy_check(self.handle, steps, layers, heads))
+        _L().check(_L().sta_strategy_check(self.handle, _i32("steps", steps),
+                                           _i32("layers", layers), _i32("heads", heads)))
 
     def sparsity(self, grid):
         """1 - sum(window volume) / sum(full volume) on a tile grid (NT, NH, NW)."""
         out = C.c_double()
-        _L().check(_L().sta_strategy_sparsity(self.handle, ints(_triple(grid, "grid")),
+        _L().check(_L().sta_strategy_sparsity(self.handle, ints(triple(grid, "grid")),
                                               C.byref(out)))
         return out.value
 
@@ -193,20 +242,24 @@ class Metadata(_Handle):
 
     def __init__(self, layers=None, handle=None):
         if handle is None:
-            handle = _new(_L().sta_metadata_create, layers if layers is not None else 0)
+            handle = _new(_L().sta_metadata_create,
+                          _i32("layers", layers) if layers is not None else 0)
         super().__init__(handle)
 
     @classmethod
     def from_strategy(cls, strategy, step, layers, heads):
         """The table of step; strategy None gives "mask_strategy cannot be None ..."."""
+        _optional(strategy, Strategy, "strategy")
         s = strategy.handle if strategy is not None else None
-        return cls(handle=_new(_L().sta_metadata_from_strategy, s, step, layers, heads))
+        return cls(handle=_new(_L().sta_metadata_from_strategy, s, _i32("step", step),
+                               _i32("layers", layers), _i32("heads", heads)))
 
     @classmethod
     def search(cls, layers, candidates):
         """A search table: every layer's row is the candidates (full last)."""
-        flat = [x for i, w in enumerate(candidates) for x in _triple(w, "candidates[%d]" % i)]
-        return cls(handle=_new(_L().sta_metadata_search, layers, len(flat) // 3, ints(flat)))
+        flat = [x for i, w in enumerate(candidates) for x in triple(w, "candidates[%d]" % i)]
+        return cls(handle=_new(_L().sta_metadata_search, _i32("layers", layers), len(flat) // 3,
+                               ints(flat)))
 
     @property
     def layers(self):
@@ -216,15 +269,17 @@ class Metadata(_Handle):
         return self.layers
 
     def set_row(self, layer, windows):
-        flat = [x for i, w in enumerate(windows) for x in _triple(w, "windows[%d]" % i)]
-        _L().check(_L().sta_metadata_set_row(self.handle, layer, len(flat) // 3, ints(flat)))
+        flat = [x for i, w in enumerate(windows) for x in triple(w, "windows[%d]" % i)]
+        _L().check(_L().sta_metadata_set_row(self.handle, _i32("layer", layer), len(flat) // 3,
+                                             ints(flat)))
         return self
 
     def row(self, layer):
         """The windows of layer's row, a list of (Kt, Kh, Kw); [] when unset."""
         n = C.c_int32()
         p = C.POINTER(C.c_int32)()
-        _L().check(_L().sta_metadata_row(self.handle, layer, C.byref(n), C.byref(p)))
+        _L().check(_L().sta_metadata_row(self.handle, _i32("layer", layer), C.byref(n),
+                                         C.byref(p)))
         return [(p[3 * i], p[3 * i + 1], p[3 * i + 2]) for i in range(n.value)]
 
     def __repr__(self):
@@ -241,9 +296,12 @@ class ForwardBatch(_Handle):
     _destroy = "sta_forward_batch_destroy"
     _what = "forward batch"
 
-    def __init__(self, batch_size=1, negative=False):
-        super().__init__(_new(_L().sta_forward_batch_create, batch_size))
-        self.negative = negative
+    def __init__(self, batch_size=None, negative=None, **unknown):
+        if unknown:
+            raise _args.unknown("forward_batch", unknown)
+        o = _args.check("forward_batch", dict(batch_size=batch_size, negative=negative))
+        super().__init__(_new(_L().sta_forward_batch_create, o["batch_size"]))
+        self.negative = o.get("negative", False)
 
     @property
     def size(self):
@@ -263,16 +321,13 @@ class ForwardBatch(_Handle):
     def record(self, step, layer, candidates, l1, l2, negative=False):
         """Add a search record by hand: candidates (sparse windows), l1 and l2
         [candidate][head] lists of floats."""
-        flat = [x for i, w in enumerate(candidates) for x in _triple(w, "candidates[%d]" % i)]
+        flat = [x for i, w in enumerate(candidates) for x in triple(w, "candidates[%d]" % i)]
         n = len(flat) // 3
-        heads = len(l1[0]) if n else 0
-        for name, loss in (("l1", l1), ("l2", l2)):
-            if len(loss) != n or any(len(r) != heads for r in loss):
-                raise _bad(_E_ARGUMENT, "%s: expected %d lists of %d floats (candidate x head)"
-                                    % (name, n, heads))
-        a = (C.c_float * max(n * heads, 1))(*[x for r in l1 for x in r])
-        b = (C.c_float * max(n * heads, 1))(*[x for r in l2 for x in r])
-        _L().check(_L().sta_forward_batch_record(self.handle, 1 if negative else 0, step, layer,
+        heads = len(l1[0]) if n and hasattr(l1, "__len__") and len(l1) and \
+            hasattr(l1[0], "__len__") else 0
+        a, b = _floats("l1", l1, n, heads), _floats("l2", l2, n, heads)
+        _L().check(_L().sta_forward_batch_record(self.handle, 1 if negative else 0,
+                                                 _i32("step", step), _i32("layer", layer),
                                                  n, ints(flat), heads, a, b))
         return self
 
@@ -294,50 +349,75 @@ class ForwardBatch(_Handle):
 
 # ---- contexts -------------------------------------------------------------------
 
-_live = threading.local()  # handle value -> ForwardContext, per thread (as sta's stack)
+# This thread's (and asyncio task's) stack: a tuple of (weakref to a
+# ForwardContext, its step), innermost last; a dead weakref is a context
+# collected while pushed.
+_stack = contextvars.ContextVar("sta_forward_contexts", default=())
 
 
-def _live_map():
-    m = getattr(_live, "map", None)
-    if m is None:
-        m = _live.map = {}
-    return m
+def _release(md, fb):
+    L = _capi._lib
+    if L is not None:
+        L.sta_metadata_destroy(md)
+        L.sta_forward_batch_destroy(fb)
 
 
 class ForwardContext:
     """A forward context (STA.md section 6): pushed on __enter__ (or push()),
     popped on __exit__ (or pop()), also when an exception unwinds.  The
-    contexts form the calling thread's stack; the innermost is live."""
+    contexts form the calling thread's (and asyncio task's) stack; the
+    innermost is live.  A pushed context holds its metadata and batch."""
 
-    def __init__(self, step=0, metadata=None, batch=None):
-        _optional(metadata, Metadata, "metadata")
-        _optional(batch, ForwardBatch, "batch")
-        self.step = step
+    def __init__(self, step=None, metadata=None, batch=None, **unknown):
+        if unknown:
+            raise _args.unknown("forward_context", unknown)
+        o = _args.check("forward_context", dict(step=step, metadata=metadata, batch=batch),
+                        _is_a)
+        self.step = o["step"]
         self.metadata = metadata
         self.batch = batch
-        self._h = None
+        self._level = 0
+        self._refs = self._finalizer = None
 
     @property
     def live(self):
-        return self._h is not None
+        return self._level != 0
 
     def push(self):
-        if self._h is not None:
+        if self._level:
             raise StateError("forward context: already pushed", 200, "STA_ERR_STATE")
+        L = _L()
         md = self.metadata.handle if self.metadata is not None else None
         fb = self.batch.handle if self.batch is not None else None
-        self._h = _new(_L().sta_context_push, self.step, md, fb)
-        _live_map()[self._h.value] = self
+        L.sta_metadata_retain(md)  # the context's own references (NULL: nothing)
+        L.sta_forward_batch_retain(fb)
+        self._refs = (md, fb)
+        self._finalizer = weakref.finalize(self, _release, md, fb)
+        st = _stack.get()
+        if len(st) >= 1 << 16:
+            raise StateError("forward context: stack too deep (%d contexts)" % len(st), 200,
+                             "STA_ERR_STATE")
+        _stack.set(st + ((weakref.ref(self), self.step),))
+        self._level = len(st) + 1
         return self
 
     def pop(self):
-        """Pop; it must be the innermost (StateError otherwise, nothing changed).
-        Popping a popped context does nothing."""
-        if self._h is None:
+        """Pop; it must be the innermost (StateError otherwise, nothing changed;
+        contexts above it that were collected go with it).  Popping a popped
+        context does nothing."""
+        if not self._level:
             return
-        _L().check(_L().sta_context_pop(self._h))
-        _live_map().pop(self._h.value, None)
-        self._h = None
+        st = _stack.get()
+        if len(st) < self._level or st[self._level - 1][0]() is not self:
+            raise StateError("forward context: pop of a context of another thread or task "
+                             "(step %d)" % self.step, 200, "STA_ERR_STATE")
+        if any(e[0]() is not None for e in st[self._level:]):
+            raise StateError("forward context: pop of a context that is not the innermost (it "
+                             "is at level %d of depth %d)" % (self._level, len(st)), 200,
+                             "STA_ERR_STATE")
+        _stack.set(st[:self._level - 1])
+        self._level = 0
+        self._finalizer()
 
     def __enter__(self):
         return self.push()
@@ -347,31 +427,82 @@ class ForwardContext:
         return False
 
     def __repr__(self):
-        return "sta.ForwardContext(step %d, %s)" % (self.step, "live" if self.live else "not pushed")
+        return "sta.ForwardContext(step %d, %s)" % (self.step, "live" if self.live else
+                                                    "not pushed")
 
 
-def forward_context(step=0, metadata=None, batch=None, *, strategy=None, layers=None,
-                    heads=None):
+def _innermost():
+    """The innermost ForwardContext of this thread and task, or None;
+    raises StateError naming a context collected while pushed (and drops it,
+    with the collected ones right below it)."""
+    st = _stack.get()
+    if not st:
+        return None
+    ctx = st[-1][0]()
+    if ctx is not None:
+        return ctx
+    below = len(st) - 1
+    while below > 0 and st[below - 1][0]() is None:
+        below -= 1
+    _stack.set(st[:below])
+    step, level, more = st[-1][1], len(st), len(st) - 1 - below
+    raise StateError(
+        "forward context: the context of step %d (level %d)%s garbage-collected without being "
+        "popped; %s been popped (open contexts with `with sta.forward_context(...):`)"
+        % (step, level, " and %d below it were" % more if more else " was",
+           "they have" if more else "it has"), 200, "STA_ERR_STATE")
+
+
+def _enter():
+    """Push the innermost context on the core's stack for one call; returns
+    the core's handle (None: no context of ours: the core's own stack
+    decides)."""
+    ctx = _innermost()
+    if ctx is None:
+        return None
+    return _new(_L().sta_context_push, ctx.step, *ctx._refs)
+
+
+def _leave(h):
+    if h is not None:
+        _L().sta_context_pop(h)
+
+
+def forward_context(step=None, metadata=None, batch=None, *, strategy=None, layers=None,
+                    heads=None, **unknown):
     """A ForwardContext for `with`: metadata given, or built from strategy for
     step (layers x heads), as sta.forward_context{strategy=...} in Lua."""
-    if metadata is None and strategy is not None:
-        metadata = Metadata.from_strategy(strategy, step, layers or 1, heads or 1)
+    if unknown:
+        raise _args.unknown("forward_context", unknown)
+    o = _args.check("forward_context", dict(step=step, metadata=metadata, batch=batch,
+                                            strategy=strategy, layers=layers, heads=heads),
+                    _is_a)
+    if strategy is not None:
+        metadata = Metadata.from_strategy(strategy, o["step"], o["layers"], o.get("heads", 1))
     return ForwardContext(step, metadata, batch)
 
 
+def _live():
+    """The live contexts of this thread and task, innermost first (collected
+    ones skipped)."""
+    return [c for c in (e[0]() for e in reversed(_stack.get())) if c is not None]
+
+
 def current_context():
-    """The live ForwardContext pushed from Python on this thread, or None."""
-    h = _L().sta_context_current()
-    return _live_map().get(h) if h else None
+    """The innermost live ForwardContext of this thread and task, or None."""
+    live = _live()
+    return live[0] if live else None
 
 
 def context_depth():
-    return int(_L().sta_context_depth())
+    """Live contexts of this thread and task, plus any pushed from C."""
+    return len(_live()) + int(_L().sta_context_depth())
 
 
 def in_forward_pass():
-    """True when a live context has a forward batch."""
-    return bool(_L().sta_in_forward_pass())
+    """True when the live context has a forward batch."""
+    c = current_context()
+    return c.batch is not None if c is not None else bool(_L().sta_in_forward_pass())
 
 
 # ---- layers -----------------------------------------------------------------------
@@ -388,48 +519,64 @@ class Layer(_Handle):
     (step, layer, heads), from the context's metadata or its own strategy
     (STA.md sections 5-7; search rows run the mask search).
 
-    prefix (the module name, layer = int(prefix.split('.')[-3])) or layer;
-    heads (this rank's), head_dim; canvas (None: FastVideo's known shape by
-    seq_len), tile, text_len; order "untiled" or "tiled" (FastVideo's tiled
-    token order, read in place); layout "bshd"/"bhsd"; device "cpu"/"cuda";
-    scale (None: 1/sqrt(D)); strategy (used when the context has no
-    metadata); sp_rank, sp_size (heads split over ranks).
+    Options (sta's option schema, as sta.layer{...} in Lua): heads (this
+    rank's) and head_dim, required; prefix (the module name, layer =
+    int(prefix.split('.')[-3])) or layer; canvas (absent: FastVideo's known
+    shape by seq_len), tile, text_len; order "untiled" or "tiled"
+    (FastVideo's tiled token order, read in place); layout "bshd"/"bhsd";
+    device "cpu"/"cuda" (alias backend); scale (absent: 1/sqrt(D));
+    softmax, precision; strategy (used when the context has no metadata);
+    sp_rank, sp_size (heads split over ranks).
 
-    layer(q, k, v) returns out.  Inputs that require grad are differentiable
-    (sta_layer_forward_lse, then sta_layer_backward under the forward's
-    context); the backward of a search-mode forward raises UnsupportedError
-    (STA.md section 10).
+    layer(q, k, v) returns out.  Inputs that require grad are differentiable:
+    the forward resolves the attention it runs (sta_layer_resolve: windows,
+    scale, geometry) and runs it as sta.attention does, and the backward
+    uses exactly that (STA.md section 10), whatever the context, the
+    strategy or the layer hold by then.  The backward of a search-mode
+    forward raises UnsupportedError.
     """
 
     _destroy = "sta_layer_destroy"
     _what = "layer"
 
-    def __init__(self, *, heads, head_dim, prefix=None, layer=0, canvas=None,
-                 tile=(6, 8, 8), text_len=None, layout="bshd", device="cpu", scale=None,
-                 strategy=None, sp_rank=0, sp_size=1, order="untiled"):
+    def __init__(self, *, heads=None, head_dim=None, prefix=None, layer=None, canvas=None,
+                 tile=None, text_len=None, order=None, layout=None, device=None, scale=None,
+                 softmax=None, precision=None, strategy=None, sp_rank=None, sp_size=None,
+                 **unknown):
+        given = dict(heads=heads, head_dim=head_dim, prefix=prefix, layer=layer, canvas=canvas,
+                     tile=tile, text_len=text_len, order=order, layout=layout, device=device,
+                     scale=scale, softmax=softmax, precision=precision, strategy=strategy,
+                     sp_rank=sp_rank, sp_size=sp_size)
+        if "backend" in unknown:  # the schema's alias of device
+            given["backend"] = unknown.pop("backend")
+        if unknown:
+            raise _args.unknown("layer", unknown)
+        o = _args.check("layer", given, _is_a)
+        L = _L()
         d = LayerDesc()
         self._prefix = _path(prefix, "prefix") if prefix is not None else None
         d.prefix = self._prefix
-        d.layer_index = layer
-        d.local_heads, d.head_dim = heads, head_dim
-        d.sp_rank, d.sp_size = sp_rank, sp_size
-        if canvas is not None:  # else FastVideo's known canvases by seq_len
-            d.geom.canvas[:] = _triple(canvas, "canvas")
-            d.geom.tile[:] = _triple(tile, "tile")
-            d.geom.text_len = _text_len(text_len)
-        d.geom.order = _order(order)
-        d.layout = _layout(layout)
-        if device not in ("cpu", "cuda"):
-            raise _bad(_E_ARGUMENT, "device: expected \"cpu\" or \"cuda\", got %r" % (device,))
-        d.backend = _capi.STA_CUDA if device == "cuda" else _capi.STA_CPU
-        d.scale = float(scale) if scale is not None else 0.0
-        _optional(strategy, Strategy, "strategy")
+        d.layer_index = o["layer"]
+        d.local_heads, d.head_dim = o["heads"], o["head_dim"]
+        d.sp_rank, d.sp_size = o["sp_rank"], o["sp_size"]
+        if "canvas" in o:  # else FastVideo's known canvases by seq_len
+            L.sta_geometry_init(C.byref(d.geom), *o["canvas"])
+            if "tile" in o:
+                d.geom.tile[:] = o["tile"]
+            if "text_len" in o:
+                d.geom.text_len = o["text_len"]
+        d.geom.order = enum("order", o.get("order"))
+        d.layout = enum("layout", o.get("layout"))
+        d.backend = enum("device", o.get("device"))
+        d.scale = o.get("scale", 0.0)
+        d.softmax = enum("softmax", o.get("softmax"))
+        d.precision = enum("precision", o.get("precision"))
         d.strategy = strategy.handle if strategy is not None else None
         self._strategy = strategy
-        super().__init__(_new(_L().sta_layer_create, C.byref(d)))
+        super().__init__(_new(L.sta_layer_create, C.byref(d)))
         self._desc = d
-        self.device = device
-        self.layout = layout
+        self.device = o.get("device", "cpu")
+        self.layout = o.get("layout", "bshd")
 
     @property
     def index(self):
@@ -446,98 +593,111 @@ class Layer(_Handle):
         self._strategy = s
 
     def forward(self, q, k, v):
-        """out = STA(q, k, v) with the live context's windows for this layer.
-        Differentiable: the backward runs sta_layer_backward under the
-        forward's context (step, metadata, batch), pushed again for the
-        backward, so keep that metadata unchanged until backward."""
+        """out = STA(q, k, v) with the live context's windows for this layer;
+        differentiable (the backward uses this forward's windows, scale and
+        geometry, kept with it)."""
         import torch
-        from ._op import _check_tensors
+        from ._op import _check_tensors, _run_attention
         _check_tensors(("q", "k", "v"), (q, k, v))
         if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
-            return _layer_function().apply(self, q, k, v)
+            spec, search = self._resolve(q)
+            if spec is not None:
+                return _run_attention(q, k, v, spec, False)
+            return _search_function().apply(self, q, k, v, search)
         out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
         _layer_call(self, "sta_layer_forward", (q, k, v, out))
         return out
 
     __call__ = forward
 
+    def _resolve(self, q):
+        """(the Spec of the attention the forward runs for q under the live
+        context, None), or (None, the UnsupportedError of a search row)."""
+        from ._op import Spec, _handles
+        L = _L()
+        d = AttentionDesc()
+        wins = (C.c_int32 * (3 * max(self._desc.local_heads, 1)))()
+        h = _enter()
+        try:
+            rc = L.sta_layer_resolve(self.handle, _handles(L, (q,))[0], C.byref(d), wins)
+        finally:
+            _leave(h)
+        if rc:
+            e = L.error(rc)
+            if isinstance(e, UnsupportedError) and e.status_name == "STA_ERR_UNSUPPORTED":
+                return None, e
+            raise e
+        return Spec(tuple(d.geom.canvas), tuple(d.geom.tile), d.geom.text_len, d.layout,
+                    d.softmax, d.deterministic, d.geom.order, d.precision,
+                    tuple(wins[:3 * d.n_windows]), d.scale), None
+
     def __repr__(self):
         return "sta.Layer(released)" if self._h is None else "sta.Layer(%d)" % self.index
 
 
-def _layer_call(layer, fn, tensors, context=None):
-    """fn(layer, *tensors) on the tensors' device; context: (step, metadata
-    handle, batch handle) to push around the call."""
+def _layer_call(layer, fn, tensors):
+    """fn(layer, *tensors) on the tensors' device, with the innermost
+    context on the core's stack for the call."""
     from ._op import _handles, _run
     L = _L()
     hs = _handles(L, tensors)
     f = getattr(L, fn)
 
     def call():
-        pushed = _new(L.sta_context_push, *context) if context is not None else None
+        h = _enter()
         try:
             return f(layer.handle, *hs)
         finally:
-            if pushed is not None:
-                L.sta_context_pop(pushed)
+            _leave(h)
 
     _run(tensors[0].device, call)
 
 
-_LayerFunction = None
+_SearchFunction = None
 
 
-def _layer_function():
-    global _LayerFunction
-    if _LayerFunction is not None:
-        return _LayerFunction
+def _search_function():
+    global _SearchFunction
+    if _SearchFunction is not None:
+        return _SearchFunction
     import torch
 
-    class LayerFunction(torch.autograd.Function):
-        """A layer's forward with its lse, and sta_layer_backward under the
-        forward's context, pushed again on the backward's thread."""
+    class SearchFunction(torch.autograd.Function):
+        """A layer's search-mode forward (STA.md section 7): out is the full
+        window's; its backward raises (a search row has no backward)."""
 
         @staticmethod
-        def forward(ctx, layer, q, k, v):
-            L = _L()
-            c = L.sta_context_current()
-            lay = layer._desc.layout
-            b, x, y = q.shape[:3]
+        def forward(ctx, layer, q, k, v, error):
             out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
-            lse = torch.empty((b, y, x) if lay == _capi.STA_BSHD else (b, x, y),
-                              dtype=torch.float32, device=q.device)
-            _layer_call(layer, "sta_layer_forward_lse", (q, k, v, out, lse))
-            ctx.layer = layer
-            ctx.live = (L.sta_context_step(c), L.sta_context_metadata(c),
-                        L.sta_context_batch(c))
-            ctx.keep = current_context()  # its metadata and batch stay alive
-            ctx.save_for_backward(q, k, v, out, lse)
+            _layer_call(layer, "sta_layer_forward", (q, k, v, out))
+            ctx.error = error
             return out
 
         @staticmethod
         def backward(ctx, dout):
-            from ._op import _last_dim_dense
-            q, k, v, out, lse = ctx.saved_tensors
-            grads = [torch.empty(q.shape, dtype=q.dtype, device=q.device) for _ in range(3)]
-            _layer_call(ctx.layer, "sta_layer_backward",
-                        (q, k, v, out, lse, _last_dim_dense(dout), *grads), ctx.live)
-            return (None,) + tuple(grads)
+            raise ctx.error
 
-    _LayerFunction = LayerFunction
-    return LayerFunction
+    _SearchFunction = SearchFunction
+    return SearchFunction
 
 
 # ---- tuning -------------------------------------------------------------------------
 
-def tune(files, skip_steps=12, full=(3, 6, 10)):
+def tune(files=None, skip_steps=None, full=None, **unknown):
     """Average L2 over saved search files; full window below skip_steps, the
-    argmin afterwards.  Returns (Strategy, report dict: sparsity, windows,
-    counts)."""
-    paths = [_path(f, "files[%d]" % i) for i, f in enumerate(files)]
+    argmin afterwards (absent: sta_tune_defaults', FastVideo's).  Returns
+    (Strategy, report dict: sparsity, windows, counts)."""
+    if unknown:
+        raise _args.unknown("tune", unknown)
+    o = _args.check("tune", dict(files=files, skip_steps=skip_steps, full=full))
+    L = _L()
+    dfull, dskip = (C.c_int32 * 3)(), C.c_int32()
+    L.sta_tune_defaults(dfull, C.byref(dskip))
+    paths = [p.encode() for p in o["files"]]
     arr = (C.c_char_p * max(len(paths), 1))(*paths)
     rep = TuneReport()
-    h = _new(_L().sta_tune, len(paths), arr, skip_steps, ints(_triple(full, "full")),
-             C.byref(rep))
+    h = _new(L.sta_tune, len(paths), arr, o.get("skip_steps", dskip.value),
+             ints(o["full"]) if "full" in o else dfull, C.byref(rep))
     n = min(rep.n_windows, 16)
     return Strategy(h), {"sparsity": rep.sparsity,
                          "windows": [tuple(rep.windows[i]) for i in range(n)],

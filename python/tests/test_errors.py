@@ -70,16 +70,27 @@ def test_python_side_checks_name_the_argument(qkv):
         ("STA_ERR_ARGUMENT", "v: expected a torch.Tensor, got list", dict(v=[1.0])),
         ("STA_ERR_ARGUMENT", "layout: expected \"bshd\" or \"bhsd\", got 'bsdh'",
          dict(layout="bsdh")),
-        ("STA_ERR_ARGUMENT", "scale: expected a positive number or None, got 0", dict(scale=0)),
+        ("STA_ERR_ARGUMENT", "scale: expected a number > 0 that float32 holds (not 0, not Inf, "
+         "no NaN), got 0", dict(scale=0)),
+        ("STA_ERR_ARGUMENT", "scale: expected a number > 0 that float32 holds (not 0, not Inf, "
+         "no NaN), got 1e-50", dict(scale=1e-50)),
         ("STA_ERR_ARGUMENT", "softmax: expected \"exact\" or \"fast\", got 'slow'",
          dict(softmax="slow")),
-        ("STA_ERR_ARGUMENT", "text_len: expected a non-negative integer or None, got -1",
+        ("STA_ERR_ARGUMENT", "text_len: expected a 64-bit integer >= 0, got -1",
          dict(text_len=-1)),
-        ("STA_ERR_WINDOW", "canvas: expected 3 integers, got (8, 8)", dict(canvas=(8, 8))),
-        ("STA_ERR_WINDOW", "window[1]: expected 3 integers, got (1, 1)",
+        ("STA_ERR_ARGUMENT", "text_len: expected a 64-bit integer >= 0, got 3.5",
+         dict(text_len=3.5)),
+        ("STA_ERR_WINDOW", "canvas: expected 3 integers, got 2", dict(canvas=(8, 8))),
+        ("STA_ERR_WINDOW", "window[2]: expected 3 integers, got 2",
          dict(window=[(1, 1, 1), (1, 1)])),
-        ("STA_ERR_WINDOW", "window: expected 3 integers or 'TxHxW', got '3x3'",
-         dict(window="3x3")),
+        ("STA_ERR_WINDOW", "window: expected 3 integers or a list of them, one per head ({Kt, "
+         "Kh, Kw}, 'KtxKhxKw', 'Kt,Kh,Kw', a list of those, '3,3,3:1,5,7' or '1x1x1,3x3x3'), "
+         "got '3x3'", dict(window="3x3")),
+        ("STA_ERR_ARGUMENT", "options: unknown key 'windows' (known: canvas, tile, text_len, "
+         "order, layout, window, scale, softmax, precision, deterministic, return_lse)",
+         dict(windows=(1, 1, 1))),
+        ("STA_ERR_ARGUMENT", "window: required ({Kt, Kh, Kw} for every head, or a list of them, "
+         "one per head)", dict(window=None)),
     ]
     for name, msg, over in cases:
         args = dict(q=q, k=k, v=v, window=(1, 1, 1), **KW)
@@ -108,3 +119,37 @@ def test_failed_call_leaves_no_error_state_behind(qkv):
         sta.attention(q, k, v, window=(0, 1, 1), **KW)
     out = sta.attention(q, k, v, window=(1, 1, 1), **KW)  # the next call is unaffected
     assert torch.isfinite(out).all()
+
+
+def test_positional_integers_are_refused_not_wrapped():
+    """Integer arguments outside int32 raise ArgumentError naming them
+    (ctypes would wrap 2**32 + 1 to 1), wrong types too (never a ctypes or
+    TypeError)."""
+    s = sta.Strategy.uniform(2, 1, 1, window=(1, 1, 1))
+    md = sta.Metadata(1)
+    fb = sta.ForwardBatch()
+    cases = [
+        (lambda: s.get(2 ** 32, 0, 0), "step: expected a 32-bit integer, got 4294967296"),
+        (lambda: s.set(0, 2 ** 32 + 1, 0, (1, 1, 1)),
+         "layer: expected a 32-bit integer, got 4294967297"),
+        (lambda: s.get(0, 0, "0"), "head: expected a 32-bit integer, got '0'"),
+        (lambda: s.check(1.5, 1, 1), "steps: expected a 32-bit integer, got 1.5"),
+        (lambda: sta.Metadata(-2 ** 31 - 1), "layers: expected a 32-bit integer, got -2147483649"),
+        (lambda: md.row(True), "layer: expected a 32-bit integer, got true"),
+        (lambda: md.set_row(2 ** 40, [(1, 1, 1)]),
+         "layer: expected a 32-bit integer, got 1099511627776"),
+        (lambda: sta.Metadata.from_strategy(s, 0, 2 ** 31, 1),
+         "layers: expected a 32-bit integer, got 2147483648"),
+        (lambda: sta.Metadata.from_strategy("s", 0, 1, 1),
+         "strategy: expected a sta.Strategy, got 's'"),
+        (lambda: fb.record(2 ** 33, 0, [(1, 1, 1)], [[0.5]], [[0.5]]),
+         "step: expected a 32-bit integer, got 8589934592"),
+        (lambda: fb.record(0, 0, [(1, 1, 1)], [["x"]], [[0.5]]), "l1: expected numbers, got 'x'"),
+        (lambda: sta.Strategy.parse(5), "text: expected JSON as str or bytes, got 5"),
+        (lambda: sta.set_num_threads(2 ** 32), "n: expected a 32-bit integer, got 4294967296"),
+    ]
+    for fn, msg in cases:
+        with pytest.raises(sta.ArgumentError) as info:
+            fn()
+        assert str(info.value) == msg
+    assert s.get(1, 0, 0) == (1, 1, 1) and fb.records() == 0

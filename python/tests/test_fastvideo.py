@@ -140,7 +140,8 @@ def test_argument_errors(gen):
     assert info.value.status_name == "STA_ERR_SEQ_LEN"
     with pytest.raises(sta.ArgumentError) as info:
         fv.sliding_tile_attention(q, q, q, [(1, 1, 1)] * 2, 3, True, "12x16")
-    assert str(info.value) == "seq_shape: expected 3 integers or 'TxHxW', got '12x16'"
+    assert str(info.value) == "seq_shape: expected 3 integers ({a, b, c}, 'axbxc' or 'a,b,c'), " \
+                              "got '12x16'"
     with pytest.raises(sta.ArgumentError) as info:  # text_length beyond the text rows
         fv.sliding_tile_attention(q, q, q, [(1, 1, 1)] * 2, 4, True, "12x16x16")
     assert info.value.status_name == "STA_ERR_ARGUMENT" and "text_len" in str(info.value)

@@ -143,7 +143,8 @@ def test_attention_fp8_errors():
     assert str(e.value) == "k_scale: expected a torch.Tensor, got NoneType"
     with pytest.raises(sta.Error) as e:
         sta.attention_fp8(c, c, c, s, s, s, out_dtype=torch.int32, **kw)
-    assert str(e.value) == "out_dtype: expected float32, float16 or bfloat16, got torch.int32"
+    assert str(e.value) == "out_dtype: expected a torch.dtype (float32, float16 or bfloat16), " \
+        "got torch.int32"
     with pytest.raises(sta.Error) as e:  # v_scale's shape: the core's check
         sta.attention_fp8(c, c, c, s, s, s, **kw)
     assert "v_scale" in str(e.value)

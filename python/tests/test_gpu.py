@@ -462,6 +462,22 @@ def test_layer_on_cuda():
             out = layer(q, k, v)
         want = sta.attention(q, k, v, window=strat.get(step, 0, 0), **geom)
         assert torch.equal(out, want)
+    # the backward uses the forward's windows (the layer's strategy swapped
+    # in between changes nothing), as sta.attention's backward with them
+    dout = torch.randn(q.shape, device="cuda").to(torch.bfloat16)
+    got = []
+    for run in ("layer", "attention"):
+        qg, kg, vg = (t.detach().clone().requires_grad_(True) for t in (q, k, v))
+        if run == "layer":
+            with sta.forward_context(step=1, batch=sta.ForwardBatch()):
+                out = layer(qg, kg, vg)
+            layer.strategy = sta.Strategy.uniform(2, 1, H, window=(1, 2, 2))
+        else:
+            out = sta.attention(qg, kg, vg, window=strat.get(1, 0, 0), **geom)
+        out.backward(dout)
+        got.append((qg.grad, kg.grad, vg.grad))
+    for a, b in zip(*got):
+        assert rel_err(a, b) < 1e-2  # equal unless the backward accumulates atomically
 
 
 # ---- script mode -------------------------------------------------------------------

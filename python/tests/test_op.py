@@ -12,8 +12,6 @@ from sta import _op
 from helpers import kwargs, make_qkv, random_geometry, randn, rel_err
 
 needs_op = pytest.mark.skipif(not _op.CUSTOM_OP, reason="torch < 2.4: no torch.ops.sta")
-needs_backward = pytest.mark.skipif(not sta.has_backward(),
-                                    reason="libsta.so has no sta_attention_backward")
 
 
 def flat(window):
@@ -28,8 +26,9 @@ def test_spec_reaches_the_descriptor(rng):
         layout, order = rng.choice(["bshd", "bhsd"]), rng.choice(["untiled", "tiled"])
         softmax, det = rng.choice(["exact", "fast"]), rng.choice([False, True])
         precision = rng.choice(["native", "fp8"])
-        spec = _op._spec(g["canvas"], g["window"], g["tile"], g["text_len"], layout, scale,
-                         softmax, det, order, precision)
+        spec = _op._spec("attention", canvas=g["canvas"], window=g["window"], tile=g["tile"],
+                         text_len=g["text_len"], layout=layout, scale=scale, softmax=softmax,
+                         deterministic=det, order=order, precision=precision)[0]
         d = _op._desc(spec)._obj
         assert list(d.geom.canvas) == list(g["canvas"]) and list(d.geom.tile) == list(g["tile"])
         assert d.geom.text_len == (-1 if g["text_len"] is None else g["text_len"])
@@ -40,17 +39,39 @@ def test_spec_reaches_the_descriptor(rng):
         wins = flat(g["window"])
         assert d.n_windows == len(wins) // 3 and [d.windows[i] for i in range(len(wins))] == wins
         assert d.scale == pytest.approx(0.0 if scale is None else scale, rel=1e-6)
-        ints, sc, mode = _op._op_inputs(spec, False, False)
-        assert (*ints, sc) == spec and mode == 0
-        assert _op._op_inputs(spec, True, False)[2] == 1
-        assert _op._op_inputs(spec, False, True)[2] == 2
+        assert d.mask == 0 and not d.blocks
+        assert spec.windows == tuple(wins) and spec.canvas == tuple(g["canvas"])
+
+
+def test_absent_options_are_the_cores_defaults(gen):
+    """No tile, text_len or scale: the descriptor takes sta_geometry_init's
+    tile and text_len and scale 0 (the core's 1/sqrt(D)); no canvas: the
+    known shape of q's length."""
+    spec = _op._spec("attention", canvas="2x4x4", window="1,1,1")[0]
+    assert spec.tile == () and spec.text_len == -1 and spec.scale == 0.0
+    d = _op._desc(spec)._obj
+    from sta import _capi
+    g = _capi.Geometry()
+    _capi.lib().sta_geometry_init(g, 2, 4, 4)
+    assert list(d.geom.tile) == list(g.tile) and d.geom.text_len == g.text_len
+    auto = _op._spec("attention", window=(1, 1, 1))[0]
+    assert auto.canvas == ()
+    d = _op._desc(auto, torch.empty(1, 30 * 48 * 80, 1, 8))._obj
+    assert list(d.geom.canvas) == [30, 48, 80]
+
+
+def test_the_ops_arguments_are_the_specs_fields():
+    assert "int[] canvas, int[] tile, int text_len, int layout" in _op._SPEC_ARGS
+    assert _op._SPEC_ARGS.endswith("int[] windows, float scale")
+    if _op.CUSTOM_OP:
+        names = [a.name for a in torch.ops.sta.attention.default._schema.arguments]
+        assert names == ["q", "k", "v", *_op.Spec._fields, "lse"]
 
 
 def op_args(g, gen, lse, requires_grad=False, layout="bshd"):
     q, k, v = make_qkv(g, gen, B=2, layout=layout, requires_grad=requires_grad)
-    spec = _op._spec(g["canvas"], g["window"], g["tile"], g["text_len"], layout, None,
-                     "exact", False)
-    return (q, k, v, list(spec[:-1]), spec[-1], lse)
+    spec = _op._spec("attention", layout=layout, **kwargs(g))[0]
+    return (q, k, v, *spec, lse)
 
 
 @needs_op
@@ -58,7 +79,7 @@ def test_opcheck(rng, gen):
     for lse in (0, 1, 2):
         g = random_geometry(rng, max_tokens=200)
         torch.library.opcheck(torch.ops.sta.attention.default,
-                              op_args(g, gen, lse, requires_grad=sta.has_backward()))
+                              op_args(g, gen, lse, requires_grad=True))
 
 
 if _op.CUSTOM_OP:
@@ -92,21 +113,20 @@ def test_direct_call_and_redispatch_agree(rng, gen, layout):
     assert torch.equal(out, out2) and torch.equal(lse, lse2)
     ref, ref_lse = sta.reference(*args[:3], layout=layout, return_lse=True, **kwargs(g))
     assert rel_err(out, ref) < 1e-5 and (lse - ref_lse).abs().max() < 1e-4
-    empty = torch.ops.sta.attention.default(*args[:5], 0)[1]
+    empty = torch.ops.sta.attention.default(*args[:-1], 0)[1]
     assert empty.shape == (0,) and empty.dtype == torch.float32
     with torch.inference_mode():
         assert torch.equal(torch.ops.sta.attention.default(*args)[0], out)
 
 
 @needs_op
-@needs_backward
 def test_gradients_through_the_op(rng, gen):
     for direct in (True, False):
         g = random_geometry(rng, heads=2)
-        q, k, v, ints, scale, _ = op_args(g, gen, 2, requires_grad=True)
+        q, k, v, *spec, _ = op_args(g, gen, 2, requires_grad=True)
         rec = Recorder()
         with rec if not direct else torch.enable_grad():
-            out, lse = torch.ops.sta.attention.default(q, k, v, ints, scale, 1)
+            out, lse = torch.ops.sta.attention.default(q, k, v, *spec, 1)
             assert lse.requires_grad is False and out.requires_grad
             dout = randn(out.shape, gen)
             out.backward(dout)
@@ -118,7 +138,6 @@ def test_gradients_through_the_op(rng, gen):
 
 
 @needs_op
-@needs_backward
 def test_double_backward_is_refused(rng, gen):
     g = random_geometry(rng)
     q, k, v = make_qkv(g, gen, requires_grad=True)
@@ -130,7 +149,6 @@ def test_double_backward_is_refused(rng, gen):
 
 
 @needs_op
-@needs_backward
 def test_compile_fullgraph_forward_and_backward(rng, gen):
     import torch._dynamo
     g = random_geometry(rng, heads=2)

@@ -256,5 +256,71 @@ def test_handles_release_once():
 
 
 def test_uniform_needs_a_window():
-    with pytest.raises(TypeError):
+    with pytest.raises(sta.ArgumentError) as info:
         sta.Strategy.uniform(1, 1, 1)  # no default window, as in C, Lua and the FFI
+    assert str(info.value) == "window: required ({Kt, Kh, Kw} for every head, or a list of " \
+                              "them, one per head)"
+
+
+def test_a_context_collected_while_pushed_is_named_by_the_next_forward(gen):
+    """STA.md section 6, as the Lua module: push() without pop(), the context
+    forgotten: the next forward that would have used it raises naming it
+    (step, level), and later forwards see the stack without it."""
+    import gc
+    H = 3
+    ly = sta.Layer(layer=0, heads=H, head_dim=16, strategy=sta.Strategy.uniform(2, 1, H, (1, 3, 1)),
+                   **GEOM)
+    q, k, v = layer_qkv(gen, H)
+    with sta.forward_context(step=0, batch=sta.ForwardBatch()):
+        for grad in (False, True):
+            for t in (q, k, v):
+                t.requires_grad_(grad)
+            sta.forward_context(step=1, batch=sta.ForwardBatch()).push()  # and forgotten
+            gc.collect()
+            assert sta.context_depth() == 1
+            with pytest.raises(sta.StateError) as info:
+                ly(q, k, v)
+            assert str(info.value) == (
+                "forward context: the context of step 1 (level 2) was garbage-collected without "
+                "being popped; it has been popped (open contexts with `with "
+                "sta.forward_context(...):`)")
+            out = ly(q, k, v)  # step 0's context again
+            assert torch.equal(out.detach(), sta.attention(q.detach(), k.detach(), v.detach(),
+                                                           window=(1, 3, 1), **GEOM))
+    assert sta.context_depth() == 0
+
+
+def test_a_context_holds_its_metadata_and_batch(gen):
+    H = 3
+    ly = sta.Layer(layer=0, heads=H, head_dim=16, **GEOM)
+    q, k, v = layer_qkv(gen, H)
+    md = sta.Metadata.from_strategy(sta.Strategy.uniform(1, 1, H, (3, 1, 1)), 0, 1, H)
+    fb = sta.ForwardBatch()
+    with sta.forward_context(step=0, metadata=md, batch=fb):
+        md.close()
+        fb.close()  # the context's own references keep them
+        out = ly(q, k, v)
+    assert torch.equal(out, sta.attention(q, k, v, window=(3, 1, 1), **GEOM))
+
+
+def test_contexts_are_per_thread():
+    import threading
+    seen = []
+    with sta.forward_context(step=2, batch=sta.ForwardBatch()) as ctx:
+        t = threading.Thread(target=lambda: seen.append((sta.context_depth(),
+                                                         sta.current_context())))
+        t.start()
+        t.join()
+        errors = []
+
+        def pop_elsewhere():
+            try:
+                ctx.pop()
+            except sta.StateError as e:
+                errors.append(str(e))
+        t = threading.Thread(target=pop_elsewhere)
+        t.start()
+        t.join()
+        assert ctx.live and sta.context_depth() == 1
+    assert seen == [(0, None)]
+    assert errors == ["forward context: pop of a context of another thread or task (step 2)"]

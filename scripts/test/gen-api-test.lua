@@ -140,7 +140,8 @@ local SPECIFIC = {
 
 local BY_TYPE = {
   ["sta_geometry *"] = "&x.geom", ["const sta_geometry *"] = "&x.geom",
-  ["const sta_attention_desc *"] = "&x.desc", ["const int64_t *"] = "x.shape4",
+  ["const sta_attention_desc *"] = "&x.desc", ["sta_attention_desc *"] = "&x.desc",
+  ["const int64_t *"] = "x.shape4",
   ["const int32_t *"] = "x.win", ["int32_t *"] = "x.iout", ["double *"] = "x.dout",
   ["float *"] = "x.fout", ["sta_dtype *"] = "&x.dtype_out", ["sta_tune_report *"] = "&x.report",
   ["char **"] = "&x.json", ["const char *"] = "x.path_out", ["void *"] = "NULL",
