@@ -162,7 +162,10 @@ typedef struct prob {
 /* A problem of canvas t x h x w (tile tt x th x tw), text rows, per-head
 ** windows win (n 1 or H), inputs of dtype in layout; kind 0 randn, 1
 ** DiT-like: a bias per channel shared by every row of q and of k, 4
-** channels of k 10-30x larger, v with per-channel scales. */
+** channels of k 10-30x larger, v with per-channel scales; 2 DiT-like as
+** issue 32 draws it (research/fp8_sim.py's "dit": one bias b ~ N(0, 2)
+** shared by q, k and every row, then 4 channels of k times 20); 3 peaked
+** (FastVideo's: every row a random direction, its norm from N(0.1, 10)). */
 static void prob_make(prob *p, const int32_t cv[3], const int32_t tl[3], int64_t text,
                       int64_t text_len, int64_t B, int64_t H, int64_t D, int32_t n_win,
                       const int32_t *win, sta_dtype dt, sta_layout layout, sta_order order,
@@ -207,6 +210,31 @@ static void prob_make(prob *p, const int32_t cv[3], const int32_t tl[3], int64_t
       for (int c = 0; c < 4; c++) {
         int64_t ch = (c * 37 + 5) % D;
         kr[ch] += (10.0f + 5.0f * (float)c) * (c & 1 ? -1.0f : 1.0f);
+      }
+    }
+    sta_tensor_destroy(g);
+  } else if (kind >= 2) {
+    sta_tensor *g = NULL;
+    int64_t gs[1] = {D + B * p->S * H * 3};
+    OK(sta_tensor_create(&g, STA_F32, STA_CPU, 1, gs));
+    OK(sta_tensor_randn(g, seed * 3 + 8, 0.0, 1.0));
+    const float *r = sta_tensor_data(g);
+    sta_bshd b;
+    OK(sta_tensor_bshd(f[0], layout, "q", &b));
+    for (int64_t x = 0; x < B * p->S * H; x++) {
+      int64_t bb = x / (p->S * H), s = (x / H) % p->S, h = x % H;
+      for (int i = 0; i < 3; i++) {
+        float *row = (float *)sta_tensor_data(f[i]) + bb * b.sb + s * b.ss + h * b.sh;
+        if (kind == 2 && i < 2) {
+          for (int64_t c = 0; c < D; c++) row[c] += 2.0f * r[c];
+          if (i == 1)
+            for (int c = 0; c < 4; c++) row[(c * 37 + 5) % D] *= 20.0f;
+        } else if (kind == 3) {
+          double n2 = 0;
+          for (int64_t c = 0; c < D; c++) n2 += (double)row[c] * row[c];
+          float norm = 0.1f + 10.0f * r[D + 3 * x + i];
+          for (int64_t c = 0; c < D; c++) row[c] = (float)(row[c] / sqrt(n2)) * norm;
+        }
       }
     }
     sta_tensor_destroy(g);
@@ -294,18 +322,113 @@ static double check_fp8(prob *p, sta_dtype out_dt, double lo, double hi, double 
 
 static const int32_t TILE[3] = {6, 8, 8}, W333[3] = {3, 3, 3};
 
-/* bench/fp8_sim.py's scheme S at the size of a full 2x2 tile window plus
-** text: randn and DiT-like inputs land in its range (2.9e-2 and 3.1e-2
-** there with 10624 keys; here 1568), far above a native forward's
-** rounding (the lower bound: the mode did quantize). */
+/* The SageAttention2 scheme as issue 32 defines it (research/fp8_sim.py's
+** "sage2"), dense (every row sees every key: the caller's window covers
+** the grid), rows in p's order: int8 Q and K per 64 rows per head, K
+** smoothed (its channel mean over the keys subtracted), V in e4m3 with one
+** scale per channel, P * 448 in e4m3 from the row's exact maximum, exact
+** sums.  Its output (f32, p's layout) for the bar the fp8 forward must meet. */
+static sta_tensor *sage2(const prob *p, double scale) {
+  sta_tensor *qf = NULL, *kf = NULL, *vf = NULL;
+  OK(sta_tensor_to(&qf, p->q, STA_F32, STA_CPU));
+  OK(sta_tensor_to(&kf, p->k, STA_F32, STA_CPU));
+  OK(sta_tensor_to(&vf, p->v, STA_F32, STA_CPU));
+  sta_tensor *o = new_like(qf, STA_F32, 0);
+  sta_bshd b;
+  OK(sta_tensor_bshd(qf, p->d.layout, "q", &b));
+  const int64_t S = p->S, D = p->D;
+  float *q8 = malloc(sizeof(float) * (size_t)(3 * S * D + 2 * S + 2 * D));
+  float *k8 = q8 + S * D, *v8 = k8 + S * D, *qs = v8 + S * D, *ks = qs + S, *vs = ks + S;
+  double *sc = malloc(sizeof(double) * (size_t)S), *mean = malloc(sizeof(double) * (size_t)D);
+  for (int64_t bb = 0; bb < p->B; bb++)
+    for (int64_t h = 0; h < p->H; h++) {
+#define ROW(t, s) ((float *)sta_tensor_data(t) + bb * b.sb + (s) * b.ss + h * b.sh)
+      for (int64_t c = 0; c < D; c++) mean[c] = 0;
+      for (int64_t s = 0; s < S; s++)
+        for (int64_t c = 0; c < D; c++) mean[c] += ROW(kf, s)[c];
+      for (int64_t c = 0; c < D; c++) {
+        mean[c] /= (double)S;
+        float am = 0;
+        for (int64_t s = 0; s < S; s++) am = fmaxf(am, fabsf(ROW(vf, s)[c]));
+        vs[c] = am / 448.0f;
+        for (int64_t s = 0; s < S; s++)
+          v8[s * D + c] = sta_e4m3_to_f32(sta_f32_to_e4m3(ROW(vf, s)[c] * (448.0f / am)));
+      }
+      for (int64_t s0 = 0; s0 < S; s0 += 64) { /* Q and K per 64 rows */
+        int64_t s1 = s0 + 64 < S ? s0 + 64 : S;
+        float aq = 0, ak = 0;
+        for (int64_t s = s0; s < s1; s++)
+          for (int64_t c = 0; c < D; c++) {
+            aq = fmaxf(aq, fabsf(ROW(qf, s)[c]));
+            ak = fmaxf(ak, fabsf((float)(ROW(kf, s)[c] - mean[c])));
+          }
+        for (int64_t s = s0; s < s1; s++) {
+          qs[s] = aq / 127.0f;
+          ks[s] = ak / 127.0f;
+          for (int64_t c = 0; c < D; c++) {
+            q8[s * D + c] = rintf(ROW(qf, s)[c] * (127.0f / aq));
+            k8[s * D + c] = rintf((float)(ROW(kf, s)[c] - mean[c]) * (127.0f / ak));
+          }
+        }
+      }
+      for (int64_t i = 0; i < S; i++) {
+        double m = -INFINITY, l = 0;
+        for (int64_t j = 0; j < S; j++) {
+          double dot = 0;
+          for (int64_t c = 0; c < D; c++) dot += (double)q8[i * D + c] * k8[j * D + c];
+          sc[j] = dot * qs[i] * ks[j] * scale;
+          m = sc[j] > m ? sc[j] : m;
+        }
+        float *out = ROW(o, i);
+        double acc[256] = {0};
+        for (int64_t j = 0; j < S; j++) {
+          double pj = exp(sc[j] - m);
+          double p8 = sta_e4m3_to_f32(sta_f32_to_e4m3((float)pj * 448.0f));
+          l += pj;
+          for (int64_t c = 0; c < D; c++) acc[c] += p8 * v8[j * D + c];
+        }
+        for (int64_t c = 0; c < D; c++) out[c] = (float)(acc[c] / (448.0 * l) * vs[c]);
+      }
+#undef ROW
+    }
+  free(q8); free(sc); free(mean);
+  sta_tensor_destroy(qf); sta_tensor_destroy(kf); sta_tensor_destroy(vf);
+  return o;
+}
+
+/* The bar of issue 32 on the three input kinds at the size of a whole 1x2x2
+** tile grid plus text (every row sees every key): the fp8 forward's rel L2
+** against the double reference no worse than the SageAttention2 scheme's
+** on the same inputs (within 3 %: 1568 keys, the two are statistically
+** the same on randn), cosine >= 0.999 (randn, peaked), and far above a
+** native forward's rounding (the mode did quantize). */
 static void test_fp8_accuracy(void **state) {
   (void)state;
   static const int32_t cv[3] = {6, 16, 16};
-  for (int kind = 0; kind < 2; kind++) {
+  static const char *const name[4] = {"randn", "", "DiT-like", "peaked"};
+  for (int kind = 0; kind < 4; kind++) {
+    if (kind == 1) continue;
     prob p;
-    prob_make(&p, cv, TILE, 32, -1, 1, 2, 128, 1, W333, STA_BF16, STA_BSHD,
-              STA_ORDER_UNTILED, kind, 40 + (uint64_t)kind);
-    check_fp8(&p, STA_BF16, 1.5e-2, 3.5e-2, 0.9993, 0.03, kind ? "DiT-like" : "randn");
+    prob_make(&p, cv, TILE, 32, -1, 1, 2, 128, 1, W333, STA_BF16, STA_BSHD, STA_ORDER_TILED,
+              kind, 40 + (uint64_t)kind);
+    double rel = check_fp8(&p, STA_BF16, 5e-3, 0.2, kind == 2 ? 0.99 : 0.999, kind == 0 ? 0.06 : 0.5,
+                           name[kind]);
+    sta_tensor *so = sage2(&p, 1.0 / sqrt(128.0)), *ref = new_like(so, STA_F32, NAN);
+    sta_tensor *qf = NULL, *kf = NULL, *vf = NULL;
+    OK(sta_tensor_to(&qf, p.q, STA_F32, STA_CPU));
+    OK(sta_tensor_to(&kf, p.k, STA_F32, STA_CPU));
+    OK(sta_tensor_to(&vf, p.v, STA_F32, STA_CPU));
+    sta_attention_desc nd = p.d;
+    nd.precision = STA_PRECISION_NATIVE;
+    OK(sta_attention_reference(&nd, qf, kf, vf, ref, NULL));
+    double srel, scos;
+    rel_cos(so, ref, &srel, &scos);
+    if (getenv("STA_TEST_VERBOSE"))
+      print_message("%s: SageAttention2 scheme rel L2 %.4g, cosine %.6f\n", name[kind], srel, scos);
+    if (!(rel <= srel * 1.03))
+      fail_msg("%s: fp8 rel L2 %.4g, the SageAttention2 scheme's %.4g", name[kind], rel, srel);
+    sta_tensor_destroy(so); sta_tensor_destroy(ref);
+    sta_tensor_destroy(qf); sta_tensor_destroy(kf); sta_tensor_destroy(vf);
     prob_free(&p);
   }
 }
@@ -409,6 +532,55 @@ static void test_fp8_key_offset(void **state) {
   prob_free(&p);
 }
 
+/* Non-finite inputs: a NaN or Inf stays in the rows that see it.  One bad
+** element (a NaN in a key, a NaN or Inf in a value, a NaN in a query)
+** makes the same output rows (and lse rows) non-finite as the native
+** forward on the same inputs, and no others: K's channel means, the
+** channel exponents and V's channel scales skip it (internal.h,
+** sta_fp8_ops).  Windows 1,1,1 so that most rows never see the element. */
+static void test_fp8_nonfinite(void **state) {
+  (void)state;
+  static const int32_t cv[3] = {6, 16, 16}, w1[3] = {1, 1, 1};
+  static const struct { int which; float v; const char *what; } cs[] = {
+    {1, NAN, "NaN in k"}, {2, NAN, "NaN in v"}, {2, INFINITY, "Inf in v"},
+    {2, -INFINITY, "-Inf in v"}, {0, NAN, "NaN in q"}};
+  for (size_t c = 0; c < sizeof cs / sizeof cs[0]; c++) {
+    prob p;
+    prob_make(&p, cv, TILE, 8, -1, 1, 2, 64, 1, w1, STA_F32, STA_BSHD, STA_ORDER_UNTILED, 0,
+              90 + c);
+    sta_tensor *x[3] = {p.q, p.k, p.v};
+    const int64_t row = 37 + 11 * (int64_t)c, h = (int64_t)c & 1, ch = 5 + (int64_t)c;
+    ((float *)sta_tensor_data(x[cs[c].which]))[(row * 2 + h) * 64 + ch] = cs[c].v;
+    sta_tensor *o[2], *l[2];
+    for (int f = 0; f < 2; f++) {
+      sta_attention_desc d = p.d;
+      d.precision = f ? STA_PRECISION_FP8 : STA_PRECISION_NATIVE;
+      o[f] = new_like(p.q, STA_F32, 0);
+      l[f] = new_lse(&p, 0);
+      OK(sta_attention_forward(&d, p.q, p.k, p.v, o[f], l[f]));
+    }
+    int64_t bad = 0;
+    for (int64_t r = 0; r < p.S * 2; r++) { /* (row, head) in BSHD order */
+      int rows[2] = {0, 0}, lses[2];
+      for (int f = 0; f < 2; f++) {
+        const float *y = (const float *)sta_tensor_data(o[f]) + r * 64;
+        for (int e = 0; e < 64; e++) rows[f] |= !isfinite(y[e]);
+        lses[f] = !isfinite(((const float *)sta_tensor_data(l[f]))[(r % 2) * p.S + r / 2]);
+      }
+      if (rows[0] != rows[1] || lses[0] != lses[1])
+        fail_msg("%s: row %lld head %lld: native %s (lse %s), fp8 %s (lse %s)", cs[c].what,
+                 (long long)(r / 2), (long long)(r % 2), rows[0] ? "non-finite" : "finite",
+                 lses[0] ? "non-finite" : "finite", rows[1] ? "non-finite" : "finite",
+                 lses[1] ? "non-finite" : "finite");
+      bad += rows[1];
+    }
+    if (!(bad > 0 && bad < p.S / 2))
+      fail_msg("%s: %lld non-finite rows of %lld", cs[c].what, (long long)bad, (long long)p.S * 2);
+    for (int f = 0; f < 2; f++) { sta_tensor_destroy(o[f]); sta_tensor_destroy(l[f]); }
+    prob_free(&p);
+  }
+}
+
 /* ---- the pre-pass ------------------------------------------------------------ */
 
 static void test_fp8_quantizer(void **state) {
@@ -461,9 +633,8 @@ static void test_fp8_quantizer(void **state) {
                     0.5f * ops.k_scale[kr] * 1.0001f);
         maxk = abs(ops.k8[kr * 64 + c]) > maxk ? abs(ops.k8[kr * 64 + c]) : maxk;
         float y = v[(s * 2 + h) * 64 + c] / ops.v_scale[h * 64 + c];
-        float hi = sta_e4m3_to_f32(ops.v8[((h * 2) * 64 + c) * R + r]);
-        float lo = sta_e4m3_to_f32(ops.v8[((h * 2 + 1) * 64 + c) * R + r]);
-        assert_true(fabsf(hi + lo - y) <= fabsf(y) * 0x1p-7f + 0x1p-9f);
+        float v8 = sta_e4m3_to_f32(ops.v8[(h * 64 + c) * R + r]);
+        assert_true(fabsf(v8 - y) <= fabsf(y) * 0x1p-4f + 0x1p-10f); /* half a step */
       }
       assert_int_equal(maxq, 127); /* the row's amax maps to 127 */
       assert_true(fabs(ops.q_bias[row] - bias) <= 1e-5 * (fabs(bias) + 1));
@@ -698,6 +869,7 @@ int main(void) {
     cmocka_unit_test(test_fp8_geometries),
     cmocka_unit_test(test_fp8_deterministic),
     cmocka_unit_test(test_fp8_key_offset),
+    cmocka_unit_test(test_fp8_nonfinite),
     cmocka_unit_test(test_fp8_quantizer),
     cmocka_unit_test(test_fp8_key_layout),
     cmocka_unit_test(test_fp8_prequantized),
