@@ -264,7 +264,7 @@ sta_status sta_attn_run(const sta_attn_params *p, sta_device device) {
 
 /* f32 [B, S, heads, D] (in desc's layout, contiguous, on x8's device) of
 ** x8 * scale: rows scaled by rs ([B, heads, S]) or channels by cs ([B,
-** heads, D]); on a device by sta_cuda_fp8_dequantize. */
+** heads, D]), by the device's backend (fp8_dequantize). */
 static sta_status dequantize(sta_tensor **out, sta_layout layout, const sta_tensor *x8,
                              const sta_bshd *bx, const sta_tensor *rs, const sta_tensor *cs) {
   sta_tensor *t = NULL;
@@ -276,24 +276,11 @@ static sta_status dequantize(sta_tensor **out, sta_layout layout, const sta_tens
   const uint8_t *x = sta_tensor_data(x8);
   const float *sc = sta_tensor_data(rs ? rs : cs);
   const int64_t *ss = (rs ? rs : cs)->stride;
-  float *o = sta_tensor_data(t);
-  if (dev != STA_CPU) {
-    if ((rc = sta_cuda_fp8_dequantize(o, &bt, x, bx, sc, ss, rs != NULL)) != STA_OK) {
-      sta_tensor_destroy(t);
-      return rc;
-    }
-    *out = t;
-    return STA_OK;
+  rc = sta_backend_get(dev)->fp8_dequantize(sta_tensor_data(t), &bt, x, bx, sc, ss, rs != NULL);
+  if (rc != STA_OK) {
+    sta_tensor_destroy(t);
+    return rc;
   }
-  for (int64_t b = 0; b < bx->b; b++)
-    for (int64_t s = 0; s < bx->s; s++)
-      for (int64_t h = 0; h < bx->h; h++) {
-        const uint8_t *xr = x + b * bx->sb + s * bx->ss + h * bx->sh;
-        float *orow = o + b * bt.sb + s * bt.ss + h * bt.sh;
-        for (int64_t d = 0; d < bx->d; d++)
-          orow[d] = sta_e4m3_to_f32(xr[d]) *
-                    sc[b * ss[0] + h * ss[1] + (rs ? s : d) * ss[2]];
-      }
   *out = t;
   return STA_OK;
 }
@@ -352,7 +339,8 @@ sta_status sta_attention_forward_fp8(const sta_attention_desc *desc, const sta_t
   sta_attn_params p; /* the forward's checks: geometry, windows, lse, the backend */
   if ((rc = resolve(desc, q8, k8, v8, NULL, lse, &p, 1, 1)) != STA_OK) return rc;
   free((void *)p.windows);
-  if (dev != STA_CPU && !sta_backend_get(dev)->attention_fp8) return fp8_unsupported(dev);
+  if (!sta_backend_get(dev)->attention_fp8 || !sta_backend_get(dev)->fp8_dequantize)
+    return fp8_unsupported(dev);
   sta_tensor *t[4] = {NULL, NULL, NULL, NULL};
   for (int i = 0; i < 3 && (rc = dequantize(&t[i], desc->layout, x8[i], &b[i],
                                             i < 2 ? sc[i] : NULL, i < 2 ? NULL : sc[i])) == STA_OK;

@@ -281,15 +281,17 @@ sta_status sta_cpu_fp8_attention(const sta_attn_params *p) {
   return STA_OK;
 }
 
-#ifndef STA_WITH_CUDA
-sta_status sta_cuda_fp8_quantize(const sta_attn_params *p, const sta_fp8_ops *o) {
-  (void)p; (void)o;
-  return sta_error(STA_ERR_BACKEND, "st attn not supported");
+sta_status sta_cpu_fp8_dequantize(float *dst, const sta_bshd *bd, const uint8_t *x8,
+                                  const sta_bshd *bx, const float *sc, const int64_t sc_st[3],
+                                  int per_row) {
+  for (int64_t b = 0; b < bx->b; b++)
+    for (int64_t s = 0; s < bx->s; s++)
+      for (int64_t h = 0; h < bx->h; h++) {
+        const uint8_t *xr = x8 + b * bx->sb + s * bx->ss + h * bx->sh;
+        float *orow = dst + b * bd->sb + s * bd->ss + h * bd->sh;
+        const float *sr = sc + b * sc_st[0] + h * sc_st[1];
+        for (int64_t d = 0; d < bx->d; d++)
+          orow[d * bd->sd] = sta_e4m3_to_f32(xr[d * bx->sd]) * sr[(per_row ? s : d) * sc_st[2]];
+      }
+  return STA_OK;
 }
-sta_status sta_cuda_fp8_dequantize(float *dst, const sta_bshd *bd, const uint8_t *x8,
-                                   const sta_bshd *bx, const float *sc, const int64_t sc_st[3],
-                                   int per_row) {
-  (void)dst; (void)bd; (void)x8; (void)bx; (void)sc; (void)sc_st; (void)per_row;
-  return sta_error(STA_ERR_BACKEND, "st attn not supported");
-}
-#endif

@@ -270,6 +270,13 @@ typedef struct sta_backend_ops {
   /* The forward at STA_PRECISION_FP8 (params' precision); NULL: not here
   ** yet (STA_ERR_UNSUPPORTED). */
   sta_status (*attention_fp8)(const sta_attn_params *p);
+  /* dst = x8 * scale (sta_attention_forward_fp8's operands, dequantized
+  ** where they are): x8 e4m3 and dst f32 of the sizes and element strides
+  ** bx, bd (data pointers at element 0); sc [B, heads, S] (per_row) or
+  ** [B, heads, D], element strides sc_st; NULL where attention_fp8 is. */
+  sta_status (*fp8_dequantize)(float *dst, const sta_bshd *bd, const uint8_t *x8,
+                               const sta_bshd *bx, const float *sc, const int64_t sc_st[3],
+                               int per_row);
 } sta_backend_ops;
 
 /* The backend table for a device, NULL when not compiled in. */
@@ -639,16 +646,20 @@ sta_status sta_cpu_fp8_quantize(const sta_attn_params *p, sta_fp8_ops *o);
 /* The FP8 forward on the host: the pre-pass, then every query row against
 ** its keys in double (sta.h, sta_precision). */
 sta_status sta_cpu_fp8_attention(const sta_attn_params *p);
+/* The backend table's fp8_dequantize on the host. */
+sta_status sta_cpu_fp8_dequantize(float *dst, const sta_bshd *bd, const uint8_t *x8,
+                                  const sta_bshd *bx, const float *sc, const int64_t sc_st[3],
+                                  int per_row);
+#if defined(STA_WITH_CUDA) || defined(__CUDACC__)
 /* The pre-pass on the device (kernels/fp8_quant.cu): o's buffers device
 ** memory of sta_fp8_ops_alloc's sizes; on this thread's stream. */
 sta_status sta_cuda_fp8_quantize(const sta_attn_params *p, const sta_fp8_ops *o);
-/* dst = x8 * scale on the device (kernels/fp8_quant.cu; what core/attention.c's
-** dequantize does on the host): x8 e4m3 and dst f32 of the sizes and element
-** strides bx, bd (data pointers at element 0); sc [B, heads, S] (per_row)
-** or [B, heads, D], element strides sc_st; on this thread's stream. */
-sta_status sta_cuda_fp8_dequantize(float *dst, const sta_bshd *bd, const uint8_t *x8,
-                                   const sta_bshd *bx, const float *sc, const int64_t sc_st[3],
-                                   int per_row);
+/* For tests only (spec/test_gpu_fp8.c), no user setting: 1 (the default)
+** lets this thread's fp8 forwards take the bandwidth pre-pass where it
+** applies (kernels/fp8_prepass.cu), 0 forces the portable one
+** (fp8_quant.cu's kernels); the two write the same bits. */
+void sta_cuda_set_fp8_prepass_test(int fast);
+#endif
 
 /* ---- files (fileio.c) ------------------------------------------------------ */
 

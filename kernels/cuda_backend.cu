@@ -264,7 +264,7 @@ const sta_backend_ops cuda_ops = {
     "cuda",      cuda_probe,     cuda_alloc,  cuda_release,
     cuda_memcpy, sta_cuda_copy,  sta_cuda_fill, sta_cuda_randn,
     cuda_attention, cuda_head_diff, cuda_synchronize, cuda_attention_backward,
-    sta_cuda_lincomb, sta_cuda_stats, sta_cuda_attention_fp8};
+    sta_cuda_lincomb, sta_cuda_stats, sta_cuda_attention_fp8, sta_cuda_fp8_dequantize};
 
 } /* namespace */
 

@@ -20,9 +20,9 @@
 **   fp8_bias    a thread per (batch * head, row): q . k_mean (double,
 **               channel order)
 ** Padding rows and the k, v of rows that are never keys are written as 0.
-** Those four (fp8_finish in fp8_quant.cuh) are the fallback, and
-** STA_FP8_PREPASS=0's; the default, where it applies, is fp8_prepass.cu's
-** bandwidth pre-pass (the same bits).
+** Those four (fp8_finish in fp8_quant.cuh) are the fallback (the tests
+** force them: sta_cuda_set_fp8_prepass_test); the default, where it
+** applies, is fp8_prepass.cu's bandwidth pre-pass (the same bits).
 */
 #include "fp8_quant.cuh"
 
@@ -230,6 +230,9 @@ sta_status sta_cuda_fp8_dequantize(float *dst, const sta_bshd *bd, const uint8_t
   return e == cudaSuccess ? STA_OK : sta_cuda_fail(e, "fp8 dequantize: kernel launch");
 }
 
+static thread_local int fast_prepass = 1;
+void sta_cuda_set_fp8_prepass_test(int fast) { fast_prepass = fast; }
+
 sta_status sta_cuda_fp8_quantize(const sta_attn_params *p, const sta_fp8_ops *o) {
   QuantArgs a;
   memset(&a, 0, sizeof a);
@@ -276,8 +279,7 @@ sta_status sta_cuda_fp8_quantize(const sta_attn_params *p, const sta_fp8_ops *o)
   ** neighbouring heads run together (grid x), not one head's chunks */
   const int64_t nrb = (a.R + QROWS - 1) / QROWS;
   a.heads_fast = p->q_sh < p->q_ss && nrb <= 65535;
-  const char *pvs = getenv("STA_FP8_PREPASS"); /* 0: these kernels (A/B), read per call */
-  if (!(pvs && *pvs && atoi(pvs) == 0) && prepass_fast_ok(p, o)) {
+  if (fast_prepass && prepass_fast_ok(p, o)) {
     s = prepass_fast(a, sm);
     e = cudaFreeAsync(ws, sm);
     if (e != cudaSuccess && s == STA_OK) s = sta_cuda_fail(e, "fp8 quantize: freeing the workspace");

@@ -34,10 +34,10 @@
 #include "wgmma_fp8.cuh"
 
 #ifndef STA_FP8_FLUSH
-#define STA_FP8_FLUSH 0
+#define STA_FP8_FLUSH 1
 #endif
 #ifndef STA_FP8_OVERLAP
-#define STA_FP8_OVERLAP 1
+#define STA_FP8_OVERLAP 0
 #endif
 #ifndef STA_FP8_PINGPONG
 #define STA_FP8_PINGPONG 1

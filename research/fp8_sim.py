@@ -417,7 +417,7 @@ SCHEMES = [
      dict(pmax="exact", acc="fp22", equalize=False), (1.0, 0, 0)),
 ]
 # What core/cpu_fp8.c implements (sta.h, sta_precision): the choice below.
-CHOSEN = "one"
+CHOSEN = "one-exactmax"
 KINDS = ("randn", "dit", "peaked")
 COS_KINDS = ("randn", "peaked")
 CONFIGS = {  # canvas, text, heads, D, query tiles sampled (every nth tile), windows
