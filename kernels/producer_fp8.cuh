@@ -153,8 +153,9 @@ template <int D> struct Fp8Smem {
                       (const float2 *)(sm + MASK) + b * (FP8_BK / 2)};
   }
 };
-/* setmaxnreg: producer, consumers (at D 128 two-level with S(n+1) under
-** P V(n) the consumers hold O, a block's P V, S and P: 208 registers) */
+/* setmaxnreg: producer, consumers (at D 128 STA_FP8_FLUSH with S(n+1)
+** under P V(n) the consumers hold O, a block's P V, S and P: 208
+** registers of them) */
 constexpr int FP8_PREG = STA_FP8_FLUSH && STA_FP8_OVERLAP ? 24 : 40;
 constexpr int FP8_CREG = STA_FP8_FLUSH && STA_FP8_OVERLAP ? 240 : 232;
 static_assert(128 * (FP8_PREG + 2 * FP8_CREG) <= (65536 / 384) / 8 * 8 * 384,
