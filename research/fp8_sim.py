@@ -63,7 +63,7 @@ peaked.  The choice: the cheapest scheme for the kernel that meets it.
 
     /usr/bin/python3 research/fp8_sim.py --quick            (minutes)
     /usr/bin/python3 research/fp8_sim.py                    (the issue's size)
-    /usr/bin/python3 research/fp8_sim.py --schemes sage2,chosen --qtiles 45
+    /usr/bin/python3 research/fp8_sim.py --schemes one-exactmax --qtiles 1  (every tile)
     /usr/bin/python3 research/fp8_sim.py --selftest         (e4m3, exhaustively)
 fp8_attention() defines the schemes; CHOSEN is what core/cpu_fp8.c
 implements (python/tests/test_fp8.py compares the two on the same inputs).
