@@ -28,7 +28,8 @@ class Geometry(C.Structure):  # core/sta.h sta_geometry
 class Desc(C.Structure):  # core/sta.h sta_attention_desc
     _fields_ = [("geom", Geometry), ("layout", C.c_int), ("n_windows", C.c_int32),
                 ("windows", C.POINTER(C.c_int32)), ("scale", C.c_float),
-                ("softmax", C.c_int), ("deterministic", C.c_int32), ("precision", C.c_int)]
+                ("softmax", C.c_int), ("deterministic", C.c_int32), ("precision", C.c_int),
+                ("mask", C.c_int), ("blocks", C.c_void_p)]
 
 
 class GeometryV0(C.Structure):  # sta_geometry before sta_order (commit cf93765)
