@@ -379,7 +379,7 @@ def sweep(lib, n, seed, log):
             ops = sage2_operands(*(t[0].transpose(0, 1).float() for t in (q, k, v)))
             so = sage2_rows(ops, keys, keys, scale, m).transpose(0, 1)[None]
             live = m.any(-1).transpose(0, 1)[None, :, :, None]  # rows with keys
-            ref, o, so = (torch.where(live, t.float(), torch.zeros(())) for t in (ref, o, so))
+            ref, o, so = (torch.where(live, t.float(), 0.0) for t in (ref, o, so))
             e8 = (o - ref).norm().item() ** 2
             es = (so - ref).norm().item() ** 2
             n2 = ref.norm().item() ** 2
