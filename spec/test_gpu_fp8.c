@@ -338,7 +338,14 @@ static double max_diff(const sta_tensor *a, const sta_tensor *b) {
 ** (native at least FP8_APART from the fp8 reference: not so with a handful
 ** of keys per row; the fixed cases always are).  lse: ln l + m ln 2 in
 ** float32 against double. */
-#define FP8_REL 4e-3
+#define FP8_REL fp8_rel()
+/* 4e-3; STA_FP8_TEST_REL widens it for a kernel variant that keeps O in
+** the fp8 accumulator across blocks (scripts/device/gpu-check-fp8's quick
+** runs of the variants: its error grows with the keys a row sees). */
+static double fp8_rel(void) {
+  const char *s = getenv("STA_FP8_TEST_REL");
+  return s && atof(s) > 0 ? atof(s) : 4e-3;
+}
 #define FP8_LSE 2e-3
 #define FP8_APART 8e-3
 static double worst_rel, worst_lse, worst_ratio;
