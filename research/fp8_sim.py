@@ -460,12 +460,15 @@ def main():
                     help="sample every nth query tile (default: the config's)")
     ap.add_argument("--schemes", default="", help="comma-separated names (default all)")
     ap.add_argument("--kinds", default=",".join(KINDS))
+    ap.add_argument("--windows", default="", help="e.g. 333,535 (default: the config's)")
     ap.add_argument("--selftest", action="store_true")
     a = ap.parse_args()
     if a.selftest:
         sys.exit(0 if selftest() else 1)
     canvas, text, heads, d, every, windows = CONFIGS["quick" if a.quick else "full"]
     heads = a.heads or heads
+    if a.windows:
+        windows = tuple(tuple(int(c) for c in w) for w in a.windows.split(","))
     every = a.qtiles or every
     names = [x for x in a.schemes.split(",") if x] or [x[0] for x in SCHEMES]
     if "sage2" not in names:
