@@ -11,7 +11,7 @@ Through sta_bench.py's ctypes mirrors (checked against core/sta.h), its
 timing (CUDA events, median of REPS) and its FLOP count:
   1. the fp8 GEMM ceiling: torch._scaled_mm at 8192^3 in e4m3 (bf16 out),
      and torch.mm in bf16 beside it, TFLOP/s;
-  2. per case (bench_gpu.py's variant_cases: hunyuan-720p, wan-720p,
+  2. per case (sta_bench.py's variant_cases: hunyuan-720p, wan-720p,
      stepvideo, hunyuan-720p-d64, hunyuan-720p-mixed, hunyuan-720p-full;
      randn bf16): fp8 of --lib and of each --ab library (the kernel
      variants scripts/device/gpu-check-fp8 builds), alternated twice, each
@@ -26,8 +26,8 @@ timing (CUDA events, median of REPS) and its FLOP count:
      smoothed by its channel mean, P * 448 in e4m3 from the exact row max, V
      in e4m3 per channel, float32 sums) against FlexAttention in float32 on
      the tiled order; relative L2 and cosine;
-  4. --sweep N: N random geometries (bench_gpu.py's random_geometry, D 64
-     and 128) on each input kind: fp8 (--lib) and the SageAttention2 scheme
+  4. --sweep N: N random geometries (random_geometry below, D 64 and 128)
+     on each input kind: fp8 (--lib) and the SageAttention2 scheme
      (dense, 64-row blocks in the input's order) against dense float32
      masked attention; the errors summed over the sweep, and the worst.
 --ncu-one CASE: only one fp8 call of CASE after a warm-up (for ncu -k
@@ -44,8 +44,12 @@ import time
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import bench_gpu  # noqa: E402  (variant_cases, variant_inputs, random_geometry)
 import sta_bench as bg  # noqa: E402
+
+if hasattr(bg, "variant_cases"):  # where the canonical cases live
+    variant_cases, variant_inputs = bg.variant_cases, bg.variant_inputs
+else:
+    from bench_gpu import variant_cases, variant_inputs  # noqa: E402
 
 CASES = ["hunyuan-720p", "wan-720p", "stepvideo", "hunyuan-720p-d64", "hunyuan-720p-mixed",
          "hunyuan-720p-full"]
@@ -59,7 +63,7 @@ def cases(names):
     old = os.environ.get("STA_CASES")
     os.environ["STA_CASES"] = "all"
     try:
-        every = bench_gpu.variant_cases()
+        every = variant_cases()
     finally:
         if old is None:
             del os.environ["STA_CASES"]
@@ -118,7 +122,7 @@ def bench(libs, names, case_names, reps, log, flex):
     rows = []
     for case in cases(case_names):
         name, canvas, text, win, H, D, dt = case
-        g, S, (q, k, v, o), fl = bench_gpu.variant_inputs(case)
+        g, S, (q, k, v, o), fl = variant_inputs(case)
         row = dict(name=name, S=S, heads=H, D=D, windows=win[:3] if len(win) == 3 else "per head",
                    tflop=fl / 1e12, libs=names)
         ms8 = [[] for _ in libs]
@@ -357,6 +361,31 @@ def accuracy(libs, names, log, flexfns):
     return rows
 
 
+def random_geometry(rng):
+    """A small random STA problem (S <= 3500): tiles of 6x8x8 or smaller,
+    canvases partial or whole, text with or without a text_len, one window
+    or one per head, sometimes a scale; (g, S, heads)."""
+    tiles = [(6, 8, 8), (2, 4, 4), (3, 4, 8), (1, 2, 2), (2, 8, 8)]
+    while True:
+        tile = rng.choice(tiles)
+        canvas = (rng.randint(1, 14), rng.randint(1, 20), rng.randint(1, 22))
+        if rng.random() < 0.3:  # whole tiles
+            canvas = tuple(t * rng.randint(1, 3) for t in tile)
+        V = canvas[0] * canvas[1] * canvas[2]
+        text = rng.choice([0, 0, rng.randint(1, 90), rng.randint(1, 200)])
+        if 16 <= V + text <= 3500:
+            break
+    grid = [-(-c // t) for c, t in zip(canvas, tile)]
+    heads = rng.randint(1, 3)
+
+    def win():
+        return [rng.choice(list(range(1, c + 1, 2)) + [c + rng.randint(0, 3)]) for c in grid]
+    windows = win() if rng.random() < 0.4 else sum((win() for _ in range(heads)), [])
+    text_len = rng.randint(0, text) if text and rng.random() < 0.5 else -1
+    return dict(canvas=canvas, tile=tile, text_len=text_len, windows=windows,
+                scale=rng.choice([0.0, 0.0, 0.07])), V + text, heads
+
+
 def sweep(lib, n, seed, log):
     """Random geometries: fp8 and the SageAttention2 scheme (dense) against
     dense float32 masked attention, per input kind."""
@@ -365,7 +394,7 @@ def sweep(lib, n, seed, log):
     gen = torch.Generator(device="cuda").manual_seed(seed)
     acc = {k: dict(e8=0.0, es=0.0, n2=0.0, worst8=0.0, worsts=0.0, worse=0) for k in KINDS}
     for i in range(n):
-        g, S, H = bench_gpu.random_geometry(rng)
+        g, S, H = random_geometry(rng)
         D = rng.choice([64, 128])
         scale = g["scale"] or 1.0 / math.sqrt(D)
         m = bg.dense_mask(g, S, H, "cuda")
@@ -411,7 +440,7 @@ def sweep(lib, n, seed, log):
 
 def ncu_one(lib, name):
     case = cases([name])[0]
-    g, S, (q, k, v, o), _ = bench_gpu.variant_inputs(case)
+    g, S, (q, k, v, o), _ = variant_inputs(case)
     lib.forward(g, q, k, v, o, precision=FP8)
     torch.cuda.synchronize()
     lib.forward(g, q, k, v, o, precision=FP8)
