@@ -190,9 +190,10 @@ static void gather_row(const bwd *w, const head_bufs *hb, int64_t b, int64_t h, 
   const sta_attn_params *p = w->pl.p;
   const int64_t D = p->head_dim;
   const size_t es = sta_dtype_size(p->dtype);
-  int64_t t = sta_cpu_row_token(&w->pl, r);
+  int64_t t;
 #define AT(base, sb, ss, sh) ((const char *)(base) + (b * (sb) + t * (ss) + h * (sh)) * (int64_t)es)
   if (r < w->rows) {
+    t = sta_cpu_row_token(&w->pl, r);
     float *q = hb->qf + r * D, *g = hb->dof + r * D;
     sta_cpu_load_row(q, AT(p->q, p->q_sb, p->q_ss, p->q_sh), p->dtype, D, 1.0f);
     sta_cpu_load_row(g, AT(p->dout, p->do_sb, p->do_ss, p->do_sh), p->dtype, D, 1.0f);
