@@ -127,6 +127,17 @@ const char *sta_device_name(sta_device d);
 /* STA_ERR_UNSUPPORTED when t is f8e4m3 on a device (name: the argument):
 ** no device kernel computes on it (sta.h, STA_F8E4M3). */
 sta_status sta_f8_device_check(const sta_tensor *t, const char *name);
+/* STA_I32 (core/tensor_i32.c).  mix_check: STA_ERR_DTYPE "<op>: <an> is
+** <dtype> and <bn> is <dtype> (i32 converts to no other dtype)" when
+** exactly one of a, b is i32.  value: v as an int32, or STA_ERR_ARGUMENT
+** unless it is an integer in range.  copy: dst := src, both i32 of one
+** shape, checked by sta_tensor_copy (a device side contiguous, else
+** STA_ERR_UNSUPPORTED).  fill: t := value (a device t contiguous). */
+sta_status sta_i32_mix_check(const char *op, const char *an, const sta_tensor *a,
+                             const char *bn, const sta_tensor *b);
+sta_status sta_i32_value(double v, int32_t *out);
+sta_status sta_i32_copy(sta_tensor *dst, const sta_tensor *src);
+sta_status sta_i32_fill(sta_tensor *t, double value);
 /* STA_ERR_SHAPE "<what>: shapes differ (2x3 vs 3x2)"; with names
 ** "<what>: shapes differ (x 2x3 vs y 3x2)". */
 sta_status sta_shape_mismatch(const char *what, const char *an,
