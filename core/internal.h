@@ -229,13 +229,16 @@ typedef struct sta_attn_params {
   int64_t dk_sb, dk_ss, dk_sh;
   int64_t dv_sb, dv_ss, dv_sh;
   /* The mask (sta.h, sta_mask_kind), resolved and validated by
-  ** sta_attn_resolve.  WINDOW: windows above, the rest 0 / NULL.  BLOCKS
-  ** and WINDOW_OR_BLOCKS: the lists on the tensors' device, contiguous;
+  ** sta_attn_resolve (core/mask.c; read them with mask.h's accessors).
+  ** WINDOW: windows above, the rest 0 / NULL.  BLOCKS and
+  ** WINDOW_OR_BLOCKS: the lists on the tensors' device, contiguous;
   ** query block m of (b, h) sees idx[((b*heads + h)*q_blocks + m)*list_len
   ** + i] for i < num[(b*heads + h)*q_blocks + m]; block n's valid rows
-  ** are [n*block_rows, n*block_rows + size) (sizes NULL: whole blocks).
-  ** kv_len: the rows of k and v (seq_len, except that BLOCKS lets q have
-  ** its own). */
+  ** are [n*block_rows, n*block_rows + size) (sizes NULL: whole blocks;
+  ** q_sizes is kv_sizes when the call gave none and Mq == Mk).  BLOCKS
+  ** has no geometry (canvas, grid, video_len, text_len 0; windows NULL);
+  ** WINDOW_OR_BLOCKS has the window's (tiled, text_len 0).  kv_len: the
+  ** rows of k and v (seq_len, except that BLOCKS lets q have its own). */
   int32_t mask;                      /* sta_mask_kind */
   int32_t block_rows;                /* rows per block */
   int64_t kv_len;                    /* rows of k, v */
