@@ -127,6 +127,17 @@ const char *sta_device_name(sta_device d);
 /* STA_ERR_UNSUPPORTED when t is f8e4m3 on a device (name: the argument):
 ** no device kernel computes on it (sta.h, STA_F8E4M3). */
 sta_status sta_f8_device_check(const sta_tensor *t, const char *name);
+/* STA_I32 (core/tensor_i32.c).  mix_check: STA_ERR_DTYPE "<op>: <an> is
+** <dtype> and <bn> is <dtype> (i32 converts to no other dtype)" when
+** exactly one of a, b is i32.  value: v as an int32, or STA_ERR_ARGUMENT
+** unless it is an integer in range.  copy: dst := src, both i32 of one
+** shape, checked by sta_tensor_copy (a device side contiguous, else
+** STA_ERR_UNSUPPORTED).  fill: t := value (a device t contiguous). */
+sta_status sta_i32_mix_check(const char *op, const char *an, const sta_tensor *a,
+                             const char *bn, const sta_tensor *b);
+sta_status sta_i32_value(double v, int32_t *out);
+sta_status sta_i32_copy(sta_tensor *dst, const sta_tensor *src);
+sta_status sta_i32_fill(sta_tensor *t, double value);
 /* STA_ERR_SHAPE "<what>: shapes differ (2x3 vs 3x2)"; with names
 ** "<what>: shapes differ (x 2x3 vs y 3x2)". */
 sta_status sta_shape_mismatch(const char *what, const char *an,
@@ -218,13 +229,16 @@ typedef struct sta_attn_params {
   int64_t dk_sb, dk_ss, dk_sh;
   int64_t dv_sb, dv_ss, dv_sh;
   /* The mask (sta.h, sta_mask_kind), resolved and validated by
-  ** sta_attn_resolve.  WINDOW: windows above, the rest 0 / NULL.  BLOCKS
-  ** and WINDOW_OR_BLOCKS: the lists on the tensors' device, contiguous;
+  ** sta_attn_resolve (core/mask.c; read them with mask.h's accessors).
+  ** WINDOW: windows above, the rest 0 / NULL.  BLOCKS and
+  ** WINDOW_OR_BLOCKS: the lists on the tensors' device, contiguous;
   ** query block m of (b, h) sees idx[((b*heads + h)*q_blocks + m)*list_len
   ** + i] for i < num[(b*heads + h)*q_blocks + m]; block n's valid rows
-  ** are [n*block_rows, n*block_rows + size) (sizes NULL: whole blocks).
-  ** kv_len: the rows of k and v (seq_len, except that BLOCKS lets q have
-  ** its own). */
+  ** are [n*block_rows, n*block_rows + size) (sizes NULL: whole blocks;
+  ** q_sizes is kv_sizes when the call gave none and Mq == Mk).  BLOCKS
+  ** has no geometry (canvas, grid, video_len, text_len 0; windows NULL);
+  ** WINDOW_OR_BLOCKS has the window's (tiled, text_len 0).  kv_len: the
+  ** rows of k and v (seq_len, except that BLOCKS lets q have its own). */
   int32_t mask;                      /* sta_mask_kind */
   int32_t block_rows;                /* rows per block */
   int64_t kv_len;                    /* rows of k, v */
