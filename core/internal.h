@@ -856,6 +856,28 @@ static inline int64_t sta_vsa_qsize(const sta_vsa_params *p, int64_t m) {
 static inline int64_t sta_vsa_kvsize(const sta_vsa_params *p, int64_t n) {
   return p->f.kv_sizes ? p->f.kv_sizes[n] : p->f.block_rows;
 }
+/* For benchmarks only (spec/vsa_bench.h), no user setting: timed marks.
+** sta_vsa_mark_test records mark i (0..STA_VSA_MARKS-1) in the order of
+** this thread's work on dev (CUDA: an event with timing on this thread's
+** stream; the CPU: the clock); sta_vsa_elapsed_test waits for mark b and
+** gives the ms from mark a to b.  While sta_vsa_set_marks_test's base is
+** >= 0, this thread's sta_vsa_forward records marks base + 1.. after its
+** checks and workspace, the means, the coarse branch and selection, the
+** fine branch, the combine (sta_vsa_backward: ..., the coarse branch, the
+** preparation, the fine backward, the coarse backward), the caller base +
+** 0 before the call; -1 (the default): none.  The release frees this
+** thread's events. */
+enum { STA_VSA_MARKS = 128 };
+sta_status sta_vsa_mark_test(sta_device dev, int32_t i);
+sta_status sta_vsa_elapsed_test(sta_device dev, int32_t a, int32_t b, double *ms);
+void sta_vsa_set_marks_test(int32_t base);
+void sta_vsa_marks_release_test(void);
+#if defined(STA_WITH_CUDA) || defined(__CUDACC__)
+/* Their CUDA side (kernels/vsa_rows.cu). */
+sta_status sta_cuda_vsa_mark(int32_t i);
+sta_status sta_cuda_vsa_elapsed(int32_t a, int32_t b, float *ms);
+void sta_cuda_vsa_marks_release(void);
+#endif
 
 /* ---- files (fileio.c) ------------------------------------------------------ */
 

@@ -10,6 +10,7 @@
 */
 #include <math.h>
 #include <stdlib.h>
+#include <time.h>
 
 #include "internal.h"
 
@@ -386,15 +387,74 @@ static sta_status scratch_commit(scratch_set *s, sta_status rc) {
   return rc;
 }
 
+/* ---- benchmarks' marks (internal.h: sta_vsa_mark_test) ---------------------- */
+
+static _Thread_local int32_t mark_base = -1;
+static _Thread_local double host_marks[STA_VSA_MARKS];
+
+void sta_vsa_set_marks_test(int32_t base) { mark_base = base; }
+
+static sta_status mark_range(int32_t i) {
+  return i >= 0 && i < STA_VSA_MARKS
+             ? STA_OK
+             : sta_error(STA_ERR_ARGUMENT, "mark: expected 0..%d, got %d", STA_VSA_MARKS - 1,
+                         (int)i);
+}
+
+sta_status sta_vsa_mark_test(sta_device dev, int32_t i) {
+  sta_status rc = mark_range(i);
+  if (rc != STA_OK) return rc;
+  if (dev == STA_CPU) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    host_marks[i] = (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
+    return STA_OK;
+  }
+#ifdef STA_WITH_CUDA
+  if (dev == STA_CUDA && sta_backend_available(STA_CUDA)) return sta_cuda_vsa_mark(i);
+#endif
+  return sta_error(STA_ERR_BACKEND, "mark: no timing on %s in this build", sta_device_name(dev));
+}
+
+sta_status sta_vsa_elapsed_test(sta_device dev, int32_t a, int32_t b, double *ms) {
+  sta_status rc = mark_range(a);
+  if (rc != STA_OK || (rc = mark_range(b)) != STA_OK) return rc;
+  if (dev == STA_CPU) {
+    *ms = host_marks[b] - host_marks[a];
+    return STA_OK;
+  }
+#ifdef STA_WITH_CUDA
+  float f = 0;
+  if (dev == STA_CUDA && sta_backend_available(STA_CUDA)) {
+    if ((rc = sta_cuda_vsa_elapsed(a, b, &f)) == STA_OK) *ms = f;
+    return rc;
+  }
+#endif
+  return sta_error(STA_ERR_BACKEND, "mark: no timing on %s in this build", sta_device_name(dev));
+}
+
+void sta_vsa_marks_release_test(void) {
+#ifdef STA_WITH_CUDA
+  if (sta_backend_available(STA_CUDA)) sta_cuda_vsa_marks_release();
+#endif
+}
+
+/* Mark k of a call (when marks are on). */
+static sta_status mark(sta_device dev, int32_t k) {
+  return mark_base < 0 ? STA_OK : sta_vsa_mark_test(dev, mark_base + k);
+}
+
 /* ---- the calls --------------------------------------------------------------- */
 
-/* Means, coarse branch, selection, each behind a cancel point. */
-static sta_status run_coarse(const sta_vsa_params *p, const vsa_impl *im) {
+/* Means, coarse branch, selection, each behind a cancel point (marks 2
+** and 3 after them). */
+static sta_status run_coarse(const sta_vsa_params *p, const vsa_impl *im, sta_device dev) {
   sta_status rc;
   if ((rc = sta_cancel_point("vsa")) != STA_OK) return rc;
-  if ((rc = im->means(p)) != STA_OK) return rc;
+  if ((rc = im->means(p)) != STA_OK || (rc = mark(dev, 2)) != STA_OK) return rc;
   if ((rc = sta_cancel_point("vsa")) != STA_OK) return rc;
-  return im->coarse(p);
+  if ((rc = im->coarse(p)) != STA_OK) return rc;
+  return mark(dev, 3);
 }
 
 /* Every t[i] a live tensor, NULL allowed where bit i of optional is set. */
@@ -489,12 +549,16 @@ sta_status sta_vsa_forward(const sta_vsa_desc *desc, const sta_tensor *q, const 
   scratch_set s = {{NULL}, {NULL}, 0};
   vsa_ws ws = {NULL, NULL};
   sta_status rc = fwd_operands(desc, t, 0, &p, &im, &s);
+  const sta_device dev = rc == STA_OK ? q->storage->device : STA_CPU;
   if (rc == STA_OK) rc = ws_alloc(&p, &im, 0, &ws);
-  if (rc == STA_OK) rc = run_coarse(&p, &im);
+  if (rc == STA_OK) rc = mark(dev, 1);
+  if (rc == STA_OK) rc = run_coarse(&p, &im, dev);
   if (rc == STA_OK) rc = sta_cancel_point("vsa");
   if (rc == STA_OK) rc = im.fine(&p.f);
+  if (rc == STA_OK) rc = mark(dev, 4);
   if (rc == STA_OK) rc = sta_cancel_point("vsa");
   if (rc == STA_OK) rc = im.combine(&p);
+  if (rc == STA_OK) rc = mark(dev, 5);
   ws_free(&ws);
   return scratch_commit(&s, rc);
 }
@@ -509,13 +573,18 @@ sta_status sta_vsa_backward(const sta_vsa_desc *desc, const sta_tensor *q, const
   scratch_set s = {{NULL}, {NULL}, 0};
   vsa_ws ws = {NULL, NULL};
   sta_status rc = bwd_operands(desc, t, 0, &p, &im, &s);
+  const sta_device dev = rc == STA_OK ? q->storage->device : STA_CPU;
   if (rc == STA_OK) rc = ws_alloc(&p, &im, 1, &ws);
-  if (rc == STA_OK) rc = run_coarse(&p, &im);
+  if (rc == STA_OK) rc = mark(dev, 1);
+  if (rc == STA_OK) rc = run_coarse(&p, &im, dev);
   if (rc == STA_OK) rc = im.bprep(&p);
+  if (rc == STA_OK) rc = mark(dev, 4);
   if (rc == STA_OK) rc = sta_cancel_point("vsa");
   if (rc == STA_OK) rc = im.fine_backward(&p.f);
+  if (rc == STA_OK) rc = mark(dev, 5);
   if (rc == STA_OK) rc = sta_cancel_point("vsa");
   if (rc == STA_OK) rc = im.bcoarse(&p);
+  if (rc == STA_OK) rc = mark(dev, 6);
   ws_free(&ws);
   return scratch_commit(&s, rc);
 }
@@ -543,7 +612,7 @@ sta_status sta_vsa_coarse(const sta_vsa_desc *desc, const sta_tensor *q, const s
   sta_tensor *w[4] = {out_c, lse_c, idx, num};
   if ((rc = no_aliases("coarse branch", w, N + 3, 4, t, N, 3)) != STA_OK) return rc;
   vsa_ws ws = {NULL, NULL};
-  if ((rc = ws_alloc(&p, &im, 0, &ws)) == STA_OK) rc = run_coarse(&p, &im);
+  if ((rc = ws_alloc(&p, &im, 0, &ws)) == STA_OK) rc = run_coarse(&p, &im, dev);
   const void *src[4] = {p.oc, p.lsec, p.idx, p.num};
   for (int i = 0; i < 4 && rc == STA_OK; i++)
     if (w[i])

@@ -15,7 +15,8 @@ typedef struct head {
   double *qc, *kc, *vc, *a, *s, *oc; /* Mq x D, Mk x D, Mk x D, Mq x Mk, Mq x Mk, Mq x D */
   int32_t *sel;                       /* Mq x topk */
   int64_t *ks;                        /* a query cube's key rows (topk x block_rows) */
-  double *pw, *os;                    /* their weights; a row's out_s (D) */
+  double *kb, *vb;                    /* their k and v rows (topk x block_rows x D) */
+  double *pw, *os, *qr;               /* their weights; a row's out_s and q (D each) */
 } head;
 
 static double ld(const void *base, sta_dtype dt, int64_t off) {
@@ -36,7 +37,7 @@ static int better(double x, int64_t i, double y, int64_t j) {
 
 static void head_free(head *w) {
   free(w->qc); free(w->kc); free(w->vc); free(w->a); free(w->s); free(w->oc); free(w->sel);
-  free(w->ks); free(w->pw); free(w->os);
+  free(w->ks); free(w->kb); free(w->vb); free(w->pw); free(w->os); free(w->qr);
 }
 
 /* The coarse branch and the selection of (b, h), and the head's scratch. */
@@ -55,8 +56,11 @@ static int coarse(const sta_vsa_params *p, int64_t b, int64_t h, head *w) {
   w->ks = malloc(sizeof(int64_t) * (size_t)K * (size_t)br);
   w->pw = malloc(sizeof(double) * (size_t)K * (size_t)br);
   w->os = malloc(sizeof(double) * (size_t)D);
+  w->qr = malloc(sizeof(double) * (size_t)D);
+  w->kb = malloc(sizeof(double) * (size_t)K * (size_t)br * (size_t)D);
+  w->vb = malloc(sizeof(double) * (size_t)K * (size_t)br * (size_t)D);
   if (!w->qc || !w->kc || !w->vc || !w->oc || !w->a || !w->s || !w->sel || !w->ks || !w->pw ||
-      !w->os)
+      !w->os || !w->qr || !w->kb || !w->vb)
     return 0;
   for (int64_t m = 0; m < mq; m++) {
     const int64_t n = sta_vsa_qsize(p, m);
@@ -105,18 +109,20 @@ static int coarse(const sta_vsa_params *p, int64_t b, int64_t h, head *w) {
   return 1;
 }
 
-/* The fine branch of valid query row `row` of cube m: weights of the keys
-** (rows ks[0..nk)) into pw, returns its lse; out_s into os. */
-static double fine_row(const sta_vsa_params *p, int64_t b, int64_t h, int64_t row,
-                       const int64_t *ks, int64_t nk, double *pw, double *os) {
+/* The fine branch of valid query row `row`: q's row into w->qr, the
+** weights of the keys (keys_of's nk rows) into w->pw, out_s into w->os;
+** returns its lse. */
+static double fine_row(const sta_vsa_params *p, int64_t b, int64_t h, int64_t row, int64_t nk,
+                       head *w) {
   const sta_attn_params *f = &p->f;
   const int64_t D = f->head_dim;
-  double mx = -INFINITY, sum = 0;
+  double mx = -INFINITY, sum = 0, *pw = w->pw, *os = w->os, *qr = w->qr;
+  for (int64_t d = 0; d < D; d++)
+    qr[d] = ld(f->q, f->dtype, b * f->q_sb + row * f->q_ss + h * f->q_sh + d);
   for (int64_t j = 0; j < nk; j++) {
+    const double *kr = w->kb + j * D;
     double x = 0;
-    for (int64_t d = 0; d < D; d++)
-      x += ld(f->q, f->dtype, b * f->q_sb + row * f->q_ss + h * f->q_sh + d) *
-           ld(f->k, f->dtype, b * f->k_sb + ks[j] * f->k_ss + h * f->k_sh + d);
+    for (int64_t d = 0; d < D; d++) x += qr[d] * kr[d];
     pw[j] = f->scale * x;
     if (pw[j] > mx || pw[j] != pw[j]) mx = pw[j];
   }
@@ -124,19 +130,29 @@ static double fine_row(const sta_vsa_params *p, int64_t b, int64_t h, int64_t ro
   const double lse = mx + log(sum);
   for (int64_t d = 0; d < D; d++) os[d] = 0;
   for (int64_t j = 0; j < nk; j++) {
+    const double *vr = w->vb + j * D;
     pw[j] = exp(pw[j] - lse);
-    for (int64_t d = 0; d < D; d++)
-      os[d] += pw[j] * ld(f->v, f->dtype, b * f->v_sb + ks[j] * f->v_ss + h * f->v_sh + d);
+    for (int64_t d = 0; d < D; d++) os[d] += pw[j] * vr[d];
   }
   return lse;
 }
 
-/* The key rows of query cube m's selection. */
-static int64_t keys_of(const sta_vsa_params *p, const head *w, int64_t m, int64_t *ks) {
+/* The key rows of query cube m's selection into w->ks, their k and v rows
+** into w->kb and w->vb; returns their count. */
+static int64_t keys_of(const sta_vsa_params *p, int64_t b, int64_t h, head *w, int64_t m) {
+  const sta_attn_params *f = &p->f;
+  const int64_t D = f->head_dim;
   int64_t nk = 0;
   for (int32_t i = 0; i < p->topk; i++) {
     const int64_t c = w->sel[m * p->topk + i], n = sta_vsa_kvsize(p, c);
-    for (int64_t r = 0; r < n; r++) ks[nk++] = c * p->f.block_rows + r;
+    for (int64_t r = 0; r < n; r++, nk++) {
+      const int64_t kr = c * f->block_rows + r;
+      w->ks[nk] = kr;
+      for (int64_t d = 0; d < D; d++) {
+        w->kb[nk * D + d] = ld(f->k, f->dtype, b * f->k_sb + kr * f->k_ss + h * f->k_sh + d);
+        w->vb[nk * D + d] = ld(f->v, f->dtype, b * f->v_sb + kr * f->v_ss + h * f->v_sh + d);
+      }
+    }
   }
   return nk;
 }
@@ -158,11 +174,11 @@ sta_status sta_cpu_vsa_reference(const sta_vsa_params *p) {
       fail = 1;
     } else {
       for (int64_t m = 0; m < f->q_blocks; m++) {
-        const int64_t n = sta_vsa_qsize(p, m), nk = keys_of(p, &w, m, w.ks);
+        const int64_t n = sta_vsa_qsize(p, m), nk = keys_of(p, b, h, &w, m);
         for (int64_t r = 0; r < br; r++) {
           const int64_t row = m * br + r;
           double lse = -INFINITY;
-          if (r < n) lse = fine_row(p, b, h, row, w.ks, nk, w.pw, w.os);
+          if (r < n) lse = fine_row(p, b, h, row, nk, &w);
           for (int64_t d = 0; d < D; d++)
             st(f->o, f->dtype, b * f->o_sb + row * f->o_ss + h * f->o_sh + d,
                r < n ? gate_at(p, b, row, h, d) * w.oc[m * D + d] + w.os[d] : 0.0);
@@ -192,13 +208,13 @@ sta_status sta_cpu_vsa_backward_reference(const sta_vsa_params *p) {
       fail = 1;
     } else {
       double *dqc = dc, *dkc = dc + mq * D, *dvc = dc + (mq + mk) * D;
-      int64_t *ks = w.ks;
-      double *pw = w.pw, *os = w.os;
+      const int64_t *ks = w.ks;
+      const double *pw = w.pw, *os = w.os, *qr = w.qr;
       for (int64_t m = 0; m < mq; m++) {
-        const int64_t n = sta_vsa_qsize(p, m), nk = keys_of(p, &w, m, ks);
+        const int64_t n = sta_vsa_qsize(p, m), nk = keys_of(p, b, h, &w, m);
         for (int64_t r = 0; r < n; r++) {
           const int64_t row = m * br + r;
-          fine_row(p, b, h, row, ks, nk, pw, os);
+          fine_row(p, b, h, row, nk, &w);
           double di = 0;
           for (int64_t d = 0; d < D; d++) {
             dy[d] = ld(f->dout, f->dtype, b * f->do_sb + row * f->do_ss + h * f->do_sh + d);
@@ -210,14 +226,14 @@ sta_status sta_cpu_vsa_backward_reference(const sta_vsa_params *p) {
                  dy[d] * w.oc[m * D + d]);
           }
           for (int64_t j = 0; j < nk; j++) {
-            double dp = 0;
-            for (int64_t d = 0; d < D; d++)
-              dp += dy[d] * ld(f->v, f->dtype, b * f->v_sb + ks[j] * f->v_ss + h * f->v_sh + d);
+            const double *kr = w.kb + j * D, *vr = w.vb + j * D;
+            double dp = 0, *dkr = dk + ks[j] * D, *dvr = dv + ks[j] * D, *dqr = dq + row * D;
+            for (int64_t d = 0; d < D; d++) dp += dy[d] * vr[d];
             const double ds = pw[j] * (dp - di) * f->scale;
             for (int64_t d = 0; d < D; d++) {
-              dq[row * D + d] += ds * ld(f->k, f->dtype, b * f->k_sb + ks[j] * f->k_ss + h * f->k_sh + d);
-              dk[ks[j] * D + d] += ds * ld(f->q, f->dtype, b * f->q_sb + row * f->q_ss + h * f->q_sh + d);
-              dv[ks[j] * D + d] += pw[j] * dy[d];
+              dqr[d] += ds * kr[d];
+              dkr[d] += ds * qr[d];
+              dvr[d] += pw[j] * dy[d];
             }
           }
         }

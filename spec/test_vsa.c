@@ -5,7 +5,8 @@
 ** reference on random problems (cube sizes 16..64, q with its own cubes,
 ** both cube sizes, gate, layouts, dtypes), ties and NaN in the selection,
 ** padding rows never read, determinism across runs and thread counts,
-** cancellation, and the exact messages of bad inputs. */
+** cancellation, the timing's host code (spec/vsa_bench.h) walked at a
+** small size, and the exact messages of bad inputs. */
 #include <math.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -16,6 +17,7 @@
 #include <cmocka.h>
 
 #include "internal.h"
+#include "vsa_bench.h"
 #include "vsa_case.h"
 
 /* ---- topk ------------------------------------------------------------------ */
@@ -257,21 +259,11 @@ static void test_reference_finite_differences(void **state) {
 static double fwd_tol(sta_dtype dt) { return dt == STA_F32 ? 2e-6 : dt == STA_F16 ? 2e-3 : 1e-2; }
 static double bwd_tol(sta_dtype dt) { return dt == STA_F32 ? 1e-5 : dt == STA_F16 ? 4e-3 : 1.5e-2; }
 
-/* The reference's inputs as f32 (f16 and bf16 widen exactly). */
-static void widen(const vcase *c, const vset *s, vcase *c32, vset *r) {
-  *c32 = *c;
-  c32->dtype = STA_F32;
-  vset_make(r, c32);
-  sta_tensor *from[5] = {s->q, s->k, s->v, s->gate, s->dout}, *to[5] = {r->q, r->k, r->v, r->gate, r->dout};
-  for (int i = 0; i < 5; i++)
-    if (from[i]) assert_int_equal(sta_tensor_copy(to[i], from[i]), STA_OK);
-}
-
 static void check_fast(vcase *c) {
   vset s, r;
   vcase c32;
   vset_make_clear(&s, c);
-  widen(c, &s, &c32, &r);
+  vsa_widen(c, &s, &c32, &r);
   sta_status rc = sta_vsa_forward(&s.d, s.q, s.k, s.v, s.gate, s.out, s.lse);
   if (rc != STA_OK) fail_msg("forward: %s", sta_last_error());
   rc = sta_vsa_backward(&s.d, s.q, s.k, s.v, s.gate, s.out, s.lse, s.dout, s.dq, s.dk, s.dv, s.dg);
@@ -280,24 +272,10 @@ static void check_fast(vcase *c) {
   if (sta_vsa_backward_reference(&r.d, r.q, r.k, r.v, r.gate, r.dout, r.dq, r.dk, r.dv, r.dg) !=
       STA_OK)
     fail_msg("backward reference: %s", sta_last_error());
-  const sta_tensor *got[5] = {s.out, s.dq, s.dk, s.dv, s.dg}, *want[5] = {r.out, r.dq, r.dk, r.dv, r.dg};
-  static const char *const N[5] = {"out", "dq", "dk", "dv", "dgate"};
-  for (int i = 0; i < 5; i++) {
-    if (!got[i]) continue;
-    const int kv = i == 2 || i == 3;
-    double mx, rel = vsa_rel(c, &s, got[i], want[i], kv, &mx);
-    const double tol = i ? bwd_tol(c->dtype) : fwd_tol(c->dtype);
-    if (getenv("STA_TEST_VERBOSE")) printf("# %s %s rel %.3g\n", sta_dtype_name(c->dtype), N[i], rel);
-    if (!(rel < tol))
-      fail_msg("%s: B%lld H%lld D%lld Mq %lld Mk %lld cubes of %d topk %d %s layout %d gate %d "
-               "sizes %d seed %llu: rel L2 %g (max %g), tolerance %g",
-               N[i], (long long)c->B, (long long)c->H, (long long)c->D, (long long)c->mq,
-               (long long)c->mk, c->br, c->topk, sta_dtype_name(c->dtype), (int)c->layout, c->gate,
-               c->sizes, (unsigned long long)c->seed, rel, mx, tol);
-    vsa_pad_zero(c, &s, got[i], kv, N[i]);
-  }
-  const double dl = vsa_lse_diff(c, &s, s.lse, r.lse);
-  if (!(dl < (c->dtype == STA_F32 ? 1e-5 : 1e-2))) fail_msg("lse: max diff %g", dl);
+  const sta_tensor *got[6] = {s.out, s.dq, s.dk, s.dv, s.dg, s.lse};
+  const sta_tensor *want[6] = {r.out, r.dq, r.dk, r.dv, r.dg, r.lse};
+  vsa_check(c, &s, got, want, fwd_tol(c->dtype), bwd_tol(c->dtype),
+            c->dtype == STA_F32 ? 1e-5 : 1e-2, sta_dtype_name(c->dtype));
   vset_free(&s);
   vset_free(&r);
 }
@@ -535,6 +513,18 @@ static void test_cancel(void **state) {
   vset_free(&s);
 }
 
+/* ---- the timing's host code (spec/vsa_bench.h; test_gpu_vsa runs it on CUDA) ---------- */
+
+/* 270 cubes (more than any fixed array held; partial on every axis),
+** topk 3: every piece of both tables, timed by the host clock. */
+static void test_bench_walk(void **state) {
+  (void)state;
+  const vbench b = {"walk", {9, 17, 70}, 1, 16, STA_BF16, 0.99, STA_CPU, 1};
+  const double f = vb_bench_forward(&b), g = vb_bench_backward(&b);
+  assert_true(f > 0 && isfinite(f));
+  assert_true(g > 0 && isfinite(g));
+}
+
 /* ---- bad inputs ------------------------------------------------------------------------ */
 
 static void test_errors(void **state) {
@@ -623,6 +613,7 @@ int main(void) {
       cmocka_unit_test(test_selection_ties),
       cmocka_unit_test(test_deterministic),
       cmocka_unit_test(test_cancel),
+      cmocka_unit_test(test_bench_walk),
       cmocka_unit_test(test_errors),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);

@@ -3,15 +3,14 @@
 ** its tensors with NaN in every padding row (so a read of one shows), the
 ** coarse scores in double to keep away from near ties (where two correct
 ** backends may choose differently: STA.md section 12), and comparisons
-** restricted to the valid rows.  Header-only. */
+** restricted to the valid rows, the check of a result against the
+** reference's.  Header-only. */
 #ifndef STA_VSA_CASE_H
 #define STA_VSA_CASE_H
 
 #include <math.h>
 
 #include "test_util.h"
-
-#define VSA_MAXM 256
 
 typedef struct vcase {
   int64_t B, H, D, mq, mk;
@@ -32,7 +31,7 @@ typedef struct vset {
   sta_tensor *q, *k, *v, *gate, *dout;      /* inputs */
   sta_tensor *out, *lse, *dq, *dk, *dv, *dg; /* outputs (NaN-filled) */
   sta_tensor *ks, *qs;                       /* i32 sizes or NULL */
-  int32_t ksz[VSA_MAXM], qsz[VSA_MAXM];
+  int32_t *ksz, *qsz;                        /* the sizes on the host, Mk and Mq */
   sta_vsa_desc d;
 } vset;
 
@@ -102,13 +101,18 @@ static inline int64_t vsa_canvas_sizes(const int32_t cv[3], int32_t br, int32_t 
 
 static inline void vset_make(vset *s, const vcase *c) {
   memset(s, 0, sizeof *s);
+  s->ksz = malloc(sizeof(int32_t) * (size_t)c->mk);
+  s->qsz = malloc(sizeof(int32_t) * (size_t)c->mq);
+  if (!s->ksz || !s->qsz) fail_msg("out of host memory (sizes of %lld cubes)", (long long)c->mk);
   uint64_t r = c->seed * 0x9e3779b97f4a7c15ull + 1;
   for (int64_t m = 0; m < c->mk; m++) {
     r = r * 6364136223846793005ull + 1442695040888963407ull;
     s->ksz[m] = c->sizes ? c->lo + (int32_t)((r >> 33) % (uint64_t)(c->br - c->lo + 1)) : c->br;
   }
-  if (c->canvas[0] > 0 && vsa_canvas_sizes(c->canvas, c->br, s->ksz) != c->mk)
-    fail_msg("canvas: not Mk cubes");
+  if (c->canvas[0] > 0) {
+    if (vsa_canvas_sizes(c->canvas, c->br, NULL) != c->mk) fail_msg("canvas: not Mk cubes");
+    vsa_canvas_sizes(c->canvas, c->br, s->ksz);
+  }
   const int qown = c->sizes && (c->qown || c->mq != c->mk);
   for (int64_t m = 0; m < c->mq; m++) {
     r = r * 6364136223846793005ull + 1442695040888963407ull;
@@ -151,6 +155,8 @@ static inline void vset_free(vset *s) {
   sta_tensor *t[13] = {s->q, s->k, s->v, s->gate, s->dout, s->out, s->lse,
                        s->dq, s->dk, s->dv, s->dg, s->ks, s->qs};
   for (int i = 0; i < 13; i++) sta_tensor_destroy(t[i]);
+  free(s->ksz);
+  free(s->qsz);
   memset(s, 0, sizeof *s);
 }
 
@@ -290,6 +296,56 @@ static inline double vsa_lse_diff(const vcase *c, const vset *s, const sta_tenso
           if (!(fabs(x - y) <= mx)) mx = fabs(x - y);
         }
   return mx;
+}
+
+/* One line naming case c (a static buffer). */
+static inline const char *vsa_describe(const vcase *c) {
+  static char buf[256];
+  snprintf(buf, sizeof buf,
+           "B%lld H%lld D%lld Mq %lld Mk %lld cubes of %d topk %d %s layout %d gate %d sizes %d "
+           "qown %d scale %g seed %llu", (long long)c->B, (long long)c->H, (long long)c->D,
+           (long long)c->mq, (long long)c->mk, c->br, c->topk, sta_dtype_name(c->dtype),
+           (int)c->layout, c->gate, c->sizes, c->qown, (double)c->scale,
+           (unsigned long long)c->seed);
+  return buf;
+}
+
+/* The reference's set r: the inputs of s (on the host) as f32 (f16 and
+** bf16 widen exactly); *c32 its case. */
+static inline void vsa_widen(const vcase *c, const vset *s, vcase *c32, vset *r) {
+  *c32 = *c;
+  c32->dtype = STA_F32;
+  c32->dev = STA_CPU;
+  vset_make(r, c32);
+  sta_tensor *from[5] = {s->q, s->k, s->v, s->gate, s->dout}, *to[5] = {r->q, r->k, r->v, r->gate, r->dout};
+  for (int i = 0; i < 5; i++)
+    if (from[i] && sta_tensor_copy(to[i], from[i]) != STA_OK) fail_msg("widen: %s", sta_last_error());
+}
+
+/* Results got (host tensors: out, dq, dk, dv, dgate, lse; NULL where not
+** computed) against the reference's want: rel L2 over the valid rows below
+** ftol (out) and btol (the gradients), lse within ltol, every padding row
+** 0 (lse -inf).  who names the results in a failure. */
+static inline void vsa_check(const vcase *c, const vset *s, const sta_tensor *const got[6],
+                             const sta_tensor *const want[6], double ftol, double btol,
+                             double ltol, const char *who) {
+  static const char *const N[5] = {"out", "dq", "dk", "dv", "dgate"};
+  for (int i = 0; i < 5; i++) {
+    if (!got[i]) continue;
+    const int kv = i == 2 || i == 3;
+    double mx, rel = vsa_rel(c, s, got[i], want[i], kv, &mx);
+    const double tol = i ? btol : ftol;
+    if (getenv("STA_TEST_VERBOSE")) printf("# %s %s rel %.3g\n", who, N[i], rel);
+    if (!(rel < tol))
+      fail_msg("%s %s: rel L2 %g (max %g), tolerance %g: %s", who, N[i], rel, mx, tol,
+               vsa_describe(c));
+    vsa_pad_zero(c, s, got[i], kv, N[i]);
+  }
+  if (got[5]) {
+    const double dl = vsa_lse_diff(c, s, got[5], want[5]);
+    if (!(dl < ltol))
+      fail_msg("%s lse: max diff %g, tolerance %g: %s", who, dl, ltol, vsa_describe(c));
+  }
 }
 
 #endif
