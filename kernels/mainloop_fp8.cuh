@@ -46,7 +46,7 @@
 #include "wgmma_fp8.cuh"
 
 #ifndef STA_FP8_FLUSH
-#define STA_FP8_FLUSH 2
+#define STA_FP8_FLUSH 4
 #endif
 #ifndef STA_FP8_OVERLAP
 #define STA_FP8_OVERLAP 1
