@@ -12,16 +12,28 @@
 **
 ** Compile-time variants (the device A/B, scripts/device/gpu-check-fp8;
 ** the losers are deleted once measured):
-**   STA_FP8_FLUSH     1: each block's P V in a fresh accumulator, added to
-**                     O in float32 (Hopper's fp8 accumulator keeps about
-**                     22 bits: research/fp8_sim.py); 0: O stays in the
-**                     wgmma accumulator across blocks (64 registers fewer)
+**   STA_FP8_FLUSH     N >= 1: a block's P V goes into a fresh wgmma
+**                     accumulator that carries N blocks (rescaled in
+**                     registers when the maximum moves) and is then added
+**                     to O in float32 (Hopper's fp8 accumulator keeps
+**                     about 22 bits: research/fp8_sim.py); 0: O stays in
+**                     the wgmma accumulator across blocks
+**   STA_FP8_OSMEM     1 (with OVERLAP and FLUSH >= 1): the float32 O in
+**                     shared memory, each thread's own slots, so the
+**                     registers hold S, P and the fresh accumulator only
+**                     (fp8_blocks_os); 0: O in registers (fp8_blocks)
 **   STA_FP8_OVERLAP   1: S(n+1) issued with P V(n), the softmax of n+1
 **                     under P V(n) (the bf16 kernel's order); 0: S, its
 **                     softmax, P V one after the other
 **   STA_FP8_PINGPONG  1: the two consumer warpgroups take turns issuing
 **                     their GEMMs (named barriers 4 and 5), so one's
 **                     softmax runs under the other's GEMMs
+**   STA_FP8_INFO      1: the per-key info by ld.shared, the integer to
+**                     float conversion folded into the k_scale multiply-add
+**                     (fp8_softmax), the mask added only to blocks that
+**                     have masked keys; 0: generic loads (the compiler
+**                     cannot tell they are shared: long-scoreboard waits)
+**                     and the mask added everywhere (the first kernel)
 */
 #ifndef STA_MAINLOOP_FP8_CUH
 #define STA_MAINLOOP_FP8_CUH
@@ -34,14 +46,22 @@
 #include "wgmma_fp8.cuh"
 
 #ifndef STA_FP8_FLUSH
-#define STA_FP8_FLUSH 1
+#define STA_FP8_FLUSH 4
 #endif
 #ifndef STA_FP8_OVERLAP
-#define STA_FP8_OVERLAP 0
+#define STA_FP8_OVERLAP 1
+#endif
+#ifndef STA_FP8_OSMEM
+#define STA_FP8_OSMEM 1
 #endif
 #ifndef STA_FP8_PINGPONG
 #define STA_FP8_PINGPONG 1
 #endif
+#ifndef STA_FP8_INFO
+#define STA_FP8_INFO 1
+#endif
+/* O in shared memory: only with S(n+1) under P V(n) and a flush */
+#define STA_FP8_OS (STA_FP8_OSMEM && STA_FP8_OVERLAP && STA_FP8_FLUSH >= 1)
 
 namespace sta {
 
@@ -113,16 +133,45 @@ __device__ __forceinline__ void issue_s(int32_t *sacc, uint32_t dq, uint32_t dk)
   sta_wgmma::commit();
 }
 
-/* A block's per-key info as (k_scale, 0) or (0, -inf) per S column, the
-** columns 2i and 2i + 1 at once, from two arrays: k_scale (it arrives by
-** a bulk copy) and the bias. */
+/* A block's per-key info: k_scale (it arrives by a bulk copy) and the
+** mask (0, or -inf where no key), two float arrays; masked: whether the
+** block has a key to mask (else the mask is all 0: STA_FP8_INFO skips it).
+** INFO 1: shared-memory addresses (ld.shared); 0: generic pointers. */
+#if STA_FP8_INFO
+struct Fp8KeyInfo {
+  uint32_t ks, bias;
+  int masked;
+};
+__device__ __forceinline__ float2 lds_f2(uint32_t a) {
+  float2 v;
+  asm volatile("ld.shared.v2.f32 {%0, %1}, [%2];\n" : "=f"(v.x), "=f"(v.y) : "r"(a));
+  return v;
+}
+__device__ __forceinline__ float4 lds_f4(uint32_t a) {
+  float4 v;
+  asm volatile("ld.shared.v4.f32 {%0, %1, %2, %3}, [%4];\n"
+               : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w) : "r"(a));
+  return v;
+}
+__device__ __forceinline__ void sts_f4(uint32_t a, float4 v) {
+  asm volatile("st.shared.v4.f32 [%0], {%1, %2, %3, %4};\n" ::"r"(a), "f"(v.x), "f"(v.y),
+               "f"(v.z), "f"(v.w) : "memory");
+}
+#else
 struct Fp8KeyInfo {
   const float2 *ks, *bias;
 };
+/* (k_scale, 0) or (0, -inf) of the columns 2i and 2i + 1 */
 __device__ __forceinline__ float4 fp8_info(const Fp8KeyInfo &x, int i) {
   const float2 k = x.ks[i], b = x.bias[i];
   return make_float4(k.x, b.x, k.y, b.y);
 }
+#endif
+
+/* 1.5 * 2^23 as float and as its bits: for |x| < 2^22 the float with the
+** bits x + FP8_MAGIC_BITS is exactly FP8_MAGIC + x */
+constexpr float FP8_MAGIC = 12582912.0f;
+constexpr int32_t FP8_MAGIC_BITS = 0x4B400000;
 
 /* The softmax of one block's S (sp, waited for), in place: the s32
 ** accumulators become the float bits of P * STA_FP8_PSCALE =
@@ -137,6 +186,51 @@ __device__ __forceinline__ void fp8_softmax(Fp8Rows<D> &st, int32_t *sp, float *
   /* u = acc * k_scale (the score over q_scale * scale * log2 e), -inf
   ** where info masks the key */
   float mx[2] = {-INFINITY, -INFINITY};
+#if STA_FP8_INFO
+  /* u = (MAGIC + acc) k_scale - MAGIC k_scale: one IADD and one FFMA per
+  ** score, the product MAGIC k_scale once per column (it differs from
+  ** acc * k_scale by at most k_scale, a unit of acc); then + the mask
+  ** where the block has masked keys */
+#pragma unroll
+  for (int j = 0; j < 16; j++) {
+    const float2 k = lds_f2(info.ks + 8 * (4 * j + t)); /* columns 8j + 2t, 8j + 2t + 1 */
+    const float c0 = -FP8_MAGIC * k.x, c1 = -FP8_MAGIC * k.y;
+#pragma unroll
+    for (int i = 0; i < 2; i++) {
+      const int x = 4 * j + 2 * i;
+      sp[x] = __float_as_int(fmaf(__int_as_float(sp[x] + FP8_MAGIC_BITS), k.x, c0));
+      sp[x + 1] = __float_as_int(fmaf(__int_as_float(sp[x + 1] + FP8_MAGIC_BITS), k.y, c1));
+    }
+  }
+  if (info.masked) {
+#pragma unroll
+    for (int j = 0; j < 16; j++) {
+      const float2 b = lds_f2(info.bias + 8 * (4 * j + t));
+#pragma unroll
+      for (int i = 0; i < 2; i++) {
+        const int x = 4 * j + 2 * i;
+        sp[x] = __float_as_int(__int_as_float(sp[x]) + b.x);
+        sp[x + 1] = __float_as_int(__int_as_float(sp[x + 1]) + b.y);
+      }
+    }
+  }
+  { /* four chains per row (fmaxf drops NaN whatever the order) */
+    float m4[2][4];
+#pragma unroll
+    for (int i = 0; i < 2; i++)
+#pragma unroll
+      for (int c = 0; c < 4; c++)
+        m4[i][c] = fmaxf(__int_as_float(sp[4 * c + 2 * i]), __int_as_float(sp[4 * c + 2 * i + 1]));
+#pragma unroll
+    for (int j = 4; j < 16; j++)
+#pragma unroll
+      for (int i = 0; i < 2; i++)
+        m4[i][j & 3] = fmaxf(m4[i][j & 3], fmaxf(__int_as_float(sp[4 * j + 2 * i]),
+                                                 __int_as_float(sp[4 * j + 2 * i + 1])));
+#pragma unroll
+    for (int i = 0; i < 2; i++) mx[i] = fmaxf(fmaxf(m4[i][0], m4[i][1]), fmaxf(m4[i][2], m4[i][3]));
+  }
+#else
 #pragma unroll
   for (int j = 0; j < 16; j++) {
     const float4 ki = fp8_info(info, 4 * j + t); /* columns 8j + 2t, 8j + 2t + 1 */
@@ -149,6 +243,7 @@ __device__ __forceinline__ void fp8_softmax(Fp8Rows<D> &st, int32_t *sp, float *
       mx[i] = fmaxf(mx[i], fmaxf(u0, u1));
     }
   }
+#endif
   float mref[2];
 #pragma unroll
   for (int i = 0; i < 2; i++) {
@@ -161,16 +256,16 @@ __device__ __forceinline__ void fp8_softmax(Fp8Rows<D> &st, int32_t *sp, float *
     mref[i] = mn == -INFINITY ? 0.0f : mn - FP8_LOG2_PSCALE;
   }
   /* P * PSCALE = exp2(u qsc - m + log2 PSCALE); the row sum unrounded */
-  float ps[2] = {0.0f, 0.0f};
+  float ps[2][2] = {{0.0f, 0.0f}, {0.0f, 0.0f}}; /* two chains per row */
 #pragma unroll
   for (int x = 0; x < 64; x++) {
     const int i = (x >> 1) & 1;
     const float p = ex2(fmaf(__int_as_float(sp[x]), st.qsc[i], -mref[i]));
-    ps[i] += p;
+    ps[i][(x >> 2) & 1] += p;
     sp[x] = __float_as_int(p);
   }
 #pragma unroll
-  for (int i = 0; i < 2; i++) st.l[i] = fmaf(st.l[i], alpha[i], ps[i]);
+  for (int i = 0; i < 2; i++) st.l[i] = fmaf(st.l[i], alpha[i], ps[i][0] + ps[i][1]);
 }
 
 /* P * PSCALE in e4m3 as the A fragment: chunk kc of 32 keys, register r:
@@ -246,6 +341,9 @@ struct Fp8Stage {
   Fp8KeyInfo info;
 };
 
+static_assert(STA_FP8_OS || STA_FP8_FLUSH <= 1, "a flush every N > 1 blocks needs STA_FP8_OSMEM");
+static_assert(!STA_FP8_OS || STA_FP8_INFO, "STA_FP8_OSMEM needs STA_FP8_INFO's shared loads");
+
 /* One item's key blocks for this warpgroup (nb >= 1): the ring's blocks
 ** from g on (g advanced past them), st the running state; at(b): buffer
 ** b's Fp8Stage; full / empty: the ring's barriers (NB buffers).  Each
@@ -315,6 +413,127 @@ __device__ __forceinline__ void fp8_blocks(Fp8Rows<D> &st, uint32_t dq, int nb, 
   mbar_arrive(&empty[b]);
   g++;
 }
+
+/* acc *= alpha (rows), skipped where no row of the warp moved (a
+** warp-uniform branch): the fresh P V accumulator between its blocks
+** (STA_FP8_OS). */
+template <int D>
+__device__ __forceinline__ void rescale_acc(float *acc, const float *alpha) {
+  if (!__any_sync(0xffffffffu, alpha[0] != 1.0f || alpha[1] != 1.0f)) return;
+#pragma unroll
+  for (int x = 0; x < D / 2; x++) acc[x] *= alpha[(x >> 1) & 1];
+}
+
+#if STA_FP8_INFO
+/* O in shared memory (STA_FP8_OS): this thread's D / 2 floats, float4 k
+** (registers 4k..4k+3: row 0, row 0, row 1, row 1) at os + 4096 k, os =
+** the region + 16 tid: a warp's 32 float4 are 512 contiguous bytes.  O
+** is kept at the maximum mo (per row), the accumulator ob at mob >= mo:
+** O = O 2^(mo - mob) + ob (first: O = ob).  out: the registers it goes to
+** (NULL: back to shared memory). */
+template <int D>
+__device__ __forceinline__ void os_flush(uint32_t os, const float *ob, const float *mo,
+                                         const float *mob, bool first, float *out) {
+  if (first && !out) { /* O = ob: straight from the accumulator registers */
+#pragma unroll
+    for (int k = 0; k < D / 8; k++)
+      sts_f4(os + 4096 * k, make_float4(ob[4 * k], ob[4 * k + 1], ob[4 * k + 2], ob[4 * k + 3]));
+    return;
+  }
+  if (first) { /* out: O = ob */
+#pragma unroll
+    for (int x = 0; x < D / 2; x++) out[x] = ob[x];
+    return;
+  }
+  float f[2];
+#pragma unroll
+  for (int i = 0; i < 2; i++) f[i] = mo[i] == mob[i] ? 1.0f : ex2(mo[i] - mob[i]);
+#pragma unroll
+  for (int k = 0; k < D / 8; k++) {
+    const float4 o = lds_f4(os + 4096 * k);
+    const float4 v = make_float4(fmaf(o.x, f[0], ob[4 * k]), fmaf(o.y, f[0], ob[4 * k + 1]),
+                                 fmaf(o.z, f[1], ob[4 * k + 2]), fmaf(o.w, f[1], ob[4 * k + 3]));
+    if (out) {
+      out[4 * k] = v.x; out[4 * k + 1] = v.y; out[4 * k + 2] = v.z; out[4 * k + 3] = v.w;
+    } else {
+      sts_f4(os + 4096 * k, v);
+    }
+  }
+}
+
+/* fp8_blocks with O in shared memory (STA_FP8_OS; STA_FP8_OVERLAP's
+** order): P V(n - 1) into the fresh accumulator ob (fresh every
+** STA_FP8_FLUSH blocks, else ob rescaled by the block's alpha first),
+** issued with S(n); after each STA_FP8_FLUSH blocks ob goes to O
+** (os_flush), after the last into st.o.  os: this thread's O slots. */
+template <int D, uint32_t HI, int NB, class At>
+__device__ __forceinline__ void fp8_blocks_os(Fp8Rows<D> &st, uint32_t dq, int nb, int &g,
+                                              uint64_t *full, uint64_t *empty, const At &at,
+                                              int wg, int t, uint32_t os) {
+  constexpr int N = STA_FP8_FLUSH;
+  int32_t sacc[64];
+  uint32_t pa[4][4];
+  float alpha[2], ob[D / 2], mo[2] = {-INFINITY, -INFINITY}, mob[2];
+  bool first = true; /* nothing in O yet */
+  int b = g % NB, grp = 0; /* blocks in ob */
+  mbar_wait(&full[b], (g / NB) & 1);
+  fence_proxy_async();
+  if (STA_FP8_PINGPONG && wg == 1) bar_arrive_named(4, 256); /* warpgroup 0 first */
+  fp8_turn(wg);
+  issue_s<D, HI>(sacc, dq, at(b).dk);
+  fp8_turn_done(wg);
+  sta_wgmma::wait<0>();
+  sta_wgmma::pin_i<64>(sacc);
+  fp8_softmax<D>(st, sacc, alpha, at(b).info, t);
+  pack_p(sacc, pa);
+  /* block n's S with block n - 1's P V (pa, alpha) */
+  for (int n = 1; n < nb; n++) {
+    const int bn = (g + 1) % NB;
+    mbar_wait(&full[bn], ((g + 1) / NB) & 1);
+    fence_proxy_async();
+    float anext[2];
+    fp8_turn(wg);
+    issue_s<D, HI>(sacc, dq, at(bn).dk);
+    if (grp > 0) rescale_acc<D>(ob, alpha);
+    issue_pv<D>(ob, pa, at(b).dv, grp == 0);
+    fp8_turn_done(wg);
+    mob[0] = st.m[0];
+    mob[1] = st.m[1];
+    sta_wgmma::wait<1>(); /* S(n) done, P V(n - 1) may still run */
+    sta_wgmma::pin_i<64>(sacc);
+    fp8_softmax<D>(st, sacc, anext, at(bn).info, t);
+    sta_wgmma::wait<0>();
+    sta_wgmma::pin<D / 2>(ob);
+    sta_wgmma::pin_r<16>(&pa[0][0]);
+    mbar_arrive(&empty[b]);
+    if (++grp == N) {
+      os_flush<D>(os, ob, mo, mob, first, nullptr);
+      first = false;
+      mo[0] = mob[0];
+      mo[1] = mob[1];
+      grp = 0;
+    }
+    alpha[0] = anext[0];
+    alpha[1] = anext[1];
+    pack_p(sacc, pa);
+    b = bn;
+    g++;
+  }
+  /* the last block's P V; warpgroup 1's last turn of the item lets no one go */
+  fp8_turn(wg);
+  if (grp > 0) rescale_acc<D>(ob, alpha);
+  issue_pv<D>(ob, pa, at(b).dv, grp == 0);
+  if (wg == 0) fp8_turn_done(wg);
+  mob[0] = st.m[0];
+  mob[1] = st.m[1];
+  sta_wgmma::wait<0>();
+  sta_wgmma::pin<D / 2>(ob);
+  sta_wgmma::pin_r<16>(&pa[0][0]);
+  mbar_arrive(&empty[b]);
+  g++;
+  os_flush<D>(os, ob, mo, mob, first, st.o);
+}
+#endif
 
 /* The output of this thread's two rows (rows[i]: quantized row, or -1
 ** where the row is not this item's): out = O / l * v_scale (l: the sum of

@@ -45,6 +45,9 @@ Scheme fields (DEFAULT below, then each scheme's differences):
                 wgmma accumulator across blocks (rescaled by alpha in
                 registers)
   lsum          "p": the row sum of the unrounded P; "p8": of P8 / pscale
+  flushn        two-level: the fresh accumulator carries flushn blocks (rescaled
+                by alpha in registers when the maximum moves) before it is
+                added to O in float32 (1: every block)
 
 Input kinds (issue 32), bf16, per head:
   randn   q, k, v ~ N(0, 1)
@@ -282,7 +285,7 @@ def chunked_dot(a, b, start=None):
 
 
 DEFAULT = dict(qgran="row", kgran="row", smooth=True, equalize=True, vsplit=False, vtile=False,
-               pscale=448.0, pmax="ceil", acc="two-level", lsum="p")
+               pscale=448.0, pmax="ceil", acc="two-level", lsum="p", flushn=1)
 
 
 def prepare(q, k, v, geom, s):
@@ -316,6 +319,8 @@ def fp8_group(ops, rows, keys, bounds, sc, s):
     m = np.full(nr, -np.inf)
     l = np.zeros(nr)
     o = np.zeros((nr, v8.shape[1]))
+    ob = np.zeros_like(o)    # flushn > 1: the fp22 accumulator between flushes
+    nacc = 0
     for b0, b1 in zip(bounds[:-1], bounds[1:]):
         blk = st[:, b0:b1]
         bm = blk.max(1)
@@ -329,11 +334,17 @@ def fp8_group(ops, rows, keys, bounds, sc, s):
         vb = v8[keys[b0:b1]]
         if s["acc"] == "fp32":
             o = o * alpha[:, None] + p8 @ vb
+        elif s["acc"] == "two-level" and s["flushn"] > 1:
+            o = o * alpha[:, None]
+            ob = chunked_dot(p8, vb, f32(ob * alpha[:, None]).astype(np.float64))
+            nacc += 1
+            if nacc == s["flushn"]:
+                o, ob, nacc = o + ob, np.zeros_like(ob), 0
         elif s["acc"] == "two-level":
             o = o * alpha[:, None] + chunked_dot(p8, vb)
         else:
             o = chunked_dot(p8, vb, o * alpha[:, None])
-    return o / (l * ps)[:, None] * sv[None, :]
+    return (o + ob) / (l * ps)[:, None] * sv[None, :]
 
 
 def bf16_group(q, k, v, rows, keys, bounds, sc):
@@ -413,6 +424,14 @@ SCHEMES = [
      dict(pmax="exact", acc="fp22"), (1.0, 0, 0)),
     ("one-emax-l8", "one-exactmax, the row sum of the rounded P", dict(pmax="exact", lsum="p8"),
      (1.0, 64, 1)),
+    ("one-emax-g2", "one-exactmax, the fresh accumulator flushed every 2 blocks",
+     dict(pmax="exact", flushn=2), (1.0, 64, 0)),
+    ("one-emax-g4", "one-exactmax, the fresh accumulator flushed every 4 blocks",
+     dict(pmax="exact", flushn=4), (1.0, 64, 0)),
+    ("one-emax-g8", "one-exactmax, the fresh accumulator flushed every 8 blocks",
+     dict(pmax="exact", flushn=8), (1.0, 64, 0)),
+    ("one-emax-g4-l8", "one-emax-g4 with the row sum of the rounded P (a ones column of V)",
+     dict(pmax="exact", flushn=4, lsum="p8"), (1.0, 64, 0)),
     ("one-emax-fp22-noeq", "one-emax-fp22 without the equalization",
      dict(pmax="exact", acc="fp22", equalize=False), (1.0, 0, 0)),
 ]
