@@ -29,6 +29,25 @@
 #include "bsa_inv.h"
 #include "mma.cuh"
 
+/* STA_BSA_BWD_CHECK (a diagnosis build, gpu-check-blocks --prep): the
+** walk's invariants checked on the device; the first violation prints what
+** and where, and traps (a wild slot would send the bulk copies, which no
+** sanitizer sees, to a wild address). */
+#ifdef STA_BSA_BWD_CHECK
+#define BSA_CHECK(cond, v1, v2, v3)                                                            \
+  do {                                                                                         \
+    if (!(cond)) {                                                                             \
+      printf("bsa_bwd check failed: %s (block %d tid %d: %d %d %d)\n", #cond, (int)blockIdx.x, \
+             (int)threadIdx.x, (int)(v1), (int)(v2), (int)(v3));                               \
+      __trap();                                                                                \
+    }                                                                                          \
+  } while (0)
+#else
+#define BSA_CHECK(cond, v1, v2, v3) \
+  do {                              \
+  } while (0)
+#endif
+
 namespace sta {
 
 template <int D> __device__ __forceinline__ int64_t bsa_dq_at(int64_t sbh, int rr, int c) {
@@ -124,6 +143,8 @@ __global__ void __launch_bounds__(384, 1) sta_bsa_bwd(const __grid_constant__ Bs
     asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
     /* the query blocks' 64-row parts: the consumers' loop count (a CTA
     ** without keys takes its turns all the same when deterministic) */
+    BSA_CHECK(a.k2q_off[(int64_t)bh * a.Mk + n] <= a.k2q_off[(int64_t)bh * a.Mk + n + 1],
+              a.k2q_off[(int64_t)bh * a.Mk + n], a.k2q_off[(int64_t)bh * a.Mk + n + 1], n);
     *snblk = kc > 0 || det ? bsa_qwalk_count(a.k2q_off[(int64_t)bh * a.Mk + n],
                                              a.k2q_off[(int64_t)bh * a.Mk + n + 1], a.k2q_idx,
                                              a.q_sizes, a.bv)
@@ -175,6 +196,8 @@ __global__ void __launch_bounds__(384, 1) sta_bsa_bwd(const __grid_constant__ Bs
       uint64_t *fb = &full[(SPLIT ? (it & 1) : 0) * ST + st]; /* the consuming warpgroup's */
       if (it >= ST) mbar_wait(&empty[st], ((it / ST) - 1) & 1);
       const int slot = qw.m * (a.bv / 64) + qw.j;
+      BSA_CHECK(qw.e < qw.e1 && qw.m >= 0 && qw.m < a.Mq && slot >= 0 && slot < nslots, it, qw.e,
+                qw.m);
       const int qs = a.q_sizes ? a.q_sizes[qw.m] : a.bv;
       const int nv = min(64, qs - 64 * qw.j); /* valid rows of the part */
       const int64_t qrow0 = (int64_t)qw.m * a.bv + 64 * qw.j;
@@ -229,6 +252,7 @@ __global__ void __launch_bounds__(384, 1) sta_bsa_bwd(const __grid_constant__ Bs
     ** its last one complete and take the other's) */
     mbar_wait(&full[(SPLIT ? wg : 0) * ST + st], (it / L::P) & 1);
     const int slot = sslot[st], rank = srank[st];
+    BSA_CHECK(slot >= 0 && slot < nslots && rank >= 0, it, slot, rank);
     const uint32_t dQs = sdesc_lo(sQ + st * BQ * D, 16), dOs = sdesc_lo(sdO + st * BQ * D, 16);
     float s[BQ / 2], dp[BQ / 2];
     sta_wgmma::fence();
