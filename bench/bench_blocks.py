@@ -14,7 +14,19 @@ from DRAM.  Times are medians of --reps (CUDA events); TFLOP/s count the
 selected (query, key) pairs of valid tokens, 4 D FLOP each (backward 2.5x).
 Writes bench_blocks.log and bench_blocks.json under --out.
 
+Phases, so that a failure late loses nothing early: (1) sta's forward of
+every case; (2) FlexAttention's forward (same block mask, same inputs; its
+output against sta's), case after case while --budget lasts; (3) cuDNN dense
+once per shape; (4) with --bwd only, sta's backward (and Flex's, budget
+permitting) -- run that in a separate process (a device fault there would
+take the forward's numbers with it).  Every case of every phase is tried on
+its own: an error is logged with its traceback and the run goes on; the
+json is rewritten after each result.  --profile runs sta's forward once per
+case and nothing else (for ncu -k regex:sta_bsa_fwd).
+
   python3 bench/bench_blocks.py --lib build-dev/libsta.so --out $OUT
+  python3 bench/bench_blocks.py --lib build-dev/libsta.so --out $OUT --bwd
+  ncu ... python3 bench/bench_blocks.py --lib ... --profile --cases 'bv64 random'
 """
 import argparse
 import ctypes as C
@@ -24,6 +36,7 @@ import os
 import re
 import sys
 import time
+import traceback
 
 import torch
 
@@ -140,7 +153,8 @@ def make_lists(kind, H, M, topk, seed, grid=None, bv=64, sizes=None):
     idx = torch.topk(score, topk, dim=-1).indices.to(torch.int32).contiguous()
     num = torch.full((1, H, M), topk, dtype=torch.int32, device="cuda")
     del score
-    lists = dict(bv=bv, num=num, idx=idx, kv_sizes=sizes, q_sizes=None)
+    # query blocks as partial as the key blocks (Mq == Mk, one cube grid)
+    lists = dict(bv=bv, num=num, idx=idx, kv_sizes=sizes, q_sizes=sizes)
     return lists
 
 
@@ -206,6 +220,49 @@ CASES = [  # name, canvas or tokens, cube, bv, heads, D, lists, sparsity
 ]
 
 
+class Case:
+    """One case's lists, FLOP and (on demand) inputs."""
+
+    def __init__(self, spec):
+        name, tok, cube, bv, H, D, kind, sp = spec
+        self.name, self.bv, self.H, self.D = name, bv, H, D
+        self.row = dict(name=name, bv=bv, heads=H, D=D, lists=kind, sparsity=sp)
+        if isinstance(tok, tuple):
+            grid = cube_grid(tok, cube)
+            M = grid[0] * grid[1] * grid[2]
+            sizes = cube_sizes(tok, cube).to(torch.int32).cuda()
+        else:
+            M, grid, sizes = tok // bv, None, None
+        self.M, self.S = M, M * bv
+        topk = math.ceil((1 - sp) * M)
+        self.row.update(S=self.S, blocks=M, topk=topk)
+        self.lists = make_lists(kind, H, M, topk, 1234, grid, bv, sizes)
+        self.fl = 4.0 * D * selected_pairs(self.lists, H, M)
+        self.row["fwd_tflop"] = self.fl / 1e12
+        self.t = None
+
+    def inputs(self, grads=False):
+        """q, k, v (seed 7), o, lse; with grads also do, dq, dk, dv."""
+        if self.t is None:
+            gen = torch.Generator(device="cuda").manual_seed(7)
+            shape = (1, self.S, self.H, self.D)
+            q, k, v = (torch.randn(*shape, generator=gen, device="cuda", dtype=torch.bfloat16)
+                       for _ in range(3))
+            self.t = dict(q=q, k=k, v=v, o=torch.empty_like(q),
+                          lse=torch.empty(1, self.H, self.S, device="cuda"))
+        if grads and "do" not in self.t:
+            gen = torch.Generator(device="cuda").manual_seed(8)
+            self.t["do"] = torch.randn(*self.t["q"].shape, generator=gen, device="cuda",
+                                       dtype=torch.bfloat16)
+            for n in ("dq", "dk", "dv"):
+                self.t[n] = torch.empty_like(self.t["q"])
+        return self.t
+
+    def free(self):
+        self.t = None
+        torch.cuda.empty_cache()
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--lib", default="build/libsta.so")
@@ -213,131 +270,239 @@ def main():
     ap.add_argument("--reps", type=int, default=10)
     ap.add_argument("--cases", default="", help="comma-separated substrings of case names")
     ap.add_argument("--no-flex", action="store_true")
-    ap.add_argument("--no-bwd", action="store_true")
-    ap.add_argument("--budget", type=float, default=330.0, help="seconds; peers stop past it")
+    ap.add_argument("--flex-cases", default="", help="Flex only on these (substrings)")
+    ap.add_argument("--bwd", action="store_true", help="the backward phase (alone)")
+    ap.add_argument("--profile", action="store_true", help="one sta forward per case, no timing")
+    ap.add_argument("--budget", type=float, default=330.0,
+                    help="seconds; Flex, dense and the backward stop past it")
     a = ap.parse_args()
-    log = bg.file_log(a.out, "bench_blocks.log")
     t_start = time.time()
+    left = lambda: a.budget - (time.time() - t_start)  # noqa: E731
+    tag = "_bwd" if a.bwd else ""
+    log = bg.file_log(a.out, "bench_blocks%s.log" % tag) if not a.profile else print
     sta = Sta(a.lib)
-    log("# %s; torch %s; %s" % (sta.describe, torch.__version__, torch.cuda.get_device_name()))
-    # the L2: a copy that stays in it, read + write bytes
-    x = torch.empty(16 << 20, dtype=torch.uint8, device="cuda")
-    y = torch.empty_like(x)
-    ms, _ = bg.time_ms(lambda: [y.copy_(x) for _ in range(20)], 5)
-    log("# L2-resident copy (16 MB, read + write): %.0f GB/s" % (2 * 20 * x.numel() / ms / 1e6))
-    del x, y
+    log("# %s; torch %s; %s; phase %s" % (sta.describe, torch.__version__,
+                                          torch.cuda.get_device_name(),
+                                          "profile" if a.profile else "backward" if a.bwd
+                                          else "forward"))
+    # a case by its whole name, or every case whose name holds the string
     want = [s for s in a.cases.split(",") if s]
+    names = [c[0] for c in CASES]
+    specs = [c for c in CASES
+             if not want or any(w == c[0] or (w not in names and w in c[0]) for w in want)]
     rows = []
-    for name, tok, cube, bv, H, D, kind, sp in CASES:
-        if want and not any(w in name for w in want):
-            continue
-        row = dict(name=name, bv=bv, heads=H, D=D, lists=kind, sparsity=sp)
-        if isinstance(tok, tuple):
-            grid = cube_grid(tok, cube)
-            M = grid[0] * grid[1] * grid[2]
-            sizes = cube_sizes(tok, cube).to(torch.int32).cuda()
-        else:
-            M, grid, sizes = tok // bv, None, None
-        S = M * bv
-        topk = math.ceil((1 - sp) * M)
-        row.update(S=S, blocks=M, topk=topk)
-        lists = make_lists(kind, H, M, topk, 1234, grid, bv, sizes)
-        pairs = selected_pairs(lists, H, M)
-        fl = 4.0 * D * pairs
-        row["fwd_tflop"] = fl / 1e12
-        gen = torch.Generator(device="cuda").manual_seed(7)
-        q, k, v, do = (torch.randn(1, S, H, D, generator=gen, device="cuda", dtype=torch.bfloat16)
-                       for _ in range(4))
-        o, dq, dk, dv = (torch.empty_like(q) for _ in range(4))
-        lse = torch.empty(1, H, S, device="cuda")
+
+    def save():
+        if a.profile:
+            return
+        with open(os.path.join(a.out, "bench_blocks%s.json" % tag), "w") as fjs:
+            json.dump(rows, fjs, indent=1)
+
+    def attempt(row, key, fn):
+        """fn() in its own try: an error is logged with its traceback."""
         try:
-            sta.forward(lists, q, k, v, o, lse)
-            row["launch"] = sta.lib.sta_cuda_last_launch().decode()
-            row["sta_fwd_ms"], ts = bg.time_ms(lambda: sta.forward(lists, q, k, v, o, lse), a.reps)
-            row["sta_fwd_spread_ms"] = [min(ts), max(ts)]
-            row["sta_fwd_tflops"] = fl / row["sta_fwd_ms"] / 1e9
-        except Exception as ex:
-            row["sta_fwd_error"] = repr(ex)[:300]
-        if not a.no_bwd and "sta_fwd_ms" in row:
-            try:
-                sta.backward(lists, q, k, v, o, lse, do, dq, dk, dv)
-                row["sta_bwd_ms"], _ = bg.time_ms(
-                    lambda: sta.backward(lists, q, k, v, o, lse, do, dq, dk, dv), a.reps)
-                row["sta_bwd_tflops"] = 2.5 * fl / row["sta_bwd_ms"] / 1e9
-            except Exception as ex:
-                row["sta_bwd_error"] = repr(ex)[:300]
-        if not a.no_flex and time.time() - t_start < a.budget:
-            try:
+            fn()
+            return True
+        except Exception as ex:  # noqa: BLE001 -- every failure is reported, the run goes on
+            row[key] = repr(ex)[:300]
+            log("# %s: %s: %s" % (row["name"], key, repr(ex)[:300]))
+            for line in traceback.format_exc().splitlines()[-6:]:
+                log("#   " + line)
+            return False
+
+    cases = []
+    for spec in specs:
+        row = dict(name=spec[0])
+        ok = attempt(row, "setup_error", lambda: cases.append(Case(spec)))
+        if not ok:
+            rows.append(row)
+    if a.profile:
+        for c in cases:
+            t = c.inputs()
+            sta.forward(c.lists, t["q"], t["k"], t["v"], t["o"], t["lse"])
+            torch.cuda.synchronize()
+            print("# profiled %s: %s" % (c.name, sta.lib.sta_cuda_last_launch().decode()))
+            c.free()
+        return
+
+    if not a.bwd:
+        # the L2: a copy that stays in it, read + write bytes
+        def l2():
+            x = torch.empty(16 << 20, dtype=torch.uint8, device="cuda")
+            y = torch.empty_like(x)
+            ms, _ = bg.time_ms(lambda: [y.copy_(x) for _ in range(20)], 5)
+            log("# L2-resident copy (16 MB, read + write): %.0f GB/s" %
+                (2 * 20 * x.numel() / ms / 1e6))
+        attempt(dict(name="l2 copy"), "error", l2)
+
+        # 1. sta's forward, every case
+        for c in cases:
+            r = c.row
+            rows.append(r)
+
+            def fwd():
+                t = c.inputs()
+                f = lambda: sta.forward(c.lists, t["q"], t["k"], t["v"], t["o"], t["lse"])  # noqa
+                f()
+                torch.cuda.synchronize()
+                r["launch"] = sta.lib.sta_cuda_last_launch().decode()
+                r["sta_fwd_ms"], ts = bg.time_ms(f, a.reps)
+                r["sta_fwd_spread_ms"] = [min(ts), max(ts)]
+                r["sta_fwd_tflops"] = c.fl / r["sta_fwd_ms"] / 1e9
+                log("fwd %s: %.3f ms (%.3f..%.3f), %.0f TFLOP/s of %.2f TFLOP; %s" % (
+                    c.name, r["sta_fwd_ms"], min(ts), max(ts), r["sta_fwd_tflops"], c.fl / 1e12,
+                    r["launch"]))
+            attempt(r, "sta_fwd_error", fwd)
+            c.free()
+            save()
+
+        # 2. Flex, the same block mask, while the budget lasts
+        fw = [s for s in a.flex_cases.split(",") if s]
+        flex_c = None
+        for c in cases:
+            if a.no_flex or (fw and not any(w in c.name for w in fw)) or "l2" in c.name:
+                continue
+            if left() < 60:
+                log("# Flex: budget spent before %s" % c.name)
+                break
+            r = c.row
+
+            def flex():
+                nonlocal flex_c
                 from torch.nn.attention.flex_attention import flex_attention
                 import torch._dynamo
-                for knob in ("cache_size_limit", "recompile_limit"):
-                    if hasattr(torch._dynamo.config, knob):
-                        setattr(torch._dynamo.config, knob, 256)
-                flex_c = torch.compile(flex_attention, dynamic=False)
+                if flex_c is None:
+                    for knob in ("cache_size_limit", "recompile_limit"):
+                        if hasattr(torch._dynamo.config, knob):
+                            setattr(torch._dynamo.config, knob, 256)
+                    flex_c = torch.compile(flex_attention, dynamic=False)
+                t = c.inputs()
                 t0 = time.time()
-                bm = flex_block_mask(lists, H, M, S)
-                qh, kh, vh = (t.transpose(1, 2).contiguous().requires_grad_() for t in (q, k, v))
-                doh = do.transpose(1, 2).contiguous()
-                opts = {"BLOCK_M": 64, "BLOCK_N": 64} if bv == 64 else None
+                bm = flex_block_mask(c.lists, c.H, c.M, c.S)
+                qh, kh, vh = (t[n].transpose(1, 2).contiguous() for n in ("q", "k", "v"))
+                opts = {"BLOCK_M": 64, "BLOCK_N": 64} if c.bv == 64 else None
 
                 def flex_f():
                     with torch.no_grad():
-                        flex_c(qh, kh, vh, block_mask=bm, kernel_options=opts)
-                flex_f()
+                        return flex_c(qh, kh, vh, block_mask=bm, kernel_options=opts)
+                fo = flex_f()
                 torch.cuda.synchronize()
-                row["flex_setup_s"] = time.time() - t0
-                row["flex_fwd_ms"], _ = bg.time_ms(flex_f, max(3, a.reps // 2))
-                row["flex_fwd_tflops"] = fl / row["flex_fwd_ms"] / 1e9
-                if "sta_fwd_ms" in row:  # the same function: Flex's out against sta's
-                    with torch.no_grad():
-                        fo = flex_c(qh, kh, vh, block_mask=bm, kernel_options=opts)
-                    row["sta_vs_flex_rel"], _ = bg.rel_err(o.transpose(1, 2), fo)
-                if not a.no_bwd and time.time() - t_start < a.budget:
-                    def flex_fb():
-                        flex_c(qh, kh, vh, block_mask=bm, kernel_options=opts).backward(doh)
-                    flex_fb()
-                    row["flex_fwdbwd_ms"], _ = bg.time_ms(flex_fb, max(3, a.reps // 2))
-                    row["flex_bwd_ms"] = row["flex_fwdbwd_ms"] - row["flex_fwd_ms"]
-                    row["flex_bwd_tflops"] = 2.5 * fl / row["flex_bwd_ms"] / 1e9
-                del qh, kh, vh, doh, bm
-            except Exception as ex:
-                row["flex_error"] = repr(ex)[:300]
-        if "l2" not in name and time.time() - t_start < a.budget:
-            try:  # cuDNN dense, forward only (the reference line)
+                r["flex_setup_s"] = time.time() - t0
+                r["flex_fwd_ms"], ts = bg.time_ms(flex_f, max(3, a.reps // 2))
+                r["flex_fwd_tflops"] = c.fl / r["flex_fwd_ms"] / 1e9
+                # the same function: sta's output (again, the same inputs) against Flex's
+                sta.forward(c.lists, t["q"], t["k"], t["v"], t["o"], t["lse"])
+                r["sta_vs_flex_rel"], r["sta_vs_flex_max"] = bg.rel_err(t["o"].transpose(1, 2), fo)
+                log("flex %s: %.3f ms (%.3f..%.3f), %.0f TFLOP/s, setup %.0f s; sta vs Flex rel "
+                    "%.2e max %.2e" % (c.name, r["flex_fwd_ms"], min(ts), max(ts),
+                                       r["flex_fwd_tflops"], r["flex_setup_s"],
+                                       r["sta_vs_flex_rel"], r["sta_vs_flex_max"]))
+                del qh, kh, vh, bm, fo
+            attempt(r, "flex_error", flex)
+            c.free()
+            save()
+
+        # 3. cuDNN dense, forward only, once per (S, H, D) (the reference line)
+        done = {}
+        for c in cases:
+            key = (c.S, c.H, c.D)
+            if "l2" in c.name or left() < 20:
+                continue
+            if key in done:
+                c.row["dense_fwd_ms"] = done[key]
+                continue
+            r = c.row
+
+            def dense():
                 import torch.nn.functional as F
                 from torch.nn.attention import SDPBackend, sdpa_kernel
-                qh, kh, vh = (t.transpose(1, 2) for t in (q, k, v))
+                t = c.inputs()
+                qh, kh, vh = (t[n].transpose(1, 2) for n in ("q", "k", "v"))
 
                 def dense_f():
                     with sdpa_kernel(SDPBackend.CUDNN_ATTENTION), torch.no_grad():
                         F.scaled_dot_product_attention(qh, kh, vh)
-                row["dense_fwd_ms"], _ = bg.time_ms(dense_f, 3)
-            except Exception as ex:
-                row["dense_error"] = repr(ex)[:300]
-        log("blocks %s" % json.dumps(row))
-        rows.append(row)
-        del q, k, v, do, o, dq, dk, dv, lse, lists
-        torch.cuda.empty_cache()
+                r["dense_fwd_ms"], _ = bg.time_ms(dense_f, 3)
+                done[key] = r["dense_fwd_ms"]
+                log("dense %s: %.1f ms" % (c.name, r["dense_fwd_ms"]))
+            attempt(r, "dense_error", dense)
+            c.free()
+            save()
+    else:
+        # 4. the backward (its own process): sta's, then Flex's where the budget allows
+        for c in cases:
+            r = c.row
+            rows.append(r)
+            if left() < 10:
+                log("# backward: budget spent before %s" % c.name)
+                break
 
-    def f(r, key, fmt):
-        return fmt % r[key] if key in r else "-"
+            def bwd():
+                t = c.inputs(grads=True)
+                sta.forward(c.lists, t["q"], t["k"], t["v"], t["o"], t["lse"])
+                f = lambda: sta.backward(c.lists, t["q"], t["k"], t["v"], t["o"], t["lse"],  # noqa
+                                         t["do"], t["dq"], t["dk"], t["dv"])
+                f()
+                torch.cuda.synchronize()
+                r["sta_bwd_ms"], ts = bg.time_ms(f, a.reps)
+                r["sta_bwd_tflops"] = 2.5 * c.fl / r["sta_bwd_ms"] / 1e9
+                log("bwd %s: %.3f ms (%.3f..%.3f), %.0f TFLOP/s (2.5 x %.2f TFLOP)" % (
+                    c.name, r["sta_bwd_ms"], min(ts), max(ts), r["sta_bwd_tflops"], c.fl / 1e12))
+            attempt(r, "sta_bwd_error", bwd)
+            if not a.no_flex and left() > 90 and "l2" not in c.name:
+                def flex_bwd():
+                    from torch.nn.attention.flex_attention import flex_attention
+                    flex_c = torch.compile(flex_attention, dynamic=False)
+                    t = c.inputs(grads=True)
+                    bm = flex_block_mask(c.lists, c.H, c.M, c.S)
+                    qh, kh, vh = (t[n].transpose(1, 2).contiguous().requires_grad_()
+                                  for n in ("q", "k", "v"))
+                    doh = t["do"].transpose(1, 2).contiguous()
+                    opts = {"BLOCK_M": 64, "BLOCK_N": 64} if c.bv == 64 else None
+
+                    def flex_fb():
+                        flex_c(qh, kh, vh, block_mask=bm, kernel_options=opts).backward(doh)
+
+                    def flex_f():
+                        with torch.no_grad():
+                            flex_c(qh, kh, vh, block_mask=bm, kernel_options=opts)
+                    flex_fb()
+                    r["flex_fwd_ms"], _ = bg.time_ms(flex_f, max(3, a.reps // 2))
+                    r["flex_fwdbwd_ms"], _ = bg.time_ms(flex_fb, max(3, a.reps // 2))
+                    r["flex_bwd_ms"] = r["flex_fwdbwd_ms"] - r["flex_fwd_ms"]
+                    r["flex_bwd_tflops"] = 2.5 * c.fl / r["flex_bwd_ms"] / 1e9
+                    log("flex bwd %s: %.3f ms (fwd+bwd %.3f), %.0f TFLOP/s" % (
+                        c.name, r["flex_bwd_ms"], r["flex_fwdbwd_ms"], r["flex_bwd_tflops"]))
+                attempt(r, "flex_bwd_error", flex_bwd)
+            c.free()
+            save()
+
+    def ratio(r, a_key, b_key):
+        return "%.2fx" % (r[a_key] / r[b_key]) if a_key in r and b_key in r else "-"
+    # (heading, key or a function of the row, format)
+    if not a.bwd:
+        cols = [("TFLOP", "fwd_tflop", "%.2f"), ("sta fwd ms", "sta_fwd_ms", "%.2f"),
+                ("TFLOP/s", "sta_fwd_tflops", "%.0f"), ("Flex fwd ms", "flex_fwd_ms", "%.2f"),
+                ("TFLOP/s", "flex_fwd_tflops", "%.0f"),
+                ("vs Flex", lambda r: ratio(r, "flex_fwd_ms", "sta_fwd_ms"), None),
+                ("sta vs Flex rel", "sta_vs_flex_rel", "%.1e"),
+                ("cuDNN dense fwd ms", "dense_fwd_ms", "%.1f")]
+    else:
+        cols = [("TFLOP (fwd)", "fwd_tflop", "%.2f"), ("sta bwd ms", "sta_bwd_ms", "%.2f"),
+                ("TFLOP/s", "sta_bwd_tflops", "%.0f"), ("Flex bwd ms", "flex_bwd_ms", "%.2f"),
+                ("TFLOP/s", "flex_bwd_tflops", "%.0f"),
+                ("vs Flex", lambda r: ratio(r, "flex_bwd_ms", "sta_bwd_ms"), None)]
     log("")
-    log("| case | TFLOP | sta fwd ms | TFLOP/s | Flex fwd ms | TFLOP/s | vs Flex | sta bwd ms | "
-        "TFLOP/s | Flex bwd ms | vs Flex | cuDNN dense fwd ms |")
-    log("|---|---|---|---|---|---|---|---|---|---|---|---|")
+    log("| case | " + " | ".join(c[0] for c in cols) + " |")
+    log("|---|" + "---|" * len(cols))
     for r in rows:
-        vs = "%.2fx" % (r["flex_fwd_ms"] / r["sta_fwd_ms"]) if "flex_fwd_ms" in r and "sta_fwd_ms" in r else "-"
-        vb = "%.2fx" % (r["flex_bwd_ms"] / r["sta_bwd_ms"]) if "flex_bwd_ms" in r and "sta_bwd_ms" in r else "-"
-        log("| %s | %.2f | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |" % (
-            r["name"], r["fwd_tflop"], f(r, "sta_fwd_ms", "%.2f"), f(r, "sta_fwd_tflops", "%.0f"),
-            f(r, "flex_fwd_ms", "%.2f"), f(r, "flex_fwd_tflops", "%.0f"), vs,
-            f(r, "sta_bwd_ms", "%.2f"), f(r, "sta_bwd_tflops", "%.0f"), f(r, "flex_bwd_ms", "%.2f"),
-            vb, f(r, "dense_fwd_ms", "%.1f")))
-        for key in ("sta_fwd_error", "sta_bwd_error", "flex_error", "dense_error"):
-            if key in r:
-                log("  %s: %s" % (key, r[key]))
-    with open(os.path.join(a.out, "bench_blocks.json"), "w") as fjs:
-        json.dump(rows, fjs, indent=1)
+        cells = [key(r) if callable(key) else (fmt % r[key] if key in r else "-")
+                 for _, key, fmt in cols]
+        log("| %s | %s |" % (r["name"], " | ".join(cells)))
+    for r in rows:
+        for key in sorted(k for k in r if k.endswith("error")):
+            log("  %s %s: %s" % (r["name"], key, r[key]))
+    save()
 
 
 if __name__ == "__main__":

@@ -32,6 +32,10 @@ static void bsa_setup_tma(BsaParams &x, const sta_attn_params *p, int qr, int bk
     bsa_tma_off = "an operand's base or stride is not a multiple of 16 bytes";
     return;
   }
+  if (sta_cuda_tma_test() & STA_TEST_NO_TMA) {
+    bsa_tma_off = "the tests' setting (no TMA)";
+    return;
+  }
   const int64_t D = p->head_dim, H = p->heads;
   const int fused = p->q_sh == D && p->k_sh == D && p->v_sh == D;
   const int fold = p->batch == 1 || (p->q_sb == H * p->q_sh && p->k_sb == H * p->k_sh &&

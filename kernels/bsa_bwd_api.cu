@@ -23,7 +23,7 @@
 
 #include "args_common.h"
 #include "bsa_bwd_params.h"
-#include "bsa_walk.h"
+#include "bsa_inv.h"
 #include "tma_map.h"
 
 namespace sta {
@@ -46,17 +46,9 @@ __global__ void bsa_inv_set(const __grid_constant__ InvArgs a) {
   const int64_t i = t - row * per;
   if (row >= (int64_t)a.bh * a.Mq) return;
   const int bh = (int)(row / a.Mq), m = (int)(row - (int64_t)bh * a.Mq);
-  int n;
-  if (i < a.L) {
-    if (i >= a.num[row]) return;
-    n = a.idx[row * a.L + i];
-  } else {
-    int st[3], k[3];
-    bsa_window_box(m, a.grid, a.win + 3 * (bh % a.heads), st, k);
-    const int e = (int)(i - a.L);
-    if (e >= k[0] * k[1] * k[2]) return;
-    n = bsa_window_tile(e, a.grid, st, k);
-  }
+  const int n = bsa_inv_entry(i, a.L, i < a.L ? a.num[row] : 0, a.idx + row * a.L, a.uni, m,
+                              a.grid, a.win + 3 * (bh % a.heads));
+  if (n < 0) return;
   atomicOr(&a.kq[((int64_t)bh * a.Mk + n) * a.wq + (m >> 5)], 1u << (m & 31));
   if (a.qk) atomicOr(&a.qk[((int64_t)bh * a.Mq + m) * a.wk + (n >> 5)], 1u << (n & 31));
 }
@@ -117,12 +109,7 @@ __global__ void bsa_inv_fill(const __grid_constant__ InvArgs a) {
     for (uint32_t b = bits; b; b &= b - 1, p++) {
       const int m = (x0 + lane) * 32 + __ffs(b) - 1;
       a.k2q[p] = m;
-      if (a.qk) {
-        const uint32_t *q = a.qk + ((int64_t)bh * a.Mq + m) * a.wk;
-        int r = __popc(q[n >> 5] & ((1u << (n & 31)) - 1u));
-        for (int y = 0; y < (n >> 5); y++) r += __popc(q[y]);
-        a.rank[p] = r;
-      }
+      if (a.qk) a.rank[p] = bsa_inv_rank(a.qk + ((int64_t)bh * a.Mq + m) * a.wk, n);
     }
     pos += __shfl_sync(0xffffffffu, pre, 31);
   }
@@ -131,7 +118,7 @@ __global__ void bsa_inv_fill(const __grid_constant__ InvArgs a) {
 /* The row maps of Q and dO (64 rows, as the forward's Q map). */
 static void bsa_bwd_tma(BsaBwdArgs &x, const sta_attn_params *p) {
   x.tma = 0;
-  if (!x.vec) return;
+  if (!x.vec || (sta_cuda_tma_test() & STA_TEST_NO_TMA)) return; /* the tests' gather-only runs */
   const int64_t D = p->head_dim, H = p->heads;
   const int fused = p->q_sh == D && p->do_sh == D;
   const int fold = p->batch == 1 || (p->q_sb == H * p->q_sh && p->do_sb == H * p->do_sh);

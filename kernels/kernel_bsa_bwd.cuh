@@ -26,20 +26,33 @@
 #define STA_KERNEL_BSA_BWD_CUH
 
 #include "bsa_bwd_params.h"
-#include "bsa_walk.h"
+#include "bsa_inv.h"
 #include "mma.cuh"
+
+/* STA_BSA_BWD_CHECK (a diagnosis build, gpu-check-blocks --prep): the
+** walk's invariants checked on the device; the first violation prints what
+** and where, and traps (a wild slot would send the bulk copies, which no
+** sanitizer sees, to a wild address). */
+#ifdef STA_BSA_BWD_CHECK
+#define BSA_CHECK(cond, v1, v2, v3)                                                            \
+  do {                                                                                         \
+    if (!(cond)) {                                                                             \
+      printf("bsa_bwd check failed: %s (block %d tid %d: %d %d %d)\n", #cond, (int)blockIdx.x, \
+             (int)threadIdx.x, (int)(v1), (int)(v2), (int)(v3));                               \
+      __trap();                                                                                \
+    }                                                                                          \
+  } while (0)
+#else
+#define BSA_CHECK(cond, v1, v2, v3) \
+  do {                              \
+  } while (0)
+#endif
 
 namespace sta {
 
-/* f32 offset of (row r, column c) in a 64 x W staged dQ block: 8-float
-** chunks XOR-swizzled by row (kernels/bwd_slots.cuh's dq_off, the same
-** layout, so prep and post of both backwards agree). */
-template <int W> __host__ __device__ __forceinline__ int bsa_dq_off(int r, int c) {
-  return r * W + ((((c >> 3) ^ (r & (W / 8 - 1)))) << 3) + (c & 7);
-}
 template <int D> __device__ __forceinline__ int64_t bsa_dq_at(int64_t sbh, int rr, int c) {
   constexpr int W = D / 2, LW = W == 64 ? 6 : 5;
-  return (sbh * 2 + (c >> LW)) * 64 * W + bsa_dq_off<W>(rr, c & (W - 1));
+  return (sbh * 2 + (c >> LW)) * 64 * W + bsa_dq_off(W, rr, c & (W - 1));
 }
 
 template <int D, int BKC> struct BsaBwdShape {
@@ -56,8 +69,16 @@ template <int D, int BKC> struct BsaBwdShape {
   static constexpr int DQ = DS + NDS * BKC * BQ * 2;           /* [wg][2][64][W] f32 */
   static constexpr int LSE = DQ + 4 * 64 * W * 4;              /* [ST][BQ] */
   static constexpr int DD = LSE + ST * BQ * 4;
-  static constexpr int BAR = DD + ST * BQ * 4;                 /* full[ST], empty[ST] */
-  static constexpr int SLOT = BAR + 2 * ST * 8;                /* [ST] slot, [ST] rank, count */
+  /* full barriers: split, one per (consumer warpgroup, stage) (below);
+  ** shared, one per stage; then empty[ST] */
+  static constexpr int NF = SPLIT ? 2 : 1;
+  /* the period of a (warpgroup, stage) pair: iteration it fills stage
+  ** it % ST for warpgroup it % 2 (split), so a full barrier's phases are
+  ** it / P: P = ST where ST is even (each stage one warpgroup's), 2 ST
+  ** where it is odd */
+  static constexpr int P = SPLIT && (ST & 1) ? 2 * ST : ST;
+  static constexpr int BAR = DD + ST * BQ * 4;                 /* full[NF][ST], empty[ST] */
+  static constexpr int SLOT = BAR + (NF + 1) * ST * 8;         /* [ST] slot, [ST] rank, count */
   static constexpr int KROW = SLOT + (2 * ST + 2) * 4;         /* [BKC] */
   static constexpr int BYTES = KROW + BKC * 4 + 1024;
   static_assert(BYTES <= 232448, "more shared memory than an sm_90 CTA has");
@@ -83,24 +104,6 @@ __device__ __forceinline__ void bsa_chunk(T *dst, const T *g, int64_t ss, int64_
   *reinterpret_cast<uint4 *>(dst) = tmp;
 }
 
-/* The query blocks of a CTA's walk: entries [e, e1) of the inverse, each
-** query block's 64-row parts with valid rows. */
-struct BsaQWalk {
-  int e, e1, m, j, nj;
-  __device__ __forceinline__ void enter(const BsaBwdArgs &a) {
-    if (e >= e1) return;
-    m = a.k2q_idx[e];
-    const int qs = a.q_sizes ? a.q_sizes[m] : a.bv;
-    nj = (qs + 63) >> 6;
-    j = 0;
-  }
-  __device__ __forceinline__ void next(const BsaBwdArgs &a) {
-    if (++j < nj) return;
-    ++e;
-    enter(a);
-  }
-};
-
 template <typename T, int D, int BKC>
 __global__ void __launch_bounds__(384, 1) sta_bsa_bwd(const __grid_constant__ BsaBwdArgs a) {
   using L = BsaBwdShape<D, BKC>;
@@ -115,7 +118,7 @@ __global__ void __launch_bounds__(384, 1) sta_bsa_bwd(const __grid_constant__ Bs
   T *sdS = reinterpret_cast<T *>(base + L::DS);
   float *sdQ = reinterpret_cast<float *>(base + L::DQ);
   float *slse = reinterpret_cast<float *>(base + L::LSE), *sdd = reinterpret_cast<float *>(base + L::DD);
-  uint64_t *full = reinterpret_cast<uint64_t *>(base + L::BAR), *empty = full + ST;
+  uint64_t *full = reinterpret_cast<uint64_t *>(base + L::BAR), *empty = full + L::NF * ST;
   volatile int *sslot = reinterpret_cast<volatile int *>(base + L::SLOT);
   volatile int *srank = sslot + ST, *snblk = srank + ST;
   int *skrow = reinterpret_cast<int *>(base + L::KROW);
@@ -134,21 +137,18 @@ __global__ void __launch_bounds__(384, 1) sta_bsa_bwd(const __grid_constant__ Bs
   const int64_t krow0 = (int64_t)n * a.bv + (int64_t)kj * BKC;
   if (tid < BKC) skrow[tid] = tid < kc ? tid : -1;
   if (tid == 0) {
-    for (int s = 0; s < ST; s++) {
+    for (int s = 0; s < L::NF * ST; s++)
       mbar_init(&full[s], 129); /* the expect_tx and the producer's 128 threads */
-      mbar_init(&empty[s], SPLIT ? 128 : CTH);
-    }
+    for (int s = 0; s < ST; s++) mbar_init(&empty[s], SPLIT ? 128 : CTH);
     asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
-    int cnt = 0; /* the query blocks' 64-row parts: the consumers' loop count */
-    if (kc > 0 || det) {
-      const int e0 = a.k2q_off[(int64_t)bh * a.Mk + n], e1 = a.k2q_off[(int64_t)bh * a.Mk + n + 1];
-      if (a.bv == 64 || !a.q_sizes) { /* every query block whole parts (or one) */
-        cnt = (e1 - e0) * (a.bv / 64);
-      } else {
-        for (int e = e0; e < e1; e++) cnt += (a.q_sizes[a.k2q_idx[e]] + 63) >> 6;
-      }
-    }
-    *snblk = cnt;
+    /* the query blocks' 64-row parts: the consumers' loop count (a CTA
+    ** without keys takes its turns all the same when deterministic) */
+    BSA_CHECK(a.k2q_off[(int64_t)bh * a.Mk + n] <= a.k2q_off[(int64_t)bh * a.Mk + n + 1],
+              a.k2q_off[(int64_t)bh * a.Mk + n], a.k2q_off[(int64_t)bh * a.Mk + n + 1], n);
+    *snblk = kc > 0 || det ? bsa_qwalk_count(a.k2q_off[(int64_t)bh * a.Mk + n],
+                                             a.k2q_off[(int64_t)bh * a.Mk + n + 1], a.k2q_idx,
+                                             a.q_sizes, a.bv)
+                           : 0;
   }
   __syncthreads();
   {
@@ -188,14 +188,16 @@ __global__ void __launch_bounds__(384, 1) sta_bsa_bwd(const __grid_constant__ Bs
     const int c0 = a.tma_fused ? h * D : 0, c4 = a.tma_fused ? b : bh;
     const T *gq = reinterpret_cast<const T *>(a.q) + (int64_t)b * a.q_sb + (int64_t)h * a.q_sh;
     const T *gdo = reinterpret_cast<const T *>(a.dout) + (int64_t)b * a.do_sb + (int64_t)h * a.do_sh;
-    BsaQWalk qw;
-    qw.e = a.k2q_off[(int64_t)bh * a.Mk + n];
-    qw.e1 = a.k2q_off[(int64_t)bh * a.Mk + n + 1];
-    qw.enter(a);
-    for (int it = 0; it < nblk; it++, qw.next(a)) {
+    bsa_qwalk qw;
+    bsa_qwalk_start(&qw, a.k2q_off[(int64_t)bh * a.Mk + n], a.k2q_off[(int64_t)bh * a.Mk + n + 1],
+                    a.k2q_idx, a.q_sizes, a.bv);
+    for (int it = 0; it < nblk; it++, bsa_qwalk_next(&qw, a.k2q_idx, a.q_sizes, a.bv)) {
       const int st = it % ST;
+      uint64_t *fb = &full[(SPLIT ? (it & 1) : 0) * ST + st]; /* the consuming warpgroup's */
       if (it >= ST) mbar_wait(&empty[st], ((it / ST) - 1) & 1);
       const int slot = qw.m * (a.bv / 64) + qw.j;
+      BSA_CHECK(qw.e < qw.e1 && qw.m >= 0 && qw.m < a.Mq && slot >= 0 && slot < nslots, it, qw.e,
+                qw.m);
       const int qs = a.q_sizes ? a.q_sizes[qw.m] : a.bv;
       const int nv = min(64, qs - 64 * qw.j); /* valid rows of the part */
       const int64_t qrow0 = (int64_t)qw.m * a.bv + 64 * qw.j;
@@ -204,14 +206,14 @@ __global__ void __launch_bounds__(384, 1) sta_bsa_bwd(const __grid_constant__ Bs
       if (pt == 0) {
         sslot[st] = slot;
         srank[st] = det ? (SPLIT ? a.k2q_rank[qw.e] : a.k2q_rank[qw.e] * a.subs + kj) : 0;
-        mbar_expect_tx(&full[st], 2 * BQ * 4 + (bytma ? 2 * BQ * D * 2 : 0));
-        bulk_load(slse + st * BQ, glse + (int64_t)slot * BQ, BQ * 4, &full[st]);
-        bulk_load(sdd + st * BQ, gdd + (int64_t)slot * BQ, BQ * 4, &full[st]);
+        mbar_expect_tx(fb, 2 * BQ * 4 + (bytma ? 2 * BQ * D * 2 : 0));
+        bulk_load(slse + st * BQ, glse + (int64_t)slot * BQ, BQ * 4, fb);
+        bulk_load(sdd + st * BQ, gdd + (int64_t)slot * BQ, BQ * 4, fb);
         if (bytma) {
 #pragma unroll
           for (int hf = 0; hf < D / 64; hf++) {
-            tma_load_3d(q + hf * BQ * 64, &a.rmq, c0 + hf * 64, (int)qrow0, c4, &full[st]);
-            tma_load_3d(g + hf * BQ * 64, &a.rmdo, c0 + hf * 64, (int)qrow0, c4, &full[st]);
+            tma_load_3d(q + hf * BQ * 64, &a.rmq, c0 + hf * 64, (int)qrow0, c4, fb);
+            tma_load_3d(g + hf * BQ * 64, &a.rmdo, c0 + hf * 64, (int)qrow0, c4, fb);
           }
         }
       }
@@ -225,7 +227,7 @@ __global__ void __launch_bounds__(384, 1) sta_bsa_bwd(const __grid_constant__ Bs
         asm volatile("cp.async.commit_group;\ncp.async.wait_group 0;\n" ::: "memory");
         fence_proxy_async();
       }
-      mbar_arrive(&full[st]);
+      mbar_arrive(fb);
     }
     return;
   }
@@ -244,8 +246,13 @@ __global__ void __launch_bounds__(384, 1) sta_bsa_bwd(const __grid_constant__ Bs
 
   for (int it = SPLIT ? wg : 0; it < nblk; it += SPLIT ? 2 : 1) {
     const int st = it % ST;
-    mbar_wait(&full[st], (it / ST) & 1);
+    /* split at an odd ST: a stage serves both warpgroups in turn, so each
+    ** waits on its own barrier of the stage, whose phases it sees all of
+    ** (on one shared barrier a warpgroup could see the phase two ahead of
+    ** its last one complete and take the other's) */
+    mbar_wait(&full[(SPLIT ? wg : 0) * ST + st], (it / L::P) & 1);
     const int slot = sslot[st], rank = srank[st];
+    BSA_CHECK(slot >= 0 && slot < nslots && rank >= 0, it, slot, rank);
     const uint32_t dQs = sdesc_lo(sQ + st * BQ * D, 16), dOs = sdesc_lo(sdO + st * BQ * D, 16);
     float s[BQ / 2], dp[BQ / 2];
     sta_wgmma::fence();
@@ -352,7 +359,7 @@ __global__ void __launch_bounds__(384, 1) sta_bsa_bwd(const __grid_constant__ Bs
         const int r = wq * 16 + (lane >> 2) + 8 * hr;
 #pragma unroll
         for (int j = 0; j < W / 8; j++)
-          *reinterpret_cast<float2 *>(sdq + bsa_dq_off<W>(r, 8 * j + 2 * (lane & 3))) =
+          *reinterpret_cast<float2 *>(sdq + bsa_dq_off(W, r, 8 * j + 2 * (lane & 3))) =
               make_float2(dq[4 * j + 2 * hr], dq[4 * j + 2 * hr + 1]);
       }
       fence_proxy_async();
