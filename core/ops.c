@@ -185,13 +185,18 @@ static void host_segment(const host_job *j, char *const *p, int64_t g, int64_t n
       store_row(p[0], s0[3], dt, x, n);
     }
     break;
-  case OP_FILL: { /* the value's bits once, then copies of them */
-    uint32_t w = 0;
-    sta_store_f32(&w, dt, (float)j->mean);
-    if (dt == STA_F32)
-      for (int64_t i = 0; i < n; i++) ((uint32_t *)p[0])[i * s0[3]] = w;
-    else
-      for (int64_t i = 0; i < n; i++) ((uint16_t *)p[0])[i * s0[3]] = (uint16_t)w;
+  case OP_FILL: { /* the value's bits once, then copies of them, by element size */
+    unsigned char bits[4] = {0, 0, 0, 0};
+    uint32_t w4;
+    uint16_t w2;
+    sta_store_f32(bits, dt, (float)j->mean);
+    memcpy(&w4, bits, 4);
+    memcpy(&w2, bits, 2);
+    switch (sta_dtype_size((sta_dtype)dt)) {
+    case 4: for (int64_t i = 0; i < n; i++) ((uint32_t *)p[0])[i * s0[3]] = w4; break;
+    case 2: for (int64_t i = 0; i < n; i++) ((uint16_t *)p[0])[i * s0[3]] = w2; break;
+    default: for (int64_t i = 0; i < n; i++) ((uint8_t *)p[0])[i * s0[3]] = bits[0]; break;
+    }
     break;
   }
   case OP_RANDN:

@@ -83,12 +83,17 @@ static void test_lincomb_views(void **state) {
 
 /* ---- copy, fill, randn ------------------------------------------------------ */
 
+/* Any dtype a host tensor holds values of, f8e4m3 (1 byte) included: the
+** loops that store elements must take every element size (a fill that
+** stored 2 bytes per f8e4m3 element wrote past the view, issue 31). */
+static sta_dtype any_dtype(void) { return (sta_dtype)ops_in(STA_F32, STA_F8E4M3); }
+
 static void test_copy_views(void **state) {
   (void)state;
   for (int c = 0; c < 120; c++) {
     int64_t shape[4];
     int32_t nd = ops_shape(shape, 3000);
-    sta_dtype dd = ops_dtype(), sd = ops_dtype();
+    sta_dtype dd = any_dtype(), sd = any_dtype();
     ops_layout ld = ops_layout_of(nd, shape, (int)ops_in(0, 2));
     ops_layout ls = ops_layout_of(nd, shape, (int)ops_in(0, 2));
     sta_tensor *bd = ops_storage(dd, STA_CPU, &ld, ops_rnd()), *dst = ops_view(bd, &ld);
@@ -117,7 +122,7 @@ static void test_fill_randn_views(void **state) {
   for (int c = 0; c < 80; c++) {
     int64_t shape[4];
     int32_t nd = ops_shape(shape, 3000);
-    sta_dtype dt = ops_dtype();
+    sta_dtype dt = any_dtype();
     ops_layout l = ops_layout_of(nd, shape, (int)ops_in(0, 2));
     sta_tensor *b = ops_storage(dt, STA_CPU, &l, ops_rnd()), *v = ops_view(b, &l);
     float *before = ops_values(b);
