@@ -68,19 +68,24 @@ static double tol(sta_dtype dt) { return dt == STA_F16 ? 1e-2 : 3e-2; }
 
 static double worst_rel[2][3];
 
+/* The descriptor of case c. */
+static void desc_of(const bcase *c, sta_attention_desc *d) {
+  memset(d, 0, sizeof *d);
+  sta_geometry_init(&d->geom, c->canvas[0], c->canvas[1], c->canvas[2]);
+  memcpy(d->geom.tile, c->tile, sizeof c->tile);
+  d->geom.text_len = c->text_len;
+  d->layout = c->layout;
+  d->n_windows = c->n_windows;
+  d->windows = c->windows;
+  d->scale = c->scale;
+  d->geom.order = c->tiled ? STA_ORDER_TILED : STA_ORDER_UNTILED;
+}
+
 static void run_case(const bcase *c) {
   char what[320];
   describe(c, what, sizeof what);
   sta_attention_desc d;
-  memset(&d, 0, sizeof d);
-  sta_geometry_init(&d.geom, c->canvas[0], c->canvas[1], c->canvas[2]);
-  memcpy(d.geom.tile, c->tile, sizeof c->tile);
-  d.geom.text_len = c->text_len;
-  d.layout = c->layout;
-  d.n_windows = c->n_windows;
-  d.windows = c->windows;
-  d.scale = c->scale;
-  d.geom.order = c->tiled ? STA_ORDER_TILED : STA_ORDER_UNTILED;
+  desc_of(c, &d);
   const int64_t V = sta_geometry_video_rows(&d.geom), S = V + c->text; /* V: video rows */
   enum { NT = 8 };
   sta_tensor *hb[4], *h[4], *hf[4], *gb[NT], *g[NT]; /* q k v dout | out dq dk dv */
@@ -388,14 +393,7 @@ static void nonfinite_case(const bcase *c, int which) {
   char what[400];
   describe(c, what, sizeof what);
   sta_attention_desc d;
-  memset(&d, 0, sizeof d);
-  sta_geometry_init(&d.geom, c->canvas[0], c->canvas[1], c->canvas[2]);
-  memcpy(d.geom.tile, c->tile, sizeof c->tile);
-  d.geom.text_len = c->text_len;
-  d.geom.order = c->tiled ? STA_ORDER_TILED : STA_ORDER_UNTILED;
-  d.layout = c->layout;
-  d.n_windows = c->n_windows;
-  d.windows = c->windows;
+  desc_of(c, &d);
   const int64_t S = sta_geometry_video_rows(&d.geom) + c->text;
   int64_t shape[4] = {c->B, c->layout == STA_BSHD ? S : c->H, c->layout == STA_BSHD ? c->H : S,
                       c->D}, ls[3] = {c->B, c->H, S};

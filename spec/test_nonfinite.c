@@ -303,16 +303,24 @@ static void check_backward(const problem *p, const plant *pl, const predicted *x
 
 /* ---- the properties ------------------------------------------------------ */
 
+/* A random problem, its n inputs (q, k, v[, dout]) random, one value
+** planted in one of them, and what it must reach. */
+static void setup(problem *p, plant *pl, predicted *x, sta_tensor **in, int n,
+                  sta_precision precision) {
+  make_problem(p);
+  p->desc.precision = precision;
+  draw_plant(p, pl, n > 3);
+  for (int i = 0; i < n; i++) in[i] = tensor(p, p->dt, 1);
+  put(p, in[pl->which], pl);
+  predict(p, pl, x);
+}
+
 static void run_case(int c, int64_t *elems) {
   problem p;
   plant pl;
   predicted x;
-  make_problem(&p);
-  draw_plant(&p, &pl, 1);
   sta_tensor *in[4];
-  for (int i = 0; i < 4; i++) in[i] = tensor(&p, p.dt, 1);
-  put(&p, in[pl.which], &pl);
-  predict(&p, &pl, &x);
+  setup(&p, &pl, &x, in, 4, STA_PRECISION_NATIVE);
   sta_tensor *out = tensor(&p, p.dt, 0), *lse = lse_tensor(&p);
   sta_tensor *g[3] = {tensor(&p, p.dt, 0), tensor(&p, p.dt, 0), tensor(&p, p.dt, 0)};
   for (int ref = 0; ref < 2; ref++) {
@@ -355,13 +363,8 @@ static void test_fp8_forward(void **state) {
     problem p;
     plant pl;
     predicted x;
-    make_problem(&p);
-    p.desc.precision = STA_PRECISION_FP8;
-    draw_plant(&p, &pl, 0);
     sta_tensor *in[3];
-    for (int i = 0; i < 3; i++) in[i] = tensor(&p, p.dt, 1);
-    put(&p, in[pl.which], &pl);
-    predict(&p, &pl, &x);
+    setup(&p, &pl, &x, in, 3, STA_PRECISION_FP8);
     sta_tensor *out = tensor(&p, p.dt, 0), *lse = lse_tensor(&p);
     describe(&p, &pl, c, "fp8");
     if (sta_attention_forward(&p.desc, in[0], in[1], in[2], out, lse) != STA_OK)
