@@ -9,27 +9,15 @@
 
 static const char *ARG[4] = {"q", "k", "v", "out"};
 
-/* Byte range [lo, hi] a view reaches in its storage (numel > 0). */
-static void byte_span(const sta_tensor *t, int64_t *lo, int64_t *hi) {
-  int64_t es = (int64_t)sta_dtype_size(t->dtype);
-  sta_tensor_extent(t, lo, hi);
-  *lo *= es;
-  *hi = *hi * es + es - 1;
-}
-
-/* The call (`what`: "forward", "backward") writes w while it reads r
-** (verb "reading") or writes it too ("writing"): refuse overlapping memory. */
-static sta_status check_no_alias(const char *what, const char *verb, const sta_tensor *w,
-                                 const char *wname, const sta_tensor *r, const char *rname) {
-  int64_t a0, a1, b0, b1;
-  if (!w || !r || w->storage != r->storage) return STA_OK;
-  if (sta_tensor_numel(w) == 0 || sta_tensor_numel(r) == 0) return STA_OK;
-  byte_span(w, &a0, &a1);
-  byte_span(r, &b0, &b1);
-  if (a0 > b1 || b0 > a1) return STA_OK;
-  return sta_error(STA_ERR_ARGUMENT,
-                   "%s: shares memory with %s (the %s writes %s while %s %s; "
-                   "use a separate tensor)", wname, rname, what, wname, verb, rname);
+/* The memory checks of a forward (sta_attention_forward and _fp8 alike):
+** out and lse have distinct elements, share none with each other or with
+** the n tensors it reads (names rn). */
+static sta_status check_forward_writes(const sta_tensor *out, const sta_tensor *lse,
+                                       const sta_tensor *const *r, const char *const *rn,
+                                       int n) {
+  const sta_tensor *w[2] = {out, lse};
+  static const char *const WN[2] = {"out", "lse"};
+  return sta_check_writes("forward", 0, 2, w, WN, n, r, rn);
 }
 
 static sta_status check_tensor4(const sta_tensor *t, const char *name,
@@ -151,11 +139,7 @@ static sta_status resolve(const sta_attention_desc *desc, const sta_tensor *q,
   if (lse && (rc = check_f32_3d(lse, "lse", &b[0], b[0].s, "S", q->storage->device, "q")) !=
                  STA_OK)
     return rc;
-  for (int i = 0; i < 3; i++) {
-    if ((rc = check_no_alias("forward", "reading", out, "out", t[i], ARG[i])) != STA_OK) return rc;
-    if ((rc = check_no_alias("forward", "reading", lse, "lse", t[i], ARG[i])) != STA_OK) return rc;
-  }
-  if ((rc = check_no_alias("forward", "reading", lse, "lse", out, "out")) != STA_OK) return rc;
+  if ((rc = check_forward_writes(out, lse, t, ARG, 3)) != STA_OK) return rc;
   if (q->storage->device != STA_CPU && !sta_backend_available(q->storage->device))
     return sta_error(STA_ERR_BACKEND, "st attn not supported");
   int32_t *w = sta_malloc(sizeof(int32_t) * 3 * (size_t)b[0].h);
@@ -342,13 +326,9 @@ sta_status sta_attention_forward_fp8(const sta_attention_desc *desc, const sta_t
     if ((rc = check_f32_3d(sc[i], NS[i], &b[0], i < 2 ? b[0].s : b[0].d, i < 2 ? "S" : "D", dev,
                            "q8")) != STA_OK)
       return rc;
-  for (int i = 0; i < 3; i++) {
-    if ((rc = check_no_alias("forward", "reading", out, "out", x8[i], N8[i])) != STA_OK ||
-        (rc = check_no_alias("forward", "reading", out, "out", sc[i], NS[i])) != STA_OK ||
-        (rc = check_no_alias("forward", "reading", lse, "lse", x8[i], N8[i])) != STA_OK ||
-        (rc = check_no_alias("forward", "reading", lse, "lse", sc[i], NS[i])) != STA_OK)
-      return rc;
-  }
+  const sta_tensor *in[6] = {q8, k8, v8, q_scale, k_scale, v_scale};
+  static const char *const IN[6] = {"q8", "k8", "v8", "q_scale", "k_scale", "v_scale"};
+  if ((rc = check_forward_writes(out, lse, in, IN, 6)) != STA_OK) return rc;
   sta_attn_params p; /* the forward's checks: geometry, windows, lse, the backend */
   if ((rc = resolve(desc, q8, k8, v8, NULL, lse, &p, 1, 1)) != STA_OK) return rc;
   free((void *)p.windows);
@@ -388,20 +368,15 @@ static sta_status bwd_operands(const sta_attention_desc *desc, const sta_tensor 
                                const sta_tensor *dout, sta_tensor *const *g,
                                const sta_tensor *const *ro, const char *const *ro_name,
                                int n_ro, sta_attn_params *p) {
-  static const char *GN[3] = {"dq", "dk", "dv"};
+  static const char *const GN[3] = {"dq", "dk", "dv"};
   sta_bshd bq, bd, bg[3];
   sta_status rc;
   if ((rc = check_tensor4(q, "q", desc->layout, &bq)) != STA_OK) return rc;
   if ((rc = check_like_q(dout, "dout", desc->layout, q, &bq, &bd)) != STA_OK) return rc;
   for (int i = 0; i < 3; i++)
     if ((rc = check_like_q(g[i], GN[i], desc->layout, q, &bq, &bg[i])) != STA_OK) return rc;
-  for (int i = 0; i < 3; i++) {
-    for (int j = 0; j < i; j++)
-      if ((rc = check_no_alias("backward", "writing", g[i], GN[i], g[j], GN[j])) != STA_OK) return rc;
-    for (int j = 0; j < n_ro; j++)
-      if ((rc = check_no_alias("backward", "reading", g[i], GN[i], ro[j], ro_name[j])) != STA_OK)
-        return rc;
-  }
+  const sta_tensor *w[3] = {g[0], g[1], g[2]};
+  if ((rc = sta_check_writes("backward", 0, 3, w, GN, n_ro, ro, ro_name)) != STA_OK) return rc;
   p->dout = sta_tensor_data(dout);
   p->dq = sta_tensor_data(g[0]); p->dk = sta_tensor_data(g[1]); p->dv = sta_tensor_data(g[2]);
   p->do_sb = bd.sb; p->do_ss = bd.ss; p->do_sh = bd.sh;
@@ -429,7 +404,7 @@ sta_status sta_attention_backward(const sta_attention_desc *desc, const sta_tens
   }
   sta_tensor *g[3] = {dq, dk, dv};
   const sta_tensor *ro[6] = {q, k, v, out, lse, dout};
-  static const char *RN[6] = {"q", "k", "v", "out", "lse", "dout"};
+  static const char *const RN[6] = {"q", "k", "v", "out", "lse", "dout"};
   rc = bwd_operands(desc, q, dout, g, ro, RN, 6, &p);
   sta_tensor *outs[W_N] = {NULL, NULL, dq, dk, dv};
   if (rc == STA_OK && q->storage->device == STA_CPU)
@@ -461,7 +436,7 @@ sta_status sta_attention_backward_reference(const sta_attention_desc *desc,
   }
   sta_tensor *g[3] = {dq, dk, dv};
   const sta_tensor *ro[4] = {q, k, v, dout};
-  static const char *RN[4] = {"q", "k", "v", "dout"};
+  static const char *const RN[4] = {"q", "k", "v", "dout"};
   rc = bwd_operands(desc, q, dout, g, ro, RN, 4, &p);
   sta_tensor *outs[W_N] = {NULL, NULL, dq, dk, dv};
   if (rc == STA_OK) rc = run_scratch(&p, desc->layout, outs, sta_cpu_attention_backward_reference);

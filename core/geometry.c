@@ -203,6 +203,10 @@ static sta_status tile_rows(sta_tensor *dst, const sta_tensor *src,
   if (dst->dtype != src->dtype)
     return sta_error(STA_ERR_DTYPE, "out: dtype %s differs from in's %s",
                      sta_dtype_name(dst->dtype), sta_dtype_name(src->dtype));
+  static const char *const ON[1] = {"out"}, *const IN[1] = {"in"};
+  const sta_tensor *w = dst;
+  if ((rc = sta_check_writes(to_tiled ? "tile" : "untile", 0, 1, &w, ON, 1, &src, IN)) != STA_OK)
+    return rc;
   if (dst->storage->device != STA_CPU || src->storage->device != STA_CPU) {
     /* stage through the host */
     sta_tensor *hs = NULL, *hd = NULL;

@@ -155,9 +155,36 @@ void sta_iter_init(sta_iter *it, int32_t nops, const sta_tensor *const *t);
 void sta_host_copy(sta_tensor *dst, const sta_tensor *src);
 void sta_host_fill(sta_tensor *t, double value);
 void sta_host_randn(sta_tensor *t, uint64_t seed, double mean, double std);
-/* STA_ERR_ARGUMENT when dst and src may share an element without being
-** the same view. */
-sta_status sta_copy_check_overlap(const sta_tensor *dst, const sta_tensor *src);
+
+/* ---- overlap (overlap.c) ----------------------------------------------- */
+
+/* 1 when a and b share memory: decided on their elements' bytes, not their
+** spans (disjoint interleaved slices of one tensor: 0), across storages too
+** (two wraps of one buffer), never across devices. */
+int sta_tensor_overlaps(const sta_tensor *a, const sta_tensor *b);
+/* 1 when two elements of t are one memory location (a stride-0 view, or
+** strides that fold back). */
+int sta_tensor_self_overlaps(const sta_tensor *t);
+/* The deciders behind both: 1 yes, 0 no, -1 the search gave up on
+** contrived strides (the two above answer 1 then: refused, never a false
+** "disjoint"); for tests. */
+int sta_overlap_decide(const sta_tensor *a, const sta_tensor *b);
+int sta_self_overlap_decide(const sta_tensor *t);
+/* 1 when a and b are the same elements in the same order (element 0 at
+** one address, one dtype, shape and strides). */
+int sta_tensor_same_view(const sta_tensor *a, const sta_tensor *b);
+/* The memory checks of every call that writes: call `what` writes the nw
+** tensors w (names wn) while it reads the nr tensors r (NULL entries are
+** skipped).  STA_ERR_ARGUMENT when a written tensor overlaps itself
+** ("<w>: more than one of its elements is one memory location ..."),
+** another written one or a read one ("<w>: shares memory with <r> (the
+** <what> writes <w> while reading <r>; use a separate tensor)").
+** in_place (elementwise calls): a written tensor may be a read one's same
+** view; then the message is "<what>: <w> overlaps <r> without being the
+** same view". */
+sta_status sta_check_writes(const char *what, int in_place, int nw, const sta_tensor *const *w,
+                            const char *const *wn, int nr, const sta_tensor *const *r,
+                            const char *const *rn);
 
 /* ---- numbers ---------------------------------------------------------- */
 

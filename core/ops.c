@@ -349,28 +349,9 @@ static sta_status host_stats(const sta_tensor *t, sta_stats *out) {
 
 /* ---- checks -------------------------------------------------------------- */
 
-static int same_view(const sta_tensor *a, const sta_tensor *b) {
-  if (a->storage != b->storage || a->offset != b->offset || a->ndim != b->ndim) return 0;
-  for (int32_t i = 0; i < a->ndim; i++)
-    if (a->shape[i] != b->shape[i] || (a->shape[i] > 1 && a->stride[i] != b->stride[i]))
-      return 0;
-  return 1;
-}
-
-/* 1 when a and b may share an element without being the same view
-** (their storage extents intersect). */
-static int overlap(const sta_tensor *a, const sta_tensor *b) {
-  int64_t alo, ahi, blo, bhi;
-  if (a->storage != b->storage || sta_tensor_numel(a) == 0 || sta_tensor_numel(b) == 0 ||
-      same_view(a, b))
-    return 0;
-  sta_tensor_extent(a, &alo, &ahi);
-  sta_tensor_extent(b, &blo, &bhi);
-  return alo <= bhi && blo <= ahi;
-}
-
 /* The checks every elementwise call makes: t[0] is written, t[1..n-1]
-** read; every one non-NULL, one shape, one device whose backend runs. */
+** read; every one non-NULL, one shape, one device whose backend runs; t[0]
+** has distinct elements and overlaps no other unless it is its same view. */
 static sta_status check_operands(const char *op, int32_t n, const sta_tensor *const *t,
                                  const char *const *names) {
   for (int32_t i = 0; i < n; i++)
@@ -391,24 +372,13 @@ static sta_status check_operands(const char *op, int32_t n, const sta_tensor *co
     sta_status rc = sta_f8_device_check(t[i], names[i]);
     if (rc != STA_OK) return rc;
   }
-  for (int32_t i = 1; i < n; i++)
-    if (overlap(t[0], t[i]))
-      return sta_error(STA_ERR_ARGUMENT, "%s: %s overlaps %s without being the same view", op,
-                       names[0], names[i]);
-  return STA_OK;
+  return sta_check_writes(op, 1, 1, t, names, n - 1, t + 1, names + 1);
 }
 
 static sta_status check_coef(const char *name, double v, float *out) {
   if (!isfinite(v) || fabs(v) > FLT_MAX)
     return sta_error(STA_ERR_ARGUMENT, "%s: expected a finite float32 value, got %g", name, v);
   *out = (float)v;
-  return STA_OK;
-}
-
-/* sta_tensor_copy's overlap check (tensor.c checks the rest). */
-sta_status sta_copy_check_overlap(const sta_tensor *dst, const sta_tensor *src) {
-  if (overlap(dst, src))
-    return sta_error(STA_ERR_ARGUMENT, "copy: dst overlaps src without being the same view");
   return STA_OK;
 }
 

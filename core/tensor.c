@@ -484,7 +484,9 @@ sta_status sta_tensor_copy(sta_tensor *dst, const sta_tensor *src) {
   STA_CHECK_HANDLE(src, STA_KIND_TENSOR, "src");
   if (!same_shape(dst, src)) return sta_shape_mismatch("copy", NULL, dst, NULL, src);
   sta_device dd = dst->storage->device, sd = src->storage->device;
-  sta_status rc = sta_copy_check_overlap(dst, src);
+  static const char *const DN[1] = {"dst"}, *const SN[1] = {"src"};
+  const sta_tensor *w = dst;
+  sta_status rc = sta_check_writes("copy", 1, 1, &w, DN, 1, &src, SN);
   if (rc == STA_OK) rc = device_backend(dd);
   if (rc == STA_OK) rc = device_backend(sd);
   if (rc == STA_OK && dd != STA_CPU && dst->dtype == STA_F8E4M3 &&
@@ -528,6 +530,12 @@ double sta_randn_at(uint64_t seed, uint64_t i) {
   return (i & 1) ? odd : even;
 }
 
+/* A fill or randn writes t: its elements must be distinct. */
+static sta_status check_written(const sta_tensor *t, const char *what) {
+  static const char *const TN[1] = {"t"};
+  return sta_check_writes(what, 0, 1, &t, TN, 0, NULL, NULL);
+}
+
 sta_status sta_tensor_randn(sta_tensor *t, uint64_t seed, double mean,
                             double std) {
   STA_CHECK_HANDLE(t, STA_KIND_TENSOR, "t");
@@ -537,6 +545,7 @@ sta_status sta_tensor_randn(sta_tensor *t, uint64_t seed, double mean,
     return sta_error(STA_ERR_ARGUMENT, "mean: expected a finite value, got %g", mean);
   sta_status rc = device_backend(t->storage->device);
   if (rc == STA_OK) rc = sta_f8_device_check(t, "t");
+  if (rc == STA_OK) rc = check_written(t, "randn");
   if (rc != STA_OK || sta_tensor_numel(t) == 0) return rc;
   if (t->storage->device == STA_CPU) {
     sta_host_randn(t, seed, mean, std);
@@ -549,6 +558,7 @@ sta_status sta_tensor_fill(sta_tensor *t, double value) {
   STA_CHECK_HANDLE(t, STA_KIND_TENSOR, "t");
   sta_status rc = device_backend(t->storage->device);
   if (rc == STA_OK) rc = sta_f8_device_check(t, "t");
+  if (rc == STA_OK) rc = check_written(t, "fill");
   if (rc != STA_OK || sta_tensor_numel(t) == 0) return rc;
   if (t->storage->device == STA_CPU) {
     sta_host_fill(t, value);
