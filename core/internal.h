@@ -674,6 +674,20 @@ void sta_out_abort(sta_outfile *f);
 sta_status sta_write_text_file(const char *path, const char *label, const void *data,
                                size_t len);
 
+/* ---- JSON (json.c) ------------------------------------------------------- */
+
+/* Every JSON reader's parse: len bytes of text as one JSON value (cJSON's
+** tree into *root, cJSON_Delete it).  Refused (STA_ERR_FORMAT, messages
+** prefixed "<what>: "): malformed JSON ("malformed JSON at byte N"),
+** anything but whitespace after the value ("unexpected text after the
+** JSON object at byte N"; trailing NUL bytes allowed when trailing_nul),
+** a NUL in a string, raw or \u0000 ("NUL character in a string at byte N
+** ..."; cJSON would cut a key there).  STA_ERR_NOMEM when cJSON ran out of
+** memory. */
+struct cJSON;
+sta_status sta_json_parse(const char *text, size_t len, const char *what, int trailing_nul,
+                          struct cJSON **root);
+
 /* ---- runtime (strategy.c) ----------------------------------------------- */
 
 /* 1 when s has an entry for step. */

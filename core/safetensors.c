@@ -5,13 +5,16 @@
 **    "__metadata__": {"k": "v"}, ...}
 ** then the data, offsets relative to its start.
 **
-** Open validates every entry: a dtype safetensors defines (F32, F16 and BF16
-** are read; the others -- F64, I32, U8, ... -- are listed and refused by
-** sta_safetensors_read with "unsupported dtype"), shape of integers >= 0
-** whose product times the dtype size is end - begin, 0 <= begin <= end <=
-** data size, no two entries overlapping.  Any failure: STA_ERR_FORMAT
-** "<path>: <problem>", naming the entry.  The file stays open (read with
-** pread, so concurrent reads from threads are fine) until close.
+** Open validates the structure of every entry: a dtype string, shape of
+** integers >= 0, 0 <= begin <= end <= data size, no two entries
+** overlapping, and for a dtype of known size (every one safetensors
+** defines) shape x size = end - begin.  Which dtypes sta reads (F32, F16,
+** BF16, F8_E4M3) matters only to sta_safetensors_read of that tensor: a
+** file whose other tensors are I64, or of a dtype newer than this reader,
+** opens, and reading such a tensor fails naming it.  Any failure:
+** STA_ERR_FORMAT "<path>: <problem>", naming the entry.  The file stays
+** open (read with pread, so concurrent reads from threads are fine) until
+** close.
 */
 #include <errno.h>
 #include <fcntl.h>
@@ -122,10 +125,12 @@ static sta_status parse_entry(const cJSON *j, const char *path, int64_t data_siz
   }
   if (!cJSON_IsString(dt))
     return sta_error(STA_ERR_FORMAT, "%s: entry '%s': 'dtype' must be a string", path, nm);
-  if (!(e->esize = dtype_size_of(dt->valuestring)))
-    return sta_error(STA_ERR_FORMAT, "%s: entry '%s': unknown dtype '%.20s'", path, nm,
-                     dt->valuestring);
-  snprintf(e->dtype, sizeof e->dtype, "%s", dt->valuestring);
+  size_t dl = strlen(dt->valuestring);
+  if (dl < 1 || dl >= sizeof e->dtype)
+    return sta_error(STA_ERR_FORMAT, "%s: entry '%s': dtype '%.20s' is not a dtype name", path,
+                     nm, dt->valuestring);
+  e->esize = dtype_size_of(dt->valuestring); /* 0: unknown here, checked when read */
+  memcpy(e->dtype, dt->valuestring, dl + 1);
   if (!cJSON_IsArray(sh))
     return sta_error(STA_ERR_FORMAT, "%s: entry '%s': 'shape' must be an array", path, nm);
   int ndim = cJSON_GetArraySize(sh);
@@ -153,7 +158,7 @@ static sta_status parse_entry(const cJSON *j, const char *path, int64_t data_siz
     return sta_error(STA_ERR_FORMAT, "%s: entry '%s': data_offsets [%lld, %lld] are "
                      "outside the %lld data bytes", path, nm, (long long)e->begin,
                      (long long)e->end, (long long)data_size);
-  if (numel > ST_MAX_SIZE / e->esize || numel * e->esize != e->end - e->begin)
+  if (e->esize && (numel > ST_MAX_SIZE / e->esize || numel * e->esize != e->end - e->begin))
     return sta_error(STA_ERR_FORMAT, "%s: entry '%s': shape and dtype %s need %lld bytes, "
                      "data_offsets [%lld, %lld] hold %lld", path, nm, e->dtype,
                      numel > ST_MAX_SIZE / e->esize ? -1LL : (long long)(numel * e->esize),
@@ -171,23 +176,13 @@ static int by_begin(const void *a, const void *b) {
 /* Parse the JSON header text into f's entries. */
 static sta_status parse_header(sta_safetensors *f, const char *text, size_t len,
                                int64_t data_size) {
-  const char *endp = NULL;
   const char *path = f->path;
-  int64_t failed = sta_alloc_failures();
-  cJSON *root = cJSON_ParseWithLengthOpts(text, len, &endp, 0);
-  if (!root && sta_alloc_failures() != failed)
-    return sta_error(STA_ERR_NOMEM, "%s: out of host memory (parsing the JSON header)", path);
-  if (!root)
-    return sta_error(STA_ERR_FORMAT, "%s: the header is not valid JSON (near byte %lld)",
-                     path, endp ? (long long)(endp - text) : -1LL);
-  sta_status rc = STA_OK;
-  for (const char *p = endp; p < text + len; p++)
-    if (*p != ' ' && *p != '\t' && *p != '\n' && *p != '\r') {
-      rc = sta_error(STA_ERR_FORMAT, "%s: junk after the JSON header (byte %lld)", path,
-                     (long long)(p - text));
-      break;
-    }
-  if (rc == STA_OK && !cJSON_IsObject(root))
+  char what[600];
+  cJSON *root = NULL;
+  snprintf(what, sizeof what, "%s: the JSON header", path);
+  sta_status rc = sta_json_parse(text, len, what, 0, &root);
+  if (rc != STA_OK) return rc;
+  if (!cJSON_IsObject(root))
     rc = sta_error(STA_ERR_FORMAT, "%s: the header must be a JSON object", path);
   int32_t n = 0;
   const cJSON *c;
@@ -300,8 +295,6 @@ sta_status sta_safetensors_open(sta_safetensors **out, const char *path) {
   rc = pread_all(f->fd, text, (size_t)hlen, 8, path, "header");
   if (rc == STA_OK && text[0] != '{')
     rc = sta_error(STA_ERR_FORMAT, "%s: the header does not start with '{'", path);
-  if (rc == STA_OK && memchr(text, '\0', (size_t)hlen))
-    rc = sta_error(STA_ERR_FORMAT, "%s: NUL byte in the JSON header", path);
   f->data_start = 8 + (int64_t)hlen;
   if (rc == STA_OK) rc = parse_header(f, text, (size_t)hlen, fsize - f->data_start);
   free(text);
