@@ -75,6 +75,29 @@ static sta_status check_f32_3d(const sta_tensor *t, const char *name, const sta_
   return STA_OK;
 }
 
+/* STA.md's "seq_len N not supported for STA" (sta_last_error(), as
+** sta_geometry_check left it), with what was expected added: the
+** canvas's video rows and the rows q has, and a layout hint when q's other
+** middle dimension could hold them ([B, heads, S, D] read as BSHD). */
+static sta_status seq_len_hint(const sta_geometry *g, sta_layout layout, const sta_tensor *q,
+                               int64_t s) {
+  char base[512], hint[200] = "";
+  int64_t rows = sta_geometry_video_rows(g), other = q->shape[layout == STA_BSHD ? 2 : 1];
+  snprintf(base, sizeof base, "%s", sta_last_error());
+  if (other >= rows)
+    snprintf(hint, sizeof hint, "; q's dim %d has %lld: %s needs layout %s", layout == STA_BSHD ? 2 : 1,
+             (long long)other, layout == STA_BSHD ? "[B, heads, S, D]" : "[B, S, heads, D]",
+             layout == STA_BSHD ? "bhsd" : "bshd");
+  size_t n = strlen(base);
+  if (n > 0 && base[n - 1] == ')') { /* the tiled order's rows are there already */
+    base[n - 1] = '\0';
+    return sta_error(STA_ERR_SEQ_LEN, "%s%s)", base, hint);
+  }
+  return sta_error(STA_ERR_SEQ_LEN, "%s (canvas %dx%dx%d has %lld video rows, q has %lld%s)",
+                   base, (int)g->canvas[0], (int)g->canvas[1], (int)g->canvas[2],
+                   (long long)rows, (long long)s, hint);
+}
+
 /* STA_PRECISION_FP8 where the backend has no fp8 forward. */
 static sta_status fp8_unsupported(sta_device d) {
   return sta_error(STA_ERR_UNSUPPORTED,
@@ -108,7 +131,8 @@ static sta_status resolve(const sta_attention_desc *desc, const sta_tensor *q,
     return sta_error(STA_ERR_SHAPE,
                      "q: batch, heads and D must be >= 1, got B=%lld heads=%lld D=%lld",
                      (long long)b[0].b, (long long)b[0].h, (long long)b[0].d);
-  if ((rc = sta_geometry_check(&desc->geom, b[0].s)) != STA_OK) return rc;
+  if ((rc = sta_geometry_check(&desc->geom, b[0].s)) != STA_OK)
+    return rc == STA_ERR_SEQ_LEN ? seq_len_hint(&desc->geom, desc->layout, q, b[0].s) : rc;
   if (desc->n_windows != 1 && desc->n_windows != b[0].h)
     return sta_error(STA_ERR_WINDOW, "n_windows: expected 1 or heads (%lld), got %d",
                      (long long)b[0].h, (int)desc->n_windows);
@@ -141,7 +165,7 @@ static sta_status resolve(const sta_attention_desc *desc, const sta_tensor *q,
     return rc;
   if ((rc = check_forward_writes(out, lse, t, ARG, 3)) != STA_OK) return rc;
   if (q->storage->device != STA_CPU && !sta_backend_available(q->storage->device))
-    return sta_error(STA_ERR_BACKEND, "st attn not supported");
+    return sta_backend_missing(q->storage->device);
   int32_t *w = sta_malloc(sizeof(int32_t) * 3 * (size_t)b[0].h);
   if (!w) return sta_error(STA_ERR_NOMEM, "out of host memory (windows)");
   for (int64_t h = 0; h < b[0].h; h++)
@@ -498,6 +522,6 @@ sta_status sta_head_diff(const sta_tensor *a, const sta_tensor *b,
   p.q_sb = x.sb; p.q_ss = x.ss; p.q_sh = x.sh;
   p.o_sb = y.sb; p.o_ss = y.ss; p.o_sh = y.sh;
   if (a->storage->device != STA_CPU && !sta_backend_available(a->storage->device))
-    return sta_error(STA_ERR_BACKEND, "st attn not supported");
+    return sta_backend_missing(a->storage->device);
   return sta_backend_get(a->storage->device)->head_diff(&p, l1, l2);
 }

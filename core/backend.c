@@ -116,9 +116,12 @@ const char *sta_cuda_last_launch(void) { return last_launch; }
 void sta_cuda_set_wave_gate_test(int64_t bytes) { wave_gate_test = bytes; }
 int64_t sta_cuda_wave_gate_test(void) { return wave_gate_test; }
 
+sta_status sta_backend_missing(sta_device device) {
+  return sta_error(STA_ERR_BACKEND, "st attn not supported (%s)", sta_backend_describe(device));
+}
+
 sta_status sta_cuda_synchronize(void) {
-  if (!sta_backend_available(STA_CUDA))
-    return sta_error(STA_ERR_BACKEND, "st attn not supported");
+  if (!sta_backend_available(STA_CUDA)) return sta_backend_missing(STA_CUDA);
   return sta_backend_get(STA_CUDA)->synchronize();
 }
 

@@ -299,6 +299,10 @@ typedef struct sta_backend_ops {
   sta_status (*attention_fp8)(const sta_attn_params *p);
 } sta_backend_ops;
 
+/* STA_ERR_BACKEND "st attn not supported (<why>)" for a device whose
+** backend is not available: STA.md section 9's text, then the probe's
+** reason (not compiled in, no driver, no device, another architecture). */
+sta_status sta_backend_missing(sta_device device);
 /* The backend table for a device, NULL when not compiled in. */
 const sta_backend_ops *sta_backend_get(sta_device device);
 /* Compiled in when STA_WITH_CUDA is defined (kernels/cuda_backend.cu). */
@@ -670,9 +674,35 @@ sta_status sta_out_open(sta_outfile *f, const char *path, const char *label);
 void sta_out_write(sta_outfile *f, const void *data, size_t n);
 sta_status sta_out_commit(sta_outfile *f);
 void sta_out_abort(sta_outfile *f);
+/* The .npy and .safetensors writers into an open sta_outfile (what
+** sta_npy_save and sta_safetensors_save write; the caller commits or
+** aborts f).  keep: NULL, or an open .safetensors file whose tensors not
+** among names are copied in as they are (dtypes sta does not read
+** included), with its __metadata__: a rewrite of an input file that keeps
+** what it held.  Nothing is written when the arguments are refused. */
+sta_status sta_npy_write(sta_outfile *f, const sta_tensor *t);
+sta_status sta_safetensors_write(sta_outfile *f, int32_t n, const char *const *names,
+                                 const sta_tensor *const *tensors,
+                                 const sta_safetensors *keep);
+/* Remove every temporary file of an sta_outfile open now: async-signal-safe,
+** for a program's SIGINT/SIGTERM handler (sta-run) before it exits. */
+void sta_out_remove_pending(void);
 /* open, write, commit. */
 sta_status sta_write_text_file(const char *path, const char *label, const void *data,
                                size_t len);
+
+/* ---- text forms (parse.c) ------------------------------------------------- */
+
+/* A triple "T,H,W" or "TxHxW" of integers in lo..hi into out; on error
+** STA_ERR_ARGUMENT "<what>: '<s>' is not T,H,W or TxHxW (...)", out
+** unchanged. */
+sta_status sta_parse_triple(const char *s, const char *what, int32_t lo, int32_t hi,
+                            int32_t out[3]);
+/* A window or a list of them: "3,3,3:1,5,7" or "3x3x3,1x5x7" ("3x3x3:1x5x7"
+** too), each integer 1..2^20, at most max_n windows: *out (3 * *n ints,
+** sta_malloc: free()) and *n; on error STA_ERR_ARGUMENT naming what. */
+sta_status sta_parse_windows(const char *s, const char *what, int32_t max_n, int32_t **out,
+                             int32_t *n);
 
 /* ---- JSON (json.c) ------------------------------------------------------- */
 

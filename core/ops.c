@@ -366,8 +366,7 @@ static sta_status check_operands(const char *op, int32_t n, const sta_tensor *co
     if (t[i]->storage->device != dev)
       return sta_error(STA_ERR_ARGUMENT, "%s: devices differ (%s %s vs %s %s)", op, names[0],
                        sta_device_name(dev), names[i], sta_device_name(t[i]->storage->device));
-  if (dev != STA_CPU && !sta_backend_available(dev))
-    return sta_error(STA_ERR_BACKEND, "st attn not supported");
+  if (dev != STA_CPU && !sta_backend_available(dev)) return sta_backend_missing(dev);
   for (int32_t i = 0; i < n; i++) {
     sta_status rc = sta_f8_device_check(t[i], names[i]);
     if (rc != STA_OK) return rc;

@@ -103,8 +103,7 @@ static sta_status check_device(sta_device device, const char *arg) {
   if (device == STA_CPU) return STA_OK;
   if (device != STA_CUDA)
     return sta_error(STA_ERR_ARGUMENT, "%s: unknown device %d", arg, (int)device);
-  if (!sta_backend_available(STA_CUDA))
-    return sta_error(STA_ERR_BACKEND, "st attn not supported");
+  if (!sta_backend_available(STA_CUDA)) return sta_backend_missing(STA_CUDA);
   return STA_OK;
 }
 
@@ -475,8 +474,7 @@ static sta_status from_host(sta_tensor *dst, const sta_tensor *h) {
 /* The backend of a device tensor's device, or STA_ERR_BACKEND (a wrapped
 ** device pointer in a build or on a machine without that backend). */
 static sta_status device_backend(sta_device d) {
-  return d == STA_CPU || sta_backend_available(d) ? STA_OK
-                                                  : sta_error(STA_ERR_BACKEND, "st attn not supported");
+  return d == STA_CPU || sta_backend_available(d) ? STA_OK : sta_backend_missing(d);
 }
 
 sta_status sta_tensor_copy(sta_tensor *dst, const sta_tensor *src) {
