@@ -483,19 +483,26 @@ static double axis_pairs(int32_t c_tok, int32_t tile, int32_t k) {
 
 double sta_attention_flops(const sta_attention_desc *desc, int64_t batch,
                            int64_t seq_len, int64_t heads, int64_t head_dim) {
-  if (!desc || !desc->windows || heads < 1) return 0;
+  /* a problem the forward would refuse has no work: this also bounds every
+  ** size below (canvas <= 2^20 per axis, seq_len >= the video rows) and
+  ** keeps the loop over heads to the windows given */
+  if (!desc || !desc->windows || heads < 1 || batch < 0 || head_dim < 0 ||
+      (desc->n_windows != 1 && desc->n_windows != heads))
+    return 0;
   const sta_geometry *g = &desc->geom;
+  if (sta_geometry_check(g, seq_len) != STA_OK) return 0;
   int64_t v = sta_geometry_video_tokens(g), tl = sta_geometry_text_len(g, seq_len);
   int64_t text_rows = seq_len - sta_geometry_video_rows(g); /* padding rows: no work */
   double total = 0;
-  for (int64_t h = 0; h < heads; h++) {
-    const int32_t *w = desc->windows + (desc->n_windows == 1 ? 0 : 3 * h);
+  for (int64_t h = 0; h < (desc->n_windows == 1 ? 1 : heads); h++) {
+    const int32_t *w = desc->windows + 3 * h;
     double pairs = 1;
     for (int i = 0; i < 3; i++) pairs *= axis_pairs(g->canvas[i], g->tile[i], w[i]);
     pairs += (double)v * (double)tl;                          /* video -> text */
     pairs += (double)text_rows * (double)(v + tl);            /* text queries */
     total += pairs;
   }
+  if (desc->n_windows == 1) total *= (double)heads; /* one window: every head alike */
   return 4.0 * (double)head_dim * (double)batch * total;
 }
 

@@ -158,7 +158,9 @@ sta_status sta_geometry_from_seq_len(sta_geometry *g, int64_t seq_len) {
 
 int64_t sta_geometry_tiled_len(const sta_geometry *g, int64_t seq_len) {
   NULL_GEOMETRY(g, 0);
-  return padded_video(g) + seq_len - sta_geometry_video_tokens(g);
+  int64_t v = sta_geometry_video_tokens(g), p = padded_video(g);
+  if (seq_len < v || seq_len - v > INT64_MAX - p) return -1; /* no untiled length of g */
+  return p + (seq_len - v);
 }
 
 int64_t sta_tiled_row(const int32_t canvas[3], const int32_t tile[3], const int32_t grid[3],

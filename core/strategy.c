@@ -302,7 +302,10 @@ sta_status sta_strategy_uniform(sta_strategy **out, int32_t steps,
     return sta_error(STA_ERR_ARGUMENT, "full_steps: expected 0..%d (steps), got %d",
                      (int)steps, (int)full_steps);
   if (full_steps > 0 && (rc = check_window(full, "full")) != STA_OK) return rc;
-  int64_t n = (int64_t)steps * layers * heads;
+  int64_t n = (int64_t)steps * layers; /* < 2^62: no overflow; x heads checked */
+  if (__builtin_mul_overflow(n, (int64_t)heads, &n))
+    return sta_error(STA_ERR_ARGUMENT, "steps x layers x heads: %d x %d x %d entries is too many",
+                     (int)steps, (int)layers, (int)heads);
   if (n > ((int64_t)1 << 32))
     return sta_error(STA_ERR_ARGUMENT, "steps x layers x heads: %lld entries is too many",
                      (long long)n);
@@ -404,6 +407,7 @@ sta_status sta_strategy_check(const sta_strategy *s, int32_t steps,
   if ((rc = check_count(steps, "steps", 0)) || (rc = check_count(layers, "layers", 0)) ||
       (rc = check_count(heads, "heads", 0)))
     return rc;
+  if (!steps || !layers || !heads) return STA_OK; /* nothing asked (and no 2^31 empty loops) */
   for (int32_t t = 0; t < steps; t++)
     for (int32_t l = 0; l < layers; l++)
       for (int32_t h = 0; h < heads; h++) {

@@ -111,7 +111,9 @@ static sta_status check_shape(int32_t ndim, const int64_t *shape, int64_t *numel
   if (ndim < 1 || ndim > STA_MAX_DIMS)
     return sta_error(STA_ERR_SHAPE, "ndim: expected 1..4, got %d", (int)ndim);
   if (!shape) return sta_error(STA_ERR_SHAPE, "shape: expected an array, got NULL");
-  int64_t n = 1;
+  /* the product of the nonzero sizes is bounded too, so that an empty
+  ** tensor's contiguous strides (and offsets into it) stay in range */
+  int64_t n = 1, zero = 0;
   for (int32_t i = 0; i < ndim; i++) {
     if (shape[i] < 0)
       return sta_error(STA_ERR_SHAPE, "shape[%d]: expected >= 0, got %lld",
@@ -119,9 +121,10 @@ static sta_status check_shape(int32_t ndim, const int64_t *shape, int64_t *numel
     if (shape[i] > 0 && n > MAX_ELEMS / shape[i])
       return sta_error(STA_ERR_SHAPE, "shape[%d]: %lld makes the tensor too large",
                        (int)i, (long long)shape[i]);
-    n *= shape[i];
+    if (shape[i] > 0) n *= shape[i];
+    else zero = 1;
   }
-  *numel = n;
+  *numel = zero ? 0 : n;
   return STA_OK;
 }
 
@@ -202,8 +205,8 @@ void sta_tensor_extent(const sta_tensor *t, int64_t *lo, int64_t *hi) {
 static sta_status check_strides(int32_t ndim, const int64_t *shape,
                                 const int64_t *stride) {
   for (int32_t i = 0; i < ndim; i++) {
-    int64_t a = stride[i] < 0 ? -stride[i] : stride[i];
-    if (a > MAX_ELEMS || (shape[i] > 1 && a > MAX_ELEMS / (shape[i] - 1)))
+    uint64_t a = stride[i] < 0 ? 0 - (uint64_t)stride[i] : (uint64_t)stride[i]; /* INT64_MIN too */
+    if (a > (uint64_t)MAX_ELEMS || (shape[i] > 1 && a > (uint64_t)(MAX_ELEMS / (shape[i] - 1))))
       return sta_error(STA_ERR_SHAPE, "strides[%d]: %lld is out of range",
                        (int)i, (long long)stride[i]);
   }
@@ -227,10 +230,17 @@ sta_status sta_tensor_wrap(sta_tensor **out, void *data, sta_dtype dtype,
     if ((rc = check_strides(ndim, shape, strides)) != STA_OK) return rc;
     for (int32_t i = 0; i < ndim; i++) st[i] = strides[i];
   } else contiguous_strides(ndim, shape, st);
-  if (numel > 0) view_extent(0, ndim, shape, st, &lo, &hi);
+  size_t es = sta_dtype_size(dtype);
+  if (numel > 0) {
+    view_extent(0, ndim, shape, st, &lo, &hi);
+    /* bytes data + lo*es .. data + hi*es + es - 1 (|lo|, hi <= 2^52: no overflow here) */
+    uintptr_t at = (uintptr_t)data;
+    if ((uint64_t)(-lo) * es > at || (uint64_t)hi * es + es - 1 > UINTPTR_MAX - at)
+      return sta_error(STA_ERR_SHAPE, "strides: from data %p the view reaches elements %lld..%lld, "
+                       "outside the address space", data, (long long)lo, (long long)hi);
+  }
   sta_storage *s = sta_calloc(1, sizeof *s);
   if (!s) return sta_error(STA_ERR_NOMEM, "out of host memory (tensor header)");
-  size_t es = sta_dtype_size(dtype);
   /* the storage starts at the lowest element the view reaches */
   s->data = data ? (char *)data + lo * (int64_t)es : NULL; /* NULL: empty wrap */
   s->nbytes = numel > 0 ? (size_t)(hi - lo + 1) * es : 0;
@@ -299,11 +309,17 @@ sta_status sta_tensor_narrow(sta_tensor **out, const sta_tensor *base,
   if (dim < 0 || dim >= base->ndim)
     return sta_error(STA_ERR_ARGUMENT, "dim: expected 0..%d, got %d",
                      (int)base->ndim - 1, (int)dim);
-  if (start < 0 || len < 0 || start > base->shape[dim] - len)
+  if (start < 0 || len < 0 || start > base->shape[dim] - len) {
+    int64_t end;
+    if (__builtin_add_overflow(start, len, &end)) /* the message's sum too */
+      return sta_error(STA_ERR_ARGUMENT, "narrow: [%lld, %lld + %lld) is outside dim %d of size "
+                       "%lld", (long long)start, (long long)start, (long long)len, (int)dim,
+                       (long long)base->shape[dim]);
     return sta_error(STA_ERR_ARGUMENT,
                      "narrow: [%lld, %lld) is outside dim %d of size %lld",
-                     (long long)start, (long long)(start + len), (int)dim,
+                     (long long)start, (long long)end, (int)dim,
                      (long long)base->shape[dim]);
+  }
   int64_t shape[STA_MAX_DIMS];
   for (int32_t i = 0; i < base->ndim; i++) shape[i] = base->shape[i];
   shape[dim] = len;
