@@ -9,27 +9,15 @@
 
 static const char *ARG[4] = {"q", "k", "v", "out"};
 
-/* Byte range [lo, hi] a view reaches in its storage (numel > 0). */
-static void byte_span(const sta_tensor *t, int64_t *lo, int64_t *hi) {
-  int64_t es = (int64_t)sta_dtype_size(t->dtype);
-  sta_tensor_extent(t, lo, hi);
-  *lo *= es;
-  *hi = *hi * es + es - 1;
-}
-
-/* The call (`what`: "forward", "backward") writes w while it reads r
-** (verb "reading") or writes it too ("writing"): refuse overlapping memory. */
-static sta_status check_no_alias(const char *what, const char *verb, const sta_tensor *w,
-                                 const char *wname, const sta_tensor *r, const char *rname) {
-  int64_t a0, a1, b0, b1;
-  if (!w || !r || w->storage != r->storage) return STA_OK;
-  if (sta_tensor_numel(w) == 0 || sta_tensor_numel(r) == 0) return STA_OK;
-  byte_span(w, &a0, &a1);
-  byte_span(r, &b0, &b1);
-  if (a0 > b1 || b0 > a1) return STA_OK;
-  return sta_error(STA_ERR_ARGUMENT,
-                   "%s: shares memory with %s (the %s writes %s while %s %s; "
-                   "use a separate tensor)", wname, rname, what, wname, verb, rname);
+/* The memory checks of a forward (sta_attention_forward and _fp8 alike):
+** out and lse have distinct elements, share none with each other or with
+** the n tensors it reads (names rn). */
+static sta_status check_forward_writes(const sta_tensor *out, const sta_tensor *lse,
+                                       const sta_tensor *const *r, const char *const *rn,
+                                       int n) {
+  const sta_tensor *w[2] = {out, lse};
+  static const char *const WN[2] = {"out", "lse"};
+  return sta_check_writes("forward", 0, 2, w, WN, n, r, rn);
 }
 
 static sta_status check_tensor4(const sta_tensor *t, const char *name,
@@ -97,10 +85,35 @@ static sta_status check_f32_3d(const sta_tensor *t, const char *name, const sta_
   return STA_OK;
 }
 
+/* STA.md's "seq_len N not supported for STA" (sta_last_error(), as
+** sta_geometry_check left it), with what was expected added: the
+** canvas's video rows and the rows q has, and a layout hint when q's other
+** middle dimension could hold them ([B, heads, S, D] read as BSHD). */
+static sta_status seq_len_hint(const sta_geometry *g, sta_layout layout, const sta_tensor *q,
+                               int64_t s) {
+  char base[512], hint[200] = "";
+  int64_t rows = sta_geometry_video_rows(g), other = q->shape[layout == STA_BSHD ? 2 : 1];
+  snprintf(base, sizeof base, "%s", sta_last_error());
+  if (other >= rows)
+    snprintf(hint, sizeof hint, "; q's dim %d has %lld: %s needs layout %s", layout == STA_BSHD ? 2 : 1,
+             (long long)other, layout == STA_BSHD ? "[B, heads, S, D]" : "[B, S, heads, D]",
+             layout == STA_BSHD ? "bhsd" : "bshd");
+  size_t n = strlen(base);
+  if (n > 0 && base[n - 1] == ')') { /* the tiled order's rows are there already */
+    base[n - 1] = '\0';
+    return sta_error(STA_ERR_SEQ_LEN, "%s%s)", base, hint);
+  }
+  return sta_error(STA_ERR_SEQ_LEN, "%s (canvas %dx%dx%d has %lld video rows, q has %lld%s)",
+                   base, (int)g->canvas[0], (int)g->canvas[1], (int)g->canvas[2],
+                   (long long)rows, (long long)s, hint);
+}
+
 /* desc's geometry for q (bq) and its windows: 1 or one per head. */
-static sta_status check_windows(const sta_attention_desc *desc, const sta_bshd *bq) {
+static sta_status check_windows(const sta_attention_desc *desc, const sta_tensor *q,
+                                 const sta_bshd *bq) {
   sta_status rc;
-  if ((rc = sta_geometry_check(&desc->geom, bq->s)) != STA_OK) return rc;
+  if ((rc = sta_geometry_check(&desc->geom, bq->s)) != STA_OK)
+    return rc == STA_ERR_SEQ_LEN ? seq_len_hint(&desc->geom, desc->layout, q, bq->s) : rc;
   if (desc->n_windows != 1 && desc->n_windows != bq->h)
     return sta_error(STA_ERR_WINDOW, "n_windows: expected 1 or heads (%lld), got %d",
                      (long long)bq->h, (int)desc->n_windows);
@@ -153,7 +166,7 @@ static sta_status resolve(const sta_attention_desc *desc, const sta_tensor *q,
     return sta_error(STA_ERR_SHAPE,
                      "q: batch, heads and D must be >= 1, got B=%lld heads=%lld D=%lld",
                      (long long)b[0].b, (long long)b[0].h, (long long)b[0].d);
-  if (!own && (rc = check_windows(desc, &b[0])) != STA_OK) return rc;
+  if (!own && (rc = check_windows(desc, q, &b[0])) != STA_OK) return rc;
   if (desc->softmax != STA_SOFTMAX_EXACT && desc->softmax != STA_SOFTMAX_FAST)
     return sta_error(STA_ERR_ARGUMENT,
                      "softmax: expected STA_SOFTMAX_EXACT (0) or STA_SOFTMAX_FAST (1), got %d",
@@ -171,13 +184,9 @@ static sta_status resolve(const sta_attention_desc *desc, const sta_tensor *q,
   if (lse && (rc = check_f32_3d(lse, "lse", &b[0], b[0].s, "S", q->storage->device, "q")) !=
                  STA_OK)
     return rc;
-  for (int i = 0; i < 3; i++) {
-    if ((rc = check_no_alias("forward", "reading", out, "out", t[i], ARG[i])) != STA_OK) return rc;
-    if ((rc = check_no_alias("forward", "reading", lse, "lse", t[i], ARG[i])) != STA_OK) return rc;
-  }
-  if ((rc = check_no_alias("forward", "reading", lse, "lse", out, "out")) != STA_OK) return rc;
+  if ((rc = check_forward_writes(out, lse, t, ARG, 3)) != STA_OK) return rc;
   if (q->storage->device != STA_CPU && !sta_backend_available(q->storage->device))
-    return sta_error(STA_ERR_BACKEND, "st attn not supported");
+    return sta_backend_missing(q->storage->device);
   int32_t *w = NULL; /* BLOCKS: no windows, no geometry */
   if (!own && !(w = sta_malloc(sizeof(int32_t) * 3 * (size_t)b[0].h)))
     return sta_error(STA_ERR_NOMEM, "out of host memory (windows)");
@@ -356,13 +365,9 @@ sta_status sta_attention_forward_fp8(const sta_attention_desc *desc, const sta_t
     if ((rc = check_f32_3d(sc[i], NS[i], &b[0], i < 2 ? b[0].s : b[0].d, i < 2 ? "S" : "D", dev,
                            "q8")) != STA_OK)
       return rc;
-  for (int i = 0; i < 3; i++) {
-    if ((rc = check_no_alias("forward", "reading", out, "out", x8[i], N8[i])) != STA_OK ||
-        (rc = check_no_alias("forward", "reading", out, "out", sc[i], NS[i])) != STA_OK ||
-        (rc = check_no_alias("forward", "reading", lse, "lse", x8[i], N8[i])) != STA_OK ||
-        (rc = check_no_alias("forward", "reading", lse, "lse", sc[i], NS[i])) != STA_OK)
-      return rc;
-  }
+  const sta_tensor *in[6] = {q8, k8, v8, q_scale, k_scale, v_scale};
+  static const char *const IN[6] = {"q8", "k8", "v8", "q_scale", "k_scale", "v_scale"};
+  if ((rc = check_forward_writes(out, lse, in, IN, 6)) != STA_OK) return rc;
   sta_attn_params p; /* the forward's checks: geometry, windows, lse, the backend */
   if ((rc = resolve(desc, q8, k8, v8, NULL, lse, &p, 1, 1)) != STA_OK) return rc;
   free((void *)p.windows);
@@ -402,7 +407,7 @@ static sta_status bwd_operands(const sta_attention_desc *desc, const sta_tensor 
                                const sta_tensor *k, const sta_tensor *dout, sta_tensor *const *g,
                                const sta_tensor *const *ro, const char *const *ro_name,
                                int n_ro, sta_attn_params *p) {
-  static const char *GN[3] = {"dq", "dk", "dv"};
+  static const char *const GN[3] = {"dq", "dk", "dv"};
   sta_bshd bq, bk, bd, bg[3];
   sta_status rc;
   const int own = p->mask == STA_MASK_BLOCKS;
@@ -413,13 +418,8 @@ static sta_status bwd_operands(const sta_attention_desc *desc, const sta_tensor 
     if ((rc = i > 0 && own ? check_like(g[i], GN[i], desc->layout, k, "k", &bk, &bg[i], 0)
                            : check_like_q(g[i], GN[i], desc->layout, q, &bq, &bg[i])) != STA_OK)
       return rc;
-  for (int i = 0; i < 3; i++) {
-    for (int j = 0; j < i; j++)
-      if ((rc = check_no_alias("backward", "writing", g[i], GN[i], g[j], GN[j])) != STA_OK) return rc;
-    for (int j = 0; j < n_ro; j++)
-      if ((rc = check_no_alias("backward", "reading", g[i], GN[i], ro[j], ro_name[j])) != STA_OK)
-        return rc;
-  }
+  const sta_tensor *w[3] = {g[0], g[1], g[2]};
+  if ((rc = sta_check_writes("backward", 0, 3, w, GN, n_ro, ro, ro_name)) != STA_OK) return rc;
   p->dout = sta_tensor_data(dout);
   p->dq = sta_tensor_data(g[0]); p->dk = sta_tensor_data(g[1]); p->dv = sta_tensor_data(g[2]);
   p->do_sb = bd.sb; p->do_ss = bd.ss; p->do_sh = bd.sh;
@@ -447,7 +447,7 @@ sta_status sta_attention_backward(const sta_attention_desc *desc, const sta_tens
   }
   sta_tensor *g[3] = {dq, dk, dv};
   const sta_tensor *ro[6] = {q, k, v, out, lse, dout};
-  static const char *RN[6] = {"q", "k", "v", "out", "lse", "dout"};
+  static const char *const RN[6] = {"q", "k", "v", "out", "lse", "dout"};
   rc = bwd_operands(desc, q, k, dout, g, ro, RN, 6, &p);
   sta_tensor *outs[W_N] = {NULL, NULL, dq, dk, dv};
   if (rc == STA_OK && q->storage->device == STA_CPU)
@@ -479,7 +479,7 @@ sta_status sta_attention_backward_reference(const sta_attention_desc *desc,
   }
   sta_tensor *g[3] = {dq, dk, dv};
   const sta_tensor *ro[4] = {q, k, v, dout};
-  static const char *RN[4] = {"q", "k", "v", "dout"};
+  static const char *const RN[4] = {"q", "k", "v", "dout"};
   rc = bwd_operands(desc, q, k, dout, g, ro, RN, 4, &p);
   sta_tensor *outs[W_N] = {NULL, NULL, dq, dk, dv};
   if (rc == STA_OK) rc = run_scratch(&p, desc->layout, outs, sta_cpu_attention_backward_reference);
@@ -504,19 +504,26 @@ double sta_attention_flops(const sta_attention_desc *desc, int64_t batch,
                            int64_t seq_len, int64_t heads, int64_t head_dim) {
   if (desc && desc->mask != STA_MASK_WINDOW)
     return sta_mask_flops(desc, batch, seq_len, heads, head_dim);
-  if (!desc || !desc->windows || heads < 1) return 0;
+  /* a problem the forward would refuse has no work: this also bounds every
+  ** size below (canvas <= 2^20 per axis, seq_len >= the video rows) and
+  ** keeps the loop over heads to the windows given */
+  if (!desc || !desc->windows || heads < 1 || batch < 0 || head_dim < 0 ||
+      (desc->n_windows != 1 && desc->n_windows != heads))
+    return 0;
   const sta_geometry *g = &desc->geom;
+  if (sta_geometry_check(g, seq_len) != STA_OK) return 0;
   int64_t v = sta_geometry_video_tokens(g), tl = sta_geometry_text_len(g, seq_len);
   int64_t text_rows = seq_len - sta_geometry_video_rows(g); /* padding rows: no work */
   double total = 0;
-  for (int64_t h = 0; h < heads; h++) {
-    const int32_t *w = desc->windows + (desc->n_windows == 1 ? 0 : 3 * h);
+  for (int64_t h = 0; h < (desc->n_windows == 1 ? 1 : heads); h++) {
+    const int32_t *w = desc->windows + 3 * h;
     double pairs = 1;
     for (int i = 0; i < 3; i++) pairs *= axis_pairs(g->canvas[i], g->tile[i], w[i]);
     pairs += (double)v * (double)tl;                          /* video -> text */
     pairs += (double)text_rows * (double)(v + tl);            /* text queries */
     total += pairs;
   }
+  if (desc->n_windows == 1) total *= (double)heads; /* one window: every head alike */
   return 4.0 * (double)head_dim * (double)batch * total;
 }
 
@@ -543,6 +550,6 @@ sta_status sta_head_diff(const sta_tensor *a, const sta_tensor *b,
   p.q_sb = x.sb; p.q_ss = x.ss; p.q_sh = x.sh;
   p.o_sb = y.sb; p.o_ss = y.ss; p.o_sh = y.sh;
   if (a->storage->device != STA_CPU && !sta_backend_available(a->storage->device))
-    return sta_error(STA_ERR_BACKEND, "st attn not supported");
+    return sta_backend_missing(a->storage->device);
   return sta_backend_get(a->storage->device)->head_diff(&p, l1, l2);
 }

@@ -126,10 +126,12 @@ void sta_cuda_set_tma_test(int32_t flags) {
   __atomic_store_n(&tma_test, flags & (STA_TEST_NO_TMA | STA_TEST_NO_TMA_Q), __ATOMIC_RELAXED);
 }
 int32_t sta_cuda_tma_test(void) { return __atomic_load_n(&tma_test, __ATOMIC_RELAXED); }
+sta_status sta_backend_missing(sta_device device) {
+  return sta_error(STA_ERR_BACKEND, "st attn not supported (%s)", sta_backend_describe(device));
+}
 
 sta_status sta_cuda_synchronize(void) {
-  if (!sta_backend_available(STA_CUDA))
-    return sta_error(STA_ERR_BACKEND, "st attn not supported");
+  if (!sta_backend_available(STA_CUDA)) return sta_backend_missing(STA_CUDA);
   return sta_backend_get(STA_CUDA)->synchronize();
 }
 

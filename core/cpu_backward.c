@@ -71,7 +71,9 @@ static void p_and_ds(float *st, float *dpt, int64_t nk, int64_t nq, int64_t ld, 
     #pragma omp simd
     for (int64_t j = 0; j < nq; j++) {
       float x = s[j] * c - l2[j];
-      float e = exp2_neg(x < 126.0f ? x : 126.0f); /* <= 0 but for rounding */
+      /* x <= 0 but for rounding; the clamp keeps NaN (a NaN lse or score)
+      ** NaN: written x < 126 ? x : 126 it turned NaN into 2^126 */
+      float e = exp2_neg(x > 126.0f ? 126.0f : x);
       s[j] = e;
       dp[j] = e * (dp[j] - dd[j]);
     }

@@ -229,9 +229,12 @@ sta_status sta_cpu_attention_backward_reference(const sta_attn_params *p) {
           dod[d] = sta_load_f32(ROW(p->dout, p->do_sb, p->do_ss, p->do_sh, s) + d * es, p->dtype);
           od[d] = dq[d] = 0;
         }
+        /* dpr[j] first marks the keys (1): a key's logit may be -inf too
+        ** (an Inf in q), and with the row's sum NaN its P is NaN, not 0 */
         double m = -INFINITY, l = 0;
         for (int64_t j = 0; j < keys; j++) {
-          if (!is_key(p, win, &qr, j)) { pr[j] = -INFINITY; continue; }
+          dpr[j] = is_key(p, win, &qr, j);
+          if (!dpr[j]) { pr[j] = -INFINITY; continue; }
           const char *kr = ROW(p->k, p->k_sb, p->k_ss, p->k_sh, j);
           double dot = 0;
           nkeys++;
@@ -248,8 +251,8 @@ sta_status sta_cpu_attention_backward_reference(const sta_attn_params *p) {
           if (pr[j] != -INFINITY) l += exp(pr[j] - m);
         /* P, O = P V, dP = dO . v_j, D_i = dO . O */
         for (int64_t j = 0; j < keys; j++) {
-          if (pr[j] == -INFINITY) { pr[j] = 0; dpr[j] = 0; continue; }
-          pr[j] = exp(pr[j] - m) / l;
+          if (!dpr[j]) { pr[j] = 0; continue; }
+          pr[j] = pr[j] == -INFINITY && l > 0 ? 0 : exp(pr[j] - m) / l; /* l 0 or NaN: NaN */
           const char *vr = ROW(p->v, p->v_sb, p->v_ss, p->v_sh, j);
           double dp = 0;
           for (int64_t d = 0; d < D; d++) {

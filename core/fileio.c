@@ -30,13 +30,82 @@ static char *dir_of(const char *path) {
   return d;
 }
 
+/* ---- temporary files a signal must not leave behind ------------------------ */
+
+/* The temporary files being written now (sta_out_remove_pending removes
+** them from a signal handler): slots set with the file's name once it
+** exists and cleared before the name is freed; a 65th concurrent file is
+** not listed. */
+#define PENDING_MAX 64
+static char *pending[PENDING_MAX];
+
+static void pending_add(char *tmp) {
+  for (int i = 0; i < PENDING_MAX; i++) {
+    char *none = NULL;
+    if (__atomic_compare_exchange_n(&pending[i], &none, tmp, 0, __ATOMIC_ACQ_REL,
+                                    __ATOMIC_ACQUIRE))
+      return;
+  }
+}
+
+static void pending_remove(const char *tmp) {
+  for (int i = 0; i < PENDING_MAX && tmp; i++) {
+    char *p = (char *)tmp;
+    __atomic_compare_exchange_n(&pending[i], &p, NULL, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE);
+  }
+}
+
+void sta_out_remove_pending(void) {
+  for (int i = 0; i < PENDING_MAX; i++) {
+    char *p = __atomic_load_n(&pending[i], __ATOMIC_ACQUIRE);
+    if (p) unlink(p); /* async-signal-safe; ours: made with O_EXCL */
+  }
+}
+
+/* ---- the atomic writer ----------------------------------------------------- */
+
 static void out_reset(sta_outfile *f) {
   if (f->dirfd >= 0) close(f->dirfd);
   f->dirfd = -1;
+  pending_remove(f->tmp);
   free(f->target);
   free(f->tmp);
   f->target = f->tmp = NULL;
   f->fd = -1;
+}
+
+/* The file that writing path replaces: path itself, or the end of its
+** chain of symbolic links (relative ones against their link's folder),
+** whether or not that file exists yet: the links stay links.  NULL and
+** errno ELOOP past 40 links, ENOMEM. */
+static char *link_target(const char *path) {
+  char *cur = sta_strdup(path);
+  for (int hops = 0; cur && hops <= 40; hops++) {
+    struct stat st;
+    char buf[PATH_MAX];
+    if (lstat(cur, &st) != 0 || !S_ISLNK(st.st_mode)) return cur;
+    ssize_t n = readlink(cur, buf, sizeof buf - 1);
+    if (n <= 0) return cur;
+    buf[n] = '\0';
+    char *next;
+    if (buf[0] == '/' || !strchr(cur, '/')) next = sta_strdup(buf);
+    else {
+      size_t dl = (size_t)(strrchr(cur, '/') - cur) + 1, bl = (size_t)n + 1;
+      next = sta_malloc(dl + bl);
+      if (next) {
+        memcpy(next, cur, dl);
+        memcpy(next + dl, buf, bl);
+      }
+    }
+    free(cur);
+    cur = next;
+  }
+  if (!cur) errno = ENOMEM;
+  else {
+    free(cur);
+    errno = ELOOP;
+  }
+  return NULL;
 }
 
 sta_status sta_out_open(sta_outfile *f, const char *path, const char *label) {
@@ -46,16 +115,12 @@ sta_status sta_out_open(sta_outfile *f, const char *path, const char *label) {
   f->label = label;
   if (!path) return sta_error(STA_ERR_ARGUMENT, "path: expected a file name, got NULL");
   if (!*path) return sta_error(STA_ERR_IO, "%s: cannot open for writing: empty file name", label);
-  /* a symbolic link is followed: its target is replaced, the link stays */
-  char *target = NULL;
-  if (lstat(path, &st) == 0 && S_ISLNK(st.st_mode)) target = realpath(path, NULL);
-  if (target) { /* realpath's buffer comes from malloc: copy it into ours */
-    char *t = sta_strdup(target);
-    free(target);
-    target = t;
-  } else
-    target = sta_strdup(path);
-  if (!target) return sta_error(STA_ERR_NOMEM, "out of host memory (file name)");
+  /* a symbolic link is followed, dangling or not: the file it names is
+  ** written, the link stays */
+  char *target = link_target(path);
+  if (!target && errno == ENOMEM) return sta_error(STA_ERR_NOMEM, "out of host memory (file name)");
+  if (!target)
+    return sta_error(STA_ERR_IO, "%s: cannot open for writing: %s", label, strerror(errno));
   f->target = target;
   if (stat(target, &st) == 0 && !S_ISREG(st.st_mode)) {
     if (S_ISDIR(st.st_mode)) {
@@ -91,8 +156,10 @@ sta_status sta_out_open(sta_outfile *f, const char *path, const char *label) {
     f->fd = open(f->tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
     if (f->fd >= 0 || (e = errno) != EEXIST) break;
   }
-  if (f->fd >= 0) /* to fsync the rename */
+  if (f->fd >= 0) { /* to fsync the rename */
+    pending_add(f->tmp);
     f->dirfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  }
   free(dir);
   if (f->fd < 0) {
     out_reset(f);

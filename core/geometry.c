@@ -149,7 +149,9 @@ sta_status sta_geometry_from_seq_len(sta_geometry *g, int64_t seq_len) {
 
 int64_t sta_geometry_tiled_len(const sta_geometry *g, int64_t seq_len) {
   NULL_GEOMETRY(g, 0);
-  return padded_video(g) + seq_len - sta_geometry_video_tokens(g);
+  int64_t v = sta_geometry_video_tokens(g), p = padded_video(g);
+  if (seq_len < v || seq_len - v > INT64_MAX - p) return -1; /* no untiled length of g */
+  return p + (seq_len - v);
 }
 
 int64_t sta_tiled_row(const int32_t canvas[3], const int32_t tile[3], const int32_t grid[3],
@@ -194,6 +196,10 @@ static sta_status tile_rows(sta_tensor *dst, const sta_tensor *src,
   if (dst->dtype != src->dtype)
     return sta_error(STA_ERR_DTYPE, "out: dtype %s differs from in's %s",
                      sta_dtype_name(dst->dtype), sta_dtype_name(src->dtype));
+  static const char *const ON[1] = {"out"}, *const IN[1] = {"in"};
+  const sta_tensor *w = dst;
+  if ((rc = sta_check_writes(to_tiled ? "tile" : "untile", 0, 1, &w, ON, 1, &src, IN)) != STA_OK)
+    return rc;
   if (dst->storage->device != STA_CPU || src->storage->device != STA_CPU) {
     /* stage through the host */
     sta_tensor *hs = NULL, *hd = NULL;

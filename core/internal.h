@@ -167,9 +167,36 @@ void sta_iter_init(sta_iter *it, int32_t nops, const sta_tensor *const *t);
 void sta_host_copy(sta_tensor *dst, const sta_tensor *src);
 void sta_host_fill(sta_tensor *t, double value);
 void sta_host_randn(sta_tensor *t, uint64_t seed, double mean, double std);
-/* STA_ERR_ARGUMENT when dst and src may share an element without being
-** the same view. */
-sta_status sta_copy_check_overlap(const sta_tensor *dst, const sta_tensor *src);
+
+/* ---- overlap (overlap.c) ----------------------------------------------- */
+
+/* 1 when a and b share memory: decided on their elements' bytes, not their
+** spans (disjoint interleaved slices of one tensor: 0), across storages too
+** (two wraps of one buffer), never across devices. */
+int sta_tensor_overlaps(const sta_tensor *a, const sta_tensor *b);
+/* 1 when two elements of t are one memory location (a stride-0 view, or
+** strides that fold back). */
+int sta_tensor_self_overlaps(const sta_tensor *t);
+/* The deciders behind both: 1 yes, 0 no, -1 the search gave up on
+** contrived strides (the two above answer 1 then: refused, never a false
+** "disjoint"); for tests. */
+int sta_overlap_decide(const sta_tensor *a, const sta_tensor *b);
+int sta_self_overlap_decide(const sta_tensor *t);
+/* 1 when a and b are the same elements in the same order (element 0 at
+** one address, one dtype, shape and strides). */
+int sta_tensor_same_view(const sta_tensor *a, const sta_tensor *b);
+/* The memory checks of every call that writes: call `what` writes the nw
+** tensors w (names wn) while it reads the nr tensors r (NULL entries are
+** skipped).  STA_ERR_ARGUMENT when a written tensor overlaps itself
+** ("<w>: more than one of its elements is one memory location ..."),
+** another written one or a read one ("<w>: shares memory with <r> (the
+** <what> writes <w> while reading <r>; use a separate tensor)").
+** in_place (elementwise calls): a written tensor may be a read one's same
+** view; then the message is "<what>: <w> overlaps <r> without being the
+** same view". */
+sta_status sta_check_writes(const char *what, int in_place, int nw, const sta_tensor *const *w,
+                            const char *const *wn, int nr, const sta_tensor *const *r,
+                            const char *const *rn);
 
 /* ---- numbers ---------------------------------------------------------- */
 
@@ -363,6 +390,10 @@ typedef struct sta_backend_ops {
                                int per_row);
 } sta_backend_ops;
 
+/* STA_ERR_BACKEND "st attn not supported (<why>)" for a device whose
+** backend is not available: STA.md section 9's text, then the probe's
+** reason (not compiled in, no driver, no device, another architecture). */
+sta_status sta_backend_missing(sta_device device);
 /* The backend table for a device, NULL when not compiled in. */
 const sta_backend_ops *sta_backend_get(sta_device device);
 /* Compiled in when STA_WITH_CUDA is defined (kernels/cuda_backend.cu). */
@@ -901,9 +932,49 @@ sta_status sta_out_open(sta_outfile *f, const char *path, const char *label);
 void sta_out_write(sta_outfile *f, const void *data, size_t n);
 sta_status sta_out_commit(sta_outfile *f);
 void sta_out_abort(sta_outfile *f);
+/* The .npy and .safetensors writers into an open sta_outfile (what
+** sta_npy_save and sta_safetensors_save write; the caller commits or
+** aborts f).  keep: NULL, or an open .safetensors file whose tensors not
+** among names are copied in as they are (dtypes sta does not read
+** included), with its __metadata__: a rewrite of an input file that keeps
+** what it held.  Nothing is written when the arguments are refused. */
+sta_status sta_npy_write(sta_outfile *f, const sta_tensor *t);
+sta_status sta_safetensors_write(sta_outfile *f, int32_t n, const char *const *names,
+                                 const sta_tensor *const *tensors,
+                                 const sta_safetensors *keep);
+/* Remove every temporary file of an sta_outfile open now: async-signal-safe,
+** for a program's SIGINT/SIGTERM handler (sta-run) before it exits. */
+void sta_out_remove_pending(void);
 /* open, write, commit. */
 sta_status sta_write_text_file(const char *path, const char *label, const void *data,
                                size_t len);
+
+/* ---- text forms (parse.c) ------------------------------------------------- */
+
+/* A triple "T,H,W" or "TxHxW" of integers in lo..hi into out; on error
+** STA_ERR_ARGUMENT "<what>: '<s>' is not T,H,W or TxHxW (...)", out
+** unchanged. */
+sta_status sta_parse_triple(const char *s, const char *what, int32_t lo, int32_t hi,
+                            int32_t out[3]);
+/* A window or a list of them: "3,3,3:1,5,7" or "3x3x3,1x5x7" ("3x3x3:1x5x7"
+** too), each integer 1..2^20, at most max_n windows: *out (3 * *n ints,
+** sta_malloc: free()) and *n; on error STA_ERR_ARGUMENT naming what. */
+sta_status sta_parse_windows(const char *s, const char *what, int32_t max_n, int32_t **out,
+                             int32_t *n);
+
+/* ---- JSON (json.c) ------------------------------------------------------- */
+
+/* Every JSON reader's parse: len bytes of text as one JSON value (cJSON's
+** tree into *root, cJSON_Delete it).  Refused (STA_ERR_FORMAT, messages
+** prefixed "<what>: "): malformed JSON ("malformed JSON at byte N"),
+** anything but whitespace after the value ("unexpected text after the
+** JSON object at byte N"; trailing NUL bytes allowed when trailing_nul),
+** a NUL in a string, raw or \u0000 ("NUL character in a string at byte N
+** ..."; cJSON would cut a key there).  STA_ERR_NOMEM when cJSON ran out of
+** memory. */
+struct cJSON;
+sta_status sta_json_parse(const char *text, size_t len, const char *what, int trailing_nul,
+                          struct cJSON **root);
 
 /* ---- runtime (strategy.c) ----------------------------------------------- */
 

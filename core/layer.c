@@ -92,7 +92,7 @@ sta_status sta_layer_create(sta_layer **out, const sta_layer_desc *desc) {
   if (desc->backend != STA_CPU && desc->backend != STA_CUDA)
     return sta_error(STA_ERR_ARGUMENT, "backend: unknown device %d", (int)desc->backend);
   if (!sta_backend_available(desc->backend))
-    return sta_error(STA_ERR_BACKEND, "st attn not supported");
+    return sta_backend_missing(desc->backend);
   if (!isfinite(desc->scale))
     return sta_error(STA_ERR_ARGUMENT, "scale: expected a finite value, got %g", (double)desc->scale);
   if (desc->softmax != STA_SOFTMAX_EXACT && desc->softmax != STA_SOFTMAX_FAST)

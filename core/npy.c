@@ -288,9 +288,12 @@ sta_status sta_npy_load(sta_tensor **out, const char *path, int32_t as_bf16) {
 
 /* ---- save --------------------------------------------------------------- */
 
-sta_status sta_npy_save(const sta_tensor *t, const char *path) {
+/* The file's preamble + header (pre, its length *plen) and a host copy of
+** t (*h): what sta_npy_write writes.  Checks t first: nothing is written
+** for a tensor that cannot be. */
+static sta_status npy_prepare(const sta_tensor *t, unsigned char pre[512], size_t *plen,
+                              sta_tensor **h) {
   STA_CHECK_HANDLE(t, STA_KIND_TENSOR, "t");
-  if (!path) return sta_error(STA_ERR_ARGUMENT, "path: expected a file name, got NULL");
   sta_dtype dt = sta_tensor_dtype(t);
   if (dt == STA_F8E4M3)
     return sta_error(STA_ERR_DTYPE, "t: .npy has no f8e4m3 type (convert it with sta_tensor_to "
@@ -298,7 +301,7 @@ sta_status sta_npy_save(const sta_tensor *t, const char *path) {
   if (dt == STA_I32)
     return sta_error(STA_ERR_DTYPE, "t: sta writes .npy files of f32, f16 and bf16, not i32");
   const char *descr = dt == STA_F32 ? "<f4" : dt == STA_F16 ? "<f2" : "<u2";
-  char shp[128], hdr[256];
+  char shp[128], *hdr = (char *)pre + 10;
   int32_t nd = sta_tensor_ndim(t);
   int n = 0;
   for (int32_t i = 0; i < nd; i++)
@@ -308,28 +311,49 @@ sta_status sta_npy_save(const sta_tensor *t, const char *path) {
   /* As NumPy >= 1.23 writes it: the dict, 21 - digits(shape[0]) spaces
   ** (room to grow the first axis in place), spaces and '\n' so that the
   ** 10-byte preamble + header is a multiple of 64. */
-  int dl = snprintf(hdr, sizeof hdr, "{'descr': '%s', 'fortran_order': False, "
+  int dl = snprintf(hdr, 256, "{'descr': '%s', 'fortran_order': False, "
                     "'shape': (%s), }", descr, shp);
   int digits = snprintf(NULL, 0, "%lld", (long long)sta_tensor_size(t, 0));
   size_t grown = (size_t)dl + (size_t)(digits < 21 ? 21 - digits : 0);
   size_t total = ((size_t)10 + grown + 1 + 63) / 64 * 64, hlen = total - 10;
   memset(hdr + dl, ' ', hlen - 1 - (size_t)dl);
   hdr[hlen - 1] = '\n';
+  static const unsigned char magic[8] = {0x93, 'N', 'U', 'M', 'P', 'Y', 1, 0};
+  memcpy(pre, magic, 8);
+  pre[8] = (unsigned char)(hlen & 0xff);
+  pre[9] = (unsigned char)(hlen >> 8);
+  *plen = total;
+  return sta_tensor_to(h, t, dt, STA_CPU);
+}
 
+static void npy_put(sta_outfile *f, const unsigned char *pre, size_t plen, const sta_tensor *h) {
+  sta_out_write(f, pre, plen);
+  sta_out_write(f, sta_tensor_data(h),
+                sta_dtype_size(sta_tensor_dtype(h)) * (size_t)sta_tensor_numel(h));
+}
+
+sta_status sta_npy_write(sta_outfile *f, const sta_tensor *t) {
+  unsigned char pre[512];
+  size_t plen;
   sta_tensor *h = NULL;
-  sta_status rc = sta_tensor_to(&h, t, dt, STA_CPU);
-  if (rc != STA_OK) return rc;
-  size_t numel = (size_t)sta_tensor_numel(h), es = sta_dtype_size(dt);
-  sta_outfile f;
-  if ((rc = sta_out_open(&f, path, path)) != STA_OK) {
-    sta_tensor_destroy(h);
-    return rc;
-  }
-  unsigned char pre[10] = {0x93, 'N', 'U', 'M', 'P', 'Y', 1, 0,
-                           (unsigned char)(hlen & 0xff), (unsigned char)(hlen >> 8)};
-  sta_out_write(&f, pre, 10);
-  sta_out_write(&f, hdr, hlen);
-  sta_out_write(&f, sta_tensor_data(h), es * numel);
+  sta_status rc = npy_prepare(t, pre, &plen, &h);
+  if (rc == STA_OK) npy_put(f, pre, plen, h);
   sta_tensor_destroy(h);
-  return sta_out_commit(&f);
+  return rc;
+}
+
+sta_status sta_npy_save(const sta_tensor *t, const char *path) {
+  STA_CHECK_HANDLE(t, STA_KIND_TENSOR, "t");
+  if (!path) return sta_error(STA_ERR_ARGUMENT, "path: expected a file name, got NULL");
+  unsigned char pre[512];
+  size_t plen;
+  sta_tensor *h = NULL;
+  sta_outfile f;
+  sta_status rc = npy_prepare(t, pre, &plen, &h);
+  if (rc == STA_OK && (rc = sta_out_open(&f, path, path)) == STA_OK) {
+    npy_put(&f, pre, plen, h);
+    rc = sta_out_commit(&f);
+  }
+  sta_tensor_destroy(h);
+  return rc;
 }

@@ -186,13 +186,18 @@ static void host_segment(const host_job *j, char *const *p, int64_t g, int64_t n
       store_row(p[0], s0[3], dt, x, n);
     }
     break;
-  case OP_FILL: { /* the value's bits once, then copies of them */
-    uint32_t w = 0;
-    sta_store_f32(&w, dt, (float)j->mean);
-    if (dt == STA_F32)
-      for (int64_t i = 0; i < n; i++) ((uint32_t *)p[0])[i * s0[3]] = w;
-    else
-      for (int64_t i = 0; i < n; i++) ((uint16_t *)p[0])[i * s0[3]] = (uint16_t)w;
+  case OP_FILL: { /* the value's bits once, then copies of them, by element size */
+    unsigned char bits[4] = {0, 0, 0, 0};
+    uint32_t w4;
+    uint16_t w2;
+    sta_store_f32(bits, dt, (float)j->mean);
+    memcpy(&w4, bits, 4);
+    memcpy(&w2, bits, 2);
+    switch (sta_dtype_size((sta_dtype)dt)) {
+    case 4: for (int64_t i = 0; i < n; i++) ((uint32_t *)p[0])[i * s0[3]] = w4; break;
+    case 2: for (int64_t i = 0; i < n; i++) ((uint16_t *)p[0])[i * s0[3]] = w2; break;
+    default: for (int64_t i = 0; i < n; i++) ((uint8_t *)p[0])[i * s0[3]] = bits[0]; break;
+    }
     break;
   }
   case OP_RANDN:
@@ -345,28 +350,9 @@ static sta_status host_stats(const sta_tensor *t, sta_stats *out) {
 
 /* ---- checks -------------------------------------------------------------- */
 
-static int same_view(const sta_tensor *a, const sta_tensor *b) {
-  if (a->storage != b->storage || a->offset != b->offset || a->ndim != b->ndim) return 0;
-  for (int32_t i = 0; i < a->ndim; i++)
-    if (a->shape[i] != b->shape[i] || (a->shape[i] > 1 && a->stride[i] != b->stride[i]))
-      return 0;
-  return 1;
-}
-
-/* 1 when a and b may share an element without being the same view
-** (their storage extents intersect). */
-static int overlap(const sta_tensor *a, const sta_tensor *b) {
-  int64_t alo, ahi, blo, bhi;
-  if (a->storage != b->storage || sta_tensor_numel(a) == 0 || sta_tensor_numel(b) == 0 ||
-      same_view(a, b))
-    return 0;
-  sta_tensor_extent(a, &alo, &ahi);
-  sta_tensor_extent(b, &blo, &bhi);
-  return alo <= bhi && blo <= ahi;
-}
-
 /* The checks every elementwise call makes: t[0] is written, t[1..n-1]
-** read; every one non-NULL, one shape, one device whose backend runs. */
+** read; every one non-NULL, one shape, one device whose backend runs; t[0]
+** has distinct elements and overlaps no other unless it is its same view. */
 static sta_status check_operands(const char *op, int32_t n, const sta_tensor *const *t,
                                  const char *const *names) {
   for (int32_t i = 0; i < n; i++)
@@ -381,8 +367,7 @@ static sta_status check_operands(const char *op, int32_t n, const sta_tensor *co
     if (t[i]->storage->device != dev)
       return sta_error(STA_ERR_ARGUMENT, "%s: devices differ (%s %s vs %s %s)", op, names[0],
                        sta_device_name(dev), names[i], sta_device_name(t[i]->storage->device));
-  if (dev != STA_CPU && !sta_backend_available(dev))
-    return sta_error(STA_ERR_BACKEND, "st attn not supported");
+  if (dev != STA_CPU && !sta_backend_available(dev)) return sta_backend_missing(dev);
   for (int32_t i = 0; i < n; i++) {
     sta_status rc = sta_f8_device_check(t[i], names[i]);
     if (rc != STA_OK) return rc;
@@ -390,24 +375,13 @@ static sta_status check_operands(const char *op, int32_t n, const sta_tensor *co
       return sta_error(STA_ERR_UNSUPPORTED, "%s: %s is i32 (no operation computes on i32: it "
                        "holds block lists)", op, names[i]);
   }
-  for (int32_t i = 1; i < n; i++)
-    if (overlap(t[0], t[i]))
-      return sta_error(STA_ERR_ARGUMENT, "%s: %s overlaps %s without being the same view", op,
-                       names[0], names[i]);
-  return STA_OK;
+  return sta_check_writes(op, 1, 1, t, names, n - 1, t + 1, names + 1);
 }
 
 static sta_status check_coef(const char *name, double v, float *out) {
   if (!isfinite(v) || fabs(v) > FLT_MAX)
     return sta_error(STA_ERR_ARGUMENT, "%s: expected a finite float32 value, got %g", name, v);
   *out = (float)v;
-  return STA_OK;
-}
-
-/* sta_tensor_copy's overlap check (tensor.c checks the rest). */
-sta_status sta_copy_check_overlap(const sta_tensor *dst, const sta_tensor *src) {
-  if (overlap(dst, src))
-    return sta_error(STA_ERR_ARGUMENT, "copy: dst overlaps src without being the same view");
   return STA_OK;
 }
 

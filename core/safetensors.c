@@ -5,13 +5,16 @@
 **    "__metadata__": {"k": "v"}, ...}
 ** then the data, offsets relative to its start.
 **
-** Open validates every entry: a dtype safetensors defines (F32, F16 and BF16
-** are read; the others -- F64, I32, U8, ... -- are listed and refused by
-** sta_safetensors_read with "unsupported dtype"), shape of integers >= 0
-** whose product times the dtype size is end - begin, 0 <= begin <= end <=
-** data size, no two entries overlapping.  Any failure: STA_ERR_FORMAT
-** "<path>: <problem>", naming the entry.  The file stays open (read with
-** pread, so concurrent reads from threads are fine) until close.
+** Open validates the structure of every entry: a dtype string, shape of
+** integers >= 0, 0 <= begin <= end <= data size, no two entries
+** overlapping, and for a dtype of known size (every one safetensors
+** defines) shape x size = end - begin.  Which dtypes sta reads (F32, F16,
+** BF16, F8_E4M3) matters only to sta_safetensors_read of that tensor: a
+** file whose other tensors are I64, or of a dtype newer than this reader,
+** opens, and reading such a tensor fails naming it.  Any failure:
+** STA_ERR_FORMAT "<path>: <problem>", naming the entry.  The file stays
+** open (read with pread, so concurrent reads from threads are fine) until
+** close.
 */
 #include <errno.h>
 #include <fcntl.h>
@@ -45,6 +48,7 @@ struct sta_safetensors {
   int64_t data_start;
   int32_t n;
   st_entry *e;
+  char *meta; /* the __metadata__ object as JSON text, or NULL */
 };
 
 static const struct { const char *name; int32_t size; } ST_DTYPES[] = {
@@ -68,6 +72,7 @@ static void st_free(sta_safetensors *f) {
   if (f->fd >= 0) close(f->fd);
   free_entries(f->e, f->n);
   free(f->path);
+  free(f->meta);
   free(f);
 }
 
@@ -122,10 +127,12 @@ static sta_status parse_entry(const cJSON *j, const char *path, int64_t data_siz
   }
   if (!cJSON_IsString(dt))
     return sta_error(STA_ERR_FORMAT, "%s: entry '%s': 'dtype' must be a string", path, nm);
-  if (!(e->esize = dtype_size_of(dt->valuestring)))
-    return sta_error(STA_ERR_FORMAT, "%s: entry '%s': unknown dtype '%.20s'", path, nm,
-                     dt->valuestring);
-  snprintf(e->dtype, sizeof e->dtype, "%s", dt->valuestring);
+  size_t dl = strlen(dt->valuestring);
+  if (dl < 1 || dl >= sizeof e->dtype)
+    return sta_error(STA_ERR_FORMAT, "%s: entry '%s': dtype '%.20s' is not a dtype name", path,
+                     nm, dt->valuestring);
+  e->esize = dtype_size_of(dt->valuestring); /* 0: unknown here, checked when read */
+  memcpy(e->dtype, dt->valuestring, dl + 1);
   if (!cJSON_IsArray(sh))
     return sta_error(STA_ERR_FORMAT, "%s: entry '%s': 'shape' must be an array", path, nm);
   int ndim = cJSON_GetArraySize(sh);
@@ -153,7 +160,7 @@ static sta_status parse_entry(const cJSON *j, const char *path, int64_t data_siz
     return sta_error(STA_ERR_FORMAT, "%s: entry '%s': data_offsets [%lld, %lld] are "
                      "outside the %lld data bytes", path, nm, (long long)e->begin,
                      (long long)e->end, (long long)data_size);
-  if (numel > ST_MAX_SIZE / e->esize || numel * e->esize != e->end - e->begin)
+  if (e->esize && (numel > ST_MAX_SIZE / e->esize || numel * e->esize != e->end - e->begin))
     return sta_error(STA_ERR_FORMAT, "%s: entry '%s': shape and dtype %s need %lld bytes, "
                      "data_offsets [%lld, %lld] hold %lld", path, nm, e->dtype,
                      numel > ST_MAX_SIZE / e->esize ? -1LL : (long long)(numel * e->esize),
@@ -171,23 +178,13 @@ static int by_begin(const void *a, const void *b) {
 /* Parse the JSON header text into f's entries. */
 static sta_status parse_header(sta_safetensors *f, const char *text, size_t len,
                                int64_t data_size) {
-  const char *endp = NULL;
   const char *path = f->path;
-  int64_t failed = sta_alloc_failures();
-  cJSON *root = cJSON_ParseWithLengthOpts(text, len, &endp, 0);
-  if (!root && sta_alloc_failures() != failed)
-    return sta_error(STA_ERR_NOMEM, "%s: out of host memory (parsing the JSON header)", path);
-  if (!root)
-    return sta_error(STA_ERR_FORMAT, "%s: the header is not valid JSON (near byte %lld)",
-                     path, endp ? (long long)(endp - text) : -1LL);
-  sta_status rc = STA_OK;
-  for (const char *p = endp; p < text + len; p++)
-    if (*p != ' ' && *p != '\t' && *p != '\n' && *p != '\r') {
-      rc = sta_error(STA_ERR_FORMAT, "%s: junk after the JSON header (byte %lld)", path,
-                     (long long)(p - text));
-      break;
-    }
-  if (rc == STA_OK && !cJSON_IsObject(root))
+  char what[600];
+  cJSON *root = NULL;
+  snprintf(what, sizeof what, "%s: the JSON header", path);
+  sta_status rc = sta_json_parse(text, len, what, 0, &root);
+  if (rc != STA_OK) return rc;
+  if (!cJSON_IsObject(root))
     rc = sta_error(STA_ERR_FORMAT, "%s: the header must be a JSON object", path);
   int32_t n = 0;
   const cJSON *c;
@@ -203,6 +200,11 @@ static sta_status parse_header(sta_safetensors *f, const char *text, size_t len,
                        path, m->string);
         break;
       }
+      if (rc != STA_OK) break;
+      char *mt = f->meta ? NULL : cJSON_PrintUnformatted(c); /* kept by a rewrite */
+      if (!f->meta && (!mt || !(f->meta = sta_strdup(mt))))
+        rc = sta_error(STA_ERR_NOMEM, "out of host memory (safetensors header)");
+      cJSON_free(mt);
       if (rc != STA_OK) break;
     } else n++;
   }
@@ -300,8 +302,6 @@ sta_status sta_safetensors_open(sta_safetensors **out, const char *path) {
   rc = pread_all(f->fd, text, (size_t)hlen, 8, path, "header");
   if (rc == STA_OK && text[0] != '{')
     rc = sta_error(STA_ERR_FORMAT, "%s: the header does not start with '{'", path);
-  if (rc == STA_OK && memchr(text, '\0', (size_t)hlen))
-    rc = sta_error(STA_ERR_FORMAT, "%s: NUL byte in the JSON header", path);
   f->data_start = 8 + (int64_t)hlen;
   if (rc == STA_OK) rc = parse_header(f, text, (size_t)hlen, fsize - f->data_start);
   free(text);
@@ -373,25 +373,44 @@ static size_t json_quote(char *buf, size_t pos, const char *s) {
   return n + 1;
 }
 
+/* What a write puts in the file: the n named tensors (host copies h) after
+** the entries kept from keep (kept[0..nk-1], indices into keep->e). */
+typedef struct st_plan {
+  int32_t n, nk;
+  const char *const *names;
+  sta_tensor **h;
+  const sta_safetensors *keep;
+  int32_t *kept;
+} st_plan;
+
 /* Build the header (both passes: buf NULL measures). */
-static size_t build_header(char *buf, int32_t n, const char *const *names,
-                           const sta_tensor *const *ts) {
+static size_t build_header(char *buf, const st_plan *pl) {
   static const char *DT[4] = {"F32", "F16", "BF16", "F8_E4M3"};
   size_t pos = 0;
   int64_t off = 0;
   char tmp[256];
 #define PUT(str) do { size_t l_ = strlen(str); if (buf) memcpy(buf + pos, str, l_); pos += l_; } while (0)
   PUT("{");
-  for (int32_t i = 0; i < n; i++) {
-    if (i) PUT(",");
-    pos = json_quote(buf, pos, names[i]);
-    snprintf(tmp, sizeof tmp, ":{\"dtype\":\"%s\",\"shape\":[", DT[sta_tensor_dtype(ts[i])]);
-    PUT(tmp);
-    for (int32_t d = 0; d < sta_tensor_ndim(ts[i]); d++) {
-      snprintf(tmp, sizeof tmp, "%s%lld", d ? "," : "", (long long)sta_tensor_size(ts[i], d));
+  if (pl->keep && pl->keep->meta) {
+    PUT("\"__metadata__\":");
+    PUT(pl->keep->meta);
+  }
+  for (int32_t i = 0; i < pl->nk + pl->n; i++) {
+    const st_entry *e = i < pl->nk ? &pl->keep->e[pl->kept[i]] : NULL;
+    const sta_tensor *t = e ? NULL : pl->h[i - pl->nk];
+    int32_t nd = e ? e->ndim : sta_tensor_ndim(t);
+    if (i || (pl->keep && pl->keep->meta)) PUT(",");
+    pos = json_quote(buf, pos, e ? e->name : pl->names[i - pl->nk]);
+    PUT(":{\"dtype\":");
+    pos = json_quote(buf, pos, e ? e->dtype : DT[sta_tensor_dtype(t)]);
+    PUT(",\"shape\":[");
+    for (int32_t d = 0; d < nd; d++) {
+      snprintf(tmp, sizeof tmp, "%s%lld", d ? "," : "",
+               (long long)(e ? e->shape[d] : sta_tensor_size(t, d)));
       PUT(tmp);
     }
-    int64_t nb = sta_tensor_numel(ts[i]) * (int64_t)sta_dtype_size(sta_tensor_dtype(ts[i]));
+    int64_t nb = e ? e->end - e->begin
+                   : sta_tensor_numel(t) * (int64_t)sta_dtype_size(sta_tensor_dtype(t));
     snprintf(tmp, sizeof tmp, "],\"data_offsets\":[%lld,%lld]}", (long long)off,
              (long long)(off + nb));
     PUT(tmp);
@@ -402,10 +421,8 @@ static size_t build_header(char *buf, int32_t n, const char *const *names,
   return pos;
 }
 
-sta_status sta_safetensors_save(const char *path, int32_t n,
-                                const char *const *names,
-                                const sta_tensor *const *tensors) {
-  if (!path) return sta_error(STA_ERR_ARGUMENT, "path: expected a file name, got NULL");
+static sta_status check_save_args(int32_t n, const char *const *names,
+                                  const sta_tensor *const *tensors) {
   if (n < 0) return sta_error(STA_ERR_ARGUMENT, "n: expected >= 0, got %d", (int)n);
   if (n > 0 && !names) return sta_error(STA_ERR_ARGUMENT, "names: expected an array, got NULL");
   if (n > 0 && !tensors)
@@ -426,30 +443,93 @@ sta_status sta_safetensors_save(const char *path, int32_t n,
         return sta_error(STA_ERR_ARGUMENT, "names[%d]: '%s' repeats names[%d]", (int)i,
                          names[i], (int)j);
   }
-  size_t hl = build_header(NULL, n, names, tensors);
-  size_t padded = (hl + 7) / 8 * 8;
+  return STA_OK;
+}
+
+static void plan_free(st_plan *pl) {
+  if (pl->h)
+    for (int32_t i = 0; i < pl->n; i++) sta_tensor_destroy(pl->h[i]);
+  free(pl->h);
+  free(pl->kept);
+}
+
+/* Check the arguments, list what keep keeps, make contiguous host copies
+** (so a device error writes nothing).  plan_free it either way. */
+static sta_status plan_make(st_plan *pl, int32_t n, const char *const *names,
+                            const sta_tensor *const *tensors, const sta_safetensors *keep) {
+  memset(pl, 0, sizeof *pl);
+  sta_status rc = check_save_args(n, names, tensors);
+  if (rc != STA_OK) return rc;
+  if (keep) STA_CHECK_HANDLE(keep, STA_KIND_SAFETENSORS, "keep");
+  pl->names = names;
+  pl->keep = keep;
+  pl->h = sta_calloc((size_t)n, sizeof *pl->h);
+  pl->kept = keep ? sta_calloc((size_t)keep->n + 1, sizeof *pl->kept) : NULL;
+  if (!pl->h || (keep && !pl->kept)) return sta_error(STA_ERR_NOMEM, "out of host memory (safetensors)");
+  pl->n = n;
+  for (int32_t i = 0; keep && i < keep->n; i++) {
+    int named = 0;
+    for (int32_t j = 0; j < n && !named; j++) named = strcmp(keep->e[i].name, names[j]) == 0;
+    if (!named) pl->kept[pl->nk++] = i;
+  }
+  for (int32_t i = 0; i < n && rc == STA_OK; i++)
+    rc = sta_tensor_to(&pl->h[i], tensors[i], sta_tensor_dtype(tensors[i]), STA_CPU);
+  return rc;
+}
+
+/* Write the planned file into f. */
+static sta_status plan_write(const st_plan *pl, sta_outfile *f) {
+  size_t hl = build_header(NULL, pl), padded = (hl + 7) / 8 * 8;
   char *hdr = sta_malloc(8 + padded);
   if (!hdr) return sta_error(STA_ERR_NOMEM, "out of host memory (safetensors header)");
   for (int i = 0; i < 8; i++) hdr[i] = (char)(((uint64_t)padded >> (8 * i)) & 0xff);
-  build_header(hdr + 8, n, names, tensors);
+  build_header(hdr + 8, pl);
   memset(hdr + 8 + hl, ' ', padded - hl);
-
-  /* contiguous host copies first, so a device error writes no file */
-  sta_tensor **h = sta_calloc((size_t)n, sizeof *h);
-  sta_status rc = h ? STA_OK : sta_error(STA_ERR_NOMEM, "out of host memory (safetensors)");
-  for (int32_t i = 0; i < n && rc == STA_OK; i++)
-    rc = sta_tensor_to(&h[i], tensors[i], sta_tensor_dtype(tensors[i]), STA_CPU);
-  sta_outfile f;
-  if (rc == STA_OK && (rc = sta_out_open(&f, path, path)) == STA_OK) {
-    sta_out_write(&f, hdr, 8 + padded);
-    for (int32_t i = 0; i < n; i++)
-      sta_out_write(&f, sta_tensor_data(h[i]),
-                    sta_dtype_size(sta_tensor_dtype(h[i])) * (size_t)sta_tensor_numel(h[i]));
-    rc = sta_out_commit(&f);
-  }
-  if (h)
-    for (int32_t i = 0; i < n; i++) sta_tensor_destroy(h[i]);
-  free(h);
+  sta_out_write(f, hdr, 8 + padded);
   free(hdr);
+  sta_status rc = STA_OK;
+  if (pl->nk) { /* the kept tensors' bytes, as they are */
+    enum { CHUNK = 1 << 20 };
+    char *buf = sta_malloc(CHUNK);
+    if (!buf) return sta_error(STA_ERR_NOMEM, "out of host memory (safetensors copy)");
+    for (int32_t i = 0; i < pl->nk && rc == STA_OK; i++) {
+      const st_entry *e = &pl->keep->e[pl->kept[i]];
+      for (int64_t at = e->begin; at < e->end && rc == STA_OK; at += CHUNK) {
+        size_t len = (size_t)(e->end - at < CHUNK ? e->end - at : CHUNK);
+        rc = pread_all(pl->keep->fd, buf, len, pl->keep->data_start + at, pl->keep->path,
+                       "data of a tensor kept by the rewrite");
+        if (rc == STA_OK) sta_out_write(f, buf, len);
+      }
+    }
+    free(buf);
+  }
+  for (int32_t i = 0; i < pl->n && rc == STA_OK; i++)
+    sta_out_write(f, sta_tensor_data(pl->h[i]),
+                  sta_dtype_size(sta_tensor_dtype(pl->h[i])) * (size_t)sta_tensor_numel(pl->h[i]));
+  return rc;
+}
+
+sta_status sta_safetensors_write(sta_outfile *f, int32_t n, const char *const *names,
+                                 const sta_tensor *const *tensors, const sta_safetensors *keep) {
+  st_plan pl;
+  sta_status rc = plan_make(&pl, n, names, tensors, keep);
+  if (rc == STA_OK) rc = plan_write(&pl, f);
+  plan_free(&pl);
+  return rc;
+}
+
+sta_status sta_safetensors_save(const char *path, int32_t n,
+                                const char *const *names,
+                                const sta_tensor *const *tensors) {
+  if (!path) return sta_error(STA_ERR_ARGUMENT, "path: expected a file name, got NULL");
+  st_plan pl;
+  sta_outfile f;
+  sta_status rc = plan_make(&pl, n, names, tensors, NULL);
+  if (rc == STA_OK && (rc = sta_out_open(&f, path, path)) == STA_OK) {
+    rc = plan_write(&pl, &f);
+    if (rc == STA_OK) rc = sta_out_commit(&f);
+    else sta_out_abort(&f);
+  }
+  plan_free(&pl);
   return rc;
 }

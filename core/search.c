@@ -240,6 +240,36 @@ static void put_losses(text_buf *b, const record_list *L, const int32_t *steps,
   put(b, "}");
 }
 
+/* Every step must hold the layers of the first, in the same order: the
+** file is a [step][layer][head] table whose layer axis is the records'
+** order (STA.md section 7), and sta_tune refuses a ragged one or would read
+** a reordered one against other layers. */
+static sta_status same_layers(const record_list *L, const int32_t *steps, int32_t n_steps) {
+  static const char *const WHY = "every step of a search must record the same layers in "
+                                 "one order: the file is a [step][layer][head] table";
+  int32_t n0 = 0, *first = sta_malloc(sizeof(int32_t) * (size_t)L->n);
+  if (!first) return sta_error(STA_ERR_NOMEM, "out of host memory (search results)");
+  for (int32_t i = 0; i < L->n; i++)
+    if (L->r[i].step == steps[0]) first[n0++] = L->r[i].layer;
+  sta_status rc = STA_OK;
+  for (int32_t s = 1; s < n_steps && rc == STA_OK; s++) {
+    int32_t k = 0;
+    for (int32_t i = 0; i < L->n && rc == STA_OK; i++) {
+      if (L->r[i].step != steps[s]) continue;
+      if (k < n0 && first[k] != L->r[i].layer)
+        rc = sta_error(STA_ERR_STATE, "search results: step %d's layer record %d is layer %d, "
+                       "step %d's is layer %d (%s)", (int)steps[s], (int)k, (int)L->r[i].layer,
+                       (int)steps[0], (int)first[k], WHY);
+      k++;
+    }
+    if (rc == STA_OK && k != n0)
+      rc = sta_error(STA_ERR_STATE, "search results: step %d has %d layer records, step %d "
+                     "has %d (%s)", (int)steps[s], (int)k, (int)steps[0], (int)n0, WHY);
+  }
+  free(first);
+  return rc;
+}
+
 /* The JSON text of one list (caller holds the lock). */
 static sta_status search_text(const sta_forward_batch *fb, int32_t negative, char **out) {
   const record_list *L = &fb->list[negative != 0];
@@ -266,6 +296,11 @@ static sta_status search_text(const sta_forward_batch *fb, int32_t negative, cha
     int32_t s = 0;
     while (s < n_steps && steps[s] != L->r[i].step) s++;
     if (s == n_steps) steps[n_steps++] = L->r[i].step;
+  }
+  sta_status rc = same_layers(L, steps, n_steps);
+  if (rc != STA_OK) {
+    free(steps);
+    return rc;
   }
   text_buf b = {NULL, 0, 0, 0};
   b.cap = 4096 + (size_t)L->n * (size_t)r0->n * (size_t)r0->heads * 24;

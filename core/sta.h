@@ -356,7 +356,8 @@ sta_status sta_window_range(int32_t q, int32_t k, int32_t c, int32_t *start,
 ** 82944: 36x48x48, 69120: 18x48x80), else STA_ERR_SEQ_LEN. */
 sta_status sta_geometry_from_seq_len(sta_geometry *g, int64_t seq_len);
 /* Tiled sequence length of an untiled one of seq_len rows: NT*NH*NW*tile
-** volume (padded) + text rows (g's order is not read). */
+** volume (padded) + text rows (g's order is not read); -1 when seq_len is
+** shorter than the video or the sum would pass INT64_MAX. */
 int64_t sta_geometry_tiled_len(const sta_geometry *g, int64_t seq_len);
 /* Conversions between the untiled and FastVideo's tiled order (the
 ** attention reads either in place: set geom.order).  in/out: 4-D in
@@ -534,7 +535,8 @@ sta_status sta_attention_backward_reference(const sta_attention_desc *desc,
                                             const sta_tensor *dout,
                                             sta_tensor *dq, sta_tensor *dk,
                                             sta_tensor *dv);
-/* Work of a forward in FLOP (4*D per (query, key) pair, both GEMMs).  A
+/* Work of a forward in FLOP (4*D per (query, key) pair, both GEMMs); 0 for
+** a problem the forward refuses (geometry, seq_len, n_windows vs heads).  A
 ** block mask counts the valid query rows against the valid key rows of
 ** the blocks each sees (the lists read on the host; device lists copied
 ** there); 0 when the lists do not fit (batch, heads, seq_len) or hold a

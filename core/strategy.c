@@ -82,27 +82,38 @@ void sta_strategy_destroy(sta_strategy *s) {
 
 /* ---- parsing ------------------------------------------------------------ */
 
-/* One non-negative decimal int32 at *p, digits only; advances *p. */
-static int parse_uint(const char **p, int32_t *v) {
+/* Steps, layers and heads are 0..KEY_MAX, so that counts (sta_strategy_extent:
+** the largest + 1) fit an int32. */
+#define KEY_MAX (INT32_MAX - 1)
+static const char *const KEY_PART[3] = {"step", "layer", "head"};
+
+/* One non-negative decimal at *p, digits only, into *v (saturated past
+** INT64_MAX / 10); advances *p. */
+static int parse_uint(const char **p, int64_t *v) {
   const char *c = *p;
   int64_t x = 0;
   if (*c < '0' || *c > '9') return 0;
-  for (; *c >= '0' && *c <= '9'; c++) {
-    x = x * 10 + (*c - '0');
-    if (x > INT32_MAX) return 0;
-  }
-  *v = (int32_t)x;
+  for (; *c >= '0' && *c <= '9'; c++) x = x > INT64_MAX / 10 - 9 ? INT64_MAX / 10 : x * 10 + (*c - '0');
+  *v = x;
   *p = c;
   return 1;
 }
 
+/* 0: a key "step_layer_head"; -1: not of that form; 1 + i: part i is past
+** KEY_MAX. */
 static int parse_key(const char *k, int32_t key[3]) {
   const char *p = k;
+  int64_t v[3];
   for (int i = 0; i < 3; i++) {
-    if (i > 0 && *p++ != '_') return 0;
-    if (!parse_uint(&p, &key[i])) return 0;
+    if (i > 0 && *p++ != '_') return -1;
+    if (!parse_uint(&p, &v[i])) return -1;
   }
-  return *p == '\0';
+  if (*p != '\0') return -1;
+  for (int i = 0; i < 3; i++) {
+    if (v[i] > KEY_MAX) return 1 + i;
+    key[i] = (int32_t)v[i];
+  }
+  return 0;
 }
 
 /* A JSON number holding an integer in lo..hi. */
@@ -145,9 +156,13 @@ static sta_status from_json(sta_strategy **out, const cJSON *root,
   if ((rc = reserve(s, n)) != STA_OK) { sta_strategy_destroy(s); return rc; }
   for (const cJSON *it = root->child; it; it = it->next) {
     entry *e = &s->e[s->n];
-    if (!parse_key(it->string, e->key)) {
+    int bad = parse_key(it->string, e->key);
+    if (bad) {
       sta_strategy_destroy(s);
-      return sta_error(STA_ERR_FORMAT, "%s: key \"%s\" is not \"step_layer_head\"",
+      if (bad > 0)
+        return sta_error(STA_ERR_FORMAT, "%s: key \"%.64s\": the %s is out of range (0..%d)",
+                         what, it->string, KEY_PART[bad - 1], KEY_MAX);
+      return sta_error(STA_ERR_FORMAT, "%s: key \"%.64s\" is not \"step_layer_head\"",
                        what, it->string);
     }
     if (!parse_window(it, e->win)) {
@@ -179,23 +194,10 @@ static sta_status from_json(sta_strategy **out, const cJSON *root,
 
 static sta_status parse_text(sta_strategy **out, const char *json, size_t len,
                              const char *what) {
-  const char *end = NULL;
-  int64_t failed = sta_alloc_failures();
-  cJSON *root = cJSON_ParseWithLengthOpts(json, len, &end, 0);
-  if (!root && sta_alloc_failures() != failed)
-    return sta_error(STA_ERR_NOMEM, "%s: out of host memory (parsing JSON)", what);
-  if (!root) {
-    size_t at = end && end >= json ? (size_t)(end - json) : 0;
-    return sta_error(STA_ERR_FORMAT, "%s: malformed JSON at byte %zu", what, at);
-  }
-  /* only whitespace may follow the value */
-  for (const char *p = end; p && p < json + len; p++)
-    if (*p != ' ' && *p != '\t' && *p != '\n' && *p != '\r' && *p != '\0') {
-      cJSON_Delete(root);
-      return sta_error(STA_ERR_FORMAT, "%s: unexpected text after the JSON object at byte %zu",
-                       what, (size_t)(p - json));
-    }
-  sta_status rc = from_json(out, root, what);
+  cJSON *root = NULL;
+  sta_status rc = sta_json_parse(json, len, what, 1, &root);
+  if (rc != STA_OK) return rc;
+  rc = from_json(out, root, what);
   cJSON_Delete(root);
   return rc;
 }
@@ -300,7 +302,10 @@ sta_status sta_strategy_uniform(sta_strategy **out, int32_t steps,
     return sta_error(STA_ERR_ARGUMENT, "full_steps: expected 0..%d (steps), got %d",
                      (int)steps, (int)full_steps);
   if (full_steps > 0 && (rc = check_window(full, "full")) != STA_OK) return rc;
-  int64_t n = (int64_t)steps * layers * heads;
+  int64_t n = (int64_t)steps * layers; /* < 2^62: no overflow; x heads checked */
+  if (__builtin_mul_overflow(n, (int64_t)heads, &n))
+    return sta_error(STA_ERR_ARGUMENT, "steps x layers x heads: %d x %d x %d entries is too many",
+                     (int)steps, (int)layers, (int)heads);
   if (n > ((int64_t)1 << 32))
     return sta_error(STA_ERR_ARGUMENT, "steps x layers x heads: %lld entries is too many",
                      (long long)n);
@@ -321,10 +326,14 @@ sta_status sta_strategy_uniform(sta_strategy **out, int32_t steps,
 }
 
 static sta_status check_key(int32_t step, int32_t layer, int32_t head) {
-  sta_status rc;
-  if ((rc = check_count(step, "step", 0)) || (rc = check_count(layer, "layer", 0)) ||
-      (rc = check_count(head, "head", 0)))
-    return rc;
+  const int32_t k[3] = {step, layer, head};
+  for (int i = 0; i < 3; i++) {
+    sta_status rc = check_count(k[i], KEY_PART[i], 0);
+    if (rc != STA_OK) return rc;
+    if (k[i] > KEY_MAX)
+      return sta_error(STA_ERR_ARGUMENT, "%s: expected 0..%d, got %d", KEY_PART[i], KEY_MAX,
+                       (int)k[i]);
+  }
   return STA_OK;
 }
 
@@ -372,11 +381,11 @@ int64_t sta_strategy_count(const sta_strategy *s) {
 
 void sta_strategy_extent(const sta_strategy *s, int32_t *steps,
                          int32_t *layers, int32_t *heads) {
-  int32_t m[3] = {0, 0, 0};
+  int32_t m[3] = {0, 0, 0}; /* keys <= KEY_MAX: key + 1 fits */
   if (sta_handle_check(s, STA_KIND_STRATEGY, "strategy") == STA_OK)
     for (int64_t i = 0; i < s->n; i++)
       for (int j = 0; j < 3; j++)
-        if (s->e[i].key[j] + 1 > m[j]) m[j] = s->e[i].key[j] + 1;
+        if (s->e[i].key[j] >= m[j]) m[j] = s->e[i].key[j] + 1;
   if (steps) *steps = m[0];
   if (layers) *layers = m[1];
   if (heads) *heads = m[2];
@@ -398,6 +407,7 @@ sta_status sta_strategy_check(const sta_strategy *s, int32_t steps,
   if ((rc = check_count(steps, "steps", 0)) || (rc = check_count(layers, "layers", 0)) ||
       (rc = check_count(heads, "heads", 0)))
     return rc;
+  if (!steps || !layers || !heads) return STA_OK; /* nothing asked (and no 2^31 empty loops) */
   for (int32_t t = 0; t < steps; t++)
     for (int32_t l = 0; l < layers; l++)
       for (int32_t h = 0; h < heads; h++) {

@@ -103,8 +103,7 @@ static sta_status check_device(sta_device device, const char *arg) {
   if (device == STA_CPU) return STA_OK;
   if (device != STA_CUDA)
     return sta_error(STA_ERR_ARGUMENT, "%s: unknown device %d", arg, (int)device);
-  if (!sta_backend_available(STA_CUDA))
-    return sta_error(STA_ERR_BACKEND, "st attn not supported");
+  if (!sta_backend_available(STA_CUDA)) return sta_backend_missing(STA_CUDA);
   return STA_OK;
 }
 
@@ -112,7 +111,9 @@ static sta_status check_shape(int32_t ndim, const int64_t *shape, int64_t *numel
   if (ndim < 1 || ndim > STA_MAX_DIMS)
     return sta_error(STA_ERR_SHAPE, "ndim: expected 1..4, got %d", (int)ndim);
   if (!shape) return sta_error(STA_ERR_SHAPE, "shape: expected an array, got NULL");
-  int64_t n = 1;
+  /* the product of the nonzero sizes is bounded too, so that an empty
+  ** tensor's contiguous strides (and offsets into it) stay in range */
+  int64_t n = 1, zero = 0;
   for (int32_t i = 0; i < ndim; i++) {
     if (shape[i] < 0)
       return sta_error(STA_ERR_SHAPE, "shape[%d]: expected >= 0, got %lld",
@@ -120,9 +121,10 @@ static sta_status check_shape(int32_t ndim, const int64_t *shape, int64_t *numel
     if (shape[i] > 0 && n > MAX_ELEMS / shape[i])
       return sta_error(STA_ERR_SHAPE, "shape[%d]: %lld makes the tensor too large",
                        (int)i, (long long)shape[i]);
-    n *= shape[i];
+    if (shape[i] > 0) n *= shape[i];
+    else zero = 1;
   }
-  *numel = n;
+  *numel = zero ? 0 : n;
   return STA_OK;
 }
 
@@ -203,8 +205,8 @@ void sta_tensor_extent(const sta_tensor *t, int64_t *lo, int64_t *hi) {
 static sta_status check_strides(int32_t ndim, const int64_t *shape,
                                 const int64_t *stride) {
   for (int32_t i = 0; i < ndim; i++) {
-    int64_t a = stride[i] < 0 ? -stride[i] : stride[i];
-    if (a > MAX_ELEMS || (shape[i] > 1 && a > MAX_ELEMS / (shape[i] - 1)))
+    uint64_t a = stride[i] < 0 ? 0 - (uint64_t)stride[i] : (uint64_t)stride[i]; /* INT64_MIN too */
+    if (a > (uint64_t)MAX_ELEMS || (shape[i] > 1 && a > (uint64_t)(MAX_ELEMS / (shape[i] - 1))))
       return sta_error(STA_ERR_SHAPE, "strides[%d]: %lld is out of range",
                        (int)i, (long long)stride[i]);
   }
@@ -228,10 +230,17 @@ sta_status sta_tensor_wrap(sta_tensor **out, void *data, sta_dtype dtype,
     if ((rc = check_strides(ndim, shape, strides)) != STA_OK) return rc;
     for (int32_t i = 0; i < ndim; i++) st[i] = strides[i];
   } else contiguous_strides(ndim, shape, st);
-  if (numel > 0) view_extent(0, ndim, shape, st, &lo, &hi);
+  size_t es = sta_dtype_size(dtype);
+  if (numel > 0) {
+    view_extent(0, ndim, shape, st, &lo, &hi);
+    /* bytes data + lo*es .. data + hi*es + es - 1 (|lo|, hi <= 2^52: no overflow here) */
+    uintptr_t at = (uintptr_t)data;
+    if ((uint64_t)(-lo) * es > at || (uint64_t)hi * es + es - 1 > UINTPTR_MAX - at)
+      return sta_error(STA_ERR_SHAPE, "strides: from data %p the view reaches elements %lld..%lld, "
+                       "outside the address space", data, (long long)lo, (long long)hi);
+  }
   sta_storage *s = sta_calloc(1, sizeof *s);
   if (!s) return sta_error(STA_ERR_NOMEM, "out of host memory (tensor header)");
-  size_t es = sta_dtype_size(dtype);
   /* the storage starts at the lowest element the view reaches */
   s->data = data ? (char *)data + lo * (int64_t)es : NULL; /* NULL: empty wrap */
   s->nbytes = numel > 0 ? (size_t)(hi - lo + 1) * es : 0;
@@ -300,11 +309,17 @@ sta_status sta_tensor_narrow(sta_tensor **out, const sta_tensor *base,
   if (dim < 0 || dim >= base->ndim)
     return sta_error(STA_ERR_ARGUMENT, "dim: expected 0..%d, got %d",
                      (int)base->ndim - 1, (int)dim);
-  if (start < 0 || len < 0 || start > base->shape[dim] - len)
+  if (start < 0 || len < 0 || start > base->shape[dim] - len) {
+    int64_t end;
+    if (__builtin_add_overflow(start, len, &end)) /* the message's sum too */
+      return sta_error(STA_ERR_ARGUMENT, "narrow: [%lld, %lld + %lld) is outside dim %d of size "
+                       "%lld", (long long)start, (long long)start, (long long)len, (int)dim,
+                       (long long)base->shape[dim]);
     return sta_error(STA_ERR_ARGUMENT,
                      "narrow: [%lld, %lld) is outside dim %d of size %lld",
-                     (long long)start, (long long)(start + len), (int)dim,
+                     (long long)start, (long long)end, (int)dim,
                      (long long)base->shape[dim]);
+  }
   int64_t shape[STA_MAX_DIMS];
   for (int32_t i = 0; i < base->ndim; i++) shape[i] = base->shape[i];
   shape[dim] = len;
@@ -475,8 +490,7 @@ static sta_status from_host(sta_tensor *dst, const sta_tensor *h) {
 /* The backend of a device tensor's device, or STA_ERR_BACKEND (a wrapped
 ** device pointer in a build or on a machine without that backend). */
 static sta_status device_backend(sta_device d) {
-  return d == STA_CPU || sta_backend_available(d) ? STA_OK
-                                                  : sta_error(STA_ERR_BACKEND, "st attn not supported");
+  return d == STA_CPU || sta_backend_available(d) ? STA_OK : sta_backend_missing(d);
 }
 
 sta_status sta_tensor_copy(sta_tensor *dst, const sta_tensor *src) {
@@ -484,7 +498,9 @@ sta_status sta_tensor_copy(sta_tensor *dst, const sta_tensor *src) {
   STA_CHECK_HANDLE(src, STA_KIND_TENSOR, "src");
   if (!same_shape(dst, src)) return sta_shape_mismatch("copy", NULL, dst, NULL, src);
   sta_device dd = dst->storage->device, sd = src->storage->device;
-  sta_status rc = sta_copy_check_overlap(dst, src);
+  static const char *const DN[1] = {"dst"}, *const SN[1] = {"src"};
+  const sta_tensor *w = dst;
+  sta_status rc = sta_check_writes("copy", 1, 1, &w, DN, 1, &src, SN);
   if (rc == STA_OK) rc = device_backend(dd);
   if (rc == STA_OK) rc = device_backend(sd);
   if (rc == STA_OK) rc = sta_i32_mix_check("copy", "dst", dst, "src", src);
@@ -531,6 +547,12 @@ double sta_randn_at(uint64_t seed, uint64_t i) {
   return (i & 1) ? odd : even;
 }
 
+/* A fill or randn writes t: its elements must be distinct. */
+static sta_status check_written(const sta_tensor *t, const char *what) {
+  static const char *const TN[1] = {"t"};
+  return sta_check_writes(what, 0, 1, &t, TN, 0, NULL, NULL);
+}
+
 sta_status sta_tensor_randn(sta_tensor *t, uint64_t seed, double mean,
                             double std) {
   STA_CHECK_HANDLE(t, STA_KIND_TENSOR, "t");
@@ -543,6 +565,7 @@ sta_status sta_tensor_randn(sta_tensor *t, uint64_t seed, double mean,
                      "created, copied, filled and set, never computed on)");
   sta_status rc = device_backend(t->storage->device);
   if (rc == STA_OK) rc = sta_f8_device_check(t, "t");
+  if (rc == STA_OK) rc = check_written(t, "randn");
   if (rc != STA_OK || sta_tensor_numel(t) == 0) return rc;
   if (t->storage->device == STA_CPU) {
     sta_host_randn(t, seed, mean, std);
@@ -559,6 +582,7 @@ sta_status sta_tensor_fill(sta_tensor *t, double value) {
   }
   sta_status rc = device_backend(t->storage->device);
   if (rc == STA_OK) rc = sta_f8_device_check(t, "t");
+  if (rc == STA_OK) rc = check_written(t, "fill");
   if (rc != STA_OK || sta_tensor_numel(t) == 0) return rc;
   if (t->storage->device == STA_CPU) {
     sta_host_fill(t, value);

@@ -109,16 +109,12 @@ static sta_status read_file(tune_state *st, const char *path, int first) {
   size_t len;
   sta_status rc = sta_read_text_file(path, "search results", &text, &len);
   if (rc != STA_OK) return rc;
-  const char *end = NULL;
-  int64_t failed = sta_alloc_failures();
-  cJSON *root = cJSON_ParseWithLengthOpts(text, len, &end, 0);
-  size_t at = end && end >= text ? (size_t)(end - text) : 0;
+  char what[512];
+  cJSON *root = NULL;
+  snprintf(what, sizeof what, "search results \"%s\"", path);
+  rc = sta_json_parse(text, len, what, 0, &root);
   free(text);
-  if (!root && sta_alloc_failures() != failed)
-    return sta_error(STA_ERR_NOMEM, "search results \"%s\": out of host memory (parsing JSON)",
-                     path);
-  if (!root)
-    return sta_error(STA_ERR_FORMAT, "search results \"%s\": malformed JSON at byte %zu", path, at);
+  if (rc != STA_OK) return rc;
   const cJSON *l2 = cJSON_GetObjectItemCaseSensitive(root, "L2_loss");
   if (!cJSON_IsObject(root) || !cJSON_IsObject(l2)) {
     rc = sta_error(STA_ERR_FORMAT,

@@ -45,7 +45,7 @@ static sta_status impl_of(sta_device dev, int fine, vsa_impl *im) {
     *im = c;
     return STA_OK;
   }
-  if (!sta_backend_available(dev)) return sta_error(STA_ERR_BACKEND, "st attn not supported");
+  if (!sta_backend_available(dev)) return sta_backend_missing(dev);
   const sta_backend_ops *be = sta_backend_get(dev);
   if (!be->vsa_means || !be->vsa_coarse || !be->vsa_combine || !be->vsa_backward_prep ||
       !be->vsa_backward_coarse || !be->workspace || !be->workspace_free || !be->capturing ||

@@ -129,7 +129,7 @@ static sta_status reorder(sta_tensor *out, const sta_tensor *in, const int32_t c
   if ((rc = sta_vsa_no_alias("conversion", out, "out", in, "in")) != STA_OK) return rc;
   const sta_device dev = in->storage->device;
   if (dev == STA_CPU) return sta_cpu_vsa_reorder(out, in, &g, layout, to_cubes);
-  if (!sta_backend_available(dev)) return sta_error(STA_ERR_BACKEND, "st attn not supported");
+  if (!sta_backend_available(dev)) return sta_backend_missing(dev);
   const sta_backend_ops *be = sta_backend_get(dev);
   if (!be->vsa_reorder)
     return sta_error(STA_ERR_UNSUPPORTED, "vsa: the cube order is not implemented on %s in this "

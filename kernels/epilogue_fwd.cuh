@@ -29,7 +29,9 @@ __device__ __forceinline__ void store_o(const FwdParams &a, int item, const floa
     float sum = l[hr];
     sum += __shfl_xor_sync(0xffffffffu, sum, 1);
     sum += __shfl_xor_sync(0xffffffffu, sum, 2);
-    float inv = sum > 0.f ? 1.f / sum : 0.f;
+    /* a NaN sum (a NaN or +Inf score in the row) stays NaN in out and
+    ** lse: as written before (sum > 0 ? ... : 0, : -inf) it made lse -inf */
+    float inv = sum > 0.f ? 1.f / sum : sum == 0.f ? 0.f : sum;
     const int row = q_row(a, x, r0 + (lane >> 2) + 8 * hr);
     if (row < 0) continue;
     T *dst = go + (int64_t)row * a.o_ss + 2 * (lane & 3);
@@ -46,7 +48,7 @@ __device__ __forceinline__ void store_o(const FwdParams &a, int item, const floa
     }
     if (a.lse && (lane & 3) == 0)
       a.lse[x.b * a.lse_sb + x.head * a.lse_sh + (int64_t)row * a.lse_ss] =
-          sum > 0.f ? (m[hr] + log2f(sum)) * ln2 : -INFINITY;
+          sum == 0.f ? -INFINITY : (m[hr] + log2f(sum)) * ln2;
   }
 }
 

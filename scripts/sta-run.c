@@ -1,11 +1,13 @@
 /*
-** sta-run -- run Sliding Tile Attention on Q/K/V files.  See usage() below
+** sta-run -- run Sliding Tile Attention on Q/K/V files.  See USAGE below
 ** (sta-run --help).  Exit status: 0 done, 1 the run failed (the library's
-** message on stderr), 2 bad options (a message naming the option).
+** message on stderr), 2 bad options (a message naming the option), 130 /
+** 143 interrupted by SIGINT / SIGTERM (no temporary file left).  Uses the
+** core's internal writers (core/internal.h): outputs are written through
+** its atomic files, and its parser reads triples and window lists.
 */
 #include <errno.h>
-#include <fcntl.h>
-#include <libgen.h>
+#include <signal.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -14,12 +16,13 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "sta.h"
+#include "internal.h"
 
 #define MAX_HEADS 4096
 
 static const char *USAGE =
 "usage: sta-run --q Q --k K --v V --out OUT [options]\n"
+"       sta-run --help | -h | --version\n"
 "\n"
 "Runs Sliding Tile Attention out = STA(q, k, v) on the CPU or a CUDA device\n"
 "and writes the output (and optionally the log-sum-exp) to files.\n"
@@ -41,16 +44,22 @@ static const char *USAGE =
 "  --lse-name N      its name in a .safetensors file (default lse)\n"
 "  Every output is checked before the inputs are read; outputs are written\n"
 "  next to their targets and moved over them only when the whole run\n"
-"  succeeded (a failed run leaves the old files).\n"
+"  succeeded (a failed or interrupted run leaves the old files, and no\n"
+"  temporary file).  A symbolic link as output: the file it names is\n"
+"  written.  An output .safetensors that is also an input file keeps its\n"
+"  other tensors (read before anything is replaced); an output name that\n"
+"  is one of this run's inputs in that file is refused.\n"
 "\n"
 "Geometry.\n"
+"  Triples may be written T,H,W or TxHxW.\n"
 "  --canvas T,H,W    video canvas in tokens (T*H*W <= S); without it the\n"
 "                    canvas is inferred from S for FastVideo's known shapes\n"
 "                    (115456 or 115200: 30,48,80; 82944: 36,48,48;\n"
 "                    69120: 18,48,80)\n"
 "  --tile TT,TH,TW   tile in tokens (default 6,8,8)\n"
 "  --window KT,KH,KW window in tiles, odd or >= the tiles on that axis;\n"
-"                    one per head: --window 3,3,3:1,5,7:... (required)\n"
+"                    one per head: --window 3,3,3:1,5,7:... or\n"
+"                    3x3x3,1x5x7,... (required)\n"
 "  --text-len N      valid text tokens after the video (default S - the\n"
 "                    video rows)\n"
 "  --layout L        bshd (default) or bhsd\n"
@@ -72,7 +81,8 @@ static const char *USAGE =
 "  --threads N       CPU threads (default: OpenMP's)\n"
 "  --reference       use the brute-force reference (cpu only; slow)\n"
 "  --quiet           print nothing on success\n"
-"  --help            this text\n"
+"  --help, -h        this text\n"
+"  --version         sta-run's and the library's version\n"
 "\n"
 "Prints one line: shapes, window(s), time and GFLOP/s.\n"
 "\n"
@@ -80,11 +90,12 @@ static const char *USAGE =
 "  sta-run --q q.npy --k k.npy --v v.npy --out o.npy --canvas 12,16,16 \\\n"
 "          --window 3,3,3 --text-len 0\n"
 "  sta-run --safetensors qkv.safetensors --q-name q --k-name k --v-name v \\\n"
-"          --out o.safetensors --lse o.safetensors --window 3,3,3:1,5,7\n"
+"          --out o.safetensors --lse o.safetensors --window 3x3x3,1x5x7\n"
 "  sta-run --q a.safetensors:query --k k.npy --v v.npy --out o.npy \\\n"
 "          --canvas 30,48,80 --window 3,3,3 --device cuda --dtype bf16\n"
 "\n"
-"Exit status: 0 done, 1 the run failed, 2 bad options.\n";
+"Exit status: 0 done, 1 the run failed, 2 bad options, 130/143 interrupted\n"
+"(SIGINT/SIGTERM).\n";
 
 static int ends_with(const char *s, size_t len, const char *suffix) {
   size_t n = strlen(suffix);
@@ -134,42 +145,6 @@ static int parse_i64(const char *s, int64_t lo, int64_t hi, int64_t *out) {
   return 1;
 }
 
-/* n integers >= 1 separated by commas, from [s, e). */
-static int parse_triple(const char *s, size_t len, int32_t out[3]) {
-  char buf[96];
-  if (len == 0 || len >= sizeof buf) return 0;
-  memcpy(buf, s, len);
-  buf[len] = '\0';
-  char *p = buf;
-  for (int i = 0; i < 3; i++) {
-    char *c = strchr(p, ',');
-    if ((i < 2) != (c != NULL)) return 0;
-    if (c) *c = '\0';
-    int64_t v;
-    if (!parse_i64(p, 1, 1 << 20, &v)) return 0;
-    out[i] = (int32_t)v;
-    p = c ? c + 1 : p;
-  }
-  return 1;
-}
-
-static int parse_windows(const char *s, options *o) {
-  int32_t n = 1;
-  for (const char *p = s; *p; p++) n += *p == ':';
-  if (n > MAX_HEADS) return 0;
-  o->windows = malloc(sizeof(int32_t) * 3 * (size_t)n);
-  if (!o->windows) return 0;
-  const char *p = s;
-  for (int32_t i = 0; i < n; i++) {
-    const char *e = strchr(p, ':');
-    size_t len = e ? (size_t)(e - p) : strlen(p);
-    if (!parse_triple(p, len, o->windows + 3 * i)) return 0;
-    p = e ? e + 1 : p + len;
-  }
-  o->n_windows = n;
-  return 1;
-}
-
 static int parse_args(int argc, char **argv, options *o) {
   memset(o, 0, sizeof *o);
   o->q_name = "q"; o->k_name = "k"; o->v_name = "v";
@@ -180,6 +155,7 @@ static int parse_args(int argc, char **argv, options *o) {
   for (int i = 1; i < argc; i++) {
     char optbuf[64];
     const char *a = argv[i], *val = NULL;
+    if (!strcmp(a, "-h")) a = "--help";
     if (strncmp(a, "--", 2) != 0)
       return bad(a, NULL, "unexpected argument, options start with --");
     const char *eq = strchr(a, '=');
@@ -189,6 +165,11 @@ static int parse_args(int argc, char **argv, options *o) {
       val = eq + 1;
     }
     if (!strcmp(a, "--help")) { fputs(USAGE, stdout); return -1; }
+    if (!strcmp(a, "--version")) {
+      if (val) return bad(a, val, "takes no value");
+      printf("sta-run %s (libsta %s)\n", sta_version(), sta_version());
+      return -1;
+    }
     if (!strcmp(a, "--reference") || !strcmp(a, "--quiet")) {
       if (val) return bad(a, val, "takes no value");
       if (!strcmp(a, "--reference")) o->reference = 1; else o->quiet = 1;
@@ -219,19 +200,21 @@ static int parse_args(int argc, char **argv, options *o) {
     else if (!strcmp(a, "--out-name")) o->out_name = val;
     else if (!strcmp(a, "--lse-name")) o->lse_name = val;
     else if (!strcmp(a, "--canvas")) {
-      if (!parse_triple(val, strlen(val), o->canvas))
-        return bad(a, val, "expected T,H,W, three integers >= 1");
+      if (sta_parse_triple(val, a, 1, 1 << 20, o->canvas) != STA_OK)
+        return bad(a, val, "expected T,H,W or TxHxW, three integers >= 1");
       o->have_canvas = 1;
     } else if (!strcmp(a, "--tile")) {
-      if (!parse_triple(val, strlen(val), o->tile))
-        return bad(a, val, "expected TT,TH,TW, three integers >= 1");
+      if (sta_parse_triple(val, a, 1, 1 << 20, o->tile) != STA_OK)
+        return bad(a, val, "expected TT,TH,TW or TTxTHxTW, three integers >= 1");
       o->have_tile = 1;
     } else if (!strcmp(a, "--window")) {
       free(o->windows);
       o->windows = NULL;
-      if (!parse_windows(val, o))
-        return bad(a, val, "expected KT,KH,KW (integers >= 1), or one such per head "
-                   "joined by ':'");
+      sta_status rc = sta_parse_windows(val, a, MAX_HEADS, &o->windows, &o->n_windows);
+      if (rc == STA_ERR_NOMEM) return bad(a, NULL, "out of memory");
+      if (rc != STA_OK)
+        return bad(a, val, "expected KT,KH,KW or KTxKHxKW (integers >= 1), or one such per "
+                   "head: 3,3,3:1,5,7 or 3x3x3,1x5x7");
     } else if (!strcmp(a, "--text-len")) {
       if (!parse_i64(val, 0, INT64_MAX, &n)) return bad(a, val, "expected an integer >= 0");
       o->text_len = n;
@@ -315,111 +298,116 @@ static sta_status load(const char *spec, const char *dflt_name, sta_tensor **t) 
 
 /* ---- outputs ------------------------------------------------------------ */
 
-/* Every output is checked before anything is read or computed, written to
-** a staging file next to its target, and renamed over the targets only when
-** all are written: a failed run leaves no output behind and the targets'
-** old contents in place.  A target that is not a regular file (/dev/null)
-** is written in place. */
+/* Every output is opened before anything is read or computed (the core's
+** atomic file: a temporary file next to the target, renamed over it when
+** committed), written after the run and committed only when all are
+** written: a failed run leaves no output behind and the targets' old
+** contents in place; SIGINT and SIGTERM remove the temporary files. */
 typedef struct output {
-  const char *opt; /* "--out" or "--lse" */
-  char *file;      /* the target (a symbolic link resolved) */
-  char *stage;     /* staging file; NULL: written in place */
-  int written;     /* the staging file exists */
+  char label[600];           /* "--out FILE": what messages name */
+  char *file;                /* the file part of the spec */
+  int st;                    /* .safetensors */
+  int32_t n;                 /* tensors in it: out, lse, or both */
+  const char *names[2];
+  const sta_tensor *ts[2];
+  sta_outfile f;
+  int open;
+  const char *keep_path;     /* an input file it rewrites: its tensors kept */
+  sta_safetensors *keep;
 } output;
 
-/* The file part of an output spec (FILE.safetensors:NAME -> FILE). */
-static char *output_file(const char *spec, const char *dflt, const char **name) {
-  char *file = NULL;
-  if (!split_st(spec, dflt, &file, name)) file = strdup(spec);
-  return file;
+static void output_init(output *out, const char *opt, const char *spec, const char *dflt) {
+  memset(out, 0, sizeof *out);
+  const char *name = NULL;
+  out->st = split_st(spec, dflt, &out->file, &name);
+  if (!out->st) out->file = strdup(spec);
+  out->names[0] = name;
+  out->n = 1;
+  snprintf(out->label, sizeof out->label, "%s %s", opt, out->file ? out->file : spec);
 }
 
-/* Check and prepare one output; 0 and a message when it cannot be written. */
-static int output_open(output *out, const char *opt, const char *spec, const char *dflt) {
-  struct stat st;
-  const char *name;
+static void output_free(output *out) {
+  if (out->open) sta_out_abort(&out->f); /* the temporary file goes */
+  sta_safetensors_close(out->keep);
+  free(out->file);
   memset(out, 0, sizeof *out);
-  out->opt = opt;
-  char *file = output_file(spec, dflt, &name), *real = NULL;
-  if (!file) return fprintf(stderr, "sta-run: out of memory\n"), 0;
-  if (lstat(file, &st) == 0 && S_ISLNK(st.st_mode) && (real = realpath(file, NULL))) {
-    free(file);
-    file = real;
+}
+
+/* 1 when paths a and b are one existing file. */
+static int same_file(const char *a, const char *b) {
+  struct stat x, y;
+  return stat(a, &x) == 0 && stat(b, &y) == 0 && x.st_dev == y.st_dev && x.st_ino == y.st_ino;
+}
+
+/* An output .safetensors that is also an input file keeps that file's
+** tensors; writing over one of this run's inputs there is refused (2). */
+static int output_inputs(output *out, const char *const spec[3], const char *const names[3]) {
+  static const char *const OPT[3] = {"--q", "--k", "--v"};
+  for (int i = 0; i < 3 && out->st && out->file; i++) {
+    char *in = NULL;
+    const char *in_name = NULL;
+    if (!split_st(spec[i], names[i], &in, &in_name)) continue;
+    int same = in && same_file(in, out->file);
+    for (int32_t j = 0; same && j < out->n; j++)
+      if (strcmp(out->names[j], in_name) == 0) {
+        int rc = bad(out->label, NULL, "'%s' is %s's tensor in that file: writing it would "
+                     "replace an input of this run (choose another name)", in_name, OPT[i]);
+        free(in);
+        return rc;
+      }
+    if (same) out->keep_path = spec[i]; /* FILE.safetensors[:NAME]: the file part below */
+    free(in);
   }
-  out->file = file;
-  if (stat(file, &st) == 0 && S_ISDIR(st.st_mode)) {
-    fprintf(stderr, "sta-run: %s %s: cannot write: Is a directory\n", opt, file);
+  return 0;
+}
+
+/* Open out's atomic file: 0 and a message when it cannot be written. */
+static int output_open(output *out) {
+  if (!out->file) return fprintf(stderr, "sta-run: out of memory\n"), 0;
+  if (sta_out_open(&out->f, out->file, out->label) != STA_OK) {
+    fprintf(stderr, "sta-run: %s (checked before computing)\n", sta_last_error());
     return 0;
   }
-  if (stat(file, &st) == 0 && !S_ISREG(st.st_mode)) {
-    if (access(file, W_OK) == 0) return 1;
-    fprintf(stderr, "sta-run: %s %s: cannot write: %s\n", opt, file, strerror(errno));
-    return 0;
-  }
-  char *copy = strdup(file);
-  const char *dir = copy ? dirname(copy) : ".";
-  size_t n = strlen(file) + 64;
-  out->stage = malloc(n);
-  if (!copy || !out->stage) return fprintf(stderr, "sta-run: out of memory\n"), free(copy), 0;
-  const char *base = strrchr(file, '/') ? strrchr(file, '/') + 1 : file;
-  snprintf(out->stage, n, "%s/.%s.sta-run.%ld", dir, base, (long)getpid());
-  free(copy);
-  /* the directory takes a new file: made now, empty, replaced when written */
-  int fd = open(out->stage, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
-  if (fd < 0) {
-    fprintf(stderr, "sta-run: %s %s: cannot write: %s (checked before computing)\n", opt,
-            file, strerror(errno));
-    free(out->stage);
-    out->stage = NULL;
-    return 0;
-  }
-  close(fd);
-  out->written = 1;
+  out->open = 1;
   return 1;
 }
 
-/* Where sta writes this output now. */
-static const char *output_path(const output *out) { return out->stage ? out->stage : out->file; }
-
-/* Rename the staged files over their targets (commit), or remove them. */
-static int output_close(output *out, int commit) {
-  int ok = 1;
-  if (out->stage && out->written) {
-    if (commit && rename(out->stage, out->file) != 0) {
-      fprintf(stderr, "sta-run: %s %s: cannot write: %s\n", out->opt, out->file, strerror(errno));
-      ok = 0;
-    }
-    if (!commit || !ok) unlink(out->stage); /* ours: made with O_EXCL */
-  }
-  free(out->file);
-  free(out->stage);
-  memset(out, 0, sizeof *out);
-  return ok;
+/* Open the input file out keeps (after the inputs are read). */
+static sta_status output_keep(output *out) {
+  char *file = NULL;
+  const char *name;
+  if (!out->keep_path) return STA_OK;
+  if (!split_st(out->keep_path, "", &file, &name) || !file) return STA_ERR_NOMEM;
+  sta_status rc = sta_safetensors_open(&out->keep, file);
+  free(file);
+  return rc;
 }
 
-/* Write out (and lse when given) to their outputs' staging files. */
-static sta_status save(const options *o, const output *oo, const output *ol,
-                       const sta_tensor *out, const sta_tensor *lse) {
-  char *fo = NULL, *fl = NULL;
-  const char *no = NULL, *nl = NULL;
-  int st_o = split_st(o->out, o->out_name, &fo, &no);
-  int st_l = lse ? split_st(o->lse, o->lse_name, &fl, &nl) : 0;
-  sta_status rc = STA_OK;
-  if (st_o && st_l && strcmp(fo, fl) == 0) {
-    const char *names[2] = {no, nl};
-    const sta_tensor *ts[2] = {out, lse};
-    rc = sta_safetensors_save(output_path(oo), 2, names, ts);
-  } else {
-    if (st_o) rc = sta_safetensors_save(output_path(oo), 1, &no, &out);
-    else rc = sta_npy_save(out, output_path(oo));
-    if (rc == STA_OK && lse) {
-      if (st_l) rc = sta_safetensors_save(output_path(ol), 1, &nl, &lse);
-      else rc = sta_npy_save(lse, output_path(ol));
-    }
-  }
-  free(fo);
-  free(fl);
-  return rc;
+/* Write out's tensors into its file (not yet committed). */
+static sta_status output_write(output *out) {
+  if (out->st) return sta_safetensors_write(&out->f, out->n, out->names, out->ts, out->keep);
+  return sta_npy_write(&out->f, out->ts[0]);
+}
+
+static sta_status output_commit(output *out) {
+  if (!out->open) return STA_OK;
+  out->open = 0;
+  return sta_out_commit(&out->f);
+}
+
+/* SIGINT, SIGTERM, SIGHUP: no temporary file survives; exit 128 + signal. */
+static void on_signal(int sig) {
+  sta_out_remove_pending();
+  _exit(128 + sig);
+}
+
+static void catch_signals(void) {
+  static const int SIGS[3] = {SIGINT, SIGTERM, SIGHUP};
+  struct sigaction sa;
+  memset(&sa, 0, sizeof sa);
+  sa.sa_handler = on_signal;
+  sigemptyset(&sa.sa_mask);
+  for (int i = 0; i < 3; i++) sigaction(SIGS[i], &sa, NULL);
 }
 
 /* ---- run --------------------------------------------------------------- */
@@ -443,6 +431,25 @@ static int fail(void) {
   return 1;
 }
 
+/* No --canvas and a length of no known shape: STA.md's message, then what
+** would have worked (and a layout hint when the other middle dimension is a
+** known length). */
+static int unknown_length(const options *o, const sta_tensor *q, int64_t s) {
+  char msg[512], hint[160] = "";
+  sta_geometry g;
+  int od = o->layout == STA_BSHD ? 2 : 1;
+  int64_t other = sta_tensor_size(q, od);
+  snprintf(msg, sizeof msg, "%s", sta_last_error());
+  if (sta_geometry_from_seq_len(&g, other) == STA_OK)
+    snprintf(hint, sizeof hint, "; dim %d has %lld, a known length: [B, %s, D] needs --layout "
+             "%s", od, (long long)other, od == 2 ? "heads, S" : "S, heads",
+             od == 2 ? "bhsd" : "bshd");
+  fprintf(stderr, "sta-run: %s (no --canvas given, and %lld rows match none of the known "
+          "lengths: 115456 or 115200 (30,48,80), 82944 (36,48,48), 69120 (18,48,80); give "
+          "--canvas T,H,W%s)\n", msg, (long long)s, hint);
+  return 1;
+}
+
 static int run(options *o) {
   const char *spec[3] = {o->q ? o->q : o->st, o->k ? o->k : o->st, o->v ? o->v : o->st};
   const char *names[3] = {o->q_name, o->k_name, o->v_name};
@@ -452,21 +459,22 @@ static int run(options *o) {
   int rc = 1;
   char sh[64];
   output oo, ol;
-  memset(&ol, 0, sizeof ol);
   /* every output first: nothing is read or computed for a run that could
   ** not write its results (one file when --lse names --out's safetensors) */
-  const char *no, *nl;
-  char *fo = output_file(o->out, o->out_name, &no);
-  char *fl = o->lse ? output_file(o->lse, o->lse_name, &nl) : NULL;
-  int shared = fo && fl && strcmp(fo, fl) == 0;
-  free(fo);
-  free(fl);
-  if (!output_open(&oo, "--out", o->out, o->out_name) ||
-      (o->lse && !shared && !output_open(&ol, "--lse", o->lse, o->lse_name))) {
-    output_close(&oo, 0);
-    output_close(&ol, 0);
-    return 1;
+  output_init(&oo, "--out", o->out, o->out_name);
+  memset(&ol, 0, sizeof ol);
+  if (o->lse) output_init(&ol, "--lse", o->lse, o->lse_name);
+  int shared = o->lse && oo.st && ol.st && oo.file && ol.file && strcmp(oo.file, ol.file) == 0;
+  if (shared) {
+    oo.names[1] = ol.names[0];
+    oo.n = 2;
+    output_free(&ol);
   }
+  if ((rc = output_inputs(&oo, spec, names)) != 0 ||
+      (o->lse && !shared && (rc = output_inputs(&ol, spec, names)) != 0))
+    goto done;
+  rc = 1;
+  if (!output_open(&oo) || (o->lse && !shared && !output_open(&ol))) goto done;
   for (int i = 0; i < 3; i++) {
     if (load(spec[i], names[i], &in[i]) != STA_OK) { rc = fail(); goto done; }
     if (sta_tensor_ndim(in[i]) != 4) {
@@ -476,6 +484,7 @@ static int run(options *o) {
       goto done;
     }
   }
+  if (output_keep(&oo) != STA_OK || output_keep(&ol) != STA_OK) { rc = fail(); goto done; }
   int si = o->layout == STA_BSHD ? 1 : 2, hi = o->layout == STA_BSHD ? 2 : 1;
   int64_t B = sta_tensor_size(in[0], 0), S = sta_tensor_size(in[0], si),
           H = sta_tensor_size(in[0], hi), D = sta_tensor_size(in[0], 3);
@@ -484,7 +493,10 @@ static int run(options *o) {
   memset(&desc, 0, sizeof desc);
   if (o->have_canvas)
     sta_geometry_init(&desc.geom, o->canvas[0], o->canvas[1], o->canvas[2]);
-  else if (sta_geometry_from_seq_len(&desc.geom, S) != STA_OK) { rc = fail(); goto done; }
+  else if (sta_geometry_from_seq_len(&desc.geom, S) != STA_OK) {
+    rc = unknown_length(o, in[0], S);
+    goto done;
+  }
   if (o->have_tile) memcpy(desc.geom.tile, o->tile, sizeof o->tile);
   desc.geom.text_len = o->text_len;
   desc.geom.order = o->order;
@@ -520,12 +532,18 @@ static int run(options *o) {
   double dt_s = now_s() - t0;
   if (st != STA_OK) { rc = fail(); goto done; }
   if (sta_tensor_to(&hout, out, file_dt, STA_CPU) != STA_OK ||
-      (lse && sta_tensor_to(&hlse, lse, STA_F32, STA_CPU) != STA_OK) ||
-      save(o, &oo, shared ? &oo : &ol, hout, hlse) != STA_OK) {
+      (lse && sta_tensor_to(&hlse, lse, STA_F32, STA_CPU) != STA_OK)) {
     rc = fail();
     goto done;
   }
-  if (!output_close(&oo, 1) || !output_close(&ol, 1)) goto done;
+  oo.ts[0] = hout;
+  oo.ts[1] = hlse; /* when shared */
+  ol.ts[0] = hlse;
+  if (output_write(&oo) != STA_OK || (ol.open && output_write(&ol) != STA_OK) ||
+      output_commit(&oo) != STA_OK || output_commit(&ol) != STA_OK) {
+    rc = fail();
+    goto done;
+  }
   if (!o->quiet) {
     double flop = sta_attention_flops(&desc, B, S, H, D);
     char win[80];
@@ -551,8 +569,8 @@ static int run(options *o) {
   }
   rc = 0;
 done:
-  output_close(&oo, 0); /* after a failure: the staging files go */
-  output_close(&ol, 0);
+  output_free(&oo); /* after a failure: the temporary files go */
+  output_free(&ol);
   for (int i = 0; i < 3; i++) { sta_tensor_destroy(in[i]); sta_tensor_destroy(dev[i]); }
   sta_tensor_destroy(out);
   sta_tensor_destroy(lse);
@@ -563,6 +581,7 @@ done:
 
 int main(int argc, char **argv) {
   options o;
+  catch_signals();
   int rc = parse_args(argc, argv, &o);
   if (rc == 0) rc = run(&o);
   else if (rc < 0) rc = 0; /* --help */

@@ -297,7 +297,8 @@ describe("sta attention", function()
     assert.equal("head 1: window: Kh = 0, expected >= 1", H.error_of(sta.attention, q, k, v, o))
     o.window = {1, 1, 1}
     o.canvas = {8, 6, 6}
-    assert.equal("seq_len 144 not supported for STA", H.error_of(sta.attention, q, k, v, o))
+    assert.equal("seq_len 144 not supported for STA (canvas 8x6x6 has 288 video rows, q has 144)",
+      H.error_of(sta.attention, q, k, v, o))
     o.canvas = canvas
     local k2 = H.randn({1, 144, 2, 16})
     assert.equal("k: shape [B=1, S=144, heads=2, D=16] differs from q's [B=1, S=144, heads=2, D=8]",

@@ -77,7 +77,8 @@ describe("sta tensors", function()
 
   it("refuses CUDA tensors when no GPU answers", function()
     if sta.backend_available("cuda") then return end
-    assert.equal("st attn not supported", H.error_of(sta.tensor, {2}, { device = "cuda" }))
+    -- STA.md's text, then why (the probe's reason)
+    assert.matches("^st attn not supported %(cuda: .+%)$", H.error_of(sta.tensor, { 2 }, { device = "cuda" }))
   end)
 
   it("converts dtypes with bounded rounding error", function()

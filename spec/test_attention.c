@@ -808,7 +808,9 @@ static void test_errors_arguments(void **state) {
   }
   /* out of another shape: BHSD layout reading BSHD tensors sees heads=134 */
   x.d.layout = STA_BHSD;
-  expect_fail(&x, x.q, x.k, x.v, x.o, x.l, STA_ERR_SEQ_LEN, "seq_len 2 not supported for STA");
+  expect_fail(&x, x.q, x.k, x.v, x.o, x.l, STA_ERR_SEQ_LEN,
+              "seq_len 2 not supported for STA (canvas 4x4x8 has 128 video rows, q has 2; "
+              "q's dim 1 has 134: [B, S, heads, D] needs layout bshd)");
   x.d.layout = STA_BSHD;
   /* dtypes */
   sta_tensor *h16 = NULL;
@@ -834,7 +836,8 @@ static void test_errors_geometry_windows(void **state) {
   bad_init(&x);
   /* seq_len shorter than the canvas: exactly FastVideo's message */
   x.d.geom.canvas[0] = 5; /* V = 160 > 134 */
-  expect_fail(&x, x.q, x.k, x.v, x.o, x.l, STA_ERR_SEQ_LEN, "seq_len 134 not supported for STA");
+  expect_fail(&x, x.q, x.k, x.v, x.o, x.l, STA_ERR_SEQ_LEN,
+              "seq_len 134 not supported for STA (canvas 5x4x8 has 160 video rows, q has 134)");
   x.d.geom.canvas[0] = 0;
   expect_fail(&x, x.q, x.k, x.v, x.o, x.l, STA_ERR_WINDOW, "canvas: t = 0, expected 1..1048576");
   x.d.geom.canvas[0] = 4;
@@ -933,7 +936,9 @@ static void test_errors_devices(void **state) {
   /* all on CUDA with CUDA unavailable */
   setenv("STA_DISABLE_CUDA", "1", 1);
   assert_int_equal(sta_backend_available(STA_CUDA), 0);
-  expect_fail(&x, c[0], c[1], c[2], c[3], NULL, STA_ERR_BACKEND, "st attn not supported");
+  char nb[320]; /* STA.md's text, then why */
+  snprintf(nb, sizeof nb, "st attn not supported (%s)", sta_backend_describe(STA_CUDA));
+  expect_fail(&x, c[0], c[1], c[2], c[3], NULL, STA_ERR_BACKEND, nb);
   sta_clear_error();
   assert_int_equal(sta_attention_reference(&x.d, c[0], c[1], c[2], c[3], NULL), STA_ERR_ARGUMENT);
   assert_string_equal(sta_last_error(), "q: the reference runs on host tensors only");

@@ -69,19 +69,24 @@ static double tol(sta_dtype dt) { return dt == STA_F16 ? 1e-2 : 3e-2; }
 
 static double worst_rel[2][3];
 
+/* The descriptor of case c. */
+static void desc_of(const bcase *c, sta_attention_desc *d) {
+  memset(d, 0, sizeof *d);
+  sta_geometry_init(&d->geom, c->canvas[0], c->canvas[1], c->canvas[2]);
+  memcpy(d->geom.tile, c->tile, sizeof c->tile);
+  d->geom.text_len = c->text_len;
+  d->layout = c->layout;
+  d->n_windows = c->n_windows;
+  d->windows = c->windows;
+  d->scale = c->scale;
+  d->geom.order = c->tiled ? STA_ORDER_TILED : STA_ORDER_UNTILED;
+}
+
 static void run_case(const bcase *c) {
   char what[320];
   describe(c, what, sizeof what);
   sta_attention_desc d;
-  memset(&d, 0, sizeof d);
-  sta_geometry_init(&d.geom, c->canvas[0], c->canvas[1], c->canvas[2]);
-  memcpy(d.geom.tile, c->tile, sizeof c->tile);
-  d.geom.text_len = c->text_len;
-  d.layout = c->layout;
-  d.n_windows = c->n_windows;
-  d.windows = c->windows;
-  d.scale = c->scale;
-  d.geom.order = c->tiled ? STA_ORDER_TILED : STA_ORDER_UNTILED;
+  desc_of(c, &d);
   const int64_t V = sta_geometry_video_rows(&d.geom), S = V + c->text; /* V: video rows */
   enum { NT = 8 };
   sta_tensor *hb[4], *h[4], *hf[4], *gb[NT], *g[NT]; /* q k v dout | out dq dk dv */
@@ -365,6 +370,112 @@ static void test_deterministic(void **state) {
   det_case(&c);
 }
 
+/* Non-finite values propagate (issue 31): one NaN planted in q, k, v or
+** dout reaches on the GPU exactly the elements of out, lse, dq, dk, dv that
+** it reaches on the CPU (whose rule test_nonfinite checks element by
+** element): the same elements non-finite, the rest finite.  The GPU
+** forward once turned a NaN row's lse into -inf. */
+static int64_t nonfinite_mismatch(const sta_tensor *gpu, const sta_tensor *cpu, int64_t *bad) {
+  sta_tensor *a = NULL, *b = NULL;
+  assert_int_equal(sta_tensor_to(&a, gpu, STA_F32, STA_CPU), STA_OK);
+  assert_int_equal(sta_tensor_to(&b, cpu, STA_F32, STA_CPU), STA_OK);
+  const float *x = sta_tensor_data(a), *y = sta_tensor_data(b);
+  int64_t n = sta_tensor_numel(a), diff = 0;
+  for (int64_t i = 0; i < n; i++) {
+    diff += !isfinite(x[i]) != !isfinite(y[i]);
+    *bad += !isfinite(y[i]);
+  }
+  sta_tensor_destroy(a);
+  sta_tensor_destroy(b);
+  return diff;
+}
+
+static void nonfinite_case(const bcase *c, int which) {
+  char what[400];
+  describe(c, what, sizeof what);
+  sta_attention_desc d;
+  desc_of(c, &d);
+  const int64_t S = sta_geometry_video_rows(&d.geom) + c->text;
+  int64_t shape[4] = {c->B, c->layout == STA_BSHD ? S : c->H, c->layout == STA_BSHD ? c->H : S,
+                      c->D}, ls[3] = {c->B, c->H, S};
+  sta_tensor *h[4], *g[8], *glse = NULL, *clse = NULL, *co = NULL, *cg[3];
+  for (int i = 0; i < 4; i++) {
+    h[i] = NULL;
+    assert_int_equal(sta_tensor_create(&h[i], c->dtype, STA_CPU, 4, shape), STA_OK);
+    assert_int_equal(sta_tensor_randn(h[i], c->seed * 7 + (uint64_t)i, 0.0, 1.0), STA_OK);
+  }
+  int64_t at[4] = {sta_test_rint(0, shape[0] - 1), sta_test_rint(0, shape[1] - 1),
+                   sta_test_rint(0, shape[2] - 1), sta_test_rint(0, shape[3] - 1)};
+  assert_int_equal(sta_tensor_set(h[which], at, NAN), STA_OK);
+  char where[120];
+  static const char *const WN[4] = {"q", "k", "v", "dout"};
+  snprintf(where, sizeof where, ", NaN at %s[%lld, %lld, %lld, %lld]", WN[which],
+           (long long)at[0], (long long)at[1], (long long)at[2], (long long)at[3]);
+  strncat(what, where, sizeof what - strlen(what) - 1);
+  for (int i = 0; i < 8; i++) {
+    g[i] = NULL;
+    assert_int_equal(sta_tensor_create(&g[i], c->dtype, STA_CUDA, 4, shape), STA_OK);
+    if (i < 4) assert_int_equal(sta_tensor_copy(g[i], h[i]), STA_OK);
+  }
+  assert_int_equal(sta_tensor_create(&glse, STA_F32, STA_CUDA, 3, ls), STA_OK);
+  assert_int_equal(sta_tensor_create(&clse, STA_F32, STA_CPU, 3, ls), STA_OK);
+  assert_int_equal(sta_tensor_create(&co, c->dtype, STA_CPU, 4, shape), STA_OK);
+  for (int i = 0; i < 3; i++) {
+    cg[i] = NULL;
+    assert_int_equal(sta_tensor_create(&cg[i], c->dtype, STA_CPU, 4, shape), STA_OK);
+  }
+  if (sta_attention_forward(&d, g[0], g[1], g[2], g[4], glse) != STA_OK ||
+      sta_attention_backward(&d, g[0], g[1], g[2], g[4], glse, g[3], g[5], g[6], g[7]) != STA_OK ||
+      sta_cuda_synchronize() != STA_OK)
+    fail_msg("%s: GPU: %s", what, sta_last_error());
+  if (sta_attention_forward(&d, h[0], h[1], h[2], co, clse) != STA_OK ||
+      sta_attention_backward(&d, h[0], h[1], h[2], co, clse, h[3], cg[0], cg[1], cg[2]) != STA_OK)
+    fail_msg("%s: CPU: %s", what, sta_last_error());
+  const sta_tensor *gpu[5] = {g[4], glse, g[5], g[6], g[7]}, *cpu[5] = {co, clse, cg[0], cg[1], cg[2]};
+  static const char *const ON[5] = {"out", "lse", "dq", "dk", "dv"};
+  for (int i = 0; i < 5; i++) {
+    int64_t bad = 0, diff = nonfinite_mismatch(gpu[i], cpu[i], &bad);
+    if (diff) fail_msg("%s: %s: %lld elements finite on one side only (%lld non-finite on the "
+                       "CPU)", what, ON[i], (long long)diff, (long long)bad);
+  }
+  for (int i = 0; i < 4; i++) sta_tensor_destroy(h[i]);
+  for (int i = 0; i < 8; i++) sta_tensor_destroy(g[i]);
+  for (int i = 0; i < 3; i++) sta_tensor_destroy(cg[i]);
+  sta_tensor_destroy(co);
+  sta_tensor_destroy(glse);
+  sta_tensor_destroy(clse);
+}
+
+static void test_nonfinite(void **state) {
+  NEED_GPU();
+  const int n = getenv("STA_GPU_QUICK") ? 4 : 24;
+  for (int i = 0; i < n; i++) {
+    bcase c;
+    case_init(&c, (int32_t)sta_test_rint(1, 12), (int32_t)sta_test_rint(1, 20),
+              (int32_t)sta_test_rint(1, 20));
+    for (int a = 0; a < 3; a++) c.tile[a] = (int32_t)sta_test_rint(1, 8);
+    int32_t grid[3];
+    for (int a = 0; a < 3; a++) grid[a] = (c.canvas[a] + c.tile[a] - 1) / c.tile[a];
+    c.H = sta_test_rint(1, 2);
+    c.n_windows = (int32_t)c.H;
+    for (int hh = 0; hh < c.n_windows; hh++)
+      for (int a = 0; a < 3; a++) {
+        int32_t k = (int32_t)(2 * sta_test_rint(0, 2) + 1);
+        c.windows[3 * hh + a] = k < grid[a] ? k : grid[a];
+      }
+    c.text = sta_test_rint(0, 40);
+    c.text_len = sta_test_rint(0, c.text);
+    c.B = sta_test_rint(1, 2);
+    c.D = sta_test_rint(0, 1) ? 128 : 64;
+    c.dtype = sta_test_rint(0, 1) ? STA_BF16 : STA_F16;
+    c.layout = (sta_layout)sta_test_rint(0, 1);
+    c.tiled = (int)sta_test_rint(0, 1);
+    nonfinite_case(&c, i % 4);
+  }
+  printf("# non-finite propagation: %d planted NaNs, GPU and CPU non-finite at the same "
+         "elements of out, lse, dq, dk, dv\n", n);
+}
+
 static void test_refusals(void **state) {
   NEED_GPU();
   sta_attention_desc d;
@@ -400,6 +511,7 @@ int main(void) {
       cmocka_unit_test(test_random_geometries),
       cmocka_unit_test(test_tiled_order),
       cmocka_unit_test(test_deterministic),
+      cmocka_unit_test(test_nonfinite),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -79,9 +79,11 @@ static void test_i32(void **state) {
   assert_int_equal(sta_tensor_fill(w, 9), STA_OK);
   assert_true(raw[0] == 9 && raw[5] == 9);
   sta_tensor *cu = NULL;
-  if (!sta_backend_available(STA_CUDA))
-    sta_expect_err(sta_tensor_create(&cu, STA_I32, STA_CUDA, 1, ws), STA_ERR_BACKEND,
-                   "st attn not supported");
+  if (!sta_backend_available(STA_CUDA)) {
+    char nb[300];
+    snprintf(nb, sizeof nb, "st attn not supported (%s)", sta_backend_describe(STA_CUDA));
+    sta_expect_err(sta_tensor_create(&cu, STA_I32, STA_CUDA, 1, ws), STA_ERR_BACKEND, nb);
+  }
   sta_tensor_destroy(cu);
   sta_tensor_destroy(w);
   sta_tensor_destroy(to);

@@ -141,11 +141,13 @@ static void test_create_errors(void **state) {
   BAD(backend, (sta_device)9, STA_ERR_ARGUMENT, "backend: unknown device 9");
   BAD(softmax, (sta_softmax)2, STA_ERR_ARGUMENT,
       "softmax: expected STA_SOFTMAX_EXACT (0) or STA_SOFTMAX_FAST (1), got 2");
+  char nb[300];
   setenv("STA_DISABLE_CUDA", "1", 1);
-  BAD(backend, STA_CUDA, STA_ERR_BACKEND, "st attn not supported");
+  snprintf(nb, sizeof nb, "st attn not supported (%s)", sta_backend_describe(STA_CUDA));
+  BAD(backend, STA_CUDA, STA_ERR_BACKEND, nb);
   unsetenv("STA_DISABLE_CUDA");
-  if (!sta_backend_available(STA_CUDA))
-    BAD(backend, STA_CUDA, STA_ERR_BACKEND, "st attn not supported");
+  snprintf(nb, sizeof nb, "st attn not supported (%s)", sta_backend_describe(STA_CUDA));
+  if (!sta_backend_available(STA_CUDA)) BAD(backend, STA_CUDA, STA_ERR_BACKEND, nb);
   EXPECT_ERR(sta_layer_create(&l, NULL), STA_ERR_ARGUMENT,
              "desc: expected a layer description, got NULL");
   /* canvas 0,0,0 is allowed: the shape comes from seq_len */

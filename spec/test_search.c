@@ -233,11 +233,142 @@ static void test_search_then_tune(void **state) {
   for (int l = 0; l < LAYERS; l++) sta_layer_destroy(layers[l]);
 }
 
+/* ---- saved tables, as a property ------------------------------------------ */
+
+static uint64_t rng_state = 1;
+static uint64_t rnd(void) {
+  rng_state ^= rng_state << 13;
+  rng_state ^= rng_state >> 7;
+  rng_state ^= rng_state << 17;
+  return rng_state;
+}
+static int32_t rin(int32_t lo, int32_t hi) { return lo + (int32_t)(rnd() % (uint64_t)(hi - lo + 1)); }
+
+static const char *tmp_file(const char *name) {
+  static char buf[2][256];
+  static int k;
+  char *p = buf[k++ & 1];
+  snprintf(p, 256, "/tmp/sta-test-search-%d-%s", (int)getpid(), name);
+  return p;
+}
+
+/* Random records: steps x layer sequences, either every step with one
+** sequence (a permutation of some layers) or one step broken (a record
+** dropped, added or two swapped).  Saving must refuse exactly the broken
+** ones, naming the step; a saved file must tune (skip_steps 0) to the
+** argmin of what was recorded at [step][position in the sequence][head]
+** (issue 31 defect 13: a ragged table was written, then refused by
+** sta_tune). */
+static void test_saved_tables(void **state) {
+  (void)state;
+  rng_state = seed_base | 1;
+  enum { NC = 3 };
+  static const int32_t cand[NC][3] = {{1, 1, 1}, {1, 3, 3}, {3, 3, 3}};
+  int saved = 0, refused = 0;
+  for (int c = 0; c < 300; c++) {
+    int32_t steps = rin(1, 4), nl = rin(1, 4), heads = rin(1, 3), seq[8], lay[4][8], n[4];
+    for (int32_t i = 0; i < nl; i++) seq[i] = i;
+    for (int32_t i = nl - 1; i > 0; i--) { int32_t j = rin(0, i), t = seq[i]; seq[i] = seq[j]; seq[j] = t; }
+    for (int32_t t = 0; t < steps; t++) { memcpy(lay[t], seq, sizeof seq); n[t] = nl; }
+    int broken = steps > 1 && rin(0, 1);
+    if (broken) {
+      int32_t t = rin(1, steps - 1), how = rin(0, 2);
+      if (nl == 1 && how != 1) how = 1; /* a step with no record is no step */
+      if (how == 0) n[t] = nl - 1; /* the last dropped */
+      else if (how == 1) { lay[t][nl] = rin(0, 3); n[t] = nl + 1; } /* one more */
+      else { int32_t a = lay[t][0]; lay[t][0] = lay[t][nl - 1]; lay[t][nl - 1] = a; }
+    }
+    sta_forward_batch *fb = NULL;
+    assert_int_equal(sta_forward_batch_create(&fb, 1), STA_OK);
+    static float l2[4][8][NC][4], l1[NC * 4];
+    for (int32_t t = 0; t < steps; t++)
+      for (int32_t i = 0; i < n[t]; i++) {
+        for (int32_t k = 0; k < NC * heads; k++) {
+          l2[t][i][k / heads][k % heads] = (float)(rnd() % 1000) / 997.0f;
+          l1[k] = 0.5f;
+        }
+        float flat[NC * 4];
+        for (int32_t k = 0; k < NC * heads; k++) flat[k] = l2[t][i][k / heads][k % heads];
+        assert_int_equal(sta_forward_batch_record(fb, 0, t, lay[t][i], NC, &cand[0][0], heads,
+                                                  l1, flat), STA_OK);
+      }
+    const char *path = tmp_file("table.json");
+    remove(path);
+    sta_status rc = sta_forward_batch_save_search(fb, 0, path);
+    int bad = 0;
+    for (int32_t t = 1; t < steps; t++)
+      bad |= n[t] != n[0] || memcmp(lay[t], lay[0], sizeof(int32_t) * (size_t)n[0]) != 0;
+    if (bad) {
+      if (rc != STA_ERR_STATE || !strstr(sta_last_error(), "every step of a search must record"))
+        fail_msg("case %d: a broken table: %s '%s'", c, sta_status_name(rc), sta_last_error());
+      assert_int_equal(access(path, F_OK), -1); /* nothing written */
+      refused++;
+    } else {
+      if (rc != STA_OK) fail_msg("case %d: %s", c, sta_last_error());
+      sta_strategy *st = NULL;
+      int32_t full[3] = {5, 5, 5};
+      const char *files[1] = {path};
+      if (sta_tune(&st, 1, files, 0, full, NULL) != STA_OK)
+        fail_msg("case %d: tune: %s", c, sta_last_error());
+      for (int32_t t = 0; t < steps; t++)
+        for (int32_t i = 0; i < nl; i++)
+          for (int32_t h = 0; h < heads; h++) {
+            int best = 0;
+            for (int k = 1; k < NC; k++) if (l2[t][i][k][h] < l2[t][i][best][h]) best = k;
+            int32_t w[3];
+            assert_int_equal(sta_strategy_get(st, t, i, h, w), STA_OK);
+            if (memcmp(w, cand[best], sizeof w))
+              fail_msg("case %d: [%d][%d][%d] chose [%d, %d, %d], recorded best [%d, %d, %d]", c,
+                       t, i, h, w[0], w[1], w[2], cand[best][0], cand[best][1], cand[best][2]);
+          }
+      sta_strategy_destroy(st);
+      saved++;
+    }
+    remove(path);
+    sta_forward_batch_destroy(fb);
+  }
+  printf("# %d record sets saved and tuned back exactly, %d broken ones refused\n", saved,
+         refused);
+  assert_true(saved > 50 && refused > 50);
+}
+
+/* The search-results reader (sta_tune) refuses text after the object and a
+** NUL in a key, as the strategy reader does. */
+static void test_reader_refuses(void **state) {
+  (void)state;
+  static const struct { const char *text, *msg; } cases[] = {
+    {"{\"L2_loss\": {\"[1, 1, 1]\": [[[0.5]]]}}\n{\"L2_loss\": {}}",
+     "unexpected text after the JSON object at byte 38"},
+    {"{\"L2_loss\": {\"[1, 1, 1]\": [[[0.5]]]}} x", "unexpected text after the JSON object"},
+    {"{\"L2_loss\": {\"[1, 1, 1]\\u0000x\": [[[0.5]]]}}", "NUL character in a string at byte 23"},
+    {"{\"L2_loss\\u0000\": {\"[1, 1, 1]\": [[[0.5]]]}}", "NUL character in a string at byte 9"},
+  };
+  const char *path = tmp_file("reader.json");
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+    FILE *f = fopen(path, "wb");
+    assert_non_null(f);
+    fputs(cases[i].text, f);
+    fclose(f);
+    sta_strategy *st = (sta_strategy *)&rng_state;
+    const char *files[1] = {path};
+    int32_t full[3] = {5, 5, 5};
+    sta_status rc = sta_tune(&st, 1, files, 0, full, NULL);
+    if (rc != STA_ERR_FORMAT || !strstr(sta_last_error(), cases[i].msg) ||
+        !strstr(sta_last_error(), path))
+      fail_msg("case %zu: %s '%s', wanted '%s'", i, sta_status_name(rc), sta_last_error(),
+               cases[i].msg);
+    assert_ptr_equal(st, (sta_strategy *)&rng_state);
+  }
+  remove(path);
+}
+
 int main(void) {
   seed_base = (uint64_t)time(NULL) * 1000003u + (uint64_t)getpid();
   printf("# test_search seed %llu\n", (unsigned long long)seed_base);
   const struct CMUnitTest tests[] = {
     cmocka_unit_test(test_search_then_tune),
+    cmocka_unit_test(test_saved_tables),
+    cmocka_unit_test(test_reader_refuses),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -97,9 +97,21 @@ static void test_parse_errors(void **state) {
     {"{\"1__0\": [3, 3, 3]}", "mask strategy: key \"1__0\" is not \"step_layer_head\""},
     {"{\" 1_0_0\": [3, 3, 3]}", "mask strategy: key \" 1_0_0\" is not \"step_layer_head\""},
     {"{\"2147483648_0_0\": [3, 3, 3]}",
-     "mask strategy: key \"2147483648_0_0\" is not \"step_layer_head\""},
+     "mask strategy: key \"2147483648_0_0\": the step is out of range (0..2147483646)"},
+    {"{\"2147483647_0_0\": [3, 3, 3]}", /* extent() would overflow (issue 31) */
+     "mask strategy: key \"2147483647_0_0\": the step is out of range (0..2147483646)"},
+    {"{\"0_0_2147483647\": [3, 3, 3]}",
+     "mask strategy: key \"0_0_2147483647\": the head is out of range (0..2147483646)"},
     {"{\"1_99999999999999999999_0\": [3, 3, 3]}",
-     "mask strategy: key \"1_99999999999999999999_0\" is not \"step_layer_head\""},
+     "mask strategy: key \"1_99999999999999999999_0\": the layer is out of range (0..2147483646)"},
+    {"{\"0_0_0\\u0000junk\": [3, 3, 3]}", /* cJSON's key ends at the NUL (issue 31) */
+     "mask strategy: NUL character in a string at byte 7 (\\u0000 or a NUL byte: the name or "
+     "value would end there)"},
+    {"{\"0_0_0\": [3, 3, 3], \"0_0_1\\u0000\": [1, 1, 1]}",
+     "mask strategy: NUL character in a string at byte 27 (\\u0000 or a NUL byte: the name or "
+     "value would end there)"},
+    {"{\"0_0_0\": [1, 1, 1]} {\"0_0_1\": [1, 1, 1]}",
+     "mask strategy: unexpected text after the JSON object at byte 21"},
     {"{\"\": [3, 3, 3]}", "mask strategy: key \"\" is not \"step_layer_head\""},
     {"{\"14_3_7\": [3, 3.5, 3]}",
      "mask strategy: \"14_3_7\": expected [Kt, Kh, Kw] of 3 positive integers"},
@@ -257,6 +269,29 @@ static void test_uniform_sparsity(void **state) {
   sta_strategy_destroy(s);
 }
 
+/* The largest keys (issue 31): counted without overflow, from JSON and
+** from sta_strategy_set alike. */
+static void test_largest_keys(void **state) {
+  (void)state;
+  const char *json = "{\"2147483646_5_2147483646\": [3, 3, 3], \"0_2147483646_0\": [1, 1, 1]}";
+  sta_strategy *s = NULL;
+  assert_int_equal(sta_strategy_parse(&s, json, strlen(json)), STA_OK);
+  int32_t t = 0, l = 0, h = 0, w[3];
+  sta_strategy_extent(s, &t, &l, &h);
+  assert_int_equal(t, INT32_MAX);
+  assert_int_equal(l, INT32_MAX);
+  assert_int_equal(h, INT32_MAX);
+  assert_int_equal(sta_strategy_get(s, 2147483646, 5, 2147483646, w), STA_OK);
+  assert_int_equal(w[0], 3);
+  char *text = json_of(s);
+  sta_strategy *r = NULL;
+  assert_int_equal(sta_strategy_parse(&r, text, strlen(text)), STA_OK);
+  assert_true(sta_strategy_equal(s, r));
+  sta_free(text);
+  sta_strategy_destroy(r);
+  sta_strategy_destroy(s);
+}
+
 static void test_set_errors_unchanged(void **state) {
   (void)state;
   sta_strategy *s = random_strategy(3, 2, 4);
@@ -265,6 +300,10 @@ static void test_set_errors_unchanged(void **state) {
   EXPECT_ERR(sta_strategy_set(s, 0, 0, 0, bad), STA_ERR_WINDOW, "window: Kw = -1, expected >= 1");
   EXPECT_ERR(sta_strategy_set(s, 0, -2, 0, w), STA_ERR_ARGUMENT, "layer: expected >= 0, got -2");
   EXPECT_ERR(sta_strategy_set(s, 0, 0, -3, w), STA_ERR_ARGUMENT, "head: expected >= 0, got -3");
+  EXPECT_ERR(sta_strategy_set(s, INT32_MAX, 0, 0, w), STA_ERR_ARGUMENT,
+             "step: expected 0..2147483646, got 2147483647");
+  EXPECT_ERR(sta_strategy_set(s, 0, 0, INT32_MAX, w), STA_ERR_ARGUMENT,
+             "head: expected 0..2147483646, got 2147483647");
   EXPECT_ERR(sta_strategy_set(s, 0, 0, 0, NULL), STA_ERR_WINDOW, "window: expected 3 ints, got NULL");
   EXPECT_ERR(sta_strategy_set(NULL, 0, 0, 0, w), STA_ERR_ARGUMENT,
              "strategy: expected a strategy, got NULL");
@@ -384,6 +423,7 @@ int main(void) {
     cmocka_unit_test(test_roundtrip_files),
     cmocka_unit_test(test_load_default),
     cmocka_unit_test(test_uniform_sparsity),
+    cmocka_unit_test(test_largest_keys),
     cmocka_unit_test(test_set_errors_unchanged),
     cmocka_unit_test(test_metadata),
   };

@@ -310,8 +310,9 @@ static void test_to_device(void **state) {
   int64_t shape[2] = {3, 7};
   sta_tensor *a = make(STA_F32, 2, shape), *d = (sta_tensor *)0x1;
   if (!sta_backend_available(STA_CUDA)) {
-    sta_expect_err(sta_tensor_to(&d, a, STA_BF16, STA_CUDA), STA_ERR_BACKEND,
-               "st attn not supported");
+    char nb[320]; /* STA.md's text, then why */
+    snprintf(nb, sizeof nb, "st attn not supported (%s)", sta_backend_describe(STA_CUDA));
+    sta_expect_err(sta_tensor_to(&d, a, STA_BF16, STA_CUDA), STA_ERR_BACKEND, nb);
     assert_ptr_equal(d, (sta_tensor *)0x1);
   } else {
     sta_tensor *b = NULL;
@@ -512,9 +513,11 @@ static void test_create_errors(void **state) {
              "shape[2]: 1048576 makes the tensor too large");
   sta_expect_err(sta_tensor_create(&t, STA_F32, (sta_device)3, 2, ok), STA_ERR_ARGUMENT,
              "device: unknown device 3");
-  if (!sta_backend_available(STA_CUDA))
-    sta_expect_err(sta_tensor_create(&t, STA_F32, STA_CUDA, 2, ok), STA_ERR_BACKEND,
-               "st attn not supported");
+  if (!sta_backend_available(STA_CUDA)) {
+    char nb[320];
+    snprintf(nb, sizeof nb, "st attn not supported (%s)", sta_backend_describe(STA_CUDA));
+    sta_expect_err(sta_tensor_create(&t, STA_F32, STA_CUDA, 2, ok), STA_ERR_BACKEND, nb);
+  }
   for (int64_t k = 1; k <= 3; k++) {
     sta_fault_arm(k);
     sta_status rc = sta_tensor_create(&t, STA_F32, STA_CPU, 2, ok);

@@ -60,7 +60,7 @@ sta_status sta_span_copy(const sta_span *dst_, int64_t dj, const sta_span *src_,
   int64_t run = src.run, n0 = src.n[0];
   const sta_backend_ops *b = dev == STA_CPU ? NULL : sta_backend_get(dev);
   if (dev != STA_CPU && (!b || !b->copy_2d))
-    return sta_error(STA_ERR_BACKEND, "st attn not supported");
+    return sta_backend_missing(dev);
   for (int64_t i2 = 0; i2 < src.n[2]; i2++)
     for (int64_t i1 = 0; i1 < src.n[1]; i1++) {
       const char *s = s0 + i2 * src.pitch[2] + i1 * src.pitch[1];

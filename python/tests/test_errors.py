@@ -29,7 +29,8 @@ def raises(cls, status_name, message, fn):
 
 def test_core_messages_arrive_verbatim(qkv):
     q, k, v = qkv
-    e = raises(sta.UnsupportedError, "STA_ERR_SEQ_LEN", "seq_len 259 not supported for STA",
+    e = raises(sta.UnsupportedError, "STA_ERR_SEQ_LEN",
+               "seq_len 259 not supported for STA (canvas 8x8x8 has 512 video rows, q has 259)",
                lambda: sta.attention(q[:, :259], k[:, :259], v[:, :259], window=(1, 1, 1),
                                      **KW))
     assert e.status == 301 and e.group == 300 and isinstance(e, RuntimeError)

@@ -271,7 +271,8 @@ def test_errors_keep_sta_message_on_cuda():
     for grad in (False, True):  # eager call, and through the custom op
         with torch.set_grad_enabled(grad), raises(sta.UnsupportedError) as box:
             sta.attention(q, k, v, canvas=(2, 8, 8), window=(1, 1, 1))
-        assert str(box[0]) == "seq_len 100 not supported for STA"
+        assert str(box[0]) == ("seq_len 100 not supported for STA "
+                               "(canvas 2x8x8 has 128 video rows, q has 100)")
         assert box[0].status_name == "STA_ERR_SEQ_LEN"
     a, b, c = qkv((1, 64, 1, 48), torch.bfloat16)
     with raises(sta.UnsupportedError) as box:

@@ -70,6 +70,11 @@ int main(int argc, char **argv) {
     }
   }
   clock_gettime(CLOCK_MONOTONIC, &t1);
+  printf("random_api: extreme-argument calls that succeeded: create %lld, view %lld, narrow "
+         "%lld, wrap %lld, attention %lld, strategy/metadata/record %lld, elementwise %lld, "
+         "geometry/tile %lld\n", (long long)api_ok[24], (long long)api_ok[25],
+         (long long)api_ok[26], (long long)api_ok[27], (long long)api_ok[28],
+         (long long)api_ok[29], (long long)api_ok[30], (long long)api_ok[31]);
   printf("random_api: calls that succeeded: layer forward %lld, attention %lld, SP forward %lld, "
          "search+tune %lld, strategy save+load %lld, push %lld, pop %lld\n",
          (long long)(api_ok[15] + api_ok[16]), (long long)api_ok[17], (long long)api_ok[21],
