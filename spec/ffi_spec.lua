@@ -199,7 +199,7 @@ describe("sta.ffi #ffi", function()
     local o = { canvas = {2, 4, 8}, tile = {1, 2, 4}, window = {1, 1, 1} }
     assert.equal("q: expected a tensor, got nil", select(2, pcall(S.attention, nil, q, q, o)))
     assert.equal("v: expected a tensor, got nil", select(2, pcall(S.attention, q, q, ffi.cast("sta_tensor *", nil), o)))
-    assert.equal("dtype: unknown dtype 'f64' (expected f32, f16, bf16 or f8e4m3)", select(2, pcall(S.tensor, {2, 2}, "f64")))
+    assert.equal("dtype: unknown dtype 'f64' (expected f32, f16, bf16, f8e4m3 or i32)", select(2, pcall(S.tensor, {2, 2}, "f64")))
     assert.equal("device: expected \"cpu\" or \"cuda\", got tpu", select(2, pcall(S.tensor, {2, 2}, "f32", "tpu")))
     assert.equal("options: unknown key 'windws' (known: canvas, tile, text_len, order, layout, window, "
       .. "scale, softmax, precision, deterministic, out, lse)", select(2, pcall(S.attention, q, q, q,
