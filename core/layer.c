@@ -125,6 +125,9 @@ sta_status sta_layer_create(sta_layer **out, const sta_layer_desc *desc) {
   int auto_geom = c[0] == 0 && c[1] == 0 && c[2] == 0;
   if (desc->mode == STA_LAYER_VSA) {
     if ((rc = vsa_check(desc, cube, &cube_rows, &cubes)) != STA_OK) return rc;
+  } else if (desc->cube[0] || desc->cube[1] || desc->cube[2] || desc->dense_steps) {
+    return sta_error(STA_ERR_ARGUMENT, "%s: a layer in STA mode has no cubes (VSA mode: "
+                     "STA_LAYER_VSA)", desc->dense_steps ? "dense_steps" : "cube");
   } else if (!auto_geom) {
     int64_t tl = desc->geom.text_len > 0 ? desc->geom.text_len : 0;
     if (c[0] < 1 || c[1] < 1 || c[2] < 1)

@@ -248,6 +248,13 @@ static void test_forward_errors(void **state) {
              "runs)");
   sta_layer_desc sd = vsa_desc();
   sd.mode = STA_LAYER_STA;
+  EXPECT_ERR(sta_layer_create(&sta, &sd), STA_ERR_ARGUMENT,
+             "dense_steps: a layer in STA mode has no cubes (VSA mode: STA_LAYER_VSA)");
+  sd.dense_steps = 0;
+  sd.cube[1] = 8;
+  EXPECT_ERR(sta_layer_create(&sta, &sd), STA_ERR_ARGUMENT,
+             "cube: a layer in STA mode has no cubes (VSA mode: STA_LAYER_VSA)");
+  sd.cube[1] = 0;
   assert_int_equal(sta_layer_create(&sta, &sd), STA_OK);
   EXPECT_ERR(sta_layer_resolve_vsa(sta, q, &vd, NULL, NULL), STA_ERR_STATE,
              "sta_layer_resolve_vsa: layer 3 runs STA (sta_layer_resolve gives what its forward "
