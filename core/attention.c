@@ -291,7 +291,7 @@ sta_status sta_attn_run(const sta_attn_params *p, sta_device device) {
 
 /* f32 [B, S, heads, D] (in desc's layout, contiguous, on x8's device) of
 ** x8 * scale: rows scaled by rs ([B, heads, S]) or channels by cs ([B,
-** heads, D]); on a device by sta_cuda_fp8_dequantize. */
+** heads, D]), by the device's backend (fp8_dequantize). */
 static sta_status dequantize(sta_tensor **out, sta_layout layout, const sta_tensor *x8,
                              const sta_bshd *bx, const sta_tensor *rs, const sta_tensor *cs) {
   sta_tensor *t = NULL;
@@ -303,24 +303,11 @@ static sta_status dequantize(sta_tensor **out, sta_layout layout, const sta_tens
   const uint8_t *x = sta_tensor_data(x8);
   const float *sc = sta_tensor_data(rs ? rs : cs);
   const int64_t *ss = (rs ? rs : cs)->stride;
-  float *o = sta_tensor_data(t);
-  if (dev != STA_CPU) {
-    if ((rc = sta_cuda_fp8_dequantize(o, &bt, x, bx, sc, ss, rs != NULL)) != STA_OK) {
-      sta_tensor_destroy(t);
-      return rc;
-    }
-    *out = t;
-    return STA_OK;
+  rc = sta_backend_get(dev)->fp8_dequantize(sta_tensor_data(t), &bt, x, bx, sc, ss, rs != NULL);
+  if (rc != STA_OK) {
+    sta_tensor_destroy(t);
+    return rc;
   }
-  for (int64_t b = 0; b < bx->b; b++)
-    for (int64_t s = 0; s < bx->s; s++)
-      for (int64_t h = 0; h < bx->h; h++) {
-        const uint8_t *xr = x + b * bx->sb + s * bx->ss + h * bx->sh;
-        float *orow = o + b * bt.sb + s * bt.ss + h * bt.sh;
-        for (int64_t d = 0; d < bx->d; d++)
-          orow[d] = sta_e4m3_to_f32(xr[d]) *
-                    sc[b * ss[0] + h * ss[1] + (rs ? s : d) * ss[2]];
-      }
   *out = t;
   return STA_OK;
 }

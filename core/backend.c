@@ -40,7 +40,7 @@ static const sta_backend_ops cpu_ops = {
   .name = "cpu", .probe = cpu_probe, .alloc = cpu_alloc, .release = free,
   .memcpy = cpu_memcpy, .attention = sta_cpu_attention, .head_diff = sta_cpu_head_diff,
   .synchronize = cpu_sync, .attention_backward = sta_cpu_attention_backward,
-  .attention_fp8 = sta_cpu_fp8_attention,
+  .attention_fp8 = sta_cpu_fp8_attention, .fp8_dequantize = sta_cpu_fp8_dequantize,
   .masks = 1 << STA_MASK_BLOCKS | 1 << STA_MASK_WINDOW_OR_BLOCKS};
 
 #ifdef STA_WITH_CUDA

@@ -4,15 +4,15 @@
 ** spec/test_gpu_fp8.c compares them) and the attention over its 8-bit
 ** operands, one query row at a time in double.  The scheme is sta.h's
 ** (sta_precision) and internal.h's (sta_fp8_ops), chosen by
-** bench/fp8_sim.py; python/tests/test_fp8.py checks this file against that
-** script's definition.  An emulation for tests and for measuring the
+** research/fp8_sim.py; python/tests/test_fp8.py checks this file against
+** that script's definition.  An emulation for tests and for measuring the
 ** scheme, not a fast path: every query row against each of its keys.
 **
 ** What a kernel may differ in from this reference is only the order and
-** width of its sums (float32 scores, Hopper's fp8 accumulator): P is taken
-** against the running maximum rounded up to an integer, so P of a key is
-** the same up to an exact power of two whatever the key blocks and their
-** order, and so is its e4m3 rounding (below 2^-6 * 448 excepted).
+** width of its sums (float32 scores and ex2, Hopper's fp8 accumulator): P
+** is taken against the running maximum over the kernel's own key blocks
+** (key_rows: its walk, blocks of STA_FP8_BK), as the kernel takes it, so
+** each P's e4m3 code is the kernel's up to a rounding boundary.
 */
 #include <math.h>
 #include <omp.h>
@@ -43,7 +43,7 @@ sta_status sta_fp8_ops_alloc(sta_fp8_ops *o, int64_t batch, int64_t heads, int64
   o->batch = batch; o->heads = heads; o->rows = rows; o->head_dim = head_dim;
   o->q8 = sta_calloc(bh * r * d, 1);
   o->k8 = sta_calloc(bh * r * d, 1);
-  o->v8 = sta_calloc(bh * 2 * d * r, 1);
+  o->v8 = sta_calloc(bh * d * r, 1);
   o->q_scale = sta_calloc(bh * r, sizeof(float));
   o->k_scale = sta_calloc(bh * r, sizeof(float));
   o->q_bias = sta_calloc(bh * r, sizeof(float));
@@ -101,15 +101,15 @@ static void quantize_head(const sta_attn_params *p, const sta_fp8_geom *g, const
       int64_t s = sta_fp8_source(g, r);
       if (s < 0) continue;
       for (int64_t d = 0; d < D; d++)
-        qam[d] = sta_amax_nan(qam[d], elem(p, p->q, p->q_sb, p->q_ss, p->q_sh, b, s, h, d));
+        qam[d] = sta_amax_finite(qam[d], elem(p, p->q, p->q_sb, p->q_ss, p->q_sh, b, s, h, d));
       if (r >= g->keys_end) continue;
       count++;
       for (int64_t d = 0; d < D; d++) {
         float kv = elem(p, p->k, p->k_sb, p->k_ss, p->k_sh, b, s, h, d);
-        part[d] += (double)kv;
-        if (kv > kmax[d]) kmax[d] = kv;
-        if (kv < kmin[d]) kmin[d] = kv;
-        vam[d] = sta_amax_nan(vam[d], elem(p, p->v, p->v_sb, p->v_ss, p->v_sh, b, s, h, d));
+        part[d] += (double)sta_finite_or0(kv);
+        if (kv > kmax[d] && kv < INFINITY) kmax[d] = kv;
+        if (kv < kmin[d] && kv > -INFINITY) kmin[d] = kv;
+        vam[d] = sta_amax_finite(vam[d], elem(p, p->v, p->v_sb, p->v_ss, p->v_sh, b, s, h, d));
       }
     }
     for (int64_t d = 0; d < D; d++) sum[d] += part[d];
@@ -137,10 +137,8 @@ static void quantize_head(const sta_attn_params *p, const sta_fp8_geom *g, const
     for (int64_t d = 0; d < D; d++) {
       float kv = elem(p, p->k, p->k_sb, p->k_ss, p->k_sh, b, s, h, d);
       x[d] = sta_fmul(kv - k_mean[d], sta_pow2f(-eq[d]));
-      float y = sta_fmul(elem(p, p->v, p->v_sb, p->v_ss, p->v_sh, b, s, h, d), vam[d]);
-      uint8_t hi = sta_f32_to_e4m3(y);
-      o->v8[((bh * 2 + 0) * D + d) * R + r] = hi;
-      o->v8[((bh * 2 + 1) * D + d) * R + r] = sta_f32_to_e4m3(y - sta_e4m3_to_f32(hi));
+      o->v8[(bh * D + d) * R + r] =
+          sta_fp8_vcode(elem(p, p->v, p->v_sb, p->v_ss, p->v_sh, b, s, h, d), vam[d]);
     }
     int64_t krow = bh * R + sta_fp8_kslot(r, R);
     quantize_row(x, D, o->k8 + krow * D, &o->k_scale[krow]);
@@ -163,27 +161,38 @@ sta_status sta_cpu_fp8_quantize(const sta_attn_params *p, sta_fp8_ops *o) {
   return STA_OK;
 }
 
-/* Key rows (quantized order) of query row i into keys; returns the count. */
+/* Key rows (quantized order) of query row i into keys, in the kernel's walk
+** (kernels/producer_fp8.cuh, Fp8Walk): the window's runs of tiles along w,
+** then the text keys (a text query: one run of every row below keys_end),
+** each run cut into blocks of STA_FP8_BK rows; blk[j]: key j's block
+** (counted over the runs).  Returns the count. */
 static int64_t key_rows(const sta_attn_params *p, const sta_fp8_geom *g, int64_t h, int64_t i,
-                        int64_t *keys) {
-  int64_t n = 0, vol = (int64_t)g->tile[0] * g->tile[1] * g->tile[2];
+                        int64_t *keys, int64_t *blk) {
+  int64_t n = 0, base = 0, vol = (int64_t)g->tile[0] * g->tile[1] * g->tile[2];
   int32_t lo[3] = {0, 0, 0}, cnt[3] = {g->grid[0], g->grid[1], g->grid[2]};
-  if (i < g->tiled_video) {
-    int64_t t = i / vol, q[3] = {t / ((int64_t)g->grid[1] * g->grid[2]),
-                                 (t / g->grid[2]) % g->grid[1], t % g->grid[2]};
-    for (int a = 0; a < 3; a++) { /* the rule: mask.h */
-      cnt[a] = sta_window_span(p->windows[3 * h + a], g->grid[a]);
-      lo[a] = sta_window_start((int32_t)q[a], cnt[a], g->grid[a]);
-    }
+  if (i >= g->tiled_video) {
+    for (int64_t r = 0; r < g->keys_end; r++)
+      if (sta_fp8_source(g, r) >= 0) { keys[n] = r; blk[n++] = r / STA_FP8_BK; }
+    return n;
+  }
+  int64_t t = i / vol, q[3] = {t / ((int64_t)g->grid[1] * g->grid[2]),
+                               (t / g->grid[2]) % g->grid[1], t % g->grid[2]};
+  for (int a = 0; a < 3; a++) { /* the rule: mask.h */
+    cnt[a] = sta_window_span(p->windows[3 * h + a], g->grid[a]);
+    lo[a] = sta_window_start((int32_t)q[a], cnt[a], g->grid[a]);
   }
   for (int32_t a = lo[0]; a < lo[0] + cnt[0]; a++)
-    for (int32_t b = lo[1]; b < lo[1] + cnt[1]; b++)
-      for (int32_t c = lo[2]; c < lo[2] + cnt[2]; c++) {
-        int64_t t = ((int64_t)a * g->grid[1] + b) * g->grid[2] + c;
-        for (int64_t r = t * vol; r < (t + 1) * vol; r++)
-          if (sta_fp8_source(g, r) >= 0) keys[n++] = r;
-      }
-  for (int64_t r = g->tiled_video; r < g->keys_end; r++) keys[n++] = r;
+    for (int32_t b = lo[1]; b < lo[1] + cnt[1]; b++) {
+      const int64_t start = (((int64_t)a * g->grid[1] + b) * g->grid[2] + lo[2]) * vol,
+                    len = (int64_t)cnt[2] * vol;
+      for (int64_t r = start; r < start + len; r++)
+        if (sta_fp8_source(g, r) >= 0) { keys[n] = r; blk[n++] = base + (r - start) / STA_FP8_BK; }
+      base += (len + STA_FP8_BK - 1) / STA_FP8_BK;
+    }
+  for (int64_t r = g->tiled_video; r < g->keys_end; r++) {
+    keys[n] = r;
+    blk[n++] = base + (r - g->tiled_video) / STA_FP8_BK;
+  }
   return n;
 }
 
@@ -196,9 +205,9 @@ sta_status sta_cpu_fp8_attention(const sta_attn_params *p) {
     return sta_error(STA_ERR_NOMEM, "out of host memory (fp8 operands)");
   sta_status rc = sta_cpu_fp8_quantize(p, &o);
   int nt = sta_get_num_threads();
-  size_t per = (size_t)R * (sizeof(double) + sizeof(int64_t)) + (size_t)D * sizeof(double);
+  size_t per = (size_t)R * (sizeof(double) + 2 * sizeof(int64_t)) + 2 * (size_t)D * sizeof(double);
   char *buf = rc == STA_OK ? sta_malloc(per * (size_t)nt) : NULL;
-  /* V_hi + V_lo of each key, [B*H][rows][D] (exact in float) */
+  /* V8 of each key, [B*H][rows][D] (exact in float) */
   float *vv = rc == STA_OK ? sta_malloc(sizeof(float) * (size_t)(p->batch * H * R * D)) : NULL;
   if (rc == STA_OK && (!buf || !vv))
     rc = sta_error(STA_ERR_NOMEM, "out of host memory (fp8 buffers)");
@@ -206,9 +215,8 @@ sta_status sta_cpu_fp8_attention(const sta_attn_params *p) {
   #pragma omp parallel for schedule(static) num_threads(nt)
   for (int64_t x = 0; x < p->batch * H * R; x++) {
     int64_t bh = x / R, r = x % R;
-    const uint8_t *vh = o.v8 + bh * 2 * D * R, *vl = vh + D * R;
-    for (int64_t d = 0; d < D; d++)
-      vv[x * D + d] = sta_e4m3_to_f32(vh[d * R + r]) + sta_e4m3_to_f32(vl[d * R + r]);
+    const uint8_t *v8 = o.v8 + bh * D * R;
+    for (int64_t d = 0; d < D; d++) vv[x * D + d] = sta_e4m3_to_f32(v8[d * R + r]);
   }
   size_t es = sta_dtype_size(p->dtype);
   double c = (double)p->scale * 1.4426950408889634; /* exp2 domain */
@@ -216,8 +224,8 @@ sta_status sta_cpu_fp8_attention(const sta_attn_params *p) {
   #pragma omp parallel num_threads(nt)
   {
     char *w = buf + per * (size_t)omp_get_thread_num();
-    double *sc = (double *)w, *acc = sc + R;
-    int64_t *keys = (int64_t *)(acc + D);
+    double *sc = (double *)w, *acc = sc + R, *bacc = acc + D;
+    int64_t *keys = (int64_t *)(bacc + D), *blk = keys + R;
     #pragma omp for schedule(dynamic, 16)
     for (int64_t x = 0; x < rows; x++) {
       if (sta_cancel_requested()) { __atomic_add_fetch(&skipped, 1, __ATOMIC_RELAXED); continue; }
@@ -233,27 +241,36 @@ sta_status sta_cpu_fp8_attention(const sta_attn_params *p) {
       }
       const int8_t *q8 = o.q8 + (bh * R + i) * D;
       double qs = (double)o.q_scale[bh * R + i] * c, m = -INFINITY, l = 0;
-      int64_t n = key_rows(p, &g, h, i, keys);
+      int64_t n = key_rows(p, &g, h, i, keys, blk);
       for (int64_t j = 0; j < n; j++) {
         const int64_t kr = bh * R + sta_fp8_kslot(keys[j], R); /* the kernels' key layout */
         const int8_t *k8 = o.k8 + kr * D;
         int32_t dot = 0;
         for (int64_t d = 0; d < D; d++) dot += (int32_t)q8[d] * (int32_t)k8[d];
         sc[j] = (double)dot * qs * (double)o.k_scale[kr];
-        if (sc[j] > m || sc[j] != sc[j]) m = sc[j];
       }
-      m = ceil(m);
       for (int64_t d = 0; d < D; d++) acc[d] = 0;
-      for (int64_t j = 0; j < n; j++) {
-        double pj = exp2(sc[j] - m);
-        double p8 = (double)sta_e4m3_to_f32(sta_f32_to_e4m3((float)pj * 448.0f));
-        const float *vk = vv + (bh * R + keys[j]) * D;
-        l += pj;
-        for (int64_t d = 0; d < D; d++) acc[d] += p8 * (double)vk[d];
+      for (int64_t j0 = 0, j1; j0 < n; j0 = j1) { /* block by block: the running max */
+        double bm = m; /* the new running maximum (NaN scores do not move it) */
+        for (j1 = j0; j1 < n && blk[j1] == blk[j0]; j1++) bm = sc[j1] > bm ? sc[j1] : bm;
+        double alpha = m == -INFINITY ? 0.0 : exp2(m - bm), bl = 0;
+        const double mref = bm == -INFINITY ? 0.0 : bm; /* the kernel's */
+        m = bm;
+        for (int64_t d = 0; d < D; d++) bacc[d] = 0;
+        for (int64_t j = j0; j < j1; j++) {
+          double pj = exp2(sc[j] - mref);
+          double p8 = (double)sta_e4m3_to_f32(sta_f32_to_e4m3((float)pj * STA_FP8_PSCALE));
+          const float *vk = vv + (bh * R + keys[j]) * D;
+          bl += pj;
+          for (int64_t d = 0; d < D; d++) bacc[d] += p8 * (double)vk[d];
+        }
+        l = l * alpha + bl;
+        for (int64_t d = 0; d < D; d++) acc[d] = acc[d] * alpha + bacc[d];
       }
       const float *vs = o.v_scale + bh * D;
       for (int64_t d = 0; d < D; d++)
-        sta_store_f32(out + d * (int64_t)es, p->dtype, (float)(acc[d] / (448.0 * l) * vs[d]));
+        sta_store_f32(out + d * (int64_t)es, p->dtype,
+                      (float)(acc[d] / ((double)STA_FP8_PSCALE * l) * vs[d]));
       if (lse)
         *lse = (float)(log(l) + m * 0.6931471805599453 +
                        (double)p->scale * (double)o.q_bias[bh * R + i]);
@@ -266,15 +283,17 @@ sta_status sta_cpu_fp8_attention(const sta_attn_params *p) {
   return STA_OK;
 }
 
-#ifndef STA_WITH_CUDA
-sta_status sta_cuda_fp8_quantize(const sta_attn_params *p, const sta_fp8_ops *o) {
-  (void)p; (void)o;
-  return sta_error(STA_ERR_BACKEND, "st attn not supported");
+sta_status sta_cpu_fp8_dequantize(float *dst, const sta_bshd *bd, const uint8_t *x8,
+                                  const sta_bshd *bx, const float *sc, const int64_t sc_st[3],
+                                  int per_row) {
+  for (int64_t b = 0; b < bx->b; b++)
+    for (int64_t s = 0; s < bx->s; s++)
+      for (int64_t h = 0; h < bx->h; h++) {
+        const uint8_t *xr = x8 + b * bx->sb + s * bx->ss + h * bx->sh;
+        float *orow = dst + b * bd->sb + s * bd->ss + h * bd->sh;
+        const float *sr = sc + b * sc_st[0] + h * sc_st[1];
+        for (int64_t d = 0; d < bx->d; d++)
+          orow[d * bd->sd] = sta_e4m3_to_f32(xr[d * bx->sd]) * sr[(per_row ? s : d) * sc_st[2]];
+      }
+  return STA_OK;
 }
-sta_status sta_cuda_fp8_dequantize(float *dst, const sta_bshd *bd, const uint8_t *x8,
-                                   const sta_bshd *bx, const float *sc, const int64_t sc_st[3],
-                                   int per_row) {
-  (void)dst; (void)bd; (void)x8; (void)bx; (void)sc; (void)sc_st; (void)per_row;
-  return sta_error(STA_ERR_BACKEND, "st attn not supported");
-}
-#endif

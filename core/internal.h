@@ -127,6 +127,17 @@ const char *sta_device_name(sta_device d);
 /* STA_ERR_UNSUPPORTED when t is f8e4m3 on a device (name: the argument):
 ** no device kernel computes on it (sta.h, STA_F8E4M3). */
 sta_status sta_f8_device_check(const sta_tensor *t, const char *name);
+/* STA_I32 (core/tensor_i32.c).  mix_check: STA_ERR_DTYPE "<op>: <an> is
+** <dtype> and <bn> is <dtype> (i32 converts to no other dtype)" when
+** exactly one of a, b is i32.  value: v as an int32, or STA_ERR_ARGUMENT
+** unless it is an integer in range.  copy: dst := src, both i32 of one
+** shape, checked by sta_tensor_copy (a device side contiguous, else
+** STA_ERR_UNSUPPORTED).  fill: t := value (a device t contiguous). */
+sta_status sta_i32_mix_check(const char *op, const char *an, const sta_tensor *a,
+                             const char *bn, const sta_tensor *b);
+sta_status sta_i32_value(double v, int32_t *out);
+sta_status sta_i32_copy(sta_tensor *dst, const sta_tensor *src);
+sta_status sta_i32_fill(sta_tensor *t, double value);
 /* STA_ERR_SHAPE "<what>: shapes differ (2x3 vs 3x2)"; with names
 ** "<what>: shapes differ (x 2x3 vs y 3x2)". */
 sta_status sta_shape_mismatch(const char *what, const char *an,
@@ -218,13 +229,16 @@ typedef struct sta_attn_params {
   int64_t dk_sb, dk_ss, dk_sh;
   int64_t dv_sb, dv_ss, dv_sh;
   /* The mask (sta.h, sta_mask_kind), resolved and validated by
-  ** sta_attn_resolve.  WINDOW: windows above, the rest 0 / NULL.  BLOCKS
-  ** and WINDOW_OR_BLOCKS: the lists on the tensors' device, contiguous;
+  ** sta_attn_resolve (core/mask.c; read them with mask.h's accessors).
+  ** WINDOW: windows above, the rest 0 / NULL.  BLOCKS and
+  ** WINDOW_OR_BLOCKS: the lists on the tensors' device, contiguous;
   ** query block m of (b, h) sees idx[((b*heads + h)*q_blocks + m)*list_len
   ** + i] for i < num[(b*heads + h)*q_blocks + m]; block n's valid rows
-  ** are [n*block_rows, n*block_rows + size) (sizes NULL: whole blocks).
-  ** kv_len: the rows of k and v (seq_len, except that BLOCKS lets q have
-  ** its own). */
+  ** are [n*block_rows, n*block_rows + size) (sizes NULL: whole blocks;
+  ** q_sizes is kv_sizes when the call gave none and Mq == Mk).  BLOCKS
+  ** has no geometry (canvas, grid, video_len, text_len 0; windows NULL);
+  ** WINDOW_OR_BLOCKS has the window's (tiled, text_len 0).  kv_len: the
+  ** rows of k and v (seq_len, except that BLOCKS lets q have its own). */
   int32_t mask;                      /* sta_mask_kind */
   int32_t block_rows;                /* rows per block */
   int64_t kv_len;                    /* rows of k, v */
@@ -340,6 +354,13 @@ typedef struct sta_backend_ops {
   ** stream. */
   sta_status (*copy_2d)(void *dst, size_t dpitch, const void *src, size_t spitch, size_t width,
                         size_t height);
+  /* dst = x8 * scale (sta_attention_forward_fp8's operands, dequantized
+  ** where they are): x8 e4m3 and dst f32 of the sizes and element strides
+  ** bx, bd (data pointers at element 0); sc [B, heads, S] (per_row) or
+  ** [B, heads, D], element strides sc_st; NULL where attention_fp8 is. */
+  sta_status (*fp8_dequantize)(float *dst, const sta_bshd *bd, const uint8_t *x8,
+                               const sta_bshd *bx, const float *sc, const int64_t sc_st[3],
+                               int per_row);
 } sta_backend_ops;
 
 /* The backend table for a device, NULL when not compiled in. */
@@ -571,12 +592,22 @@ STA_HD int8_t sta_f32_to_i8(float f) {
   if (f <= -127.0f) return -127;
   return (int8_t)sta_fadd(sta_fadd(f, 12582912.0f), -12582912.0f); /* nearest even */
 }
-/* max(m, |x|), NaN once either is NaN: the quantizer's amax on the host
-** and the device (order-free, so a warp may reduce it in any order). */
+/* max(m, |x|), NaN once either is NaN: the quantizer's amax of a row on
+** the host and the device (order-free, so a warp may reduce it in any
+** order): a non-finite element makes its own row's scale NaN or Inf. */
 STA_HD float sta_amax_nan(float m, float x) {
   float a = fabsf(x);
   return a > m || a != a ? a : m;
 }
+/* max(m, |x|) over the finite x only: the per-channel amax (q, v) and the
+** keys' max / min, which every row of a head shares, so that a NaN or Inf
+** element moves no other row (order-free as sta_amax_nan). */
+STA_HD float sta_amax_finite(float m, float x) {
+  float a = fabsf(x);
+  return a > m && a < INFINITY ? a : m;
+}
+/* x where finite, else 0: the keys' channel sums (k_mean). */
+STA_HD float sta_finite_or0(float x) { return fabsf(x) < INFINITY ? x : 0.0f; }
 /* 2^e, |e| <= 63, as a float: x * sta_pow2f(e) is exact. */
 STA_HD float sta_pow2f(int e) {
   uint32_t u = (uint32_t)(e + 127) << 23;
@@ -586,6 +617,11 @@ STA_HD float sta_pow2f(int e) {
 }
 /* qmax / amax, 0 when amax is not > 0 (NaN included). */
 STA_HD float sta_fp8_inv(float qmax, float amax) { return amax > 0.0f ? qmax / amax : 0.0f; }
+/* The e4m3 code of v (V's element, inv = 448 / the channel's amax): the
+** NaN code for a non-finite v (e4m3 has no Inf; saturating would hide it). */
+STA_HD uint8_t sta_fp8_vcode(float v, float inv) {
+  return fabsf(v) < INFINITY ? sta_f32_to_e4m3(sta_fmul(v, inv)) : (uint8_t)0x7f;
+}
 /* The channel exponent of sta_fp8_ops.eq from the channel's amax of q
 ** (qam) and of the smoothed k (kam). */
 STA_HD int sta_fp8_exponent(float qam, float kam) {
@@ -599,29 +635,43 @@ STA_HD int sta_fp8_exponent(float qam, float kam) {
 }
 
 /* The fp8 forward's operands, as its quantize pre-pass writes them (the
-** scheme: sta.h, sta_precision; bench/fp8_sim.py).  Rows in FastVideo's
+** scheme: sta.h, sta_precision; research/fp8_sim.py).  Rows in FastVideo's
 ** tiled order, partial tiles padded (the kernel loads every block by TMA
 ** as rows), text after: `rows` = NT*NH*NW*tile volume + the input's text
 ** rows.  Per (batch, head), in this order:
 **   k_mean[D]   the mean of k over the keys (video tokens, valid text):
 **               sums in double over the rows' chunks of STA_FP8_CHUNK in
-**               row order, chunk sums in order, / count, to float
+**               row order, chunk sums in order, / count, to float; a
+**               non-finite element adds 0 (any offset leaves the softmax
+**               as it is: one bad key moves no other row)
 **   eq[D]       channel exponents e: q * 2^e, k * 2^-e (q . k unchanged):
 **               the frexp exponent of f32(amax k' / amax q) halved toward
-**               zero (k' = f32(k - k_mean) over the keys, q over every
-**               query row), |e| <= 63; 0 where either amax is 0 or the
-**               ratio not finite
-**   q8, k8 [rows][D]  int8: x' = q * 2^e (or k' * 2^-e); per row amax
-**               (NaN if any is NaN), inv = 127 / amax (0 when amax is 0),
-**               code = rint(f32(x' * inv)), scale = amax / 127; k8's
-**               (and k_scale's) row of key r is sta_fp8_kslot(r, rows)
+**               zero (amax over the finite elements: k' from the keys'
+**               finite max and min less k_mean, q over every query row),
+**               |e| <= 63; 0 where either amax is 0 or the ratio not finite
+**   q8, k8 [rows][D]  int8: x' = q * 2^e (or k' * 2^-e, k' = f32(k -
+**               k_mean)); per row amax (NaN if any is NaN: sta_amax_nan),
+**               inv = 127 / amax (0 when amax is 0 or NaN), code =
+**               rint(f32(x' * inv)), scale = amax / 127 (a row with a NaN
+**               or Inf gets a NaN or Inf scale: only the rows that see it
+**               come out NaN); k8's (and k_scale's) row of key r is
+**               sta_fp8_kslot(r, rows)
 **   q_scale, k_scale [rows]; q_bias[rows] = q . k_mean (double, channel
 **               order, to float): lse = ln(l) + m ln 2 + scale * q_bias
-**   v_scale[D]  amax of v over the keys / 448; y = f32(v * (448 / amax))
-**   v8 [2][D][rows]  e4m3, transposed (K-major for wgmma's 8-bit B):
-**               plane 0 V_hi = e4m3(y), plane 1 V_lo = e4m3(y - V_hi)
+**   v_scale[D]  the finite amax of v over the keys / 448
+**   v8 [D][rows]  e4m3 of y = f32(v * (448 / amax)) (inv 0 when amax is
+**               0), transposed (K-major for wgmma's 8-bit B); a non-finite
+**               v the NaN code 0x7f (sta_fp8_vcode)
 ** Padding rows are all 0 (codes, scales, bias); rows that are never keys
-** (text past text_len) have k8 = v8 = 0 and k_scale 0. */
+** (text past text_len) have k8 = v8 = 0 and k_scale 0.
+** The attention over them (cpu_fp8.c, kernels/mainloop_fp8.cuh): s = (q8 .
+** k8) q_scale k_scale * scale log2(e), key blocks of STA_FP8_BK rows in the
+** kernel's walk; m the running maximum after the key's block; P = exp2(s -
+** m), its row sum l; P8 = e4m3(P * STA_FP8_PSCALE); out = (sum P8 V8) /
+** (STA_FP8_PSCALE l) * v_scale, every block's sums rescaled by 2^(its m -
+** the next m) as the maximum moves. */
+#define STA_FP8_PSCALE 448.0f
+#define STA_FP8_BK 128
 #define STA_FP8_CHUNK 1024
 typedef struct sta_fp8_geom {
   int32_t canvas[3], tile[3], grid[3];
@@ -635,7 +685,7 @@ typedef struct sta_fp8_geom {
 typedef struct sta_fp8_ops {
   int64_t batch, heads, rows, head_dim;
   int8_t *q8, *k8;        /* [B][H][rows][D]; k8 and k_scale rows in sta_fp8_kslot's order */
-  uint8_t *v8;            /* [B][H][2][D][rows] */
+  uint8_t *v8;            /* [B][H][D][rows] */
   float *q_scale, *k_scale, *q_bias; /* [B][H][rows] */
   float *k_mean, *v_scale; /* [B][H][D] */
   int8_t *eq;             /* [B][H][D] */
@@ -692,16 +742,20 @@ sta_status sta_cpu_fp8_quantize(const sta_attn_params *p, sta_fp8_ops *o);
 /* The FP8 forward on the host: the pre-pass, then every query row against
 ** its keys in double (sta.h, sta_precision). */
 sta_status sta_cpu_fp8_attention(const sta_attn_params *p);
+/* The backend table's fp8_dequantize on the host. */
+sta_status sta_cpu_fp8_dequantize(float *dst, const sta_bshd *bd, const uint8_t *x8,
+                                  const sta_bshd *bx, const float *sc, const int64_t sc_st[3],
+                                  int per_row);
+#if defined(STA_WITH_CUDA) || defined(__CUDACC__)
 /* The pre-pass on the device (kernels/fp8_quant.cu): o's buffers device
 ** memory of sta_fp8_ops_alloc's sizes; on this thread's stream. */
 sta_status sta_cuda_fp8_quantize(const sta_attn_params *p, const sta_fp8_ops *o);
-/* dst = x8 * scale on the device (kernels/fp8_quant.cu; what core/attention.c's
-** dequantize does on the host): x8 e4m3 and dst f32 of the sizes and element
-** strides bx, bd (data pointers at element 0); sc [B, heads, S] (per_row)
-** or [B, heads, D], element strides sc_st; on this thread's stream. */
-sta_status sta_cuda_fp8_dequantize(float *dst, const sta_bshd *bd, const uint8_t *x8,
-                                   const sta_bshd *bx, const float *sc, const int64_t sc_st[3],
-                                   int per_row);
+/* For tests only (spec/test_gpu_fp8.c), no user setting: 1 (the default)
+** lets this thread's fp8 forwards take the bandwidth pre-pass where it
+** applies (kernels/fp8_prepass.cu), 0 forces the portable one
+** (fp8_quant.cu's kernels); the two write the same bits. */
+void sta_cuda_set_fp8_prepass_test(int fast);
+#endif
 
 /* ---- Video Sparse Attention (core/vsa*.c, kernels/vsa_*.cu) ------------ */
 

@@ -32,46 +32,6 @@ static int dtype_ok(sta_dtype d) {
   return d == STA_F32 || d == STA_F16 || d == STA_BF16 || d == STA_F8E4M3 || d == STA_I32;
 }
 
-/* ---- i32: block lists (sta.h, STA_I32) ---------------------------------- */
-
-/* STA_ERR_DTYPE when exactly one of a, b is i32: i32 converts to nothing. */
-static sta_status i32_mix_check(const char *op, const char *an, const sta_tensor *a,
-                                const char *bn, const sta_tensor *b) {
-  if ((a->dtype == STA_I32) == (b->dtype == STA_I32)) return STA_OK;
-  return sta_error(STA_ERR_DTYPE, "%s: %s is %s and %s is %s (i32 converts to no other dtype)",
-                   op, an, sta_dtype_name(a->dtype), bn, sta_dtype_name(b->dtype));
-}
-
-/* STA_ERR_UNSUPPORTED: no device kernel computes on i32. */
-static sta_status i32_device_refuse(const sta_tensor *t, const char *name, const char *what) {
-  return sta_error(STA_ERR_UNSUPPORTED,
-                   "%s: %s of a strided i32 tensor on %s (i32 device tensors move only by "
-                   "contiguous copies)", name, what, sta_device_name(t->storage->device));
-}
-
-/* An i32 value, exactly: STA_ERR_ARGUMENT unless v is an integer in range. */
-static sta_status i32_value(double v, int32_t *out) {
-  if (!(v >= -2147483648.0 && v <= 2147483647.0) || v != floor(v))
-    return sta_error(STA_ERR_ARGUMENT, "value: %g is not an i32 (an integer in "
-                     "-2147483648..2147483647)", v);
-  *out = (int32_t)v;
-  return STA_OK;
-}
-
-/* Every element of host i32 tensor t := v. */
-static void i32_host_fill(sta_tensor *t, int32_t v) {
-  int64_t sh[STA_MAX_DIMS] = {1, 1, 1, 1}, st[STA_MAX_DIMS] = {0, 0, 0, 0};
-  for (int32_t i = 0; i < t->ndim; i++) {
-    sh[STA_MAX_DIMS - t->ndim + i] = t->shape[i];
-    st[STA_MAX_DIMS - t->ndim + i] = t->stride[i];
-  }
-  int32_t *p = sta_tensor_data(t);
-  for (int64_t a = 0; a < sh[0]; a++)
-    for (int64_t b = 0; b < sh[1]; b++)
-      for (int64_t c = 0; c < sh[2]; c++)
-        for (int64_t d = 0; d < sh[3]; d++) p[a * st[0] + b * st[1] + c * st[2] + d * st[3]] = v;
-}
-
 sta_status sta_dtype_parse(const char *name, sta_dtype *out) {
   static const struct { const char *n; sta_dtype d; } names[] = {
     {"f32", STA_F32}, {"float32", STA_F32}, {"f16", STA_F16},
@@ -496,34 +456,6 @@ static sta_status to_host(sta_tensor **out, const sta_tensor *src, sta_dtype dt)
   return STA_OK;
 }
 
-/* sta_tensor_copy between i32 tensors (checked: shapes, overlap, backends):
-** host loops on the host; a device side moves by the backend's memcpy,
-** only contiguous (a strided host side goes through a contiguous copy). */
-static sta_status i32_copy(sta_tensor *dst, const sta_tensor *src) {
-  const sta_device dd = dst->storage->device, sd = src->storage->device;
-  if (dd == STA_CPU && sd == STA_CPU) {
-    sta_host_copy(dst, src);
-    return STA_OK;
-  }
-  const int dc = sta_tensor_is_contiguous(dst), sc = sta_tensor_is_contiguous(src);
-  if (dd != STA_CPU && !dc) return i32_device_refuse(dst, "dst", "copy");
-  if (sd != STA_CPU && !sc) return i32_device_refuse(src, "src", "copy");
-  const sta_backend_ops *b = sta_backend_get(dd != STA_CPU ? dd : sd);
-  const size_t nb = (size_t)sta_tensor_numel(src) * sizeof(int32_t);
-  if (dc && sc) return b->memcpy(sta_tensor_data(dst), dd, sta_tensor_data(src), sd, nb);
-  sta_tensor *h = NULL;
-  sta_status rc = sta_tensor_create(&h, STA_I32, STA_CPU, src->ndim, src->shape);
-  if (rc == STA_OK && dd == STA_CPU) {
-    rc = b->memcpy(sta_tensor_data(h), STA_CPU, sta_tensor_data(src), sd, nb);
-    if (rc == STA_OK) sta_host_copy(dst, h);
-  } else if (rc == STA_OK) {
-    sta_host_copy(h, src);
-    rc = b->memcpy(sta_tensor_data(dst), dd, sta_tensor_data(h), STA_CPU, nb);
-  }
-  sta_tensor_destroy(h);
-  return rc;
-}
-
 /* Write a contiguous host tensor h (dst's shape and dtype) into device dst. */
 static sta_status from_host(sta_tensor *dst, const sta_tensor *h) {
   const sta_backend_ops *b = sta_backend_get(dst->storage->device);
@@ -555,9 +487,9 @@ sta_status sta_tensor_copy(sta_tensor *dst, const sta_tensor *src) {
   sta_status rc = sta_copy_check_overlap(dst, src);
   if (rc == STA_OK) rc = device_backend(dd);
   if (rc == STA_OK) rc = device_backend(sd);
-  if (rc == STA_OK) rc = i32_mix_check("copy", "dst", dst, "src", src);
+  if (rc == STA_OK) rc = sta_i32_mix_check("copy", "dst", dst, "src", src);
   if (rc == STA_OK && dst->dtype == STA_I32)
-    return sta_tensor_numel(dst) == 0 ? STA_OK : i32_copy(dst, src);
+    return sta_tensor_numel(dst) == 0 ? STA_OK : sta_i32_copy(dst, src);
   if (rc == STA_OK && dd != STA_CPU && dst->dtype == STA_F8E4M3 &&
       (dd == sd || !sta_tensor_is_contiguous(dst)))
     rc = sta_f8_device_check(dst, "dst");
@@ -619,32 +551,11 @@ sta_status sta_tensor_randn(sta_tensor *t, uint64_t seed, double mean,
   return sta_backend_get(t->storage->device)->randn(t, seed, mean, std);
 }
 
-/* sta_tensor_fill of an i32 tensor: exact; a device tensor (contiguous)
-** from a filled host copy. */
-static sta_status i32_fill(sta_tensor *t, double value) {
-  int32_t v = 0;
-  sta_status rc = i32_value(value, &v);
-  if (rc != STA_OK || sta_tensor_numel(t) == 0) return rc;
-  if (t->storage->device == STA_CPU) {
-    i32_host_fill(t, v);
-    return STA_OK;
-  }
-  if (!sta_tensor_is_contiguous(t)) return i32_device_refuse(t, "t", "fill");
-  sta_tensor *h = NULL;
-  if ((rc = sta_tensor_create(&h, STA_I32, STA_CPU, t->ndim, t->shape)) != STA_OK) return rc;
-  i32_host_fill(h, v);
-  rc = sta_backend_get(t->storage->device)->memcpy(sta_tensor_data(t), t->storage->device,
-                                                   sta_tensor_data(h), STA_CPU,
-                                                   (size_t)sta_tensor_numel(h) * sizeof(int32_t));
-  sta_tensor_destroy(h);
-  return rc;
-}
-
 sta_status sta_tensor_fill(sta_tensor *t, double value) {
   STA_CHECK_HANDLE(t, STA_KIND_TENSOR, "t");
   if (t->dtype == STA_I32) {
     sta_status rc = device_backend(t->storage->device);
-    return rc == STA_OK ? i32_fill(t, value) : rc;
+    return rc == STA_OK ? sta_i32_fill(t, value) : rc;
   }
   sta_status rc = device_backend(t->storage->device);
   if (rc == STA_OK) rc = sta_f8_device_check(t, "t");
@@ -681,7 +592,8 @@ sta_status sta_tensor_get(const sta_tensor *t, const int64_t *index,
   char *p;
   if (!value) return sta_error(STA_ERR_ARGUMENT, "value: expected a pointer, got NULL");
   sta_status rc = element(t, index, &p);
-  if (rc == STA_OK) *value = t->dtype == STA_I32 ? (double)*(const int32_t *)p : sta_load_f32(p, t->dtype);
+  if (rc == STA_OK)
+    *value = t->dtype == STA_I32 ? (double)*(const int32_t *)p : sta_load_f32(p, t->dtype);
   return rc;
 }
 
@@ -689,7 +601,7 @@ sta_status sta_tensor_set(sta_tensor *t, const int64_t *index, double value) {
   char *p;
   int32_t iv = 0;
   sta_status rc = element(t, index, &p);
-  if (rc == STA_OK && t->dtype == STA_I32 && (rc = i32_value(value, &iv)) == STA_OK)
+  if (rc == STA_OK && t->dtype == STA_I32 && (rc = sta_i32_value(value, &iv)) == STA_OK)
     *(int32_t *)p = iv;
   else if (rc == STA_OK && t->dtype != STA_I32) sta_store_f32(p, t->dtype, (float)value);
   return rc;

@@ -337,7 +337,9 @@ const sta_backend_ops cuda_ops = {
     /* devices, streams, events, 2-D copies (core/dist/) */
     cuda_device_count, cuda_set_device, cuda_stream_create, cuda_stream_destroy,
     cuda_event_create, cuda_event_destroy, cuda_event_record, cuda_stream_wait,
-    cuda_copy_2d};
+    cuda_copy_2d,
+    /* sta_attention_forward_fp8's operands dequantized (fp8_quant.cu) */
+    sta_cuda_fp8_dequantize};
 
 } /* namespace */
 

@@ -21,7 +21,7 @@ namespace {
 sta_status ops_alloc(sta_fp8_ops *o, void **ws, int64_t batch, int64_t heads, int64_t rows,
                      int64_t D, cudaStream_t sm) {
   const size_t bh = (size_t)(batch * heads), r = (size_t)rows, d = (size_t)D;
-  const size_t n[9] = {bh * r * d, bh * r * d, bh * 2 * d * r, 4 * bh * r, 4 * bh * r,
+  const size_t n[9] = {bh * r * d, bh * r * d, bh * d * r, 4 * bh * r, 4 * bh * r,
                        4 * bh * r, 4 * bh * d, 4 * bh * d, bh * d};
   size_t off[9], total = 0;
   for (int i = 0; i < 9; i++) {
@@ -68,8 +68,8 @@ void params_init(sta::Fp8Params &x, const sta_attn_params *p, const sta_fp8_ops 
 }
 
 /* The kernel's maps over o's buffers (x->R and x->v_vec set): Q and K rows
-** of D bytes, boxes of 128 rows; the V planes [B*H][2 D][R] in boxes of
-** 128 keys where R % 16 == 0 (v_vec).  False when the driver refuses one:
+** of D bytes, boxes of 128 rows; V [B*H][D][R] in boxes of 128 keys where
+** R % 16 == 0 (v_vec).  False when the driver refuses one:
 ** within the limits below (16-byte strides, dims below 2^32) only a driver
 ** without the encoder does. */
 bool tma_maps(sta::Fp8Params *x, const sta_fp8_ops &o) {
@@ -81,8 +81,8 @@ bool tma_maps(sta::Fp8Params *x, const sta_fp8_ops &o) {
       !sta::tma_encode_bytes(&x->mk, o.k8, qd, qs, kbox))
     return false;
   if (!x->v_vec) return true;
-  const uint64_t vd[3] = {R, 2 * D, bh}, vs[2] = {R, 2 * D * R};
-  const uint32_t vbox[3] = {sta::FP8_BK, (uint32_t)(2 * D), 1};
+  const uint64_t vd[3] = {R, D, bh}, vs[2] = {R, D * R};
+  const uint32_t vbox[3] = {sta::FP8_BK, (uint32_t)D, 1};
   return sta::tma_encode_bytes(&x->mv, o.v8, vd, vs, vbox);
 }
 

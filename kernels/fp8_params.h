@@ -16,11 +16,11 @@ constexpr int FP8_BM = 128; /* query rows per CTA: two consumer warpgroups */
 constexpr int FP8_BK = 128; /* keys per block */
 
 struct Fp8Params {
-  /* 3-D uint8 maps: q8 and k8 [B*H][R][D], boxes D x 128 rows; the V
-  ** planes [B*H][2 D][R], boxes 128 keys x 2 D (only where v_vec) */
+  /* 3-D uint8 maps: q8 and k8 [B*H][R][D], boxes D x 128 rows; V
+  ** [B*H][D][R], boxes 128 keys x D (only where v_vec) */
   CUtensorMap mq, mk, mv;
   const int8_t *q8, *k8;   /* [B*H][R][D], k8 (and k_scale) rows in sta_fp8_kslot's order */
-  const uint8_t *v8;       /* [B*H][2][D][R] */
+  const uint8_t *v8;       /* [B*H][D][R] */
   const float *q_scale, *k_scale, *q_bias; /* [B*H][R] */
   const float *v_scale;    /* [B*H][D] */
   void *o;                 /* out_dt, the caller's strides */

@@ -13,13 +13,13 @@
 **                by D / 8 threads per row (8 channels each, amax by
 **                shuffles, 8-byte code stores), two passes of 16 rows
 **                loaded at once; V after them by (4 rows, 8 channels) per
-**                thread into a [2][D][72-byte] tile (4-byte stores,
+**                thread into a [D][72-byte] tile (4-byte stores,
 **                conflict-free), written out transposed in 8-byte chunks;
 **                q_bias (fp8_bias's channel-order double sum) by a thread
 **                per row over the q rows staged in shared memory.
-** V's e4m3 (and back) by cvt.rn.satfinite.e4m3x2 and cvt.rn.f16x2.e4m3x2:
-** internal.h's values by PTX's definition (RNE, subnormals, saturation to
-** 448), NaN forced to 0x7f as the host writes it.  At D 128 fp8_rows_v
+** V's e4m3 by cvt.rn.satfinite.e4m3x2: internal.h's values by PTX's
+** definition (RNE, subnormals, saturation to 448), a non-finite input
+** forced to 0x7f as the host writes it (sta_fp8_vcode).  At D 128 fp8_rows_v
 ** takes 72 registers, 3 blocks per SM (BENCHMARKS.md's ledger: the
 ** software e4m3 and 4 passes at once measured slower).
 */
@@ -120,16 +120,16 @@ __global__ void __launch_bounds__(64) fp8_stats_v(const __grid_constant__ QuantA
     for (int u = 0; u < U; u++) {
       if (src[u] < 0) continue;
 #pragma unroll
-      for (int j = 0; j < 4; j++) qa[j] = sta_amax_nan(qa[j], elt4<ES>(xq[u], j, a.dt));
+      for (int j = 0; j < 4; j++) qa[j] = sta_amax_finite(qa[j], elt4<ES>(xq[u], j, a.dt));
       if (i0 + u >= kend) continue;
       n++;
 #pragma unroll
       for (int j = 0; j < 4; j++) {
         const float kv = elt4<ES>(xk[u], j, a.dt);
-        s[j] += (double)kv;
-        if (kv > mx[j]) mx[j] = kv;
-        if (kv < mn[j]) mn[j] = kv;
-        va[j] = sta_amax_nan(va[j], elt4<ES>(xv[u], j, a.dt));
+        s[j] += (double)sta_finite_or0(kv);
+        if (kv > mx[j] && kv < INFINITY) mx[j] = kv;
+        if (kv < mn[j] && kv > -INFINITY) mn[j] = kv;
+        va[j] = sta_amax_finite(va[j], elt4<ES>(xv[u], j, a.dt));
       }
     }
   }
@@ -163,28 +163,23 @@ __device__ __forceinline__ float quant8(const float y[8], uint2 &codes) {
   return m / 127.0f;
 }
 
-/* V_hi and V_lo codes of y (0 for a row that is no key). */
-__device__ __forceinline__ void vcodes(float y0, float y1, bool key, uint32_t &hi, uint32_t &lo) {
-  if (!key) {
-    hi = lo = 0;
-  } else {
-    uint16_t h, l;
-    uint32_t f2;
-    asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(h) : "f"(y1), "f"(y0));
-    asm("cvt.rn.f16x2.e4m3x2 %0, %1;" : "=r"(f2) : "h"(h));
-    const float d0 = __half2float(__ushort_as_half((unsigned short)(f2 & 0xffffu))),
-                d1 = __half2float(__ushort_as_half((unsigned short)(f2 >> 16)));
-    asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(l) : "f"(y1 - d1), "f"(y0 - d0));
-    hi = h; lo = l;
-    if (y0 != y0) { hi = (hi & 0xff00u) | 0x7fu; lo = (lo & 0xff00u) | 0x7fu; }
-    if (y1 != y1) { hi = (hi & 0x00ffu) | 0x7f00u; lo = (lo & 0x00ffu) | 0x7f00u; }
-  }
+/* sta_fp8_vcode of v0, v1 (inverse amax i0, i1) in the low and high byte
+** (0 for a row that is no key). */
+__device__ __forceinline__ uint32_t vcodes(float v0, float v1, float i0, float i1, bool key) {
+  if (!key) return 0;
+  uint16_t h;
+  asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(h) : "f"(__fmul_rn(v1, i1)),
+      "f"(__fmul_rn(v0, i0)));
+  uint32_t c = h;
+  if (!(fabsf(v0) < INFINITY)) c = (c & 0xff00u) | 0x7fu;
+  if (!(fabsf(v1) < INFINITY)) c = (c & 0x00ffu) | 0x7f00u;
+  return c;
 }
 
 constexpr int VP = 72; /* bytes per channel of the V tile: 64 rows + 8 (conflict-free) */
 
 template <int D, int ES> constexpr size_t rows_v_smem() {
-  return (size_t)2 * D * VP + (size_t)QROWS * (D * ES + 4) + (size_t)D * 4 + QROWS * 4;
+  return (size_t)D * VP + (size_t)QROWS * (D * ES + 4) + (size_t)D * 4 + QROWS * 4;
 }
 
 /* q and k loaded two passes at a time, V's loads after them: few registers
@@ -195,8 +190,8 @@ __global__ void __launch_bounds__(2 * D, 768 / (2 * D))
   constexpr int TPR = D / 8, QP = D * ES + 4; /* q row pitch in shared memory */
   constexpr int PB = 2;                      /* passes loaded at once */
   extern __shared__ __align__(16) unsigned char smem[];
-  uint8_t *vt = smem;                       /* [2][D][VP] */
-  unsigned char *qs = smem + 2 * D * VP;    /* [QROWS][QP]: q's rows as loaded */
+  uint8_t *vt = smem;                       /* [D][VP] */
+  unsigned char *qs = smem + D * VP;        /* [QROWS][QP]: q's rows as loaded */
   float *km = (float *)(qs + QROWS * QP);   /* [D] k_mean */
   int *rs = (int *)(km + D);                /* [QROWS]: source row, -2 past R */
   const int tid = threadIdx.x;
@@ -271,30 +266,23 @@ __global__ void __launch_bounds__(2 * D, 768 / (2 * D))
     float vi[8];
 #pragma unroll
     for (int j = 0; j < 8; j++) vi[j] = a.vinv[bh * D + 8 * gv + j];
-    uint32_t hw[8], lw[8];
+    uint32_t hw[8];
 #pragma unroll
-    for (int j = 0; j < 8; j++) hw[j] = lw[j] = 0;
+    for (int j = 0; j < 8; j++) hw[j] = 0;
 #pragma unroll
     for (int j = 0; j < 4; j++) {
       const int i = 4 * rq + j, s = rs[i];
       const bool key = s >= 0 && r0 + i < a.g.keys_end;
 #pragma unroll
       for (int c = 0; c < 8; c += 2) {
-        uint32_t hi, lo;
-        vcodes(sta_fmul(elt<ES>(xv[j], c, a.dt), vi[c]),
-                   sta_fmul(elt<ES>(xv[j], c + 1, a.dt), vi[c + 1]), key, hi, lo);
-        hw[c] |= (hi & 0xffu) << (8 * j);
-        hw[c + 1] |= (hi >> 8) << (8 * j);
-        lw[c] |= (lo & 0xffu) << (8 * j);
-        lw[c + 1] |= (lo >> 8) << (8 * j);
+        const uint32_t h2 = vcodes(elt<ES>(xv[j], c, a.dt), elt<ES>(xv[j], c + 1, a.dt), vi[c],
+                                   vi[c + 1], key);
+        hw[c] |= (h2 & 0xffu) << (8 * j);
+        hw[c + 1] |= (h2 >> 8) << (8 * j);
       }
     }
 #pragma unroll
-    for (int c = 0; c < 8; c++) {
-      const int d = 8 * gv + c;
-      *(uint32_t *)(vt + d * VP + 4 * rq) = hw[c];
-      *(uint32_t *)(vt + (D + d) * VP + 4 * rq) = lw[c];
-    }
+    for (int c = 0; c < 8; c++) *(uint32_t *)(vt + (8 * gv + c) * VP + 4 * rq) = hw[c];
   }
   __syncthreads();
   if (tid < QROWS && rs[tid] != -2) { /* q_bias: fp8_bias's sum, channel order */
@@ -311,17 +299,17 @@ __global__ void __launch_bounds__(2 * D, 768 / (2 * D))
     a.o.q_bias[bh * R + r0 + tid] = s >= 0 ? (float)bias : 0.0f;
   }
   const int n = (int)(R - r0 < QROWS ? R - r0 : QROWS);
-  uint8_t *v8 = a.o.v8 + bh * 2 * D * R + r0;
+  uint8_t *v8 = a.o.v8 + bh * D * R + r0;
   if (n == QROWS && R % 8 == 0) { /* 8-byte stores */
-    for (int x = tid; x < 2 * D * (QROWS / 8); x += 2 * D) {
-      const int pd = x / (QROWS / 8), c = x % (QROWS / 8);
-      *(uint2 *)(v8 + pd * R + 8 * c) = *(const uint2 *)(vt + pd * VP + 8 * c);
+    for (int x = tid; x < D * (QROWS / 8); x += 2 * D) {
+      const int d = x / (QROWS / 8), c = x % (QROWS / 8);
+      *(uint2 *)(v8 + d * R + 8 * c) = *(const uint2 *)(vt + d * VP + 8 * c);
     }
     return;
   }
-  for (int x = tid; x < 2 * D * QROWS; x += 2 * D) {
-    const int i = x % QROWS, pd = x / QROWS;
-    if (i < n) v8[pd * R + i] = vt[pd * VP + i];
+  for (int x = tid; x < D * QROWS; x += 2 * D) {
+    const int i = x % QROWS, d = x / QROWS;
+    if (i < n) v8[d * R + i] = vt[d * VP + i];
   }
 }
 

@@ -15,14 +15,14 @@
 **   fp8_rows    a block per (batch * head, 64 rows), a warp per row at a
 **               time, its q, k, v loaded into registers at once: q8 and k8
 **               (int8, the row's amax by warp reduction), the row scales;
-**               V_hi and V_lo staged in shared memory and stored
-**               transposed, 64 rows of a channel at once
+**               V's codes staged in shared memory and stored transposed,
+**               64 rows of a channel at once
 **   fp8_bias    a thread per (batch * head, row): q . k_mean (double,
 **               channel order)
 ** Padding rows and the k, v of rows that are never keys are written as 0.
-** Those four (fp8_finish in fp8_quant.cuh) are the fallback, and
-** STA_FP8_PREPASS=0's; the default, where it applies, is fp8_prepass.cu's
-** bandwidth pre-pass (the same bits).
+** Those four (fp8_finish in fp8_quant.cuh) are the fallback (the tests
+** force them: sta_cuda_set_fp8_prepass_test); the default, where it
+** applies, is fp8_prepass.cu's bandwidth pre-pass (the same bits).
 */
 #include "fp8_quant.cuh"
 
@@ -61,13 +61,13 @@ __global__ void fp8_stats(const __grid_constant__ QuantArgs a) {
       for (int u = 0; u < SU; u++) {
         const int i = i0 + u, src = i < nr ? srcs[i] : -1;
         if (src < 0) continue;
-        qa = sta_amax_nan(qa, qv[u]);
+        qa = sta_amax_finite(qa, qv[u]);
         if (i >= kend) continue;
         n++;
-        s += (double)kv[u];
-        if (kv[u] > mx) mx = kv[u];
-        if (kv[u] < mn) mn = kv[u];
-        va = sta_amax_nan(va, vv[u]);
+        s += (double)sta_finite_or0(kv[u]);
+        if (kv[u] > mx && kv[u] < INFINITY) mx = kv[u];
+        if (kv[u] < mn && kv[u] > -INFINITY) mn = kv[u];
+        va = sta_amax_finite(va, vv[u]);
       }
     }
     const int64_t i = (bh * a.nchunks + c) * a.D + d;
@@ -106,7 +106,7 @@ __device__ __forceinline__ void quantize_row(const float *x, const int8_t *eq, c
   if (lane == 0) *scale = m / 127.0f;
 }
 
-/* Dynamic shared memory: the V planes [2][D][QROWS] bytes.  A warp per row
+/* Dynamic shared memory: V's codes [D][QROWS] bytes.  A warp per row
 ** at a time, the row's q, k and v loaded into registers at once (QJ per
 ** lane: D <= 32 QJ). */
 template <int QJ>
@@ -147,7 +147,6 @@ __global__ void __launch_bounds__(QWARPS * 32, QJ <= 4 ? 3 : 1) fp8_rows(const _
       for (int d = lane; d < D; d += 32) {
         k8[d] = 0;
         vt[d * QROWS + i] = 0;
-        vt[(D + d) * QROWS + i] = 0;
       }
       if (lane == 0) a.o.k_scale[krow] = 0.0f;
       continue;
@@ -157,25 +156,22 @@ __global__ void __launch_bounds__(QWARPS * 32, QJ <= 4 ? 3 : 1) fp8_rows(const _
     for (int j = 0; j < QJ; j++) {
       const int d = lane + 32 * j;
       if (d >= D) continue;
-      const float y = sta_fmul(xv[j], vinv[d]);
-      const uint8_t hi = sta_f32_to_e4m3(y);
-      vt[d * QROWS + i] = hi;
-      vt[(D + d) * QROWS + i] = sta_f32_to_e4m3(y - sta_e4m3_to_f32(hi));
+      vt[d * QROWS + i] = sta_fp8_vcode(xv[j], vinv[d]);
     }
   }
   __syncthreads();
   const int n = (int)(a.R - r0 < QROWS ? a.R - r0 : QROWS);
   if (n == QROWS && a.R % 16 == 0) { /* 16-byte stores */
-    for (int x = threadIdx.x; x < 2 * D * (QROWS / 16); x += blockDim.x) {
-      const int pd = x / (QROWS / 16), c = x % (QROWS / 16);
-      *(uint4 *)(a.o.v8 + (bh * 2 * D + pd) * a.R + r0 + c * 16) =
-          *(const uint4 *)(vt + pd * QROWS + c * 16);
+    for (int x = threadIdx.x; x < D * (QROWS / 16); x += blockDim.x) {
+      const int d = x / (QROWS / 16), c = x % (QROWS / 16);
+      *(uint4 *)(a.o.v8 + (bh * D + d) * a.R + r0 + c * 16) =
+          *(const uint4 *)(vt + d * QROWS + c * 16);
     }
     return;
   }
-  for (int x = threadIdx.x; x < 2 * D * QROWS; x += blockDim.x) {
-    const int i = x % QROWS, pd = x / QROWS; /* pd = plane * D + d */
-    if (i < n) a.o.v8[(bh * 2 * D + pd) * a.R + r0 + i] = vt[x];
+  for (int x = threadIdx.x; x < D * QROWS; x += blockDim.x) {
+    const int i = x % QROWS, d = x / QROWS;
+    if (i < n) a.o.v8[(bh * D + d) * a.R + r0 + i] = vt[x];
   }
 }
 
@@ -234,6 +230,9 @@ sta_status sta_cuda_fp8_dequantize(float *dst, const sta_bshd *bd, const uint8_t
   return e == cudaSuccess ? STA_OK : sta_cuda_fail(e, "fp8 dequantize: kernel launch");
 }
 
+static thread_local int fast_prepass = 1;
+void sta_cuda_set_fp8_prepass_test(int fast) { fast_prepass = fast; }
+
 sta_status sta_cuda_fp8_quantize(const sta_attn_params *p, const sta_fp8_ops *o) {
   QuantArgs a;
   memset(&a, 0, sizeof a);
@@ -280,8 +279,7 @@ sta_status sta_cuda_fp8_quantize(const sta_attn_params *p, const sta_fp8_ops *o)
   ** neighbouring heads run together (grid x), not one head's chunks */
   const int64_t nrb = (a.R + QROWS - 1) / QROWS;
   a.heads_fast = p->q_sh < p->q_ss && nrb <= 65535;
-  const char *pvs = getenv("STA_FP8_PREPASS"); /* 0: these kernels (A/B), read per call */
-  if (!(pvs && *pvs && atoi(pvs) == 0) && prepass_fast_ok(p, o)) {
+  if (fast_prepass && prepass_fast_ok(p, o)) {
     s = prepass_fast(a, sm);
     e = cudaFreeAsync(ws, sm);
     if (e != cudaSuccess && s == STA_OK) s = sta_cuda_fail(e, "fp8 quantize: freeing the workspace");
@@ -292,7 +290,7 @@ sta_status sta_cuda_fp8_quantize(const sta_attn_params *p, const sta_fp8_ops *o)
               threads, 0, sm>>>(a);
   const int64_t n = bh * a.D;
   fp8_finish<<<(unsigned)((n + 255) / 256), 256, 0, sm>>>(a, n);
-  const size_t shm = (size_t)2 * a.D * QROWS;
+  const size_t shm = (size_t)a.D * QROWS;
   void (*rows)(QuantArgs) = a.D <= 64 ? fp8_rows<2> : a.D <= 128 ? fp8_rows<4> : fp8_rows<QJMAX>;
   if (shm > 48 * 1024 &&
       (e = cudaFuncSetAttribute(rows, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)shm)) !=

@@ -44,13 +44,13 @@ static __global__ void fp8_finish(const __grid_constant__ QuantArgs a, int64_t n
   double sum = 0;
   float mx = -INFINITY, mn = INFINITY, qa = 0.0f, va = 0.0f;
   long long count = 0;
-  for (int64_t c = 0; c < a.nchunks; c++) {
+  for (int64_t c = 0; c < a.nchunks; c++) { /* the partials are finite (or +-inf) */
     const int64_t i = (bh * a.nchunks + c) * a.D + d;
     sum += a.psum[i];
     if (a.pmax[i] > mx) mx = a.pmax[i];
     if (a.pmin[i] < mn) mn = a.pmin[i];
-    qa = sta_amax_nan(qa, a.pqam[i]);
-    va = sta_amax_nan(va, a.pvam[i]);
+    qa = sta_amax_finite(qa, a.pqam[i]);
+    va = sta_amax_finite(va, a.pvam[i]);
     count += a.pcount[bh * a.nchunks + c];
   }
   const float mean = count > 0 ? (float)(sum / (double)count) : 0.0f;

@@ -5,7 +5,7 @@
 ** threads: warpgroup 2 the producer (producer_fp8.cuh: setmaxnreg down; Q
 ** and the key blocks by TMA, cp.async for the blocks TMA cannot take, into
 ** a ring of buffers on mbarriers), 0 and 1 the consumers of 64 query rows
-** each (mainloop_fp8.cuh's fp8_block); persistent CTAs take work items
+** each (mainloop_fp8.cuh's fp8_blocks); persistent CTAs take work items
 ** (FP8_BM query rows of a query tile, or of the text rows, of a (batch,
 ** head)) from tile_scheduler.cuh's counter.  K rows are permuted within
 ** 16-key groups (fp8_col_key) so that a thread's S accumulators are its
@@ -60,7 +60,7 @@ __device__ __forceinline__ int fp8_nblocks(const Fp8Params &a, const Fp8Runs &r)
 }
 
 /* The two consumer warpgroups (tid 0..255): per item, its blocks
-** (fp8_block), Q released after the last one, then the output rows. */
+** (fp8_blocks), Q released after the last one, then the output rows. */
 template <int D>
 __device__ __forceinline__ void fp8_consume(const Fp8Params &a, unsigned char *sm, int tid) {
   using L = Fp8Smem<D>;
@@ -86,13 +86,10 @@ __device__ __forceinline__ void fp8_consume(const Fp8Params &a, unsigned char *s
     Fp8Rows<D> st;
     fp8_rows_init<D>(st, a, bh, q0, wg, w, lane);
     const uint32_t dq = sdesc_lo(sm + L::Q + qb * L::QB + wg * 64 * L::QP, 16);
-    for (int n = 0; n < nb; n++, g++) {
-      const int b = g % NB;
-      mbar_wait(&full[b], (g / NB) & 1);
-      fence_proxy_async();
-      fp8_block<D, L::HI>(st, dq, dk0 + b * KSTEP, dv0 + b * VSTEP, L::info(sm, b), lane & 3);
-      mbar_arrive(&empty[b]);
-    }
+    const auto at = [&](int b) {
+      return Fp8Stage{dk0 + b * KSTEP, dv0 + b * VSTEP, L::info(sm, b)};
+    };
+    fp8_blocks<D, L::HI, NB>(st, dq, nb, g, full, empty, at, wg, lane & 3);
     mbar_arrive(&qempty[qb]);
     fp8_finish_item<D>(a, st, bh, q0, q1, wg, w, lane);
   }

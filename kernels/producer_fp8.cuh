@@ -11,8 +11,8 @@
 ** (map mq, box D x 128 rows; rows past R zero) onto qfull, and per key
 ** block, once its buffer is free (empty), publishes the block
 ** (Fp8BlockDesc, dfull) and, where the block is 128 keys from a 16-row
-** boundary and R % 16 == 0 (v_vec), loads K (mk), both V planes (mv, box
-** 128 keys x 2 D) and its k_scale (a 512-byte bulk copy) onto full[b].
+** boundary and R % 16 == 0 (v_vec), loads K (mk), V (mv, box 128 keys x
+** D) and its k_scale (a 512-byte bulk copy) onto full[b].
 ** The helpers write each column's mask (0, or -inf for a key past the
 ** block or a padding row) and load the blocks TMA does not take by
 ** cp.async (fp8_load_krow, fp8_load_vrow, through sta_fp8_kslot); full[b]
@@ -22,7 +22,7 @@
 ** next item's Q loads under this one's blocks), a ring of FP8_NB key
 ** blocks.  Q and K rows of D bytes (128-byte swizzle at D 128, 64-byte at
 ** D 64: what TMA writes; the S descriptors' high word HI says which), V
-** planes as rows of d, 128 keys each (K-major B of the PV GEMM, 128-byte
+** as rows of d, 128 keys each (K-major B of the PV GEMM, 128-byte
 ** swizzle), the per-key info as two arrays (k_scale, mask:
 ** mainloop_fp8.cuh's Fp8KeyInfo).
 */
@@ -124,13 +124,13 @@ __device__ __forceinline__ void fp8_item(const Fp8Params &a, int j, int64_t &bh,
   }
 }
 
-constexpr int FP8_NB = 3; /* key blocks in the ring */
+constexpr int FP8_NB = 4; /* key blocks in the ring */
 template <int D> struct Fp8Smem {
   static constexpr int NB = FP8_NB;
   static constexpr int QP = D, QB = FP8_BM * QP; /* a Q or K row's bytes; a Q buffer */
   /* descriptors: SBO 8 rows, 128- or 64-byte swizzle */
   static constexpr uint32_t HI = ((8 * QP) >> 4) | ((D == 128 ? 1u : 2u) << 30);
-  static constexpr int KB = FP8_BK * QP, VB = 2 * D * 128;
+  static constexpr int KB = FP8_BK * QP, VB = D * 128;
   static constexpr int Q = 0;
   static constexpr int K = Q + 2 * QB;
   static constexpr int V = K + NB * KB;
@@ -151,7 +151,11 @@ template <int D> struct Fp8Smem {
                       (const float2 *)(sm + MASK) + b * (FP8_BK / 2)};
   }
 };
-constexpr int FP8_PREG = 40, FP8_CREG = 232; /* 32 / 224 spill */
+/* setmaxnreg: producer, consumers (at D 128 STA_FP8_FLUSH with S(n+1)
+** under P V(n) the consumers hold O, a block's P V, S and P: 208
+** registers of them) */
+constexpr int FP8_PREG = STA_FP8_FLUSH && STA_FP8_OVERLAP ? 24 : 40;
+constexpr int FP8_CREG = STA_FP8_FLUSH && STA_FP8_OVERLAP ? 240 : 232;
 static_assert(128 * (FP8_PREG + 2 * FP8_CREG) <= (65536 / 384) / 8 * 8 * 384,
               "setmaxnreg: more registers than the launch gives the CTA");
 
@@ -173,14 +177,14 @@ __device__ __forceinline__ void fp8_load_krow(const Fp8Params &a, unsigned char 
             ok ? 4 : 0);
 }
 
-/* The block's V row vr (plane * D + d) by cp.async (16 bytes at a time
+/* The block's V row vr (channel d) by cp.async (16 bytes at a time
 ** where the block starts 16-byte aligned and R % 16 == 0, else bytewise),
 ** zeros past len. */
 template <int D>
 __device__ __forceinline__ void fp8_load_vrow(const Fp8Params &a, unsigned char *sm, int buf,
                                               int64_t bh, int start, int len, int vr) {
   using L = Fp8Smem<D>;
-  const uint8_t *src = a.v8 + (bh * 2 * D + vr) * a.R + start;
+  const uint8_t *src = a.v8 + (bh * D + vr) * a.R + start;
   unsigned char *dst = sm + L::V + buf * L::VB + vr * 128;
   const bool vec = a.v_vec && (start & 15) == 0;
 #pragma unroll 1
@@ -277,7 +281,7 @@ __device__ __forceinline__ void fp8_helpers(const Fp8Params &a, unsigned char *s
       if (!d.tma) fp8_load_krow<D>(a, sm, b, d.bh, d.start, d.len, c, ok);
     }
     if (!d.tma) {
-      for (int vr = h; vr < 2 * D; vr += NH) fp8_load_vrow<D>(a, sm, b, d.bh, d.start, d.len, vr);
+      for (int vr = h; vr < D; vr += NH) fp8_load_vrow<D>(a, sm, b, d.bh, d.start, d.len, vr);
       cp_async_commit();
       cp_async_wait_all();
       fence_proxy_async();

@@ -36,6 +36,11 @@ sta_status sta_cuda_attention(const sta_attn_params *p);
 /* The same at STA_PRECISION_FP8 (kernels/fp8_api.cu): the quantize
 ** pre-pass, then the fp8 kernel. */
 sta_status sta_cuda_attention_fp8(const sta_attn_params *p);
+/* The backend's fp8_dequantize (core/internal.h) on this thread's stream
+** (kernels/fp8_quant.cu). */
+sta_status sta_cuda_fp8_dequantize(float *dst, const sta_bshd *bd, const uint8_t *x8,
+                                   const sta_bshd *bx, const float *sc, const int64_t sc_st[3],
+                                   int per_row);
 
 /* A CUtensorMap (m, 64-byte aligned) of a [B, S, heads, D] operand with
 ** 64-column boxes and the 128-byte swizzle (tma_map.h's tma_encode, for C

@@ -1,5 +1,5 @@
 """precision="fp8": the CPU reference (core/cpu_fp8.c) against the scheme's
-definition in bench/fp8_sim.py on the same inputs, the argument's checks,
+definition in research/fp8_sim.py on the same inputs, the argument's checks,
 8-bit operands (sta.attention_fp8), and on CUDA the fp8 kernel against the
 CPU (never a silent native run)."""
 import os
@@ -11,15 +11,14 @@ import torch
 
 import sta
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "bench"))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..",
+                                "research"))
 import fp8_sim  # noqa: E402
 
 
 def _scheme():
-    for key, _, scheme, _ in fp8_sim.SCHEMES:
-        if key == fp8_sim.CHOSEN:
-            return dict(scheme, acc="fp32")  # the CPU's sums are exact; Hopper's are not
-    raise AssertionError("fp8_sim.CHOSEN names no scheme")
+    # the CPU's sums are exact; Hopper's are not
+    return dict(fp8_sim.scheme(fp8_sim.CHOSEN), acc="fp32")
 
 
 def _inputs(kind, rows, heads, d, seed):
@@ -40,6 +39,9 @@ def test_cpu_fp8_is_the_simulated_scheme(kind):
     # rows in the tiled order: the simulation's setting
     canvas, text, heads, d = (6, 16, 16), 24, 2, 64
     video = 6 * 16 * 16
+    geom = fp8_sim.Geom(canvas, text, (3, 3, 3))
+    groups = [(t, np.arange(t * fp8_sim.VOL, (t + 1) * fp8_sim.VOL)) for t in range(geom.ntiles)]
+    groups.append((None, np.arange(video, video + text)))
     q, k, v = _inputs(kind, video + text, heads, d, 7)
     out = sta.attention(q, k, v, canvas=canvas, window=(3, 3, 3), order="tiled",
                         precision="fp8")
@@ -48,13 +50,13 @@ def test_cpu_fp8_is_the_simulated_scheme(kind):
     rows = np.arange(video + text)
     for h in range(heads):
         qn, kn, vn = (t[0, :, h].double().numpy() for t in (q, k, v))
-        sim = fp8_sim.fp8_attention(qn, kn, vn, rows, video, sc, _scheme())
-        ref = fp8_sim.reference(qn, kn, vn, rows, sc)
+        sim = fp8_sim.fp8_attention(qn, kn, vn, geom, groups, sc, _scheme())
+        ref = fp8_sim.ref_group(qn, kn, vn, rows, rows, sc)
         got = out[0, :, h].double().numpy()
         diff = np.linalg.norm(got - sim) / np.linalg.norm(sim)
         assert diff < 2e-4, "head %d: the CPU fp8 output is %.3g from the simulation's" % (h, diff)
         err = np.linalg.norm(got - ref) / np.linalg.norm(ref)
-        assert 1e-2 < err < 4e-2, "head %d: rel L2 %.3g against float64" % (h, err)
+        assert 1e-2 < err < 5e-2, "head %d: rel L2 %.3g against float64" % (h, err)
         nat = np.linalg.norm(native[0, :, h].double().numpy() - ref) / np.linalg.norm(ref)
         assert nat < 1e-5  # the native forward is float32-exact: fp8 did quantize
 
@@ -66,7 +68,7 @@ def test_fp8_lse_and_dtypes():
     ref, rlse = sta.reference(q, k, v, **kw)
     assert (lse - rlse).abs().max().item() < 0.03
     rel = ((out - ref).norm() / ref.norm()).item()
-    assert 1e-2 < rel < 4e-2
+    assert 1e-2 < rel < 5e-2
     assert out.dtype == q.dtype
 
 
@@ -91,9 +93,9 @@ def test_fp8_on_cuda_matches_the_reference():
     cpu = sta.attention(*(t.cpu() for t in (q, k, v)), precision="fp8", **kw)
     native = sta.attention(q, k, v, **kw)
     rel = ((out.float().cpu() - cpu.float()).norm() / cpu.float().norm()).item()
-    assert rel < 1.5e-2  # order of sums and Hopper's fp8 accumulator only
+    assert rel < 5e-3  # order and width of the sums only (spec/test_gpu_fp8.c: FP8_REL)
     dn = ((out.float() - native.float()).norm() / native.float().norm()).item()
-    assert dn > 1e-2  # not a native run
+    assert dn > 2 * rel and dn > 1e-2  # not a native run
 
 
 def _e4m3_values(codes):
