@@ -7,7 +7,10 @@ local sta = require "sta"
 local H = require "helpers"
 
 local build = os.getenv("STA_BUILD") or os.getenv("BUILD") or "build"
-local exe = build:sub(1, 1) == "/" and build .. "/sta-run" or "./" .. build .. "/sta-run"
+-- without the sanitizer run's preloaded ASan runtime (make sanitize: an
+-- instrumented sta-run carries its own)
+local exe = "env -u LD_PRELOAD " .. (build:sub(1, 1) == "/" and build .. "/sta-run"
+  or "./" .. build .. "/sta-run")
 
 local function run(args)
   local out, ok = H.sh(exe .. " " .. args)
