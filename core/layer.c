@@ -18,6 +18,12 @@ struct sta_layer {
   sta_softmax softmax;
   sta_precision precision;
   const sta_strategy *strategy;
+  /* VSA mode (sta_layer_mode): the cube, its rows, the cubes of the
+  ** canvas and their valid sizes (i32 [cubes] on the backend) */
+  sta_layer_mode mode;
+  int32_t cube[3], cube_rows, dense_steps;
+  int64_t cubes;
+  sta_tensor *sizes;
 };
 
 /* SGLang: int(prefix.split('.')[-3]). */
@@ -49,9 +55,48 @@ sta_status sta_layer_index_from_prefix(const char *prefix, int32_t *layer) {
   return STA_OK;
 }
 
+/* What a VSA layer's description must hold (sta.h, sta_layer_mode); the
+** cube (0,0,0: 4,4,4), its rows and the canvas's cubes into cube, *rows,
+** *cubes. */
+static sta_status vsa_check(const sta_layer_desc *desc, int32_t cube[3], int32_t *rows,
+                            int64_t *cubes) {
+  const int32_t *c = desc->cube;
+  const int32_t *g = desc->geom.canvas;
+  sta_status rc;
+  if (c[0] == 0 && c[1] == 0 && c[2] == 0) cube[0] = cube[1] = cube[2] = 4;
+  else memcpy(cube, c, 3 * sizeof(int32_t));
+  if (g[0] == 0 && g[1] == 0 && g[2] == 0)
+    return sta_error(STA_ERR_WINDOW, "geom: a VSA layer needs its canvas (the cubes are cut "
+                     "from it), got 0x0x0");
+  if ((rc = sta_vsa_cube_count(g, cube, cubes)) != STA_OK) return rc;
+  *rows = cube[0] * cube[1] * cube[2];
+  if (*rows != 64 && *rows != 256)
+    return sta_error(STA_ERR_ARGUMENT, "cube: %dx%dx%d holds %d tokens, expected 64 (4x4x4) or "
+                     "256 (4x8x8)", (int)cube[0], (int)cube[1], (int)cube[2], (int)*rows);
+  if (desc->dense_steps < 0)
+    return sta_error(STA_ERR_ARGUMENT, "dense_steps: expected >= 0, got %d",
+                     (int)desc->dense_steps);
+  if (desc->geom.text_len > 0)
+    return sta_error(STA_ERR_UNSUPPORTED, "text_len: a VSA layer has no text rows, got %lld",
+                     (long long)desc->geom.text_len);
+  if (desc->sp_size > 1)
+    return sta_error(STA_ERR_UNSUPPORTED, "sp_size: a VSA layer runs on one rank, got %d",
+                     (int)desc->sp_size);
+  if (desc->strategy)
+    return sta_error(STA_ERR_UNSUPPORTED, "strategy: a VSA layer takes its sparsity from the "
+                     "forward batch, not from a window strategy");
+  if (desc->softmax != STA_SOFTMAX_EXACT)
+    return sta_error(STA_ERR_UNSUPPORTED, "softmax: a VSA layer computes the exact softmax");
+  if (desc->precision != STA_PRECISION_NATIVE)
+    return sta_error(STA_ERR_UNSUPPORTED, "precision: a VSA layer computes in native precision "
+                     "(fp8 runs the window only)");
+  return STA_OK;
+}
+
 sta_status sta_layer_create(sta_layer **out, const sta_layer_desc *desc) {
   sta_status rc;
-  int32_t index;
+  int32_t index, cube[3] = {0, 0, 0}, cube_rows = 0;
+  int64_t cubes = 0;
   if (!out) return sta_error(STA_ERR_ARGUMENT, "out: expected a pointer, got NULL");
   if (!desc) return sta_error(STA_ERR_ARGUMENT, "desc: expected a layer description, got NULL");
   if (desc->prefix) {
@@ -73,9 +118,17 @@ sta_status sta_layer_create(sta_layer **out, const sta_layer_desc *desc) {
   if (desc->sp_rank < 0 || desc->sp_rank >= desc->sp_size)
     return sta_error(STA_ERR_ARGUMENT, "sp_rank: expected 0..%d (sp_size %d), got %d",
                      (int)desc->sp_size - 1, (int)desc->sp_size, (int)desc->sp_rank);
+  if (desc->mode != STA_LAYER_STA && desc->mode != STA_LAYER_VSA)
+    return sta_error(STA_ERR_ARGUMENT, "mode: expected STA_LAYER_STA (0) or STA_LAYER_VSA (1), "
+                     "got %d", (int)desc->mode);
   const int32_t *c = desc->geom.canvas;
   int auto_geom = c[0] == 0 && c[1] == 0 && c[2] == 0;
-  if (!auto_geom) {
+  if (desc->mode == STA_LAYER_VSA) {
+    if ((rc = vsa_check(desc, cube, &cube_rows, &cubes)) != STA_OK) return rc;
+  } else if (desc->cube[0] || desc->cube[1] || desc->cube[2] || desc->dense_steps) {
+    return sta_error(STA_ERR_ARGUMENT, "%s: a layer in STA mode has no cubes (VSA mode: "
+                     "STA_LAYER_VSA)", desc->dense_steps ? "dense_steps" : "cube");
+  } else if (!auto_geom) {
     int64_t tl = desc->geom.text_len > 0 ? desc->geom.text_len : 0;
     if (c[0] < 1 || c[1] < 1 || c[2] < 1)
       return sta_error(STA_ERR_WINDOW,
@@ -104,9 +157,23 @@ sta_status sta_layer_create(sta_layer **out, const sta_layer_desc *desc) {
                      "precision: expected STA_PRECISION_NATIVE (0) or STA_PRECISION_FP8 (1), "
                      "got %d", (int)desc->precision);
   if (desc->strategy) STA_CHECK_HANDLE(desc->strategy, STA_KIND_STRATEGY, "strategy");
+  sta_tensor *sizes = NULL;
+  if (desc->mode == STA_LAYER_VSA &&
+      ((rc = sta_tensor_create(&sizes, STA_I32, desc->backend, 1, &cubes)) != STA_OK ||
+       (rc = sta_vsa_cube_sizes(sizes, desc->geom.canvas, cube)) != STA_OK)) {
+    sta_tensor_destroy(sizes);
+    return rc;
+  }
   sta_layer *l = sta_calloc(1, sizeof *l);
-  if (!l) return sta_error(STA_ERR_NOMEM, "out of host memory (STA layer)");
-  if ((rc = sta_handle_add(l, STA_KIND_LAYER)) != STA_OK) { free(l); return rc; }
+  if (!l) {
+    sta_tensor_destroy(sizes);
+    return sta_error(STA_ERR_NOMEM, "out of host memory (STA layer)");
+  }
+  if ((rc = sta_handle_add(l, STA_KIND_LAYER)) != STA_OK) {
+    sta_tensor_destroy(sizes);
+    free(l);
+    return rc;
+  }
   l->index = index;
   l->local_heads = desc->local_heads;
   l->head_dim = desc->head_dim;
@@ -121,6 +188,12 @@ sta_status sta_layer_create(sta_layer **out, const sta_layer_desc *desc) {
   l->precision = desc->precision;
   l->strategy = desc->strategy;
   if (l->strategy) sta_strategy_retain(l->strategy);
+  l->mode = desc->mode;
+  memcpy(l->cube, cube, sizeof cube);
+  l->cube_rows = cube_rows;
+  l->cubes = cubes;
+  l->dense_steps = desc->dense_steps;
+  l->sizes = sizes;
   *out = l;
   return STA_OK;
 }
@@ -129,6 +202,7 @@ void sta_layer_destroy(sta_layer *l) {
   if (!sta_handle_live(l, STA_KIND_LAYER)) return;
   sta_handle_remove(l);
   sta_strategy_destroy((sta_strategy *)l->strategy); /* the layer's reference */
+  sta_tensor_destroy(l->sizes);
   free(l);
 }
 
@@ -143,6 +217,9 @@ sta_layout sta_layer_layout(const sta_layer *l) {
 sta_status sta_layer_set_strategy(sta_layer *l, const sta_strategy *s) {
   STA_CHECK_HANDLE(l, STA_KIND_LAYER, "layer");
   if (s) STA_CHECK_HANDLE(s, STA_KIND_STRATEGY, "strategy");
+  if (s && l->mode == STA_LAYER_VSA)
+    return sta_error(STA_ERR_UNSUPPORTED, "strategy: a VSA layer takes its sparsity from the "
+                     "forward batch, not from a window strategy");
   if (s) sta_strategy_retain(s);
   sta_strategy_destroy((sta_strategy *)l->strategy);
   l->strategy = s;
@@ -311,10 +388,61 @@ fail:
   return rc;
 }
 
+/* What the live context gives a VSA layer (sta.h, sta_layer_mode): d with
+** the step's topk and the layer's sizes.  Every check of the context and
+** of the operands (named in names: heads, head dim, device, cube rows)
+** runs here. */
+static sta_status vsa_resolve(sta_layer *l, const sta_tensor *const *ops,
+                              const char *const *names, int n_ops, sta_vsa_desc *d) {
+  sta_status rc;
+  sta_context *ctx = sta_context_current();
+  if (!ctx)
+    return sta_error(STA_ERR_STATE,
+                     "VSA forward called outside a forward context (no context is live)");
+  const sta_forward_batch *fb = sta_context_batch(ctx);
+  if (!fb) return sta_error(STA_ERR_NO_BATCH, "forward_batch cannot be None");
+  const int64_t rows = l->cubes * l->cube_rows;
+  for (int i = 0; i < n_ops; i++) {
+    sta_bshd b;
+    if ((rc = check_operand(l, ops[i], names[i])) != STA_OK ||
+        (rc = sta_tensor_bshd(ops[i], l->layout, names[i], &b)) != STA_OK)
+      return rc;
+    if (b.s != rows)
+      return sta_error(STA_ERR_SHAPE, "%s: %lld rows, expected %lld (the canvas %dx%dx%d in "
+                       "%lld cubes of %d rows, cube order)", names[i], (long long)b.s,
+                       (long long)rows, (int)l->geom.canvas[0], (int)l->geom.canvas[1],
+                       (int)l->geom.canvas[2], (long long)l->cubes, (int)l->cube_rows);
+  }
+  const double sparsity = sta_context_step(ctx) < l->dense_steps
+                              ? 0.0 : sta_forward_batch_vsa_sparsity(fb);
+  int32_t topk;
+  if ((rc = sta_vsa_topk(sparsity, l->cubes, &topk)) != STA_OK) return rc;
+  memset(d, 0, sizeof *d);
+  d->layout = l->layout;
+  d->block_rows = l->cube_rows;
+  d->topk = topk;
+  d->scale = l->scale;
+  d->kv_sizes = l->sizes;
+  return STA_OK;
+}
+
+/* STA_ERR_STATE: l runs the other mode than the call is for. */
+static sta_status wrong_mode(const sta_layer *l, const char *call) {
+  return sta_error(STA_ERR_STATE, "%s: layer %d runs %s (%s gives what its forward runs)", call,
+                   (int)l->index, l->mode == STA_LAYER_VSA ? "VSA" : "STA",
+                   l->mode == STA_LAYER_VSA ? "sta_layer_resolve_vsa" : "sta_layer_resolve");
+}
+
 sta_status sta_layer_forward_lse(sta_layer *l, const sta_tensor *q, const sta_tensor *k,
                                  const sta_tensor *v, sta_tensor *out, sta_tensor *lse) {
   static const char *N[4] = {"q", "k", "v", "out"};
   const sta_tensor *ops[4] = {q, k, v, out};
+  STA_CHECK_HANDLE(l, STA_KIND_LAYER, "layer");
+  if (l->mode == STA_LAYER_VSA) {
+    sta_vsa_desc vd;
+    sta_status rc = vsa_resolve(l, ops, N, 4, &vd);
+    return rc != STA_OK ? rc : sta_vsa_forward(&vd, q, k, v, NULL, out, lse);
+  }
   sta_attention_desc d;
   sta_context *ctx;
   int32_t n, *owned;
@@ -347,6 +475,13 @@ sta_status sta_layer_backward(sta_layer *l, const sta_tensor *q, const sta_tenso
                               sta_tensor *dk, sta_tensor *dv) {
   static const char *N[8] = {"q", "k", "v", "out", "dout", "dq", "dk", "dv"};
   const sta_tensor *ops[8] = {q, k, v, out, dout, dq, dk, dv};
+  STA_CHECK_HANDLE(l, STA_KIND_LAYER, "layer");
+  if (l->mode == STA_LAYER_VSA) {
+    sta_vsa_desc vd;
+    sta_status rc = vsa_resolve(l, ops, N, 8, &vd);
+    return rc != STA_OK ? rc
+                        : sta_vsa_backward(&vd, q, k, v, NULL, out, lse, dout, dq, dk, dv, NULL);
+  }
   sta_attention_desc d;
   sta_context *ctx;
   int32_t n, *owned;
@@ -371,6 +506,8 @@ sta_status sta_layer_resolve(sta_layer *l, const sta_tensor *q, sta_attention_de
   if (!desc) return sta_error(STA_ERR_ARGUMENT, "desc: expected a descriptor, got NULL");
   if (!windows) return sta_error(STA_ERR_ARGUMENT, "windows: expected %d ints, got NULL",
                                  (int)(3 * l->local_heads));
+  STA_CHECK_HANDLE(q, STA_KIND_TENSOR, "q");
+  if (l->mode == STA_LAYER_VSA) return wrong_mode(l, "sta_layer_resolve");
   sta_status rc = layer_windows(l, ops, N, 1, &d, &ctx, &n, &row, &owned);
   if (rc != STA_OK) return rc;
   if (n != 0) rc = no_search_backward(l, ctx, n);
@@ -381,4 +518,21 @@ sta_status sta_layer_resolve(sta_layer *l, const sta_tensor *q, sta_attention_de
   }
   free(owned);
   return rc;
+}
+
+sta_status sta_layer_resolve_vsa(sta_layer *l, const sta_tensor *q, sta_vsa_desc *desc,
+                                 int32_t *canvas, int32_t *cube) {
+  static const char *N[1] = {"q"};
+  const sta_tensor *ops[1] = {q};
+  STA_CHECK_HANDLE(l, STA_KIND_LAYER, "layer");
+  STA_CHECK_HANDLE(q, STA_KIND_TENSOR, "q");
+  if (!desc) return sta_error(STA_ERR_ARGUMENT, "desc: expected a descriptor, got NULL");
+  if (l->mode != STA_LAYER_VSA) return wrong_mode(l, "sta_layer_resolve_vsa");
+  sta_vsa_desc d;
+  sta_status rc = vsa_resolve(l, ops, N, 1, &d);
+  if (rc != STA_OK) return rc;
+  *desc = d;
+  if (canvas) memcpy(canvas, l->geom.canvas, 3 * sizeof(int32_t));
+  if (cube) memcpy(cube, l->cube, 3 * sizeof(int32_t));
+  return STA_OK;
 }

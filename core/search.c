@@ -26,6 +26,7 @@ struct sta_forward_batch {
   int32_t refs; /* the creator's and every context's that holds it */
   int32_t batch_size;
   int32_t negative;
+  double vsa_sparsity; /* SGLang's VSA_sparsity: VSA-mode layers' fraction of key cubes left out */
   record_list list[2]; /* positive, negative */
   pthread_mutex_t lock; /* ranks of an in-process world may share a batch */
 };
@@ -102,6 +103,18 @@ void sta_forward_batch_set_negative(sta_forward_batch *fb, int32_t negative) {
 
 int32_t sta_forward_batch_is_negative(const sta_forward_batch *fb) {
   return live(fb) ? fb->negative : 0;
+}
+
+sta_status sta_forward_batch_set_vsa_sparsity(sta_forward_batch *fb, double sparsity) {
+  STA_CHECK_HANDLE(fb, STA_KIND_BATCH, "forward batch");
+  if (!(sparsity >= 0.0 && sparsity < 1.0))
+    return sta_error(STA_ERR_ARGUMENT, "sparsity: expected a value in [0, 1), got %g", sparsity);
+  fb->vsa_sparsity = sparsity;
+  return STA_OK;
+}
+
+double sta_forward_batch_vsa_sparsity(const sta_forward_batch *fb) {
+  return live(fb) ? fb->vsa_sparsity : 0.0;
 }
 
 int32_t sta_forward_batch_records(const sta_forward_batch *fb,

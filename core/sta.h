@@ -185,9 +185,9 @@ void *sta_tensor_data(const sta_tensor *t);
 int32_t sta_tensor_is_contiguous(const sta_tensor *t);
 /* Bytes of one element of dtype. */
 size_t sta_dtype_size(sta_dtype dtype);
-/* "f32", "f16", "bf16", "f8e4m3", "i32"; sta_dtype_parse takes the first
-** four (not yet "i32"), also "float32", "float16", "fp16", "bfloat16",
-** "float8_e4m3fn", "e4m3", and returns STA_ERR_DTYPE otherwise. */
+/* "f32", "f16", "bf16", "f8e4m3", "i32"; sta_dtype_parse takes these,
+** also "float32", "float16", "fp16", "bfloat16", "float8_e4m3fn", "e4m3",
+** "int32", and returns STA_ERR_DTYPE otherwise. */
 const char *sta_dtype_name(sta_dtype dtype);
 sta_status sta_dtype_parse(const char *name, sta_dtype *out);
 
@@ -801,6 +801,12 @@ int32_t sta_forward_batch_size(const sta_forward_batch *fb);
 /* The classifier-free-guidance negative flag. */
 void sta_forward_batch_set_negative(sta_forward_batch *fb, int32_t negative);
 int32_t sta_forward_batch_is_negative(const sta_forward_batch *fb);
+/* The sparsity of VSA-mode layers (SGLang's VSA_sparsity): the fraction of
+** key cubes each query cube leaves out, in [0, 1); 0 (every cube) until
+** set.  On error (a value outside [0, 1)) nothing is changed.  The getter
+** gives 0 for a NULL or released batch. */
+sta_status sta_forward_batch_set_vsa_sparsity(sta_forward_batch *fb, double sparsity);
+double sta_forward_batch_vsa_sparsity(const sta_forward_batch *fb);
 /* Search records held (positive or negative list). */
 int32_t sta_forward_batch_records(const sta_forward_batch *fb,
                                   int32_t negative);
@@ -854,6 +860,18 @@ sta_forward_batch *sta_context_batch(const sta_context *ctx);
 */
 typedef struct sta_layer sta_layer;
 
+/* What a layer computes.  STA: the windows of the live context's metadata
+** row (or of the layer's strategy).  VSA (STA.md section 12): q, k, v
+** [B, cubes * |cube|, heads, D] in the cube order of the layer's canvas
+** (sta_tensor_to_cubes), the forward batch's sparsity
+** (sta_forward_batch_set_vsa_sparsity, SGLang's VSA_sparsity) made a topk
+** per step (sta_vsa_topk over the cubes), every cube (sparsity 0) while the
+** context's step is below dense_steps; gate 1 (a gate goes through
+** sta_layer_resolve_vsa and sta_vsa_forward).  A VSA layer takes no text
+** rows, no strategy, no sequence parallelism (sp_size 1), the exact
+** softmax and native precision (else STA_ERR_UNSUPPORTED at creation). */
+typedef enum sta_layer_mode { STA_LAYER_STA = 0, STA_LAYER_VSA = 1 } sta_layer_mode;
+
 typedef struct sta_layer_desc {
   const char *prefix;          /* module prefix (layer = prefix.split('.')
                                   [-3]); NULL to use layer_index */
@@ -869,6 +887,9 @@ typedef struct sta_layer_desc {
                                    the layer holds a reference */
   sta_softmax softmax;         /* 0 = STA_SOFTMAX_EXACT (sta_attention_desc) */
   sta_precision precision;     /* 0 = STA_PRECISION_NATIVE (sta_attention_desc) */
+  sta_layer_mode mode;         /* 0 = STA_LAYER_STA */
+  int32_t cube[3];             /* VSA: tokens a cube, 0,0,0 = 4,4,4 (64 rows); 4,8,8: 256 */
+  int32_t dense_steps;         /* VSA: steps below it select every cube; >= 0 */
 } sta_layer_desc;
 
 /* prefix "transformer.double_blocks.7.attn.impl" gives layer 7. */
@@ -921,6 +942,17 @@ sta_status sta_layer_backward(sta_layer *l, const sta_tensor *q,
 ** windows are unchanged. */
 sta_status sta_layer_resolve(sta_layer *l, const sta_tensor *q,
                              sta_attention_desc *desc, int32_t *windows);
+/* sta_layer_resolve for a VSA layer: the VSA its forward runs for q under
+** the live context, as a plain descriptor (layout, block_rows, the step's
+** topk, scale; kv_sizes the layer's own cube sizes, valid while the layer
+** lives), and the layer's canvas and cube (each may be NULL), from which a
+** binding rebuilds the sizes.  sta_vsa_forward(desc, q, k, v, gate, ...)
+** computes what sta_layer_forward does with that gate, and
+** sta_vsa_backward(desc, ...) its gradients with no context.  An STA layer
+** here, or a VSA layer in sta_layer_resolve: STA_ERR_STATE.  On error
+** desc, canvas and cube are unchanged. */
+sta_status sta_layer_resolve_vsa(sta_layer *l, const sta_tensor *q, sta_vsa_desc *desc,
+                                 int32_t *canvas, int32_t *cube);
 
 /* }====================================================================== */
 

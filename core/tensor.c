@@ -37,13 +37,13 @@ sta_status sta_dtype_parse(const char *name, sta_dtype *out) {
     {"f32", STA_F32}, {"float32", STA_F32}, {"f16", STA_F16},
     {"float16", STA_F16}, {"fp16", STA_F16}, {"bf16", STA_BF16},
     {"bfloat16", STA_BF16}, {"f8e4m3", STA_F8E4M3}, {"float8_e4m3fn", STA_F8E4M3},
-    {"e4m3", STA_F8E4M3}};
+    {"e4m3", STA_F8E4M3}, {"i32", STA_I32}, {"int32", STA_I32}};
   if (!name) return sta_error(STA_ERR_DTYPE, "dtype: expected a name, got NULL");
   if (!out) return sta_error(STA_ERR_ARGUMENT, "out: expected a pointer, got NULL");
   for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
     if (strcmp(name, names[i].n) == 0) { *out = names[i].d; return STA_OK; }
   return sta_error(STA_ERR_DTYPE,
-                   "dtype: unknown dtype '%s' (expected f32, f16, bf16 or f8e4m3)",
+                   "dtype: unknown dtype '%s' (expected f32, f16, bf16, f8e4m3 or i32)",
                    name);
 }
 

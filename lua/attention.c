@@ -80,7 +80,7 @@ void sta_lua_push_desc(lua_State *L, const sta_attention_desc *d) {
 
 /* *out: the tensor opts[key] if given, else a new one like t; pushed.  1,
 ** or what sta_lua_fail returns. */
-static int opt_or_like(lua_State *L, int opts, const char *key, sta_tensor *t, sta_tensor **out) {
+int sta_lua_opt_or_like(lua_State *L, int opts, const char *key, sta_tensor *t, sta_tensor **out) {
   if (lua_istable(L, opts) && lua_getfield(L, opts, key) != LUA_TNIL) {
     *out = sta_lua_check_tensor(L, -1, key);
     return 1;
@@ -92,7 +92,7 @@ static int opt_or_like(lua_State *L, int opts, const char *key, sta_tensor *t, s
 /* The lse to write, pushed: opts.lse if it is a tensor (*lse already set),
 ** else a new f32 [B, heads, S] on q's device.  1, or what sta_lua_fail
 ** returns. */
-static int push_lse(lua_State *L, int opts, sta_tensor *q, sta_layout layout, sta_tensor **lse) {
+int sta_lua_push_lse(lua_State *L, int opts, sta_tensor *q, sta_layout layout, sta_tensor **lse) {
   if (*lse) {
     lua_getfield(L, opts, "lse");
     return 1;
@@ -115,6 +115,18 @@ static void read_lse_opt(lua_State *L, int opts, int *want, sta_tensor **lse) {
   }
 }
 
+int sta_lua_push_outputs(lua_State *L, int opts, sta_tensor *q, sta_layout layout,
+                         sta_tensor **out, sta_tensor **lse, int *want_lse) {
+  const int top = lua_gettop(L);
+  read_lse_opt(L, opts, want_lse, lse);
+  lua_settop(L, top);
+  if (sta_tensor_ndim(q) != 4)
+    return sta_lua_misuse(L, "q: expected a 4-D tensor, got %d-D", (int)sta_tensor_ndim(q));
+  int r = sta_lua_opt_or_like(L, opts, "out", q, out);
+  if (r == 1 && *want_lse) r = sta_lua_push_lse(L, opts, q, layout, lse);
+  return r;
+}
+
 /* attention(q, k, v [, opts]) -> out [, lse]; reference with ref = 1 */
 static int attention_common(lua_State *L, int ref) {
   sta_tensor *q = sta_lua_check_tensor(L, 1, "q");
@@ -122,18 +134,10 @@ static int attention_common(lua_State *L, int ref) {
   sta_tensor *v = sta_lua_check_tensor(L, 3, "v");
   sta_attention_desc d;
   lua_settop(L, 4);
-  sta_lua_read_desc(L, 4, ref ? "reference" : "attention", q, &d);
-  const int top = lua_gettop(L); /* d.windows' userdata stays below it */
-  sta_tensor *lse;
-  int want_lse;
-  read_lse_opt(L, 4, &want_lse, &lse);
-  lua_settop(L, top);
-  if (sta_tensor_ndim(q) != 4)
-    return sta_lua_misuse(L, "q: expected a 4-D tensor, got %d-D", (int)sta_tensor_ndim(q));
-  sta_tensor *out;
-  int r = opt_or_like(L, 4, "out", q, &out);
+  sta_lua_read_desc(L, 4, ref ? "reference" : "attention", q, &d); /* its windows stay */
+  sta_tensor *lse, *out;
+  int want_lse, r = sta_lua_push_outputs(L, 4, q, d.layout, &out, &lse, &want_lse);
   if (r != 1) return r;
-  if (want_lse && (r = push_lse(L, 4, q, d.layout, &lse)) != 1) return r;
   sta_status rc;
   if (ref) STA_LUA_LONG(rc, sta_attention_reference(&d, q, k, v, out, lse));
   else STA_LUA_LONG(rc, sta_attention_forward(&d, q, k, v, out, lse));
@@ -153,7 +157,7 @@ static int l_attention_backward(lua_State *L) {
   sta_tensor *g[3];
   static const char *G[3] = {"dq", "dk", "dv"};
   for (int i = 0; i < 3; i++) {
-    int r = opt_or_like(L, 7, G[i], t[0], &g[i]);
+    int r = sta_lua_opt_or_like(L, 7, G[i], t[0], &g[i]);
     if (r != 1) return r;
   }
   sta_status rc;
@@ -196,7 +200,7 @@ static int l_attention_fp8(lua_State *L) {
     if ((r = sta_lua_push_new_tensor(L, odt, sta_tensor_device(t[0]), 4, shape, &u)) != 1) return r;
     out = u->t;
   }
-  if (want_lse && (r = push_lse(L, 7, t[0], d.layout, &lse)) != 1) return r;
+  if (want_lse && (r = sta_lua_push_lse(L, 7, t[0], d.layout, &lse)) != 1) return r;
   sta_status rc;
   STA_LUA_LONG(rc, sta_attention_forward_fp8(&d, t[0], t[1], t[2], t[3], t[4], t[5], out, lse));
   if (rc != STA_OK) return sta_lua_fail(L, rc);

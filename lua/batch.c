@@ -35,12 +35,33 @@ static int l_forward_batch(lua_State *L) {
   sta_lua_options(L, 1, "forward_batch"); /* fills batch_size's default */
   int32_t bs = sta_lua_int32_field(L, 1, "batch_size", 0);
   int neg = sta_lua_bool_field(L, 1, "negative", 0);
+  double vs = sta_lua_num_field(L, 1, "vsa_sparsity", 0);
   LBatch *u = lua_newuserdatauv(L, sizeof *u, 0);
   u->fb = NULL;
   luaL_setmetatable(L, STA_LUA_BATCH);
   sta_status rc = sta_forward_batch_create(&u->fb, bs);
+  if (rc == STA_OK) rc = sta_forward_batch_set_vsa_sparsity(u->fb, vs);
   if (rc != STA_OK) return sta_lua_fail(L, rc);
   sta_forward_batch_set_negative(u->fb, neg);
+  return 1;
+}
+
+/* fb:vsa_sparsity() -> the VSA layers' sparsity; fb:vsa_sparsity(s) sets
+** it (SGLang's VSA_sparsity, per step) */
+static int b_vsa_sparsity(lua_State *L) {
+  sta_forward_batch *fb = sta_lua_check_batch(L, 1);
+  if (!lua_isnone(L, 2)) {
+    int ok;
+    double s = lua_tonumberx(L, 2, &ok);
+    if (!ok)
+      return sta_lua_misuse(L, "sparsity: expected a number in [0, 1), got %s",
+                            luaL_typename(L, 2));
+    sta_status rc = sta_forward_batch_set_vsa_sparsity(fb, s);
+    if (rc != STA_OK) return sta_lua_fail(L, rc);
+    lua_settop(L, 1);
+    return 1;
+  }
+  lua_pushnumber(L, sta_forward_batch_vsa_sparsity(fb));
   return 1;
 }
 
@@ -144,6 +165,7 @@ static const luaL_Reg batch_meta[] = {
   {"__gc", b_release}, {"__close", b_release}, {"__tostring", b_tostring}, {NULL, NULL}};
 static const luaL_Reg batch_methods[] = {
   {"release", b_release}, {"size", b_size}, {"negative", b_negative},
+  {"vsa_sparsity", b_vsa_sparsity},
   {"records", b_records}, {"record", b_record}, {"save_search", b_save_search},
   {"clear", b_clear}, {NULL, NULL}};
 static const luaL_Reg batch_funcs[] = {{"forward_batch", l_forward_batch}, {NULL, NULL}};

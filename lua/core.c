@@ -227,6 +227,7 @@ int luaopen_sta_core(lua_State *L) {
   sta_lua_open_files(L);
   sta_lua_open_geometry(L);
   sta_lua_open_attention(L);
+  sta_lua_open_sparse(L);
   sta_lua_open_strategy(L);
   sta_lua_open_batch(L);
   sta_lua_open_context(L);

@@ -13,14 +13,16 @@
 
 /* ---- layers -------------------------------------------------------------- */
 
-typedef struct { sta_layer *l; } LLayer;
+typedef struct { sta_layer *l; int vsa; } LLayer; /* vsa: mode = "vsa" */
 
-static sta_layer *check_layer(lua_State *L, int idx) {
+static LLayer *check_ulayer(lua_State *L, int idx) {
   LLayer *u = luaL_testudata(L, idx, STA_LUA_LAYER);
   if (!u) sta_lua_misuse(L, "layer: expected a layer, got %s", luaL_typename(L, idx));
   if (!u->l) sta_lua_misuse(L, "layer: released");
-  return u->l;
+  return u;
 }
+
+static sta_layer *check_layer(lua_State *L, int idx) { return check_ulayer(L, idx)->l; }
 
 static int y_release(lua_State *L) {
   LLayer *u = luaL_checkudata(L, 1, STA_LUA_LAYER);
@@ -63,8 +65,14 @@ static int l_layer(lua_State *L) {
   d.sp_size = sta_lua_int32_field(L, 1, "sp_size", 1);
   sta_lua_read_geometry(L, 1, &d.geom);
   d.layout = sta_lua_parse_layout(L, sta_lua_str_field(L, 1, "layout"));
+  const char *mode = sta_lua_str_field(L, 1, "mode");
+  d.mode = mode && strcmp(mode, "vsa") == 0 ? STA_LAYER_VSA : STA_LAYER_STA;
+  if (lua_getfield(L, 1, "cube") != LUA_TNIL) sta_lua_int_list(L, -1, d.cube, 3, "cube");
+  lua_pop(L, 1);
+  d.dense_steps = sta_lua_int32_field(L, 1, "dense_steps", 0);
   LLayer *u = lua_newuserdatauv(L, sizeof *u, 1);
   u->l = NULL;
+  u->vsa = d.mode == STA_LAYER_VSA;
   luaL_setmetatable(L, STA_LUA_LAYER);
   lua_pushvalue(L, 2);
   lua_setiuservalue(L, -2, 1);
@@ -72,15 +80,51 @@ static int l_layer(lua_State *L) {
   return rc == STA_OK ? 1 : sta_lua_fail(L, rc);
 }
 
-/* layer:forward(q, k, v [, out | {out =, lse = true | tensor}]) -> out [,
-** lse, used].  With lse, used records what the forward ran (STA.md section
-** 10): the options of sta.attention_backward (canvas, tile, text_len,
-** order, layout, one window per head, scale, softmax, precision), or for a
-** search row {search = why it has no backward}.  layer:backward takes it,
-** so the backward uses the forward's windows whatever the context, the
-** strategy or the layer hold by then. */
+/* A VSA layer's forward (y_forward, from its checked arguments): the
+** core's with no gate and no lse wanted; else the VSA the layer resolves
+** for the live context, run with the gate (opts.gate), and used: the
+** options of sta.vsa_backward that reproduce it (gate included). */
+static int vsa_forward(lua_State *L, sta_layer *l, sta_tensor *const *qkv, sta_tensor *out,
+                       sta_tensor *lse, int iout, int want_lse) {
+  sta_tensor *gate = NULL;
+  int igate = 0;
+  if (lua_istable(L, 5) && lua_getfield(L, 5, "gate") != LUA_TNIL) {
+    gate = sta_lua_check_tensor(L, -1, "gate");
+    igate = lua_gettop(L);
+  }
+  sta_status rc;
+  sta_context *c = sta_lua_context_enter(L);
+  if (!want_lse && !gate) {
+    STA_LUA_LONG(rc, sta_layer_forward_lse(l, qkv[0], qkv[1], qkv[2], out, NULL));
+    sta_lua_context_leave(c);
+    lua_pushvalue(L, iout);
+    return rc == STA_OK ? 1 : sta_lua_fail(L, rc);
+  }
+  sta_vsa_desc d;
+  int32_t canvas[3], cube[3];
+  rc = sta_layer_resolve_vsa(l, qkv[0], &d, canvas, cube);
+  if (rc == STA_OK) STA_LUA_LONG(rc, sta_vsa_forward(&d, qkv[0], qkv[1], qkv[2], gate, out, lse));
+  sta_lua_context_leave(c);
+  if (rc != STA_OK) return sta_lua_fail(L, rc);
+  lua_pushvalue(L, iout);
+  if (!want_lse) return 1;
+  lua_pushvalue(L, iout + 1);
+  sta_lua_push_vsa(L, &d, canvas, cube, igate);
+  return 3;
+}
+
+/* layer:forward(q, k, v [, out | {out =, lse = true | tensor, gate =}]) ->
+** out [, lse, used].  With lse, used records what the forward ran (STA.md
+** section 10): the options of sta.attention_backward (canvas, tile,
+** text_len, order, layout, one window per head, scale, softmax,
+** precision), of sta.vsa_backward for a VSA layer (canvas, cube, the
+** step's topk, layout, scale, gate), or for a search row {search = why it
+** has no backward}.  layer:backward takes it, so the backward uses the
+** forward's windows (or topk) whatever the context, the strategy or the
+** layer hold by then.  gate: VSA layers only. */
 static int y_forward(lua_State *L) {
-  sta_layer *l = check_layer(L, 1);
+  LLayer *ul = check_ulayer(L, 1);
+  sta_layer *l = ul->l;
   sta_tensor *q = sta_lua_check_tensor(L, 2, "q");
   sta_tensor *k = sta_lua_check_tensor(L, 3, "k");
   sta_tensor *v = sta_lua_check_tensor(L, 4, "v");
@@ -116,6 +160,12 @@ static int y_forward(lua_State *L) {
       lse = u->t;
     }
   }
+  if (ul->vsa) {
+    sta_tensor *qkv[3] = {q, k, v};
+    return vsa_forward(L, l, qkv, out, lse, iout, want_lse);
+  }
+  if (lua_istable(L, 5) && lua_getfield(L, 5, "gate") != LUA_TNIL)
+    return sta_lua_misuse(L, "gate: an STA layer takes no gate (a layer of mode \"vsa\" does)");
   sta_status rc;
   sta_context *c = sta_lua_context_enter(L);
   if (!want_lse) {
@@ -149,13 +199,14 @@ static int y_forward(lua_State *L) {
   return 3;
 }
 
-/* layer:backward(q, k, v, out, lse, dout, used [, {dq =, dk =, dv =}]) ->
-** dq, dk, dv: the gradients of the forward that returned out, lse and used
-** (sta_attention_backward with used: no context needed, nothing looked up
-** again) */
+/* layer:backward(q, k, v, out, lse, dout, used [, {dq =, dk =, dv =,
+** dgate =}]) -> dq, dk, dv [, dgate]: the gradients of the forward that
+** returned out, lse and used (sta_attention_backward, or sta_vsa_backward
+** for a VSA layer, with used: no context needed, nothing looked up again;
+** dgate when that forward had a gate) */
 static int y_backward(lua_State *L) {
   static const char *N[6] = {"q", "k", "v", "out", "lse", "dout"}, *G[3] = {"dq", "dk", "dv"};
-  check_layer(L, 1);
+  LLayer *ul = check_ulayer(L, 1);
   sta_tensor *t[6], *g[3];
   for (int i = 0; i < 6; i++) t[i] = sta_lua_check_tensor(L, i + 2, N[i]);
   lua_settop(L, 9);
@@ -165,6 +216,15 @@ static int y_backward(lua_State *L) {
   if (lua_getfield(L, 8, "search") != LUA_TNIL) return lua_error(L);
   lua_pop(L, 1);
   sta_lua_options(L, 9, "layer_backward");
+  if (ul->vsa) {
+    sta_vsa_desc vd;
+    sta_tensor *gate;
+    sta_lua_read_vsa(L, 8, "vsa_backward", t[0], t[1], &vd, &gate);
+    return sta_lua_vsa_backward(L, &vd, t, gate, 9);
+  }
+  if (lua_getfield(L, 9, "dgate") != LUA_TNIL)
+    return sta_lua_misuse(L, "dgate: an STA layer has no gate");
+  lua_pop(L, 1);
   sta_attention_desc d;
   sta_lua_read_desc(L, 8, "attention_backward", t[0], &d); /* its windows stay on the stack */
   for (int i = 0; i < 3; i++) {

@@ -4,6 +4,7 @@
 **   auxlib.c    errors, device-memory pressure, argument readers, classes
 **   tensor.c    sta.Tensor              files.c     .npy, .safetensors
 **   geometry.c  sta.Geometry, tiling    attention.c  the attention calls
+**   sparse.c    block lists, VSA, the cube order
 **   strategy.c  sta.Strategy, sta.Metadata
 **   batch.c     sta.ForwardBatch        context.c   sta.Context
 **   layer.c     sta.Layer
@@ -189,6 +190,36 @@ void sta_lua_read_desc(lua_State *L, int opts, const char *call, sta_tensor *q,
 /* d as the options table sta_lua_read_desc reads back (unset fields left
 ** out), pushed. */
 void sta_lua_push_desc(lua_State *L, const sta_attention_desc *d);
+/* *out: the tensor opts[key] if given, else a new one like t; pushed.  1,
+** or what sta_lua_fail returns. */
+int sta_lua_opt_or_like(lua_State *L, int opts, const char *key, sta_tensor *t, sta_tensor **out);
+/* A forward's outputs from its options at opts (a table or nil): out
+** (opts.out, else a new one like q, which must be 4-D) and, when opts.lse
+** asks (*want_lse), lse (opts.lse, else a new f32 [B, heads, S] on q's
+** device), pushed in that order.  1, or what sta_lua_fail returns. */
+int sta_lua_push_outputs(lua_State *L, int opts, sta_tensor *q, sta_layout layout,
+                         sta_tensor **out, sta_tensor **lse, int *want_lse);
+/* The lse to write, pushed: opts.lse if it is a tensor (*lse already set),
+** else a new f32 [B, heads, S] on q's device.  1, or what sta_lua_fail
+** returns. */
+int sta_lua_push_lse(lua_State *L, int opts, sta_tensor *q, sta_layout layout, sta_tensor **lse);
+/* sparse.c: the VSA of a call's options at opts (which must exist; checked
+** against the schema of call and replaced by the normalized copy): canvas,
+** cube, sparsity or topk, layout, scale, deterministic; the cube sizes an
+** i32 tensor on q's device left on the stack (keep it there); q's and k's
+** rows must be the canvas's cube order.  *gate: the gate option or NULL. */
+void sta_lua_read_vsa(lua_State *L, int opts, const char *call, sta_tensor *q,
+                      sta_tensor *k, sta_vsa_desc *d, sta_tensor **gate);
+/* The options of sta.vsa_backward that reproduce a VSA call (canvas, cube,
+** topk, layout, scale; gate when not NULL, the tensor at gate_idx), pushed. */
+void sta_lua_push_vsa(lua_State *L, const sta_vsa_desc *d, const int32_t canvas[3],
+                      const int32_t cube[3], int gate_idx);
+/* sta.vsa_backward's work after its options: dq, dk, dv (and dgate with a
+** gate) from grads (a table or nil: dq=, dk=, dv=, dgate=) or new; pushed,
+** returns their count or what sta_lua_fail returns.  t: q, k, v, out, lse,
+** dout. */
+int sta_lua_vsa_backward(lua_State *L, const sta_vsa_desc *d, sta_tensor *const *t,
+                         sta_tensor *gate, int grads);
 /* strategy.c */
 sta_lua_strategy *sta_lua_new_strategy(lua_State *L);
 sta_strategy *sta_lua_check_strategy(lua_State *L, int idx);
@@ -215,6 +246,7 @@ void sta_lua_open_files(lua_State *L);
 void sta_lua_open_geometry(lua_State *L);
 void sta_lua_open_strategy(lua_State *L);
 void sta_lua_open_attention(lua_State *L);
+void sta_lua_open_sparse(lua_State *L);
 void sta_lua_open_batch(lua_State *L);
 void sta_lua_open_context(lua_State *L);
 void sta_lua_open_layer(lua_State *L);

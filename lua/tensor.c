@@ -47,6 +47,12 @@ static sta_tensor *check_tensor(lua_State *L, int idx) {
   return sta_lua_check_tensor(L, idx, "tensor");
 }
 
+/* An element value of t: an integer for i32, else a float. */
+static void push_value(lua_State *L, const sta_tensor *t, double v) {
+  if (sta_tensor_dtype(t) == STA_I32) lua_pushinteger(L, (lua_Integer)v);
+  else lua_pushnumber(L, v);
+}
+
 static int tensor_release(lua_State *L) {
   sta_lua_tensor *u = check_ltensor(L, 1);
   if (u->t) {
@@ -399,7 +405,7 @@ static int t_get(lua_State *L) { /* t:get{i, j, ...} 1-based */
   read_index(L, t, 2, ix);
   sta_status rc = sta_tensor_get(t, ix, &v);
   if (rc != STA_OK) return sta_lua_fail(L, rc);
-  lua_pushnumber(L, v);
+  push_value(L, t, v);
   return 1;
 }
 
@@ -440,7 +446,7 @@ static int t_totable(lua_State *L) {
     double v;
     host_flat_index(t, i, ix);
     sta_tensor_get(t, ix, &v);
-    lua_pushnumber(L, v);
+    push_value(L, t, v);
     lua_rawseti(L, -2, (lua_Integer)(i + 1));
   }
   return 1;
@@ -476,7 +482,8 @@ static int l_from_table(lua_State *L) {
                             luaL_typename(L, -1));
     lua_pop(L, 1);
     host_flat_index(u->t, i, ix);
-    sta_tensor_set(u->t, ix, v);
+    sta_status rc = sta_tensor_set(u->t, ix, v);
+    if (rc != STA_OK) return sta_lua_fail(L, rc); /* an i32 that is no integer */
   }
   if (dev != STA_CPU) {
     lua_replace(L, 1);
@@ -614,7 +621,7 @@ static int t_index(lua_State *L) {
                               (lua_Integer)sta_tensor_size(t, 0));
       sta_status rc = sta_tensor_get(t, &ix, &v);
       if (rc != STA_OK) return sta_lua_fail(L, rc);
-      lua_pushnumber(L, v);
+      push_value(L, t, v);
       return 1;
     }
     lua_settop(L, 2);

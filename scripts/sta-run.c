@@ -79,6 +79,17 @@ static const char *USAGE =
 "  --device D        cpu (default) or cuda\n"
 "  --dtype T         compute dtype f32, f16 or bf16 (default: q's dtype)\n"
 "  --threads N       CPU threads (default: OpenMP's)\n"
+"  --mode M          sta (default) or vsa: Video Sparse Attention (STA.md\n"
+"                    section 12) on the video rows (no text rows; --canvas\n"
+"                    required, no --window): the rows go to the cube order\n"
+"                    and back (--order cubes: q, k, v, out and lse are in it)\n"
+"  --sparsity S      vsa: the fraction of key cubes left out, in [0, 1):\n"
+"                    topk = ceil((1 - S) * cubes)\n"
+"  --topk N          vsa: key cubes per query cube (instead of --sparsity)\n"
+"  --cube C          vsa: tokens a cube, 4,4,4 (default; 64 rows) or 4,8,8\n"
+"  --gate PATH       vsa: the coarse branch's gate (FastVideo's\n"
+"                    compress_attn_weight), q's shape (default 1)\n"
+"  --gate-name N     its name in a safetensors file (default gate)\n"
 "  --reference       use the brute-force reference (cpu only; slow)\n"
 "  --quiet           print nothing on success\n"
 "  --help, -h        this text\n"
@@ -120,7 +131,17 @@ typedef struct options {
   sta_device device;
   sta_dtype dtype;
   int reference, quiet;
+  /* --mode vsa (vsa_forward below) */
+  int mode, cube_order, have_cube, have_sparsity;
+  double sparsity;
+  int32_t topk, cube[3];
+  const char *gate, *gate_name;
 } options;
+
+enum { MODE_STA, MODE_VSA };
+static sta_status vsa_forward(const options *o, sta_tensor *const dev[3], sta_tensor *out,
+                              sta_tensor *lse);
+static void vsa_print(const options *o, const sta_tensor *q, sta_dtype file_dt, sta_dtype dt);
 
 static int bad(const char *opt, const char *val, const char *fmt, ...) {
   va_list ap;
@@ -179,7 +200,8 @@ static int parse_args(int argc, char **argv, options *o) {
       "--q", "--k", "--v", "--out", "--lse", "--safetensors", "--q-name", "--k-name",
       "--v-name", "--out-name", "--lse-name", "--canvas", "--tile", "--window",
       "--text-len", "--scale", "--softmax", "--precision", "--layout", "--order", "--threads",
-      "--device", "--dtype", NULL};
+      "--device", "--dtype", "--mode", "--sparsity", "--topk", "--cube", "--gate", "--gate-name",
+      NULL};
     int known = 0;
     for (int j = 0; WITH_VALUE[j]; j++) known |= !strcmp(a, WITH_VALUE[j]);
     if (!known) return bad(a, NULL, "unknown option");
@@ -239,7 +261,8 @@ static int parse_args(int argc, char **argv, options *o) {
     } else if (!strcmp(a, "--order")) {
       if (!strcmp(val, "untiled")) o->order = STA_ORDER_UNTILED;
       else if (!strcmp(val, "tiled")) o->order = STA_ORDER_TILED;
-      else return bad(a, val, "expected untiled or tiled");
+      else if (!strcmp(val, "cubes")) o->cube_order = 1; /* --mode vsa */
+      else return bad(a, val, "expected untiled, tiled or cubes");
     } else if (!strcmp(a, "--threads")) {
       if (!parse_i64(val, 1, 4096, &n)) return bad(a, val, "expected an integer 1..4096");
       o->threads = (int32_t)n;
@@ -248,16 +271,52 @@ static int parse_args(int argc, char **argv, options *o) {
       else if (!strcmp(val, "cuda")) o->device = STA_CUDA;
       else return bad(a, val, "expected cpu or cuda");
     } else if (!strcmp(a, "--dtype")) {
-      if (sta_dtype_parse(val, &o->dtype) != STA_OK || o->dtype == STA_F8E4M3)
+      if (sta_dtype_parse(val, &o->dtype) != STA_OK || o->dtype == STA_F8E4M3 ||
+          o->dtype == STA_I32)
         return bad(a, val, "expected f32, f16 or bf16");
       o->have_dtype = 1;
-    }
+    } else if (!strcmp(a, "--mode")) {
+      if (!strcmp(val, "sta")) o->mode = MODE_STA;
+      else if (!strcmp(val, "vsa")) o->mode = MODE_VSA;
+      else return bad(a, val, "expected sta or vsa");
+    } else if (!strcmp(a, "--sparsity")) {
+      char *end;
+      errno = 0;
+      o->sparsity = strtod(val, &end);
+      if (!*val || *end || errno || !(o->sparsity >= 0 && o->sparsity < 1))
+        return bad(a, val, "expected a number in [0, 1)");
+      o->have_sparsity = 1;
+    } else if (!strcmp(a, "--topk")) {
+      if (!parse_i64(val, 1, INT32_MAX, &n)) return bad(a, val, "expected an integer >= 1");
+      o->topk = (int32_t)n;
+    } else if (!strcmp(a, "--cube")) {
+      if (sta_parse_triple(val, a, 1, 4096, o->cube) != STA_OK)
+        return bad(a, val, "expected CT,CH,CW or CTxCHxCW, three integers >= 1");
+      o->have_cube = 1;
+    } else if (!strcmp(a, "--gate")) o->gate = val;
+    else if (!strcmp(a, "--gate-name")) o->gate_name = val;
+  }
+  if (o->mode == MODE_VSA) { /* what VSA takes, and what it does not */
+    if (!o->have_canvas) return bad("--canvas", NULL, "is required with --mode vsa");
+    if (o->have_sparsity == (o->topk > 0))
+      return bad("--sparsity", NULL, "or --topk: give one with --mode vsa");
+    static const struct { int given; const char *opt; } NOT[] = {{0, "--window"},
+      {0, "--text-len"}, {0, "--tile"}, {0, "--order tiled"}, {0, "--softmax"}, {0, "--precision"}};
+    int given[6] = {o->windows != NULL, o->text_len >= 0, o->have_tile,
+                    o->order == STA_ORDER_TILED, o->softmax != STA_SOFTMAX_EXACT,
+                    o->precision != STA_PRECISION_NATIVE};
+    for (int j = 0; j < 6; j++)
+      if (given[j]) return bad(NOT[j].opt, NULL, "is STA's, not taken with --mode vsa");
+    if (!o->gate_name) o->gate_name = "gate";
+  } else if (o->cube_order || o->have_cube || o->have_sparsity || o->topk || o->gate) {
+    return bad(o->cube_order ? "--order cubes" : o->have_cube ? "--cube" : o->have_sparsity
+               ? "--sparsity" : o->topk ? "--topk" : "--gate", NULL, "needs --mode vsa");
   }
   if (!o->q && !o->st) return bad("--q", NULL, "is required (or --safetensors)");
   if (!o->k && !o->st) return bad("--k", NULL, "is required (or --safetensors)");
   if (!o->v && !o->st) return bad("--v", NULL, "is required (or --safetensors)");
   if (!o->out) return bad("--out", NULL, "is required");
-  if (!o->windows) return bad("--window", NULL, "is required");
+  if (!o->windows && o->mode == MODE_STA) return bad("--window", NULL, "is required");
   if (o->lse && strcmp(o->lse, o->out) == 0 && !ends_with(o->out, strlen(o->out), ".safetensors"))
     return bad("--lse", o->lse, "is the --out file (one .npy holds one array)");
   if (o->reference && o->device != STA_CPU)
@@ -506,7 +565,7 @@ static int run(options *o) {
   desc.scale = (float)o->scale;
   desc.softmax = o->softmax;
   desc.precision = o->precision;
-  if (o->n_windows != 1 && o->n_windows != H) {
+  if (o->mode == MODE_STA && o->n_windows != 1 && o->n_windows != H) {
     rc = bad("--window", NULL, "%d windows given for %lld heads (give one, or one per head)",
              (int)o->n_windows, (long long)H);
     goto done;
@@ -525,7 +584,8 @@ static int run(options *o) {
   }
   if (o->device == STA_CUDA && sta_cuda_synchronize() != STA_OK) { rc = fail(); goto done; }
   double t0 = now_s();
-  sta_status st = o->reference
+  sta_status st = o->mode == MODE_VSA ? vsa_forward(o, dev, out, lse)
+                  : o->reference
                       ? sta_attention_reference(&desc, dev[0], dev[1], dev[2], out, lse)
                       : sta_attention_forward(&desc, dev[0], dev[1], dev[2], out, lse);
   if (st == STA_OK && o->device == STA_CUDA) st = sta_cuda_synchronize();
@@ -544,7 +604,8 @@ static int run(options *o) {
     rc = fail();
     goto done;
   }
-  if (!o->quiet) {
+  if (!o->quiet && o->mode == MODE_VSA) vsa_print(o, in[0], file_dt, dt);
+  else if (!o->quiet) {
     double flop = sta_attention_flops(&desc, B, S, H, D);
     char win[80];
     size_t wl = 0;
@@ -577,6 +638,138 @@ done:
   sta_tensor_destroy(hout);
   sta_tensor_destroy(hlse);
   return rc;
+}
+
+/* ---- VSA (--mode vsa) ------------------------------------------------------ */
+
+/* What vsa_forward ran, for vsa_print: the cubes, topk, the attention call's
+** time alone (the cube order's conversions left out) and the fine branch's
+** FLOP over the selected cubes' valid rows (STA.md section 8). */
+static struct { int64_t cubes; int32_t topk, cube[3]; double ms, flop; } vsa_ran;
+
+/* x in the cube order (a new tensor; rows: the cube order's), or x itself
+** with --order cubes (*made 0). */
+static sta_status vsa_to_cubes(const options *o, sta_tensor *x, int64_t rows,
+                               sta_tensor **c, int *made) {
+  *made = 0;
+  *c = x;
+  if (o->cube_order || !x) return STA_OK;
+  int64_t shape[4];
+  for (int i = 0; i < 4; i++) shape[i] = sta_tensor_size(x, i);
+  shape[o->layout == STA_BSHD ? 1 : 2] = rows;
+  sta_status rc = sta_tensor_create(c, sta_tensor_dtype(x), sta_tensor_device(x), 4, shape);
+  if (rc == STA_OK) {
+    *made = 1;
+    rc = sta_tensor_to_cubes(*c, x, o->canvas, vsa_ran.cube, o->layout);
+  }
+  return rc;
+}
+
+/* A [B, heads, S] lse as [B, heads, S, 1] (bhsd): the cube order's helpers
+** take 4-D tensors. */
+static sta_status lse4(const sta_tensor *lse, sta_tensor **v) {
+  int64_t shape[4] = {sta_tensor_size(lse, 0), sta_tensor_size(lse, 1), sta_tensor_size(lse, 2), 1};
+  int64_t strides[4] = {sta_tensor_stride(lse, 0), sta_tensor_stride(lse, 1),
+                        sta_tensor_stride(lse, 2), 1};
+  return sta_tensor_view(v, lse, 0, 4, shape, strides);
+}
+
+/* out (and lse) = VSA(q, k, v) of the options: the cube sizes of --canvas
+** and --cube, topk from --sparsity or --topk, the gate file; rows converted
+** to the cube order and back unless --order cubes. */
+static sta_status vsa_forward(const options *o, sta_tensor *const dev[3], sta_tensor *out,
+                              sta_tensor *lse) {
+  static const int32_t CUBE[3] = {4, 4, 4};
+  memcpy(vsa_ran.cube, o->have_cube ? o->cube : CUBE, sizeof vsa_ran.cube);
+  const int32_t *cube = vsa_ran.cube;
+  const sta_device dev_of = sta_tensor_device(dev[0]);
+  sta_tensor *sizes = NULL, *hg = NULL, *g = NULL, *c[5] = {NULL}, *lv = NULL, *lcv = NULL;
+  sta_tensor *idx = NULL, *num = NULL;
+  int made[5] = {0};
+  int64_t n;
+  sta_status rc = sta_vsa_cube_count(o->canvas, cube, &n);
+  if (rc != STA_OK) return rc;
+  const int64_t rows = n * cube[0] * cube[1] * cube[2];
+  sta_vsa_desc d;
+  memset(&d, 0, sizeof d);
+  d.layout = o->layout;
+  d.block_rows = cube[0] * cube[1] * cube[2];
+  d.scale = (float)o->scale;
+  d.topk = o->topk;
+  if (!o->topk && (rc = sta_vsa_topk(o->sparsity, n, &d.topk)) != STA_OK) return rc;
+  if ((rc = sta_tensor_create(&sizes, STA_I32, dev_of, 1, &n)) != STA_OK ||
+      (rc = sta_vsa_cube_sizes(sizes, o->canvas, cube)) != STA_OK)
+    goto done;
+  d.kv_sizes = sizes;
+  if (o->gate && ((rc = load(o->gate, o->gate_name, &hg)) != STA_OK ||
+                  (rc = sta_tensor_to(&g, hg, sta_tensor_dtype(dev[0]), dev_of)) != STA_OK))
+    goto done;
+  sta_tensor *x[5] = {dev[0], dev[1], dev[2], g, out};
+  for (int i = 0; i < 5 && rc == STA_OK; i++) rc = vsa_to_cubes(o, x[i], rows, &c[i], &made[i]);
+  int64_t ls[3] = {sta_tensor_size(c[0], 0), sta_tensor_size(c[0], o->layout == STA_BSHD ? 2 : 1),
+                   rows};
+  sta_tensor *lc = lse;
+  if (rc == STA_OK && lse && !o->cube_order) {
+    rc = sta_tensor_create(&lcv, STA_F32, dev_of, 3, ls);
+    lc = lcv;
+  }
+  if (rc != STA_OK) goto done;
+  if (dev_of == STA_CUDA && (rc = sta_cuda_synchronize()) != STA_OK) goto done;
+  double t0 = now_s();
+  rc = o->reference ? sta_vsa_reference(&d, c[0], c[1], c[2], c[3], c[4], lc)
+                    : sta_vsa_forward(&d, c[0], c[1], c[2], c[3], c[4], lc);
+  if (rc == STA_OK && dev_of == STA_CUDA) rc = sta_cuda_synchronize();
+  vsa_ran.ms = (now_s() - t0) * 1e3;
+  if (rc == STA_OK && made[4]) rc = sta_tensor_from_cubes(out, c[4], o->canvas, cube, o->layout);
+  if (rc == STA_OK && lcv) {
+    sta_tensor *a = NULL;
+    rc = lse4(lcv, &a);
+    if (rc == STA_OK) rc = lse4(lse, &lv);
+    if (rc == STA_OK) rc = sta_tensor_from_cubes(lv, a, o->canvas, cube, STA_BHSD);
+    sta_tensor_destroy(a);
+  }
+  /* the work: the fine branch over the selection (sta_vsa_coarse's lists) */
+  int64_t is[4] = {ls[0], ls[1], n, d.topk};
+  if (rc == STA_OK && !o->quiet &&
+      (rc = sta_tensor_create(&idx, STA_I32, dev_of, 4, is)) == STA_OK &&
+      (rc = sta_tensor_create(&num, STA_I32, dev_of, 3, is)) == STA_OK &&
+      (rc = sta_vsa_coarse(&d, c[0], c[1], c[2], NULL, NULL, idx, num)) == STA_OK) {
+    sta_block_list bl = {d.block_rows, num, idx, sizes, NULL};
+    sta_attention_desc fd;
+    memset(&fd, 0, sizeof fd);
+    fd.layout = o->layout;
+    fd.mask = STA_MASK_BLOCKS;
+    fd.blocks = &bl;
+    vsa_ran.flop = sta_attention_flops(&fd, ls[0], rows, ls[1], sta_tensor_size(c[0], 3));
+  }
+  vsa_ran.cubes = n;
+  vsa_ran.topk = d.topk;
+done:
+  for (int i = 0; i < 5; i++)
+    if (made[i]) sta_tensor_destroy(c[i]);
+  sta_tensor_destroy(sizes);
+  sta_tensor_destroy(hg);
+  sta_tensor_destroy(g);
+  sta_tensor_destroy(lcv);
+  sta_tensor_destroy(lv);
+  sta_tensor_destroy(idx);
+  sta_tensor_destroy(num);
+  return rc;
+}
+
+static void vsa_print(const options *o, const sta_tensor *q, sta_dtype file_dt, sta_dtype dt) {
+  char sh[64];
+  shape_str(q, sh, sizeof sh);
+  double s = vsa_ran.ms * 1e-3;
+  printf("sta-run: q %s %s %s%s, vsa canvas %dx%dx%d cube %dx%dx%d, top %d of %lld cubes%s, "
+         "%s %s%s, %.3f ms, %.2f GFLOP/s (%.3f GFLOP)\n",
+         sh, sta_dtype_name(file_dt), o->layout == STA_BSHD ? "bshd" : "bhsd",
+         o->cube_order ? " cubes" : "", (int)o->canvas[0], (int)o->canvas[1],
+         (int)o->canvas[2], (int)vsa_ran.cube[0], (int)vsa_ran.cube[1], (int)vsa_ran.cube[2],
+         (int)vsa_ran.topk, (long long)vsa_ran.cubes, o->gate ? ", gate" : "",
+         o->device == STA_CPU ? "cpu" : "cuda", sta_dtype_name(dt),
+         o->reference ? " reference" : "", vsa_ran.ms, s > 0 ? vsa_ran.flop / s * 1e-9 : 0.0,
+         vsa_ran.flop * 1e-9);
 }
 
 int main(int argc, char **argv) {

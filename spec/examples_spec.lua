@@ -36,6 +36,43 @@ describe("examples", function()
     assert.truthy(out:match("\nok\n$"), out)
   end)
 
+  it("pipeline.lua runs VSA layers with the batch's sparsity after the dense steps (--mode vsa)", function()
+    local out, ok = run_example("pipeline", quoted{ "--mode", "vsa", "--sparsity", "0.875", "--steps", "3",
+      "--layers", "2", "--heads", "2", "--head-dim", "16", "--canvas", "5x8x12", "--full-steps", "1",
+      "--device", "cpu" }, { STA_ATTENTION_CONFIG = false })
+    assert.is_true(ok, out)
+    -- 2x2x3 = 12 cubes; ceil(0.125 * 12) = 2
+    assert.truthy(out:find("attention: VSA, cube 4x4x4, 12 cubes, sparsity 0.875 (every cube for 1 steps)",
+      1, true), out)
+    assert.truthy(out:find("step  1/3  topk 12/12 cubes", 1, true), out)
+    assert.truthy(out:find("step  3/3  topk 2/12 cubes", 1, true), out)
+    assert.truthy(out:find("3 steps x 2 passes x 2 layers = 12 VSA forwards", 1, true), out)
+    assert.truthy(out:find("all finite", 1, true), out)
+    assert.truthy(out:match("\nok\n$"), out)
+    local help = run_example("pipeline", quoted{ "--help" })
+    for _, o in ipairs{ "--mode sta|vsa", "--sparsity S", "--cube TxHxW" } do
+      assert.truthy(help:find(o, 1, true), help)
+    end
+    out, ok = run_example("pipeline", quoted{ "--mode", "vsa", "--sparsity", "1" })
+    assert.is_false(ok)
+    assert.truthy(out:find("pipeline: --sparsity: expected a number in [0, 1), got 1", 1, true), out)
+  end)
+
+  it("finetune.lua fits a VSA layer and its gate to dense attention (--mode vsa)", function()
+    local out, ok = run_example("finetune", quoted{ "--mode", "vsa", "--steps", "6", "--heads", "2",
+      "--head-dim", "16", "--canvas", "8x8x12", "--sparsity", "0.75", "--device", "cpu" })
+    assert.is_true(ok, out)
+    assert.truthy(out:find("student VSA, cube 4x4x4, top 3 of 12 cubes (sparsity 0.75), gate from 0", 1, true),
+      out)
+    local losses = {}
+    for l in out:gmatch("step +%d+  loss ([%d%.e%-+]+)") do losses[#losses + 1] = tonumber(l) end
+    assert.equal(7, #losses, out)
+    assert.is_true(losses[7] < 0.7 * losses[1], out)
+    assert.truthy(out:match("\nok\n$"), out)
+    local help = run_example("finetune", quoted{ "--help" })
+    assert.truthy(help:find("--mode sta|vsa", 1, true), help)
+  end)
+
   it("bench/bench_layer.lua times the layer path against the bare forward (CPU, small)", function()
     local out, ok = H.run_lua([[
       arg = { [0] = "bench/bench_layer.lua", "--device", "cpu", "--canvas", "6x8x16", "--text", "5",

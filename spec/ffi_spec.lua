@@ -113,6 +113,60 @@ describe("sta.ffi #ffi", function()
   end)
 
   -- issue 31, defect 5: short and long window lists, unknown layouts
+  it("runs block lists (Lua lists or i32 tensors) against the block-list reference", function()
+    local q, k, v = S.randn({1, 24, 2, 8}, seed + 60), S.randn({1, 32, 2, 8}, seed + 61),
+                    S.randn({1, 32, 2, 8}, seed + 62)
+    local lists = { { { {3, 0}, {}, {1} }, { {2}, {0, 1, 2, 3}, {3} } } } -- Mq 3, Mk 4
+    local o = { idx = lists, block_rows = 8, kv_sizes = {8, 5, 1, 7}, q_sizes = {3, 8, 6} }
+    local out, lse = S.block_sparse(q, k, v, { idx = lists, block_rows = 8, kv_sizes = o.kv_sizes,
+                                               q_sizes = o.q_sizes, lse = true })
+    local d, keep = S.blocks_desc(o, q)
+    local ref = S.like(q)
+    S.check(C.sta_attention_reference(d, q, k, v, ref, nil))
+    local _, rel = S.compare(out, ref)
+    assert.is_true(rel < 1e-5, rel)
+    -- the same lists as i32 tensors: the same bits
+    local idx, num = S.tensor({1, 2, 3, 4}, "i32"), S.tensor({1, 2, 3}, "i32")
+    S.check(C.sta_tensor_fill(idx, 0))
+    for h = 1, 2 do for m = 1, 3 do
+      local l = lists[1][h][m]
+      S.check(C.sta_tensor_set(num, ffi.new("int64_t[3]", {0, h - 1, m - 1}), #l))
+      for i, n in ipairs(l) do
+        S.check(C.sta_tensor_set(idx, ffi.new("int64_t[4]", {0, h - 1, m - 1, i - 1}), n))
+      end
+    end end
+    local out2 = S.block_sparse(q, k, v, { idx = idx, num = num, block_rows = 8, kv_sizes = o.kv_sizes,
+                                           q_sizes = o.q_sizes })
+    assert.equal(0, (S.compare(out, out2)))
+    local dq, dk, dv = S.block_sparse_backward(q, k, v, out, lse, S.randn({1, 24, 2, 8}, seed + 63), o)
+    assert.same({1, 32, 2, 8}, S.shape(dk))
+    assert.same({1, 24, 2, 8}, S.shape(dq))
+    local _ = { keep, dv }
+  end)
+
+  it("runs VSA on the cube order, with its cube helpers", function()
+    local x = S.randn({1, 5 * 6 * 7, 2, 8}, seed + 70)
+    local xc = S.to_cubes(x, { canvas = {5, 6, 7} })
+    assert.same({1, 512, 2, 8}, S.shape(xc))
+    assert.equal(0, (S.compare(S.from_cubes(xc, { canvas = "5x6x7" }), x)))
+    local q, k = S.to_cubes(S.randn({1, 210, 2, 8}, seed + 71), { canvas = {5, 6, 7} }),
+                 S.to_cubes(S.randn({1, 210, 2, 8}, seed + 72), { canvas = {5, 6, 7} })
+    local g = S.randn({1, 512, 2, 8}, seed + 73)
+    local out, lse = S.vsa(q, k, xc, { canvas = {5, 6, 7}, sparsity = 0.6, gate = g, lse = true })
+    local d = ffi.new("sta_vsa_desc")
+    d.block_rows, d.topk, d.kv_sizes = 64, S.vsa_topk(0.6, 8), S.cube_sizes{ canvas = {5, 6, 7} }
+    assert.equal(4, d.topk)
+    local ref = S.like(q)
+    S.check(C.sta_vsa_reference(d, q, k, xc, g, ref, nil))
+    local _, rel = S.compare(out, ref)
+    assert.is_true(rel < 1e-5, rel)
+    local grads = { S.vsa_backward(q, k, xc, out, lse, S.randn({1, 512, 2, 8}, seed + 74),
+                                   { canvas = {5, 6, 7}, topk = 4, gate = g }) }
+    assert.equal(4, #grads)
+    assert.equal("q: 512 rows, expected 256 (the canvas 4x8x8 in 1 cubes of 256 rows, cube order)",
+      select(2, pcall(S.vsa, q, k, xc, { canvas = {4, 8, 8}, cube = "4x8x8", topk = 1 })))
+  end)
+
   it("refuses a window that is not 3 integers, and an unknown layout", function()
     local q = S.randn({1, 4 * 8 * 8, 2, 8}, seed + 11)
     local o = { canvas = {4, 8, 8}, tile = {2, 4, 4} }
@@ -157,11 +211,22 @@ describe("sta.ffi #ffi", function()
     local rs, cs = S.tensor({1, P.heads, P.S}), S.tensor({1, P.heads, P.D})
     S.check(C.sta_tensor_fill(rs, 0.5))
     S.check(C.sta_tensor_fill(cs, 0.5))
+    local cshape = {1, P.vsa_rows, P.heads, P.D} -- the cube order of the vsa base's canvas
+    local qc, kc, vc, gc = S.randn(cshape, seed + 34), S.randn(cshape, seed + 35),
+                           S.randn(cshape, seed + 36), S.randn(cshape, seed + 37)
+    local cout, clse = S.vsa(qc, kc, vc, { canvas = {4, 4, 8}, topk = 1, lse = true })
+    local x = S.randn({1, 2 * 4 * 4, P.heads, P.D}, seed + 38)
     local run = {
       attention = function(o) return S.attention(q, k, v, o) end,
       reference = function(o) return S.attention(q, k, v, o, true) end,
       attention_backward = function(o) return S.attention_backward(q, k, v, out, lse, g, o) end,
       attention_fp8 = function(o) return S.attention_fp8(f8[1], f8[2], f8[3], rs, rs, cs, o) end,
+      block_sparse = function(o) return S.block_sparse(q, k, v, o) end,
+      block_sparse_backward = function(o) return S.block_sparse_backward(q, k, v, out, lse, g, o) end,
+      vsa = function(o) return S.vsa(qc, kc, vc, o) end,
+      vsa_backward = function(o) return S.vsa_backward(qc, kc, vc, cout, clse, gc, o) end,
+      cubes = function(o) return S.to_cubes(x, o) end,
+      cube_sizes = function(o) return S.cube_sizes(o) end,
     }
     local n, refused = 0, 0
     for _, c in ipairs(cases.list("ffi")) do
@@ -199,7 +264,7 @@ describe("sta.ffi #ffi", function()
     local o = { canvas = {2, 4, 8}, tile = {1, 2, 4}, window = {1, 1, 1} }
     assert.equal("q: expected a tensor, got nil", select(2, pcall(S.attention, nil, q, q, o)))
     assert.equal("v: expected a tensor, got nil", select(2, pcall(S.attention, q, q, ffi.cast("sta_tensor *", nil), o)))
-    assert.equal("dtype: unknown dtype 'f64' (expected f32, f16, bf16 or f8e4m3)", select(2, pcall(S.tensor, {2, 2}, "f64")))
+    assert.equal("dtype: unknown dtype 'f64' (expected f32, f16, bf16, f8e4m3 or i32)", select(2, pcall(S.tensor, {2, 2}, "f64")))
     assert.equal("device: expected \"cpu\" or \"cuda\", got tpu", select(2, pcall(S.tensor, {2, 2}, "f32", "tpu")))
     assert.equal("options: unknown key 'windws' (known: canvas, tile, text_len, order, layout, window, "
       .. "scale, softmax, precision, deterministic, out, lse)", select(2, pcall(S.attention, q, q, q,

@@ -125,7 +125,8 @@ describe("issue 16 through Lua", function()
     assert.equal("options: unknown key 'sed' (known: seed, dtype, device, mean, std)",
       H.error_of(sta.randn, { 2 }, { sed = 1 }))
     assert.equal("options: unknown key 'head' (known: prefix, layer, heads, head_dim, sp_rank, sp_size, "
-      .. "canvas, tile, text_len, order, layout, geometry, device, scale, softmax, precision, strategy)",
+      .. "canvas, tile, text_len, order, layout, geometry, device, scale, softmax, precision, strategy, "
+      .. "mode, cube, dense_steps)",
       H.error_of(sta.layer, { head = 2 }))
     assert.equal("options: unknown key 'window_size' (known: steps, layers, heads, window, full, full_steps)",
       H.error_of(sta.strategy.uniform, { steps = 1, layers = 1, heads = 1, window_size = { 1, 1, 1 } }))

@@ -32,15 +32,35 @@ return function(O)
     uniform = { steps = 1, layers = 1, heads = 2, window = { 1, 1, 1 } },
     geometry = { canvas = { 2, 4, 4 } },
     tune = { files = { "/nonexistent/search.json" } },
+    -- blocks of 17 rows: Mq = Mk = 2 (idx: one ragged list per (batch, head, query block);
+    -- Python takes it positionally: M.problem.block_idx)
+    block_sparse = { block_rows = 17, idx = { { { { 0, 1 }, { 1 } }, { { 0 }, { 1, 0 } } } } },
+    block_sparse_backward = { block_rows = 17,
+                              idx = { { { { 0, 1 }, { 1 } }, { { 0 }, { 1, 0 } } } } },
+    -- q, k, v in the cube order of M.problem.vsa_canvas (2 cubes of 64 rows)
+    vsa = { canvas = { 4, 4, 8 }, sparsity = 0.5 },
+    vsa_backward = { canvas = { 4, 4, 8 }, sparsity = 0.5 },
+    cubes = { canvas = { 2, 4, 4 } },
+    cube_sizes = { canvas = { 2, 4, 4 } },
+  }
+  M.problem.vsa_rows = 128
+  M.problem.block_idx = M.base.block_sparse.idx
+  -- values on the boundary that depend on the call's problem
+  M.extra = {
+    block_sparse = { kv_sizes = { { 5, 17 }, { 1, 1 } }, q_sizes = { { 17, 3 } },
+                     num = { { { { 2, 1 }, { 1, 2 } } }, { { { 1, 1 }, { 0, 1 } } } } },
   }
   -- the calls of each binding (Python: reference_backward is its
   -- attention_backward; forward_context pushes nothing until `with`)
   M.calls = {
     lua = { "attention", "reference", "attention_backward", "attention_fp8", "layer",
-            "forward_batch", "forward_context", "uniform", "geometry", "tune" },
-    ffi = { "attention", "reference", "attention_backward", "attention_fp8" },
+            "forward_batch", "forward_context", "uniform", "geometry", "tune", "block_sparse",
+            "block_sparse_backward", "vsa", "vsa_backward", "cubes", "cube_sizes" },
+    ffi = { "attention", "reference", "attention_backward", "attention_fp8", "block_sparse",
+            "block_sparse_backward", "vsa", "vsa_backward", "cubes", "cube_sizes" },
     python = { "attention", "reference", "attention_backward", "attention_fp8", "layer",
-               "forward_batch", "forward_context", "uniform", "tune" },
+               "forward_batch", "forward_context", "uniform", "tune", "block_sparse", "vsa",
+               "cubes", "cube_sizes" },
   }
 
   local function copy(t)
@@ -96,6 +116,14 @@ return function(O)
       add("type", 1); add("type", "x")
     elseif k == "output" then
       add("type", 1); add("type", "x"); add("boundary", true); add("boundary", false)
+    elseif k == "fraction" then
+      add("type", "x"); add("type", true)
+      for _, x in ipairs{ -0.1, 1, 1.5, 0 / 0, 1 / 0, -1 / 0 } do add("range", x) end
+      add("boundary", 0); add("boundary", 0.5); add("boundary", 0.999)
+    elseif k == "ints" then
+      add("type", 1); add("type", "x"); add("type", true)
+      add("range", { 1.5 }); add("range", { 2 ^ 31 }); add("range", { { 1, "a" } })
+      if def.min then add("range", { def.min - 1 }) end
     elseif k == "paths" then
       add("type", 5); add("type", "x"); add("type", true); add("range", { 1 })
       add("range", { "a.json", true })
@@ -120,8 +148,9 @@ return function(O)
                         expect = M.expect(call, opts, binding) }
     end
     for _, call in ipairs(M.calls[binding]) do
-      local base = M.base[call]
       local names, required = O.names(call, binding)
+      local base = {} -- what this binding takes as options (Python: idx is positional)
+      for _, n in ipairs(names) do base[n] = M.base[call][n] end
       local per_head = base.canvas ~= nil and call ~= "layer"
       add(call, "bogus", "unknown", 1, (function() local o = copy(base); o.bogus = 1; return o end)())
       for _, n in ipairs(names) do
@@ -129,12 +158,27 @@ return function(O)
         local o = copy(base)
         o[n] = nil
         if base[n] ~= nil or required[n] then add(call, n, "missing", nil, o) end
-        for _, c in ipairs(values(def, base[n], per_head)) do
+        local vs = values(def, base[n], per_head)
+        for _, x in ipairs(M.extra[call] and M.extra[call][n] or {}) do
+          vs[#vs + 1] = { what = "boundary", value = x }
+        end
+        for _, c in ipairs(vs) do
           if not (call == "uniform" and n == "window" and type(c.value) == "table" and
                   type(c.value[1]) == "table") then
             o = copy(base)
+            if def.either then o[def.either] = nil end -- one of the two at a time
             o[n] = c.value
             add(call, n, c.what, c.value, o)
+          end
+        end
+        if def.either and base[n] ~= nil then -- both given
+          for _, c in ipairs(values(O.options[def.either], nil, false)) do
+            if c.what == "boundary" then
+              o = copy(base)
+              o[def.either] = c.value
+              add(call, n, "conflict", c.value, o)
+              break
+            end
           end
         end
         if def.alias then

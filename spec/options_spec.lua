@@ -33,7 +33,17 @@ local function harness()
   rs:fill(0.5)
   local cs = sta.tensor({ 1, P.heads, P.D })
   cs:fill(0.5)
+  local cshape = { 1, P.vsa_rows, P.heads, P.D } -- the cube order of the vsa base's canvas
+  local qc, kc, vc, gc = H.randn(cshape), H.randn(cshape), H.randn(cshape), H.randn(cshape)
+  local cout, clse = sta.vsa(qc, kc, vc, { canvas = { 4, 4, 8 }, topk = 1, lse = true })
+  local x = H.randn({ 1, 2 * 4 * 4, P.heads, P.D })
   return {
+    block_sparse = function(o) return sta.block_sparse(q, k, v, o) end,
+    block_sparse_backward = function(o) return sta.block_sparse_backward(q, k, v, out, lse, dout, o) end,
+    vsa = function(o) return sta.vsa(qc, kc, vc, o) end,
+    vsa_backward = function(o) return sta.vsa_backward(qc, kc, vc, cout, clse, gc, o) end,
+    cubes = function(o) return sta.to_cubes(x, o) end,
+    cube_sizes = function(o) return sta.cube_sizes(o) end,
     attention = function(o) return sta.attention(q, k, v, o) end,
     reference = function(o) return sta.reference(q, k, v, o) end,
     attention_backward = function(o) return sta.attention_backward(q, k, v, out, lse, dout, o) end,

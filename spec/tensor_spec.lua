@@ -68,7 +68,7 @@ describe("sta tensors", function()
   it("rejects bad shapes, dtypes and devices with exact messages", function()
     assert.equal("shape[2]: expected >= 0, got -1", H.error_of(sta.tensor, {2, -1}))
     assert.equal("shape: expected 1..4 sizes, got 5", H.error_of(sta.tensor, {1, 1, 1, 1, 1}))
-    assert.equal("dtype: unknown dtype 'f64' (expected f32, f16, bf16 or f8e4m3)",
+    assert.equal("dtype: unknown dtype 'f64' (expected f32, f16, bf16, f8e4m3 or i32)",
       H.error_of(sta.tensor, {2}, { dtype = "f64" }))
     assert.equal("device: unknown device 'tpu' (expected cpu or cuda)",
       H.error_of(sta.tensor, {2}, { device = "tpu" }))

@@ -352,7 +352,7 @@ static void test_bad_options(void **state) {
     {"--precision fp16", "sta-run: --precision 'fp16': expected native or fp8"},
     {"--dtype f8e4m3", "sta-run: --dtype 'f8e4m3': expected f32, f16 or bf16"},
     {"--layout bsdh", "sta-run: --layout 'bsdh': expected bshd or bhsd"},
-    {"--order fastvideo", "sta-run: --order 'fastvideo': expected untiled or tiled"},
+    {"--order fastvideo", "sta-run: --order 'fastvideo': expected untiled, tiled or cubes"},
     {"--threads 0", "sta-run: --threads '0': expected an integer 1..4096"},
     {"--device tpu", "sta-run: --device 'tpu': expected cpu or cuda"},
     {"--dtype f64", "sta-run: --dtype 'f64': expected f32, f16 or bf16"},

@@ -106,7 +106,7 @@ static void test_f8_dtype(void **state) {
   assert_string_equal(sta_dtype_name(STA_F8E4M3), "f8e4m3");
   assert_int_equal(sta_dtype_size(STA_F8E4M3), 1);
   EXPECT_ERR(sta_dtype_parse("f8", &dt), STA_ERR_DTYPE,
-             "dtype: unknown dtype 'f8' (expected f32, f16, bf16 or f8e4m3)");
+             "dtype: unknown dtype 'f8' (expected f32, f16, bf16, f8e4m3 or i32)");
   int64_t shape[2] = {7, 33};
   sta_tensor *a = NULL, *b = NULL, *c = NULL;
   OK(sta_tensor_create(&a, STA_F32, STA_CPU, 2, shape));

@@ -179,7 +179,7 @@ static void test_accessors(void **state) {
   }
   sta_dtype d = STA_F16;
   sta_expect_err(sta_dtype_parse("f64", &d), STA_ERR_DTYPE,
-             "dtype: unknown dtype 'f64' (expected f32, f16, bf16 or f8e4m3)");
+             "dtype: unknown dtype 'f64' (expected f32, f16, bf16, f8e4m3 or i32)");
   sta_expect_err(sta_dtype_parse(NULL, &d), STA_ERR_DTYPE, "dtype: expected a name, got NULL");
   assert_int_equal(d, STA_F16);
   sta_tensor_destroy(p);

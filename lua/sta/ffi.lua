@@ -200,21 +200,33 @@ local function new_lse(q, o)
   return M.tensor({ b, h, n }, "f32", device_names[tonumber(C.sta_tensor_device(q))])
 end
 
---- out = STA(q, k, v) (reference = true: the brute-force reference); with
--- o.lse also the f32 [B, heads, S] log-sum-exp (o.lse a tensor: written
--- there); o.out: the output to write.
-function M.attention(q, k, v, o, reference)
+-- out (o.out, else new) and with o.lse the log-sum-exp of f(d, q, k, v,
+-- out, lse, o), d from make(o, q, call, k) (M.desc, M.blocks_desc,
+-- M.vsa_desc) with what it points to kept alive for the call.
+local function forward(q, k, v, o, make, call, f)
   check_tensor(q, "q")
   check_tensor(k, "k")
   check_tensor(v, "v")
   local d, keep
-  d, keep, o = M.desc(o, q, reference and "reference" or "attention")
+  d, keep, o = make(o, q, call, k)
   local out, lse = o.out or M.like(q), new_lse(q, o)
-  local f = reference and C.sta_attention_reference or C.sta_attention_forward
-  M.check(f(d, q, k, v, out, lse))
+  M.check(f(d, q, k, v, out, lse, o))
   local _ = keep
   if lse then return out, lse end
   return out
+end
+
+local function attention_forward(d, q, k, v, out, lse) return C.sta_attention_forward(d, q, k, v, out, lse) end
+local function attention_reference(d, q, k, v, out, lse)
+  return C.sta_attention_reference(d, q, k, v, out, lse)
+end
+
+--- out = STA(q, k, v) (reference = true: the brute-force reference); with
+-- o.lse also the f32 [B, heads, S] log-sum-exp (o.lse a tensor: written
+-- there); o.out: the output to write.
+function M.attention(q, k, v, o, reference)
+  return forward(q, k, v, o, M.desc, reference and "reference" or "attention",
+                 reference and attention_reference or attention_forward)
 end
 
 --- out = STA of 8-bit operands (f8e4m3) with their f32 scales
@@ -238,13 +250,218 @@ end
 
 --- dq, dk, dv of out = STA(q, k, v) for dout (STA.md section 10); o as for
 -- attention (deterministic= too), plus dq=, dk=, dv= to write into.
-function M.attention_backward(q, k, v, out, lse, dout, o)
+-- dq, dk, dv (o.dq, ... else new: dq like q, dk and dv like k) of
+-- sta_attention_backward with the descriptor make(o, q, call) gives.
+local function backward(q, k, v, out, lse, dout, o, make, call)
   local d, keep
-  d, keep, o = M.desc(o, q, "attention_backward")
-  local dq, dk, dv = o.dq or M.like(q), o.dk or M.like(q), o.dv or M.like(q)
+  d, keep, o = make(o, q, call)
+  local dq, dk, dv = o.dq or M.like(q), o.dk or M.like(k), o.dv or M.like(k)
   M.check(C.sta_attention_backward(d, q, k, v, out, lse, dout, dq, dk, dv))
   local _ = keep
   return dq, dk, dv
+end
+
+function M.attention_backward(q, k, v, out, lse, dout, o)
+  return backward(q, k, v, out, lse, dout, o, M.desc, "attention_backward")
+end
+
+-- ---- block lists and VSA (STA.md section 12) -------------------------------
+
+local function device_of(t) return device_names[tonumber(C.sta_tensor_device(t))] end
+
+-- A list (depth levels, every leaf an int32: sta.options checked them) as
+-- an i32 tensor on dev; ragged: the last level padded with 0 to the
+-- longest list (at least 1), and the lists' lengths returned too.
+local function ints_tensor(v, name, depth, ragged, dev)
+  local n = {}
+  local function measure(t, lv, path)
+    if lv == depth and ragged then
+      n[lv] = math.max(n[lv] or 1, #t)
+    elseif n[lv] == nil then
+      n[lv] = #t
+    elseif n[lv] ~= #t then
+      bad("%s: %d entries, expected %d as the other lists at this level", path, #t, n[lv])
+    end
+    for i = 1, #t do
+      local at = ("%s[%d]"):format(path, i)
+      if lv < depth then
+        if type(t[i]) ~= "table" then
+          bad("%s: expected a list (%d levels of lists), got %s", at, depth, type(t[i]))
+        end
+        measure(t[i], lv + 1, at)
+      elseif type(t[i]) ~= "number" then
+        bad("%s: expected an integer, got %s", at, type(t[i]))
+      end
+    end
+  end
+  measure(v, 1, name)
+  for i = 1, depth do n[i] = n[i] or 0 end
+  local vals = M.tensor(n, "i32")
+  local lshape = {}
+  for i = 1, depth - 1 do lshape[i] = n[i] end
+  local lens = ragged and depth > 1 and M.tensor(lshape, "i32") or nil
+  local p = ffi.cast("int32_t *", C.sta_tensor_data(vals))
+  local lp = lens and ffi.cast("int32_t *", C.sta_tensor_data(lens))
+  local o, lo = 0, 0
+  local function fill(t, lv)
+    if lv == depth then
+      for i = 1, n[lv] do p[o] = t[i] or 0; o = o + 1 end
+      if lp then lp[lo] = #t; lo = lo + 1 end
+      return
+    end
+    for i = 1, #t do fill(t[i], lv + 1) end
+  end
+  fill(v, 1)
+  local function on(t)
+    if not t or dev == "cpu" then return t end
+    local d = M.tensor(M.shape(t), "i32", dev)
+    M.check(C.sta_tensor_copy(d, t))
+    return d
+  end
+  return on(vals), on(lens)
+end
+
+-- o[key] (an ints option) as an i32 tensor on dev (and the lengths of
+-- ragged lists); nil when absent
+local function ints_opt(o, key, depth, ragged, dev)
+  local v = o[key]
+  if v == nil or type(v) ~= "table" then return v end
+  return ints_tensor(v, key, depth, ragged, dev)
+end
+
+--- The sta_attention_desc of a block-list call (sta.options: idx=, num=,
+-- kv_sizes=, q_sizes=, block_rows=, layout=, scale=, deterministic=):
+-- returns it, what it points to (keep it alive with it) and the options.
+function M.blocks_desc(o, q, call)
+  o = options.check(call or "block_sparse", o, "ffi", is_a)
+  local dev = device_of(q)
+  local d, bl = ffi.new("sta_attention_desc"), ffi.new("sta_block_list")
+  local idx, lens = ints_opt(o, "idx", 4, true, dev)
+  local num = ints_opt(o, "num", 3, false, dev) or lens
+  if num == nil then
+    bad("num: required with an idx tensor (how many of each list's entries count: i32 [B, heads, Mq])")
+  end
+  local kvs, qs = ints_opt(o, "kv_sizes", 1, false, dev), ints_opt(o, "q_sizes", 1, false, dev)
+  bl.block_rows = o.block_rows or 0
+  bl.idx, bl.num, bl.kv_sizes, bl.q_sizes = idx, num, kvs, qs
+  d.mask = C.STA_MASK_BLOCKS
+  d.blocks = bl
+  if o.layout then d.layout = LAYOUTS[o.layout] end
+  if o.scale then d.scale = o.scale end
+  if o.deterministic then d.deterministic = 1 end
+  return d, { bl, idx, num, kvs, qs }, o
+end
+
+--- out = block-sparse attention of q, k, v (STA.md section 12); o: the
+-- options of blocks_desc, out=, lse= (true or a tensor).
+function M.block_sparse(q, k, v, o)
+  return forward(q, k, v, o, M.blocks_desc, "block_sparse", attention_forward)
+end
+
+--- dq, dk, dv of block_sparse (its options, dq=, dk=, dv=).
+function M.block_sparse_backward(q, k, v, out, lse, dout, o)
+  return backward(q, k, v, out, lse, dout, o, M.blocks_desc, "block_sparse_backward")
+end
+
+local function canvas_cube(o)
+  local canvas = ffi.new("int32_t[3]", o.canvas)
+  local cube = ffi.new("int32_t[3]", o.cube or { 4, 4, 4 })
+  local n = ffi.new("int64_t[1]")
+  M.check(C.sta_vsa_cube_count(canvas, cube, n))
+  return canvas, cube, n[0]
+end
+
+--- The sta_vsa_desc of a VSA call (sta.options: canvas=, cube=, sparsity=
+-- or topk=, layout=, scale=, deterministic=; gate=): returns it, its cube
+-- sizes (keep them with it) and the options.
+function M.vsa_desc(o, q, call, k)
+  o = options.check(call or "vsa", o, "ffi", is_a)
+  local canvas, cube, n = canvas_cube(o)
+  local br = cube[0] * cube[1] * cube[2]
+  for _, nt in ipairs{ { "q", q }, { "k", k } } do -- the rows of the cube order
+    local name, t = nt[1], nt[2]
+    if t ~= nil and C.sta_tensor_ndim(t) == 4 then
+      local rows = tonumber(C.sta_tensor_size(t, o.layout == "bhsd" and 2 or 1))
+      if rows ~= tonumber(n) * br then
+        bad("%s: %d rows, expected %d (the canvas %dx%dx%d in %d cubes of %d rows, cube order)",
+            name, rows, tonumber(n) * br, canvas[0], canvas[1], canvas[2], tonumber(n), br)
+      end
+    end
+  end
+  local sizes = M.tensor({ tonumber(n) }, "i32", device_of(q))
+  M.check(C.sta_vsa_cube_sizes(sizes, canvas, cube))
+  local d = ffi.new("sta_vsa_desc")
+  d.block_rows = br
+  d.kv_sizes = sizes
+  if o.topk then d.topk = o.topk
+  else
+    local t = ffi.new("int32_t[1]")
+    M.check(C.sta_vsa_topk(o.sparsity, n, t))
+    d.topk = t[0]
+  end
+  if o.layout then d.layout = LAYOUTS[o.layout] end
+  if o.scale then d.scale = o.scale end
+  if o.deterministic then d.deterministic = 1 end
+  return d, sizes, o
+end
+
+--- out = VSA(q, k, v), rows in the cube order of o.canvas; o: the options
+-- of vsa_desc, out=, lse=.
+function M.vsa(q, k, v, o)
+  return forward(q, k, v, o, M.vsa_desc, "vsa", function(d, q_, k_, v_, out, lse, oo)
+    return C.sta_vsa_forward(d, q_, k_, v_, oo.gate, out, lse)
+  end)
+end
+
+--- dq, dk, dv (and dgate with a gate) of vsa; its options, dq=, dk=, dv=, dgate=.
+function M.vsa_backward(q, k, v, out, lse, dout, o)
+  local d, keep
+  d, keep, o = M.vsa_desc(o, q, "vsa_backward", k)
+  local dq, dk, dv = o.dq or M.like(q), o.dk or M.like(k), o.dv or M.like(k)
+  local dgate = o.gate and (o.dgate or M.like(q)) or nil
+  M.check(C.sta_vsa_backward(d, q, k, v, o.gate, out, lse, dout, dq, dk, dv, dgate))
+  local _ = keep
+  if dgate then return dq, dk, dv, dgate end
+  return dq, dk, dv
+end
+
+--- topk = ceil((1 - sparsity) * cubes) (sta_vsa_topk).
+function M.vsa_topk(sparsity, cubes)
+  local t = ffi.new("int32_t[1]")
+  M.check(C.sta_vsa_topk(sparsity, cubes, t))
+  return t[0]
+end
+
+local function cubes(x, o, to)
+  check_tensor(x, "x")
+  o = options.check("cubes", o, "ffi", is_a)
+  local canvas, cube, n = canvas_cube(o)
+  local layout = LAYOUTS[o.layout or "bshd"]
+  local out = o.out
+  if not out then
+    if C.sta_tensor_ndim(x) ~= 4 then bad("x: expected a 4-D tensor, got %d-D", C.sta_tensor_ndim(x)) end
+    local s = M.shape(x)
+    local rows = to and tonumber(n) * cube[0] * cube[1] * cube[2] or canvas[0] * canvas[1] * canvas[2]
+    s[layout == C.STA_BSHD and 2 or 3] = rows
+    out = M.tensor(s, ffi.string(C.sta_dtype_name(C.sta_tensor_dtype(x))), device_of(x))
+  end
+  local f = to and C.sta_tensor_to_cubes or C.sta_tensor_from_cubes
+  M.check(f(out, x, canvas, cube, layout))
+  return out
+end
+
+--- x (untiled rows) in the cube order of o.canvas (o: canvas=, cube=,
+-- layout=, out=); from_cubes the other way.
+function M.to_cubes(x, o) return cubes(x, o, true) end
+function M.from_cubes(x, o) return cubes(x, o, false) end
+
+--- Each cube's valid tokens, i32 [cubes] (o: canvas=, cube=, device=).
+function M.cube_sizes(o)
+  o = options.check("cube_sizes", o, "ffi", is_a)
+  local canvas, cube, n = canvas_cube(o)
+  local t = M.tensor({ tonumber(n) }, "i32", o.device)
+  M.check(C.sta_vsa_cube_sizes(t, canvas, cube))
+  return t
 end
 
 --- max |a-b|, ||a-b|| / ||b||

@@ -18,10 +18,13 @@ heads and tile coordinates are 0-based, as in STA.md and strategy files.
   sta.load_safetensors(path)               sta.save_safetensors(path, {name=t})
   sta.geometry{canvas=, tile=, text_len=, order=}  sta.attention(q, k, v, opts)
   sta.reference(q, k, v, opts)             sta.strategy.new/load/parse/uniform/default
+  sta.block_sparse(q, k, v, {idx=, ...})   sta.vsa(q, k, v, {canvas=, sparsity=, ...})
+  sta.block_sparse_backward / sta.vsa_backward(q, k, v, out, lse, dout, opts)
+  sta.to_cubes / sta.from_cubes(x, {canvas=, cube=})  sta.cube_sizes{canvas=, cube=}
   sta.metadata(layers) / .from_strategy / .search
-  sta.forward_batch{batch_size=, negative=}
+  sta.forward_batch{batch_size=, negative=, vsa_sparsity=}
   local ctx <close> = sta.forward_context{step=, metadata=, batch=}
-  sta.layer{...}:forward(q, k, v [, out])  sta.tune{files=, skip_steps=, full=}
+  sta.layer{..., mode = "vsa"}:forward(q, k, v [, out])  sta.tune{files=, skip_steps=, full=}
   sta.backends()  sta.info()  sta.transfer_bytes()  sta.last_launch()  sta.debug.live_tensors()
   sta.now()
   tensor methods: shape size strides dtype device ndim numel to clone copy

@@ -35,6 +35,14 @@ Kinds and what a value must be:
   object    an object of class (checked by the binding's is_a)
   output    true, false, or a tensor to write into
   paths     a list of file paths (strings; Python: also os.PathLike)
+  fraction  a number in [0, 1)
+  ints      an i32 tensor (Python: a torch integer tensor), or a list of
+            integers (nested lists for a tensor of more dimensions; the
+            binding checks their shape when it converts them), each in the
+            int32 range and >= min
+
+either: the option and the one it names are one choice: exactly one of
+them must be given (both or neither is an error).
 ]]
 
 local M = {}
@@ -100,6 +108,31 @@ M.options = {
   layers = { kind = "int32", min = 1, doc = "transformer layers", default = 1 },
   full = { kind = "windows", single = true, doc = "the full window" },
   full_steps = { kind = "int32", min = 0, doc = "steps with the full window", default = 0 },
+  -- block lists and VSA (STA.md section 12)
+  idx = { kind = "ints", min = 0, only = { lua = true, ffi = true },
+          doc = "the key blocks of each (batch, head, query block): i32 [B, heads, Mq, L], or "
+          .. "lists idx[b][h][m] = {n, ...}" },
+  num = { kind = "ints", min = 0, only = { lua = true, ffi = true },
+          doc = "how many of idx's entries each list holds: i32 [B, heads, Mq] or lists",
+          default = "the lengths of idx's lists (required with an idx tensor)" },
+  kv_sizes = { kind = "ints", min = 1, doc = "valid rows of each key block: i32 [Mk] or a list",
+               default = "every key block whole" },
+  q_sizes = { kind = "ints", min = 1, doc = "valid rows of each query block: i32 [Mq] or a list",
+              default = "kv_sizes when Mq = Mk, else every query block whole" },
+  block_rows = { kind = "int32", min = 1, doc = "rows per block", default = "64" },
+  cube = { kind = "triple", min = 1, doc = "ct, ch, cw tokens a cube (4x4x4: 64 rows, 4x8x8: 256)",
+           default = "4x4x4" },
+  sparsity = { kind = "fraction", either = "topk",
+               doc = "the fraction of key cubes left out: topk = ceil((1 - sparsity) * cubes)" },
+  topk = { kind = "int32", min = 1, either = "sparsity", doc = "key cubes per query cube" },
+  gate = { kind = "tensor", doc = "out = out_c * gate + out_s (FastVideo's compress_attn_weight)",
+           default = "1" },
+  dgate = { kind = "tensor", only = { lua = true, ffi = true }, doc = "dgate to write" },
+  mode = { kind = "enum", values = { "sta", "vsa" }, doc = "what a layer computes" },
+  dense_steps = { kind = "int32", min = 0, doc = "VSA layers: steps that select every cube",
+                  default = 0 },
+  vsa_sparsity = { kind = "fraction", doc = "VSA layers' sparsity (SGLang's VSA_sparsity)",
+                   default = "0: every cube" },
   -- tuning (sta_tune; absent: sta_tune_defaults')
   files = { kind = "paths", doc = "saved search files" },
   skip_steps = { kind = "int32", min = 0, doc = "steps that keep the full window",
@@ -124,15 +157,25 @@ M.calls = {
   attention_fp8 = with(ATTENTION, { "out", "lse", "return_lse", "dtype", "out_dtype" }),
   layer = { "prefix", "layer", "heads", "head_dim", "sp_rank", "sp_size", "canvas", "tile",
             "text_len", "order", "layout", "geometry", "device", "scale", "softmax", "precision",
-            "strategy" },
+            "strategy", "mode", "cube", "dense_steps" },
+  block_sparse = { "idx!", "num", "kv_sizes", "q_sizes", "block_rows", "layout", "scale",
+                   "deterministic", "out", "lse", "return_lse" },
+  block_sparse_backward = { "idx!", "num", "kv_sizes", "q_sizes", "block_rows", "layout", "scale",
+                            "deterministic", "dq", "dk", "dv" },
+  vsa = { "canvas!", "cube", "sparsity", "topk", "gate", "layout", "scale", "deterministic", "out",
+          "lse", "return_lse" },
+  vsa_backward = { "canvas!", "cube", "sparsity", "topk", "gate", "layout", "scale",
+                   "deterministic", "dq", "dk", "dv", "dgate" },
+  cubes = { "canvas!", "cube", "layout", "out" },
+  cube_sizes = { "canvas!", "cube", "device" },
   sp_attention = { "canvas", "tile", "text_len", "geometry", "window", "layout", "scale", "out" },
   sp_shard = { "canvas", "tile", "text_len", "geometry", "window?", "layout", "scale", "out" },
   sp_layer = { "prefix", "layer", "heads", "head_dim", "canvas", "tile", "text_len", "layout",
                "geometry", "device", "scale", "softmax", "precision", "strategy" },
   geometry = { "canvas", "tile", "text_len", "order" },
-  layer_forward = { "out", "lse" },
-  layer_backward = { "dq", "dk", "dv" },
-  forward_batch = { "batch_size", "negative" },
+  layer_forward = { "out", "lse", "gate" },
+  layer_backward = { "dq", "dk", "dv", "dgate" },
+  forward_batch = { "batch_size", "negative", "vsa_sparsity" },
   forward_context = { "step", "metadata", "batch", "strategy", "layers", "heads?" },
   uniform = { "steps", "layers!", "heads", "window", "full", "full_steps" },
   tune = { "files!", "skip_steps", "full" },
@@ -192,6 +235,8 @@ function M.expected(def)
   if k == "output" then return "a boolean or a tensor" end
   if k == "object" then return "a " .. def.class end
   if k == "paths" then return "a list of paths (strings)" end
+  if k == "fraction" then return "a number in [0, 1)" end
+  if k == "ints" then return "an i32 tensor or a list of integers" end
   return k
 end
 
@@ -276,6 +321,19 @@ local function check_windows(name, v, def)
   return out
 end
 
+-- ints as lists: every leaf an int32 >= def.min, named by its place
+-- (idx[1][2][1][3]); nested lists stay nested (the binding checks their shape)
+local function check_ints(name, v, def)
+  local el = { kind = "int32", min = def.min }
+  local out = {}
+  for i = 1, #v do
+    local x, at = v[i], ("%s[%d]"):format(name, i)
+    if type(x) == "table" then out[i] = check_ints(at, x, def)
+    else out[i] = check_int(at, x, el, 32) end
+  end
+  return out
+end
+
 --- One value against its definition; returns it normalized (triples and
 -- windows as tables of integers).  is_a(v, class, kind): the binding's
 -- test for tensors and objects (nil: not checked here).
@@ -316,8 +374,15 @@ function M.check_value(name, v, def, is_a)
     end
     return out
   end
+  if k == "fraction" then
+    if type(v) ~= "number" or not (v >= 0 and v < 1) then
+      fail("%s: expected %s, got %s", name, M.expected(def), M.show(v))
+    end
+    return v
+  end
+  if k == "ints" and type(v) == "table" then return check_ints(name, v, def) end
   if k == "output" and type(v) == "boolean" then return v end
-  if (k == "tensor" or k == "output" or k == "object") and is_a and
+  if (k == "tensor" or k == "output" or k == "object" or k == "ints") and is_a and
       not is_a(v, k == "object" and def.class or "tensor", k) then
     fail("%s: expected %s, got %s", name, M.expected(def), M.show(v))
   end
@@ -387,8 +452,14 @@ function M.check(call, o, binding, is_a)
     end
     if v == nil then
       if k.required[n] then fail("%s: required (%s)", n, def.doc) end
+      if def.either and o[def.either] == nil and k.set[def.either] then
+        fail("%s: required (%s), or %s", n, def.doc, def.either)
+      end
       if type(def.default) == "number" then out[n] = def.default end
     else
+      if def.either and o[def.either] ~= nil then
+        fail("%s: given with %s (give one of them)", n, def.either)
+      end
       out[n] = M.check_value(given, v, def, is_a or M.is_a[binding])
     end
   end

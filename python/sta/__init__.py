@@ -11,10 +11,16 @@ second, on the same C library and the same contract (spec/STA.md).
   sta.attention_fp8(q8, k8, v8, q_scale, k_scale, v_scale, ...)
                                             8-bit operands with their scales
   sta.reference / sta.reference_backward    the brute-force CPU reference
+  sta.block_sparse_attention(q, k, v, q2k_idx, q2k_num, kv_sizes, q_sizes, block_rows, ...)
+                                            key blocks as data, differentiable
+  sta.vsa(q, k, v, canvas=, cube=, sparsity= | topk=, gate=, ...)
+                                            Video Sparse Attention, differentiable
+  sta.to_cubes / sta.from_cubes / sta.cube_sizes    VSA's cube order
   sta.Strategy, sta.Metadata, sta.ForwardBatch, sta.forward_context,
   sta.Layer, sta.tune                       mask strategies and contexts
   sta.fastvideo.sliding_tile_attention      FastVideo's signature (tiled
                                             rows read in place)
+  sta.fastvideo.video_sparse_attn / block_sparse_attn   FastVideo's VSA calls
   sta.Error and its subclasses              one per status group
 
 The library is found through $STA_LIBRARY, next to the package, a source
@@ -29,7 +35,8 @@ from .runtime import (ForwardBatch, ForwardContext, Layer, Metadata, Strategy, c
 
 __version__ = "0.1.0"
 
-__all__ = ["attention", "attention_fp8", "reference", "reference_backward", "Error",
+__all__ = ["attention", "attention_fp8", "reference", "reference_backward",
+           "block_sparse_attention", "vsa", "to_cubes", "from_cubes", "cube_sizes", "Error",
            "ArgumentError", "StateError", "UnsupportedError", "OutOfMemoryError", "DeviceError", "EnvError",
            "LibraryNotFound", "Strategy", "Metadata", "ForwardBatch", "ForwardContext",
            "forward_context", "current_context", "context_depth", "in_forward_pass", "Layer",
@@ -41,13 +48,15 @@ try:  # the op needs torch; strategies, contexts and errors work without it
     import torch  # noqa: F401
 except ImportError:
     def __getattr__(name):
-        if name in ("attention", "attention_fp8", "reference", "reference_backward", "fastvideo"):
+        if name in ("attention", "attention_fp8", "reference", "reference_backward", "fastvideo",
+                    "block_sparse_attention", "vsa", "to_cubes", "from_cubes", "cube_sizes"):
             raise ImportError("sta.%s needs torch (Debian: python3-torch)" % name)
         raise AttributeError("module 'sta' has no attribute %r" % name)
 else:
     del torch
     from . import fastvideo
     from ._op import attention, attention_fp8, reference, reference_backward
+    from ._sparse import block_sparse_attention, cube_sizes, from_cubes, to_cubes, vsa
 
 
 def library_path():

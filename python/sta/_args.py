@@ -89,6 +89,10 @@ def expected(d):
         return "a " + d["class"]
     if k == "paths":
         return "a list of paths (strings)"
+    if k == "fraction":
+        return "a number in [0, 1)"
+    if k == "ints":
+        return "an i32 tensor or a list of integers"
     return k
 
 
@@ -176,6 +180,23 @@ def _windows(name, v, d):
     return tuple([_triple("%s[%d]" % (name, i + 1), w, el) for i, w in enumerate(v)])
 
 
+def _is_list(v):
+    return isinstance(v, (list, tuple))
+
+
+def _ints(name, v, d):
+    """ints as lists: every leaf an int32 >= d's min, named by its place
+    (idx[1][2][1][3]); nested lists stay nested (sta.options.check_ints)."""
+    el = {"kind": "int32"}
+    if "min" in d:
+        el["min"] = d["min"]
+    out = []
+    for i, x in enumerate(v):
+        at = "%s[%d]" % (name, i + 1)
+        out.append(_ints(at, x, d) if _is_list(x) else _int(at, x, el, 32))
+    return tuple(out)
+
+
 def check_value(name, v, d, is_a=None):
     """One value against its definition, normalized (sta.options.check_value)."""
     k = d["kind"]
@@ -216,8 +237,16 @@ def check_value(name, v, d, is_a=None):
                            % (name, i + 1, show(p)))
             out.append(p)
         return tuple(out)
+    if k == "fraction":
+        if isinstance(v, bool) or not isinstance(v, numbers.Real) or not 0 <= v < 1:
+            _fail(name, v, d)
+        return float(v)
+    if k == "ints" and _is_list(v):
+        return _ints(name, v, d)
     if k == "output" and isinstance(v, bool):
         return v
+    if k == "ints" and is_a is None:
+        _fail(name, v, d)
     if is_a is not None and not is_a(v, d.get("class", "tensor")):
         _fail(name, v, d)
     return v
@@ -268,12 +297,17 @@ def check(call, given, is_a=None):
             if v is not None:
                 raise _bad(_E_ARGUMENT, "%s: given twice (as %s and %s)" % (n, n, a))
             v, used = given[a], a
+        either = d.get("either")
         if v is None:
             if required[n]:
                 raise _bad(_E_ARGUMENT, "%s: required (%s)" % (n, d["doc"]))
+            if either is not None and given.get(either) is None and either in names:
+                raise _bad(_E_ARGUMENT, "%s: required (%s), or %s" % (n, d["doc"], either))
             if isinstance(d.get("default"), int):
                 out[n] = d["default"]
         else:
+            if either is not None and given.get(either) is not None:
+                raise _bad(_E_ARGUMENT, "%s: given with %s (give one of them)" % (n, either))
             out[n] = check_value(used, v, d, is_a)
     for n in list(out):
         ex = OPTIONS[n].get("excludes", ())
@@ -286,7 +320,7 @@ def check(call, given, is_a=None):
 # ---- enum values as sta.h's numbers ------------------------------------------
 
 _ENUMS = {name: {v: i for i, v in enumerate(OPTIONS[name]["values"])}
-          for name in ("layout", "order", "softmax", "precision", "device")}
+          for name in ("layout", "order", "softmax", "precision", "device", "mode")}
 
 
 def enum(name, value):

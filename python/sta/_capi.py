@@ -25,12 +25,14 @@ from .errors import Error, LibraryNotFound, error_class
 
 # ---- status, enums ---------------------------------------------------------
 STA_OK = 0
-STA_F32, STA_F16, STA_BF16, STA_F8E4M3 = 0, 1, 2, 3
+STA_F32, STA_F16, STA_BF16, STA_F8E4M3, STA_I32 = 0, 1, 2, 3, 4
 STA_CPU, STA_CUDA = 0, 1
 STA_BSHD, STA_BHSD = 0, 1
 STA_SOFTMAX_EXACT, STA_SOFTMAX_FAST = 0, 1
 STA_PRECISION_NATIVE, STA_PRECISION_FP8 = 0, 1
 STA_ORDER_UNTILED, STA_ORDER_TILED = 0, 1
+STA_MASK_WINDOW, STA_MASK_BLOCKS, STA_MASK_WINDOW_OR_BLOCKS = 0, 1, 2
+STA_LAYER_STA, STA_LAYER_VSA = 0, 1
 
 # ---- struct mirrors (sta.h) -------------------------------------------------
 _enum = C.c_int  # C enums are int-sized on every ABI sta builds for
@@ -41,13 +43,24 @@ class Geometry(C.Structure):
                 ("text_len", C.c_int64), ("order", _enum)]
 
 
+class BlockList(C.Structure):
+    # sta_block_list: the tensors are sta_tensor handles
+    _fields_ = [("block_rows", C.c_int32), ("num", C.c_void_p), ("idx", C.c_void_p),
+                ("kv_sizes", C.c_void_p), ("q_sizes", C.c_void_p)]
+
+
 class AttentionDesc(C.Structure):
-    # mask and blocks (block-sparse masks, sta.h) are mirrored for the
-    # struct's size and left 0 / NULL: the window mask
+    # mask 0 (the window) and blocks NULL unless a block list is given
     _fields_ = [("geom", Geometry), ("layout", _enum), ("n_windows", C.c_int32),
                 ("windows", C.POINTER(C.c_int32)), ("scale", C.c_float),
                 ("softmax", _enum), ("deterministic", C.c_int32), ("precision", _enum),
-                ("mask", _enum), ("blocks", C.c_void_p)]  # mask 0: the window
+                ("mask", _enum), ("blocks", C.POINTER(BlockList))]
+
+
+class VsaDesc(C.Structure):
+    _fields_ = [("layout", _enum), ("block_rows", C.c_int32), ("topk", C.c_int32),
+                ("scale", C.c_float), ("deterministic", C.c_int32),
+                ("kv_sizes", C.c_void_p), ("q_sizes", C.c_void_p)]
 
 
 class LayerDesc(C.Structure):
@@ -56,7 +69,8 @@ class LayerDesc(C.Structure):
                 ("sp_rank", C.c_int32), ("sp_size", C.c_int32),
                 ("geom", Geometry), ("layout", _enum), ("backend", _enum),
                 ("scale", C.c_float), ("strategy", C.c_void_p), ("softmax", _enum),
-                ("precision", _enum)]
+                ("precision", _enum), ("mode", _enum), ("cube", C.c_int32 * 3),
+                ("dense_steps", C.c_int32)]
 
 
 class TuneReport(C.Structure):
@@ -65,6 +79,7 @@ class TuneReport(C.Structure):
 
 
 STRUCTS = {"sta_geometry": Geometry, "sta_attention_desc": AttentionDesc,
+           "sta_block_list": BlockList, "sta_vsa_desc": VsaDesc,
            "sta_layer_desc": LayerDesc, "sta_tune_report": TuneReport}
 
 # ---- function declarations ----------------------------------------------------
@@ -73,6 +88,7 @@ _i32, _i64, _u64 = C.c_int32, C.c_int64, C.c_uint64
 _i32p, _i64p = C.POINTER(C.c_int32), C.POINTER(C.c_int64)
 _s, _st = C.c_char_p, _enum
 _desc = C.POINTER(AttentionDesc)
+_vdesc = C.POINTER(VsaDesc)
 _geom = C.POINTER(Geometry)
 
 # name: (restype, argtypes).  Handles are void pointers.
@@ -106,6 +122,17 @@ FUNCS = {
     "sta_attention_backward": (_st, [_desc, _p, _p, _p, _p, _p, _p, _p, _p, _p]),
     "sta_attention_backward_reference": (_st, [_desc, _p, _p, _p, _p, _p, _p, _p]),
     "sta_attention_flops": (C.c_double, [_desc, _i64, _i64, _i64, _i64]),
+    # video sparse attention
+    "sta_vsa_topk": (_st, [C.c_double, _i64, _i32p]),
+    "sta_vsa_cube_count": (_st, [_i32p, _i32p, _i64p]),
+    "sta_vsa_cube_sizes": (_st, [_p, _i32p, _i32p]),
+    "sta_tensor_to_cubes": (_st, [_p, _p, _i32p, _i32p, _enum]),
+    "sta_tensor_from_cubes": (_st, [_p, _p, _i32p, _i32p, _enum]),
+    "sta_vsa_forward": (_st, [_vdesc, _p, _p, _p, _p, _p, _p]),
+    "sta_vsa_backward": (_st, [_vdesc, _p, _p, _p, _p, _p, _p, _p, _p, _p, _p, _p]),
+    "sta_vsa_coarse": (_st, [_vdesc, _p, _p, _p, _p, _p, _p, _p]),
+    "sta_vsa_reference": (_st, [_vdesc, _p, _p, _p, _p, _p, _p]),
+    "sta_vsa_backward_reference": (_st, [_vdesc, _p, _p, _p, _p, _p, _p, _p, _p, _p]),
     # backends
     "sta_backend_available": (_i32, [_enum]),
     "sta_backend_describe": (_s, [_enum]),
@@ -146,6 +173,8 @@ FUNCS = {
     "sta_forward_batch_size": (_i32, [_p]),
     "sta_forward_batch_set_negative": (None, [_p, _i32]),
     "sta_forward_batch_is_negative": (_i32, [_p]),
+    "sta_forward_batch_set_vsa_sparsity": (_st, [_p, C.c_double]),
+    "sta_forward_batch_vsa_sparsity": (C.c_double, [_p]),
     "sta_forward_batch_records": (_i32, [_p, _i32]),
     "sta_forward_batch_record": (_st, [_p, _i32, _i32, _i32, _i32, _i32p, _i32,
                                        C.POINTER(C.c_float), C.POINTER(C.c_float)]),
@@ -170,6 +199,7 @@ FUNCS = {
     "sta_layer_forward_lse": (_st, [_p, _p, _p, _p, _p, _p]),
     "sta_layer_backward": (_st, [_p, _p, _p, _p, _p, _p, _p, _p, _p, _p]),
     "sta_layer_resolve": (_st, [_p, _p, _desc, _i32p]),
+    "sta_layer_resolve_vsa": (_st, [_p, _p, _vdesc, _i32p, _i32p]),
     # tuning
     "sta_tune": (_st, [_pp, _i32, C.POINTER(_s), _i32, _i32p, C.POINTER(TuneReport)]),
     "sta_tune_defaults": (None, [_i32p, _i32p]),

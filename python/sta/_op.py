@@ -23,7 +23,7 @@ import torch
 
 from . import _args, _capi
 from ._capi import (AttentionDesc, Geometry, STA_BF16, STA_BSHD, STA_CPU, STA_CUDA, STA_F16,
-                    STA_F32, STA_F8E4M3, STA_PRECISION_FP8)
+                    STA_F32, STA_F8E4M3, STA_I32, STA_PRECISION_FP8)
 from ._args import _E_ARGUMENT, _E_DTYPE, _E_SHAPE, _bad
 
 __all__ = ["attention", "attention_fp8", "reference", "reference_backward", "CUSTOM_OP"]
@@ -34,6 +34,7 @@ _DTYPES = {torch.float32: STA_F32, torch.float16: STA_F16, torch.bfloat16: STA_B
 _F8 = tuple(t for t in (getattr(torch, "float8_e4m3fn", None), torch.uint8) if t is not None)
 _WRAP_DTYPES = dict(_DTYPES)
 _WRAP_DTYPES.update({t: STA_F8E4M3 for t in _F8})
+_WRAP_DTYPES[torch.int32] = STA_I32  # block lists and sizes (sta_block_list, sta_vsa_desc)
 _PLAIN = (torch.Tensor, torch.nn.Parameter)
 
 
@@ -266,34 +267,41 @@ def _last_dim_dense(t):
     return t if t.shape[-1] <= 1 or t.stride(-1) == 1 else t.contiguous()
 
 
-def _backward(q, k, v, out, lse, dout, dlse, spec):
-    """dq, dk, dv of STA; dlse (or None): the gradient reaching lse."""
-    desc = _desc(spec, q)
+def _backward_with(run, q, k, v, out, lse, dout, dlse, layout):
+    """dq, dk, dv of an attention whose sta_attention_backward run(tensors)
+    calls (its descriptor fixed: the window's or a block list's); dlse (or
+    None): the gradient reaching lse."""
     dout = _last_dim_dense(dout)
     dq = torch.empty(q.shape, dtype=q.dtype, device=q.device)
-    dk = torch.empty(q.shape, dtype=q.dtype, device=q.device)
-    dv = torch.empty(q.shape, dtype=q.dtype, device=q.device)
-    _call("sta_attention_backward", desc, (q, k, v, out, lse, dout, dq, dk, dv), q.device)
+    dk = torch.empty(k.shape, dtype=q.dtype, device=q.device)
+    dv = torch.empty(k.shape, dtype=q.dtype, device=q.device)
+    run((q, k, v, out, lse, dout, dq, dk, dv))
     if dlse is not None:
         # d lse_i / d s_ij = P_ij adds P_ij * dlse_i to dS_ij.  The backward
         # computes dS_ij = P_ij (dout_i . v_j - dout_i . out_i): with v' = 0,
         # out' = -e_0 and dout' = dlse_i e_0 that is exactly P_ij dlse_i.
         # (materialised, not stride-0 views: every kernel path takes them)
         g = dlse.to(q.dtype)  # [B, heads, S]
-        g = g.transpose(1, 2) if spec.layout == STA_BSHD else g
+        g = g.transpose(1, 2) if layout == STA_BSHD else g
         dout2 = torch.zeros(q.shape, dtype=q.dtype, device=q.device)
         dout2[..., 0] = g
-        zero = torch.zeros(q.shape, dtype=q.dtype, device=q.device)
+        zero = torch.zeros(k.shape, dtype=q.dtype, device=q.device)
         neg_e0 = torch.zeros(q.shape, dtype=q.dtype, device=q.device)
         neg_e0[..., 0] = -1
         dq2 = torch.empty_like(dq)
         dk2 = torch.empty_like(dk)
         dv2 = torch.empty_like(dv)
-        _call("sta_attention_backward", desc, (q, k, zero, neg_e0, lse, dout2, dq2, dk2, dv2),
-              q.device)
+        run((q, k, zero, neg_e0, lse, dout2, dq2, dk2, dv2))
         dq += dq2
         dk += dk2
     return dq, dk, dv
+
+
+def _backward(q, k, v, out, lse, dout, dlse, spec):
+    """dq, dk, dv of STA; dlse (or None): the gradient reaching lse."""
+    desc = _desc(spec, q)
+    return _backward_with(lambda ts: _call("sta_attention_backward", desc, ts, q.device),
+                          q, k, v, out, lse, dout, dlse, spec.layout)
 
 
 # ---- autograd ---------------------------------------------------------------------
@@ -385,27 +393,36 @@ if CUSTOM_OP:
             return op.redispatch(keyset & _AFTER_AUTOGRAD, *args)
 
     class _OpBackwardFunction(torch.autograd.Function):
-        """sta::attention_backward under autograd: no double backward."""
+        """An op's backward (sta::<name>_backward) under autograd: no double
+        backward."""
 
         @staticmethod
-        def forward(ctx, keyset, *args):
-            return _below_autograd(_ATTENTION_BACKWARD, _attention_backward_kernel, keyset, args)
+        def forward(ctx, name, op, kernel, keyset, *args):
+            ctx.name = name
+            return _below_autograd(op, kernel, keyset, args)
 
         @staticmethod
         def backward(ctx, *grads):
-            raise RuntimeError("sta.attention: the backward is not differentiable (no double "
-                               "backward through sta::attention_backward)")
+            raise RuntimeError("sta.%s: the backward is not differentiable (no double "
+                               "backward through sta::%s_backward)" % (ctx.name, ctx.name))
+
+    def _backward_autograd(name, op, kernel, n_tensors):
+        """The Autograd kernel of sta::<name>_backward (op; kernel below
+        autograd), whose first n_tensors arguments may require grad."""
+        def autograd(keyset, *args):
+            if _grad_enabled() and any(isinstance(t, torch.Tensor) and t.requires_grad
+                                       for t in args[:n_tensors]):
+                return _OpBackwardFunction.apply(name, op, kernel, keyset, *args)
+            return _below_autograd(op, kernel, keyset, args)
+        return autograd
 
     def _attention_autograd(keyset, q, k, v, *args):
         if _grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
             return _AttentionFunction.apply(q, k, v, _spec_of(*args[:-1]), args[-1], keyset)
         return _below_autograd(_ATTENTION, _attention_kernel, keyset, (q, k, v) + args)
 
-    def _attention_backward_autograd(keyset, *args):
-        if _grad_enabled() and any(isinstance(t, torch.Tensor) and t.requires_grad
-                                   for t in args[:7]):
-            return _OpBackwardFunction.apply(keyset, *args)
-        return _below_autograd(_ATTENTION_BACKWARD, _attention_backward_kernel, keyset, args)
+    _attention_backward_autograd = _backward_autograd(
+        "attention", _ATTENTION_BACKWARD, _attention_backward_kernel, 7)
 
     for _name, _kernel, _fake, _autograd in (
             ("attention", _attention_kernel, _attention_fake, _attention_autograd),

@@ -1,4 +1,6 @@
-"""FastVideo's sliding_tile_attention, with its signature and semantics.
+"""FastVideo's attention calls with their signatures and semantics:
+sliding_tile_attention, video_sparse_attn (VSA) and block_sparse_attn
+(block lists), on libsta.
 
     from sta.fastvideo import sliding_tile_attention
     out = sliding_tile_attention(q, k, v, window_size, text_length,
@@ -20,16 +22,50 @@ libsta reads the tiled order in place (sta_geometry.order =
 STA_ORDER_TILED): q, k, v are handed to the kernels as they are, strided
 views included, with no conversion copy; the call is sta.attention(...,
 layout="bhsd", order="tiled") and differentiable like it.
+
+    from sta.fastvideo import video_sparse_attn, block_sparse_attn
+    out = video_sparse_attn(q, k, v, variable_block_sizes, q_variable_block_sizes,
+                            topk, block_size=(4, 4, 4), compress_attn_weight=gate)
+    out, lse = block_sparse_attn(q, k, v, q2k_idx, q2k_num, variable_block_sizes)
+
+As fastvideo_kernel's: q, k, v [B, heads, S, D] in VSA's cube order (each
+cube's tokens first, padding rows after), variable_block_sizes the valid
+tokens of each key cube ([Mk]; q_variable_block_sizes of each query cube),
+block_size a cube (4, 4, 4) / (4, 8, 8) or its tokens (64 / 256; an int
+b other than 64 and 256 is the cube (b, b, b), as FastVideo reads it),
+compress_attn_weight the gate of the coarse branch (q's shape; None: 1);
+q2k_idx [B, heads, Mq, L] and q2k_num [B, heads, Mq] the key blocks of each
+query block (or, as FastVideo's newer block_sparse_attn, a bool block map
+[B, heads, Mq, Mk] in q2k_idx's place and variable_block_sizes in
+q2k_num's).  Any integer dtype, on any device: converted to int32 on q's.
+Both are differentiable in q, k, v (and the gate), as FastVideo's.
+
+Where sta differs (STA.md section 12, "Differences from FastVideo"): the
+top-k is exactly topk per query cube, ties to the lower index (FastVideo's
+fused top-k may keep more on ties); padding rows (the places of a border
+cube with no token) come out 0 and get zero gradients, where FastVideo
+leaves the coarse output there and lets the gradient of a mean reach them
+(callers drop padding rows when they return to the untiled order, so a
+drop-in user sees no difference); the means read only valid rows and stay
+float32 (FastVideo sums the zero-filled cube and rounds to the input
+dtype, its scores bf16), so near-ties may select differently; topk above
+the key cubes is clamped here, as FastVideo does; block_sparse_attn's lse
+is [B, heads, S] in natural log (FastVideo's kernels return theirs in
+their own formats) and differentiable; a query block with an empty list
+outputs 0.
 """
 import ctypes as C
 import torch
 
 from . import _capi
 from ._capi import Geometry, STA_BSHD
-from ._args import _E_WINDOW, _bad, triple
-from ._op import attention
+from ._args import _E_ARGUMENT, _E_SHAPE, _E_WINDOW, _bad, check_value, triple
+from ._capi import STA_BHSD
+from ._op import _check_tensors, attention
+from ._sparse import BlockSpec, VsaSpec, _block_call, _i32, _vsa_call
 
-__all__ = ["sliding_tile_attention", "tiled_order"]
+__all__ = ["sliding_tile_attention", "tiled_order", "video_sparse_attn", "block_sparse_attn",
+           "block_sparse_attn_from_indices"]
 
 _orders = {}  # tiled_order's
 
@@ -88,3 +124,74 @@ def sliding_tile_attention(q, k, v, window_size, text_length, has_text=True,
                    % (q.shape[1], len(wins)))
     return attention(q, k, v, canvas=canvas, window=wins,  # the core's tile: FastVideo's
                      text_len=text_length if has_text else 0, layout="bhsd", order="tiled")
+
+
+_TOPK = {"kind": "int32", "min": 1}
+
+
+def _block_elements(block_size):
+    """The rows of a cube: block_size's product, or 64 / 256 as given."""
+    if isinstance(block_size, bool) or not isinstance(block_size, (int, tuple, list)):
+        raise _bad(_E_ARGUMENT, "block_size: expected a cube (t, h, w) or its tokens (64 or "
+                                "256), got %r" % (block_size,))
+    if isinstance(block_size, int):
+        return block_size if block_size in (64, 256) else block_size ** 3
+    t = triple(block_size, "block_size")
+    return t[0] * t[1] * t[2]
+
+
+def video_sparse_attn(q, k, v, variable_block_sizes, q_variable_block_sizes=None, topk=None,
+                      block_size=64, compress_attn_weight=None):
+    """fastvideo_kernel.video_sparse_attn on libsta (see the module doc):
+    out [B, heads, Sq, D]."""
+    _check_tensors(("q", "k", "v"), (q, k, v))
+    br = _block_elements(block_size)
+    if k.shape[2] % br:
+        raise _bad(_E_SHAPE, "k: %d rows, expected a multiple of the cube's %d"
+                   % (k.shape[2], br))
+    mk = k.shape[2] // br
+    topk = min(check_value("topk", topk, _TOPK), max(mk, 1))  # FastVideo clamps it
+    kvs = _i32("variable_block_sizes", variable_block_sizes, q.device).reshape(-1)
+    qs = _i32("q_variable_block_sizes", q_variable_block_sizes, q.device)
+    if compress_attn_weight is not None:
+        _check_tensors(("q", "compress_attn_weight"), (q, compress_attn_weight))
+    return _vsa_call(q, k, v, compress_attn_weight, kvs, qs.reshape(-1) if qs is not None else None,
+                     VsaSpec(br, topk, STA_BHSD, 0, 0.0))
+
+
+def block_sparse_attn_from_indices(q, k, v, q2k_idx, q2k_num, variable_block_sizes=None):
+    """Attention over each query block's listed key blocks, FastVideo's
+    block_sparse_attn_from_indices: (out, lse), q, k, v [B, heads, S, D]."""
+    _check_tensors(("q", "k", "v"), (q, k, v))
+    kvs = _i32("variable_block_sizes", variable_block_sizes, q.device)
+    br = 64
+    if kvs is not None:
+        kvs = kvs.reshape(-1)
+        if kvs.numel() < 1 or k.shape[2] % kvs.numel():
+            raise _bad(_E_SHAPE, "variable_block_sizes: %d blocks do not divide k's %d rows"
+                       % (kvs.numel(), k.shape[2]))
+        br = k.shape[2] // kvs.numel()
+    for name, t in (("q2k_idx", q2k_idx), ("q2k_num", q2k_num)):
+        if not isinstance(t, torch.Tensor):
+            raise _bad(_E_ARGUMENT, "%s: expected a torch.Tensor, got %s"
+                       % (name, type(t).__name__))
+    return _block_call(q, k, v, _i32("q2k_idx", q2k_idx, q.device),
+                       _i32("q2k_num", q2k_num, q.device), kvs, None,
+                       BlockSpec(br, STA_BHSD, 0, 0.0), True)
+
+
+def block_sparse_attn(q, k, v, q2k_idx, q2k_num, variable_block_sizes=None):
+    """FastVideo's block_sparse_attn: (out, lse) of q, k, v [B, heads, S, D]
+    over the key blocks of q2k_idx / q2k_num (block_sparse_attn_from_indices);
+    or, FastVideo's newer form, block_sparse_attn(q, k, v, block_map,
+    variable_block_sizes) with a bool block map [B, heads, Mq, Mk] (or
+    [heads, Mq, Mk])."""
+    if isinstance(q2k_idx, torch.Tensor) and q2k_idx.dtype == torch.bool:
+        if variable_block_sizes is not None:
+            raise _bad(_E_ARGUMENT, "variable_block_sizes: given twice (a block map takes the "
+                                    "sizes in q2k_num's place)")
+        m = q2k_idx.unsqueeze(0) if q2k_idx.dim() == 3 else q2k_idx
+        # the listed blocks first, ascending: a stable sort of "not listed"
+        idx = torch.sort((~m).to(torch.uint8), dim=-1, stable=True).indices
+        return block_sparse_attn_from_indices(q, k, v, idx, m.sum(-1), q2k_num)
+    return block_sparse_attn_from_indices(q, k, v, q2k_idx, q2k_num, variable_block_sizes)

@@ -28,9 +28,9 @@ import os
 import weakref
 
 from . import _args, _capi
-from ._args import _E_ARGUMENT, _bad, enum, triple
-from ._capi import AttentionDesc, LayerDesc, TuneReport, ints
-from .errors import StateError, UnsupportedError
+from ._args import _E_ARGUMENT, _bad, triple
+from ._capi import TuneReport, ints
+from .errors import StateError
 
 __all__ = ["Strategy", "Metadata", "ForwardBatch", "ForwardContext", "forward_context",
            "current_context", "context_depth", "in_forward_pass", "Layer", "tune",
@@ -296,12 +296,25 @@ class ForwardBatch(_Handle):
     _destroy = "sta_forward_batch_destroy"
     _what = "forward batch"
 
-    def __init__(self, batch_size=None, negative=None, **unknown):
+    def __init__(self, batch_size=None, negative=None, vsa_sparsity=None, **unknown):
         if unknown:
             raise _args.unknown("forward_batch", unknown)
-        o = _args.check("forward_batch", dict(batch_size=batch_size, negative=negative))
+        o = _args.check("forward_batch", dict(batch_size=batch_size, negative=negative,
+                                              vsa_sparsity=vsa_sparsity))
         super().__init__(_new(_L().sta_forward_batch_create, o["batch_size"]))
         self.negative = o.get("negative", False)
+        self.vsa_sparsity = o.get("vsa_sparsity", 0.0)
+
+    @property
+    def vsa_sparsity(self):
+        """The sparsity of VSA layers (SGLang's VSA_sparsity), in [0, 1): the
+        fraction of key cubes each query cube leaves out; set it per step."""
+        return float(_L().sta_forward_batch_vsa_sparsity(self.handle))
+
+    @vsa_sparsity.setter
+    def vsa_sparsity(self, s):
+        s = _args.check_value("vsa_sparsity", s, _args.OPTIONS["vsa_sparsity"])
+        _L().check(_L().sta_forward_batch_set_vsa_sparsity(self.handle, s))
 
     @property
     def size(self):
@@ -514,173 +527,6 @@ def layer_index_from_prefix(prefix):
     return i.value
 
 
-class Layer(_Handle):
-    """An STA attention layer: runs with the live context's windows for its
-    (step, layer, heads), from the context's metadata or its own strategy
-    (STA.md sections 5-7; search rows run the mask search).
-
-    Options (sta's option schema, as sta.layer{...} in Lua): heads (this
-    rank's) and head_dim, required; prefix (the module name, layer =
-    int(prefix.split('.')[-3])) or layer; canvas (absent: FastVideo's known
-    shape by seq_len), tile, text_len; order "untiled" or "tiled"
-    (FastVideo's tiled token order, read in place); layout "bshd"/"bhsd";
-    device "cpu"/"cuda" (alias backend); scale (absent: 1/sqrt(D));
-    softmax, precision; strategy (used when the context has no metadata);
-    sp_rank, sp_size (heads split over ranks).
-
-    layer(q, k, v) returns out.  Inputs that require grad are differentiable:
-    the forward resolves the attention it runs (sta_layer_resolve: windows,
-    scale, geometry) and runs it as sta.attention does, and the backward
-    uses exactly that (STA.md section 10), whatever the context, the
-    strategy or the layer hold by then.  The backward of a search-mode
-    forward raises UnsupportedError.
-    """
-
-    _destroy = "sta_layer_destroy"
-    _what = "layer"
-
-    def __init__(self, *, heads=None, head_dim=None, prefix=None, layer=None, canvas=None,
-                 tile=None, text_len=None, order=None, layout=None, device=None, scale=None,
-                 softmax=None, precision=None, strategy=None, sp_rank=None, sp_size=None,
-                 **unknown):
-        given = dict(heads=heads, head_dim=head_dim, prefix=prefix, layer=layer, canvas=canvas,
-                     tile=tile, text_len=text_len, order=order, layout=layout, device=device,
-                     scale=scale, softmax=softmax, precision=precision, strategy=strategy,
-                     sp_rank=sp_rank, sp_size=sp_size)
-        if "backend" in unknown:  # the schema's alias of device
-            given["backend"] = unknown.pop("backend")
-        if unknown:
-            raise _args.unknown("layer", unknown)
-        o = _args.check("layer", given, _is_a)
-        L = _L()
-        d = LayerDesc()
-        self._prefix = _path(prefix, "prefix") if prefix is not None else None
-        d.prefix = self._prefix
-        d.layer_index = o["layer"]
-        d.local_heads, d.head_dim = o["heads"], o["head_dim"]
-        d.sp_rank, d.sp_size = o["sp_rank"], o["sp_size"]
-        if "canvas" in o:  # else FastVideo's known canvases by seq_len
-            L.sta_geometry_init(C.byref(d.geom), *o["canvas"])
-            if "tile" in o:
-                d.geom.tile[:] = o["tile"]
-            if "text_len" in o:
-                d.geom.text_len = o["text_len"]
-        d.geom.order = enum("order", o.get("order"))
-        d.layout = enum("layout", o.get("layout"))
-        d.backend = enum("device", o.get("device"))
-        d.scale = o.get("scale", 0.0)
-        d.softmax = enum("softmax", o.get("softmax"))
-        d.precision = enum("precision", o.get("precision"))
-        d.strategy = strategy.handle if strategy is not None else None
-        self._strategy = strategy
-        super().__init__(_new(L.sta_layer_create, C.byref(d)))
-        self._desc = d
-        self.device = o.get("device", "cpu")
-        self.layout = o.get("layout", "bshd")
-
-    @property
-    def index(self):
-        return int(_L().sta_layer_index(self.handle))
-
-    @property
-    def strategy(self):
-        return self._strategy
-
-    @strategy.setter
-    def strategy(self, s):
-        _optional(s, Strategy, "strategy")
-        _L().check(_L().sta_layer_set_strategy(self.handle, s.handle if s is not None else None))
-        self._strategy = s
-
-    def forward(self, q, k, v):
-        """out = STA(q, k, v) with the live context's windows for this layer;
-        differentiable (the backward uses this forward's windows, scale and
-        geometry, kept with it)."""
-        import torch
-        from ._op import _check_tensors, _run_attention
-        _check_tensors(("q", "k", "v"), (q, k, v))
-        if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
-            spec, search = self._resolve(q)
-            if spec is not None:
-                return _run_attention(q, k, v, spec, False)
-            return _search_function().apply(self, q, k, v, search)
-        out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
-        _layer_call(self, "sta_layer_forward", (q, k, v, out))
-        return out
-
-    __call__ = forward
-
-    def _resolve(self, q):
-        """(the Spec of the attention the forward runs for q under the live
-        context, None), or (None, the UnsupportedError of a search row)."""
-        from ._op import Spec, _handles
-        L = _L()
-        d = AttentionDesc()
-        wins = (C.c_int32 * (3 * max(self._desc.local_heads, 1)))()
-        h = _enter()
-        try:
-            rc = L.sta_layer_resolve(self.handle, _handles(L, (q,))[0], C.byref(d), wins)
-        finally:
-            _leave(h)
-        if rc:
-            e = L.error(rc)
-            if isinstance(e, UnsupportedError) and e.status_name == "STA_ERR_UNSUPPORTED":
-                return None, e
-            raise e
-        return Spec(tuple(d.geom.canvas), tuple(d.geom.tile), d.geom.text_len, d.layout,
-                    d.softmax, d.deterministic, d.geom.order, d.precision,
-                    tuple(wins[:3 * d.n_windows]), d.scale), None
-
-    def __repr__(self):
-        return "sta.Layer(released)" if self._h is None else "sta.Layer(%d)" % self.index
-
-
-def _layer_call(layer, fn, tensors):
-    """fn(layer, *tensors) on the tensors' device, with the innermost
-    context on the core's stack for the call."""
-    from ._op import _handles, _run
-    L = _L()
-    hs = _handles(L, tensors)
-    f = getattr(L, fn)
-
-    def call():
-        h = _enter()
-        try:
-            return f(layer.handle, *hs)
-        finally:
-            _leave(h)
-
-    _run(tensors[0].device, call)
-
-
-_SearchFunction = None
-
-
-def _search_function():
-    global _SearchFunction
-    if _SearchFunction is not None:
-        return _SearchFunction
-    import torch
-
-    class SearchFunction(torch.autograd.Function):
-        """A layer's search-mode forward (STA.md section 7): out is the full
-        window's; its backward raises (a search row has no backward)."""
-
-        @staticmethod
-        def forward(ctx, layer, q, k, v, error):
-            out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
-            _layer_call(layer, "sta_layer_forward", (q, k, v, out))
-            ctx.error = error
-            return out
-
-        @staticmethod
-        def backward(ctx, dout):
-            raise ctx.error
-
-    _SearchFunction = SearchFunction
-    return SearchFunction
-
-
 # ---- tuning -------------------------------------------------------------------------
 
 def tune(files=None, skip_steps=None, full=None, **unknown):
@@ -702,3 +548,6 @@ def tune(files=None, skip_steps=None, full=None, **unknown):
     return Strategy(h), {"sparsity": rep.sparsity,
                          "windows": [tuple(rep.windows[i]) for i in range(n)],
                          "counts": [int(rep.counts[i]) for i in range(n)]}
+
+
+from ._layer import Layer  # noqa: E402  (it builds on the classes above)

@@ -481,6 +481,139 @@ def test_layer_on_cuda():
         assert rel_err(a, b) < 1e-2  # equal unless the backward accumulates atomically
 
 
+# ---- block lists and VSA (STA.md section 12) ---------------------------------------
+
+def _ref32(fn, tensors, dout):
+    """fn's out (and lse) in float32 with the gradients of sum(out * dout)."""
+    ts = [t.detach().float().requires_grad_(True) if t is not None else None for t in tensors]
+    res = fn(*ts)
+    out = res[0] if isinstance(res, tuple) else res
+    grads = torch.autograd.grad((out * dout.float()).sum(), [t for t in ts if t is not None])
+    return res, grads
+
+
+def test_block_sparse_cuda():
+    from sparse_ref import block_reference, random_lists, random_sizes
+    rng = fresh_rng()
+    gen = torch.Generator().manual_seed(rng.randrange(1 << 31))
+    for i in range(8):
+        dtype = rng.choice([torch.bfloat16, torch.float16])
+        D, br, layout = rng.choice([64, 128]), rng.choice([64, 128]), rng.choice(["bshd", "bhsd"])
+        B, H, mq, mk = rng.choice([1, 2]), rng.choice([1, 3]), rng.randint(1, 5), rng.randint(1, 6)
+        sq = (B, mq * br, H, D) if layout == "bshd" else (B, H, mq * br, D)
+        sk = (B, mk * br, H, D) if layout == "bshd" else (B, H, mk * br, D)
+        q, = qkv(sq, dtype, True)[:1]
+        k, v = qkv(sk, dtype, True)[:2]
+        idx, num = random_lists(gen, B, H, mq, mk)
+        kvs, qs = random_sizes(gen, mk, br, 16), random_sizes(gen, mq, br, 16)
+        dev = [t.cuda() for t in (idx, num, kvs, qs)]
+        out, lse = sta.block_sparse_attention(q, k, v, *dev, br, layout=layout, return_lse=True)
+        dout = torch.randn(out.shape, device="cuda").to(dtype)
+        out.backward(dout)
+        (ro, rl), rg = _ref32(lambda a, b, c: block_reference(a, b, c, idx, num, kvs, qs, br,
+                                                              layout=layout), (q, k, v), dout)
+        assert rel_err(out, ro) < TOL[dtype], (i, dtype, D, br, layout)
+        fin = torch.isfinite(rl)
+        assert torch.equal(torch.isfinite(lse), fin)
+        assert (lse[fin] - rl[fin]).abs().max().item() < 2e-2
+        for got, want in zip((q.grad, k.grad, v.grad), rg):
+            assert rel_err(got, want) < GTOL[dtype], (i, dtype, D, br, layout)
+
+
+def test_vsa_cuda():
+    from sparse_ref import vsa_reference
+    rng = fresh_rng()
+    for canvas, cube in (((8, 12, 20), (4, 4, 4)), ((7, 16, 20), (4, 8, 8))):
+        for dtype in (torch.bfloat16, torch.float16):
+            D, layout = rng.choice([64, 128]), rng.choice(["bshd", "bhsd"])
+            n = canvas[0] * canvas[1] * canvas[2]
+            shape = (1, n, 2, D) if layout == "bshd" else (1, 2, n, D)
+            q, k, v, g = (sta.to_cubes(torch.randn(shape, device="cuda").to(dtype), canvas=canvas,
+                                       cube=cube, layout=layout).requires_grad_(True)
+                          for _ in range(4))
+            sizes = sta.cube_sizes(canvas=canvas, cube=cube)
+            topk = sta._sparse._topk(0.5, sizes.numel())
+            out = sta.vsa(q, k, v, canvas=canvas, cube=cube, sparsity=0.5, gate=g, layout=layout)
+            dout = torch.randn(out.shape, device="cuda").to(dtype)
+            out.backward(dout)
+            br = cube[0] * cube[1] * cube[2]
+            ro, rg = _ref32(lambda a, b, c, d: vsa_reference(a, b, c, sizes, br, topk, d,
+                                                             layout=layout), (q, k, v, g), dout)
+            assert rel_err(out, ro) < TOL[dtype], (canvas, dtype, D, layout)
+            for got, want in zip((q.grad, k.grad, v.grad, g.grad), rg):
+                assert rel_err(got, want) < GTOL[dtype], (canvas, dtype, D, layout)
+            # the drop-in, [B, heads, S, D]: the same op
+            if layout == "bhsd":
+                from sta.fastvideo import video_sparse_attn
+                o2 = video_sparse_attn(q.detach(), k.detach(), v.detach(), sizes, sizes, topk,
+                                       block_size=cube, compress_attn_weight=g.detach())
+                assert torch.equal(o2, out.detach())
+
+
+class SparseBlock(torch.nn.Module):
+    """Projections around VSA and block-sparse attention (cube order rows)."""
+
+    def __init__(self, heads, D, canvas, idx, num):
+        super().__init__()
+        self.heads, self.D, self.canvas, self.idx, self.num = heads, D, canvas, idx, num
+        self.qkvg = torch.nn.Linear(heads * D, 4 * heads * D, dtype=torch.bfloat16,
+                                    device="cuda")
+
+    def forward(self, x):
+        B, S, _ = x.shape
+        q, k, v, g = self.qkvg(x).view(B, S, 4, self.heads, self.D).unbind(2)
+        a = sta.vsa(q, k, v, canvas=self.canvas, sparsity=0.5, gate=g)
+        b = sta.block_sparse_attention(q, k, v, self.idx, self.num)
+        return a.float().square().mean() + b.float().square().mean()
+
+
+def _sparse_block():
+    from sparse_ref import random_lists
+    canvas, H, D = (8, 8, 12), 2, 64
+    gen = torch.Generator().manual_seed(fresh_rng().randrange(1 << 31))
+    S = 2 * 2 * 3 * 64
+    idx, num = random_lists(gen, 1, H, S // 64, S // 64)
+    block = SparseBlock(H, D, canvas, idx.cuda(), num.cuda())
+    x = torch.randn(1, S, H * D, device="cuda").to(torch.bfloat16)
+    return block, x
+
+
+def test_sparse_compile_fullgraph():
+    from sta._op import CUSTOM_OP
+    if not CUSTOM_OP:
+        skip("torch < 2.4: no torch.ops.sta")
+    import torch._dynamo
+    block, x = _sparse_block()
+    torch._dynamo.reset()
+    torch._dynamo.utils.counters.clear()
+    compiled = torch.compile(block, fullgraph=True)
+    grads = []
+    for fn in (compiled, block):
+        xg = x.clone().requires_grad_(True)
+        loss = fn(xg)
+        loss.backward()
+        grads.append([loss.detach(), xg.grad] + [p.grad.clone() for p in block.parameters()])
+        block.zero_grad()
+    assert not torch._dynamo.utils.counters["graph_break"]
+    for a, b in zip(*grads):
+        assert rel_err(a, b) < 3e-2
+
+
+def test_sparse_cuda_graphs():
+    from sta._op import CUSTOM_OP
+    if not CUSTOM_OP:
+        skip("torch < 2.4: no torch.ops.sta")
+    import torch._dynamo
+    block, x = _sparse_block()
+    torch._dynamo.reset()
+    compiled = torch.compile(block, mode="reduce-overhead", fullgraph=True)
+    with torch.no_grad():
+        want = block(x)
+        for _ in range(3):  # warm-up, record, replay
+            got = compiled(x)
+    assert rel_err(got, want) < 1e-2
+
+
 # ---- script mode -------------------------------------------------------------------
 
 def main():

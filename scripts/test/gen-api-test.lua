@@ -85,6 +85,7 @@ local NULLABLE = {
   ["sta_vsa_coarse.idx"] = true, ["sta_vsa_coarse.num"] = true,
   ["sta_vsa_reference.gate"] = true, ["sta_vsa_reference.lse"] = true,
   ["sta_vsa_backward_reference.gate"] = true, ["sta_vsa_backward_reference.dgate"] = true,
+  ["sta_layer_resolve_vsa.canvas"] = true, ["sta_layer_resolve_vsa.cube"] = true,
 }
 
 -- Statuses sta.h gives for a NULL argument outside the 1xx group.
@@ -145,7 +146,7 @@ local BY_TYPE = {
   ["const int32_t *"] = "x.win", ["int32_t *"] = "x.iout", ["double *"] = "x.dout",
   ["float *"] = "x.fout", ["sta_dtype *"] = "&x.dtype_out", ["sta_tune_report *"] = "&x.report",
   ["char **"] = "&x.json", ["const char *"] = "x.path_out", ["void *"] = "NULL",
-  ["sta_stats *"] = "&x.stats", ["const sta_vsa_desc *"] = "&x.vdesc",
+  ["sta_stats *"] = "&x.stats", ["const sta_vsa_desc *"] = "&x.vdesc", ["sta_vsa_desc *"] = "&x.vdesc",
   ["int64_t *"] = "&x.i64out",
 }
 
