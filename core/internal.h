@@ -127,24 +127,20 @@ const char *sta_device_name(sta_device d);
 /* STA_ERR_UNSUPPORTED when t is f8e4m3 on a device (name: the argument):
 ** no device kernel computes on it (sta.h, STA_F8E4M3). */
 sta_status sta_f8_device_check(const sta_tensor *t, const char *name);
-/* STA_I32 (core/tensor_i32.c).  mix_check: STA_ERR_DTYPE "<op>: <an> is
-** <dtype> and <bn> is <dtype> (i32 converts to no other dtype)" when
-** exactly one of a, b is i32.  value: v as an int32, or STA_ERR_ARGUMENT
-** unless it is an integer in range.  copy: dst := src, both i32 of one
-** shape, checked by sta_tensor_copy (a device side contiguous, else
-** STA_ERR_UNSUPPORTED).  fill: t := value (a device t contiguous). */
+/* STA_I32's rules (core/tensor_i32.c).  mix_check: STA_ERR_DTYPE "<op>:
+** <an> is <dtype> and <bn> is <dtype> (i32 converts to no other dtype)"
+** when exactly one of a, b is i32.  value: v as an int32, or
+** STA_ERR_ARGUMENT unless it is an integer in range. */
 sta_status sta_i32_mix_check(const char *op, const char *an, const sta_tensor *a,
                              const char *bn, const sta_tensor *b);
 sta_status sta_i32_value(double v, int32_t *out);
-sta_status sta_i32_copy(sta_tensor *dst, const sta_tensor *src);
-sta_status sta_i32_fill(sta_tensor *t, double value);
 /* STA_ERR_SHAPE "<what>: shapes differ (2x3 vs 3x2)"; with names
 ** "<what>: shapes differ (x 2x3 vs y 3x2)". */
 sta_status sta_shape_mismatch(const char *what, const char *an,
                               const sta_tensor *a, const char *bn,
                               const sta_tensor *b);
 
-/* ---- elementwise iteration (core/ops.c; kernels/ops.cuh) -------------- */
+/* ---- elementwise iteration (core/tensor.c; kernels/ops.cuh) ----------- */
 
 /* The common iteration space of up to 3 tensors of one shape, in their
 ** row-major element order (which is the logical index randn draws by):
@@ -162,11 +158,16 @@ typedef struct sta_iter {
 } sta_iter;
 void sta_iter_init(sta_iter *it, int32_t nops, const sta_tensor *const *t);
 
-/* Host loops of the elementwise operations (core/ops.c); tensors checked
-** by the caller, on the host. */
+/* The host loops of the operations on tensors (core/cpu_ops.c), called by
+** core/ops.c; tensors checked by the caller, on the host.  lincomb: out =
+** a*x + b*y (y NULL: a*x).  stats: STA_ERR_NOMEM or the stats of numel > 0
+** elements. */
 void sta_host_copy(sta_tensor *dst, const sta_tensor *src);
 void sta_host_fill(sta_tensor *t, double value);
 void sta_host_randn(sta_tensor *t, uint64_t seed, double mean, double std);
+void sta_host_lincomb(sta_tensor *out, float a, const sta_tensor *x, float b,
+                      const sta_tensor *y);
+sta_status sta_host_stats(const sta_tensor *t, sta_stats *out);
 
 /* ---- overlap (overlap.c) ----------------------------------------------- */
 
@@ -565,7 +566,7 @@ STA_HD float sta_randn_value(double g, double mean, double std) {
   return (float)sta_dadd(mean, sta_dmul(std, g));
 }
 
-/* Normal draw number i of stream seed (sta_randn_pair). */
+/* Normal draw number i of stream seed (sta_randn_pair; core/cpu_ops.c). */
 double sta_randn_at(uint64_t seed, uint64_t i);
 
 /* ---- FastVideo's tiled order; the fp8 forward's operands -------------- */
