@@ -14,7 +14,7 @@
 
 #include "internal.h"
 
-/* ---- copies between devices and dtypes ------------------------------------ */
+/* ---- checks shared by the calls ------------------------------------------ */
 
 static int same_shape(const sta_tensor *a, const sta_tensor *b) {
   if (a->ndim != b->ndim) return 0;
@@ -27,6 +27,8 @@ static int same_shape(const sta_tensor *a, const sta_tensor *b) {
 static sta_status device_backend(sta_device d) {
   return d == STA_CPU || sta_backend_available(d) ? STA_OK : sta_backend_missing(d);
 }
+
+/* ---- copies between devices and dtypes ------------------------------------ */
 
 /* src converted to dt, contiguous, into host memory at host (src on a
 ** device): converted on the device first when it is not already so; an
@@ -299,20 +301,17 @@ static sta_status check_operands(const char *op, int32_t n, const sta_tensor *co
                                  const char *const *names) {
   for (int32_t i = 0; i < n; i++)
     STA_CHECK_HANDLE(t[i], STA_KIND_TENSOR, names[i]);
-  for (int32_t i = 1; i < n; i++) {
-    int same = t[i]->ndim == t[0]->ndim;
-    for (int32_t d = 0; same && d < t[0]->ndim; d++) same = t[i]->shape[d] == t[0]->shape[d];
-    if (!same) return sta_shape_mismatch(op, names[0], t[0], names[i], t[i]);
-  }
+  for (int32_t i = 1; i < n; i++)
+    if (!same_shape(t[i], t[0])) return sta_shape_mismatch(op, names[0], t[0], names[i], t[i]);
   sta_device dev = t[0]->storage->device;
   for (int32_t i = 1; i < n; i++)
     if (t[i]->storage->device != dev)
       return sta_error(STA_ERR_ARGUMENT, "%s: devices differ (%s %s vs %s %s)", op, names[0],
                        sta_device_name(dev), names[i], sta_device_name(t[i]->storage->device));
-  if (dev != STA_CPU && !sta_backend_available(dev)) return sta_backend_missing(dev);
+  sta_status rc = device_backend(dev);
+  if (rc != STA_OK) return rc;
   for (int32_t i = 0; i < n; i++) {
-    sta_status rc = sta_f8_device_check(t[i], names[i]);
-    if (rc != STA_OK) return rc;
+    if ((rc = sta_f8_device_check(t[i], names[i])) != STA_OK) return rc;
     if (t[i]->dtype == STA_I32) /* sta.h, STA_I32 */
       return sta_error(STA_ERR_UNSUPPORTED, "%s: %s is i32 (no operation computes on i32: it "
                        "holds block lists)", op, names[i]);
