@@ -96,8 +96,10 @@ $(BUILD)/libsta.so: $(CORE_OBJ) $(CU_OBJ)
 	$(call say,LINK  $@)
 	$(CC) -shared -o $@ $^ $(LDFLAGS) $(LIBS)
 
-$(BUILD)/sta-run: scripts/sta-run.c $(BUILD)/libsta.a
-	$(CC) $(CFLAGS) $(STA_CFLAGS) $< -o $@ $(BUILD)/libsta.a $(LDFLAGS) $(LIBS)
+# sta-run: the options and the STA run, its files, --mode vsa
+STA_RUN_SRC = $(sort $(wildcard scripts/sta-run/*.c))
+$(BUILD)/sta-run: $(STA_RUN_SRC) scripts/sta-run/sta-run.h $(BUILD)/libsta.a
+	$(CC) $(CFLAGS) $(STA_CFLAGS) $(STA_RUN_SRC) -o $@ $(BUILD)/libsta.a $(LDFLAGS) $(LIBS)
 
 # The Lua C module: -shared -fPIC, no -llua (the interpreter provides it).
 $(LUA_MOD): $(LUA_CSRC) $(wildcard lua/*.h) $(BUILD)/libsta.a
