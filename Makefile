@@ -83,7 +83,8 @@ $(BUILD)/obj/core/%.o: core/%.c $(wildcard core/*.h core/dist/*.h)
 	$(call say,CC    $<)
 	$(CC) $(CFLAGS) $(STA_CFLAGS) -c $< -o $@
 
-$(BUILD)/obj/kernels/%.o: kernels/%.cu $(wildcard kernels/*.h kernels/*.cuh) core/sta.h core/internal.h core/mask.h
+$(BUILD)/obj/kernels/%.o: kernels/%.cu $(wildcard kernels/*.h kernels/*.cuh) core/sta.h core/internal.h \
+                          core/backend.h core/fp8_internal.h core/vsa_internal.h core/mask.h
 	@mkdir -p $(@D)
 	$(call say,NVCC  $< (CUDA: the slow part))
 	$(NVCC) $(NVCCFLAGS) -c $< -o $@
