@@ -83,7 +83,8 @@ $(BUILD)/obj/core/%.o: core/%.c $(wildcard core/*.h core/dist/*.h)
 	$(call say,CC    $<)
 	$(CC) $(CFLAGS) $(STA_CFLAGS) -c $< -o $@
 
-$(BUILD)/obj/kernels/%.o: kernels/%.cu $(wildcard kernels/*.h kernels/*.cuh) core/sta.h core/internal.h core/mask.h
+$(BUILD)/obj/kernels/%.o: kernels/%.cu $(wildcard kernels/*.h kernels/*.cuh) core/sta.h core/internal.h \
+                          core/backend.h core/fp8_internal.h core/vsa_internal.h core/mask.h
 	@mkdir -p $(@D)
 	$(call say,NVCC  $< (CUDA: the slow part))
 	$(NVCC) $(NVCCFLAGS) -c $< -o $@
@@ -96,8 +97,10 @@ $(BUILD)/libsta.so: $(CORE_OBJ) $(CU_OBJ)
 	$(call say,LINK  $@)
 	$(CC) -shared -o $@ $^ $(LDFLAGS) $(LIBS)
 
-$(BUILD)/sta-run: scripts/sta-run.c $(BUILD)/libsta.a
-	$(CC) $(CFLAGS) $(STA_CFLAGS) $< -o $@ $(BUILD)/libsta.a $(LDFLAGS) $(LIBS)
+# sta-run: the options and the STA run, its files, --mode vsa
+STA_RUN_SRC = $(sort $(wildcard scripts/sta-run/*.c))
+$(BUILD)/sta-run: $(STA_RUN_SRC) scripts/sta-run/sta-run.h $(BUILD)/libsta.a
+	$(CC) $(CFLAGS) $(STA_CFLAGS) $(STA_RUN_SRC) -o $@ $(BUILD)/libsta.a $(LDFLAGS) $(LIBS)
 
 # The Lua C module: -shared -fPIC, no -llua (the interpreter provides it).
 $(LUA_MOD): $(LUA_CSRC) $(wildcard lua/*.h) $(BUILD)/libsta.a

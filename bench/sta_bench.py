@@ -76,7 +76,7 @@ class Sta:
                              "sta_attention_desc differs from Desc" % path)
 
     def set_kernels(self, variant=0, no_tma=0, no_tma_q=0):
-        """The library's test-only kernel settings (core/internal.h:
+        """The library's test-only kernel settings (core/backend.h:
         sta_cuda_set_variant_test, sta_cuda_set_tma_test), process-wide:
         variant 0 the default, 2 one CTA per work item, 9 the 128 x 128
         kernel; no_tma every load by the cp.async gather (forward and

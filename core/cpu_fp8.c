@@ -3,7 +3,7 @@
 ** as the GPU runs it (kernels/fp8_quant.cu writes the same bits;
 ** spec/test_gpu_fp8.c compares them) and the attention over its 8-bit
 ** operands, one query row at a time in double.  The scheme is sta.h's
-** (sta_precision) and internal.h's (sta_fp8_ops), chosen by
+** (sta_precision) and fp8_internal.h's (sta_fp8_ops), chosen by
 ** research/fp8_sim.py; python/tests/test_fp8.py checks this file against
 ** that script's definition.  An emulation for tests and for measuring the
 ** scheme, not a fast path: every query row against each of its keys.

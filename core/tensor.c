@@ -1,6 +1,11 @@
 /*
-** tensor.c -- strided tensors over reference-counted storage, host or
-** device; conversions, fills, element access.
+** tensor.c -- the tensor objects: dtypes, strided tensors over
+** reference-counted storage on the host or a device (creation, wraps,
+** views), their accessors, the iteration space of same-shape tensors,
+** element access.
+** Calls go one way: the operations on tensors (core/ops.c, the host loops
+** of core/cpu_ops.c, kernels/) call this file; it calls none of them, only
+** handles, errors, the backends' allocation and tensor_i32.c's dtype rules.
 */
 #include <math.h>
 #include <stdlib.h>
@@ -391,12 +396,6 @@ sta_status sta_tensor_bshd(const sta_tensor *t, sta_layout layout,
   return STA_OK;
 }
 
-static int same_shape(const sta_tensor *a, const sta_tensor *b) {
-  if (a->ndim != b->ndim) return 0;
-  for (int32_t i = 0; i < a->ndim; i++) if (a->shape[i] != b->shape[i]) return 0;
-  return 1;
-}
-
 sta_status sta_shape_mismatch(const char *what, const char *an, const sta_tensor *a,
                               const char *bn, const sta_tensor *b) {
   char sa[96], sb[96];
@@ -420,177 +419,45 @@ sta_status sta_f8_device_check(const sta_tensor *t, const char *name) {
                    "tensors)", name, sta_device_name(t->storage->device));
 }
 
-/* src converted to dt, contiguous, into host memory at host (src on a
-** device): converted on the device first when it is not already so; an
-** f8e4m3 side converts on the host (its raw bytes fetched). */
-static sta_status fetch(void *host, const sta_tensor *src, sta_dtype dt) {
-  const sta_backend_ops *b = sta_backend_get(src->storage->device);
-  sta_tensor *dc = NULL;
-  const sta_tensor *from = src;
-  sta_status rc = STA_OK;
-  if (src->dtype == STA_F8E4M3 && !sta_tensor_is_contiguous(src))
-    return sta_f8_device_check(src, "src");
-  if ((src->dtype == STA_F8E4M3 || dt == STA_F8E4M3) && src->dtype != dt) {
-    sta_tensor *raw = NULL, *hv = NULL;
-    if (!sta_tensor_is_contiguous(src))
-      rc = sta_error(STA_ERR_UNSUPPORTED, "src: a strided %s tensor on %s converts to %s only "
-                     "through a contiguous copy", sta_dtype_name(src->dtype),
-                     sta_device_name(src->storage->device), sta_dtype_name(dt));
-    if (rc == STA_OK) rc = sta_tensor_create(&raw, src->dtype, STA_CPU, src->ndim, src->shape);
-    if (rc == STA_OK) rc = fetch(sta_tensor_data(raw), src, src->dtype);
-    if (rc == STA_OK) rc = sta_tensor_wrap(&hv, host, dt, STA_CPU, src->ndim, src->shape, NULL);
-    if (rc == STA_OK) sta_host_copy(hv, raw);
-    sta_tensor_destroy(hv);
-    sta_tensor_destroy(raw);
-    return rc;
+/* ---- the iteration space of same-shape tensors ------------------------- */
+
+void sta_iter_init(sta_iter *it, int32_t nops, const sta_tensor *const *t) {
+  int64_t sh[4], st[STA_ITER_OPS][4];
+  int32_t n = 0;
+  memset(it, 0, sizeof *it);
+  it->nops = nops;
+  it->numel = sta_tensor_numel(t[0]);
+  for (int32_t k = 0; k < nops; k++) {
+    it->data[k] = sta_tensor_data(t[k]);
+    it->dtype[k] = (int32_t)t[k]->dtype;
   }
-  if (!sta_tensor_is_contiguous(src) || src->dtype != dt) {
-    rc = sta_tensor_create(&dc, dt, src->storage->device, src->ndim, src->shape);
-    if (rc == STA_OK) rc = b->copy(dc, src);
-    from = dc;
+  for (int32_t d = 0; d < t[0]->ndim; d++) {
+    int64_t size = t[0]->shape[d];
+    int merge = n > 0;
+    if (size == 1) continue;
+    for (int32_t k = 0; k < nops && merge; k++)
+      merge = st[k][n - 1] == t[k]->stride[d] * size;
+    if (merge) {
+      sh[n - 1] *= size;
+      for (int32_t k = 0; k < nops; k++) st[k][n - 1] = t[k]->stride[d];
+      continue;
+    }
+    sh[n] = size;
+    for (int32_t k = 0; k < nops; k++) st[k][n] = t[k]->stride[d];
+    n++;
   }
-  if (rc == STA_OK)
-    rc = b->memcpy(host, STA_CPU, sta_tensor_data(from), from->storage->device,
-                   (size_t)sta_tensor_numel(src) * sta_dtype_size(dt));
-  sta_tensor_destroy(dc);
-  return rc;
-}
-
-/* New contiguous host tensor with src's shape and dtype `dt`, filled from
-** src (any device). */
-static sta_status to_host(sta_tensor **out, const sta_tensor *src, sta_dtype dt) {
-  sta_tensor *h = NULL;
-  sta_status rc = sta_tensor_create(&h, dt, STA_CPU, src->ndim, src->shape);
-  if (rc != STA_OK) return rc;
-  if (src->storage->device == STA_CPU) sta_host_copy(h, src);
-  else if ((rc = fetch(sta_tensor_data(h), src, dt)) != STA_OK) {
-    sta_tensor_destroy(h);
-    return rc;
+  if (n == 0) { /* one element */
+    sh[0] = 1;
+    for (int32_t k = 0; k < nops; k++) st[k][0] = 1;
+    n = 1;
   }
-  *out = h;
-  return STA_OK;
-}
-
-/* Write a contiguous host tensor h (dst's shape and dtype) into device dst. */
-static sta_status from_host(sta_tensor *dst, const sta_tensor *h) {
-  const sta_backend_ops *b = sta_backend_get(dst->storage->device);
-  size_t nbytes = (size_t)sta_tensor_numel(h) * sta_dtype_size(h->dtype);
-  if (sta_tensor_is_contiguous(dst))
-    return b->memcpy(sta_tensor_data(dst), dst->storage->device,
-                     sta_tensor_data(h), STA_CPU, nbytes);
-  sta_tensor *dc = NULL;
-  sta_status rc = sta_tensor_create(&dc, h->dtype, dst->storage->device, h->ndim, h->shape);
-  if (rc == STA_OK)
-    rc = b->memcpy(sta_tensor_data(dc), dst->storage->device, sta_tensor_data(h), STA_CPU, nbytes);
-  if (rc == STA_OK) rc = b->copy(dst, dc);
-  sta_tensor_destroy(dc);
-  return rc;
-}
-
-/* The backend of a device tensor's device, or STA_ERR_BACKEND (a wrapped
-** device pointer in a build or on a machine without that backend). */
-static sta_status device_backend(sta_device d) {
-  return d == STA_CPU || sta_backend_available(d) ? STA_OK : sta_backend_missing(d);
-}
-
-sta_status sta_tensor_copy(sta_tensor *dst, const sta_tensor *src) {
-  STA_CHECK_HANDLE(dst, STA_KIND_TENSOR, "dst");
-  STA_CHECK_HANDLE(src, STA_KIND_TENSOR, "src");
-  if (!same_shape(dst, src)) return sta_shape_mismatch("copy", NULL, dst, NULL, src);
-  sta_device dd = dst->storage->device, sd = src->storage->device;
-  static const char *const DN[1] = {"dst"}, *const SN[1] = {"src"};
-  const sta_tensor *w = dst;
-  sta_status rc = sta_check_writes("copy", 1, 1, &w, DN, 1, &src, SN);
-  if (rc == STA_OK) rc = device_backend(dd);
-  if (rc == STA_OK) rc = device_backend(sd);
-  if (rc == STA_OK) rc = sta_i32_mix_check("copy", "dst", dst, "src", src);
-  if (rc == STA_OK && dst->dtype == STA_I32)
-    return sta_tensor_numel(dst) == 0 ? STA_OK : sta_i32_copy(dst, src);
-  if (rc == STA_OK && dd != STA_CPU && dst->dtype == STA_F8E4M3 &&
-      (dd == sd || !sta_tensor_is_contiguous(dst)))
-    rc = sta_f8_device_check(dst, "dst");
-  if (rc == STA_OK && dd == sd && dd != STA_CPU) rc = sta_f8_device_check(src, "src");
-  if (rc != STA_OK || sta_tensor_numel(dst) == 0) return rc;
-  if (dd == STA_CPU && sd == STA_CPU) { sta_host_copy(dst, src); return STA_OK; }
-  if (dd == sd) return sta_backend_get(dd)->copy(dst, src);
-  if (dd == STA_CPU && sta_tensor_is_contiguous(dst)) return fetch(sta_tensor_data(dst), src, dst->dtype);
-  if (sd == STA_CPU && sta_tensor_is_contiguous(src) && src->dtype == dst->dtype)
-    return from_host(dst, src);
-  sta_tensor *h = NULL;
-  rc = to_host(&h, src, dst->dtype);
-  if (rc == STA_OK) {
-    if (dd == STA_CPU) sta_host_copy(dst, h);
-    else rc = from_host(dst, h);
+  it->ndim = n;
+  for (int32_t i = 0; i < 4; i++) {
+    int32_t j = i - (4 - n);
+    it->shape[i] = j < 0 ? 1 : sh[j];
+    for (int32_t k = 0; k < nops; k++) it->stride[k][i] = j < 0 ? 0 : st[k][j];
   }
-  sta_tensor_destroy(h);
-  return rc;
 }
-
-sta_status sta_tensor_to(sta_tensor **out, const sta_tensor *src,
-                         sta_dtype dtype, sta_device device) {
-  sta_tensor *t = NULL;
-  if (!out) return sta_error(STA_ERR_ARGUMENT, "out: expected a pointer, got NULL");
-  STA_CHECK_HANDLE(src, STA_KIND_TENSOR, "src");
-  sta_status rc = sta_tensor_create(&t, dtype, device, src->ndim, src->shape);
-  if (rc != STA_OK) return rc;
-  rc = sta_tensor_copy(t, src);
-  if (rc != STA_OK) { sta_tensor_destroy(t); return rc; }
-  *out = t;
-  return STA_OK;
-}
-
-/* ---- random numbers and fills ------------------------------------------- */
-
-double sta_randn_at(uint64_t seed, uint64_t i) {
-  double even, odd;
-  sta_randn_pair(seed, i >> 1, &even, &odd);
-  return (i & 1) ? odd : even;
-}
-
-/* A fill or randn writes t: its elements must be distinct. */
-static sta_status check_written(const sta_tensor *t, const char *what) {
-  static const char *const TN[1] = {"t"};
-  return sta_check_writes(what, 0, 1, &t, TN, 0, NULL, NULL);
-}
-
-sta_status sta_tensor_randn(sta_tensor *t, uint64_t seed, double mean,
-                            double std) {
-  STA_CHECK_HANDLE(t, STA_KIND_TENSOR, "t");
-  if (!(std >= 0) || !isfinite(std))
-    return sta_error(STA_ERR_ARGUMENT, "std: expected a finite value >= 0, got %g", std);
-  if (!isfinite(mean))
-    return sta_error(STA_ERR_ARGUMENT, "mean: expected a finite value, got %g", mean);
-  if (t->dtype == STA_I32)
-    return sta_error(STA_ERR_UNSUPPORTED, "t: randn of an i32 tensor (i32 holds block lists: "
-                     "created, copied, filled and set, never computed on)");
-  sta_status rc = device_backend(t->storage->device);
-  if (rc == STA_OK) rc = sta_f8_device_check(t, "t");
-  if (rc == STA_OK) rc = check_written(t, "randn");
-  if (rc != STA_OK || sta_tensor_numel(t) == 0) return rc;
-  if (t->storage->device == STA_CPU) {
-    sta_host_randn(t, seed, mean, std);
-    return STA_OK;
-  }
-  return sta_backend_get(t->storage->device)->randn(t, seed, mean, std);
-}
-
-sta_status sta_tensor_fill(sta_tensor *t, double value) {
-  STA_CHECK_HANDLE(t, STA_KIND_TENSOR, "t");
-  if (t->dtype == STA_I32) {
-    sta_status rc = device_backend(t->storage->device);
-    return rc == STA_OK ? sta_i32_fill(t, value) : rc;
-  }
-  sta_status rc = device_backend(t->storage->device);
-  if (rc == STA_OK) rc = sta_f8_device_check(t, "t");
-  if (rc == STA_OK) rc = check_written(t, "fill");
-  if (rc != STA_OK || sta_tensor_numel(t) == 0) return rc;
-  if (t->storage->device == STA_CPU) {
-    sta_host_fill(t, value);
-    return STA_OK;
-  }
-  return sta_backend_get(t->storage->device)->fill(t, value);
-}
-
 /* ---- element access --------------------------------------------------- */
 
 static sta_status element(const sta_tensor *t, const int64_t *index, char **p) {
@@ -628,38 +495,5 @@ sta_status sta_tensor_set(sta_tensor *t, const int64_t *index, double value) {
   if (rc == STA_OK && t->dtype == STA_I32 && (rc = sta_i32_value(value, &iv)) == STA_OK)
     *(int32_t *)p = iv;
   else if (rc == STA_OK && t->dtype != STA_I32) sta_store_f32(p, t->dtype, (float)value);
-  return rc;
-}
-
-sta_status sta_tensor_compare(const sta_tensor *a, const sta_tensor *b,
-                              double *max_abs, double *rel_l2) {
-  STA_CHECK_HANDLE(a, STA_KIND_TENSOR, "a");
-  STA_CHECK_HANDLE(b, STA_KIND_TENSOR, "b");
-  if (!same_shape(a, b)) return sta_shape_mismatch("compare", NULL, a, NULL, b);
-  if (a->dtype == STA_I32 || b->dtype == STA_I32)
-    return sta_error(STA_ERR_UNSUPPORTED, "compare: %s is i32 (compare computes on f32, f16, "
-                     "bf16 and f8e4m3; i32 holds block lists)", a->dtype == STA_I32 ? "a" : "b");
-  sta_tensor *ha = NULL, *hb = NULL;
-  sta_status rc = device_backend(a->storage->device);
-  if (rc == STA_OK) rc = device_backend(b->storage->device);
-  if (rc == STA_OK) rc = to_host(&ha, a, STA_F32);
-  if (rc == STA_OK) rc = to_host(&hb, b, STA_F32);
-  if (rc == STA_OK) {
-    const float *x = sta_tensor_data(ha), *y = sta_tensor_data(hb);
-    int64_t n = sta_tensor_numel(ha);
-    double m = 0, num = 0, den = 0;
-    int nan = 0;
-    for (int64_t i = 0; i < n; i++) {
-      double d = (double)x[i] - (double)y[i];
-      if (isnan(d)) nan = 1;
-      if (fabs(d) > m) m = fabs(d);
-      num += d * d;
-      den += (double)y[i] * y[i];
-    }
-    if (max_abs) *max_abs = nan ? NAN : m;
-    if (rel_l2) *rel_l2 = nan ? NAN : (den > 0 ? sqrt(num / den) : sqrt(num));
-  }
-  sta_tensor_destroy(ha);
-  sta_tensor_destroy(hb);
   return rc;
 }

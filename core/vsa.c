@@ -387,7 +387,7 @@ static sta_status scratch_commit(scratch_set *s, sta_status rc) {
   return rc;
 }
 
-/* ---- benchmarks' marks (internal.h: sta_vsa_mark_test) ---------------------- */
+/* ---- benchmarks' marks (vsa_internal.h: sta_vsa_mark_test) ---------------------- */
 
 static _Thread_local int32_t mark_base = -1;
 static _Thread_local double host_marks[STA_VSA_MARKS];

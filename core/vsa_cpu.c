@@ -1,6 +1,6 @@
 /*
 ** vsa_cpu.c -- VSA's pieces around the fine branch on the CPU (the
-** contracts: core/internal.h, sta_cpu_vsa_*): the cube means (double sums),
+** contracts: core/vsa_internal.h, sta_cpu_vsa_*): the cube means (double sums),
 ** the coarse scores (one dot product loop for every pair, so equal cubes
 ** tie exactly), the selection (a partial sort per row), the coarse
 ** attention and its backward by OpenBLAS, the combine and the backward's

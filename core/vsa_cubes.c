@@ -3,7 +3,7 @@
 ** sizes of a canvas (FastVideo's variable_block_sizes) and the conversions
 ** between the untiled order and the cube order (its
 ** tile_partition_indices with the padding of non_pad_index).  The rule is
-** core/internal.h's sta_cube_token, shared with the CUDA gather.
+** core/vsa_internal.h's sta_cube_token, shared with the CUDA gather.
 */
 #include <stdlib.h>
 

@@ -1,6 +1,6 @@
 /*
 ** bsa_check.cu -- the block lists checked where they live (the CUDA
-** backend's check_lists, core/internal.h; sta_mask_check_lists' seam):
+** backend's check_lists, core/backend.h; sta_mask_check_lists' seam):
 ** sizes in 1..block_rows, num in 0..L, indices in [0, Mk) and none twice in
 ** one list, the first fault in the host check's order (kv_sizes, q_sizes,
 ** then (b, h, m, entry)) reported with its messages (core/mask.c).  Two

@@ -32,7 +32,7 @@ struct BsaParams {
   int64_t q_sb, q_ss, q_sh, k_sb, k_ss, k_sh, v_sb, v_ss, v_sh;
   int64_t o_sb, o_ss, o_sh, lse_sb, lse_sh, lse_ss;
   int heads, batch, vec; /* vec: 16-byte aligned rows (q, k, v, o) */
-  /* the lists (core/internal.h: device pointers, validated) */
+  /* the lists (core/backend.h: device pointers, validated) */
   int bv;       /* block rows */
   int Mq, Mk;   /* query and key blocks */
   int64_t L;    /* idx entries per query block */
@@ -62,7 +62,7 @@ void bsa_note_launch(const BsaParams &x, const char *kernel, const char *dtype, 
 /* The block-sparse forward on device tensors (mask != WINDOW; bsa_api.cu). */
 sta_status sta_cuda_block_attention(const sta_attn_params *p);
 /* The resolved lists of p checked on the device (bsa_check.cu): the CUDA
-** backend's check_lists (core/internal.h), core/mask.c's messages. */
+** backend's check_lists (core/backend.h), core/mask.c's messages. */
 sta_status sta_cuda_check_lists(const sta_attn_params *p);
 
 #endif

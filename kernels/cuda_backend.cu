@@ -1,5 +1,5 @@
 /*
-** cuda_backend.cu -- the CUDA backend table (core/internal.h): probe,
+** cuda_backend.cu -- the CUDA backend table (core/backend.h): probe,
 ** device memory, transfers, the SM count, attention (fwd_api.cu),
 ** head_diff, and what the sequence-parallel layer needs (device choice,
 ** streams, events, 2-D copies); the elementwise operations are in

@@ -1,7 +1,7 @@
 /*
 ** fp8_params.h -- the fp8 forward kernel's one argument (Fp8Params), built
 ** by fp8_api.cu alone from the core's resolved problem and the quantize
-** pre-pass's device buffers (core/internal.h, sta_fp8_ops), with the TMA
+** pre-pass's device buffers (core/fp8_internal.h, sta_fp8_ops), with the TMA
 ** maps over those buffers, and the entry to each head dim's kernel.  Host
 ** and device; nvcc only.
 */

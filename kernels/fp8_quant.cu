@@ -1,9 +1,9 @@
 /*
-** fp8_quant.cu -- the fp8 forward's quantize pre-pass (core/internal.h,
+** fp8_quant.cu -- the fp8 forward's quantize pre-pass (core/fp8_internal.h,
 ** sta_fp8_ops; the scheme: sta.h, sta_precision): the bits
 ** core/cpu_fp8.c's sta_cpu_fp8_quantize writes (spec/test_gpu_fp8.c
-** compares them).  Every rounding goes through internal.h's STA_HD
-** helpers, which the host shares; the sums whose order matters (the keys'
+** compares them).  Every rounding goes through internal.h's and
+** fp8_internal.h's STA_HD helpers, which the host shares; the sums whose order matters (the keys'
 ** channel sums, q . k_mean) run in the host's order.  Four launches on
 ** this thread's stream, a stream-ordered workspace of the chunks' partials:
 **   fp8_stats   a block per (batch * head, chunk of STA_FP8_CHUNK rows), a

@@ -31,7 +31,7 @@ static thread_local const char *tma_off;
 ** maps), which needs whole tiles: a padding row must never be read as a
 ** key (it may hold anything), so with partial tiles the tiles' blocks are
 ** gathered by token.
-** The tests' setting (sta_cuda_set_tma_test, core/internal.h) turns all
+** The tests' setting (sta_cuda_set_tma_test, core/backend.h) turns all
 ** of it off (the gather path), or Q's tile maps.  Sets tma_off to the
 ** first reason a path was left out. */
 static void setup_tma(FwdParams &x, const sta_attn_params *p, int variant) {

@@ -1,6 +1,6 @@
 /*
 ** kernel_fp8.cuh -- sta_fp8_fwd, the fp8 forward kernel (sm_90a) over the
-** quantize pre-pass's operands (core/internal.h, sta_fp8_ops; rows in the
+** quantize pre-pass's operands (core/fp8_internal.h, sta_fp8_ops; rows in the
 ** tiled order, so every query and key block is a run of rows).  384
 ** threads: warpgroup 2 the producer (producer_fp8.cuh: setmaxnreg down; Q
 ** and the key blocks by TMA, cp.async for the blocks TMA cannot take, into

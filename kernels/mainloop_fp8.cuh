@@ -69,7 +69,7 @@ constexpr float FP8_LOG2_PSCALE = 8.807354922057604f;  /* log2(STA_FP8_PSCALE) *
 constexpr float FP8_LN_PSCALE = 6.104793232414985f;    /* ln(STA_FP8_PSCALE) */
 static_assert(STA_FP8_PSCALE == 448.0f, "the constants above are of 448");
 
-/* sta_fp8_source (core/internal.h) in 32-bit arithmetic (rows < 2^30:
+/* sta_fp8_source (core/fp8_internal.h) in 32-bit arithmetic (rows < 2^30:
 ** fp8_api.cu's limit; its 64-bit divisions cost about 1000 instructions):
 ** the input row of quantized row r, or -1 for a padding place. */
 __device__ __forceinline__ int fp8_source(const sta_fp8_geom &g, int r) {

@@ -11,7 +11,7 @@
 **            of 8 elements starting 16-byte aligned: the same per row;
 **   strided  anything else: 4 consecutive elements per unit, addressed
 **            from their coordinates.
-** Arithmetic as on the host (core/ops.c): float32, each product and sum
+** Arithmetic as on the host (core/cpu_ops.c): float32, each product and sum
 ** rounded once (no fma contraction), stored round-to-nearest-even, so
 ** copy, fill, randn and lincomb give the host's bits; stats sums in a
 ** fixed order (deterministic for a device and a tensor).

@@ -14,7 +14,7 @@ struct Part {
   long long bad;
 };
 
-/* The shift: element 0 when finite, else 0 (as core/ops.c). */
+/* The shift: element 0 when finite, else 0 (as core/cpu_ops.c). */
 __device__ __forceinline__ float stats_shift(const sta_iter &it) {
   float v = ld1(it.data[0], it.dtype[0]);
   return isfinite(v) ? v : 0.f;

@@ -1,6 +1,6 @@
 /*
 ** params.h -- the forward kernels' one argument (FwdParams), derived from
-** the core's resolved problem (sta_attn_params, core/internal.h) by
+** the core's resolved problem (sta_attn_params, core/backend.h) by
 ** fwd_params_init alone, and the entry to each (dtype, head dim)'s
 ** kernels.  Host and device; nvcc only.
 */

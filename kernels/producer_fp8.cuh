@@ -1,7 +1,7 @@
 /*
 ** producer_fp8.cuh -- the fp8 forward kernel's (kernel_fp8.cuh) work items,
 ** key blocks, shared memory and producer warpgroup.  The pre-pass writes
-** k8 and k_scale in the kernel's key order (core/internal.h's
+** k8 and k_scale in the kernel's key order (core/fp8_internal.h's
 ** sta_fp8_kslot), so a block of 128 keys from a 16-row boundary is one box
 ** of a 3-D map as it lies.
 **
@@ -37,7 +37,7 @@ namespace sta {
 /* The key (within its block) that S column / K row c holds: in each
 ** 32-key chunk, a thread's accumulator columns 2t, 2t+1, 8+2t, 9+2t (and
 ** 16 more) hold keys 4t..4t+3 (and 16 more), its A fragment's k order
-** (core/internal.h's sta_fp8_col_key, which the pre-pass's key layout
+** (core/fp8_internal.h's sta_fp8_col_key, which the pre-pass's key layout
 ** follows). */
 __device__ __forceinline__ int fp8_col_key(int c) { return sta_fp8_col_key(c); }
 

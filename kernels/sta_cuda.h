@@ -36,7 +36,7 @@ sta_status sta_cuda_attention(const sta_attn_params *p);
 /* The same at STA_PRECISION_FP8 (kernels/fp8_api.cu): the quantize
 ** pre-pass, then the fp8 kernel. */
 sta_status sta_cuda_attention_fp8(const sta_attn_params *p);
-/* The backend's fp8_dequantize (core/internal.h) on this thread's stream
+/* The backend's fp8_dequantize (core/backend.h) on this thread's stream
 ** (kernels/fp8_quant.cu). */
 sta_status sta_cuda_fp8_dequantize(float *dst, const sta_bshd *bd, const uint8_t *x8,
                                    const sta_bshd *bx, const float *sc, const int64_t sc_st[3],

@@ -11,7 +11,7 @@
 
 #include "ops.cuh"
 
-/* The backend entries (core/internal.h's contracts). */
+/* The backend entries (core/backend.h's and vsa_internal.h's contracts). */
 sta_status sta_cuda_vsa_means(const sta_vsa_params *p);
 sta_status sta_cuda_vsa_coarse(const sta_vsa_params *p);
 sta_status sta_cuda_vsa_combine(const sta_vsa_params *p);

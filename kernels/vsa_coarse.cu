@@ -1,5 +1,5 @@
 /*
-** vsa_coarse.cu -- VSA's coarse branch on the device (core/internal.h's
+** vsa_coarse.cu -- VSA's coarse branch on the device (core/vsa_internal.h's
 ** contracts), per (batch, head) on the cube means (float32):
 **   forward   S = Q_c K_c^T (gemm), then per query cube one CTA: the
 **             softmax's lse, the exact top-k of S (radix select on the

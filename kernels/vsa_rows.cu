@@ -1,5 +1,5 @@
 /*
-** vsa_rows.cu -- VSA's memory-bound passes over the rows (core/internal.h's
+** vsa_rows.cu -- VSA's memory-bound passes over the rows (core/vsa_internal.h's
 ** contracts): the cube means, the combine out = out_s + gate * out_c, the
 ** backward's preparation (out_s rebuilt, dgate, G = the gradient of out_c)
 ** and the spread of the means' gradients; the cube order gather; the
@@ -294,7 +294,7 @@ int32_t sta_cuda_vsa_capturing(void) {
   return cs != cudaStreamCaptureStatusNone;
 }
 
-/* Benchmarks' marks (core/internal.h, sta_vsa_mark_test): events with
+/* Benchmarks' marks (core/vsa_internal.h, sta_vsa_mark_test): events with
 ** timing, this thread's, made on first use. */
 static thread_local cudaEvent_t marks[STA_VSA_MARKS];
 

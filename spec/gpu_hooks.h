@@ -1,4 +1,4 @@
-/* gpu_hooks.h -- the library's test-only kernel settings (core/internal.h:
+/* gpu_hooks.h -- the library's test-only kernel settings (core/backend.h:
 ** sta_cuda_set_variant_test, sta_cuda_set_tma_test) for the GPU tests
 ** (header-only).  The library reads no environment variable to choose a
 ** kernel; a GPU test's main reads these test-only ones and calls the

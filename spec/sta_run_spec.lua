@@ -86,7 +86,7 @@ describe("sta-run --mode vsa", function()
       { "--window 3,3,3 --sparsity 0.5", "sta-run: --sparsity: needs --mode vsa" },
       { "--window 3,3,3 --order cubes", "sta-run: --order cubes: needs --mode vsa" },
       { "--mode vsa --canvas 5,6,7 --cube 4,4 --topk 1",
-        "sta-run: --cube '4,4': expected CT,CH,CW, three integers >= 1" },
+        "sta-run: --cube '4,4': expected CT,CH,CW or CTxCHxCW, three integers >= 1" },
       { "--window 3,3,3 --dtype i32", "sta-run: --dtype 'i32': expected f32, f16 or bf16" },
     } do
       local out, ok, _, code = H.sh(exe .. " " .. base .. c[1])

@@ -232,7 +232,7 @@ static void test_fp8_key_offset(void **state) {
 ** element (a NaN in a key, a NaN or Inf in a value, a NaN in a query)
 ** makes the same output rows (and lse rows) non-finite as the native
 ** forward on the same inputs, and no others: K's channel means, the
-** channel exponents and V's channel scales skip it (internal.h,
+** channel exponents and V's channel scales skip it (fp8_internal.h,
 ** sta_fp8_ops).  Windows 1,1,1 so that most rows never see the element. */
 static void test_fp8_nonfinite(void **state) {
   (void)state;

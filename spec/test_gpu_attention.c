@@ -284,7 +284,7 @@ static void test_tiled_order(void **state) {
 ** kernels/tile_scheduler.cuh: the persistent forward holds an item's keys
 ** until the waves before its own have issued their loads.  It applies to
 ** items of 16 MB of K and V and more, which no geometry of a test reaches,
-** so the tests' hook (sta_cuda_set_wave_gate_test, internal.h) lowers the
+** so the tests' hook (sta_cuda_set_wave_gate_test, backend.h) lowers the
 ** threshold to 1 byte (every item past the first wave waits) or turns the
 ** gate off; the gate must change no bit of out or lse, and the gated
 ** output must match the CPU's.  Geometries with more items than SMs (the

@@ -11,7 +11,7 @@
 ** bit-identical.  The backward (dq, dk, dv from the GPU forward's out and
 ** lse) against float64 gradients, zeros on padding rows, the deterministic
 ** mode bit-identical run to run.  The kernels are called through the
-** backend table (core/internal.h's sta_attn_params, built here), so this
+** backend table (core/backend.h's sta_attn_params, built here), so this
 ** test does not depend on the core's resolve of the lists; through the
 ** public API and against the CPU path: test_gpu_blocks_api.c.  Also the
 ** index arithmetic of bsa_walk.h on the host (no GPU needed).

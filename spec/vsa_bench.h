@@ -1,7 +1,7 @@
 /* vsa_bench.h -- the VSA timing (STA.md section 12; issue 30's budget: the
 ** whole forward at most 1.15x the fine branch alone): the pieces of
 ** sta_vsa_forward and sta_vsa_backward timed inside real calls by the
-** marks of core/internal.h (CUDA events on the device, the clock on the
+** marks of core/vsa_internal.h (CUDA events on the device, the clock on the
 ** host), the fine branch and the fine backward alone, a table of mean and
 ** min ms.  spec/test_gpu_vsa.c runs it at hunyuan-720p on CUDA;
 ** spec/test_vsa.c walks it on the CPU at a small size (more cubes than

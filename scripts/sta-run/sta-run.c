@@ -2,21 +2,19 @@
 ** sta-run -- run Sliding Tile Attention on Q/K/V files.  See USAGE below
 ** (sta-run --help).  Exit status: 0 done, 1 the run failed (the library's
 ** message on stderr), 2 bad options (a message naming the option), 130 /
-** 143 interrupted by SIGINT / SIGTERM (no temporary file left).  Uses the
-** core's internal writers (core/internal.h): outputs are written through
-** its atomic files, and its parser reads triples and window lists.
+** 143 interrupted by SIGINT / SIGTERM (no temporary file left).  This
+** file: the options (the core's parser, core/internal.h, reads triples and
+** window lists) and the STA run; files.c the inputs and the atomic outputs,
+** vsa.c --mode vsa (sta-run.h).
 */
 #include <errno.h>
-#include <signal.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
 #include <time.h>
-#include <unistd.h>
 
-#include "internal.h"
+#include "sta-run.h"
 
 #define MAX_HEADS 4096
 
@@ -108,42 +106,9 @@ static const char *USAGE =
 "Exit status: 0 done, 1 the run failed, 2 bad options, 130/143 interrupted\n"
 "(SIGINT/SIGTERM).\n";
 
-static int ends_with(const char *s, size_t len, const char *suffix) {
-  size_t n = strlen(suffix);
-  return len >= n && strncmp(s + len - n, suffix, n) == 0;
-}
-
 /* ---- option parsing ----------------------------------------------------- */
 
-typedef struct options {
-  const char *q, *k, *v, *out, *lse, *st;
-  const char *q_name, *k_name, *v_name, *out_name, *lse_name;
-  int have_canvas, have_tile, have_dtype;
-  int32_t canvas[3], tile[3];
-  int32_t n_windows, *windows;
-  int64_t text_len;
-  double scale;
-  sta_softmax softmax;
-  sta_precision precision;
-  sta_layout layout;
-  sta_order order;
-  int32_t threads;
-  sta_device device;
-  sta_dtype dtype;
-  int reference, quiet;
-  /* --mode vsa (vsa_forward below) */
-  int mode, cube_order, have_cube, have_sparsity;
-  double sparsity;
-  int32_t topk, cube[3];
-  const char *gate, *gate_name;
-} options;
-
-enum { MODE_STA, MODE_VSA };
-static sta_status vsa_forward(const options *o, sta_tensor *const dev[3], sta_tensor *out,
-                              sta_tensor *lse);
-static void vsa_print(const options *o, const sta_tensor *q, sta_dtype file_dt, sta_dtype dt);
-
-static int bad(const char *opt, const char *val, const char *fmt, ...) {
+int bad(const char *opt, const char *val, const char *fmt, ...) {
   va_list ap;
   fprintf(stderr, "sta-run: %s", opt);
   if (val) fprintf(stderr, " '%s'", val);
@@ -324,160 +289,15 @@ static int parse_args(int argc, char **argv, options *o) {
   return 0;
 }
 
-/* ---- files ------------------------------------------------------------- */
-
-/* Split "F.safetensors[:NAME]": 1 and file/name (malloc'd file) when it
-** names a safetensors file, else 0. */
-static int split_st(const char *spec, const char *dflt, char **file, const char **name) {
-  const char *c = strrchr(spec, ':');
-  if (c && ends_with(spec, (size_t)(c - spec), ".safetensors")) {
-    *file = strndup(spec, (size_t)(c - spec));
-    *name = c + 1;
-    return 1;
-  }
-  if (ends_with(spec, strlen(spec), ".safetensors")) {
-    *file = strdup(spec);
-    *name = dflt;
-    return 1;
-  }
-  return 0;
-}
-
-static sta_status load(const char *spec, const char *dflt_name, sta_tensor **t) {
-  char *file = NULL;
-  const char *name;
-  if (!split_st(spec, dflt_name, &file, &name)) return sta_npy_load(t, spec, 1);
-  sta_safetensors *f = NULL;
-  sta_status rc = file ? sta_safetensors_open(&f, file) : STA_ERR_NOMEM;
-  if (rc == STA_OK) rc = sta_safetensors_read(f, name, t);
-  sta_safetensors_close(f);
-  free(file);
-  return rc;
-}
-
-/* ---- outputs ------------------------------------------------------------ */
-
-/* Every output is opened before anything is read or computed (the core's
-** atomic file: a temporary file next to the target, renamed over it when
-** committed), written after the run and committed only when all are
-** written: a failed run leaves no output behind and the targets' old
-** contents in place; SIGINT and SIGTERM remove the temporary files. */
-typedef struct output {
-  char label[600];           /* "--out FILE": what messages name */
-  char *file;                /* the file part of the spec */
-  int st;                    /* .safetensors */
-  int32_t n;                 /* tensors in it: out, lse, or both */
-  const char *names[2];
-  const sta_tensor *ts[2];
-  sta_outfile f;
-  int open;
-  const char *keep_path;     /* an input file it rewrites: its tensors kept */
-  sta_safetensors *keep;
-} output;
-
-static void output_init(output *out, const char *opt, const char *spec, const char *dflt) {
-  memset(out, 0, sizeof *out);
-  const char *name = NULL;
-  out->st = split_st(spec, dflt, &out->file, &name);
-  if (!out->st) out->file = strdup(spec);
-  out->names[0] = name;
-  out->n = 1;
-  snprintf(out->label, sizeof out->label, "%s %s", opt, out->file ? out->file : spec);
-}
-
-static void output_free(output *out) {
-  if (out->open) sta_out_abort(&out->f); /* the temporary file goes */
-  sta_safetensors_close(out->keep);
-  free(out->file);
-  memset(out, 0, sizeof *out);
-}
-
-/* 1 when paths a and b are one existing file. */
-static int same_file(const char *a, const char *b) {
-  struct stat x, y;
-  return stat(a, &x) == 0 && stat(b, &y) == 0 && x.st_dev == y.st_dev && x.st_ino == y.st_ino;
-}
-
-/* An output .safetensors that is also an input file keeps that file's
-** tensors; writing over one of this run's inputs there is refused (2). */
-static int output_inputs(output *out, const char *const spec[3], const char *const names[3]) {
-  static const char *const OPT[3] = {"--q", "--k", "--v"};
-  for (int i = 0; i < 3 && out->st && out->file; i++) {
-    char *in = NULL;
-    const char *in_name = NULL;
-    if (!split_st(spec[i], names[i], &in, &in_name)) continue;
-    int same = in && same_file(in, out->file);
-    for (int32_t j = 0; same && j < out->n; j++)
-      if (strcmp(out->names[j], in_name) == 0) {
-        int rc = bad(out->label, NULL, "'%s' is %s's tensor in that file: writing it would "
-                     "replace an input of this run (choose another name)", in_name, OPT[i]);
-        free(in);
-        return rc;
-      }
-    if (same) out->keep_path = spec[i]; /* FILE.safetensors[:NAME]: the file part below */
-    free(in);
-  }
-  return 0;
-}
-
-/* Open out's atomic file: 0 and a message when it cannot be written. */
-static int output_open(output *out) {
-  if (!out->file) return fprintf(stderr, "sta-run: out of memory\n"), 0;
-  if (sta_out_open(&out->f, out->file, out->label) != STA_OK) {
-    fprintf(stderr, "sta-run: %s (checked before computing)\n", sta_last_error());
-    return 0;
-  }
-  out->open = 1;
-  return 1;
-}
-
-/* Open the input file out keeps (after the inputs are read). */
-static sta_status output_keep(output *out) {
-  char *file = NULL;
-  const char *name;
-  if (!out->keep_path) return STA_OK;
-  if (!split_st(out->keep_path, "", &file, &name) || !file) return STA_ERR_NOMEM;
-  sta_status rc = sta_safetensors_open(&out->keep, file);
-  free(file);
-  return rc;
-}
-
-/* Write out's tensors into its file (not yet committed). */
-static sta_status output_write(output *out) {
-  if (out->st) return sta_safetensors_write(&out->f, out->n, out->names, out->ts, out->keep);
-  return sta_npy_write(&out->f, out->ts[0]);
-}
-
-static sta_status output_commit(output *out) {
-  if (!out->open) return STA_OK;
-  out->open = 0;
-  return sta_out_commit(&out->f);
-}
-
-/* SIGINT, SIGTERM, SIGHUP: no temporary file survives; exit 128 + signal. */
-static void on_signal(int sig) {
-  sta_out_remove_pending();
-  _exit(128 + sig);
-}
-
-static void catch_signals(void) {
-  static const int SIGS[3] = {SIGINT, SIGTERM, SIGHUP};
-  struct sigaction sa;
-  memset(&sa, 0, sizeof sa);
-  sa.sa_handler = on_signal;
-  sigemptyset(&sa.sa_mask);
-  for (int i = 0; i < 3; i++) sigaction(SIGS[i], &sa, NULL);
-}
-
 /* ---- run --------------------------------------------------------------- */
 
-static double now_s(void) {
+double now_s(void) {
   struct timespec ts;
   clock_gettime(CLOCK_MONOTONIC, &ts);
   return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
-static void shape_str(const sta_tensor *t, char *buf, size_t cap) {
+void shape_str(const sta_tensor *t, char *buf, size_t cap) {
   int n = 0;
   buf[0] = '\0';
   for (int32_t i = 0; i < sta_tensor_ndim(t) && (size_t)n < cap; i++)
@@ -638,138 +458,6 @@ done:
   sta_tensor_destroy(hout);
   sta_tensor_destroy(hlse);
   return rc;
-}
-
-/* ---- VSA (--mode vsa) ------------------------------------------------------ */
-
-/* What vsa_forward ran, for vsa_print: the cubes, topk, the attention call's
-** time alone (the cube order's conversions left out) and the fine branch's
-** FLOP over the selected cubes' valid rows (STA.md section 8). */
-static struct { int64_t cubes; int32_t topk, cube[3]; double ms, flop; } vsa_ran;
-
-/* x in the cube order (a new tensor; rows: the cube order's), or x itself
-** with --order cubes (*made 0). */
-static sta_status vsa_to_cubes(const options *o, sta_tensor *x, int64_t rows,
-                               sta_tensor **c, int *made) {
-  *made = 0;
-  *c = x;
-  if (o->cube_order || !x) return STA_OK;
-  int64_t shape[4];
-  for (int i = 0; i < 4; i++) shape[i] = sta_tensor_size(x, i);
-  shape[o->layout == STA_BSHD ? 1 : 2] = rows;
-  sta_status rc = sta_tensor_create(c, sta_tensor_dtype(x), sta_tensor_device(x), 4, shape);
-  if (rc == STA_OK) {
-    *made = 1;
-    rc = sta_tensor_to_cubes(*c, x, o->canvas, vsa_ran.cube, o->layout);
-  }
-  return rc;
-}
-
-/* A [B, heads, S] lse as [B, heads, S, 1] (bhsd): the cube order's helpers
-** take 4-D tensors. */
-static sta_status lse4(const sta_tensor *lse, sta_tensor **v) {
-  int64_t shape[4] = {sta_tensor_size(lse, 0), sta_tensor_size(lse, 1), sta_tensor_size(lse, 2), 1};
-  int64_t strides[4] = {sta_tensor_stride(lse, 0), sta_tensor_stride(lse, 1),
-                        sta_tensor_stride(lse, 2), 1};
-  return sta_tensor_view(v, lse, 0, 4, shape, strides);
-}
-
-/* out (and lse) = VSA(q, k, v) of the options: the cube sizes of --canvas
-** and --cube, topk from --sparsity or --topk, the gate file; rows converted
-** to the cube order and back unless --order cubes. */
-static sta_status vsa_forward(const options *o, sta_tensor *const dev[3], sta_tensor *out,
-                              sta_tensor *lse) {
-  static const int32_t CUBE[3] = {4, 4, 4};
-  memcpy(vsa_ran.cube, o->have_cube ? o->cube : CUBE, sizeof vsa_ran.cube);
-  const int32_t *cube = vsa_ran.cube;
-  const sta_device dev_of = sta_tensor_device(dev[0]);
-  sta_tensor *sizes = NULL, *hg = NULL, *g = NULL, *c[5] = {NULL}, *lv = NULL, *lcv = NULL;
-  sta_tensor *idx = NULL, *num = NULL;
-  int made[5] = {0};
-  int64_t n;
-  sta_status rc = sta_vsa_cube_count(o->canvas, cube, &n);
-  if (rc != STA_OK) return rc;
-  const int64_t rows = n * cube[0] * cube[1] * cube[2];
-  sta_vsa_desc d;
-  memset(&d, 0, sizeof d);
-  d.layout = o->layout;
-  d.block_rows = cube[0] * cube[1] * cube[2];
-  d.scale = (float)o->scale;
-  d.topk = o->topk;
-  if (!o->topk && (rc = sta_vsa_topk(o->sparsity, n, &d.topk)) != STA_OK) return rc;
-  if ((rc = sta_tensor_create(&sizes, STA_I32, dev_of, 1, &n)) != STA_OK ||
-      (rc = sta_vsa_cube_sizes(sizes, o->canvas, cube)) != STA_OK)
-    goto done;
-  d.kv_sizes = sizes;
-  if (o->gate && ((rc = load(o->gate, o->gate_name, &hg)) != STA_OK ||
-                  (rc = sta_tensor_to(&g, hg, sta_tensor_dtype(dev[0]), dev_of)) != STA_OK))
-    goto done;
-  sta_tensor *x[5] = {dev[0], dev[1], dev[2], g, out};
-  for (int i = 0; i < 5 && rc == STA_OK; i++) rc = vsa_to_cubes(o, x[i], rows, &c[i], &made[i]);
-  int64_t ls[3] = {sta_tensor_size(c[0], 0), sta_tensor_size(c[0], o->layout == STA_BSHD ? 2 : 1),
-                   rows};
-  sta_tensor *lc = lse;
-  if (rc == STA_OK && lse && !o->cube_order) {
-    rc = sta_tensor_create(&lcv, STA_F32, dev_of, 3, ls);
-    lc = lcv;
-  }
-  if (rc != STA_OK) goto done;
-  if (dev_of == STA_CUDA && (rc = sta_cuda_synchronize()) != STA_OK) goto done;
-  double t0 = now_s();
-  rc = o->reference ? sta_vsa_reference(&d, c[0], c[1], c[2], c[3], c[4], lc)
-                    : sta_vsa_forward(&d, c[0], c[1], c[2], c[3], c[4], lc);
-  if (rc == STA_OK && dev_of == STA_CUDA) rc = sta_cuda_synchronize();
-  vsa_ran.ms = (now_s() - t0) * 1e3;
-  if (rc == STA_OK && made[4]) rc = sta_tensor_from_cubes(out, c[4], o->canvas, cube, o->layout);
-  if (rc == STA_OK && lcv) {
-    sta_tensor *a = NULL;
-    rc = lse4(lcv, &a);
-    if (rc == STA_OK) rc = lse4(lse, &lv);
-    if (rc == STA_OK) rc = sta_tensor_from_cubes(lv, a, o->canvas, cube, STA_BHSD);
-    sta_tensor_destroy(a);
-  }
-  /* the work: the fine branch over the selection (sta_vsa_coarse's lists) */
-  int64_t is[4] = {ls[0], ls[1], n, d.topk};
-  if (rc == STA_OK && !o->quiet &&
-      (rc = sta_tensor_create(&idx, STA_I32, dev_of, 4, is)) == STA_OK &&
-      (rc = sta_tensor_create(&num, STA_I32, dev_of, 3, is)) == STA_OK &&
-      (rc = sta_vsa_coarse(&d, c[0], c[1], c[2], NULL, NULL, idx, num)) == STA_OK) {
-    sta_block_list bl = {d.block_rows, num, idx, sizes, NULL};
-    sta_attention_desc fd;
-    memset(&fd, 0, sizeof fd);
-    fd.layout = o->layout;
-    fd.mask = STA_MASK_BLOCKS;
-    fd.blocks = &bl;
-    vsa_ran.flop = sta_attention_flops(&fd, ls[0], rows, ls[1], sta_tensor_size(c[0], 3));
-  }
-  vsa_ran.cubes = n;
-  vsa_ran.topk = d.topk;
-done:
-  for (int i = 0; i < 5; i++)
-    if (made[i]) sta_tensor_destroy(c[i]);
-  sta_tensor_destroy(sizes);
-  sta_tensor_destroy(hg);
-  sta_tensor_destroy(g);
-  sta_tensor_destroy(lcv);
-  sta_tensor_destroy(lv);
-  sta_tensor_destroy(idx);
-  sta_tensor_destroy(num);
-  return rc;
-}
-
-static void vsa_print(const options *o, const sta_tensor *q, sta_dtype file_dt, sta_dtype dt) {
-  char sh[64];
-  shape_str(q, sh, sizeof sh);
-  double s = vsa_ran.ms * 1e-3;
-  printf("sta-run: q %s %s %s%s, vsa canvas %dx%dx%d cube %dx%dx%d, top %d of %lld cubes%s, "
-         "%s %s%s, %.3f ms, %.2f GFLOP/s (%.3f GFLOP)\n",
-         sh, sta_dtype_name(file_dt), o->layout == STA_BSHD ? "bshd" : "bhsd",
-         o->cube_order ? " cubes" : "", (int)o->canvas[0], (int)o->canvas[1],
-         (int)o->canvas[2], (int)vsa_ran.cube[0], (int)vsa_ran.cube[1], (int)vsa_ran.cube[2],
-         (int)vsa_ran.topk, (long long)vsa_ran.cubes, o->gate ? ", gate" : "",
-         o->device == STA_CPU ? "cpu" : "cuda", sta_dtype_name(dt),
-         o->reference ? " reference" : "", vsa_ran.ms, s > 0 ? vsa_ran.flop / s * 1e-9 : 0.0,
-         vsa_ran.flop * 1e-9);
 }
 
 int main(int argc, char **argv) {
