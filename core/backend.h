@@ -176,6 +176,11 @@ typedef struct sta_backend_ops {
   sta_status (*fp8_dequantize)(float *dst, const sta_bshd *bd, const uint8_t *x8,
                                const sta_bshd *bx, const float *sc, const int64_t sc_st[3],
                                int per_row);
+  /* Timing events (the benchmarks' marks, sta_vsa_mark_test): an event that
+  ** keeps its time (record and destroy as above), and the ms between two
+  ** recorded ones, waiting for the later.  NULL: no timing here. */
+  sta_status (*timer_create)(void **event);
+  sta_status (*event_elapsed)(void *start, void *end, double *ms);
 } sta_backend_ops;
 
 /* STA_ERR_BACKEND "st attn not supported (<why>)" for a device whose

@@ -401,6 +401,18 @@ static sta_status mark_range(int32_t i) {
                          (int)i);
 }
 
+/* This thread's device marks: timing events of the backend's table, made
+** on first use (core/backend.h: timer_create, event_record, event_elapsed),
+** on this thread's stream. */
+static _Thread_local void *dev_marks[STA_VSA_MARKS];
+static _Thread_local const sta_backend_ops *dev_marks_ops;
+
+static const sta_backend_ops *timing_ops(sta_device dev) {
+  const sta_backend_ops *b = dev != STA_CPU && sta_backend_available(dev) ? sta_backend_get(dev)
+                                                                          : NULL;
+  return b && b->timer_create && b->event_elapsed ? b : NULL;
+}
+
 sta_status sta_vsa_mark_test(sta_device dev, int32_t i) {
   sta_status rc = mark_range(i);
   if (rc != STA_OK) return rc;
@@ -410,10 +422,15 @@ sta_status sta_vsa_mark_test(sta_device dev, int32_t i) {
     host_marks[i] = (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
     return STA_OK;
   }
-#ifdef STA_WITH_CUDA
-  if (dev == STA_CUDA && sta_backend_available(STA_CUDA)) return sta_cuda_vsa_mark(i);
-#endif
-  return sta_error(STA_ERR_BACKEND, "mark: no timing on %s in this build", sta_device_name(dev));
+  const sta_backend_ops *b = timing_ops(dev);
+  if (!b) return sta_error(STA_ERR_BACKEND, "mark: no timing on %s in this build", sta_device_name(dev));
+  if (dev_marks_ops && dev_marks_ops != b) sta_vsa_marks_release_test();
+  if (!dev_marks[i] && (rc = b->timer_create(&dev_marks[i])) != STA_OK) {
+    dev_marks[i] = NULL;
+    return rc;
+  }
+  dev_marks_ops = b;
+  return b->event_record(dev_marks[i], sta_cuda_get_stream());
 }
 
 sta_status sta_vsa_elapsed_test(sta_device dev, int32_t a, int32_t b, double *ms) {
@@ -423,20 +440,20 @@ sta_status sta_vsa_elapsed_test(sta_device dev, int32_t a, int32_t b, double *ms
     *ms = host_marks[b] - host_marks[a];
     return STA_OK;
   }
-#ifdef STA_WITH_CUDA
-  float f = 0;
-  if (dev == STA_CUDA && sta_backend_available(STA_CUDA)) {
-    if ((rc = sta_cuda_vsa_elapsed(a, b, &f)) == STA_OK) *ms = f;
-    return rc;
-  }
-#endif
-  return sta_error(STA_ERR_BACKEND, "mark: no timing on %s in this build", sta_device_name(dev));
+  const sta_backend_ops *t = timing_ops(dev);
+  if (!t) return sta_error(STA_ERR_BACKEND, "mark: no timing on %s in this build", sta_device_name(dev));
+  if (t != dev_marks_ops || !dev_marks[a] || !dev_marks[b])
+    return sta_error(STA_ERR_ARGUMENT, "mark %d: not recorded", (int)(dev_marks[a] ? b : a));
+  return t->event_elapsed(dev_marks[a], dev_marks[b], ms);
 }
 
 void sta_vsa_marks_release_test(void) {
-#ifdef STA_WITH_CUDA
-  if (sta_backend_available(STA_CUDA)) sta_cuda_vsa_marks_release();
-#endif
+  for (int i = 0; i < STA_VSA_MARKS; i++)
+    if (dev_marks[i]) {
+      dev_marks_ops->event_destroy(dev_marks[i]);
+      dev_marks[i] = NULL;
+    }
+  dev_marks_ops = NULL;
 }
 
 /* Mark k of a call (when marks are on). */

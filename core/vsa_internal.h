@@ -130,12 +130,6 @@ sta_status sta_vsa_mark_test(sta_device dev, int32_t i);
 sta_status sta_vsa_elapsed_test(sta_device dev, int32_t a, int32_t b, double *ms);
 void sta_vsa_set_marks_test(int32_t base);
 void sta_vsa_marks_release_test(void);
-#if defined(STA_WITH_CUDA) || defined(__CUDACC__)
-/* Their CUDA side (kernels/vsa_rows.cu). */
-sta_status sta_cuda_vsa_mark(int32_t i);
-sta_status sta_cuda_vsa_elapsed(int32_t a, int32_t b, float *ms);
-void sta_cuda_vsa_marks_release(void);
-#endif
 
 #ifdef __cplusplus
 }

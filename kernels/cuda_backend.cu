@@ -301,6 +301,23 @@ sta_status cuda_event_record(void *event, void *stream) {
   return e == cudaSuccess ? STA_OK : sta_cuda_fail(e, "cudaEventRecord");
 }
 
+sta_status cuda_timer_create(void **event) {
+  cudaEvent_t ev = NULL;
+  cudaError_t e = cudaEventCreate(&ev);
+  if (e != cudaSuccess) return sta_cuda_fail(e, "cudaEventCreate (timer)");
+  *event = ev;
+  return STA_OK;
+}
+
+sta_status cuda_event_elapsed(void *start, void *end, double *ms) {
+  float f = 0;
+  cudaError_t e = cudaEventSynchronize((cudaEvent_t)end);
+  if (e == cudaSuccess) e = cudaEventElapsedTime(&f, (cudaEvent_t)start, (cudaEvent_t)end);
+  if (e != cudaSuccess) return sta_cuda_fail(e, "cudaEventElapsedTime");
+  *ms = f;
+  return STA_OK;
+}
+
 sta_status cuda_stream_wait(void *stream, void *event) {
   cudaError_t e = cudaStreamWaitEvent((cudaStream_t)stream, (cudaEvent_t)event, 0);
   return e == cudaSuccess ? STA_OK : sta_cuda_fail(e, "cudaStreamWaitEvent");
@@ -339,7 +356,9 @@ const sta_backend_ops cuda_ops = {
     cuda_event_create, cuda_event_destroy, cuda_event_record, cuda_stream_wait,
     cuda_copy_2d,
     /* sta_attention_forward_fp8's operands dequantized (fp8_quant.cu) */
-    sta_cuda_fp8_dequantize};
+    sta_cuda_fp8_dequantize,
+    /* timing events (the benchmarks' marks) */
+    cuda_timer_create, cuda_event_elapsed};
 
 } /* namespace */
 

@@ -293,33 +293,3 @@ int32_t sta_cuda_vsa_capturing(void) {
   }
   return cs != cudaStreamCaptureStatusNone;
 }
-
-/* Benchmarks' marks (core/vsa_internal.h, sta_vsa_mark_test): events with
-** timing, this thread's, made on first use. */
-static thread_local cudaEvent_t marks[STA_VSA_MARKS];
-
-sta_status sta_cuda_vsa_mark(int32_t i) {
-  cudaError_t e = cudaSuccess;
-  if (!marks[i] && (e = cudaEventCreate(&marks[i])) != cudaSuccess) {
-    marks[i] = nullptr;
-    return sta_cuda_fail(e, "cudaEventCreate (mark)");
-  }
-  e = cudaEventRecord(marks[i], sta_cuda_stream());
-  return e == cudaSuccess ? STA_OK : sta_cuda_fail(e, "cudaEventRecord (mark)");
-}
-
-sta_status sta_cuda_vsa_elapsed(int32_t a, int32_t b, float *ms) {
-  if (!marks[a] || !marks[b])
-    return sta_error(STA_ERR_ARGUMENT, "mark %d: not recorded", (int)(marks[a] ? b : a));
-  cudaError_t e = cudaEventSynchronize(marks[b]);
-  if (e == cudaSuccess) e = cudaEventElapsedTime(ms, marks[a], marks[b]);
-  return e == cudaSuccess ? STA_OK : sta_cuda_fail(e, "cudaEventElapsedTime (mark)");
-}
-
-void sta_cuda_vsa_marks_release(void) {
-  for (int i = 0; i < STA_VSA_MARKS; i++)
-    if (marks[i]) {
-      (void)cudaEventDestroy(marks[i]);
-      marks[i] = nullptr;
-    }
-}
