@@ -20,7 +20,7 @@ timing (CUDA events, median of REPS) and its FLOP count:
      quantize pre-pass and the attention kernel per library by
      torch.profiler's kernel times;
   3. accuracy at full hunyuan-720p (24 heads, D 128) on randn, DiT-like and
-     peaked inputs (issue 32's three kinds, research/fp8_sim.py's
+     peaked inputs (research/fp8_sim.py's three kinds and its
      generators): each library's fp8, bf16 sta and the SageAttention2 scheme
      emulated here (int8 Q and K per 64 rows of the tiled order per head, K
      smoothed by its channel mean, P * 448 in e4m3 from the exact row max, V

@@ -180,9 +180,8 @@ sta_status sta_mask_resolve(const sta_attention_desc *desc, const sta_tensor *q,
   const int uni = desc->mask == STA_MASK_WINDOW_OR_BLOCKS;
   sta_status rc;
   if (!(be->masks & (1 << desc->mask))) /* the one refusal of a backend's missing kernels */
-    return sta_error(STA_ERR_UNSUPPORTED, "mask: %s is not implemented on %s yet (issue 30: "
-                     "the block-sparse kernels); the CPU backend computes it (host tensors)",
-                     kind, sta_device_name(dev));
+    return sta_error(STA_ERR_UNSUPPORTED, "mask: %s has no kernel on %s; the CPU backend "
+                     "computes it (host tensors)", kind, sta_device_name(dev));
   if (desc->precision == STA_PRECISION_FP8)
     return sta_error(STA_ERR_UNSUPPORTED, "precision: STA_PRECISION_FP8 computes the window "
                      "(STA_MASK_WINDOW) only, not %s", kind);

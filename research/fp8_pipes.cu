@@ -1,7 +1,7 @@
 /*
 ** fp8_pipes.cu -- research: which pipe each instruction of the fp8
 ** forward's softmax issues to on the H200, and whether two of them share
-** one (issue 32).  The kernel's per-score work is ex2 (MUFU.EX2), an e4m3
+** one.  The kernel's per-score work is ex2 (MUFU.EX2), an e4m3
 ** pack (F2FP, two scores), an int-to-float (IADD + FADD or FFMA with a
 ** magic number, or I2F / I2FP), FFMA, FMNMX and FADD; the MUFU pipe does 16
 ** results a clock per SM (4 per SMSP).  If F2FP or the int-to-float run on

@@ -1,6 +1,6 @@
 #!/usr/bin/python3
 """fp8_sim.py -- research: the quantization scheme of sta's fp8 forward,
-chosen by measurement (issue 20, then issue 32).
+chosen by measurement (the bar and the choice: below).
 
 Emulates, on the CPU in float64 numpy, what each scheme's kernel computes,
 number format by number format, on STA's own geometry: FastVideo's tiled
@@ -38,7 +38,7 @@ Scheme fields (DEFAULT below, then each scheme's differences):
                 domain: rescales are exact powers of two, P of a key the
                 same whatever the blocks); "exact": the running maximum;
                 "final": the row's exact maximum over all its keys (a dense
-                emulation: SageAttention2 as issue 32 defines it)
+                emulation: SageAttention2's, "sage2" below)
   acc           "fp32": P V exact in float64 (the ideal); "two-level": each
                 block's P V in a fresh fp22 accumulator, added to O in
                 float32 (SageAttention2's fix); "fp22": O stays in the
@@ -49,7 +49,7 @@ Scheme fields (DEFAULT below, then each scheme's differences):
                 by alpha in registers when the maximum moves) before it is
                 added to O in float32 (1: every block)
 
-Input kinds (issue 32), bf16, per head:
+Input kinds, bf16, per head:
   randn   q, k, v ~ N(0, 1)
   dit     DiT-like: one channel bias b ~ N(0, 2) (sd 2) shared by q, k and
           every token, q = N(0, 1) + b, k = N(0, 1) + b, then 4 channels
@@ -60,12 +60,12 @@ Metrics over the sampled query rows of every head: relative L2
 ||O - ref|| / ||ref|| and the cosine of the flattened outputs (rounded to
 bf16, as the kernel stores them).
 
-The bar (issue 32): on each input kind and window, rel L2 no worse than the
+The bar: on each input kind and window, rel L2 no worse than the
 "sage2" scheme's on the same inputs, and cosine >= 0.999 on randn and
 peaked.  The choice: the cheapest scheme for the kernel that meets it.
 
     /usr/bin/python3 research/fp8_sim.py --quick            (minutes)
-    /usr/bin/python3 research/fp8_sim.py                    (the issue's size)
+    /usr/bin/python3 research/fp8_sim.py                    (the full size)
     /usr/bin/python3 research/fp8_sim.py --schemes one-exactmax --qtiles 1  (every tile)
     /usr/bin/python3 research/fp8_sim.py --selftest         (e4m3, exhaustively)
 fp8_attention() defines the schemes; CHOSEN is what core/cpu_fp8.c
@@ -397,10 +397,10 @@ def inputs(kind, rng, n, d):
 # e4m3 P V GEMM per block: 1.0 = the bf16 kernel's GEMM work at twice the
 # rate): GEMM work, consumer registers per thread (D 128), ALU per score.
 SCHEMES = [
-    ("sage2", "SageAttention2 as issue 32 defines it: int8 Q, K per 64 rows, K smoothed, "
+    ("sage2", "SageAttention2's scheme: int8 Q, K per 64 rows, K smoothed, "
      "V e4m3 per channel, P*448 from the exact row max, float32 accumulation",
      dict(qgran="64", kgran="64", equalize=False, pmax="final", acc="fp32"), None),
-    ("today", "sta's fp8 before issue 32: Q, K int8 per row, K smoothed, equalized, V split "
+    ("today", "sta's first fp8 scheme: Q, K int8 per row, K smoothed, equalized, V split "
      "(two e4m3 terms), P*448 from the integer running max, two-level",
      dict(vsplit=True), (1.5, 64, 0)),
     ("one", "today with one V term", {}, (1.0, 64, 0)),

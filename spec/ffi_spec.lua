@@ -112,7 +112,6 @@ describe("sta.ffi #ffi", function()
                  select(2, pcall(S.attention, q, k, v, o)))
   end)
 
-  -- issue 31, defect 5: short and long window lists, unknown layouts
   it("runs block lists (Lua lists or i32 tensors) against the block-list reference", function()
     local q, k, v = S.randn({1, 24, 2, 8}, seed + 60), S.randn({1, 32, 2, 8}, seed + 61),
                     S.randn({1, 32, 2, 8}, seed + 62)
@@ -167,6 +166,8 @@ describe("sta.ffi #ffi", function()
       select(2, pcall(S.vsa, q, k, xc, { canvas = {4, 8, 8}, cube = "4x8x8", topk = 1 })))
   end)
 
+  -- a window list of 2 was once read past its end, one of 4 accepted, and
+  -- any layout but "bhsd" taken for bshd
   it("refuses a window that is not 3 integers, and an unknown layout", function()
     local q = S.randn({1, 4 * 8 * 8, 2, 8}, seed + 11)
     local o = { canvas = {4, 8, 8}, tile = {2, 4, 4} }

@@ -26,7 +26,7 @@ typedef struct prob {
 ** windows win (n 1 or H), inputs of dtype in layout; kind 0 randn, 1
 ** DiT-like: a bias per channel shared by every row of q and of k, 4
 ** channels of k 10-30x larger, v with per-channel scales; 2 DiT-like as
-** issue 32 draws it (research/fp8_sim.py's "dit": one bias b ~ N(0, 2)
+** research/fp8_sim.py's "dit" draws it (one bias b ~ N(0, 2)
 ** shared by q, k and every row, then 4 channels of k times 20); 3 peaked
 ** (FastVideo's: every row a random direction, its norm from N(0.1, 10)). */
 static inline void prob_make(prob *p, const int32_t cv[3], const int32_t tl[3], int64_t text,

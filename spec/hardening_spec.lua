@@ -1,9 +1,9 @@
--- hardening_spec.lua -- issue 16 through the Lua binding: released handles
--- a context or layer still holds (defects 2, 3), forward contexts per
--- coroutine and contexts collected without <close> (5), no silent integer
--- truncation (6), unknown option keys and the omitted window (9), Ctrl-C
--- and printing in the REPL (12); then random API sequences with random
--- garbage collection.
+-- hardening_spec.lua -- the hardening of handles and calls through the Lua
+-- binding: released handles a context or layer still holds, forward contexts
+-- per coroutine and contexts collected without <close>, no silent integer
+-- truncation, unknown option keys and the omitted window, Ctrl-C and
+-- printing in the REPL; then random API sequences with random garbage
+-- collection.
 local sta = require "sta"
 local H = require "helpers"
 
@@ -25,8 +25,8 @@ local function expect_window(q, k, v, out, w)
   assert.equal(0, (out:compare(ref)))
 end
 
-describe("issue 16 through Lua", function()
-  it("a context keeps its released metadata; a layer its released strategy (defects 2, 3)", function()
+describe("hardening through Lua", function()
+  it("a context keeps its released metadata; a layer its released strategy", function()
     local q, k, v = qkv()
     local s = sta.strategy.uniform{ steps = 2, layers = 1, heads = HEADS, window = { 1, 3, 1 } }
     local fb = sta.forward_batch{}
@@ -50,7 +50,7 @@ describe("issue 16 through Lua", function()
     assert.equal("strategy: released", H.error_of(s.get, s, 0, 0, 0))
   end)
 
-  it("gives every coroutine its own innermost context (defect 5)", function()
+  it("gives every coroutine its own innermost context", function()
     local q, k, v = qkv()
     local s = sta.strategy.uniform{ steps = 3, layers = 1, heads = HEADS, window = { 1, 1, 1 } }
     s:set(1, 0, 0, { 3, 3, 3 }); s:set(1, 0, 1, { 3, 3, 3 })
@@ -81,7 +81,7 @@ describe("issue 16 through Lua", function()
     assert.is_false(sta.in_forward_pass())
   end)
 
-  it("pops a context collected without <close>; the next forward names the leak (defect 5)", function()
+  it("pops a context collected without <close>; the next forward names the leak", function()
     local q, k, v = qkv()
     local l = layer(sta.strategy.uniform{ steps = 8, layers = 1, heads = HEADS, window = { 1, 1, 1 } })
     local d0 = sta.context_depth()
@@ -97,7 +97,7 @@ describe("issue 16 through Lua", function()
       H.error_of(l.forward, l, q, k, v))
   end)
 
-  it("refuses integers that do not fit 32 bits (defect 6)", function()
+  it("refuses integers that do not fit 32 bits", function()
     local s = sta.strategy.uniform{ steps = 2, layers = 1, heads = 1, window = { 1, 1, 1 } }
     assert.equal("step: expected a 32-bit integer, got 4294967296", H.error_of(s.get, s, 2 ^ 32, 0, 0))
     local n = sta.strategy.new()
@@ -113,7 +113,7 @@ describe("issue 16 through Lua", function()
     assert.equal("step: expected an integer, got 0.5", H.error_of(s.get, s, 0.5, 0, 0))
   end)
 
-  it("raises on an unknown option key and on an omitted window (defect 9)", function()
+  it("raises on an unknown option key and on an omitted window", function()
     local q = H.randn({ 1, S, HEADS, D })
     assert.equal("options: unknown key 'windows' (known: canvas, tile, text_len, order, layout, "
       .. "window, scale, softmax, precision, deterministic, geometry, out, lse)",
@@ -138,14 +138,14 @@ describe("issue 16 through Lua", function()
       H.error_of(sta.dist.layer, comm, { canvas = canvas, heads = 2, head = 2 }))
   end)
 
-  it("prints totable and stats readably (defect 12)", function()
+  it("prints totable and stats readably", function()
     local t = sta.from_table({ 1, 2.5, -3 }, { 3 })
     assert.equal("{1, 2.5, -3}", tostring(t:totable()))
     assert.equal("{mean=0.166667, std=2.3214, min=-3, max=2.5, nonfinite=0}", tostring(t:stats()))
     assert.same({ 1, 2.5, -3 }, t:totable())
   end)
 
-  it("cancels a long call: sta.cancel, and Ctrl-C in the REPL (defect 12)", function()
+  it("cancels a long call: sta.cancel, and Ctrl-C in the REPL", function()
     local q = H.randn({ 1, S, HEADS, D })
     local o = { canvas = canvas, tile = tile, window = { 1, 1, 1 } }
     sta.cancel()

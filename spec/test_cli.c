@@ -263,7 +263,7 @@ static void test_help(void **state) {
   assert_string_equal(err_text, "");
 }
 
-/* Both spellings of triples and window lists give the same run (issue 33):
+/* Both spellings of triples and window lists give the same run:
 ** T,H,W and TxHxW; 1,1,1:3,3,3:1,2,1 and 1x1x1,3x3x3,1x2x1. */
 static void test_spellings(void **state) {
   (void)state;
@@ -296,7 +296,7 @@ static void test_spellings(void **state) {
 
 /* 'seq_len N not supported for STA' keeps STA.md's text and says what was
 ** expected: the canvas's rows, and --layout bhsd for a [B, heads, S, D]
-** file read as bshd (issue 33). */
+** file read as bshd. */
 static void test_seq_len_hints(void **state) {
   (void)state;
   problem p;

@@ -1,7 +1,7 @@
-/* test_cli_files.c -- sta-run's files (issue 31): every output is checked
+/* test_cli_files.c -- sta-run's files: every output is checked
 ** before the inputs are read and left as it was by a failed run; an output
-** that is also an input file keeps that file's tensors (defect 9: q, k, v
-** were lost) and cannot replace one of the run's inputs; SIGINT and
+** that is also an input file keeps that file's tensors (q, k, v
+** were once lost) and cannot replace one of the run's inputs; SIGINT and
 ** SIGTERM leave no temporary file (exit 130, 143); a symbolic link, dangling
 ** or not, has the file it names written and stays a link; errors name the
 ** user's path, never a temporary file. */

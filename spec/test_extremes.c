@@ -1,7 +1,7 @@
 /*
 ** test_extremes.c -- what the API-sequence fuzzer found once its generator
-** took extreme sizes, strides, offsets and counts (spec/fuzz/api_extreme.h,
-** issue 31: integer arithmetic overflow-checked, in messages too), each
+** took extreme sizes, strides, offsets and counts (spec/fuzz/api_extreme.h:
+** integer arithmetic overflow-checked, in messages too), each
 ** kept as a regression: the call is refused with a message (or answers),
 ** and under UBSan (make sanitize) no signed overflow, no pointer that wraps,
 ** no endless loop.

@@ -1,5 +1,5 @@
 /* test_files.c -- what every file sta writes or reads holds to, whatever
-** its format (issue 31's files class), for each writer (.npy,
+** its format (RELIABILITY.md's files class), for each writer (.npy,
 ** .safetensors, strategy, search results, plain text) and each JSON reader
 ** (strategy, search results, safetensors header):
 **   - a symbolic link, dangling or not, chained, relative or absolute: the

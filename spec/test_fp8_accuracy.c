@@ -1,5 +1,5 @@
 /* test_fp8_accuracy.c -- STA_PRECISION_FP8 on the CPU against the double
-** reference: issue 32's bar (no worse than the SageAttention2 scheme,
+** reference: the accuracy bar (no worse than the SageAttention2 scheme,
 ** emulated here, on randn, DiT-like and peaked inputs), geometries, orders,
 ** text and dtypes, determinism, K smoothing, and non-finite inputs kept to
 ** the rows that see them.  The codes, the pre-pass, 8-bit operands and the
@@ -18,11 +18,11 @@
 #include "test_util.h"
 #include "fp8_prob.h"
 
-/* The SageAttention2 scheme as issue 32 defines it (research/fp8_sim.py's
-** "sage2"), dense (every row sees every key: the caller's window covers
-** the grid), rows in p's order: int8 Q and K per 64 rows per head, K
-** smoothed (its channel mean over the keys subtracted), V in e4m3 with one
-** scale per channel, P * 448 in e4m3 from the row's exact maximum, exact
+/* The SageAttention2 scheme as research/fp8_sim.py's "sage2" emulates it,
+** dense (every row sees every key: the caller's window covers the grid),
+** rows in p's order: int8 Q and K per 64 rows per head, K smoothed (its
+** channel mean over the keys subtracted), V in e4m3 with one scale per
+** channel, P * 448 in e4m3 from the row's exact maximum, exact
 ** sums.  Its output (f32, p's layout) for the bar the fp8 forward must meet. */
 static sta_tensor *sage2(const prob *p, double scale) {
   sta_tensor *qf = NULL, *kf = NULL, *vf = NULL;
@@ -92,7 +92,7 @@ static sta_tensor *sage2(const prob *p, double scale) {
   return o;
 }
 
-/* The bar of issue 32 on the three input kinds at the size of a whole 1x2x2
+/* The accuracy bar on the three input kinds at the size of a whole 1x2x2
 ** tile grid plus text (every row sees every key): the fp8 forward's rel L2
 ** against the double reference no worse than the SageAttention2 scheme's
 ** on the same inputs (within 3 %: 1568 keys, the two are statistically

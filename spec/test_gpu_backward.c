@@ -370,7 +370,7 @@ static void test_deterministic(void **state) {
   det_case(&c);
 }
 
-/* Non-finite values propagate (issue 31): one NaN planted in q, k, v or
+/* Non-finite values propagate: one NaN planted in q, k, v or
 ** dout reaches on the GPU exactly the elements of out, lse, dq, dk, dv that
 ** it reaches on the CPU (whose rule test_nonfinite checks element by
 ** element): the same elements non-finite, the rest finite.  The GPU

@@ -1,4 +1,4 @@
-/* test_gpu_fp8.c -- the fp8 forward on CUDA (issue 20; make test-gpu):
+/* test_gpu_fp8.c -- the fp8 forward on CUDA (make test-gpu):
 ** the quantize pre-pass (kernels/fp8_quant.cu, fp8_prepass.cu) against the
 ** CPU quantizer (core/cpu_fp8.c) bit for bit -- every byte of every buffer,
 ** each prefilled with garbage -- on fresh random inputs over geometries

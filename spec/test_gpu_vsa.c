@@ -46,7 +46,7 @@ static sta_device dut(void) { return sta_backend_available(STA_CUDA) ? STA_CUDA 
   } while (0)
 
 /* Tests of the whole VSA need the fine branch, the block-list attention
-** (issue 30's block-sparse kernels): skipped, saying so, without. */
+** (the block-sparse kernels): skipped, saying so, without. */
 #define NEED_FINE()                                                                  \
   do {                                                                               \
     const sta_backend_ops *be_ = sta_backend_get(dut());                             \

@@ -85,7 +85,7 @@ static void test_lincomb_views(void **state) {
 
 /* Any dtype a host tensor holds values of, f8e4m3 (1 byte) included: the
 ** loops that store elements must take every element size (a fill that
-** stored 2 bytes per f8e4m3 element wrote past the view, issue 31). */
+** stored 2 bytes per f8e4m3 element wrote past the view). */
 static sta_dtype any_dtype(void) { return (sta_dtype)ops_in(STA_F32, STA_F8E4M3); }
 
 static void test_copy_views(void **state) {

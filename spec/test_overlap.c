@@ -1,6 +1,6 @@
 /*
 ** test_overlap.c -- which views share memory (core/overlap.c), and every
-** call that writes refusing what it must (issue 31):
+** call that writes refusing what it must:
 **   - as a property: random views (1-4 dims, strides -6..6 including 0,
 **     f32/f16/bf16/f8e4m3 wraps at random byte offsets of one buffer)
 **     against brute-force sets of the bytes (pairs) and of the elements'
@@ -10,11 +10,11 @@
 **     qkv, halves, permutations, expand) at full size (2 x 115456 x 24 x
 **     128): decided exactly and at once;
 **   - every entry point that writes refuses a written tensor whose
-**     elements overlap (dk as a stride-0 view over heads, issue 31 defect
-**     6) and leaves the memory as it was; disjoint interleaved outputs are
+**     elements overlap (dk as a stride-0 view over heads, once accepted)
+**     and leaves the memory as it was; disjoint interleaved outputs are
 **     accepted (byte spans refused them);
 **   - sta_attention_forward_fp8 refuses an lse inside out, as
-**     sta_attention_forward does (defect 7).
+**     sta_attention_forward does (it once accepted one).
 ** STA_TEST_SEED replays a run.
 */
 #include <math.h>
@@ -245,7 +245,7 @@ static sta_tensor *rand4(const int64_t shape[4], sta_dtype dt) {
 }
 
 /* A [B, S, H, D] view over one head of base ([B, S, 1, D]) with head
-** stride 0: the MQA gradient the issue passed as dk. */
+** stride 0: an MQA gradient passed as dk, once accepted. */
 static sta_tensor *expanded(const sta_tensor *base, int64_t H) {
   int64_t shape[4] = {sta_tensor_size(base, 0), sta_tensor_size(base, 1), H,
                       sta_tensor_size(base, 3)};

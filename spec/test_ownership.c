@@ -60,7 +60,7 @@ static void expect_window(const sta_tensor *q, const sta_tensor *k, const sta_te
 
 static const int32_t W1[3] = {1, 3, 1}, W2[3] = {3, 1, 3};
 
-/* Defect 2: metadata released while a live context holds it. */
+/* Metadata released while a live context holds it. */
 static void test_context_holds_metadata_and_batch(void **state) {
   (void)state;
   sta_metadata *md = NULL, *other = NULL;
@@ -101,7 +101,7 @@ static void test_context_holds_metadata_and_batch(void **state) {
   assert_int_equal(sta_handle_count(), 0);
 }
 
-/* Defect 3: strategy released while a layer holds it. */
+/* A strategy released while a layer holds it. */
 static void test_layer_holds_strategy(void **state) {
   (void)state;
   sta_strategy *s = NULL, *other = NULL, *third = NULL;

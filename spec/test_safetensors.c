@@ -237,8 +237,8 @@ static void test_st_malformed(void **state) {
 
 /* Tensors of dtypes sta does not read (I64 indices, BOOL masks, a dtype
 ** newer than this reader) beside the ones it reads: the file opens, the
-** others read, and only reading such a tensor fails, naming it (issue 31
-** defect 10: an unknown dtype anywhere refused the whole file). */
+** others read, and only reading such a tensor fails, naming it (an
+** unknown dtype anywhere once refused the whole file). */
 static void test_st_other_dtypes(void **state) {
   (void)state;
   int64_t shape[2] = {2, 3};

@@ -257,8 +257,7 @@ static const char *tmp_file(const char *name) {
 ** dropped, added or two swapped).  Saving must refuse exactly the broken
 ** ones, naming the step; a saved file must tune (skip_steps 0) to the
 ** argmin of what was recorded at [step][position in the sequence][head]
-** (issue 31 defect 13: a ragged table was written, then refused by
-** sta_tune). */
+** (a ragged table was once written, then refused by sta_tune). */
 static void test_saved_tables(void **state) {
   (void)state;
   rng_state = seed_base | 1;

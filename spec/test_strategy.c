@@ -98,13 +98,13 @@ static void test_parse_errors(void **state) {
     {"{\" 1_0_0\": [3, 3, 3]}", "mask strategy: key \" 1_0_0\" is not \"step_layer_head\""},
     {"{\"2147483648_0_0\": [3, 3, 3]}",
      "mask strategy: key \"2147483648_0_0\": the step is out of range (0..2147483646)"},
-    {"{\"2147483647_0_0\": [3, 3, 3]}", /* extent() would overflow (issue 31) */
+    {"{\"2147483647_0_0\": [3, 3, 3]}", /* extent() would overflow */
      "mask strategy: key \"2147483647_0_0\": the step is out of range (0..2147483646)"},
     {"{\"0_0_2147483647\": [3, 3, 3]}",
      "mask strategy: key \"0_0_2147483647\": the head is out of range (0..2147483646)"},
     {"{\"1_99999999999999999999_0\": [3, 3, 3]}",
      "mask strategy: key \"1_99999999999999999999_0\": the layer is out of range (0..2147483646)"},
-    {"{\"0_0_0\\u0000junk\": [3, 3, 3]}", /* cJSON's key ends at the NUL (issue 31) */
+    {"{\"0_0_0\\u0000junk\": [3, 3, 3]}", /* cJSON's key ends at the NUL */
      "mask strategy: NUL character in a string at byte 7 (\\u0000 or a NUL byte: the name or "
      "value would end there)"},
     {"{\"0_0_0\": [3, 3, 3], \"0_0_1\\u0000\": [1, 1, 1]}",
@@ -269,7 +269,7 @@ static void test_uniform_sparsity(void **state) {
   sta_strategy_destroy(s);
 }
 
-/* The largest keys (issue 31): counted without overflow, from JSON and
+/* The largest keys: counted without overflow, from JSON and
 ** from sta_strategy_set alike. */
 static void test_largest_keys(void **state) {
   (void)state;

@@ -1,4 +1,4 @@
-/* vsa_bench.h -- the VSA timing (STA.md section 12; issue 30's budget: the
+/* vsa_bench.h -- the VSA timing (STA.md section 12; the budget: the
 ** whole forward at most 1.15x the fine branch alone): the pieces of
 ** sta_vsa_forward and sta_vsa_backward timed inside real calls by the
 ** marks of core/vsa_internal.h (CUDA events on the device, the clock on the
@@ -174,7 +174,7 @@ static inline double vb_coarse_flop(const vcase *c) {
   return 2.0 * (double)(c->B * c->H) * (double)c->mq * (double)c->mk * (double)c->D;
 }
 
-/* The forward's table; returns whole / fine alone (the issue's budget). */
+/* The forward's table; returns whole / fine alone (the budget: <= 1.15). */
 static inline double vb_bench_forward(const vbench *b) {
   vb_state st;
   vb_setup(&st, b);

@@ -136,7 +136,8 @@ def _layer_grads(layer, q, k, v, dout, ctx, between):
 
 
 def test_layer_backward_uses_the_windows_of_its_forward(gen):
-    """issue 31, defect 3: the backward must not look the windows up again."""
+    """The backward must not look the windows up again (it once did: a strategy
+    swapped or a metadata row changed after the forward gave a wrong dq)."""
     H = 3
     geom = dict(canvas=(4, 8, 12), tile=(2, 4, 4), text_len=3)
     S = 4 * 8 * 12 + 5
@@ -188,9 +189,9 @@ def _second_order(out_fn, q):
 
 
 def test_double_backward_raises(rng, gen):
-    """issue 31, defect 4: a gradient of the gradient is refused, never a
-    silently detached one (the op's own refusal on torch >= 2.4, torch's
-    once_differentiable error on older torch)."""
+    """A gradient of the gradient is refused, never a silently detached one
+    (the op's own refusal on torch >= 2.4, torch's once_differentiable error
+    on older torch)."""
     g = random_geometry(rng, heads=2)
     q, k, v = make_qkv(g, gen, requires_grad=True)
     layer = sta.Layer(layer=0, heads=2, head_dim=g["D"], canvas=g["canvas"], tile=g["tile"],
@@ -209,11 +210,12 @@ def test_double_backward_raises(rng, gen):
 
 
 def test_layer_gradients_are_the_forwards_whatever_changes_after_it(rng, gen):
-    """The class behind defect 3, by property: random geometries, per-head
-    windows from a strategy or a metadata row, and a random change between
-    forward and backward (the strategy swapped or edited, the row rewritten,
-    the metadata, strategy or layer closed, another context pushed): the
-    gradients are always those of the forward's windows and scale."""
+    """The class behind test_layer_backward_uses_the_windows_of_its_forward,
+    by property: random geometries, per-head windows from a strategy or a
+    metadata row, and a random change between forward and backward (the
+    strategy swapped or edited, the row rewritten, the metadata, strategy or
+    layer closed, another context pushed): the gradients are always those of
+    the forward's windows and scale."""
     for _ in range(8):
         g = random_geometry(rng, per_head=True)
         H, D = g["heads"], g["D"]

@@ -120,7 +120,7 @@ def test_checks_never_depend_on_earlier_calls(gen):
 
 
 def test_spellings_of_triples_and_windows(gen):
-    """issue 33 item 2: 'TxHxW' and 'T,H,W'; '3,3,3:1,5,7' and '1x1x1,3x3x3'."""
+    """Both spellings: 'TxHxW' and 'T,H,W'; '3,3,3:1,5,7' and '1x1x1,3x3x3'."""
     P = PROBLEM
     q, k, v = (randn((1, P["S"], P["heads"], P["D"]), gen) for _ in range(3))
     want = sta.attention(q, k, v, canvas=(2, 4, 4), tile=(1, 2, 2), window=[(1, 1, 1), (1, 3, 1)])

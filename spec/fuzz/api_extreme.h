@@ -1,5 +1,5 @@
 /*
-** api_extreme.h -- fuzz_api.c's calls with extreme arguments (issue 31:
+** api_extreme.h -- fuzz_api.c's calls with extreme arguments (so that
 ** integer arithmetic is overflow-checked, in messages too): sizes, strides,
 ** offsets, indices, counts, canvases, tiles, windows, text lengths and
 ** coefficients drawn from the edges of their types (0, -1, 2^31 - 1, 2^31,
