@@ -6,12 +6,15 @@
 ** then (b, h, m, entry)) reported with its messages (core/mask.c).  Two
 ** kernels write the first faulting place of each kind by atomicMin; one
 ** readback of 24 bytes; the details of a fault (its value, the earlier
-** entry of a repeat) are read back only then.
+** entry of a repeat) are read back only then.  Under a CUDA graph capture
+** (no read-back possible) a third kernel in the graph checks the keys at
+** each replay and stops it at a fault (bsa_check_gate).
 */
 #include <limits.h>
 #include <stdlib.h>
 
 #include "sta_cuda.h"
+#include "vsa.cuh" /* sta_cuda_vsa_capturing: is this thread's stream being captured */
 
 namespace {
 
@@ -69,6 +72,49 @@ __global__ void bsa_check_rows(const int32_t *num, const int32_t *idx, int64_t L
   }
 }
 
+/* Under a CUDA graph capture nothing can be read back: the two kernels
+** above run in the graph and this one after them, before the attention's
+** kernels.  A fault stops the replay here, before any kernel reads a list
+** out of range: the message core/mask.c's host check gives (device
+** printf, on the process's stdout) and a trap, which the next
+** synchronizing call reports as a CUDA error (the context is lost, as with
+** a device-side assertion). */
+__global__ void bsa_check_gate(const unsigned long long *keys, const int32_t *ks,
+                               const int32_t *qs, const int32_t *num, const int32_t *idx,
+                               int64_t L, int64_t Mk, int64_t heads, int64_t Mq, int bv) {
+  const char *const sn[2] = {"blocks.kv_sizes", "blocks.q_sizes"};
+  const int32_t *sz[2] = {ks, qs};
+  for (int i = 0; i < 2; i++)
+    if (keys[i] != NONE) {
+      printf("sta: %s[%lld]: %d is outside 1..%d (block_rows) (a CUDA graph's replay)\n", sn[i],
+             (long long)keys[i], (int)sz[i][keys[i]], bv);
+      __trap();
+    }
+  if (keys[2] == NONE) return;
+  const int64_t row = (int64_t)(keys[2] / (unsigned long long)(L + 1));
+  const int64_t pos = (int64_t)(keys[2] % (unsigned long long)(L + 1));
+  const long long b = (long long)(row / (heads * Mq)), h = (long long)(row / Mq % heads),
+                  m = (long long)(row % Mq);
+  if (pos == 0) {
+    printf("sta: blocks.num[b=%lld, h=%lld, m=%lld]: %d is outside 0..%lld (L, the entries of "
+           "idx per query block) (a CUDA graph's replay)\n", b, h, m, (int)num[row],
+           (long long)L);
+    __trap();
+  }
+  const int i = (int)(pos - 1);
+  const int32_t *x = idx + row * L;
+  const int v = x[i];
+  int j = 0;
+  while (j < i && x[j] != v) j++;
+  if (v < 0 || v >= Mk)
+    printf("sta: blocks.idx[b=%lld, h=%lld, m=%lld]: entry %d is key block %d, outside 0..%lld "
+           "(a CUDA graph's replay)\n", b, h, m, i, v, (long long)(Mk - 1));
+  else
+    printf("sta: blocks.idx[b=%lld, h=%lld, m=%lld]: key block %d is listed twice (entries %d "
+           "and %d) (a CUDA graph's replay)\n", b, h, m, v, j, i);
+  __trap();
+}
+
 sta_status fetch(void *dst, const void *src, size_t bytes, cudaStream_t s) {
   cudaError_t e = cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, s);
   if (e == cudaSuccess) e = cudaStreamSynchronize(s);
@@ -101,6 +147,13 @@ sta_status sta_cuda_check_lists(const sta_attn_params *p) {
     const int64_t grid = rows < 8 * sta_cuda_sm_count() ? rows : 8 * sta_cuda_sm_count();
     if (rc == STA_OK)
       bsa_check_rows<<<(unsigned)grid, 256, sm, s>>>(p->num, p->idx, L, (int)Mk, rows, big, keys);
+  }
+  if (rc == STA_OK && sta_cuda_vsa_capturing()) { /* no read-back: the gate above */
+    bsa_check_gate<<<1, 1, 0, s>>>(keys, p->kv_sizes, qs, p->num, p->idx, L, Mk, p->heads,
+                                   p->q_blocks, p->block_rows);
+    if ((e = cudaGetLastError()) != cudaSuccess) rc = sta_cuda_fail(e, "block list check");
+    cudaFreeAsync(keys, s);
+    return rc;
   }
   if (rc == STA_OK && (e = cudaGetLastError()) != cudaSuccess)
     rc = sta_cuda_fail(e, "block list check");

@@ -614,6 +614,51 @@ def test_sparse_cuda_graphs():
     assert rel_err(got, want) < 1e-2
 
 
+def test_block_sparse_graph_bad_list():
+    """Lists on the device are checked at every replay of a CUDA graph (no
+    read-back is possible there): a list made invalid after the capture
+    stops the replay before the attention reads it, printing which entry
+    (core/mask.c's message) and losing the CUDA context, as a device-side
+    assertion does: hence a process of its own."""
+    import subprocess
+    import textwrap
+    code = textwrap.dedent("""
+        import sys, torch
+        sys.path[:0] = [%r, %r]
+        import sta
+        from sparse_ref import random_lists
+        gen = torch.Generator().manual_seed(%d)
+        H, D, M = 2, 64, 6
+        idx, num = (t.cuda() for t in random_lists(gen, 1, H, M, M, empty=False))
+        q, k, v = (torch.randn(1, M * 64, H, D, device="cuda").to(torch.bfloat16)
+                   for _ in range(3))
+        want = sta.block_sparse_attention(q, k, v, idx, num)
+        s = torch.cuda.Stream()
+        s.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(s):
+            sta.block_sparse_attention(q, k, v, idx, num)
+        torch.cuda.current_stream().wait_stream(s)
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            out = sta.block_sparse_attention(q, k, v, idx, num)
+        g.replay()
+        torch.cuda.synchronize()
+        print("replay equal:", torch.equal(out, want), flush=True)
+        num[0, 1, 2] = 2
+        idx[0, 1, 2, 0] = 4
+        idx[0, 1, 2, 1] = 4
+        g.replay()
+        torch.cuda.synchronize()
+        print("second replay returned", flush=True)
+        """ % (os.path.dirname(HERE), HERE, fresh_rng().randrange(1 << 31)))
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    out = r.stdout + r.stderr
+    assert "replay equal: True" in out, out
+    assert ("sta: blocks.idx[b=0, h=1, m=2]: key block 4 is listed twice (entries 0 and 1) "
+            "(a CUDA graph's replay)") in out, out
+    assert "second replay returned" not in out and r.returncode != 0, out
+
+
 # ---- script mode -------------------------------------------------------------------
 
 def main():
