@@ -458,7 +458,17 @@ def main():
                     qh, kh, vh = (t[n].transpose(1, 2).contiguous().requires_grad_()
                                   for n in ("q", "k", "v"))
                     doh = t["do"].transpose(1, 2).contiguous()
-                    opts = {"BLOCK_M": 64, "BLOCK_N": 64} if c.bv == 64 else None
+                    # 64-row blocks: the forward's tiles as in the forward phase, and
+                    # the backward's (BLOCK_M1/N1: dK, dV; M2/N2: dQ) dividing 64,
+                    # since Inductor drops every backward config whose tiles do not
+                    # divide the mask's blocks (the default's N1 = M2 = 128 left it
+                    # none: "NoValidChoicesError", H200 2026-12-02); the first set
+                    # that compiles is used and logged
+                    sets = ([{"BLOCK_M": 64, "BLOCK_N": 64, "BLOCK_M1": 32, "BLOCK_N1": 64,
+                              "BLOCK_M2": 64, "BLOCK_N2": 32},
+                             {"BLOCK_M": 64, "BLOCK_N": 64, "BLOCK_M1": 64, "BLOCK_N1": 64,
+                              "BLOCK_M2": 64, "BLOCK_N2": 64}] if c.bv == 64 else [None])
+                    opts = None
 
                     def flex_fb():
                         flex_c(qh, kh, vh, block_mask=bm, kernel_options=opts).backward(doh)
@@ -466,7 +476,16 @@ def main():
                     def flex_f():
                         with torch.no_grad():
                             flex_c(qh, kh, vh, block_mask=bm, kernel_options=opts)
-                    flex_fb()
+                    for j, opts in enumerate(sets):
+                        try:
+                            flex_fb()
+                            break
+                        except Exception as e:  # noqa: BLE001  (Inductor's lowering errors)
+                            if j == len(sets) - 1:
+                                raise
+                            log("# flex bwd %s: kernel_options %s: %s" % (
+                                c.name, opts, str(e).splitlines()[0][:160]))
+                    r["flex_bwd_options"] = opts
                     r["flex_fwd_ms"], _ = bg.time_ms(flex_f, max(3, a.reps // 2))
                     r["flex_fwdbwd_ms"], _ = bg.time_ms(flex_fb, max(3, a.reps // 2))
                     r["flex_bwd_ms"] = r["flex_fwdbwd_ms"] - r["flex_fwd_ms"]
