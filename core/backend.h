@@ -230,7 +230,9 @@ int32_t sta_cuda_tma_test(void);
 ** on != 0 runs the block-sparse forward of mask BLOCKS at block_rows 64 by
 ** the paired kernel (kernels/README.md: one CTA serves query blocks 2p and
 ** 2p + 1 and loads the union of their lists once) where the split kernel
-** would load by TMA; 0 (the default) the split kernel. */
+** would load by TMA; 2 the same with the pre-pass's path for large Mk
+** (ranks, kernels/bsa_pairs.cu) at any Mk; 0 (the default) the split
+** kernel. */
 void sta_cuda_set_bsa_pairs_test(int32_t on);
 int32_t sta_cuda_bsa_pairs_test(void);
 

@@ -150,7 +150,7 @@ sta_status sta_cuda_block_attention(const sta_attn_params *p) {
   void *ws = NULL;
   sta_status s = STA_OK;
   if (pairs && x->tma) {
-    x->pairs = 1;
+    x->pairs = sta_cuda_bsa_pairs_test(); /* 2: the pre-pass's rank path */
     s = sta::bsa_pairs_prepass(*x, &ws);
   }
   if (s == STA_OK) {

@@ -50,7 +50,7 @@ struct BsaParams {
   ** (b heads + h) Mp + p of uidx (ustride entries) the union of their
   ** lists, ascending, each entry n << 2 | bit 0 (2p lists n) | bit 1
   ** (2p + 1 does); ucnt[4 r ..]: the union's entries, 2p's, 2p + 1's. */
-  int pairs, Mp;
+  int pairs, Mp; /* pairs: 1, or 2 (tests: the pre-pass's rank path at any Mk) */
   int64_t ustride;
   const int32_t *uidx, *ucnt;
 };

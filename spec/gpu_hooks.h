@@ -7,7 +7,8 @@
 **   STA_TEST_CUDA_VARIANT  2: one CTA per work item, 9: the 128 x 128 kernel
 **   STA_TEST_NO_TMA        1: every load by the cp.async gather
 **   STA_TEST_NO_TMA_Q      1: the forward gathers Q
-**   STA_TEST_BSA_PAIRS     1: the paired block-sparse forward (block_rows 64) */
+**   STA_TEST_BSA_PAIRS     1: the paired block-sparse forward (block_rows 64), 2: with
+**                          the pre-pass's rank path */
 #ifndef STA_GPU_HOOKS_H
 #define STA_GPU_HOOKS_H
 
@@ -22,7 +23,7 @@ static inline void sta_test_kernel_settings(void) {
              *q = getenv("STA_TEST_NO_TMA_Q"), *pr = getenv("STA_TEST_BSA_PAIRS");
   sta_cuda_set_variant_test(v ? atoi(v) : 0);
   sta_cuda_set_tma_test((t && atoi(t) ? STA_TEST_NO_TMA : 0) | (q && atoi(q) ? STA_TEST_NO_TMA_Q : 0));
-  sta_cuda_set_bsa_pairs_test(pr && atoi(pr));
+  sta_cuda_set_bsa_pairs_test(pr ? atoi(pr) : 0);
   if (sta_cuda_variant_test() || sta_cuda_tma_test() || sta_cuda_bsa_pairs_test())
     printf("# kernel settings (tests only): variant %d%s%s%s\n", (int)sta_cuda_variant_test(),
            sta_cuda_tma_test() & STA_TEST_NO_TMA ? ", no TMA" : "",
