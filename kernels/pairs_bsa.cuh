@@ -96,12 +96,11 @@ __device__ __forceinline__ void bsa_produce_pairs(const BsaParams &a, const BsaS
       for (int j = 0; j < ec; j++) {
         const int x = __shfl_sync(FULL, ec_, j), s = __shfl_sync(FULL, sc, j);
         if (lane == 0) {
-          int r0 = 0, lo = 0, fl = x & 3;
-          if (s > 0) bsa_sub(s, 0, BK, &r0, &lo); /* 64-row blocks: one sub-block */
-          else fl = 0;                             /* no rows: loaded, computed by nobody */
+          int r0, lo; /* sizes are 1..64 (core/mask.c): one sub-block */
+          bsa_sub(s, 0, BK, &r0, &lo);
           const int st = g % ST;
           if (g >= ST) mbar_wait(&sm.kempty[st], ((g / ST) - 1) & 1);
-          sm.lo[st] = lo | fl << 8;
+          sm.lo[st] = lo | (x & 3) << 8;
           mbar_expect_tx(&sm.kfull[st], 2 * BK * D * (int)sizeof(T));
           T *dk = sm.k + st * BK * D, *dv = sm.v + st * BK * D;
 #pragma unroll
