@@ -197,9 +197,14 @@ __device__ __forceinline__ void bsa_consume_pairs(const BsaParams &a, const BsaS
     }
     g += n;
     if (qv < 0) continue; /* odd Mq: no block 2p + 1 */
-    int b, h, p, part;
-    bsa_item(item, a.Mp, 1, a.heads, &b, &h, &p, &part);
-    bsa_out_rows<K>(a, b, h, (int64_t)(2 * p + wg) * a.bv, 0, qv, o, m, l, wq, lane);
+    bsa_out_rows<K>(
+        a,
+        [&](int *b, int *h, int64_t *qrow0) {
+          int p, part;
+          bsa_item(item, a.Mp, 1, a.heads, b, h, &p, &part);
+          *qrow0 = (int64_t)(2 * p + wg) * a.bv;
+        },
+        0, qv, o, m, l, wq, lane);
   }
 }
 
