@@ -27,6 +27,12 @@ case and nothing else (for ncu -k regex:sta_bsa_fwd).
   python3 bench/bench_blocks.py --lib build-dev/libsta.so --out $OUT
   python3 bench/bench_blocks.py --lib build-dev/libsta.so --out $OUT --bwd
   ncu ... python3 bench/bench_blocks.py --lib ... --profile --cases 'bv64 random'
+  python3 bench/bench_blocks.py --lib build-dev/libsta.so --out $OUT --pairs \
+      --cases 'hunyuan-720p bv64 random,hunyuan-720p bv64 local'
+
+--pairs (alone): the 64-row cases' forward by the split kernel and by the
+paired one (sta_cuda_set_bsa_pairs_test), alternated; both times, the
+ratio, the outputs compared.  Writes bench_blocks_pairs.{log,json}.
 """
 import argparse
 import ctypes as C
@@ -34,6 +40,7 @@ import json
 import math
 import os
 import re
+import statistics
 import sys
 import time
 import traceback
@@ -263,6 +270,73 @@ class Case:
         torch.cuda.empty_cache()
 
 
+def pairs_phase(sta, cases, reps, log, rows, save, rounds=3):
+    """The 64-row cases' forward by the split kernel and by the paired one
+    (the library's test-only setter, process-wide), alternated round by
+    round (reps timed calls each), medians of all; the two outputs compared
+    (rel L2: o and lse, not bit-identical: another summation order)."""
+    L = sta.lib
+    if not hasattr(L, "sta_cuda_set_bsa_pairs_test"):
+        raise SystemExit("bench_blocks.py --pairs: %s has no sta_cuda_set_bsa_pairs_test" %
+                         L._name)
+    for c in cases:
+        if c.bv != 64:
+            continue
+        r = c.row
+        rows.append(r)
+
+        def run():
+            t = c.inputs()
+            f = lambda: sta.forward(c.lists, t["q"], t["k"], t["v"], t["o"], t["lse"])  # noqa
+            outs, ts = {}, {0: [], 1: []}
+            for rnd in range(rounds):
+                for on in (0, 1):
+                    L.sta_cuda_set_bsa_pairs_test(on)
+                    f()
+                    torch.cuda.synchronize()
+                    if rnd == 0:
+                        r["launch_pairs" if on else "launch_split"] = \
+                            L.sta_cuda_last_launch().decode()
+                        outs[on] = (t["o"].float().clone(), t["lse"].clone())
+                    ts[on] += bg.time_ms(f, reps)[1]
+            L.sta_cuda_set_bsa_pairs_test(0)
+            for on, key in ((0, "split"), (1, "pairs")):
+                r[key + "_ms"] = statistics.median(ts[on])
+                r[key + "_spread_ms"] = [min(ts[on]), max(ts[on])]
+                r[key + "_tflops"] = c.fl / r[key + "_ms"] / 1e9
+            o0, o1 = outs[0][0], outs[1][0]
+            r["pairs_vs_split_rel"] = ((o1 - o0).norm() / o0.norm()).item()
+            l0, l1 = outs[0][1], outs[1][1]
+            fin = torch.isfinite(l0)
+            r["lse_same_inf"] = bool(torch.equal(fin, torch.isfinite(l1)))
+            r["lse_max_diff"] = (l1[fin] - l0[fin]).abs().max().item() if fin.any() else 0.0
+            log("pairs %s: split %.3f ms (%.0f TFLOP/s), pairs %.3f ms (%.0f TFLOP/s), "
+                "split/pairs %.2fx; rel L2 %.1e, lse max diff %.1e (same -inf: %s); %s | %s" % (
+                    c.name, r["split_ms"], r["split_tflops"], r["pairs_ms"], r["pairs_tflops"],
+                    r["split_ms"] / r["pairs_ms"], r["pairs_vs_split_rel"], r["lse_max_diff"],
+                    r["lse_same_inf"], r["launch_split"], r["launch_pairs"]))
+        try:
+            run()
+        except Exception as ex:  # noqa: BLE001 -- reported, the next case runs
+            L.sta_cuda_set_bsa_pairs_test(0)
+            r["pairs_error"] = repr(ex)[:300]
+            log("# %s: pairs: %s" % (c.name, repr(ex)[:300]))
+            for line in traceback.format_exc().splitlines()[-6:]:
+                log("#   " + line)
+        c.free()
+        save()
+    log("")
+    log("| case | split ms | TFLOP/s | pairs ms | TFLOP/s | split/pairs | rel L2 |")
+    log("|---|---|---|---|---|---|---|")
+    for r in rows:
+        if "pairs_ms" in r:
+            log("| %s | %.2f | %.0f | %.2f | %.0f | %.2fx | %.1e |" % (
+                r["name"], r["split_ms"], r["split_tflops"], r["pairs_ms"], r["pairs_tflops"],
+                r["split_ms"] / r["pairs_ms"], r["pairs_vs_split_rel"]))
+        elif "pairs_error" in r:
+            log("| %s | error: %s |" % (r["name"], r["pairs_error"][:120]))
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--lib", default="build/libsta.so")
@@ -273,12 +347,15 @@ def main():
     ap.add_argument("--flex-cases", default="", help="Flex only on these (substrings)")
     ap.add_argument("--bwd", action="store_true", help="the backward phase (alone)")
     ap.add_argument("--profile", action="store_true", help="one sta forward per case, no timing")
+    ap.add_argument("--pairs", action="store_true",
+                    help="the paired 64-row forward (sta_cuda_set_bsa_pairs_test) against the "
+                         "split one, alternated, on the bv64 cases (alone)")
     ap.add_argument("--budget", type=float, default=330.0,
                     help="seconds; Flex, dense and the backward stop past it")
     a = ap.parse_args()
     t_start = time.time()
     left = lambda: a.budget - (time.time() - t_start)  # noqa: E731
-    tag = "_bwd" if a.bwd else ""
+    tag = "_bwd" if a.bwd else "_pairs" if a.pairs else ""
     log = bg.file_log(a.out, "bench_blocks%s.log" % tag) if not a.profile else print
     sta = Sta(a.lib)
     log("# %s; torch %s; %s; phase %s" % (sta.describe, torch.__version__,
@@ -323,6 +400,10 @@ def main():
             torch.cuda.synchronize()
             print("# profiled %s: %s" % (c.name, sta.lib.sta_cuda_last_launch().decode()))
             c.free()
+        return
+
+    if a.pairs:
+        pairs_phase(sta, cases, a.reps, log, rows, save)
         return
 
     if not a.bwd:

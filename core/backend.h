@@ -225,6 +225,16 @@ void sta_cuda_set_variant_test(int32_t variant);
 int32_t sta_cuda_variant_test(void);
 void sta_cuda_set_tma_test(int32_t flags);
 int32_t sta_cuda_tma_test(void);
+/* For tests and benchmarks only, like the above (the GPU tests' mains take
+** STA_TEST_BSA_PAIRS, bench_blocks.py --pairs calls it through ctypes):
+** on != 0 runs the block-sparse forward of mask BLOCKS at block_rows 64 by
+** the paired kernel (kernels/README.md: one CTA serves query blocks 2p and
+** 2p + 1 and loads the union of their lists once) where the split kernel
+** would load by TMA; 2 the same with the pre-pass's path for large Mk
+** (ranks, kernels/bsa_pairs.cu) at any Mk; 0 (the default) the split
+** kernel. */
+void sta_cuda_set_bsa_pairs_test(int32_t on);
+int32_t sta_cuda_bsa_pairs_test(void);
 
 /* CPU implementations, used by the CPU backend and tests. */
 sta_status sta_cpu_attention(const sta_attn_params *p);

@@ -143,12 +143,24 @@ sta_status sta_cuda_block_attention(const sta_attn_params *p) {
   if (!x) return sta_error(STA_ERR_NOMEM, "attention: out of host memory");
   sta::bsa_params_init(*x, p);
   const int D = (int)p->head_dim, bk = p->block_rows == 64 ? 64 : 128;
-  sta::bsa_setup_tma(*x, p, bk == 64 ? 64 : 128, bk);
-  sta_status s;
-  if (p->dtype == STA_BF16)
-    s = D == 128 ? sta::run_bsa<__nv_bfloat16, 128>(*x) : sta::run_bsa<__nv_bfloat16, 64>(*x);
-  else
-    s = D == 128 ? sta::run_bsa<__half, 128>(*x) : sta::run_bsa<__half, 64>(*x);
+  /* the paired kernel (tests and benchmarks only: kernel_bsa.cuh's
+  ** run_bsa) where the split kernel would load by TMA: Q boxes of 128 rows */
+  const bool pairs = sta_cuda_bsa_pairs_test() && bk == 64 && p->mask == STA_MASK_BLOCKS;
+  sta::bsa_setup_tma(*x, p, bk == 64 && !pairs ? 64 : 128, bk);
+  void *ws = NULL;
+  sta_status s = STA_OK;
+  if (pairs && x->tma) {
+    x->pairs = sta_cuda_bsa_pairs_test(); /* 2: the pre-pass's rank path */
+    s = sta::bsa_pairs_prepass(*x, &ws);
+  }
+  if (s == STA_OK) {
+    if (p->dtype == STA_BF16)
+      s = D == 128 ? sta::run_bsa<__nv_bfloat16, 128>(*x) : sta::run_bsa<__nv_bfloat16, 64>(*x);
+    else
+      s = D == 128 ? sta::run_bsa<__half, 128>(*x) : sta::run_bsa<__half, 64>(*x);
+  }
+  const sta_status sr = sta::bsa_pairs_release(ws);
+  if (s == STA_OK) s = sr;
   free(x);
   return s;
 }

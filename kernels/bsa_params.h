@@ -45,6 +45,14 @@ struct BsaParams {
   float scale_log2;
   float rescale_th; /* softmax_block's threshold: 0 exact, 8 fast */
   int16_t win[3 * STA_BSA_MAX_HEADS]; /* the union: min(K, grid) per head and axis */
+  /* the paired kernel (pairs set; bsa_pairs.cu's pre-pass): an item is the
+  ** query blocks 2p and 2p + 1 (Mp = ceil(Mq / 2) pairs a head); row r =
+  ** (b heads + h) Mp + p of uidx (ustride entries) the union of their
+  ** lists, ascending, each entry n << 2 | bit 0 (2p lists n) | bit 1
+  ** (2p + 1 does); ucnt[4 r ..]: the union's entries, 2p's, 2p + 1's. */
+  int pairs, Mp; /* pairs: 1, or 2 (tests: the pre-pass's rank path at any Mk) */
+  int64_t ustride;
+  const int32_t *uidx, *ucnt;
 };
 
 /* The block-sparse forward of one (dtype, head dim) on x (kernel_bsa.cuh;
@@ -52,6 +60,13 @@ struct BsaParams {
 ** split kernel, multiples of 128 by the shared one.  persist: the
 ** scheduler's counters when they can be had. */
 template <typename T, int D> sta_status run_bsa(BsaParams &x);
+
+/* The paired kernel's pre-pass (bsa_pairs.cu): a workspace from
+** cudaMallocAsync on the library's stream (*ws; release it with
+** bsa_pairs_release after the forward) holding x's uidx and ucnt, filled
+** by a kernel on that stream.  x: BLOCKS, block_rows 64. */
+sta_status bsa_pairs_prepass(BsaParams &x, void **ws);
+sta_status bsa_pairs_release(void *ws);
 
 /* Records a launch for sta_cuda_last_launch (bsa_api.cu). */
 void bsa_note_launch(const BsaParams &x, const char *kernel, const char *dtype, int d, int qr,

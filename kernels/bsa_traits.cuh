@@ -12,6 +12,11 @@
 **   BK 128 (block_rows a multiple of 128, "shared"): a work item is 128
 **     query rows (a part of a block), the two warpgroups 64 rows each,
 **     sharing every 128-row key block as the STA kernels do.
+**   BK 64 with PAIRS ("paired", pairs_bsa.cuh; sta_cuda_set_bsa_pairs_test):
+**     a work item is two query blocks (2p, 2p + 1: 128 rows, warpgroup w
+**     the block 2p + w) walking the union of their lists (bsa_pairs.cu),
+**     each key block loaded once and computed by the warpgroups whose
+**     block lists it; no merge buffers (each stores its own rows).
 ** A joint K/V ring of STAGES stages; the producer warpgroup (the last)
 ** has 128 threads: one issues every load by TMA, or all gather by
 ** cp.async where TMA cannot load.
@@ -24,12 +29,14 @@
 
 namespace sta {
 
-template <typename T_, int D_, int BK_> struct BsaTraits {
+template <typename T_, int D_, int BK_, bool PAIRS_ = false> struct BsaTraits {
   using T = T_;
   static constexpr int D = D_, BK = BK_;
-  static constexpr bool SPLIT = BK == 64;
+  static constexpr bool PAIRS = PAIRS_;
+  static_assert(!PAIRS || BK == 64, "the paired kernel: 64-row blocks");
+  static constexpr bool SPLIT = BK == 64 && !PAIRS;
   static constexpr int QR = SPLIT ? 64 : 128; /* query rows per item */
-  static constexpr int STAGES = SPLIT ? (D == 128 ? 6 : 8) : (D == 128 ? 3 : 6);
+  static constexpr int STAGES = BK == 64 ? (D == 128 ? 6 : 8) : (D == 128 ? 3 : 6);
   static constexpr int THREADS = 384, CTH = 256;
   static constexpr int PREG = 104, CREG = 200; /* setmaxnreg: producer, consumers */
   static_assert(128 * (PREG + 2 * CREG) <= (65536 / THREADS) / 8 * 8 * THREADS,
@@ -48,7 +55,7 @@ template <typename T_, int D_, int BK_> struct BsaTraits {
   static constexpr int OBAR = OML + (SPLIT ? 2 * 64 * 2 * 4 : 0);
   static constexpr int OLO = OBAR + (2 * STAGES + 2) * 8;
   static constexpr int OITEM = OLO + STAGES * 4;
-  static constexpr size_t SMEM = (size_t)OITEM + 16 + 1024; /* + the alignment */
+  static constexpr size_t SMEM = (size_t)OITEM + (PAIRS ? 32 : 16) + 1024; /* + the alignment */
   static_assert(SMEM <= 232448, "more shared memory than an sm_90 CTA has");
 };
 
@@ -57,8 +64,10 @@ template <class K> struct BsaSmem {
   T *q, *k, *v;
   float *x, *ml;
   uint64_t *kfull, *kempty, *qfull, *qempty;
-  volatile int *lo;    /* [STAGES]: columns to mask (bsa_walk.h) */
-  volatile int *sitem; /* [0] the item (-1: the end), [1] its key blocks, [2] its valid query rows */
+  volatile int *lo;    /* [STAGES]: columns to mask (bsa_walk.h); the paired kernel: | flags << 8 */
+  volatile int *sitem; /* [0] the item (-1: the end), [1] its key blocks, [2] its valid query rows;
+                       ** the paired kernel: [2], [3] valid rows of 2p, 2p + 1 (-1: no block
+                       ** 2p + 1), [4], [5] their key blocks */
 };
 
 } /* namespace sta */

@@ -12,6 +12,7 @@
 #include <type_traits>
 
 #include "mainloop_bsa.cuh"
+#include "pairs_bsa.cuh"
 #include "producer_bsa.cuh"
 
 namespace sta {
@@ -41,7 +42,8 @@ __global__ void __launch_bounds__(K::THREADS, 1) sta_bsa_fwd(const __grid_consta
   if (tid == 0) {
     for (int s = 0; s < ST; s++) {
       mbar_init(&sm.kfull[s], a.tma ? 1 : 128); /* the gather's 128 threads arrive */
-      mbar_init(&sm.kempty[s], K::SPLIT ? 128 : K::CTH); /* split: one warpgroup a block */
+      mbar_init(&sm.kempty[s], K::SPLIT ? 128 : K::CTH); /* split: one warpgroup a block;
+                                                          ** paired: both release every block */
     }
     mbar_init(sm.qfull, 1);
     mbar_init(sm.qempty, K::CTH);
@@ -49,11 +51,17 @@ __global__ void __launch_bounds__(K::THREADS, 1) sta_bsa_fwd(const __grid_consta
   __syncthreads();
   if (wg == 2) {
     setmaxnreg_dec<K::PREG>();
-    bsa_produce<K>(a, sm, tid - K::CTH);
+    if constexpr (K::PAIRS)
+      bsa_produce_pairs<K>(a, sm, tid - K::CTH);
+    else
+      bsa_produce<K>(a, sm, tid - K::CTH);
     return;
   }
   setmaxnreg_inc<K::CREG>();
-  bsa_consume<K>(a, sm, wg, wq, lane);
+  if constexpr (K::PAIRS)
+    bsa_consume_pairs<K>(a, sm, wg, wq, lane);
+  else
+    bsa_consume<K>(a, sm, wg, wq, lane);
 }
 
 /* The launch of sta_bsa_fwd<K>: items counted, persistent (a grid of
@@ -65,8 +73,8 @@ sta_status launch_bsa(BsaParams &a) {
   cudaError_t e = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                        (int)K::SMEM);
   if (e != cudaSuccess) return sta_cuda_fail(e, "cudaFuncSetAttribute");
-  a.parts = a.bv / K::QR;
-  const int64_t n = (int64_t)a.batch * a.heads * a.Mq * a.parts;
+  a.parts = K::PAIRS ? 1 : a.bv / K::QR;
+  const int64_t n = (int64_t)a.batch * a.heads * (K::PAIRS ? a.Mp : a.Mq * a.parts);
   if (n > 0x7fffffff)
     return sta_error(STA_ERR_UNSUPPORTED,
                      "attention: %lld work items, too many for the CUDA backend", (long long)n);
@@ -79,15 +87,18 @@ sta_status launch_bsa(BsaParams &a) {
   kern<<<(unsigned)grid, K::THREADS, K::SMEM, sta_cuda_stream()>>>(a);
   e = cudaGetLastError();
   if (e != cudaSuccess) return sta_cuda_fail(e, "block-sparse attention kernel launch");
-  bsa_note_launch(a, K::SPLIT ? "BlockSplit" : "BlockShared",
+  bsa_note_launch(a, K::PAIRS ? "BlockPairs" : K::SPLIT ? "BlockSplit" : "BlockShared",
                   std::is_same<typename K::T, __half>::value ? "f16" : "bf16", K::D, K::QR, K::BK,
                   grid);
   return STA_OK;
 }
 
-/* 64-row blocks: the split kernel; multiples of 128: the shared one. */
+/* 64-row blocks: the split kernel, or the paired one where a.pairs
+** (bsa_api.cu: the tests' setting, BLOCKS, TMA; the pre-pass done);
+** multiples of 128: the shared one. */
 template <typename T, int D>
 sta_status run_bsa(BsaParams &a) {
+  if (a.bv == 64 && a.pairs) return launch_bsa<BsaTraits<T, D, 64, true>>(a);
   if (a.bv == 64) return launch_bsa<BsaTraits<T, D, 64>>(a);
   return launch_bsa<BsaTraits<T, D, 128>>(a);
 }

@@ -169,14 +169,18 @@ __device__ __forceinline__ void bsa_merge_store(const BsaParams &a, const BsaSme
   }
 }
 
-/* The shared kernel's output: each warpgroup its own 64 rows. */
-template <class K>
-__device__ __forceinline__ void bsa_store_rows(const BsaParams &a, int item, int qv,
-                                               const float *o, const float *m, const float *l,
-                                               int wg, int wq, int lane) {
+/* A warpgroup's own 64 rows of output: rows r0 + [0, 64) of the item's,
+** qv of them valid; where(&b, &h, &qrow0) names the (batch, head) and the
+** query row they start at, called after the row sums (the order the shared
+** kernel's store had before the paired kernel shared it: its machine code
+** stays the same). */
+template <class K, class Where>
+__device__ __forceinline__ void bsa_out_rows(const BsaParams &a, Where where, int r0, int qv,
+                                             const float *o, const float *m, const float *l,
+                                             int wq, int lane) {
   using T = typename K::T;
   constexpr int D = K::D;
-  const int r[2] = {wg * 64 + wq * 16 + (lane >> 2), wg * 64 + wq * 16 + (lane >> 2) + 8};
+  const int r[2] = {r0 + wq * 16 + (lane >> 2), r0 + wq * 16 + (lane >> 2) + 8};
   float inv[2], lse[2];
   const float ln2 = 0.69314718055994530942f;
 #pragma unroll
@@ -187,10 +191,25 @@ __device__ __forceinline__ void bsa_store_rows(const BsaParams &a, int item, int
     inv[hr] = sum > 0.f ? 1.f / sum : 0.f;
     lse[hr] = sum > 0.f ? (m[hr] + log2f(sum)) * ln2 : -INFINITY;
   }
-  int b, h, mb, part;
-  bsa_item(item, a.Mq, a.parts, a.heads, &b, &h, &mb, &part);
-  bsa_store<T, D, 0, D / 8>(a, b, h, (int64_t)mb * a.bv + (int64_t)part * K::QR, r, qv, o, inv,
-                            lse, true, lane);
+  int b, h;
+  int64_t qrow0;
+  where(&b, &h, &qrow0);
+  bsa_store<T, D, 0, D / 8>(a, b, h, qrow0, r, qv, o, inv, lse, true, lane);
+}
+
+/* The shared kernel's output: each warpgroup its own 64 rows. */
+template <class K>
+__device__ __forceinline__ void bsa_store_rows(const BsaParams &a, int item, int qv,
+                                               const float *o, const float *m, const float *l,
+                                               int wg, int wq, int lane) {
+  bsa_out_rows<K>(
+      a,
+      [&](int *b, int *h, int64_t *qrow0) {
+        int mb, part;
+        bsa_item(item, a.Mq, a.parts, a.heads, b, h, &mb, &part);
+        *qrow0 = (int64_t)mb * a.bv + (int64_t)part * K::QR;
+      },
+      wg * 64, qv, o, m, l, wq, lane);
 }
 
 template <class K>

@@ -29,6 +29,9 @@ typedef struct kcase {
   int32_t grid[3], win[3 * MAXH];
   int fast, lse;
   int bwd;      /* also the backward (0 no, 1 yes, 2 and the deterministic mode) */
+  int shape;    /* the lists: 0 random, 1 local (a run of blocks around m Mk / Mq, one
+                ** maybe elsewhere, shuffled: neighbours overlap as VSA's do), 2 random
+                ** with whole pairs (2p, 2p + 1) and every other odd block empty */
   float scale;
   uint64_t seed;
 } kcase;
@@ -36,11 +39,12 @@ typedef struct kcase {
 static inline void describe(const kcase *c, char *buf, size_t n) {
   snprintf(buf, n,
            "B%lld H%lld D%lld Mq %lld Mk %lld L %lld bv %d %s %s store %d sizes %d uni %d "
-           "grid %dx%dx%d win %d,%d,%d fast %d lse %d bwd %d scale %g seed %llu",
+           "grid %dx%dx%d win %d,%d,%d fast %d lse %d bwd %d shape %d scale %g seed %llu",
            (long long)c->B, (long long)c->H, (long long)c->D, (long long)c->Mq, (long long)c->Mk,
            (long long)c->L, c->bv, sta_dtype_name(c->dtype), c->layout == STA_BSHD ? "BSHD" : "BHSD",
            c->store, c->sizes, c->uni, c->grid[0], c->grid[1], c->grid[2], c->win[0], c->win[1],
-           c->win[2], c->fast, c->lse, c->bwd, (double)c->scale, (unsigned long long)c->seed);
+           c->win[2], c->fast, c->lse, c->bwd, c->shape, (double)c->scale,
+           (unsigned long long)c->seed);
 }
 
 /* A [B,S,H,D] or [B,H,S,D] tensor of dtype on dev: storage contiguous in
@@ -131,9 +135,21 @@ static inline void make_lists(const kcase *c, lists *x) {
   for (int64_t r = 0; r < rows; r++) {
     int64_t n = sta_test_rint(0, 7) == 0 ? sta_test_rint(0, most) : most - sta_test_rint(0, most / 4);
     if (sta_test_rint(0, 11) == 0) n = 0;
+    const int64_t m = r % c->Mq;
+    if (c->shape == 2 && (m / 2 % 2 == 0 || (m % 2 == 1 && m / 2 % 4 == 1))) n = 0;
     for (int64_t i = 0; i < c->Mk; i++) perm[i] = (int32_t)i;
-    for (int64_t i = 0; i < n; i++) { /* partial Fisher-Yates */
-      int64_t j = sta_test_rint(i, c->Mk - 1);
+    if (c->shape == 1) { /* the run [s0, s0 + n) first, then the others */
+      int64_t s0 = m * c->Mk / c->Mq - n / 2;
+      s0 = s0 < 0 ? 0 : s0 > c->Mk - n ? c->Mk - n : s0;
+      for (int64_t i = 0; i < c->Mk; i++)
+        perm[i] = (int32_t)(i < n ? s0 + i : i - n < s0 ? i - n : i);
+      if (n > 0 && n < c->Mk && sta_test_rint(0, 1)) { /* one block elsewhere */
+        const int64_t j = sta_test_rint(n, c->Mk - 1);
+        int32_t t = perm[n - 1]; perm[n - 1] = perm[j]; perm[j] = t;
+      }
+    }
+    for (int64_t i = 0; i < n; i++) { /* partial Fisher-Yates (local: a shuffle of the run) */
+      int64_t j = sta_test_rint(i, c->shape == 1 ? n - 1 : c->Mk - 1);
       int32_t t = perm[i]; perm[i] = perm[j]; perm[j] = t;
       x->idx[r * c->L + i] = perm[i];
     }

@@ -1,11 +1,14 @@
 /* gpu_hooks.h -- the library's test-only kernel settings (core/backend.h:
-** sta_cuda_set_variant_test, sta_cuda_set_tma_test) for the GPU tests
+** sta_cuda_set_variant_test, sta_cuda_set_tma_test,
+** sta_cuda_set_bsa_pairs_test) for the GPU tests
 ** (header-only).  The library reads no environment variable to choose a
 ** kernel; a GPU test's main reads these test-only ones and calls the
 ** setters (scripts/test/test-gpu sets them for its variant runs):
 **   STA_TEST_CUDA_VARIANT  2: one CTA per work item, 9: the 128 x 128 kernel
 **   STA_TEST_NO_TMA        1: every load by the cp.async gather
-**   STA_TEST_NO_TMA_Q      1: the forward gathers Q */
+**   STA_TEST_NO_TMA_Q      1: the forward gathers Q
+**   STA_TEST_BSA_PAIRS     1: the paired block-sparse forward (block_rows 64), 2: with
+**                          the pre-pass's rank path */
 #ifndef STA_GPU_HOOKS_H
 #define STA_GPU_HOOKS_H
 
@@ -17,27 +20,31 @@
 /* Call in main, after sta_test_begin. */
 static inline void sta_test_kernel_settings(void) {
   const char *v = getenv("STA_TEST_CUDA_VARIANT"), *t = getenv("STA_TEST_NO_TMA"),
-             *q = getenv("STA_TEST_NO_TMA_Q");
+             *q = getenv("STA_TEST_NO_TMA_Q"), *pr = getenv("STA_TEST_BSA_PAIRS");
   sta_cuda_set_variant_test(v ? atoi(v) : 0);
   sta_cuda_set_tma_test((t && atoi(t) ? STA_TEST_NO_TMA : 0) | (q && atoi(q) ? STA_TEST_NO_TMA_Q : 0));
-  if (sta_cuda_variant_test() || sta_cuda_tma_test())
-    printf("# kernel settings (tests only): variant %d%s%s\n", (int)sta_cuda_variant_test(),
+  sta_cuda_set_bsa_pairs_test(pr ? atoi(pr) : 0);
+  if (sta_cuda_variant_test() || sta_cuda_tma_test() || sta_cuda_bsa_pairs_test())
+    printf("# kernel settings (tests only): variant %d%s%s%s\n", (int)sta_cuda_variant_test(),
            sta_cuda_tma_test() & STA_TEST_NO_TMA ? ", no TMA" : "",
-           sta_cuda_tma_test() & STA_TEST_NO_TMA_Q ? ", no TMA for Q" : "");
+           sta_cuda_tma_test() & STA_TEST_NO_TMA_Q ? ", no TMA for Q" : "",
+           sta_cuda_bsa_pairs_test() ? ", block-sparse pairs" : "");
 }
 
 /* The settings as they are, then the defaults (a test that checks which
 ** kernel the default takes); sta_test_kernels_put restores them. */
-typedef struct sta_test_kernels { int32_t variant, tma; } sta_test_kernels;
+typedef struct sta_test_kernels { int32_t variant, tma, pairs; } sta_test_kernels;
 static inline sta_test_kernels sta_test_kernels_default(void) {
-  sta_test_kernels k = {sta_cuda_variant_test(), sta_cuda_tma_test()};
+  sta_test_kernels k = {sta_cuda_variant_test(), sta_cuda_tma_test(), sta_cuda_bsa_pairs_test()};
   sta_cuda_set_variant_test(0);
   sta_cuda_set_tma_test(0);
+  sta_cuda_set_bsa_pairs_test(0);
   return k;
 }
 static inline void sta_test_kernels_put(sta_test_kernels k) {
   sta_cuda_set_variant_test(k.variant);
   sta_cuda_set_tma_test(k.tma);
+  sta_cuda_set_bsa_pairs_test(k.pairs);
 }
 
 #endif

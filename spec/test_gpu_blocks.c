@@ -15,6 +15,8 @@
 ** test does not depend on the core's resolve of the lists; through the
 ** public API and against the CPU path: test_gpu_blocks_api.c.  Also the
 ** index arithmetic of bsa_walk.h on the host (no GPU needed).
+** The paired forward (block_rows 64, sta_cuda_set_bsa_pairs_test) on its
+** own cases (test_pairs), and on all of them with STA_TEST_BSA_PAIRS=1.
 ** STA_TEST_SEED fixes the seed, STA_GPU_CASES the number of random
 ** problems (default 60), STA_GPU_QUICK keeps them small (compute-
 ** sanitizer). */
@@ -399,6 +401,44 @@ static void test_backward(void **state) {
   random_cases((ns ? atoi(ns) : 60) / 3);
 }
 
+/* The paired forward (sta_cuda_set_bsa_pairs_test: 1, and 2 its pre-pass's
+** rank path), block_rows 64, against the float64 reference: random, local
+** (overlapping: VSA-like) and many-empty lists, odd and even Mq, partial
+** blocks, both dtypes, D 64 and 128, both layouts; where TMA loads (batch
+** 1, 16-byte rows) the paired kernel must launch, elsewhere the split one. */
+static void test_pairs(void **state) {
+  NEED_GPU();
+  const int32_t was = sta_cuda_bsa_pairs_test();
+  const int quick = getenv("STA_GPU_QUICK") != NULL, n = quick ? 6 : 36;
+  for (int i = 0; i < n; i++) {
+    kcase c;
+    const int64_t Mq = i < 4 ? 5 + i % 2 : sta_test_rint(1, quick ? 5 : 11);
+    const int64_t Mk = sta_test_rint(1, quick ? 6 : 12);
+    case_init(&c, 64, Mq, Mk, sta_test_rint(1, Mk + 2));
+    c.shape = i % 3;
+    c.H = sta_test_rint(1, MAXH);
+    c.B = i % 6 == 5 ? 2 : 1; /* batch 2, storage 0: the gather (k permuted, heads not folded) */
+    c.D = i % 2 ? 64 : 128;
+    c.dtype = i / 2 % 2 ? STA_F16 : STA_BF16;
+    c.layout = (sta_layout)(i / 4 % 2);
+    c.sizes = (int)sta_test_rint(0, 2);
+    if (c.Mq != c.Mk && c.sizes == 1) c.sizes = 2;
+    c.store = i % 5 == 4 ? (int)sta_test_rint(1, 4) : 0;
+    if (c.store == 2 && c.Mq != c.Mk) c.store = 1; /* the fused qkv: one length */
+    c.fast = sta_test_rint(0, 3) == 0;
+    c.lse = 1;
+    c.bwd = 0;
+    sta_cuda_set_bsa_pairs_test(i % 4 == 3 ? 2 : 1);
+    run_case(&c);
+    /* TMA, so the paired kernel: batch 1 (heads folded), 16-byte rows */
+    const int tma = c.B == 1 && c.store != 4 && !(sta_cuda_tma_test() & STA_TEST_NO_TMA);
+    if (tma != (strstr(sta_cuda_last_launch(), "BlockPairs") != NULL) ||
+        !strstr(sta_cuda_last_launch(), tma ? "BlockPairs" : "BlockSplit"))
+      fail_msg("case %d (%s TMA): launched %s", i, tma ? "with" : "without", sta_cuda_last_launch());
+  }
+  sta_cuda_set_bsa_pairs_test(was);
+}
+
 /* block_rows the CUDA backend does not take: refused, naming it. */
 static void test_refusals(void **state) {
   NEED_GPU();
@@ -646,6 +686,7 @@ int main(void) {
       cmocka_unit_test(test_refusals),
       cmocka_unit_test(test_fixed),
       cmocka_unit_test(test_random),
+      cmocka_unit_test(test_pairs),
       cmocka_unit_test(test_backward),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
