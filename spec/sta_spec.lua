@@ -39,8 +39,8 @@ describe("sta", function()
     assert.equal(n, sta.debug.live_tensors())
   end)
 
-  -- the tile defaults to the core's 6x8x8; the window has no default (issue
-  -- 16: a silent 3x3x3 hid typos such as windows=), as in sta-run
+  -- the tile defaults to the core's 6x8x8; the window has no default (a
+  -- silent 3x3x3 once hid typos such as windows=), as in sta-run
   it("takes the tile from the core and requires a window", function()
     local g = sta.geometry { canvas = { 12, 16, 16 } }
     assert.same({ 6, 8, 8 }, g.tile)

@@ -1,7 +1,7 @@
 /*
-** test_nonfinite.c -- non-finite values propagate, as a property (issue
-** 31): one NaN (or +Inf in q) planted at a random place of q, k, v or dout
-** of a random problem (canvas, tiles, per-head windows, text, both row
+** test_nonfinite.c -- non-finite values propagate, as a property: one
+** NaN (or +Inf in q) planted at a random place of q, k, v or dout of a
+** random problem (canvas, tiles, per-head windows, text, both row
 ** orders, both layouts, f32/f16/bf16) reaches exactly the elements that
 ** depend on it, as NaN or Inf, never as a finite value, and nothing else:
 **
