@@ -33,6 +33,13 @@ case and nothing else (for ncu -k regex:sta_bsa_fwd).
 --pairs (alone): the 64-row cases' forward by the split kernel and by the
 paired one (sta_cuda_set_bsa_pairs_test), alternated; both times, the
 ratio, the outputs compared.  Writes bench_blocks_pairs.{log,json}.
+
+--ab LIB[,LIB] (alone): a kernel change's A/B, the forward (with --bwd the
+backward) of every case by --lib and each LIB loaded in this process,
+alternated --ab-rounds (3) times on the same inputs; ms, change against
+--lib, outputs bit-identical or not.  Writes bench_blocks_ab[_bwd].*:
+  python3 bench/bench_blocks.py --lib build-base/libsta.so --ab build-dev/libsta.so \
+      --out $OUT --cases 'hunyuan-720p bv64 random,hunyuan-720p bv256 random'
 """
 import argparse
 import ctypes as C
@@ -86,6 +93,7 @@ def check_mirrors(header=os.path.join(bg.HERE, "..", "core", "sta.h")):
 class Sta:
     def __init__(self, path):
         check_mirrors()
+        self.path = path
         L = self.lib = C.CDLL(os.path.abspath(path))
         L.sta_tensor_wrap.argtypes = [C.POINTER(C.c_void_p), C.c_void_p, C.c_int, C.c_int,
                                       C.c_int32, C.POINTER(C.c_int64), C.POINTER(C.c_int64)]
@@ -270,6 +278,20 @@ class Case:
         torch.cuda.empty_cache()
 
 
+def case_attempt(log, r, what, run):
+    """run() for case row r; an error goes into r[what + "_error"] and the
+    log with its traceback, and the next case runs.  True if it ran."""
+    try:
+        run()
+        return True
+    except Exception as ex:  # noqa: BLE001 -- reported, the next case runs
+        r[what + "_error"] = repr(ex)[:300]
+        log("# %s: %s: %s" % (r["name"], what, repr(ex)[:300]))
+        for line in traceback.format_exc().splitlines()[-6:]:
+            log("#   " + line)
+        return False
+
+
 def pairs_phase(sta, cases, reps, log, rows, save, rounds=3):
     """The 64-row cases' forward by the split kernel and by the paired one
     (the library's test-only setter, process-wide), alternated round by
@@ -315,14 +337,8 @@ def pairs_phase(sta, cases, reps, log, rows, save, rounds=3):
                     c.name, r["split_ms"], r["split_tflops"], r["pairs_ms"], r["pairs_tflops"],
                     r["split_ms"] / r["pairs_ms"], r["pairs_vs_split_rel"], r["lse_max_diff"],
                     r["lse_same_inf"], r["launch_split"], r["launch_pairs"]))
-        try:
-            run()
-        except Exception as ex:  # noqa: BLE001 -- reported, the next case runs
+        if not case_attempt(log, r, "pairs", run):
             L.sta_cuda_set_bsa_pairs_test(0)
-            r["pairs_error"] = repr(ex)[:300]
-            log("# %s: pairs: %s" % (c.name, repr(ex)[:300]))
-            for line in traceback.format_exc().splitlines()[-6:]:
-                log("#   " + line)
         c.free()
         save()
     log("")
@@ -335,6 +351,64 @@ def pairs_phase(sta, cases, reps, log, rows, save, rounds=3):
                 r["split_ms"] / r["pairs_ms"], r["pairs_vs_split_rel"]))
         elif "pairs_error" in r:
             log("| %s | error: %s |" % (r["name"], r["pairs_error"][:120]))
+
+
+def ab_phase(libs, cases, reps, log, rows, save, rounds=3, bwd=False):
+    """A kernel change's A/B: every case's forward (bwd: its backward) by
+    each library of libs (the first the reference, --lib), loaded in this
+    one process, alternated round by round on the same inputs (reps timed
+    calls each), medians of all; whether each output is bit-identical to
+    the reference's (o and lse; dq, dk, dv)."""
+    names = [os.path.basename(os.path.dirname(os.path.abspath(x.path))) + "/" +
+             os.path.basename(x.path) for x in libs]
+    for c in cases:
+        r = c.row
+        rows.append(r)
+
+        def run():
+            t = c.inputs(grads=bwd)
+            outs, ts = {}, {i: [] for i in range(len(libs))}
+            for rnd in range(rounds):
+                for i, x in enumerate(libs):
+                    x.forward(c.lists, t["q"], t["k"], t["v"], t["o"], t["lse"])
+                    if bwd:
+                        f = lambda: x.backward(c.lists, t["q"], t["k"], t["v"], t["o"],  # noqa
+                                               t["lse"], t["do"], t["dq"], t["dk"], t["dv"])
+                    else:
+                        f = lambda: x.forward(c.lists, t["q"], t["k"], t["v"], t["o"],  # noqa
+                                              t["lse"])
+                    f()
+                    torch.cuda.synchronize()
+                    if rnd == 0:
+                        keys = ("dq", "dk", "dv") if bwd else ("o", "lse")
+                        outs[i] = [t[k].clone() for k in keys]
+                    ts[i] += bg.time_ms(f, reps)[1]
+            r["ab"] = []
+            for i in range(len(libs)):
+                same = all(torch.equal(a, b) for a, b in zip(outs[0], outs[i]))
+                ms = statistics.median(ts[i])
+                r["ab"].append(dict(lib=names[i], ms=ms, spread_ms=[min(ts[i]), max(ts[i])],
+                                    bit_identical=same))
+            base = r["ab"][0]["ms"]
+            log("ab %s %s: %s" % ("bwd" if bwd else "fwd", c.name, "; ".join(
+                "%s %.3f ms (%+.2f %%)%s" % (e["lib"], e["ms"], 100 * (e["ms"] / base - 1),
+                                              "" if e["bit_identical"] else ", OUTPUTS DIFFER")
+                for e in r["ab"])))
+        case_attempt(log, r, "ab", run)
+        c.free()
+        save()
+    log("")
+    log("| case | " + " | ".join(names) + " | change | outputs |")
+    log("|---|" + "---|" * (len(names) + 2))
+    for r in rows:
+        if "ab" in r:
+            e = r["ab"]
+            log("| %s | %s | %s | %s |" % (
+                r["name"], " | ".join("%.2f" % x["ms"] for x in e),
+                ", ".join("%+.2f %%" % (100 * (x["ms"] / e[0]["ms"] - 1)) for x in e[1:]),
+                "bit-identical" if all(x["bit_identical"] for x in e) else "DIFFER"))
+        elif "ab_error" in r:
+            log("| %s | error: %s |" % (r["name"], r["ab_error"][:120]))
 
 
 def main():
@@ -350,12 +424,16 @@ def main():
     ap.add_argument("--pairs", action="store_true",
                     help="the paired 64-row forward (sta_cuda_set_bsa_pairs_test) against the "
                          "split one, alternated, on the bv64 cases (alone)")
+    ap.add_argument("--ab", default="",
+                    help="comma-separated libraries to A/B against --lib (alone; with --bwd "
+                         "the backward), alternated in this process, outputs compared")
+    ap.add_argument("--ab-rounds", type=int, default=3)
     ap.add_argument("--budget", type=float, default=330.0,
                     help="seconds; Flex, dense and the backward stop past it")
     a = ap.parse_args()
     t_start = time.time()
     left = lambda: a.budget - (time.time() - t_start)  # noqa: E731
-    tag = "_bwd" if a.bwd else "_pairs" if a.pairs else ""
+    tag = ("_ab" if a.ab else "") + ("_bwd" if a.bwd else "_pairs" if a.pairs else "")
     log = bg.file_log(a.out, "bench_blocks%s.log" % tag) if not a.profile else print
     sta = Sta(a.lib)
     log("# %s; torch %s; %s; phase %s" % (sta.describe, torch.__version__,
@@ -404,6 +482,10 @@ def main():
 
     if a.pairs:
         pairs_phase(sta, cases, a.reps, log, rows, save)
+        return
+    if a.ab:
+        libs = [sta] + [Sta(x) for x in a.ab.split(",") if x]
+        ab_phase(libs, cases, a.reps, log, rows, save, a.ab_rounds, a.bwd)
         return
 
     if not a.bwd:
