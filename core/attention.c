@@ -20,8 +20,8 @@ static sta_status check_forward_writes(const sta_tensor *out, const sta_tensor *
   return sta_check_writes("forward", 0, 2, w, WN, n, r, rn);
 }
 
-static sta_status check_tensor4(const sta_tensor *t, const char *name,
-                                sta_layout layout, sta_bshd *o) {
+sta_status sta_check_operand4(const sta_tensor *t, const char *name, sta_layout layout,
+                              sta_bshd *o) {
   sta_status rc = sta_tensor_bshd(t, layout, name, o);
   if (rc != STA_OK) return rc;
   if (o->d > 1 && o->sd != 1)
@@ -31,12 +31,12 @@ static sta_status check_tensor4(const sta_tensor *t, const char *name,
   return STA_OK;
 }
 
-/* t (named name) is 4-D in layout with the shape bq of ref (named rn; its
-** S too unless any_s), ref's dtype and device. */
-static sta_status check_like(const sta_tensor *t, const char *name, sta_layout layout,
-                             const sta_tensor *ref, const char *rn, const sta_bshd *bq,
-                             sta_bshd *bt, int any_s) {
-  sta_status rc = check_tensor4(t, name, layout, bt);
+/* internal.h: t (named name) is 4-D in layout with the shape bq of ref
+** (named rn; its S too unless any_s), ref's dtype and device. */
+sta_status sta_check_like(const sta_tensor *t, const char *name, sta_layout layout,
+                          const sta_tensor *ref, const char *rn, const sta_bshd *bq, sta_bshd *bt,
+                          int any_s) {
+  sta_status rc = sta_check_operand4(t, name, layout, bt);
   if (rc != STA_OK) return rc;
   if (bt->b != bq->b || (!any_s && bt->s != bq->s) || bt->h != bq->h || bt->d != bq->d)
     return sta_error(STA_ERR_SHAPE,
@@ -59,7 +59,7 @@ static sta_status check_like(const sta_tensor *t, const char *name, sta_layout l
 /* t (named name) is 4-D in layout with q's shape bq, dtype and device. */
 static sta_status check_like_q(const sta_tensor *t, const char *name, sta_layout layout,
                                const sta_tensor *q, const sta_bshd *bq, sta_bshd *bt) {
-  return check_like(t, name, layout, q, "q", bq, bt, 0);
+  return sta_check_like(t, name, layout, q, "q", bq, bt, 0);
 }
 
 /* t (named name) is f32 [B, heads, n] of bq's B and heads, on device dev
@@ -143,7 +143,7 @@ static sta_status resolve(const sta_attention_desc *desc, const sta_tensor *q,
   if (desc->layout != STA_BSHD && desc->layout != STA_BHSD)
     return sta_error(STA_ERR_ARGUMENT, "layout: expected STA_BSHD (0) or STA_BHSD (1), got %d",
                      (int)desc->layout);
-  if ((rc = check_tensor4(q, "q", desc->layout, &b[0])) != STA_OK) return rc;
+  if ((rc = sta_check_operand4(q, "q", desc->layout, &b[0])) != STA_OK) return rc;
   if (q->dtype == STA_F8E4M3 && !f8)
     return sta_error(STA_ERR_DTYPE, "q: f8e4m3 operands go to sta_attention_forward_fp8 (with "
                      "their scales)");
@@ -155,8 +155,8 @@ static sta_status resolve(const sta_attention_desc *desc, const sta_tensor *q,
                      "or STA_MASK_WINDOW_OR_BLOCKS (2), got %d", (int)desc->mask);
   /* BLOCKS: k and v have their own length (v k's); out is q's */
   const int own = desc->mask == STA_MASK_BLOCKS;
-  if ((rc = check_like(k, "k", desc->layout, q, "q", &b[0], &b[1], own)) != STA_OK ||
-      (rc = own ? check_like(v, "v", desc->layout, k, "k", &b[1], &b[2], 0)
+  if ((rc = sta_check_like(k, "k", desc->layout, q, "q", &b[0], &b[1], own)) != STA_OK ||
+      (rc = own ? sta_check_like(v, "v", desc->layout, k, "k", &b[1], &b[2], 0)
                 : check_like_q(v, "v", desc->layout, q, &b[0], &b[2])) != STA_OK)
     return rc;
   if ((out || !out_optional) &&
@@ -346,10 +346,10 @@ sta_status sta_attention_forward_fp8(const sta_attention_desc *desc, const sta_t
     if (x8[i]->dtype != STA_F8E4M3)
       return sta_error(STA_ERR_DTYPE, "%s: expected f8e4m3, got %s", N8[i],
                        sta_dtype_name(x8[i]->dtype));
-  if ((rc = check_tensor4(q8, "q8", desc->layout, &b[0])) != STA_OK) return rc;
+  if ((rc = sta_check_operand4(q8, "q8", desc->layout, &b[0])) != STA_OK) return rc;
   for (int i = 1; i < 3; i++)
     if ((rc = check_like_q(x8[i], N8[i], desc->layout, q8, &b[0], &b[i])) != STA_OK) return rc;
-  if ((rc = check_tensor4(out, "out", desc->layout, &b[3])) != STA_OK) return rc;
+  if ((rc = sta_check_operand4(out, "out", desc->layout, &b[3])) != STA_OK) return rc;
   if (b[3].b != b[0].b || b[3].s != b[0].s || b[3].h != b[0].h || b[3].d != b[0].d)
     return sta_error(STA_ERR_SHAPE, "out: shape [B=%lld, S=%lld, heads=%lld, D=%lld] differs "
                      "from q8's [B=%lld, S=%lld, heads=%lld, D=%lld]", (long long)b[3].b,
@@ -411,11 +411,11 @@ static sta_status bwd_operands(const sta_attention_desc *desc, const sta_tensor 
   sta_bshd bq, bk, bd, bg[3];
   sta_status rc;
   const int own = p->mask == STA_MASK_BLOCKS;
-  if ((rc = check_tensor4(q, "q", desc->layout, &bq)) != STA_OK) return rc;
-  if ((rc = check_tensor4(k, "k", desc->layout, &bk)) != STA_OK) return rc;
+  if ((rc = sta_check_operand4(q, "q", desc->layout, &bq)) != STA_OK) return rc;
+  if ((rc = sta_check_operand4(k, "k", desc->layout, &bk)) != STA_OK) return rc;
   if ((rc = check_like_q(dout, "dout", desc->layout, q, &bq, &bd)) != STA_OK) return rc;
   for (int i = 0; i < 3; i++)
-    if ((rc = i > 0 && own ? check_like(g[i], GN[i], desc->layout, k, "k", &bk, &bg[i], 0)
+    if ((rc = i > 0 && own ? sta_check_like(g[i], GN[i], desc->layout, k, "k", &bk, &bg[i], 0)
                            : check_like_q(g[i], GN[i], desc->layout, q, &bq, &bg[i])) != STA_OK)
       return rc;
   const sta_tensor *w[3] = {g[0], g[1], g[2]};
@@ -531,8 +531,8 @@ sta_status sta_head_diff(const sta_tensor *a, const sta_tensor *b,
                          sta_layout layout, float *l1, float *l2) {
   sta_bshd x, y;
   sta_status rc;
-  if ((rc = check_tensor4(a, "a", layout, &x)) != STA_OK) return rc;
-  if ((rc = check_tensor4(b, "b", layout, &y)) != STA_OK) return rc;
+  if ((rc = sta_check_operand4(a, "a", layout, &x)) != STA_OK) return rc;
+  if ((rc = sta_check_operand4(b, "b", layout, &y)) != STA_OK) return rc;
   if (x.b != y.b || x.s != y.s || x.h != y.h || x.d != y.d)
     return sta_error(STA_ERR_SHAPE, "b: shape differs from a's");
   if (a->dtype != b->dtype)

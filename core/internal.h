@@ -206,6 +206,16 @@ sta_status sta_check_writes(const char *what, int in_place, int nw, const sta_te
                             const char *const *wn, int nr, const sta_tensor *const *r,
                             const char *const *rn);
 
+/* The attention operands' checks (core/attention.c), shared by the VSA
+** calls: t (name) is 4-D in layout with the head dimension contiguous (*o
+** its sizes and strides); t is, besides, of ref's (named rn) shape bq (its S
+** too unless any_s), dtype and device. */
+sta_status sta_check_operand4(const sta_tensor *t, const char *name, sta_layout layout,
+                              sta_bshd *o);
+sta_status sta_check_like(const sta_tensor *t, const char *name, sta_layout layout,
+                          const sta_tensor *ref, const char *rn, const sta_bshd *bq, sta_bshd *bt,
+                          int any_s);
+
 /* ---- numbers ---------------------------------------------------------- */
 
 static inline float sta_bf16_to_f32(uint16_t h) {

@@ -64,40 +64,6 @@ static sta_status impl_of(sta_device dev, int fine, vsa_impl *im) {
 
 /* ---- checks -------------------------------------------------------------- */
 
-static sta_status check_op(const sta_tensor *t, const char *name, sta_layout layout,
-                           sta_bshd *o) {
-  sta_status rc = sta_tensor_bshd(t, layout, name, o);
-  if (rc != STA_OK) return rc;
-  if (o->d > 1 && o->sd != 1)
-    return sta_error(STA_ERR_SHAPE,
-                     "%s: the head dimension must be contiguous (stride 1), got stride %lld",
-                     name, (long long)o->sd);
-  return STA_OK;
-}
-
-/* t (name) has ref's dtype and device and the sizes [B, S, heads, D]. */
-static sta_status check_like(const sta_tensor *t, const char *name, sta_layout layout,
-                             const sta_tensor *ref, const char *rname, const sta_bshd *br,
-                             sta_bshd *bt) {
-  sta_status rc = check_op(t, name, layout, bt);
-  if (rc != STA_OK) return rc;
-  if (bt->b != br->b || bt->s != br->s || bt->h != br->h || bt->d != br->d)
-    return sta_error(STA_ERR_SHAPE,
-                     "%s: shape [B=%lld, S=%lld, heads=%lld, D=%lld] differs from %s's "
-                     "[B=%lld, S=%lld, heads=%lld, D=%lld]",
-                     name, (long long)bt->b, (long long)bt->s, (long long)bt->h,
-                     (long long)bt->d, rname, (long long)br->b, (long long)br->s,
-                     (long long)br->h, (long long)br->d);
-  if (t->dtype != ref->dtype)
-    return sta_error(STA_ERR_DTYPE, "%s: dtype %s differs from %s's %s", name,
-                     sta_dtype_name(t->dtype), rname, sta_dtype_name(ref->dtype));
-  if (t->storage->device != ref->storage->device)
-    return sta_error(STA_ERR_ARGUMENT, "%s: on %s while %s is on %s", name,
-                     sta_device_name(t->storage->device), rname,
-                     sta_device_name(ref->storage->device));
-  return STA_OK;
-}
-
 /* t (name): contiguous, dtype dt, shape n[0..nd), on dev. */
 static sta_status check_aux(const sta_tensor *t, const char *name, sta_dtype dt, int32_t nd,
                             const int64_t *n, const char *dims, sta_device dev) {
@@ -208,11 +174,11 @@ static sta_status resolve(const sta_vsa_desc *desc, const sta_tensor *q, const s
     return sta_error(STA_ERR_ARGUMENT,
                      "block_rows: expected 64 (4x4x4 cubes) or 256 (4x8x8 cubes), got %d",
                      (int)desc->block_rows);
-  if ((rc = check_op(q, "q", desc->layout, bq)) != STA_OK) return rc;
+  if ((rc = sta_check_operand4(q, "q", desc->layout, bq)) != STA_OK) return rc;
   if (q->dtype != STA_F32 && q->dtype != STA_F16 && q->dtype != STA_BF16)
     return sta_error(STA_ERR_DTYPE, "q: expected f32, f16 or bf16, got %s",
                      sta_dtype_name(q->dtype));
-  if ((rc = check_op(k, "k", desc->layout, bk)) != STA_OK) return rc;
+  if ((rc = sta_check_operand4(k, "k", desc->layout, bk)) != STA_OK) return rc;
   if (bk->b != bq->b || bk->h != bq->h || bk->d != bq->d)
     return sta_error(STA_ERR_SHAPE,
                      "k: [B=%lld, heads=%lld, D=%lld] differs from q's [B=%lld, heads=%lld, "
@@ -224,8 +190,9 @@ static sta_status resolve(const sta_vsa_desc *desc, const sta_tensor *q, const s
   if (k->storage->device != q->storage->device)
     return sta_error(STA_ERR_ARGUMENT, "k: on %s while q is on %s",
                      sta_device_name(k->storage->device), sta_device_name(q->storage->device));
-  if ((rc = check_like(v, "v", desc->layout, k, "k", bk, &bv)) != STA_OK) return rc;
-  if (gate && (rc = check_like(gate, "gate", desc->layout, q, "q", bq, &bg)) != STA_OK) return rc;
+  if ((rc = sta_check_like(v, "v", desc->layout, k, "k", bk, &bv, 0)) != STA_OK) return rc;
+  if (gate && (rc = sta_check_like(gate, "gate", desc->layout, q, "q", bq, &bg, 0)) != STA_OK)
+    return rc;
   if (bq->b < 1 || bq->h < 1 || bq->d < 1)
     return sta_error(STA_ERR_SHAPE,
                      "q: batch, heads and D must be >= 1, got B=%lld heads=%lld D=%lld",
@@ -283,7 +250,7 @@ static sta_status check_out(const sta_tensor *t, const char *name, sta_layout la
                             const sta_tensor *ref, const char *rname, const sta_bshd *br,
                             void **data, int64_t *sb, int64_t *ss, int64_t *sh) {
   sta_bshd b;
-  sta_status rc = check_like(t, name, layout, ref, rname, br, &b);
+  sta_status rc = sta_check_like(t, name, layout, ref, rname, br, &b, 0);
   if (rc != STA_OK) return rc;
   *data = sta_tensor_data(t);
   *sb = b.sb; *ss = b.ss; *sh = b.sh;
