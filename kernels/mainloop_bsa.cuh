@@ -142,8 +142,9 @@ __device__ __forceinline__ void bsa_merge_store(const BsaParams &a, const BsaSme
     ss[hr] = mx == -INFINITY ? 0.f : ex2(m[hr] - mx);
     so[hr] = mx == -INFINITY ? 0.f : ex2(mo - mx);
     const float sum = lr[hr] * ss[hr] + lo * so[hr];
-    inv[hr] = sum > 0.f ? 1.f / sum : 0.f;
-    lse[hr] = sum > 0.f ? (mx + log2f(sum)) * ln2 : -INFINITY;
+    /* a NaN sum stays NaN in out and lse, as in epilogue_fwd.cuh */
+    inv[hr] = sum > 0.f ? 1.f / sum : sum == 0.f ? 0.f : sum;
+    lse[hr] = sum == 0.f ? -INFINITY : (mx + log2f(sum)) * ln2;
   }
   int b, h, mb, part;
   bsa_item(item, a.Mq, a.parts, a.heads, &b, &h, &mb, &part);
@@ -188,8 +189,8 @@ __device__ __forceinline__ void bsa_out_rows(const BsaParams &a, Where where, in
     float sum = l[hr];
     sum += __shfl_xor_sync(0xffffffffu, sum, 1);
     sum += __shfl_xor_sync(0xffffffffu, sum, 2);
-    inv[hr] = sum > 0.f ? 1.f / sum : 0.f;
-    lse[hr] = sum > 0.f ? (m[hr] + log2f(sum)) * ln2 : -INFINITY;
+    inv[hr] = sum > 0.f ? 1.f / sum : sum == 0.f ? 0.f : sum; /* NaN stays NaN */
+    lse[hr] = sum == 0.f ? -INFINITY : (m[hr] + log2f(sum)) * ln2;
   }
   int b, h;
   int64_t qrow0;

@@ -4,7 +4,8 @@
 ** values (forward, lse, gradients), and bad lists (an index out of range or
 ** twice, num past L, a size outside 1..block_rows) refused on the GPU with
 ** the CPU's status and message (the device check, kernels/bsa_check.cu,
-** against core/mask.c's), the outputs left as they were.  The kernels'
+** against core/mask.c's), the outputs left as they were; a NaN or +Inf
+** planted in q, k or v reaches the same outputs on both devices.  The kernels'
 ** own coverage: test_gpu_blocks.c.  STA_TEST_SEED fixes the seed. */
 #include <math.h>
 #include <setjmp.h>
@@ -17,6 +18,8 @@
 #include <cmocka.h>
 
 #include "blocks_case.h"
+
+static int64_t n_nonfinite; /* test_nonfinite: non-finite outputs seen */
 
 static sta_tensor *i32_tensor(int32_t nd, const int64_t *shape, const int32_t *v, sta_device dev) {
   sta_tensor *h = NULL, *d = NULL;
@@ -174,6 +177,103 @@ static void public_case(const kcase *c) {
   free_lists(&x);
 }
 
+/* Non-finite values through the GPU's block lists: one NaN (or +Inf in q)
+** planted at a random valid element of q, k or v; the GPU forward and the
+** CPU forward on f32 copies of the same values agree element by element on
+** which outputs are finite, and on which lse entries are NaN, -inf or
+** finite (the rules themselves: test_nonfinite_blocks.c, on the CPU). */
+static void nonfinite_case(const kcase *c, int which, int inf) {
+  char what[480];
+  describe(c, what, sizeof what);
+  lists x;
+  make_lists(c, &x);
+  const int64_t Sq = c->Mq * c->bv, Sk = c->Mk * c->bv;
+  sta_tensor *hb[3], *h[3], *f[3], *g[3];
+  for (int i = 0; i < 3; i++) {
+    const int kv = i > 0;
+    h[i] = make4(&hb[i], c->dtype, STA_CPU, c->layout, 0, c->B, kv ? Sk : Sq, c->H, c->D);
+    assert_int_equal(sta_tensor_randn(h[i], c->seed * 7 + (uint64_t)i, 0.0, 1.0), STA_OK);
+  }
+  /* the plant, at a valid row */
+  const int64_t M = which ? c->Mk : c->Mq, blk = sta_test_rint(0, M - 1);
+  const int64_t row = blk * c->bv + sta_test_rint(0, (which ? x.ks : x.qs)[blk] - 1);
+  const int64_t pb = sta_test_rint(0, c->B - 1), ph = sta_test_rint(0, c->H - 1),
+                pd = sta_test_rint(0, c->D - 1);
+  int64_t at[4] = {pb, c->layout == STA_BSHD ? row : ph, c->layout == STA_BSHD ? ph : row, pd};
+  assert_int_equal(sta_tensor_set(h[which], at, inf ? INFINITY : NAN), STA_OK);
+  char where[600];
+  snprintf(where, sizeof where, "%s: %s %s at b %lld row %lld head %lld col %lld", what,
+           inf ? "+inf" : "NaN", which == 0 ? "q" : which == 1 ? "k" : "v", (long long)pb,
+           (long long)row, (long long)ph, (long long)pd);
+  for (int i = 0; i < 3; i++) {
+    f[i] = g[i] = NULL;
+    assert_int_equal(sta_tensor_to(&f[i], h[i], STA_F32, STA_CPU), STA_OK);
+    assert_int_equal(sta_tensor_to(&g[i], h[i], c->dtype, STA_CUDA), STA_OK);
+  }
+  plists hl, dl;
+  plists_make(&hl, c, &x, STA_CPU);
+  plists_make(&dl, c, &x, STA_CUDA);
+  sta_attention_desc d;
+  memset(&d, 0, sizeof d);
+  d.layout = c->layout;
+  d.mask = STA_MASK_BLOCKS;
+  int64_t qshape[4], ls[3] = {c->B, c->H, Sq};
+  for (int i = 0; i < 4; i++) qshape[i] = sta_tensor_size(f[0], i);
+  sta_tensor *go = NULL, *glse = NULL, *co = NULL, *clse = NULL, *ho = NULL, *hl2 = NULL;
+  assert_int_equal(sta_tensor_create(&go, c->dtype, STA_CUDA, 4, qshape), STA_OK);
+  assert_int_equal(sta_tensor_create(&glse, STA_F32, STA_CUDA, 3, ls), STA_OK);
+  assert_int_equal(sta_tensor_create(&co, STA_F32, STA_CPU, 4, qshape), STA_OK);
+  assert_int_equal(sta_tensor_create(&clse, STA_F32, STA_CPU, 3, ls), STA_OK);
+  assert_int_equal(sta_tensor_fill(go, 7.0), STA_OK); /* poison: finite, so a missed write shows */
+  d.blocks = &dl.bl;
+  if (sta_attention_forward(&d, g[0], g[1], g[2], go, glse) != STA_OK)
+    fail_msg("%s: GPU forward: %s", where, sta_last_error());
+  assert_int_equal(sta_cuda_synchronize(), STA_OK);
+  d.blocks = &hl.bl;
+  assert_int_equal(sta_attention_forward(&d, f[0], f[1], f[2], co, clse), STA_OK);
+  assert_int_equal(sta_tensor_to(&ho, go, STA_F32, STA_CPU), STA_OK);
+  assert_int_equal(sta_tensor_to(&hl2, glse, STA_F32, STA_CPU), STA_OK);
+  const float *go_ = sta_tensor_data(ho), *co_ = sta_tensor_data(co);
+  int64_t bad = 0;
+  for (int64_t i = 0; i < sta_tensor_numel(ho); i++) {
+    if (isfinite(go_[i]) != isfinite(co_[i]))
+      fail_msg("%s: out[%lld] GPU %g, CPU %g", where, (long long)i, (double)go_[i], (double)co_[i]);
+    bad += !isfinite(co_[i]);
+  }
+  const float *gl = sta_tensor_data(hl2), *cl = sta_tensor_data(clse);
+  for (int64_t i = 0; i < sta_tensor_numel(hl2); i++) {
+    const int gk = isnan(gl[i]) ? 0 : isinf(gl[i]) ? 1 : 2, ck = isnan(cl[i]) ? 0 : isinf(cl[i]) ? 1 : 2;
+    if (gk != ck || (gk == 1 && gl[i] != cl[i]))
+      fail_msg("%s: lse[%lld] GPU %g, CPU %g", where, (long long)i, (double)gl[i], (double)cl[i]);
+  }
+  n_nonfinite += bad;
+  for (int i = 0; i < 3; i++) {
+    sta_tensor_destroy(h[i]); sta_tensor_destroy(hb[i]); sta_tensor_destroy(f[i]); sta_tensor_destroy(g[i]);
+  }
+  sta_tensor_destroy(go); sta_tensor_destroy(glse); sta_tensor_destroy(co); sta_tensor_destroy(clse);
+  sta_tensor_destroy(ho); sta_tensor_destroy(hl2);
+  plists_free(&hl);
+  plists_free(&dl);
+  free_lists(&x);
+}
+
+static void test_nonfinite(void **state) {
+  NEED_GPU();
+  static const int32_t BV[4] = {64, 128, 256, 384};
+  for (int k = 0; k < 24; k++) {
+    kcase c;
+    case_init(&c, BV[k % 4], sta_test_rint(2, 5), sta_test_rint(2, 6), sta_test_rint(1, 4));
+    c.D = k % 3 == 2 ? 64 : 128;
+    c.dtype = k % 2 ? STA_F16 : STA_BF16;
+    c.layout = sta_test_rint(0, 1) ? STA_BSHD : STA_BHSD;
+    c.B = sta_test_rint(1, 2);
+    const int which = k % 3, inf = which == 0 && k % 6 == 3;
+    nonfinite_case(&c, which, inf);
+  }
+  printf("# 24 planted cases: %lld non-finite outputs, GPU and CPU alike\n", (long long)n_nonfinite);
+  assert_true(n_nonfinite > 0);
+}
+
 static void test_public(void **state) {
   NEED_GPU();
   kcase c;
@@ -190,6 +290,7 @@ int main(void) {
     printf("# no CUDA backend: %s\n", sta_backend_describe(STA_CUDA));
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_public),
+      cmocka_unit_test(test_nonfinite),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
