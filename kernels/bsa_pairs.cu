@@ -8,8 +8,9 @@
 ** duplicate-free (core/mask.c checks it).  One CTA of 256 threads a pair:
 ** two bitmaps of Mk bits in shared memory (Mk up to 163,840: 40 KB), set,
 ** then a scan of the words' popcounts writes the union in order; past that
-** each entry's place is its rank (entries of both lists below it: O(L^2)
-** a pair, lists read from global memory).  Stream-ordered workspace
+** each entry's place is its rank (the distinct entries of both lists below
+** it: O(L^2) a pair, lists read from global memory, a flag per entry of
+** 2p + 1's list in the workspace).  Stream-ordered workspace
 ** (cudaMallocAsync on the library's stream: legal under graph capture).
 */
 #include <stdint.h>
@@ -23,6 +24,7 @@ namespace {
 struct PairArgs {
   const int32_t *num, *idx, *q_sizes;
   int32_t *uidx, *ucnt;
+  uint8_t *inb; /* the rank path: [rows][L] flags, B's entry is in A */
   int64_t L, ustride;
   int Mq, Mp, words; /* words: bitmap words a list (0: the rank path) */
 };
@@ -83,30 +85,34 @@ __global__ void __launch_bounds__(PT) bsa_pairs_union(const PairArgs a) {
       }
     }
   } else {
+    /* the rank path: an entry's place is the number of distinct union
+    ** entries below it, A's below it plus B's below it that A lacks (B's
+    ** "in A" flags first, in the workspace's bytes beside the lists) */
+    uint8_t *ina = a.inb + r * a.L;
     if (tid == 0) common = 0;
-    __syncthreads();
-    for (int i = tid; i < na; i += PT) {
-      const int32_t x = A[i];
-      int lt = 0, inb = 0;
-      for (int j = 0; j < na; j++) lt += A[j] < x;
-      for (int j = 0; j < nb; j++) {
-        lt += B[j] < x;
-        inb |= B[j] == x;
-      }
-      out[lt] = x << 2 | 1 | inb << 1;
-      if (inb) atomicAdd(&common, 1);
-    }
     for (int i = tid; i < nb; i += PT) {
       const int32_t y = B[i];
-      int lt = 0, ina = 0;
-      for (int j = 0; j < na; j++) {
-        lt += A[j] < y;
-        ina |= A[j] == y;
-      }
-      if (ina) continue;
-      for (int j = 0; j < nb; j++) lt += B[j] < y;
-      out[lt] = y << 2 | 2;
+      int f = 0;
+      for (int j = 0; j < na; j++) f |= A[j] == y;
+      ina[i] = (uint8_t)f;
+      if (f) atomicAdd(&common, 1);
     }
+    __syncthreads();
+    /* below(x): distinct union entries below x */
+    auto below = [&](int32_t x) {
+      int lt = 0;
+      for (int j = 0; j < na; j++) lt += A[j] < x;
+      for (int j = 0; j < nb; j++) lt += B[j] < x && !ina[j];
+      return lt;
+    };
+    for (int i = tid; i < na; i += PT) {
+      const int32_t x = A[i];
+      int inb = 0;
+      for (int j = 0; j < nb; j++) inb |= B[j] == x;
+      out[below(x)] = x << 2 | 1 | inb << 1;
+    }
+    for (int i = tid; i < nb; i += PT)
+      if (!ina[i]) out[below(B[i])] = B[i] << 2 | 2;
     __syncthreads();
     total = na + nb - common;
   }
@@ -132,7 +138,10 @@ sta_status bsa_pairs_prepass(BsaParams &x, void **ws) {
   x.ustride = 2 * x.L < x.Mk ? 2 * x.L : x.Mk;
   if (x.ustride < 1) x.ustride = 1;
   const size_t b_idx = ((size_t)rows * (size_t)x.ustride * 4 + 255) & ~(size_t)255;
-  const size_t total = b_idx + (size_t)rows * 16;
+  const int words = (x.Mk + 31) / 32;
+  const int bitmaps = words <= MAX_WORDS && x.pairs != 2; /* 2: the tests' rank path */
+  const size_t b_cnt = (b_idx + (size_t)rows * 16 + 255) & ~(size_t)255;
+  const size_t total = b_cnt + (bitmaps ? 0 : (size_t)rows * (size_t)x.L);
   char *w = NULL;
   cudaError_t e = cudaMallocAsync((void **)&w, total, sm);
   if (e != cudaSuccess) return sta_cuda_fail(e, "block-sparse pairs: workspace");
@@ -149,8 +158,8 @@ sta_status bsa_pairs_prepass(BsaParams &x, void **ws) {
   pa.ustride = x.ustride;
   pa.Mq = x.Mq;
   pa.Mp = x.Mp;
-  const int words = (x.Mk + 31) / 32;
-  pa.words = words <= MAX_WORDS && x.pairs != 2 ? words : 0; /* 2: the tests' rank path */
+  pa.inb = bitmaps ? NULL : (uint8_t *)(w + b_cnt);
+  pa.words = bitmaps ? words : 0;
   bsa_pairs_union<<<(unsigned)rows, PT, (size_t)pa.words * 8, sm>>>(pa);
   e = cudaGetLastError();
   if (e != cudaSuccess) return sta_cuda_fail(e, "block-sparse pairs: the union's kernel");
