@@ -1,8 +1,9 @@
 /*
 ** sparse.c -- block-sparse attention and VSA in the Lua module (STA.md
 ** section 12): sta.block_sparse, sta.block_sparse_backward, sta.vsa,
-** sta.vsa_backward, the cube order (sta.to_cubes, sta.from_cubes,
-** sta.cube_sizes) and sta.vsa_topk.  Block lists and sizes are i32 tensors
+** sta.vsa_backward, their float64 references (sta.vsa_reference,
+** sta.vsa_backward_reference), sta.vsa_coarse, the cube order
+** (sta.to_cubes, sta.from_cubes, sta.cube_sizes) and sta.vsa_topk.  Block lists and sizes are i32 tensors
 ** or Lua lists, converted here (on q's device).
 */
 #include <stdint.h>
@@ -281,25 +282,32 @@ void sta_lua_push_vsa(lua_State *L, const sta_vsa_desc *d, const int32_t canvas[
 }
 
 /* vsa(q, k, v, {canvas=, cube=, sparsity= | topk=, gate=, layout=, scale=,
-** out=, lse=}) -> out [, lse]: q, k, v in the cube order of canvas */
-static int l_vsa(lua_State *L) {
+** out=, lse=}) -> out [, lse]: q, k, v in the cube order of canvas;
+** vsa_reference (the brute force in double, host tensors) with ref = 1 */
+static int vsa_common(lua_State *L, int ref) {
   sta_tensor *q = sta_lua_check_tensor(L, 1, "q");
   sta_tensor *k = sta_lua_check_tensor(L, 2, "k");
   sta_tensor *v = sta_lua_check_tensor(L, 3, "v");
   sta_vsa_desc d;
   sta_tensor *gate, *lse, *out;
   lua_settop(L, 4);
-  sta_lua_read_vsa(L, 4, "vsa", q, k, &d, &gate); /* the sizes stay on the stack */
+  sta_lua_read_vsa(L, 4, ref ? "vsa_reference" : "vsa", q, k, &d, &gate); /* the sizes stay */
   int want_lse, r = sta_lua_push_outputs(L, 4, q, d.layout, &out, &lse, &want_lse);
   if (r != 1) return r;
   sta_status rc;
-  STA_LUA_LONG(rc, sta_vsa_forward(&d, q, k, v, gate, out, lse));
+  if (ref) STA_LUA_LONG(rc, sta_vsa_reference(&d, q, k, v, gate, out, lse));
+  else STA_LUA_LONG(rc, sta_vsa_forward(&d, q, k, v, gate, out, lse));
   if (rc != STA_OK) return sta_lua_fail(L, rc);
   return want_lse ? 2 : 1;
 }
 
-int sta_lua_vsa_backward(lua_State *L, const sta_vsa_desc *d, sta_tensor *const *t,
-                         sta_tensor *gate, int grads) {
+static int l_vsa(lua_State *L) { return vsa_common(L, 0); }
+static int l_vsa_reference(lua_State *L) { return vsa_common(L, 1); }
+
+/* dq, dk, dv (and dgate) of sta_vsa_backward, or of sta_vsa_backward_reference
+** with ref = 1 (which reads neither out nor lse: t[3], t[4] may be NULL). */
+static int vsa_grads(lua_State *L, const sta_vsa_desc *d, sta_tensor *const *t,
+                     sta_tensor *gate, int grads, int ref) {
   static const char *G[4] = {"dq", "dk", "dv", "dgate"};
   sta_tensor *g[4] = {NULL, NULL, NULL, NULL};
   const int n = gate ? 4 : 3;
@@ -308,23 +316,71 @@ int sta_lua_vsa_backward(lua_State *L, const sta_vsa_desc *d, sta_tensor *const 
     if (r != 1) return r;
   }
   sta_status rc;
-  STA_LUA_LONG(rc, sta_vsa_backward(d, t[0], t[1], t[2], gate, t[3], t[4], t[5], g[0], g[1],
-                                    g[2], g[3]));
+  if (ref)
+    STA_LUA_LONG(rc, sta_vsa_backward_reference(d, t[0], t[1], t[2], gate, t[5], g[0], g[1],
+                                                g[2], g[3]));
+  else
+    STA_LUA_LONG(rc, sta_vsa_backward(d, t[0], t[1], t[2], gate, t[3], t[4], t[5], g[0], g[1],
+                                      g[2], g[3]));
   if (rc != STA_OK) return sta_lua_fail(L, rc);
   return n;
 }
 
+int sta_lua_vsa_backward(lua_State *L, const sta_vsa_desc *d, sta_tensor *const *t,
+                         sta_tensor *gate, int grads) {
+  return vsa_grads(L, d, t, gate, grads, 0);
+}
+
 /* vsa_backward(q, k, v, out, lse, dout, opts) -> dq, dk, dv [, dgate]: the
 ** options of vsa (the forward's: sparsity or topk, gate), plus dq, dk, dv,
-** dgate to write into */
-static int l_vsa_backward(lua_State *L) {
+** dgate to write into; vsa_backward_reference with ref = 1 (in double from
+** q, k, v, gate and dout: out and lse may be nil, and are not read) */
+static int vsa_backward_common(lua_State *L, int ref) {
   static const char *N[6] = {"q", "k", "v", "out", "lse", "dout"};
   sta_tensor *t[6], *gate;
-  for (int i = 0; i < 6; i++) t[i] = sta_lua_check_tensor(L, i + 1, N[i]);
+  for (int i = 0; i < 6; i++)
+    t[i] = ref && (i == 3 || i == 4) && lua_isnoneornil(L, i + 1)
+               ? NULL : sta_lua_check_tensor(L, i + 1, N[i]);
   sta_vsa_desc d;
   lua_settop(L, 7);
-  sta_lua_read_vsa(L, 7, "vsa_backward", t[0], t[1], &d, &gate);
-  return sta_lua_vsa_backward(L, &d, t, gate, 7);
+  sta_lua_read_vsa(L, 7, ref ? "vsa_backward_reference" : "vsa_backward", t[0], t[1], &d, &gate);
+  return vsa_grads(L, &d, t, gate, 7, ref);
+}
+
+static int l_vsa_backward(lua_State *L) { return vsa_backward_common(L, 0); }
+static int l_vsa_backward_reference(lua_State *L) { return vsa_backward_common(L, 1); }
+
+/* vsa_coarse(q, k, v, {canvas=, cube=, sparsity= | topk=, layout=, scale=})
+** -> out_c f32 [B, heads, Mq, D], lse_c f32 [B, heads, Mq], idx i32 [B,
+** heads, Mq, topk] (the selected key cubes, ascending), num i32 [B, heads,
+** Mq] (topk): the coarse branch and the selection (sta_vsa_coarse), on q's
+** device; idx and num are a block list for sta.block_sparse */
+static int l_vsa_coarse(lua_State *L) {
+  sta_tensor *q = sta_lua_check_tensor(L, 1, "q");
+  sta_tensor *k = sta_lua_check_tensor(L, 2, "k");
+  sta_tensor *v = sta_lua_check_tensor(L, 3, "v");
+  sta_vsa_desc d;
+  sta_tensor *gate, *w[4];
+  lua_settop(L, 4);
+  sta_lua_read_vsa(L, 4, "vsa_coarse", q, k, &d, &gate); /* the sizes stay; no gate here */
+  if (sta_tensor_ndim(q) != 4)
+    return sta_lua_misuse(L, "q: expected a 4-D tensor, got %d-D", (int)sta_tensor_ndim(q));
+  const int bshd = d.layout == STA_BSHD;
+  const int64_t B = sta_tensor_size(q, 0), heads = sta_tensor_size(q, bshd ? 2 : 1);
+  const int64_t Mq = sta_tensor_size(q, bshd ? 1 : 2) / d.block_rows; /* whole: read_vsa */
+  const int64_t oc[4] = {B, heads, Mq, sta_tensor_size(q, 3)}, ix[4] = {B, heads, Mq, d.topk};
+  const sta_dtype dt[4] = {STA_F32, STA_F32, STA_I32, STA_I32};
+  const int nd[4] = {4, 3, 4, 3};
+  for (int i = 0; i < 4; i++) {
+    sta_lua_tensor *u;
+    int r = sta_lua_push_new_tensor(L, dt[i], sta_tensor_device(q), nd[i], i < 2 ? oc : ix, &u);
+    if (r != 1) return r;
+    w[i] = u->t;
+  }
+  sta_status rc;
+  STA_LUA_LONG(rc, sta_vsa_coarse(&d, q, k, v, w[0], w[1], w[2], w[3]));
+  if (rc != STA_OK) return sta_lua_fail(L, rc);
+  return 4;
 }
 
 /* vsa_topk(sparsity, cubes) -> ceil((1 - sparsity) * cubes) (sta_vsa_topk) */
@@ -401,7 +457,9 @@ static int l_cube_sizes(lua_State *L) {
 
 static const luaL_Reg sparse_funcs[] = {
   {"block_sparse", l_block_sparse}, {"block_sparse_backward", l_block_sparse_backward},
-  {"vsa", l_vsa}, {"vsa_backward", l_vsa_backward}, {"vsa_topk", l_vsa_topk},
+  {"vsa", l_vsa}, {"vsa_backward", l_vsa_backward}, {"vsa_reference", l_vsa_reference},
+  {"vsa_backward_reference", l_vsa_backward_reference}, {"vsa_coarse", l_vsa_coarse},
+  {"vsa_topk", l_vsa_topk},
   {"to_cubes", l_to_cubes}, {"from_cubes", l_from_cubes}, {"cube_sizes", l_cube_sizes},
   {NULL, NULL}};
 

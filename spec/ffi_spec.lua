@@ -159,9 +159,41 @@ describe("sta.ffi #ffi", function()
     S.check(C.sta_vsa_reference(d, q, k, xc, g, ref, nil))
     local _, rel = S.compare(out, ref)
     assert.is_true(rel < 1e-5, rel)
-    local grads = { S.vsa_backward(q, k, xc, out, lse, S.randn({1, 512, 2, 8}, seed + 74),
-                                   { canvas = {5, 6, 7}, topk = 4, gate = g }) }
+    local o = { canvas = {5, 6, 7}, topk = 4, gate = g }
+    assert.equal(0, (S.compare(S.vsa_reference(q, k, xc, o), ref)))
+    local dout = S.randn({1, 512, 2, 8}, seed + 74)
+    local grads = { S.vsa_backward(q, k, xc, out, lse, dout, o) }
+    local rgrads = { S.vsa_backward_reference(q, k, xc, nil, nil, dout, o) }
     assert.equal(4, #grads)
+    assert.equal(4, #rgrads)
+    for i = 1, 4 do
+      local _, r = S.compare(grads[i], rgrads[i])
+      assert.is_true(r < 1e-5, r)
+    end
+    -- the coarse branch and the selection: the fine branch over them plus
+    -- gate * out_c is the forward's out (the C module's spec checks each entry)
+    local oc, lc, idx, num = S.vsa_coarse(q, k, xc, { canvas = {5, 6, 7}, topk = 4 })
+    assert.same({1, 2, 8, 8}, S.shape(oc))
+    assert.same({1, 2, 8}, S.shape(lc))
+    assert.same({1, 2, 8, 4}, S.shape(idx))
+    assert.same({1, 2, 8}, S.shape(num))
+    local sizes = S.cube_sizes{ canvas = {5, 6, 7} }
+    local fine = S.block_sparse(q, k, xc, { idx = idx, num = num, kv_sizes = sizes, q_sizes = sizes })
+    local pf, pg, po = ffi.cast("float *", C.sta_tensor_data(fine)), ffi.cast("float *", C.sta_tensor_data(g)),
+                       ffi.cast("float *", C.sta_tensor_data(out))
+    local poc, ps = ffi.cast("float *", C.sta_tensor_data(oc)), ffi.cast("int32_t *", C.sta_tensor_data(sizes))
+    local worst = 0
+    for r = 0, 511 do
+      local m = math.floor(r / 64)
+      for h = 0, 1 do
+        for dd = 0, 7 do
+          local i = (r * 2 + h) * 8 + dd
+          local want = r % 64 < ps[m] and pg[i] * poc[(h * 8 + m) * 8 + dd] + pf[i] or 0
+          worst = math.max(worst, math.abs(po[i] - want) / math.max(1, math.abs(want)))
+        end
+      end
+    end
+    assert.is_true(worst < 1e-5, worst)
     assert.equal("q: 512 rows, expected 256 (the canvas 4x8x8 in 1 cubes of 256 rows, cube order)",
       select(2, pcall(S.vsa, q, k, xc, { canvas = {4, 8, 8}, cube = "4x8x8", topk = 1 })))
   end)
@@ -226,6 +258,11 @@ describe("sta.ffi #ffi", function()
       block_sparse_backward = function(o) return S.block_sparse_backward(q, k, v, out, lse, g, o) end,
       vsa = function(o) return S.vsa(qc, kc, vc, o) end,
       vsa_backward = function(o) return S.vsa_backward(qc, kc, vc, cout, clse, gc, o) end,
+      vsa_reference = function(o) return S.vsa_reference(qc, kc, vc, o) end,
+      vsa_backward_reference = function(o)
+        return S.vsa_backward_reference(qc, kc, vc, cout, clse, gc, o)
+      end,
+      vsa_coarse = function(o) return S.vsa_coarse(qc, kc, vc, o) end,
       cubes = function(o) return S.to_cubes(x, o) end,
       cube_sizes = function(o) return S.cube_sizes(o) end,
     }

@@ -40,6 +40,9 @@ return function(O)
     -- q, k, v in the cube order of M.problem.vsa_canvas (2 cubes of 64 rows)
     vsa = { canvas = { 4, 4, 8 }, sparsity = 0.5 },
     vsa_backward = { canvas = { 4, 4, 8 }, sparsity = 0.5 },
+    vsa_reference = { canvas = { 4, 4, 8 }, sparsity = 0.5 },
+    vsa_backward_reference = { canvas = { 4, 4, 8 }, sparsity = 0.5 },
+    vsa_coarse = { canvas = { 4, 4, 8 }, sparsity = 0.5 },
     cubes = { canvas = { 2, 4, 4 } },
     cube_sizes = { canvas = { 2, 4, 4 } },
   }
@@ -55,12 +58,14 @@ return function(O)
   M.calls = {
     lua = { "attention", "reference", "attention_backward", "attention_fp8", "layer",
             "forward_batch", "forward_context", "uniform", "geometry", "tune", "block_sparse",
-            "block_sparse_backward", "vsa", "vsa_backward", "cubes", "cube_sizes" },
+            "block_sparse_backward", "vsa", "vsa_backward", "vsa_reference",
+            "vsa_backward_reference", "vsa_coarse", "cubes", "cube_sizes" },
     ffi = { "attention", "reference", "attention_backward", "attention_fp8", "block_sparse",
-            "block_sparse_backward", "vsa", "vsa_backward", "cubes", "cube_sizes" },
+            "block_sparse_backward", "vsa", "vsa_backward", "vsa_reference",
+            "vsa_backward_reference", "vsa_coarse", "cubes", "cube_sizes" },
     python = { "attention", "reference", "attention_backward", "attention_fp8", "layer",
                "forward_batch", "forward_context", "uniform", "tune", "block_sparse", "vsa",
-               "cubes", "cube_sizes" },
+               "vsa_reference", "vsa_backward_reference", "vsa_coarse", "cubes", "cube_sizes" },
   }
 
   local function copy(t)

@@ -42,6 +42,11 @@ local function harness()
     block_sparse_backward = function(o) return sta.block_sparse_backward(q, k, v, out, lse, dout, o) end,
     vsa = function(o) return sta.vsa(qc, kc, vc, o) end,
     vsa_backward = function(o) return sta.vsa_backward(qc, kc, vc, cout, clse, gc, o) end,
+    vsa_reference = function(o) return sta.vsa_reference(qc, kc, vc, o) end,
+    vsa_backward_reference = function(o)
+      return sta.vsa_backward_reference(qc, kc, vc, cout, clse, gc, o)
+    end,
+    vsa_coarse = function(o) return sta.vsa_coarse(qc, kc, vc, o) end,
     cubes = function(o) return sta.to_cubes(x, o) end,
     cube_sizes = function(o) return sta.cube_sizes(o) end,
     attention = function(o) return sta.attention(q, k, v, o) end,

@@ -4,7 +4,9 @@
 -- bits), sta.vsa against a float64 VSA written here (means, coarse
 -- softmax, top-k with ties to the lower index, the fine branch, the gate)
 -- and its gradients against central differences of that reference, the
--- cube order, VSA layers per step from the forward batch's sparsity (dense
+-- core's float64 VSA (sta.vsa_reference, sta.vsa_backward_reference)
+-- against the fast path, the coarse branch and selection (sta.vsa_coarse)
+-- against the forward, the cube order, VSA layers per step from the forward batch's sparsity (dense
 -- steps), i32 tensors, and the errors.
 local sta = require "sta"
 local H = require "helpers"
@@ -76,14 +78,15 @@ local function ref_blocks(p, q, k, v, dout)
 end
 
 -- VSA on cube-order q, k, v (flat, [B, M*br, H, D]) with sizes, topk and
--- gate (flat or nil): out (flat).
+-- gate (flat or nil): out (flat); the selection lists[b][h][m] (ascending),
+-- the coarse output outc[b][h][m][d] and lse lsec[b][h][m] (m, d 0-based).
 local function ref_vsa(p, q, k, v, gate)
   local B, Hh, D, br, M = p.B, p.H, p.D, p.br, p.M
   local ix = at(M * br, Hh, D)
   local lists = {}
-  local outc = {} -- [b][h][m][d]
+  local outc, lsec = {}, {} -- [b][h][m][d], [b][h][m]
   for b = 0, B - 1 do
-    lists[b + 1], outc[b + 1] = {}, {}
+    lists[b + 1], outc[b + 1], lsec[b + 1] = {}, {}, {}
     for h = 0, Hh - 1 do
       local function mean(x, c)
         local mu = {}
@@ -96,7 +99,7 @@ local function ref_vsa(p, q, k, v, gate)
       end
       local qc, kc, vc = {}, {}, {}
       for c = 0, M - 1 do qc[c], kc[c], vc[c] = mean(q, c), mean(k, c), mean(v, c) end
-      lists[b + 1][h + 1], outc[b + 1][h + 1] = {}, {}
+      lists[b + 1][h + 1], outc[b + 1][h + 1], lsec[b + 1][h + 1] = {}, {}, {}
       for m = 0, M - 1 do
         local s, mx = {}, -math.huge
         for n = 0, M - 1 do
@@ -114,6 +117,7 @@ local function ref_vsa(p, q, k, v, gate)
           oc[d] = x
         end
         outc[b + 1][h + 1][m] = oc
+        lsec[b + 1][h + 1][m] = mx + math.log(sum)
         local order = {}
         for n = 0, M - 1 do order[n + 1] = n end
         table.sort(order, function(a, c) return s[a] > s[c] or (s[a] == s[c] and a < c) end)
@@ -139,7 +143,7 @@ local function ref_vsa(p, q, k, v, gate)
       end
     end
   end
-  return out
+  return out, lists, outc, lsec
 end
 
 local function max_err(a, b)
@@ -349,8 +353,110 @@ describe("sta.vsa", function()
     end
   end)
 
+  local function rel(a, b) return select(2, a:compare(b)) end
+
+  it("has a float64 reference, forward and backward, that the fast path matches", function()
+    for _, case in ipairs{ { topk = 3, gated = true }, { sparsity = 0.4 }, { sparsity = 0, gated = true } } do
+      local p = problem()
+      local o = { canvas = canvas, sparsity = case.sparsity, topk = case.topk,
+                  gate = case.gated and p.g or nil, lse = true }
+      local out, lse = sta.vsa(p.q, p.k, p.v, o)
+      local rout, rlse = sta.vsa_reference(p.q, p.k, p.v, o)
+      assert.same(out:shape(), rout:shape())
+      assert.is_true(rel(out, rout) < 1e-5, tostring(rel(out, rout)))
+      local lf, lr = lse:totable(), rlse:totable()
+      for i = 1, #lr do -- padding rows: -inf in both
+        if lr[i] == -math.huge then assert.equal(-math.huge, lf[i])
+        else assert.is_true(math.abs(lf[i] - lr[i]) < 1e-4) end
+      end
+      p.topk = case.topk or sta.vsa_topk(case.sparsity, M)
+      local want = ref_vsa(p, p.q:totable(), p.k:totable(), p.v:totable(),
+                           case.gated and p.g:totable() or nil)
+      assert.is_true(max_err(rout:totable(), want) < 1e-6)
+      assert.equal(1, select("#", sta.vsa_reference(p.q, p.k, p.v, { canvas = canvas, topk = 2 })))
+      local dout = H.randn(p.q:shape())
+      o.lse = nil
+      local a = { sta.vsa_backward(p.q, p.k, p.v, out, lse, dout, o) }
+      local b = { sta.vsa_backward_reference(p.q, p.k, p.v, out, lse, dout, o) }
+      local c = { sta.vsa_backward_reference(p.q, p.k, p.v, nil, nil, dout, o) } -- not read
+      assert.equal(case.gated and 4 or 3, #b)
+      assert.equal(#a, #b)
+      for i = 1, #a do
+        assert.same(a[i]:shape(), b[i]:shape())
+        assert.is_true(rel(a[i], b[i]) < 1e-5, ("grad %d: %g"):format(i, rel(a[i], b[i])))
+        assert.is_true(H.same_values(b[i], c[i]))
+      end
+    end
+  end)
+
+  it("gives the coarse branch and the forward's selection (sta.vsa_coarse)", function()
+    for _, case in ipairs{ { topk = 3 }, { sparsity = 0.6, layout = "bhsd" }, { topk = M } } do
+      local p = problem()
+      p.topk = case.topk or sta.vsa_topk(case.sparsity, M)
+      local bhsd = case.layout == "bhsd"
+      local function lay(t) return bhsd and t:permute({ 1, 3, 2, 4 }):clone() or t end
+      local q, k, v, g = lay(p.q), lay(p.k), lay(p.v), lay(p.g)
+      local o = { canvas = canvas, sparsity = case.sparsity, topk = case.topk, layout = case.layout }
+      local oc, lc, idx, num = sta.vsa_coarse(q, k, v, o)
+      assert.same({ 1, 2, M, 8 }, oc:shape())
+      assert.same({ 1, 2, M }, lc:shape())
+      assert.same({ 1, 2, M, p.topk }, idx:shape())
+      assert.equal("i32", idx:dtype())
+      assert.equal("i32", num:dtype())
+      assert.equal("f32", oc:dtype())
+      local _, lists, routc, rlsec = ref_vsa(p, p.q:totable(), p.k:totable(), p.v:totable())
+      for h = 1, 2 do
+        for m = 1, M do
+          assert.equal(p.topk, num:get{ 1, h, m })
+          for i = 1, p.topk do assert.equal(lists[1][h][m][i], idx:get{ 1, h, m, i }) end
+          assert.is_true(math.abs(lc:get{ 1, h, m } - rlsec[1][h][m - 1]) < 1e-5)
+          for d = 1, 8 do
+            assert.is_true(math.abs(oc:get{ 1, h, m, d } - routc[1][h][m - 1][d - 1]) < 1e-5)
+          end
+        end
+      end
+      -- the block-sparse fine branch over those lists plus gate * out_c is sta.vsa
+      o.gate = g
+      local out = sta.vsa(q, k, v, o)
+      local s = sta.cube_sizes{ canvas = canvas }
+      local fine = sta.block_sparse(q, k, v, { idx = idx, num = num, kv_sizes = s, q_sizes = s,
+                                               block_rows = br, layout = case.layout })
+      local sz = s:totable()
+      for r = 1, M * br, 7 do
+        local m = (r - 1) // br + 1
+        for h = 1, 2 do
+          for d = 1, 8 do
+            local at4 = bhsd and { 1, h, r, d } or { 1, r, h, d }
+            local want = (r - 1) % br < sz[m] and g:get(at4) * oc:get{ 1, h, m, d } + fine:get(at4) or 0
+            assert.is_true(math.abs(out:get(at4) - want) < 1e-5 * math.max(1, math.abs(want)),
+              ("row %d head %d: %g against %g"):format(r, h, out:get(at4), want))
+          end
+        end
+      end
+    end
+  end)
+
   it("refuses misuse with the schema's and the core's messages", function()
     local p = problem()
+    local out = H.randn(p.q:shape())
+    local before = out:totable()
+    for _, f in ipairs{ sta.vsa, sta.vsa_reference, sta.vsa_coarse } do
+      assert.equal("sparsity: given with topk (give one of them)",
+        H.error_of(f, p.q, p.k, p.v, { canvas = canvas, sparsity = 0.5, topk = 2 }))
+      assert.equal("topk: expected 1..8 (the key cubes), got 9",
+        H.error_of(f, p.q, p.k, p.v, { canvas = canvas, topk = 9 }))
+      assert.equal("q: 512 rows, expected 256 (the canvas 4x8x8 in 1 cubes of 256 rows, cube order)",
+        H.error_of(f, p.q, p.k, p.v, { canvas = { 4, 8, 8 }, cube = "4x8x8", topk = 1 }))
+    end
+    assert.equal("topk: expected 1..8 (the key cubes), got 9",
+      H.error_of(sta.vsa_reference, p.q, p.k, p.v, { canvas = canvas, topk = 9, out = out }))
+    assert.is_true(H.same_values(out, sta.from_table(before, out:shape())))
+    assert.equal(H.error_of(sta.vsa_backward, p.q, p.k, p.v, p.q, p.q, p.q, { canvas = canvas, topk = 9 }),
+      H.error_of(sta.vsa_backward_reference, p.q, p.k, p.v, nil, nil, p.q, { canvas = canvas, topk = 9 }))
+    assert.equal("options: unknown key 'gate' (known: canvas, cube, sparsity, topk, layout, scale)",
+      H.error_of(sta.vsa_coarse, p.q, p.k, p.v, { canvas = canvas, topk = 2, gate = p.g }))
+    assert.equal("dout: expected a tensor, got nil",
+      H.error_of(sta.vsa_backward_reference, p.q, p.k, p.v, nil, nil, nil, { canvas = canvas, topk = 2 }))
     assert.equal("sparsity: given with topk (give one of them)",
       H.error_of(sta.vsa, p.q, p.k, p.v, { canvas = canvas, sparsity = 0.5, topk = 2 }))
     assert.equal("topk: expected 1..8 (the key cubes), got 9",

@@ -406,23 +406,58 @@ function M.vsa_desc(o, q, call, k)
 end
 
 --- out = VSA(q, k, v), rows in the cube order of o.canvas; o: the options
--- of vsa_desc, out=, lse=.
-function M.vsa(q, k, v, o)
-  return forward(q, k, v, o, M.vsa_desc, "vsa", function(d, q_, k_, v_, out, lse, oo)
-    return C.sta_vsa_forward(d, q_, k_, v_, oo.gate, out, lse)
-  end)
+-- of vsa_desc, out=, lse=.  vsa_reference: the brute force in double
+-- (sta_vsa_reference, host tensors).
+local function vsa_forward(call, f)
+  return function(q, k, v, o)
+    return forward(q, k, v, o, M.vsa_desc, call, function(d, q_, k_, v_, out, lse, oo)
+      return f(d, q_, k_, v_, oo.gate, out, lse)
+    end)
+  end
 end
+M.vsa = vsa_forward("vsa", function(...) return C.sta_vsa_forward(...) end)
+M.vsa_reference = vsa_forward("vsa_reference", function(...) return C.sta_vsa_reference(...) end)
 
---- dq, dk, dv (and dgate with a gate) of vsa; its options, dq=, dk=, dv=, dgate=.
-function M.vsa_backward(q, k, v, out, lse, dout, o)
+--- dq, dk, dv (and dgate with a gate) of vsa; its options, dq=, dk=, dv=,
+-- dgate=.  vsa_backward_reference: those of vsa_reference in double
+-- (sta_vsa_backward_reference: out and lse are not read, may be nil).
+local function vsa_grads(call)
+  local ref = call == "vsa_backward_reference"
+  return function(q, k, v, out, lse, dout, o)
+    local d, keep
+    d, keep, o = M.vsa_desc(o, q, call, k)
+    local dq, dk, dv = o.dq or M.like(q), o.dk or M.like(k), o.dv or M.like(k)
+    local dgate = o.gate and (o.dgate or M.like(q)) or nil
+    if ref then M.check(C.sta_vsa_backward_reference(d, q, k, v, o.gate, dout, dq, dk, dv, dgate))
+    else M.check(C.sta_vsa_backward(d, q, k, v, o.gate, out, lse, dout, dq, dk, dv, dgate)) end
+    local _ = keep
+    if dgate then return dq, dk, dv, dgate end
+    return dq, dk, dv
+  end
+end
+M.vsa_backward = vsa_grads("vsa_backward")
+M.vsa_backward_reference = vsa_grads("vsa_backward_reference")
+
+--- out_c f32 [B, heads, Mq, D], lse_c f32 [B, heads, Mq], idx i32 [B,
+-- heads, Mq, topk] (ascending), num i32 [B, heads, Mq]: VSA's coarse branch
+-- and selection (sta_vsa_coarse) on q's device; o: canvas=, cube=,
+-- sparsity= or topk=, layout=, scale=.
+function M.vsa_coarse(q, k, v, o)
+  check_tensor(q, "q")
+  check_tensor(k, "k")
+  check_tensor(v, "v")
   local d, keep
-  d, keep, o = M.vsa_desc(o, q, "vsa_backward", k)
-  local dq, dk, dv = o.dq or M.like(q), o.dk or M.like(k), o.dv or M.like(k)
-  local dgate = o.gate and (o.dgate or M.like(q)) or nil
-  M.check(C.sta_vsa_backward(d, q, k, v, o.gate, out, lse, dout, dq, dk, dv, dgate))
+  d, keep, o = M.vsa_desc(o, q, "vsa_coarse", k)
+  if C.sta_tensor_ndim(q) ~= 4 then bad("q: expected a 4-D tensor, got %d-D", C.sta_tensor_ndim(q)) end
+  local s, dev = M.shape(q), device_of(q)
+  local b, h, n = s[1], s[3], s[2]
+  if o.layout == "bhsd" then h, n = s[2], s[3] end
+  local mq = math.floor(n / d.block_rows)
+  local oc, lc = M.tensor({ b, h, mq, s[4] }, "f32", dev), M.tensor({ b, h, mq }, "f32", dev)
+  local idx, num = M.tensor({ b, h, mq, d.topk }, "i32", dev), M.tensor({ b, h, mq }, "i32", dev)
+  M.check(C.sta_vsa_coarse(d, q, k, v, oc, lc, idx, num))
   local _ = keep
-  if dgate then return dq, dk, dv, dgate end
-  return dq, dk, dv
+  return oc, lc, idx, num
 end
 
 --- topk = ceil((1 - sparsity) * cubes) (sta_vsa_topk).

@@ -47,6 +47,12 @@ M.entries = {
     .. "out=}) -> out [, lse]", "Video Sparse Attention; q, k, v in the canvas's cube order" },
   { "sparse", "vsa_backward", "sta.vsa_backward(q, k, v, out, lse, dout, opts) -> dq, dk, dv [, dgate]",
     "the gradients; opts: the forward's (gate: dgate too), dq=, dk=, dv=, dgate=" },
+  { "sparse", "vsa_reference", "sta.vsa_reference(q, k, v, opts) -> out [, lse]",
+    "VSA's brute force in double, host tensors; opts: vsa's" },
+  { "sparse", "vsa_backward_reference", "sta.vsa_backward_reference(q, k, v, out, lse, dout, opts) "
+    .. "-> dq, dk, dv [, dgate]", "its gradients in double (out, lse unread: may be nil); opts: vsa_backward's" },
+  { "sparse", "vsa_coarse", "sta.vsa_coarse(q, k, v, {canvas=, cube=, sparsity= | topk=, layout=, scale=}) "
+    .. "-> out_c, lse_c, idx, num", "the coarse branch and the selection (a block list for block_sparse)" },
   { "sparse", "vsa_topk", "sta.vsa_topk(sparsity, cubes)", "ceil((1 - sparsity) * cubes)" },
   { "sparse", "to_cubes", "sta.to_cubes(x, {canvas=, cube=, layout=, out=})",
     "untiled rows to the cube order (padding rows 0)" },

@@ -20,6 +20,8 @@ heads and tile coordinates are 0-based, as in STA.md and strategy files.
   sta.reference(q, k, v, opts)             sta.strategy.new/load/parse/uniform/default
   sta.block_sparse(q, k, v, {idx=, ...})   sta.vsa(q, k, v, {canvas=, sparsity=, ...})
   sta.block_sparse_backward / sta.vsa_backward(q, k, v, out, lse, dout, opts)
+  sta.vsa_reference(q, k, v, opts) / sta.vsa_backward_reference(q, k, v, out, lse, dout, opts)
+  sta.vsa_coarse(q, k, v, opts) -> out_c, lse_c, idx, num
   sta.to_cubes / sta.from_cubes(x, {canvas=, cube=})  sta.cube_sizes{canvas=, cube=}
   sta.metadata(layers) / .from_strategy / .search
   sta.forward_batch{batch_size=, negative=, vsa_sparsity=}

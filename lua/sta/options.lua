@@ -148,6 +148,11 @@ local function with(list, extra)
   return t
 end
 
+local VSA_FORWARD = { "canvas!", "cube", "sparsity", "topk", "gate", "layout", "scale",
+                      "deterministic", "out", "lse", "return_lse" }
+local VSA_BACKWARD = { "canvas!", "cube", "sparsity", "topk", "gate", "layout", "scale",
+                       "deterministic", "dq", "dk", "dv", "dgate" }
+
 -- call -> the options it takes, in the order messages list them; "name?":
 -- optional in this call though required elsewhere, "name!": required in it.
 M.calls = {
@@ -162,10 +167,11 @@ M.calls = {
                    "deterministic", "out", "lse", "return_lse" },
   block_sparse_backward = { "idx!", "num", "kv_sizes", "q_sizes", "block_rows", "layout", "scale",
                             "deterministic", "dq", "dk", "dv" },
-  vsa = { "canvas!", "cube", "sparsity", "topk", "gate", "layout", "scale", "deterministic", "out",
-          "lse", "return_lse" },
-  vsa_backward = { "canvas!", "cube", "sparsity", "topk", "gate", "layout", "scale",
-                   "deterministic", "dq", "dk", "dv", "dgate" },
+  vsa = VSA_FORWARD,
+  vsa_reference = VSA_FORWARD,
+  vsa_backward = VSA_BACKWARD,
+  vsa_backward_reference = VSA_BACKWARD,
+  vsa_coarse = { "canvas!", "cube", "sparsity", "topk", "layout", "scale" },
   cubes = { "canvas!", "cube", "layout", "out" },
   cube_sizes = { "canvas!", "cube", "device" },
   sp_attention = { "canvas", "tile", "text_len", "geometry", "window", "layout", "scale", "out" },

@@ -15,6 +15,8 @@ second, on the same C library and the same contract (spec/STA.md).
                                             key blocks as data, differentiable
   sta.vsa(q, k, v, canvas=, cube=, sparsity= | topk=, gate=, ...)
                                             Video Sparse Attention, differentiable
+  sta.vsa_reference / sta.vsa_backward_reference    VSA's brute force (float64, CPU)
+  sta.vsa_coarse(q, k, v, canvas=, ...)     the coarse branch and the selection
   sta.to_cubes / sta.from_cubes / sta.cube_sizes    VSA's cube order
   sta.Strategy, sta.Metadata, sta.ForwardBatch, sta.forward_context,
   sta.Layer, sta.tune                       mask strategies and contexts
@@ -36,7 +38,8 @@ from .runtime import (ForwardBatch, ForwardContext, Layer, Metadata, Strategy, c
 __version__ = "0.1.0"
 
 __all__ = ["attention", "attention_fp8", "reference", "reference_backward",
-           "block_sparse_attention", "vsa", "to_cubes", "from_cubes", "cube_sizes", "Error",
+           "block_sparse_attention", "vsa", "vsa_reference", "vsa_backward_reference",
+           "vsa_coarse", "to_cubes", "from_cubes", "cube_sizes", "Error",
            "ArgumentError", "StateError", "UnsupportedError", "OutOfMemoryError", "DeviceError", "EnvError",
            "LibraryNotFound", "Strategy", "Metadata", "ForwardBatch", "ForwardContext",
            "forward_context", "current_context", "context_depth", "in_forward_pass", "Layer",
@@ -49,14 +52,16 @@ try:  # the op needs torch; strategies, contexts and errors work without it
 except ImportError:
     def __getattr__(name):
         if name in ("attention", "attention_fp8", "reference", "reference_backward", "fastvideo",
-                    "block_sparse_attention", "vsa", "to_cubes", "from_cubes", "cube_sizes"):
+                    "block_sparse_attention", "vsa", "vsa_reference", "vsa_backward_reference",
+                    "vsa_coarse", "to_cubes", "from_cubes", "cube_sizes"):
             raise ImportError("sta.%s needs torch (Debian: python3-torch)" % name)
         raise AttributeError("module 'sta' has no attribute %r" % name)
 else:
     del torch
     from . import fastvideo
     from ._op import attention, attention_fp8, reference, reference_backward
-    from ._sparse import block_sparse_attention, cube_sizes, from_cubes, to_cubes, vsa
+    from ._sparse import (block_sparse_attention, cube_sizes, from_cubes, to_cubes, vsa,
+                          vsa_backward_reference, vsa_coarse, vsa_reference)
 
 
 def library_path():

@@ -81,6 +81,9 @@ CALLS = {
     "uniform": ("steps", "layers!", "heads", "window", "full", "full_steps"),
     "vsa": ("canvas!", "cube", "sparsity", "topk", "gate", "layout", "scale", "deterministic", "out", "lse", "return_lse"),
     "vsa_backward": ("canvas!", "cube", "sparsity", "topk", "gate", "layout", "scale", "deterministic", "dq", "dk", "dv", "dgate"),
+    "vsa_backward_reference": ("canvas!", "cube", "sparsity", "topk", "gate", "layout", "scale", "deterministic", "dq", "dk", "dv", "dgate"),
+    "vsa_coarse": ("canvas!", "cube", "sparsity", "topk", "layout", "scale"),
+    "vsa_reference": ("canvas!", "cube", "sparsity", "topk", "gate", "layout", "scale", "deterministic", "out", "lse", "return_lse"),
 }
 
 FLOAT32 = (7.0064923216240854e-46, 3.4028235677973366e+38)

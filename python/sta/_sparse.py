@@ -3,6 +3,7 @@ forward, the backward and autograd, as _op.py does for sta.attention.
 
   block_sparse_attention(q, k, v, q2k_idx, q2k_num, kv_sizes, q_sizes, block_rows, ...)
   vsa(q, k, v, canvas=, cube=, sparsity= | topk=, gate=, ...)
+  vsa_reference / vsa_backward_reference (float64, host), vsa_coarse (no autograd)
   cube_sizes(canvas=, cube=), to_cubes(x, canvas=, ...), from_cubes(x, canvas=, ...)
 
 A call is described by a named Spec (BlockSpec, VsaSpec: the options
@@ -32,11 +33,11 @@ from . import _args, _capi
 from ._args import _E_ARGUMENT, _E_DTYPE, _E_SHAPE, _bad
 from ._capi import AttentionDesc, BlockList, STA_MASK_BLOCKS, VsaDesc
 from ._op import (CUSTOM_OP, _LSE_NONE, _LSE_RETURNED, _LSE_SAVED, _PLAIN, _backward_with,
-                  _bhs, _check_tensors, _compiling, _handles, _last_dim_dense, _lse_mode,
-                  _run, _set_stream)
+                  _bhs, _check_tensors, _compiling, _handles, _host_only, _last_dim_dense,
+                  _lse_mode, _run, _set_stream)
 
-__all__ = ["block_sparse_attention", "vsa", "cube_sizes", "to_cubes", "from_cubes",
-           "BlockSpec", "VsaSpec"]
+__all__ = ["block_sparse_attention", "vsa", "vsa_reference", "vsa_backward_reference",
+           "vsa_coarse", "cube_sizes", "to_cubes", "from_cubes", "BlockSpec", "VsaSpec"]
 
 
 class BlockSpec(NamedTuple):
@@ -534,6 +535,29 @@ def _topk(sparsity, cubes):
     return min(max(int(math.ceil((1.0 - sparsity) * cubes)), 1), cubes)
 
 
+def _vsa_setup(call, q, k, v, canvas, cube, **more):
+    """call's options (canvas, cube and more, as given) and q, k, v (and
+    more["gate"]) checked: the options, the VsaSpec and the cube sizes on
+    q's device."""
+    _check_tensors(("q", "k", "v"), (q, k, v))
+    o, canvas, cube = _cube_args(call, canvas, cube, **more)
+    n = len(_cube_sizes(canvas, cube))
+    br = cube[0] * cube[1] * cube[2]
+    dim = _seq_dim(o.get("layout"))
+    what = "the canvas %dx%dx%d in %d cubes of %d rows, cube order" % (canvas + (n, br))
+    _check_rows("q", q, dim, n * br, what)
+    _check_rows("k", k, dim, n * br, what)
+    if more.get("gate") is not None:
+        _check_tensors(("q", "gate"), (q, more["gate"]))
+    spec = VsaSpec(br, o["topk"] if "topk" in o else _topk(o["sparsity"], n),
+                   _args.enum("layout", o.get("layout")), 1 if o.get("deterministic") else 0,
+                   o.get("scale", 0.0))
+    kvs = _cached(("sizes", canvas, cube, q.device),
+                  lambda: torch.tensor(_cube_sizes(canvas, cube), dtype=torch.int32,
+                                       device=q.device))
+    return o, spec, kvs
+
+
 def vsa(q=None, k=None, v=None, *, canvas=None, cube=None, sparsity=None, topk=None, gate=None,
         layout=None, scale=None, deterministic=None, return_lse=None, **unknown):
     """Video Sparse Attention (STA.md section 12; FastVideo's
@@ -550,25 +574,76 @@ def vsa(q=None, k=None, v=None, *, canvas=None, cube=None, sparsity=None, topk=N
     selection is not)."""
     if unknown:
         raise _args.unknown("vsa", unknown)
-    _check_tensors(("q", "k", "v"), (q, k, v))
-    o, canvas, cube = _cube_args("vsa", canvas, cube, sparsity=sparsity, topk=topk, gate=gate,
-                                 layout=layout, scale=scale, deterministic=deterministic,
-                                 return_lse=return_lse)
-    n = len(_cube_sizes(canvas, cube))
-    br = cube[0] * cube[1] * cube[2]
-    dim = _seq_dim(o.get("layout"))
-    what = "the canvas %dx%dx%d in %d cubes of %d rows, cube order" % (canvas + (n, br))
-    _check_rows("q", q, dim, n * br, what)
-    _check_rows("k", k, dim, n * br, what)
-    if gate is not None:
-        _check_tensors(("q", "gate"), (q, gate))
-    spec = VsaSpec(br, o["topk"] if "topk" in o else _topk(o["sparsity"], n),
-                   _args.enum("layout", o.get("layout")), 1 if o.get("deterministic") else 0,
-                   o.get("scale", 0.0))
-    kvs = _cached(("sizes", canvas, cube, q.device),
-                  lambda: torch.tensor(_cube_sizes(canvas, cube), dtype=torch.int32,
-                                       device=q.device))
+    o, spec, kvs = _vsa_setup("vsa", q, k, v, canvas, cube, sparsity=sparsity, topk=topk,
+                              gate=gate, layout=layout, scale=scale,
+                              deterministic=deterministic, return_lse=return_lse)
     return _run_op(_VSA, (q, k, v, gate, kvs, None), spec, bool(o.get("return_lse")))
+
+
+def vsa_reference(q=None, k=None, v=None, *, canvas=None, cube=None, sparsity=None, topk=None,
+                  gate=None, layout=None, scale=None, deterministic=None, return_lse=None,
+                  **unknown):
+    """sta_vsa_reference: VSA as vsa() computes it, brute force in double
+    (means, scores, selection, every valid query row against its selected
+    cubes' valid keys, the combine), of host tensors (slow; for tests).
+    Options as vsa(); out in q's dtype (and lse, the fine branch's).  No
+    autograd (the result does not require grad)."""
+    if unknown:
+        raise _args.unknown("vsa_reference", unknown)
+    o, spec, kvs = _vsa_setup("vsa_reference", q, k, v, canvas, cube, sparsity=sparsity,
+                              topk=topk, gate=gate, layout=layout, scale=scale,
+                              deterministic=deterministic, return_lse=return_lse)
+    _host_only(("q", "k", "v"), (q, k, v))
+    out = torch.empty(q.shape, dtype=q.dtype)
+    lse = torch.empty(_bhs(q, spec.layout), dtype=torch.float32) if o.get("return_lse") else None
+    _invoke("sta_vsa_reference", lambda hs: _vsa_desc(spec, hs), (q, k, v, gate, out, lse),
+            (kvs, None), q.device)
+    return (out, lse) if lse is not None else out
+
+
+def vsa_backward_reference(q=None, k=None, v=None, dout=None, *, canvas=None, cube=None,
+                           sparsity=None, topk=None, gate=None, layout=None, scale=None,
+                           deterministic=None, **unknown):
+    """sta_vsa_backward_reference: dq, dk, dv (and dgate with a gate) of
+    vsa_reference() against dout, in double, of host tensors (slow; for
+    tests).  Options as vsa(); no autograd."""
+    if unknown:
+        raise _args.unknown("vsa_backward_reference", unknown)
+    _check_tensors(("q", "dout"), (q, dout))
+    _, spec, kvs = _vsa_setup("vsa_backward_reference", q, k, v, canvas, cube,
+                              sparsity=sparsity, topk=topk, gate=gate, layout=layout, scale=scale,
+                              deterministic=deterministic)
+    _host_only(("q", "k", "v", "dout"), (q, k, v, dout))
+    grads = [torch.empty(t.shape, dtype=q.dtype) for t in (q, k, k)]
+    if gate is not None:
+        grads.append(torch.empty(q.shape, dtype=q.dtype))
+    _invoke("sta_vsa_backward_reference", lambda hs: _vsa_desc(spec, hs),
+            (q, k, v, gate, _last_dim_dense(dout), *grads, *([None] * (4 - len(grads)))),
+            (kvs, None), q.device)
+    return tuple(grads)
+
+
+def vsa_coarse(q=None, k=None, v=None, *, canvas=None, cube=None, sparsity=None, topk=None,
+               layout=None, scale=None, **unknown):
+    """sta_vsa_coarse: VSA's coarse branch and selection alone, on q's device
+    (CPU or CUDA): out_c float32 [B, heads, Mq, D] (each query cube's coarse
+    output), lse_c float32 [B, heads, Mq], idx int32 [B, heads, Mq, topk]
+    (the selected key cubes, ascending: FastVideo's q2k_idx) and num int32
+    [B, heads, Mq] (topk: q2k_num), a block list for
+    block_sparse_attention.  The options of vsa() that choose them (no gate).
+    No autograd."""
+    if unknown:
+        raise _args.unknown("vsa_coarse", unknown)
+    _, spec, kvs = _vsa_setup("vsa_coarse", q, k, v, canvas, cube, sparsity=sparsity,
+                              topk=topk, layout=layout, scale=scale)
+    b, h, s = _bhs(q, spec.layout)
+    mq = s // spec.block_rows
+    f32, i32 = dict(dtype=torch.float32, device=q.device), dict(dtype=torch.int32, device=q.device)
+    res = (torch.empty((b, h, mq, q.shape[3]), **f32), torch.empty((b, h, mq), **f32),
+           torch.empty((b, h, mq, spec.topk), **i32), torch.empty((b, h, mq), **i32))
+    _invoke("sta_vsa_coarse", lambda hs: _vsa_desc(spec, hs), (q, k, v) + res, (kvs, None),
+            q.device)
+    return res
 
 
 def _vsa_call(q, k, v, gate, kv_sizes, q_sizes, spec, return_lse=False):

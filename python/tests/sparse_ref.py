@@ -72,6 +72,7 @@ def vsa_reference(q, k, v, sizes, br, topk, gate=None, scale=None, layout="bshd"
     qc, kc, vc = means(q), means(k), means(v)
     scores = qc @ kc.transpose(-1, -2)
     oc = torch.softmax(scores * scale, dim=-1) @ vc
+    lse_c = torch.logsumexp(scores * scale, dim=-1)
     sel = torch.sort(scores.detach(), dim=-1, descending=True, stable=True).indices[..., :topk]
     blocks = torch.zeros(B, H, M, M, dtype=torch.bool, device=q.device)
     blocks.scatter_(-1, sel, True)
@@ -84,9 +85,22 @@ def vsa_reference(q, k, v, sizes, br, topk, gate=None, scale=None, layout="bshd"
     out = torch.where(vrow.view(1, 1, -1, 1), oc_rows * g + out_s, torch.zeros_like(out_s))
     if layout == "bshd":
         out = out.transpose(1, 2)
-    if return_parts:
-        return out, lse, sel
+    if return_parts:  # the selection in score order; the coarse out_c [B, H, M, D], lse_c
+        return out, lse, sel, oc, lse_c
     return out
+
+
+def vsa_combine(out_c, fine, gate, sizes, br, layout="bshd"):
+    """VSA's last step from its pieces (STA.md section 12, step 5): gate *
+    out_c (float32 [B, H, M, D], spread to its cube's rows) + fine on valid
+    rows, 0 on padding rows; in float32 (gate, fine: q's layout)."""
+    rows = out_c.repeat_interleave(br, dim=2)
+    rows = rows.transpose(1, 2) if layout == "bshd" else rows
+    dim = 1 if layout == "bshd" else 2
+    sizes = sizes.to(fine.device)
+    valid = (torch.arange(fine.shape[dim], device=fine.device) % br <
+             sizes.repeat_interleave(br)).view([-1 if i == dim else 1 for i in range(4)])
+    return torch.where(valid, gate.float() * rows + fine.float(), torch.zeros_like(rows))
 
 
 def fastvideo_vsa(q, k, v, vbs, qvbs, topk, block_elements, gate=None):

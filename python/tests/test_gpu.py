@@ -521,7 +521,7 @@ def test_block_sparse_cuda():
 
 
 def test_vsa_cuda():
-    from sparse_ref import vsa_reference
+    from sparse_ref import vsa_combine, vsa_reference
     rng = fresh_rng()
     for canvas, cube in (((8, 12, 20), (4, 4, 4)), ((7, 16, 20), (4, 8, 8))):
         for dtype in (torch.bfloat16, torch.float16):
@@ -542,6 +542,20 @@ def test_vsa_cuda():
             assert rel_err(out, ro) < TOL[dtype], (canvas, dtype, D, layout)
             for got, want in zip((q.grad, k.grad, v.grad, g.grad), rg):
                 assert rel_err(got, want) < GTOL[dtype], (canvas, dtype, D, layout)
+            # the coarse branch and the selection on CUDA: the CPU's out_c, lse_c and
+            # lists (scores within rounding of a tie may choose apart: STA.md section 12),
+            # and the lists the forward used (the fine branch over them plus gate * out_c)
+            qd, kd, vd, gd = (t.detach() for t in (q, k, v, g))
+            o = dict(canvas=canvas, cube=cube, sparsity=0.5, layout=layout)
+            oc, lc, idx, num = sta.vsa_coarse(qd, kd, vd, **o)
+            assert all(t.device.type == "cuda" for t in (oc, lc, idx, num))
+            coc, clc, cidx, _ = sta.vsa_coarse(*(t.cpu() for t in (qd, kd, vd)), **o)
+            assert rel_err(oc.cpu(), coc) < 1e-5 and (lc.cpu() - clc).abs().max().item() < 1e-4
+            assert (idx.cpu() != cidx).any(-1).float().mean().item() < 0.02, (canvas, dtype)
+            fine = sta.block_sparse_attention(qd, kd, vd, idx, num, sizes.cuda(), sizes.cuda(),
+                                              br, layout=layout)
+            want = vsa_combine(oc, fine, gd, sizes, br, layout)
+            assert rel_err(out.detach(), want) < TOL[dtype], (canvas, dtype, D, layout)
             # the drop-in, [B, heads, S, D]: the same op
             if layout == "bhsd":
                 from sta.fastvideo import video_sparse_attn

@@ -30,13 +30,16 @@ def run(gen):
         sta.forward_context(**o)
 
     cshape = (1, P["vsa_rows"], P["heads"], P["D"])  # the cube order of the vsa base's canvas
-    qc, kc, vc = (randn(cshape, gen) for _ in range(3))
+    qc, kc, vc, dc = (randn(cshape, gen) for _ in range(4))
     x = randn((1, 2 * 4 * 4, P["heads"], P["D"]), gen)
     idx = P["block_idx"]  # Python takes the lists positionally
 
     return {
         "block_sparse": lambda **o: sta.block_sparse_attention(q, k, v, idx, None, **o),
         "vsa": lambda **o: sta.vsa(qc, kc, vc, **o),
+        "vsa_reference": lambda **o: sta.vsa_reference(qc, kc, vc, **o),
+        "vsa_backward_reference": lambda **o: sta.vsa_backward_reference(qc, kc, vc, dc, **o),
+        "vsa_coarse": lambda **o: sta.vsa_coarse(qc, kc, vc, **o),
         "cubes": lambda **o: sta.to_cubes(x, **o),
         "cube_sizes": lambda **o: sta.cube_sizes(**o),
         "attention": lambda **o: sta.attention(q, k, v, **o),

@@ -1,6 +1,8 @@
 """sta.block_sparse_attention and sta.vsa (STA.md section 12) on the CPU:
 forward, lse and gradients against float64 torch references written from
-the spec (sparse_ref.py), the lists in every form, the cube order and cube
+the spec (sparse_ref.py), the core's float64 VSA (sta.vsa_reference,
+sta.vsa_backward_reference) against the fast path, sta.vsa_coarse's
+coarse branch and selection against the forward, the lists in every form, the cube order and cube
 sizes against the core's, VSA layers per step from the forward batch, and
 misuse with sta's messages."""
 import ctypes as C
@@ -12,7 +14,8 @@ import torch
 import sta
 from sta import _capi, _op, _sparse
 from helpers import randn, rel_err
-from sparse_ref import block_reference, random_lists, random_sizes, vsa_reference
+from sparse_ref import (block_reference, random_lists, random_sizes, vsa_combine,
+                        vsa_reference)
 
 
 def f64(*ts):
@@ -189,9 +192,9 @@ def test_vsa_against_float64(gen, layout):
             out, lse = sta.vsa(q, k, v, canvas=canvas, gate=gate, layout=layout,
                                return_lse=True, **kw)
             q64, k64, v64, g64 = f64(q, k, v, g)
-            ro, rl, _ = vsa_reference(q64, k64, v64, sizes, br, topk,
+            ro, rl = vsa_reference(q64, k64, v64, sizes, br, topk,
                                       g64 if gate is not None else None, layout=layout,
-                                      return_parts=True)
+                                      return_parts=True)[:2]
             assert rel_err(out, ro) < 1e-5
             fin = torch.isfinite(rl)
             assert torch.equal(torch.isfinite(lse), fin)
@@ -234,6 +237,85 @@ def test_vsa_options_and_errors(gen):
         with pytest.raises(sta.ArgumentError) as e:
             sta.vsa(q, k, v, **kw)
         assert str(e.value) == msg, kw
+
+
+@pytest.mark.parametrize("layout", ["bshd", "bhsd"])
+def test_vsa_reference_is_the_fast_paths(gen, layout):
+    """sta.vsa_reference / sta.vsa_backward_reference (the core's float64
+    brute force) against sta.vsa and its autograd, f32 on the CPU; plain
+    tensors out (no autograd)."""
+    canvas, M = (5, 6, 7), 8
+    for kw, gated in ((dict(topk=3), True), (dict(sparsity=0.4), False),
+                      (dict(sparsity=0.0), True)):
+        q, k, v, g, _ = vsa_problem(gen, canvas, B=2, layout=layout)
+        gate = g if gated else None
+        ts = [t.clone().requires_grad_(True) for t in (q, k, v, g)]
+        out, lse = sta.vsa(*ts[:3], canvas=canvas, gate=ts[3] if gated else None, layout=layout,
+                           return_lse=True, **kw)
+        rout, rlse = sta.vsa_reference(*ts[:3], canvas=canvas, gate=gate, layout=layout,
+                                       return_lse=True, **kw)
+        assert not rout.requires_grad and rout.dtype == q.dtype and rout.shape == q.shape
+        assert rel_err(out, rout) < 1e-5
+        fin = torch.isfinite(rlse)
+        assert torch.equal(torch.isfinite(lse), fin) and not fin.all()  # padding rows: -inf
+        assert (lse[fin] - rlse[fin]).abs().max() < 1e-4
+        assert isinstance(sta.vsa_reference(q, k, v, canvas=canvas, topk=2, layout=layout),
+                          torch.Tensor)
+        dout = randn(out.shape, gen)
+        (out * dout).sum().backward()
+        want = sta.vsa_backward_reference(q, k, v, dout, canvas=canvas, gate=gate,
+                                          layout=layout, **kw)
+        assert len(want) == (4 if gated else 3)
+        for t, w in zip(ts, want):
+            assert w.shape == t.shape and rel_err(t.grad, w) < 1e-5
+
+
+@pytest.mark.parametrize("layout", ["bshd", "bhsd"])
+def test_vsa_coarse_is_the_forwards_selection(gen, layout):
+    """sta.vsa_coarse: out_c and lse_c against the float64 torch VSA, idx the
+    forward's selection (ascending), num topk; block_sparse_attention over
+    those lists plus gate * out_c is sta.vsa's out."""
+    canvas, M, br = (5, 6, 7), 8, 64
+    for kw in (dict(topk=3), dict(sparsity=0.6), dict(topk=M)):
+        q, k, v, g, sizes = vsa_problem(gen, canvas, layout=layout)
+        topk = kw.get("topk") or _sparse._topk(kw["sparsity"], M)
+        oc, lc, idx, num = sta.vsa_coarse(q, k, v, canvas=canvas, layout=layout, **kw)
+        assert oc.dtype == lc.dtype == torch.float32 and idx.dtype == num.dtype == torch.int32
+        assert oc.shape == (1, 2, M, 8) and lc.shape == num.shape == (1, 2, M)
+        assert idx.shape == (1, 2, M, topk)
+        _, _, sel, roc, rlc = vsa_reference(*f64(q, k, v), sizes, br, topk, layout=layout,
+                                            return_parts=True)
+        assert torch.equal(idx.long(), sel.sort(-1).values)
+        assert torch.equal(num, torch.full_like(num, topk))
+        assert rel_err(oc, roc) < 1e-5 and (lc.double() - rlc).abs().max() < 1e-5
+        out = sta.vsa(q, k, v, canvas=canvas, gate=g, layout=layout, **kw)
+        fine = sta.block_sparse_attention(q, k, v, idx, num, sizes, sizes, br, layout=layout)
+        assert rel_err(out, vsa_combine(oc, fine, g, sizes, br, layout)) < 1e-6
+
+
+def test_vsa_reference_and_coarse_errors(gen):
+    """The schema's and the core's messages, as sta.vsa's; host tensors
+    only for the references."""
+    q, k, v, g, _ = vsa_problem(gen, (5, 6, 7))
+    calls = (sta.vsa, sta.vsa_reference, sta.vsa_coarse,
+             lambda *a, **o: sta.vsa_backward_reference(*a, g, **o))
+    for kw, msg in [(dict(canvas=(5, 6, 7), topk=2, sparsity=0.5),
+                     "sparsity: given with topk (give one of them)"),
+                    (dict(canvas=(5, 6, 7), topk=9), "topk: expected 1..8 (the key cubes), got 9"),
+                    (dict(canvas=(4, 8, 8), cube=(4, 8, 8), topk=1),
+                     "q: 512 rows, expected 256 (the canvas 4x8x8 in 1 cubes of 256 rows, "
+                     "cube order)")]:
+        for f in calls:
+            with pytest.raises(sta.ArgumentError) as e:
+                f(q, k, v, **kw)
+            assert str(e.value) == msg, (f, kw)
+    with pytest.raises(sta.ArgumentError) as e:
+        sta.vsa_coarse(q, k, v, canvas=(5, 6, 7), topk=2, gate=g)
+    assert str(e.value) == ("options: unknown key 'gate' (known: canvas, cube, sparsity, topk, "
+                            "layout, scale)")
+    with pytest.raises(sta.ArgumentError) as e:
+        sta.vsa_backward_reference(q, k, v, None, canvas=(5, 6, 7), topk=2)
+    assert str(e.value) == "dout: expected a torch.Tensor, got NoneType"
 
 
 def test_vsa_double_backward_is_refused(gen):
