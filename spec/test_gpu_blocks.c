@@ -78,7 +78,8 @@ static void check_backward(const kcase *c, const lists *x, sta_tensor *const f[3
     }
     sta_status rc = be->attention_backward(&p);
     if (rc != STA_OK) fail_msg("%s: GPU backward (run %d): %s", what, run, sta_last_error());
-    assert_int_equal(be->synchronize(), STA_OK);
+    if (be->synchronize() != STA_OK)
+      fail_msg("%s: GPU backward (run %d), at the synchronize: %s", what, run, sta_last_error());
     for (int i = 0; i < 3; i++) {
       hg[run][i] = NULL;
       assert_int_equal(sta_tensor_to(&hg[run][i], gg[run][i], STA_F32, STA_CPU), STA_OK);
@@ -430,11 +431,16 @@ static void test_pairs(void **state) {
     c.bwd = 0;
     sta_cuda_set_bsa_pairs_test(i % 4 == 3 ? 2 : 1);
     run_case(&c);
-    /* TMA, so the paired kernel: batch 1 (heads folded), 16-byte rows */
-    const int tma = c.B == 1 && c.store != 4 && !(sta_cuda_tma_test() & STA_TEST_NO_TMA);
-    if (tma != (strstr(sta_cuda_last_launch(), "BlockPairs") != NULL) ||
-        !strstr(sta_cuda_last_launch(), tma ? "BlockPairs" : "BlockSplit"))
-      fail_msg("case %d (%s TMA): launched %s", i, tma ? "with" : "without", sta_cuda_last_launch());
+    /* the paired kernel wherever the loads are by TMA (batch 1 with heads
+    ** folded, or a batch stride TMA can step), the split one elsewhere; a
+    ** layout TMA cannot take (store 4, odd rows) or STA_TEST_NO_TMA: no TMA */
+    const char *ll = sta_cuda_last_launch();
+    const int tma = strstr(ll, "loads by TMA") != NULL;
+    const int no_tma = c.store == 4 || (sta_cuda_tma_test() & STA_TEST_NO_TMA);
+    if (no_tma ? tma : c.B == 1 && c.store == 0 && !tma)
+      fail_msg("case %d: %s: %s", i, tma ? "TMA where it cannot load" : "no TMA at batch 1", ll);
+    if (!strstr(ll, tma ? "BlockPairs" : "BlockSplit"))
+      fail_msg("case %d (%s TMA): launched %s", i, tma ? "with" : "without", ll);
   }
   sta_cuda_set_bsa_pairs_test(was);
 }
