@@ -313,7 +313,7 @@ def pairs_phase(sta, cases, reps, log, rows, save, rounds=3):
             outs, ts = {}, {0: [], 1: []}
             for rnd in range(rounds):
                 for on in (0, 1):
-                    L.sta_cuda_set_bsa_pairs_test(on)
+                    L.sta_cuda_set_bsa_pairs_test(1 if on else -1)
                     f()
                     torch.cuda.synchronize()
                     if rnd == 0:

@@ -143,14 +143,17 @@ sta_status sta_cuda_block_attention(const sta_attn_params *p) {
   if (!x) return sta_error(STA_ERR_NOMEM, "attention: out of host memory");
   sta::bsa_params_init(*x, p);
   const int D = (int)p->head_dim, bk = p->block_rows == 64 ? 64 : 128;
-  /* the paired kernel (tests and benchmarks only: kernel_bsa.cuh's
-  ** run_bsa) where the split kernel would load by TMA: Q boxes of 128 rows */
-  const bool pairs = sta_cuda_bsa_pairs_test() && bk == 64 && p->mask == STA_MASK_BLOCKS;
+  /* the paired kernel (kernel_bsa.cuh's run_bsa) where the split kernel
+  ** would load by TMA (Q boxes of 128 rows): by default at D 128 (BENCHMARKS.md:
+  ** 1.12x on random lists, 1.18x on VSA-like ones; 0.94x at D 64), at D 64 too
+  ** or never by the test-only setter */
+  const int32_t pt = sta_cuda_bsa_pairs_test();
+  const bool pairs = pt >= 0 && (pt > 0 || D == 128) && bk == 64 && p->mask == STA_MASK_BLOCKS;
   sta::bsa_setup_tma(*x, p, bk == 64 && !pairs ? 64 : 128, bk);
   void *ws = NULL;
   sta_status s = STA_OK;
   if (pairs && x->tma) {
-    x->pairs = sta_cuda_bsa_pairs_test(); /* 2: the pre-pass's rank path */
+    x->pairs = pt == 2 ? 2 : 1; /* 2: the pre-pass's rank path */
     s = sta::bsa_pairs_prepass(*x, &ws);
   }
   if (s == STA_OK) {

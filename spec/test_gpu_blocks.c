@@ -15,8 +15,10 @@
 ** test does not depend on the core's resolve of the lists; through the
 ** public API and against the CPU path: test_gpu_blocks_api.c.  Also the
 ** index arithmetic of bsa_walk.h on the host (no GPU needed).
-** The paired forward (block_rows 64, sta_cuda_set_bsa_pairs_test) on its
-** own cases (test_pairs), and on all of them with STA_TEST_BSA_PAIRS=1.
+** The paired forward (block_rows 64; the default at D 128 where loads are
+** by TMA) on its own cases (test_pairs, sta_cuda_set_bsa_pairs_test), and
+** on all of them at D 64 too with STA_TEST_BSA_PAIRS=1; the split kernel
+** on all of them with STA_TEST_BSA_PAIRS=-1.
 ** STA_TEST_SEED fixes the seed, STA_GPU_CASES the number of random
 ** problems (default 60), STA_GPU_QUICK keeps them small (compute-
 ** sanitizer). */
@@ -402,6 +404,28 @@ static void test_backward(void **state) {
   random_cases((ns ? atoi(ns) : 60) / 3);
 }
 
+/* One backward case named by STA_BWD_PROBE ("dtype D bwd Mq Mk L sizes
+** B H", dtype bf16 or f16, block_rows 64; a fault's hunt runs each in its
+** own process: scripts/device/gpu-check-bsabwd); skipped when unset. */
+static void test_bwd_probe(void **state) {
+  NEED_GPU();
+  const char *e = getenv("STA_BWD_PROBE");
+  if (!e) skip();
+  char dt[8];
+  int D, bwd, sizes;
+  long long Mq, Mk, L, B, H;
+  if (sscanf(e, "%7s %d %d %lld %lld %lld %d %lld %lld", dt, &D, &bwd, &Mq, &Mk, &L, &sizes, &B,
+             &H) != 9)
+    fail_msg("STA_BWD_PROBE: '%s' is not 'dtype D bwd Mq Mk L sizes B H'", e);
+  kcase c;
+  case_init(&c, 64, Mq, Mk, L);
+  c.dtype = strcmp(dt, "f16") == 0 ? STA_F16 : STA_BF16;
+  c.D = D; c.bwd = bwd; c.sizes = sizes; c.B = B; c.H = H;
+  with_bwd = 1;
+  run_case(&c);
+  printf("# probe passed: %s\n", e);
+}
+
 /* The paired forward (sta_cuda_set_bsa_pairs_test: 1, and 2 its pre-pass's
 ** rank path), block_rows 64, against the float64 reference: random, local
 ** (overlapping: VSA-like) and many-empty lists, odd and even Mq, partial
@@ -694,6 +718,7 @@ int main(void) {
       cmocka_unit_test(test_random),
       cmocka_unit_test(test_pairs),
       cmocka_unit_test(test_backward),
+      cmocka_unit_test(test_bwd_probe),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
