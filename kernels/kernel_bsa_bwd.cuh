@@ -33,17 +33,6 @@
 ** walk's invariants checked on the device; the first violation prints what
 ** and where, and traps (a wild slot would send the bulk copies, which no
 ** sanitizer sees, to a wild address). */
-/* STA_BSA_DET_NOTURN (diagnosis builds only): the deterministic mode adds
-** without waiting for turns (not deterministic then: is the turn the
-** fault?) */
-#ifndef STA_BSA_DET_NOTURN
-#define STA_BSA_DET_NOTURN 0
-#endif
-/* STA_BSA_DET_WARP (diagnosis builds only): warp 0 of the warpgroup waits
-** for the turn, converged, instead of its lane 0 alone */
-#ifndef STA_BSA_DET_WARP
-#define STA_BSA_DET_WARP 0
-#endif
 #ifdef STA_BSA_BWD_CHECK
 #define BSA_CHECK(cond, v1, v2, v3)                                                            \
   do {                                                                                         \
@@ -375,25 +364,28 @@ __global__ void __launch_bounds__(384, 1) sta_bsa_bwd(const __grid_constant__ Bs
       }
       fence_proxy_async();
       bar_named(2 + wg, 128);
-      const int64_t blk = ((int64_t)bh * nslots + slot) * 2 + hf;
-      if (STA_BSA_DET_WARP && det && (tid & 127) < 32) { /* the whole warp waits */
-        while (ld_acquire(a.turn + blk) != rank) {
-        }
-        __syncwarp();
-      }
-      if ((tid & 127) == 0) {
-        float *dst = a.dqacc + blk * 64 * W;
-        if (det && !STA_BSA_DET_NOTURN) {
-          while (!STA_BSA_DET_WARP && ld_acquire(a.turn + blk) != rank) {
+      if (det) {
+        /* in turn: warp 0 of the warpgroup waits, converged, then its lane
+        ** 0 adds (the wait by lane 0 alone, the other lanes parked at the
+        ** join, faulted at D 64 with a misaligned or out-of-range address
+        ** on the add: the H200, 2026-12-02, every D 64 deterministic case) */
+        if ((tid & 127) < 32) {
+          const int64_t blk = ((int64_t)bh * nslots + slot) * 2 + hf;
+          while (ld_acquire(a.turn + blk) != rank) {
           }
-          bulk_reduce_add(dst, sdq, 64 * W * 4);
-          bulk_wait();
-          asm volatile("fence.acq_rel.gpu;\n" ::: "memory");
-          st_release(a.turn + blk, rank + 1);
-        } else {
-          bulk_reduce_add(dst, sdq, 64 * W * 4);
-          bulk_wait_read1(); /* the one before has read its buffer */
+          __syncwarp();
+          if (lane == 0) {
+            bulk_reduce_add(a.dqacc + blk * 64 * W, sdq, 64 * W * 4);
+            bulk_wait();
+            asm volatile("fence.acq_rel.gpu;\n" ::: "memory");
+            st_release(a.turn + blk, rank + 1);
+          }
+          __syncwarp();
         }
+      } else if ((tid & 127) == 0) {
+        const int64_t blk = ((int64_t)bh * nslots + slot) * 2 + hf;
+        bulk_reduce_add(a.dqacc + blk * 64 * W, sdq, 64 * W * 4);
+        bulk_wait_read1(); /* the one before has read its buffer */
       }
     };
     float dq[W / 2];
