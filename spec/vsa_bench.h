@@ -180,8 +180,11 @@ static inline double vb_bench_forward(const vbench *b) {
   vb_setup(&st, b);
   double m[6], n[6], fm[2], fn[2];
   vb_time(b, &st, "the fine branch alone (sta_attn_run)", vb_fine, 0, fm, fn);
+  char fine_launch[512] = "";
+  if (st.c.dev == STA_CUDA) snprintf(fine_launch, sizeof fine_launch, "%s", sta_cuda_last_launch());
   vb_time(b, &st, "sta_vsa_forward", vb_forward, 5, m, n);
   vb_head(b, &st, "forward");
+  if (fine_launch[0]) printf("# the fine branch's kernel: %s\n", fine_launch);
   const double cf = vb_coarse_flop(&st.c);
   vb_row("checks, sizes read back, workspace", m[0], n[0], 0);
   vb_row("means (q, k, v)", m[1], n[1], 0);
