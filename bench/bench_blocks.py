@@ -22,7 +22,8 @@ permitting) -- run that in a separate process (a device fault there would
 take the forward's numbers with it).  Every case of every phase is tried on
 its own: an error is logged with its traceback and the run goes on; the
 json is rewritten after each result.  --profile runs sta's forward once per
-case and nothing else (for ncu -k regex:sta_bsa_fwd).
+case and nothing else (for ncu -k regex:sta_bsa_fwd; with --bwd a backward
+after it, for ncu -k regex:sta_bsa_bwd).
 
   python3 bench/bench_blocks.py --lib build-dev/libsta.so --out $OUT
   python3 bench/bench_blocks.py --lib build-dev/libsta.so --out $OUT --bwd
@@ -500,10 +501,13 @@ def main():
         ok = attempt(row, "setup_error", lambda: cases.append(Case(spec)))
         if not ok:
             rows.append(row)
-    if a.profile:
+    if a.profile:  # with --bwd: the forward, then one backward (ncu -k regex:sta_bsa_bwd)
         for c in cases:
-            t = c.inputs()
+            t = c.inputs(grads=a.bwd)
             sta.forward(c.lists, t["q"], t["k"], t["v"], t["o"], t["lse"])
+            if a.bwd:
+                sta.backward(c.lists, t["q"], t["k"], t["v"], t["o"], t["lse"], t["do"],
+                             t["dq"], t["dk"], t["dv"])
             torch.cuda.synchronize()
             print("# profiled %s: %s" % (c.name, sta.lib.sta_cuda_last_launch().decode()))
             c.free()
