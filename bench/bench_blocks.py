@@ -262,6 +262,9 @@ CASES = [  # name, canvas or tokens, cube, bv, heads, D, lists, sparsity
     ("hunyuan-720p bv64 random D64", 115200, None, 64, 24, 64, "random", 0.875),
     ("hunyuan-720p bv256 random D64", 115200, None, 256, 24, 64, "random", 0.875),
     ("l2-resident bv64 random", 49152, None, 64, 24, 128, "random", 0.875),
+    # random lists on the cube grid, partial border cubes (VSA's selection on
+    # randn inputs): is the paired kernel's gain the partial cubes' or the lists'?
+    ("hunyuan-720p bv64 cubes random", (30, 48, 80), (4, 4, 4), 64, 24, 128, "random", 0.875),
 ]
 
 
