@@ -33,6 +33,16 @@
 ** walk's invariants checked on the device; the first violation prints what
 ** and where, and traps (a wild slot would send the bulk copies, which no
 ** sanitizer sees, to a wild address). */
+/* The registers a thread after setmaxnreg: the producer warpgroup's and
+** the consumers' (128 x PREG + 256 x CREG <= 65,536; compile-time, for the
+** A/B of a split that spills less: BENCHMARKS.md) */
+#ifndef STA_BSA_BWD_PREG
+#define STA_BSA_BWD_PREG 40
+#endif
+#ifndef STA_BSA_BWD_CREG
+#define STA_BSA_BWD_CREG 232
+#endif
+static_assert(128 * STA_BSA_BWD_PREG + 256 * STA_BSA_BWD_CREG <= 65536, "registers of one SM");
 #ifdef STA_BSA_BWD_CHECK
 #define BSA_CHECK(cond, v1, v2, v3)                                                            \
   do {                                                                                         \
@@ -183,7 +193,7 @@ __global__ void __launch_bounds__(384, 1) sta_bsa_bwd(const __grid_constant__ Bs
 
   if (wg == 2) {
     /* ---- producer: all 128 threads (TMA by thread 0 where the rows allow) ---- */
-    setmaxnreg_dec<40>();
+    setmaxnreg_dec<STA_BSA_BWD_PREG>();
     const int pt = tid - CTH;
     const int c0 = a.tma_fused ? h * D : 0, c4 = a.tma_fused ? b : bh;
     const T *gq = reinterpret_cast<const T *>(a.q) + (int64_t)b * a.q_sb + (int64_t)h * a.q_sh;
@@ -233,7 +243,7 @@ __global__ void __launch_bounds__(384, 1) sta_bsa_bwd(const __grid_constant__ Bs
   }
 
   /* ---- consumers ---- */
-  setmaxnreg_inc<232>();
+  setmaxnreg_inc<STA_BSA_BWD_CREG>();
   const float sl2 = a.scale_log2;
   /* this warpgroup's keys: all 64 (split) or its half of 128 */
   const uint32_t dK0 = sdesc_lo(sK + (SPLIT ? 0 : wg * 64 * 64), 16);
