@@ -53,57 +53,97 @@ static void plists_free(plists *pl) {
   for (int i = 0; i < 4; i++) sta_tensor_destroy(pl->t[i]);
 }
 
+/* One problem's operands and outputs on both devices: the lists; q, k, v
+** (and dout, n 4) on the host in c->dtype, randn from seed + i (v centred
+** at vmean), padding rows NaN (never read); then their f32 CPU and
+** c->dtype CUDA copies, the lists on each device, the descriptor, and out
+** and lse on each device (GPU in c->dtype, CPU in f32). */
+typedef struct pcase {
+  lists x;
+  plists hl, dl;
+  int n;
+  sta_tensor *hb[4], *h[4], *f[4], *g[4];
+  sta_attention_desc d;
+  int64_t qshape[4], kshape[4];
+  sta_tensor *go, *glse, *co, *clse;
+} pcase;
+
+/* The lists and the host operands (a caller may change them before
+** pcase_devices). */
+static void pcase_begin(pcase *p, const kcase *c, int n, uint64_t seed, double vmean) {
+  memset(p, 0, sizeof *p);
+  p->n = n;
+  make_lists(c, &p->x);
+  for (int i = 0; i < n; i++) { /* q, k, v, dout */
+    const int kv = i == 1 || i == 2;
+    const int64_t M = kv ? c->Mk : c->Mq;
+    const int32_t *sz = kv ? p->x.ks : p->x.qs;
+    p->h[i] = make4(&p->hb[i], c->dtype, STA_CPU, c->layout, 0, c->B, M * c->bv, c->H, c->D);
+    assert_int_equal(sta_tensor_randn(p->h[i], seed + (uint64_t)i, i == 2 ? vmean : 0.0, 1.0), STA_OK);
+    for (int64_t m = 0; m < M; m++) fill_rows(p->h[i], c->layout, m * c->bv + sz[m], (m + 1) * c->bv, NAN);
+  }
+}
+
+static void pcase_devices(pcase *p, const kcase *c) {
+  for (int i = 0; i < p->n; i++) {
+    assert_int_equal(sta_tensor_to(&p->f[i], p->h[i], STA_F32, STA_CPU), STA_OK);
+    assert_int_equal(sta_tensor_to(&p->g[i], p->h[i], c->dtype, STA_CUDA), STA_OK);
+  }
+  plists_make(&p->hl, c, &p->x, STA_CPU);
+  plists_make(&p->dl, c, &p->x, STA_CUDA);
+  p->d.layout = c->layout;
+  p->d.mask = STA_MASK_BLOCKS;
+  p->d.scale = c->scale;
+  const int64_t ls[3] = {c->B, c->H, c->Mq * c->bv};
+  for (int i = 0; i < 4; i++) {
+    p->qshape[i] = sta_tensor_size(p->f[0], i);
+    p->kshape[i] = sta_tensor_size(p->f[1], i);
+  }
+  assert_int_equal(sta_tensor_create(&p->go, c->dtype, STA_CUDA, 4, p->qshape), STA_OK);
+  assert_int_equal(sta_tensor_create(&p->glse, STA_F32, STA_CUDA, 3, ls), STA_OK);
+  assert_int_equal(sta_tensor_create(&p->co, STA_F32, STA_CPU, 4, p->qshape), STA_OK);
+  assert_int_equal(sta_tensor_create(&p->clse, STA_F32, STA_CPU, 3, ls), STA_OK);
+}
+
+static void pcase_end(pcase *p) {
+  for (int i = 0; i < p->n; i++) {
+    sta_tensor_destroy(p->h[i]); sta_tensor_destroy(p->hb[i]);
+    sta_tensor_destroy(p->f[i]); sta_tensor_destroy(p->g[i]);
+  }
+  sta_tensor_destroy(p->go); sta_tensor_destroy(p->glse);
+  sta_tensor_destroy(p->co); sta_tensor_destroy(p->clse);
+  plists_free(&p->hl);
+  plists_free(&p->dl);
+  free_lists(&p->x);
+}
+
 /* One problem through sta_attention_forward / _backward on both devices
 ** (the CPU on f32 copies of the same values); then bad lists: the GPU's
 ** status and message are the CPU's, and the outputs are left as they were. */
 static void public_case(const kcase *c) {
   char what[400];
   describe(c, what, sizeof what);
-  lists x;
-  make_lists(c, &x);
-  const int64_t Sq = c->Mq * c->bv, Sk = c->Mk * c->bv;
-  enum { NI = 4 };
-  sta_tensor *hb[NI], *h[NI], *f[NI], *g[NI];
-  for (int i = 0; i < NI; i++) { /* q, k, v, dout */
-    const int kv = i == 1 || i == 2;
-    h[i] = make4(&hb[i], c->dtype, STA_CPU, c->layout, 0, c->B, kv ? Sk : Sq, c->H, c->D);
-    assert_int_equal(sta_tensor_randn(h[i], c->seed * 5 + (uint64_t)i, i == 2 ? 0.3 : 0.0, 1.0), STA_OK);
-    const int64_t M = kv ? c->Mk : c->Mq;
-    const int32_t *sz = kv ? x.ks : x.qs;
-    for (int64_t n = 0; n < M; n++) fill_rows(h[i], c->layout, n * c->bv + sz[n], (n + 1) * c->bv, NAN);
-    f[i] = g[i] = NULL;
-    assert_int_equal(sta_tensor_to(&f[i], h[i], STA_F32, STA_CPU), STA_OK);
-    assert_int_equal(sta_tensor_to(&g[i], h[i], c->dtype, STA_CUDA), STA_OK);
-  }
-  plists hl, dl;
-  plists_make(&hl, c, &x, STA_CPU);
-  plists_make(&dl, c, &x, STA_CUDA);
-  sta_attention_desc d;
-  memset(&d, 0, sizeof d);
-  d.layout = c->layout;
-  d.mask = STA_MASK_BLOCKS;
-  d.scale = c->scale;
-  int64_t qshape[4], kshape[4], ls[3] = {c->B, c->H, Sq};
-  for (int i = 0; i < 4; i++) { qshape[i] = sta_tensor_size(f[0], i); kshape[i] = sta_tensor_size(f[1], i); }
-  sta_tensor *go = NULL, *glse = NULL, *co = NULL, *clse = NULL, *gg[3], *cg[3];
-  assert_int_equal(sta_tensor_create(&go, c->dtype, STA_CUDA, 4, qshape), STA_OK);
-  assert_int_equal(sta_tensor_create(&glse, STA_F32, STA_CUDA, 3, ls), STA_OK);
-  assert_int_equal(sta_tensor_create(&co, STA_F32, STA_CPU, 4, qshape), STA_OK);
-  assert_int_equal(sta_tensor_create(&clse, STA_F32, STA_CPU, 3, ls), STA_OK);
+  pcase pc;
+  pcase_begin(&pc, c, 4, c->seed * 5, 0.3);
+  pcase_devices(&pc, c);
+  lists x = pc.x;
+  sta_tensor *const *f = pc.f, *const *g = pc.g;
+  sta_tensor *go = pc.go, *glse = pc.glse, *co = pc.co, *clse = pc.clse, *gg[3], *cg[3];
+  sta_attention_desc d = pc.d;
   for (int i = 0; i < 3; i++) {
     gg[i] = cg[i] = NULL;
-    assert_int_equal(sta_tensor_create(&gg[i], c->dtype, STA_CUDA, 4, i ? kshape : qshape), STA_OK);
-    assert_int_equal(sta_tensor_create(&cg[i], STA_F32, STA_CPU, 4, i ? kshape : qshape), STA_OK);
+    assert_int_equal(sta_tensor_create(&gg[i], c->dtype, STA_CUDA, 4, i ? pc.kshape : pc.qshape), STA_OK);
+    assert_int_equal(sta_tensor_create(&cg[i], STA_F32, STA_CPU, 4, i ? pc.kshape : pc.qshape), STA_OK);
     assert_int_equal(sta_tensor_fill(gg[i], NAN), STA_OK);
   }
   assert_int_equal(sta_tensor_fill(go, NAN), STA_OK);
-  d.blocks = &dl.bl;
+  d.blocks = &pc.dl.bl;
   sta_status rc = sta_attention_forward(&d, g[0], g[1], g[2], go, glse);
   if (rc != STA_OK) fail_msg("%s: GPU forward: %s", what, sta_last_error());
   rc = sta_attention_backward(&d, g[0], g[1], g[2], go, glse, g[3], gg[0], gg[1], gg[2]);
   if (rc != STA_OK) fail_msg("%s: GPU backward: %s", what, sta_last_error());
   assert_int_equal(sta_cuda_synchronize(), STA_OK);
-  d.blocks = &hl.bl;
+  d.blocks = &pc.hl.bl;
   assert_int_equal(sta_attention_forward(&d, f[0], f[1], f[2], co, clse), STA_OK);
   assert_int_equal(sta_attention_backward(&d, f[0], f[1], f[2], co, clse, f[3], cg[0], cg[1], cg[2]),
                    STA_OK);
@@ -167,14 +207,8 @@ static void public_case(const kcase *c) {
     plists_free(&db2);
     free(num); free(idx); free(ks); free(qs);
   }
-  for (int i = 0; i < NI; i++) {
-    sta_tensor_destroy(h[i]); sta_tensor_destroy(hb[i]); sta_tensor_destroy(f[i]); sta_tensor_destroy(g[i]);
-  }
   for (int i = 0; i < 3; i++) { sta_tensor_destroy(gg[i]); sta_tensor_destroy(cg[i]); }
-  sta_tensor_destroy(go); sta_tensor_destroy(glse); sta_tensor_destroy(co); sta_tensor_destroy(clse);
-  plists_free(&hl);
-  plists_free(&dl);
-  free_lists(&x);
+  pcase_end(&pc);
 }
 
 /* Non-finite values through the GPU's block lists: one NaN (or +Inf in q)
@@ -185,76 +219,46 @@ static void public_case(const kcase *c) {
 static void nonfinite_case(const kcase *c, int which, int inf) {
   char what[480];
   describe(c, what, sizeof what);
-  lists x;
-  make_lists(c, &x);
-  const int64_t Sq = c->Mq * c->bv, Sk = c->Mk * c->bv;
-  sta_tensor *hb[3], *h[3], *f[3], *g[3];
-  for (int i = 0; i < 3; i++) {
-    const int kv = i > 0;
-    h[i] = make4(&hb[i], c->dtype, STA_CPU, c->layout, 0, c->B, kv ? Sk : Sq, c->H, c->D);
-    assert_int_equal(sta_tensor_randn(h[i], c->seed * 7 + (uint64_t)i, 0.0, 1.0), STA_OK);
-  }
+  pcase pc;
+  pcase_begin(&pc, c, 3, c->seed * 7, 0.0);
   /* the plant, at a valid row */
   const int64_t M = which ? c->Mk : c->Mq, blk = sta_test_rint(0, M - 1);
-  const int64_t row = blk * c->bv + sta_test_rint(0, (which ? x.ks : x.qs)[blk] - 1);
+  const int64_t row = blk * c->bv + sta_test_rint(0, (which ? pc.x.ks : pc.x.qs)[blk] - 1);
   const int64_t pb = sta_test_rint(0, c->B - 1), ph = sta_test_rint(0, c->H - 1),
                 pd = sta_test_rint(0, c->D - 1);
   int64_t at[4] = {pb, c->layout == STA_BSHD ? row : ph, c->layout == STA_BSHD ? ph : row, pd};
-  assert_int_equal(sta_tensor_set(h[which], at, inf ? INFINITY : NAN), STA_OK);
+  assert_int_equal(sta_tensor_set(pc.h[which], at, inf ? INFINITY : NAN), STA_OK);
   char where[600];
   snprintf(where, sizeof where, "%s: %s %s at b %lld row %lld head %lld col %lld", what,
            inf ? "+inf" : "NaN", which == 0 ? "q" : which == 1 ? "k" : "v", (long long)pb,
            (long long)row, (long long)ph, (long long)pd);
-  for (int i = 0; i < 3; i++) {
-    f[i] = g[i] = NULL;
-    assert_int_equal(sta_tensor_to(&f[i], h[i], STA_F32, STA_CPU), STA_OK);
-    assert_int_equal(sta_tensor_to(&g[i], h[i], c->dtype, STA_CUDA), STA_OK);
-  }
-  plists hl, dl;
-  plists_make(&hl, c, &x, STA_CPU);
-  plists_make(&dl, c, &x, STA_CUDA);
-  sta_attention_desc d;
-  memset(&d, 0, sizeof d);
-  d.layout = c->layout;
-  d.mask = STA_MASK_BLOCKS;
-  int64_t qshape[4], ls[3] = {c->B, c->H, Sq};
-  for (int i = 0; i < 4; i++) qshape[i] = sta_tensor_size(f[0], i);
-  sta_tensor *go = NULL, *glse = NULL, *co = NULL, *clse = NULL, *ho = NULL, *hl2 = NULL;
-  assert_int_equal(sta_tensor_create(&go, c->dtype, STA_CUDA, 4, qshape), STA_OK);
-  assert_int_equal(sta_tensor_create(&glse, STA_F32, STA_CUDA, 3, ls), STA_OK);
-  assert_int_equal(sta_tensor_create(&co, STA_F32, STA_CPU, 4, qshape), STA_OK);
-  assert_int_equal(sta_tensor_create(&clse, STA_F32, STA_CPU, 3, ls), STA_OK);
-  assert_int_equal(sta_tensor_fill(go, 7.0), STA_OK); /* poison: finite, so a missed write shows */
-  d.blocks = &dl.bl;
-  if (sta_attention_forward(&d, g[0], g[1], g[2], go, glse) != STA_OK)
+  pcase_devices(&pc, c);
+  sta_tensor *ho = NULL, *hl2 = NULL;
+  assert_int_equal(sta_tensor_fill(pc.go, 7.0), STA_OK); /* poison: finite, so a missed write shows */
+  pc.d.blocks = &pc.dl.bl;
+  if (sta_attention_forward(&pc.d, pc.g[0], pc.g[1], pc.g[2], pc.go, pc.glse) != STA_OK)
     fail_msg("%s: GPU forward: %s", where, sta_last_error());
   assert_int_equal(sta_cuda_synchronize(), STA_OK);
-  d.blocks = &hl.bl;
-  assert_int_equal(sta_attention_forward(&d, f[0], f[1], f[2], co, clse), STA_OK);
-  assert_int_equal(sta_tensor_to(&ho, go, STA_F32, STA_CPU), STA_OK);
-  assert_int_equal(sta_tensor_to(&hl2, glse, STA_F32, STA_CPU), STA_OK);
-  const float *go_ = sta_tensor_data(ho), *co_ = sta_tensor_data(co);
+  pc.d.blocks = &pc.hl.bl;
+  assert_int_equal(sta_attention_forward(&pc.d, pc.f[0], pc.f[1], pc.f[2], pc.co, pc.clse), STA_OK);
+  assert_int_equal(sta_tensor_to(&ho, pc.go, STA_F32, STA_CPU), STA_OK);
+  assert_int_equal(sta_tensor_to(&hl2, pc.glse, STA_F32, STA_CPU), STA_OK);
+  const float *go_ = sta_tensor_data(ho), *co_ = sta_tensor_data(pc.co);
   int64_t bad = 0;
   for (int64_t i = 0; i < sta_tensor_numel(ho); i++) {
     if (isfinite(go_[i]) != isfinite(co_[i]))
       fail_msg("%s: out[%lld] GPU %g, CPU %g", where, (long long)i, (double)go_[i], (double)co_[i]);
     bad += !isfinite(co_[i]);
   }
-  const float *gl = sta_tensor_data(hl2), *cl = sta_tensor_data(clse);
+  const float *gl = sta_tensor_data(hl2), *cl = sta_tensor_data(pc.clse);
   for (int64_t i = 0; i < sta_tensor_numel(hl2); i++) {
     const int gk = isnan(gl[i]) ? 0 : isinf(gl[i]) ? 1 : 2, ck = isnan(cl[i]) ? 0 : isinf(cl[i]) ? 1 : 2;
     if (gk != ck || (gk == 1 && gl[i] != cl[i]))
       fail_msg("%s: lse[%lld] GPU %g, CPU %g", where, (long long)i, (double)gl[i], (double)cl[i]);
   }
   n_nonfinite += bad;
-  for (int i = 0; i < 3; i++) {
-    sta_tensor_destroy(h[i]); sta_tensor_destroy(hb[i]); sta_tensor_destroy(f[i]); sta_tensor_destroy(g[i]);
-  }
-  sta_tensor_destroy(go); sta_tensor_destroy(glse); sta_tensor_destroy(co); sta_tensor_destroy(clse);
   sta_tensor_destroy(ho); sta_tensor_destroy(hl2);
-  plists_free(&hl);
-  plists_free(&dl);
-  free_lists(&x);
+  pcase_end(&pc);
 }
 
 static void test_nonfinite(void **state) {
