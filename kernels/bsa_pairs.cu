@@ -90,6 +90,7 @@ __global__ void __launch_bounds__(PT) bsa_pairs_union(const PairArgs a) {
     ** "in A" flags first, in the workspace's bytes beside the lists) */
     uint8_t *ina = a.inb + r * a.L;
     if (tid == 0) common = 0;
+    __syncthreads(); /* zeroed before any thread counts */
     for (int i = tid; i < nb; i += PT) {
       const int32_t y = B[i];
       int f = 0;
