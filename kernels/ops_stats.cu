@@ -27,15 +27,18 @@ __device__ __forceinline__ void part_init(Part &p) {
   p.bad = 0;
 }
 
-/* n values into p: float sums of the few, then double. */
+/* n values into p, in double as core/cpu_ops.c's stats_row: float
+** deviations squared lost the variance wherever the shift is far from the
+** data (element 0 non-finite: shift 0; one finite value -0.76 gave std
+** 1.3e-4 instead of 0). */
 template <int N>
 __device__ __forceinline__ void part_add(Part &p, const float *v, int n, float shift) {
-  float s = 0.f, q = 0.f;
+  double s = 0, q = 0;
 #pragma unroll
   for (int i = 0; i < N; i++) {
     if (i >= n) break;
     if (!isfinite(v[i])) { p.bad++; continue; }
-    float d = v[i] - shift;
+    const double d = (double)v[i] - shift;
     s += d;
     q += d * d;
     p.lo = fminf(p.lo, v[i]);

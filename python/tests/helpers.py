@@ -111,6 +111,17 @@ def rel_err(a, b):
     return float((a - b).norm() / b.norm().clamp_min(1e-30))
 
 
+def assert_lse(lse, ref, tol):
+    """lse finite exactly where ref is, and within tol of it there (every
+    row may be -inf: a single empty block list)."""
+    fin = torch.isfinite(ref)
+    assert torch.equal(torch.isfinite(lse), fin)
+    if fin.any():
+        err = (lse[fin].double() - ref[fin].double()).abs().max().item()
+        assert err < tol, err
+    return fin
+
+
 def per_head(window, heads):
     return [tuple(window)] * heads if isinstance(window[0], int) else [tuple(w) for w in window]
 
