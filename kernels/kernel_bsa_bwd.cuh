@@ -34,15 +34,18 @@
 ** and where, and traps (a wild slot would send the bulk copies, which no
 ** sanitizer sees, to a wild address). */
 /* The registers a thread after setmaxnreg: the producer warpgroup's and
-** the consumers' (128 x PREG + 256 x CREG <= 65,536; compile-time, for the
-** A/B of a split that spills less: BENCHMARKS.md) */
+** the consumers' (compile-time, for the A/B of a split that spills less:
+** BENCHMARKS.md).  setmaxnreg moves registers only within what the launch
+** gave the CTA, 384 x 168 (kernel_traits.cuh): a split past it waits in
+** setmaxnreg.inc forever (32 / 240 hung every backward on the H200). */
 #ifndef STA_BSA_BWD_PREG
 #define STA_BSA_BWD_PREG 40
 #endif
 #ifndef STA_BSA_BWD_CREG
 #define STA_BSA_BWD_CREG 232
 #endif
-static_assert(128 * STA_BSA_BWD_PREG + 256 * STA_BSA_BWD_CREG <= 65536, "registers of one SM");
+static_assert(128 * STA_BSA_BWD_PREG + 256 * STA_BSA_BWD_CREG <= (65536 / 384) / 8 * 8 * 384,
+              "setmaxnreg: more registers than the launch gives the CTA");
 #ifdef STA_BSA_BWD_CHECK
 #define BSA_CHECK(cond, v1, v2, v3)                                                            \
   do {                                                                                         \
