@@ -34,18 +34,30 @@
 ** and where, and traps (a wild slot would send the bulk copies, which no
 ** sanitizer sees, to a wild address). */
 /* The registers a thread after setmaxnreg: the producer warpgroup's and
-** the consumers' (compile-time, for the A/B of a split that spills less:
-** BENCHMARKS.md).  setmaxnreg moves registers only within what the launch
-** gave the CTA, 384 x 168 (kernel_traits.cuh): a split past it waits in
-** setmaxnreg.inc forever (32 / 240 hung every backward on the H200). */
-#ifndef STA_BSA_BWD_PREG
-#define STA_BSA_BWD_PREG 40
+** the consumers', per head dim (compile-time; STA_BSA_BWD_PREG / CREG
+** override both for an A/B: gpu-check-bsa-ab --prep-variant).  setmaxnreg
+** moves registers only within what the launch gave the CTA, 384 x 168
+** (kernel_traits.cuh): a split past it waits in setmaxnreg.inc forever
+** (32 / 240 hung every backward on the H200).  D 128: 24 / 240, the window
+** backward's split (ptxas: the consumers' spills of the split kernel 120 ->
+** 68 bytes, the producer's 0 -> 80; at hunyuan-720p -2.0 % with 64-row
+** blocks, -16.8 % with 256-row ones, deterministic bits unchanged; H200
+** 2026-12-02); D 64: 40 / 232 (no consumer spills there, and 24 would make
+** the producer spill 80 bytes). */
+template <int D> struct BsaBwdRegs {
+#ifdef STA_BSA_BWD_PREG
+  static constexpr int P = STA_BSA_BWD_PREG;
+#else
+  static constexpr int P = D == 128 ? 24 : 40;
 #endif
-#ifndef STA_BSA_BWD_CREG
-#define STA_BSA_BWD_CREG 232
+#ifdef STA_BSA_BWD_CREG
+  static constexpr int C = STA_BSA_BWD_CREG;
+#else
+  static constexpr int C = D == 128 ? 240 : 232;
 #endif
-static_assert(128 * STA_BSA_BWD_PREG + 256 * STA_BSA_BWD_CREG <= (65536 / 384) / 8 * 8 * 384,
-              "setmaxnreg: more registers than the launch gives the CTA");
+  static_assert(128 * P + 256 * C <= (65536 / 384) / 8 * 8 * 384,
+                "setmaxnreg: more registers than the launch gives the CTA");
+};
 #ifdef STA_BSA_BWD_CHECK
 #define BSA_CHECK(cond, v1, v2, v3)                                                            \
   do {                                                                                         \
@@ -196,7 +208,7 @@ __global__ void __launch_bounds__(384, 1) sta_bsa_bwd(const __grid_constant__ Bs
 
   if (wg == 2) {
     /* ---- producer: all 128 threads (TMA by thread 0 where the rows allow) ---- */
-    setmaxnreg_dec<STA_BSA_BWD_PREG>();
+    setmaxnreg_dec<BsaBwdRegs<D>::P>();
     const int pt = tid - CTH;
     const int c0 = a.tma_fused ? h * D : 0, c4 = a.tma_fused ? b : bh;
     const T *gq = reinterpret_cast<const T *>(a.q) + (int64_t)b * a.q_sb + (int64_t)h * a.q_sh;
@@ -246,7 +258,7 @@ __global__ void __launch_bounds__(384, 1) sta_bsa_bwd(const __grid_constant__ Bs
   }
 
   /* ---- consumers ---- */
-  setmaxnreg_inc<STA_BSA_BWD_CREG>();
+  setmaxnreg_inc<BsaBwdRegs<D>::C>();
   const float sl2 = a.scale_log2;
   /* this warpgroup's keys: all 64 (split) or its half of 128 */
   const uint32_t dK0 = sdesc_lo(sK + (SPLIT ? 0 : wg * 64 * 64), 16);
