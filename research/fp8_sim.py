@@ -432,6 +432,9 @@ SCHEMES = [
      dict(pmax="exact", flushn=8), (1.0, 64, 0)),
     ("one-emax-g4-l8", "one-emax-g4 with the row sum of the rounded P (a ones column of V)",
      dict(pmax="exact", flushn=4, lsum="p8"), (1.0, 64, 0)),
+    ("one-emax-g4-k64", "one-emax-g4 with K scaled per 64 rows (two k_scales a 128-key "
+     "block: the k_scale multiply folds into the max-subtract FFMA, no per-column loads)",
+     dict(pmax="exact", flushn=4, kgran="64"), (1.0, 64, -1)),
     ("one-emax-fp22-noeq", "one-emax-fp22 without the equalization",
      dict(pmax="exact", acc="fp22", equalize=False), (1.0, 0, 0)),
 ]
