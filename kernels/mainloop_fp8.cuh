@@ -28,6 +28,12 @@
 **   STA_FP8_PINGPONG  1: the two consumer warpgroups take turns issuing
 **                     their GEMMs (named barriers 4 and 5), so one's
 **                     softmax runs under the other's GEMMs
+**   STA_FP8_HALF      1 (with STA_FP8_OS): each 128-key block as two
+**                     halves of 64 keys (S of a half: 32 registers, not
+**                     64), S(next half) issued with P V(this half)
+**                     (fp8_blocks_osh): a consumer of about 140 registers,
+**                     the step towards three consumer warpgroups
+**                     (kernels/README.md); 0: whole blocks
 **   STA_FP8_INFO      1: the per-key info by ld.shared, the integer to
 **                     float conversion folded into the k_scale multiply-add
 **                     (fp8_softmax), the mask added only to blocks that
@@ -59,6 +65,9 @@
 #endif
 #ifndef STA_FP8_INFO
 #define STA_FP8_INFO 1
+#endif
+#ifndef STA_FP8_HALF
+#define STA_FP8_HALF 0
 #endif
 /* O in shared memory: only with S(n+1) under P V(n) and a flush */
 #define STA_FP8_OS (STA_FP8_OSMEM && STA_FP8_OVERLAP && STA_FP8_FLUSH >= 1)
@@ -178,9 +187,10 @@ constexpr int32_t FP8_MAGIC_BITS = 0x4B400000;
 ** exp2(score - m + log2 STA_FP8_PSCALE) (one array for both: the wgmma's
 ** "+r" operands keep it live throughout); the running max st.m, alpha =
 ** 2^(old m - new m), the row sums st.l; info: (k_scale,
-** 0) or (0, -inf) per S column.  Per score: the integer to float (2), its
+** 0) or (0, -inf) per S column; NJ: S's columns / 8 (16: a block of 128
+** keys; 8: a half, STA_FP8_HALF).  Per score: the integer to float (2), its
 ** k_scale and mask (1), the max (1), q_scale and m (1), ex2, the sum (1). */
-template <int D>
+template <int D, int NJ = 16>
 __device__ __forceinline__ void fp8_softmax(Fp8Rows<D> &st, int32_t *sp, float *alpha,
                                             const Fp8KeyInfo &info, int t) {
   /* u = acc * k_scale (the score over q_scale * scale * log2 e), -inf
@@ -192,7 +202,7 @@ __device__ __forceinline__ void fp8_softmax(Fp8Rows<D> &st, int32_t *sp, float *
   ** acc * k_scale by at most k_scale, a unit of acc); then + the mask
   ** where the block has masked keys */
 #pragma unroll
-  for (int j = 0; j < 16; j++) {
+  for (int j = 0; j < NJ; j++) {
     const float2 k = lds_f2(info.ks + 8 * (4 * j + t)); /* columns 8j + 2t, 8j + 2t + 1 */
     const float c0 = -FP8_MAGIC * k.x, c1 = -FP8_MAGIC * k.y;
 #pragma unroll
@@ -204,7 +214,7 @@ __device__ __forceinline__ void fp8_softmax(Fp8Rows<D> &st, int32_t *sp, float *
   }
   if (info.masked) {
 #pragma unroll
-    for (int j = 0; j < 16; j++) {
+    for (int j = 0; j < NJ; j++) {
       const float2 b = lds_f2(info.bias + 8 * (4 * j + t));
 #pragma unroll
       for (int i = 0; i < 2; i++) {
@@ -222,7 +232,7 @@ __device__ __forceinline__ void fp8_softmax(Fp8Rows<D> &st, int32_t *sp, float *
       for (int c = 0; c < 4; c++)
         m4[i][c] = fmaxf(__int_as_float(sp[4 * c + 2 * i]), __int_as_float(sp[4 * c + 2 * i + 1]));
 #pragma unroll
-    for (int j = 4; j < 16; j++)
+    for (int j = 4; j < NJ; j++)
 #pragma unroll
       for (int i = 0; i < 2; i++)
         m4[i][j & 3] = fmaxf(m4[i][j & 3], fmaxf(__int_as_float(sp[4 * j + 2 * i]),
@@ -232,7 +242,7 @@ __device__ __forceinline__ void fp8_softmax(Fp8Rows<D> &st, int32_t *sp, float *
   }
 #else
 #pragma unroll
-  for (int j = 0; j < 16; j++) {
+  for (int j = 0; j < NJ; j++) {
     const float4 ki = fp8_info(info, 4 * j + t); /* columns 8j + 2t, 8j + 2t + 1 */
 #pragma unroll
     for (int i = 0; i < 2; i++) {
@@ -258,7 +268,7 @@ __device__ __forceinline__ void fp8_softmax(Fp8Rows<D> &st, int32_t *sp, float *
   /* P * PSCALE = exp2(u qsc - m + log2 PSCALE); the row sum unrounded */
   float ps[2][2] = {{0.0f, 0.0f}, {0.0f, 0.0f}}; /* two chains per row */
 #pragma unroll
-  for (int x = 0; x < 64; x++) {
+  for (int x = 0; x < 4 * NJ; x++) {
     const int i = (x >> 1) & 1;
     const float p = ex2(fmaf(__int_as_float(sp[x]), st.qsc[i], -mref[i]));
     ps[i][(x >> 2) & 1] += p;
@@ -271,9 +281,10 @@ __device__ __forceinline__ void fp8_softmax(Fp8Rows<D> &st, int32_t *sp, float *
 /* P * PSCALE in e4m3 as the A fragment: chunk kc of 32 keys, register r:
 ** row i = r & 1, the columns of j = 4kc + 2(r >> 1) and j + 1 (fp8_col_key
 ** puts key 4t + b there). */
+template <int NKC = 4> /* chunks of 32 keys */
 __device__ __forceinline__ void pack_p(const int32_t *sp, uint32_t (*pa)[4]) {
 #pragma unroll
-  for (int kc = 0; kc < 4; kc++)
+  for (int kc = 0; kc < NKC; kc++)
 #pragma unroll
     for (int r = 0; r < 4; r++) {
       const int x = 4 * (4 * kc + 2 * (r >> 1)) + 2 * (r & 1);
@@ -343,6 +354,7 @@ struct Fp8Stage {
 
 static_assert(STA_FP8_OS || STA_FP8_FLUSH <= 1, "a flush every N > 1 blocks needs STA_FP8_OSMEM");
 static_assert(!STA_FP8_OS || STA_FP8_INFO, "STA_FP8_OSMEM needs STA_FP8_INFO's shared loads");
+static_assert(!STA_FP8_HALF || STA_FP8_OS, "STA_FP8_HALF is a variant of STA_FP8_OSMEM's loop");
 
 /* One item's key blocks for this warpgroup (nb >= 1): the ring's blocks
 ** from g on (g advanced past them), st the running state; at(b): buffer
@@ -529,6 +541,121 @@ __device__ __forceinline__ void fp8_blocks_os(Fp8Rows<D> &st, uint32_t dq, int n
   sta_wgmma::wait<0>();
   sta_wgmma::pin<D / 2>(ob);
   sta_wgmma::pin_r<16>(&pa[0][0]);
+  mbar_arrive(&empty[b]);
+  g++;
+  os_flush<D>(os, ob, mo, mob, first, st.o);
+}
+
+/* S of keys 64h..64h+63 of a block (dk: the block's K descriptor word),
+** issued and committed, not waited for. */
+template <int D, uint32_t HI>
+__device__ __forceinline__ void issue_s_half(int32_t *sacc, uint32_t dq, uint32_t dk, int h) {
+  const uint32_t dkh = dk + (uint32_t)((64 * D * h) >> 4); /* 64 rows of D bytes */
+  sta_wgmma::fence();
+#pragma unroll
+  for (int ks = 0; ks < D / 32; ks++)
+    sta_wgmma::ss_n64_s8(sacc, ((uint64_t)HI << 32) | (dq + ks * 2),
+                         ((uint64_t)HI << 32) | (dkh + ks * 2), ks > 0);
+  sta_wgmma::commit();
+}
+
+/* acc (fresh or +=) P V over keys 64h..64h+63 (pa: its 2 chunks of 32),
+** issued and committed. */
+template <int D>
+__device__ __forceinline__ void issue_pv_half(float *acc, uint32_t (*pa)[4], uint32_t dv, int h,
+                                              int fresh) {
+  sta_wgmma::fence();
+#pragma unroll
+  for (int kc = 0; kc < 2; kc++) {
+    const uint64_t b = sdesc_of(dv + (uint32_t)(((2 * h + kc) * 32) >> 4));
+    const int sd = fresh ? kc > 0 : 1;
+    if constexpr (D == 128) sta_wgmma::rs_n128_e4m3(acc, pa[kc], b, sd);
+    else sta_wgmma::rs_n64_e4m3(acc, pa[kc], b, sd);
+  }
+  sta_wgmma::commit();
+}
+
+/* Half h's per-key info: columns 64h on. */
+__device__ __forceinline__ Fp8KeyInfo info_half(const Fp8KeyInfo &x, int h) {
+  return Fp8KeyInfo{x.ks + 256u * h, x.bias + 256u * h, x.masked};
+}
+
+/* fp8_blocks_os over halves of 64 keys (STA_FP8_HALF): the same walk, the
+** same flushes (every STA_FP8_FLUSH blocks, i.e. 2 STA_FP8_FLUSH halves),
+** S(q + 1) issued with P V(q) for the halves q = 2n + h in order; block
+** b's buffer released once the P V of its second half is done.  The
+** online softmax steps per half: the same function of the scores, the
+** sums in another order (the CPU reference walks whole blocks). */
+template <int D, uint32_t HI, int NB, class At>
+__device__ __forceinline__ void fp8_blocks_osh(Fp8Rows<D> &st, uint32_t dq, int nb, int &g,
+                                               uint64_t *full, uint64_t *empty, const At &at,
+                                               int wg, int t, uint32_t os) {
+  constexpr int N = 2 * STA_FP8_FLUSH; /* halves a flush */
+  int32_t sacc[32];
+  uint32_t pa[2][4];
+  float alpha[2], ob[D / 2], mo[2] = {-INFINITY, -INFINITY}, mob[2];
+  bool first = true;
+  int b = g % NB, grp = 0;
+  mbar_wait(&full[b], (g / NB) & 1);
+  fence_proxy_async();
+  if (STA_FP8_PINGPONG && wg == 1) bar_arrive_named(4, 256); /* warpgroup 0 first */
+  fp8_turn(wg);
+  issue_s_half<D, HI>(sacc, dq, at(b).dk, 0);
+  fp8_turn_done(wg);
+  sta_wgmma::wait<0>();
+  sta_wgmma::pin_i<32>(sacc);
+  fp8_softmax<D, 8>(st, sacc, alpha, info_half(at(b).info, 0), t);
+  pack_p<2>(sacc, pa);
+  /* half q's S with half q - 1's P V (pa, alpha; block b, half hp) */
+  int hp = 0;
+  for (int q = 1; q < 2 * nb; q++) {
+    const int h = q & 1;
+    const int bn = h ? b : (g + 1) % NB;
+    if (!h) {
+      mbar_wait(&full[bn], ((g + 1) / NB) & 1);
+      fence_proxy_async();
+    }
+    float anext[2];
+    fp8_turn(wg);
+    issue_s_half<D, HI>(sacc, dq, at(bn).dk, h);
+    if (grp > 0) rescale_acc<D>(ob, alpha);
+    issue_pv_half<D>(ob, pa, at(b).dv, hp, grp == 0);
+    fp8_turn_done(wg);
+    mob[0] = st.m[0];
+    mob[1] = st.m[1];
+    sta_wgmma::wait<1>(); /* S(q) done, P V(q - 1) may still run */
+    sta_wgmma::pin_i<32>(sacc);
+    fp8_softmax<D, 8>(st, sacc, anext, info_half(at(bn).info, h), t);
+    sta_wgmma::wait<0>();
+    sta_wgmma::pin<D / 2>(ob);
+    sta_wgmma::pin_r<8>(&pa[0][0]);
+    if (!h) { /* the P V of block b's second half is done */
+      mbar_arrive(&empty[b]);
+      g++;
+    }
+    if (++grp == N) {
+      os_flush<D>(os, ob, mo, mob, first, nullptr);
+      first = false;
+      mo[0] = mob[0];
+      mo[1] = mob[1];
+      grp = 0;
+    }
+    alpha[0] = anext[0];
+    alpha[1] = anext[1];
+    pack_p<2>(sacc, pa);
+    b = bn;
+    hp = h;
+  }
+  /* the last half's P V; warpgroup 1's last turn of the item lets no one go */
+  fp8_turn(wg);
+  if (grp > 0) rescale_acc<D>(ob, alpha);
+  issue_pv_half<D>(ob, pa, at(b).dv, hp, grp == 0);
+  if (wg == 0) fp8_turn_done(wg);
+  mob[0] = st.m[0];
+  mob[1] = st.m[1];
+  sta_wgmma::wait<0>();
+  sta_wgmma::pin<D / 2>(ob);
+  sta_wgmma::pin_r<8>(&pa[0][0]);
   mbar_arrive(&empty[b]);
   g++;
   os_flush<D>(os, ob, mo, mob, first, st.o);
