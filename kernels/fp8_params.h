@@ -12,7 +12,17 @@
 
 namespace sta {
 
-constexpr int FP8_BM = 128; /* query rows per CTA: two consumer warpgroups */
+/* consumer warpgroups of 64 query rows (compile-time: 3 is a variant of
+** STA_FP8_HALF's loop under A/B, kernels/README.md), their threads, the
+** CTA's threads (a producer warpgroup more), query rows per work item */
+#ifndef STA_FP8_NWG
+#define STA_FP8_NWG 2
+#endif
+static_assert(STA_FP8_NWG == 2 || STA_FP8_NWG == 3, "two or three consumer warpgroups");
+constexpr int FP8_NWG = STA_FP8_NWG;
+constexpr int FP8_CT = 128 * FP8_NWG;
+constexpr int FP8_THREADS = FP8_CT + 128;
+constexpr int FP8_BM = 64 * FP8_NWG;
 constexpr int FP8_BK = 128; /* keys per block */
 
 struct Fp8Params {

@@ -104,11 +104,11 @@ __device__ __forceinline__ void fp8_consume(const Fp8Params &a, unsigned char *s
   }
 }
 
-/* 384 threads, warpgroup 2 the producer (setmaxnreg down), 0 and 1 the
-** consumers (up); PERSIST: one CTA per SM taking items from
+/* 384 threads (FP8_THREADS), warpgroup 2 the producer (setmaxnreg down),
+** 0 and 1 the consumers (up; STA_FP8_NWG 3: 512, warpgroup 3 the producer); PERSIST: one CTA per SM taking items from
 ** tile_scheduler.cuh's counter, else one per item. */
 template <int D, bool PERSIST>
-__global__ void __launch_bounds__(384, 1) sta_fp8_fwd(const __grid_constant__ Fp8Params a) {
+__global__ void __launch_bounds__(FP8_THREADS, 1) sta_fp8_fwd(const __grid_constant__ Fp8Params a) {
   using L = Fp8Smem<D>;
   constexpr int NB = L::NB;
   extern __shared__ unsigned char fp8_smem_raw[];
@@ -119,19 +119,19 @@ __global__ void __launch_bounds__(384, 1) sta_fp8_fwd(const __grid_constant__ Fp
     uint64_t *bar = (uint64_t *)(sm + L::BAR);
     for (int b = 0; b < NB; b++) {
       mbar_init(&bar[b], 97);             /* full: the walker and the 96 helpers */
-      mbar_init(&bar[NB + b], 256);       /* empty: the consumer threads */
+      mbar_init(&bar[NB + b], FP8_CT);    /* empty: the consumer threads */
       mbar_init(&bar[2 * NB + 4 + b], 1); /* dfull: the walker */
     }
     for (int b = 0; b < 2; b++) {
       mbar_init(&bar[2 * NB + b], 1);       /* qfull: the walker */
-      mbar_init(&bar[2 * NB + 2 + b], 256); /* qempty */
+      mbar_init(&bar[2 * NB + 2 + b], FP8_CT); /* qempty */
     }
   }
   __syncthreads();
-  if (wg == 2) {
+  if (wg == FP8_NWG) {
     setmaxnreg_dec<FP8_PREG>();
-    if (tid == 256) fp8_walker<D, PERSIST>(a, sm);
-    else if (tid >= 288) fp8_helpers<D>(a, sm, tid - 288);
+    if (tid == FP8_CT) fp8_walker<D, PERSIST>(a, sm);
+    else if (tid >= FP8_CT + 32) fp8_helpers<D>(a, sm, tid - (FP8_CT + 32));
     return;
   }
   setmaxnreg_inc<FP8_CREG>();
@@ -155,7 +155,7 @@ template <int D> sta_status run_fp8(Fp8Params &x, int64_t bh, int64_t n_items) {
   void (*k)(Fp8Params) = x.sched ? sta_fp8_fwd<D, true> : sta_fp8_fwd<D, false>;
   cudaError_t e = cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
   if (e != cudaSuccess) return sta_cuda_fail(e, "fp8 attention: shared memory");
-  k<<<(unsigned)grid, 384, smem, sta_cuda_stream()>>>(x);
+  k<<<(unsigned)grid, FP8_THREADS, smem, sta_cuda_stream()>>>(x);
   e = cudaGetLastError();
   return e == cudaSuccess ? STA_OK : sta_cuda_fail(e, "fp8 attention: kernel launch");
 }

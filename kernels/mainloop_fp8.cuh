@@ -32,8 +32,9 @@
 **                     halves of 64 keys (S of a half: 32 registers, not
 **                     64), S(next half) issued with P V(this half)
 **                     (fp8_blocks_osh): a consumer of about 140 registers,
-**                     the step towards three consumer warpgroups
-**                     (kernels/README.md); 0: whole blocks
+**                     with STA_FP8_NWG 3 (fp8_params.h) three consumer
+**                     warpgroups at 160 registers (kernels/README.md);
+**                     0: whole blocks
 **   STA_FP8_INFO      1: the per-key info by ld.shared, the integer to
 **                     float conversion folded into the k_scale multiply-add
 **                     (fp8_softmax), the mask added only to blocks that
@@ -317,7 +318,8 @@ __device__ __forceinline__ void fp8_turn(int wg) {
   if (STA_FP8_PINGPONG) bar_named(4 + wg, 256);
 }
 __device__ __forceinline__ void fp8_turn_done(int wg) {
-  if (STA_FP8_PINGPONG) bar_arrive_named(5 - wg, 256);
+  /* three warpgroups (STA_FP8_NWG): 0 -> 1 -> 2 -> 0 on barriers 4..6 */
+  if (STA_FP8_PINGPONG) bar_arrive_named(FP8_NWG == 2 ? 5 - wg : 4 + (wg + 1) % FP8_NWG, 256);
 }
 
 /* A block's P V (pa: its P, alpha: its rescale of O), issued: STA_FP8_FLUSH
@@ -355,6 +357,7 @@ struct Fp8Stage {
 static_assert(STA_FP8_OS || STA_FP8_FLUSH <= 1, "a flush every N > 1 blocks needs STA_FP8_OSMEM");
 static_assert(!STA_FP8_OS || STA_FP8_INFO, "STA_FP8_OSMEM needs STA_FP8_INFO's shared loads");
 static_assert(!STA_FP8_HALF || STA_FP8_OS, "STA_FP8_HALF is a variant of STA_FP8_OSMEM's loop");
+static_assert(STA_FP8_NWG == 2 || STA_FP8_HALF, "three consumer warpgroups need STA_FP8_HALF's registers");
 
 /* One item's key blocks for this warpgroup (nb >= 1): the ring's blocks
 ** from g on (g advanced past them), st the running state; at(b): buffer
@@ -438,8 +441,9 @@ __device__ __forceinline__ void rescale_acc(float *acc, const float *alpha) {
 
 #if STA_FP8_INFO
 /* O in shared memory (STA_FP8_OS): this thread's D / 2 floats, float4 k
-** (registers 4k..4k+3: row 0, row 0, row 1, row 1) at os + 4096 k, os =
-** the region + 16 tid: a warp's 32 float4 are 512 contiguous bytes.  O
+** (registers 4k..4k+3: row 0, row 0, row 1, row 1) at os + 16 FP8_CT k
+** (4096 k), os = the region + 16 tid: a warp's 32 float4 are 512
+** contiguous bytes.  O
 ** is kept at the maximum mo (per row), the accumulator ob at mob >= mo:
 ** O = O 2^(mo - mob) + ob (first: O = ob).  out: the registers it goes to
 ** (NULL: back to shared memory). */
@@ -449,7 +453,7 @@ __device__ __forceinline__ void os_flush(uint32_t os, const float *ob, const flo
   if (first && !out) { /* O = ob: straight from the accumulator registers */
 #pragma unroll
     for (int k = 0; k < D / 8; k++)
-      sts_f4(os + 4096 * k, make_float4(ob[4 * k], ob[4 * k + 1], ob[4 * k + 2], ob[4 * k + 3]));
+      sts_f4(os + 16 * FP8_CT * k, make_float4(ob[4 * k], ob[4 * k + 1], ob[4 * k + 2], ob[4 * k + 3]));
     return;
   }
   if (first) { /* out: O = ob */
@@ -462,13 +466,13 @@ __device__ __forceinline__ void os_flush(uint32_t os, const float *ob, const flo
   for (int i = 0; i < 2; i++) f[i] = mo[i] == mob[i] ? 1.0f : ex2(mo[i] - mob[i]);
 #pragma unroll
   for (int k = 0; k < D / 8; k++) {
-    const float4 o = lds_f4(os + 4096 * k);
+    const float4 o = lds_f4(os + 16 * FP8_CT * k);
     const float4 v = make_float4(fmaf(o.x, f[0], ob[4 * k]), fmaf(o.y, f[0], ob[4 * k + 1]),
                                  fmaf(o.z, f[1], ob[4 * k + 2]), fmaf(o.w, f[1], ob[4 * k + 3]));
     if (out) {
       out[4 * k] = v.x; out[4 * k + 1] = v.y; out[4 * k + 2] = v.z; out[4 * k + 3] = v.w;
     } else {
-      sts_f4(os + 4096 * k, v);
+      sts_f4(os + 16 * FP8_CT * k, v);
     }
   }
 }
@@ -598,7 +602,7 @@ __device__ __forceinline__ void fp8_blocks_osh(Fp8Rows<D> &st, uint32_t dq, int 
   int b = g % NB, grp = 0;
   mbar_wait(&full[b], (g / NB) & 1);
   fence_proxy_async();
-  if (STA_FP8_PINGPONG && wg == 1) bar_arrive_named(4, 256); /* warpgroup 0 first */
+  if (STA_FP8_PINGPONG && wg == FP8_NWG - 1) bar_arrive_named(4, 256); /* warpgroup 0 first */
   fp8_turn(wg);
   issue_s_half<D, HI>(sacc, dq, at(b).dk, 0);
   fp8_turn_done(wg);
@@ -646,11 +650,12 @@ __device__ __forceinline__ void fp8_blocks_osh(Fp8Rows<D> &st, uint32_t dq, int 
     b = bn;
     hp = h;
   }
-  /* the last half's P V; warpgroup 1's last turn of the item lets no one go */
+  /* the last half's P V; the last warpgroup's last turn of the item lets
+  ** no one go (it opens the next item instead) */
   fp8_turn(wg);
   if (grp > 0) rescale_acc<D>(ob, alpha);
   issue_pv_half<D>(ob, pa, at(b).dv, hp, grp == 0);
-  if (wg == 0) fp8_turn_done(wg);
+  if (wg != FP8_NWG - 1) fp8_turn_done(wg);
   mob[0] = st.m[0];
   mob[1] = st.m[1];
   sta_wgmma::wait<0>();
