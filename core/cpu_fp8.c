@@ -11,8 +11,9 @@
 ** What a kernel may differ in from this reference is only the order and
 ** width of its sums (float32 scores and ex2, Hopper's fp8 accumulator): P
 ** is taken against the running maximum over the kernel's own key blocks
-** (key_rows: its walk, blocks of STA_FP8_BK), as the kernel takes it, so
-** each P's e4m3 code is the kernel's up to a rounding boundary.
+** (key_rows: its walk, blocks of STA_FP8_BK; sta_fp8_set_step_test: of
+** 64, a kernel built with STA_FP8_HALF), as the kernel takes it, so each
+** P's e4m3 code is the kernel's up to a rounding boundary.
 */
 #include <math.h>
 #include <omp.h>
@@ -161,18 +162,26 @@ sta_status sta_cpu_fp8_quantize(const sta_attn_params *p, sta_fp8_ops *o) {
   return STA_OK;
 }
 
+/* sta_fp8_set_step_test's keys a step, this thread's (0: STA_FP8_BK) */
+static _Thread_local int32_t fp8_step_test;
+
+void sta_fp8_set_step_test(int32_t keys) {
+  if (keys == 0 || keys == STA_FP8_BK || keys == 64) fp8_step_test = keys == STA_FP8_BK ? 0 : keys;
+}
+
 /* Key rows (quantized order) of query row i into keys, in the kernel's walk
 ** (kernels/producer_fp8.cuh, Fp8Walk): the window's runs of tiles along w,
 ** then the text keys (a text query: one run of every row below keys_end),
-** each run cut into blocks of STA_FP8_BK rows; blk[j]: key j's block
-** (counted over the runs).  Returns the count. */
+** each run cut into blocks of STA_FP8_BK rows, each block into steps of
+** BK rows (STA_FP8_BK, or 64: its halves); blk[j]: key j's step (counted
+** over the runs).  Returns the count. */
 static int64_t key_rows(const sta_attn_params *p, const sta_fp8_geom *g, int64_t h, int64_t i,
-                        int64_t *keys, int64_t *blk) {
+                        int64_t BK, int64_t *keys, int64_t *blk) {
   int64_t n = 0, base = 0, vol = (int64_t)g->tile[0] * g->tile[1] * g->tile[2];
   int32_t lo[3] = {0, 0, 0}, cnt[3] = {g->grid[0], g->grid[1], g->grid[2]};
   if (i >= g->tiled_video) {
     for (int64_t r = 0; r < g->keys_end; r++)
-      if (sta_fp8_source(g, r) >= 0) { keys[n] = r; blk[n++] = r / STA_FP8_BK; }
+      if (sta_fp8_source(g, r) >= 0) { keys[n] = r; blk[n++] = r / BK; }
     return n;
   }
   int64_t t = i / vol, q[3] = {t / ((int64_t)g->grid[1] * g->grid[2]),
@@ -186,12 +195,12 @@ static int64_t key_rows(const sta_attn_params *p, const sta_fp8_geom *g, int64_t
       const int64_t start = (((int64_t)a * g->grid[1] + b) * g->grid[2] + lo[2]) * vol,
                     len = (int64_t)cnt[2] * vol;
       for (int64_t r = start; r < start + len; r++)
-        if (sta_fp8_source(g, r) >= 0) { keys[n] = r; blk[n++] = base + (r - start) / STA_FP8_BK; }
-      base += (len + STA_FP8_BK - 1) / STA_FP8_BK;
+        if (sta_fp8_source(g, r) >= 0) { keys[n] = r; blk[n++] = base + (r - start) / BK; }
+      base += (len + BK - 1) / BK;
     }
   for (int64_t r = g->tiled_video; r < g->keys_end; r++) {
     keys[n] = r;
-    blk[n++] = base + (r - g->tiled_video) / STA_FP8_BK;
+    blk[n++] = base + (r - g->tiled_video) / BK;
   }
   return n;
 }
@@ -220,6 +229,7 @@ sta_status sta_cpu_fp8_attention(const sta_attn_params *p) {
   }
   size_t es = sta_dtype_size(p->dtype);
   double c = (double)p->scale * 1.4426950408889634; /* exp2 domain */
+  const int64_t BK = fp8_step_test ? fp8_step_test : STA_FP8_BK; /* the caller's thread */
   int64_t skipped = 0, rows = p->batch * H * R;
   #pragma omp parallel num_threads(nt)
   {
@@ -241,7 +251,7 @@ sta_status sta_cpu_fp8_attention(const sta_attn_params *p) {
       }
       const int8_t *q8 = o.q8 + (bh * R + i) * D;
       double qs = (double)o.q_scale[bh * R + i] * c, m = -INFINITY, l = 0;
-      int64_t n = key_rows(p, &g, h, i, keys, blk);
+      int64_t n = key_rows(p, &g, h, i, BK, keys, blk);
       for (int64_t j = 0; j < n; j++) {
         const int64_t kr = bh * R + sta_fp8_kslot(keys[j], R); /* the kernels' key layout */
         const int8_t *k8 = o.k8 + kr * D;

@@ -157,6 +157,12 @@ sta_status sta_cpu_fp8_quantize(const sta_attn_params *p, sta_fp8_ops *o);
 /* The FP8 forward on the host: the pre-pass, then every query row against
 ** its keys in double (sta.h, sta_precision). */
 sta_status sta_cpu_fp8_attention(const sta_attn_params *p);
+/* For tests only (no user setting): the keys a step of the reference's
+** online softmax takes (core/cpu_fp8.c: its running maximum moves per
+** step), on this thread: 0 or STA_FP8_BK the kernel's blocks (the
+** default), 64 their halves (a CUDA kernel built with STA_FP8_HALF:
+** sta_cuda_fp8_step_test says which).  Other values are ignored. */
+void sta_fp8_set_step_test(int32_t keys);
 /* The backend table's fp8_dequantize on the host. */
 sta_status sta_cpu_fp8_dequantize(float *dst, const sta_bshd *bd, const uint8_t *x8,
                                   const sta_bshd *bx, const float *sc, const int64_t sc_st[3],
@@ -170,6 +176,10 @@ sta_status sta_cuda_fp8_quantize(const sta_attn_params *p, const sta_fp8_ops *o)
 ** applies (kernels/fp8_prepass.cu), 0 forces the portable one
 ** (fp8_quant.cu's kernels); the two write the same bits. */
 void sta_cuda_set_fp8_prepass_test(int fast);
+/* For tests only: the keys a step of the CUDA fp8 kernel's online softmax
+** takes (kernels/fp8_api.cu): STA_FP8_BK, or 64 where it was built with
+** STA_FP8_HALF. */
+int32_t sta_cuda_fp8_step_test(void);
 #endif
 
 #ifdef __cplusplus

@@ -663,6 +663,13 @@ int main(void) {
   sta_test_begin(1, 0);
   if (sta_backend_available(STA_CUDA)) printf("# %s\n", sta_backend_describe(STA_CUDA));
   else printf("# no CUDA backend: %s\n", sta_backend_describe(STA_CUDA));
+#ifdef STA_WITH_CUDA
+  /* the CPU reference steps its running maximum as this build's kernel
+  ** does (128 keys; 64 where built with STA_FP8_HALF): the tests run on
+  ** this thread */
+  sta_fp8_set_step_test(sta_cuda_fp8_step_test());
+  printf("# fp8 kernel: %d keys a softmax step\n", (int)sta_cuda_fp8_step_test());
+#endif
   const struct CMUnitTest tests[] = {
     cmocka_unit_test(test_prepass_bits),
     cmocka_unit_test(test_prepass_bits_extremes),
