@@ -75,6 +75,11 @@ CASES = [  # name, canvas or tokens, cube, bv, heads, D, lists, sparsity
     # random lists on the cube grid, partial border cubes (VSA's selection on
     # randn inputs): is the paired kernel's gain the partial cubes' or the lists'?
     ("hunyuan-720p bv64 cubes random", (30, 48, 80), (4, 4, 4), 64, 24, 128, "random", 0.875),
+    # the same lists in ascending order, as VSA's selection writes them (the
+    # cases above keep torch.topk's score order, as FastVideo's q2k_idx):
+    # does the order, not the pairing, make the split kernel's L2 traffic?
+    ("hunyuan-720p bv64 random sorted", 115200, None, 64, 24, 128, "random-sorted", 0.875),
+    ("hunyuan-720p bv64 random sorted D64", 115200, None, 64, 24, 64, "random-sorted", 0.875),
 ]
 
 

@@ -111,8 +111,12 @@ def cube_sizes(canvas, cube):
 
 
 def make_lists(kind, H, M, topk, seed, grid=None, bv=64, sizes=None):
-    """idx [1, H, M, topk] int32 (distinct per row), num [1, H, M]."""
+    """idx [1, H, M, topk] int32 (distinct per row), num [1, H, M]; in
+    torch.topk's order (by score, as FastVideo's q2k_idx comes), or
+    ascending for a kind ending in "-sorted" (as VSA's own selection writes
+    them)."""
     gen = torch.Generator(device="cuda").manual_seed(seed)
+    kind, ascending = kind.removesuffix("-sorted"), kind.endswith("-sorted")
     if kind == "random":
         score = torch.rand(1, H, M, M, generator=gen, device="cuda")
     else:  # local: minus the distance between cube centres, plus noise
@@ -120,7 +124,10 @@ def make_lists(kind, H, M, topk, seed, grid=None, bv=64, sizes=None):
         c = torch.stack([t.reshape(-1), h.reshape(-1), w.reshape(-1)], 1).float()
         dist = torch.cdist(c, c)
         score = -dist[None, None] + 2.0 * torch.rand(1, H, M, M, generator=gen, device="cuda")
-    idx = torch.topk(score, topk, dim=-1).indices.to(torch.int32).contiguous()
+    idx = torch.topk(score, topk, dim=-1).indices
+    if ascending:
+        idx = idx.sort(dim=-1).values
+    idx = idx.to(torch.int32).contiguous()
     num = torch.full((1, H, M), topk, dtype=torch.int32, device="cuda")
     del score
     # query blocks as partial as the key blocks (Mq == Mk, one cube grid)
