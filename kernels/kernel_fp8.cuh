@@ -105,8 +105,9 @@ __device__ __forceinline__ void fp8_consume(const Fp8Params &a, unsigned char *s
 }
 
 /* 384 threads (FP8_THREADS), warpgroup 2 the producer (setmaxnreg down),
-** 0 and 1 the consumers (up; STA_FP8_NWG 3: 512, warpgroup 3 the producer); PERSIST: one CTA per SM taking items from
-** tile_scheduler.cuh's counter, else one per item. */
+** 0 and 1 the consumers (up; STA_FP8_NWG 3: 512, warpgroup 3 the
+** producer); PERSIST: one CTA per SM taking items from tile_scheduler.cuh's
+** counter, else one per item. */
 template <int D, bool PERSIST>
 __global__ void __launch_bounds__(FP8_THREADS, 1) sta_fp8_fwd(const __grid_constant__ Fp8Params a) {
   using L = Fp8Smem<D>;

@@ -125,7 +125,7 @@ __device__ __forceinline__ void fp8_item(const Fp8Params &a, int j, int64_t &bh,
 }
 
 /* key blocks in the ring: 4, 3 where O in shared memory (STA_FP8_OS)
-** would not fit beside 4 at D 128 */
+** would not fit beside 4 at D 128 (2 for three consumer warpgroups' O) */
 template <int D> struct Fp8Smem {
   static constexpr int NB = STA_FP8_OS && D == 128 ? (FP8_NWG == 3 ? 2 : 3) : 4;
   static constexpr int QP = D, QB = FP8_BM * QP; /* a Q or K row's bytes; a Q buffer */
@@ -166,9 +166,11 @@ template <int D> struct Fp8Smem {
 };
 /* setmaxnreg: producer, consumers (at D 128 STA_FP8_FLUSH with S(n+1)
 ** under P V(n) the consumers hold O, a block's P V, S and P: 208
-** registers of them) */
-constexpr int FP8_PREG = FP8_NWG == 3 ? 32 : STA_FP8_FLUSH && STA_FP8_OVERLAP && !STA_FP8_OS ? 24 : 40;
-constexpr int FP8_CREG = FP8_NWG == 3 ? 160 : STA_FP8_FLUSH && STA_FP8_OVERLAP && !STA_FP8_OS ? 240 : 232;
+** registers of them; three consumer warpgroups: what 512 threads leave) */
+constexpr int FP8_PREG =
+    FP8_NWG == 3 ? 32 : STA_FP8_FLUSH && STA_FP8_OVERLAP && !STA_FP8_OS ? 24 : 40;
+constexpr int FP8_CREG =
+    FP8_NWG == 3 ? 160 : STA_FP8_FLUSH && STA_FP8_OVERLAP && !STA_FP8_OS ? 240 : 232;
 static_assert(128 * (FP8_PREG + FP8_NWG * FP8_CREG) <=
                   (65536 / FP8_THREADS) / 8 * 8 * FP8_THREADS,
               "setmaxnreg: more registers than the launch gives the CTA");
