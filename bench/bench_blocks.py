@@ -140,15 +140,21 @@ def case_attempt(log, r, what, run):
         return False
 
 
-def pairs_phase(sta, cases, reps, log, rows, save, rounds=3):
+def pairs_phase(sta, cases, reps, log, rows, save, rounds=3, sort=False):
     """The 64-row cases' forward by the split kernel and by the paired one
-    (the library's test-only setter, process-wide), alternated round by
-    round (reps timed calls each), medians of all; the two outputs compared
+    (the library's test-only setter, process-wide), and with sort the split
+    kernel on the lists sorted ascending on the device first
+    (sta_cuda_set_bsa_sort_test), alternated round by round (reps timed
+    calls each), medians of all; the outputs compared with the split's
     (rel L2: o and lse, not bit-identical: another summation order)."""
     L = sta.lib
     if not hasattr(L, "sta_cuda_set_bsa_pairs_test"):
         raise SystemExit("bench_blocks.py --pairs: %s has no sta_cuda_set_bsa_pairs_test" %
                          L._name)
+    if sort and not hasattr(L, "sta_cuda_set_bsa_sort_test"):
+        raise SystemExit("bench_blocks.py --sort: %s has no sta_cuda_set_bsa_sort_test" % L._name)
+    # name, pairs setter, sort setter
+    modes = [("split", -1, 0), ("pairs", 1, 0)] + ([("sorted", -1, 1)] if sort else [])
     for c in cases:
         if c.bv != 64:
             continue
@@ -158,45 +164,63 @@ def pairs_phase(sta, cases, reps, log, rows, save, rounds=3):
         def run():
             t = c.inputs()
             f = lambda: sta.forward(c.lists, t["q"], t["k"], t["v"], t["o"], t["lse"])  # noqa
-            outs, ts = {}, {0: [], 1: []}
+            outs, ts = {}, {m[0]: [] for m in modes}
             for rnd in range(rounds):
-                for on in (0, 1):
-                    L.sta_cuda_set_bsa_pairs_test(1 if on else -1)
+                for key, pv, sv in modes:
+                    L.sta_cuda_set_bsa_pairs_test(pv)
+                    if sort:
+                        L.sta_cuda_set_bsa_sort_test(sv)
                     f()
                     torch.cuda.synchronize()
                     if rnd == 0:
-                        r["launch_pairs" if on else "launch_split"] = \
-                            L.sta_cuda_last_launch().decode()
-                        outs[on] = (t["o"].float().clone(), t["lse"].clone())
-                    ts[on] += bg.time_ms(f, reps)[1]
+                        r["launch_" + key] = L.sta_cuda_last_launch().decode()
+                        outs[key] = (t["o"].float().clone(), t["lse"].clone())
+                    ts[key] += bg.time_ms(f, reps)[1]
             L.sta_cuda_set_bsa_pairs_test(0)
-            for on, key in ((0, "split"), (1, "pairs")):
-                r[key + "_ms"] = statistics.median(ts[on])
-                r[key + "_spread_ms"] = [min(ts[on]), max(ts[on])]
+            if sort:
+                L.sta_cuda_set_bsa_sort_test(0)
+            for key, _, _ in modes:
+                r[key + "_ms"] = statistics.median(ts[key])
+                r[key + "_spread_ms"] = [min(ts[key]), max(ts[key])]
                 r[key + "_tflops"] = c.fl / r[key + "_ms"] / 1e9
-            o0, o1 = outs[0][0], outs[1][0]
-            r["pairs_vs_split_rel"] = ((o1 - o0).norm() / o0.norm()).item()
-            l0, l1 = outs[0][1], outs[1][1]
+            o0, l0 = outs["split"]
             fin = torch.isfinite(l0)
-            r["lse_same_inf"] = bool(torch.equal(fin, torch.isfinite(l1)))
-            r["lse_max_diff"] = (l1[fin] - l0[fin]).abs().max().item() if fin.any() else 0.0
+            for key in [m[0] for m in modes[1:]]:
+                o1, l1 = outs[key]
+                name = "pairs" if key == "pairs" else key
+                r[name + "_vs_split_rel"] = ((o1 - o0).norm() / o0.norm()).item()
+                r[name + "_lse_same_inf"] = bool(torch.equal(fin, torch.isfinite(l1)))
+                r[name + "_lse_max_diff"] = \
+                    (l1[fin] - l0[fin]).abs().max().item() if fin.any() else 0.0
+            r["lse_same_inf"], r["lse_max_diff"] = r["pairs_lse_same_inf"], r["pairs_lse_max_diff"]
             log("pairs %s: split %.3f ms (%.0f TFLOP/s), pairs %.3f ms (%.0f TFLOP/s), "
                 "split/pairs %.2fx; rel L2 %.1e, lse max diff %.1e (same -inf: %s); %s | %s" % (
                     c.name, r["split_ms"], r["split_tflops"], r["pairs_ms"], r["pairs_tflops"],
                     r["split_ms"] / r["pairs_ms"], r["pairs_vs_split_rel"], r["lse_max_diff"],
                     r["lse_same_inf"], r["launch_split"], r["launch_pairs"]))
+            if sort:
+                log("sort %s: split on sorted lists %.3f ms (%.0f TFLOP/s), split/sorted %.2fx; "
+                    "rel L2 %.1e, lse max diff %.1e (same -inf: %s)" % (
+                        c.name, r["sorted_ms"], r["sorted_tflops"],
+                        r["split_ms"] / r["sorted_ms"], r["sorted_vs_split_rel"],
+                        r["sorted_lse_max_diff"], r["sorted_lse_same_inf"]))
         if not case_attempt(log, r, "pairs", run):
             L.sta_cuda_set_bsa_pairs_test(0)
+            if sort:
+                L.sta_cuda_set_bsa_sort_test(0)
         c.free()
         save()
     log("")
-    log("| case | split ms | TFLOP/s | pairs ms | TFLOP/s | split/pairs | rel L2 |")
-    log("|---|---|---|---|---|---|---|")
+    log("| case | split ms | TFLOP/s | pairs ms | TFLOP/s | split/pairs | rel L2 |%s" %
+        (" split, sorted lists ms | split/sorted |" if sort else ""))
+    log("|---|---|---|---|---|---|---|%s" % ("---|---|" if sort else ""))
     for r in rows:
         if "pairs_ms" in r:
-            log("| %s | %.2f | %.0f | %.2f | %.0f | %.2fx | %.1e |" % (
+            log("| %s | %.2f | %.0f | %.2f | %.0f | %.2fx | %.1e |%s" % (
                 r["name"], r["split_ms"], r["split_tflops"], r["pairs_ms"], r["pairs_tflops"],
-                r["split_ms"] / r["pairs_ms"], r["pairs_vs_split_rel"]))
+                r["split_ms"] / r["pairs_ms"], r["pairs_vs_split_rel"],
+                " %.2f | %.2fx |" % (r["sorted_ms"], r["split_ms"] / r["sorted_ms"])
+                if "sorted_ms" in r else ""))
         elif "pairs_error" in r:
             log("| %s | error: %s |" % (r["name"], r["pairs_error"][:120]))
 
@@ -280,6 +304,9 @@ def main():
     ap.add_argument("--pairs", action="store_true",
                     help="the paired 64-row forward (sta_cuda_set_bsa_pairs_test) against the "
                          "split one, alternated, on the bv64 cases (alone)")
+    ap.add_argument("--sort", action="store_true",
+                    help="with --pairs: also the split kernel on the lists sorted ascending on "
+                         "the device first (sta_cuda_set_bsa_sort_test)")
     ap.add_argument("--ab", default="",
                     help="comma-separated libraries to A/B against --lib (alone; with --bwd "
                          "the backward), alternated in this process, outputs compared")
@@ -340,7 +367,7 @@ def main():
         return
 
     if a.pairs:
-        pairs_phase(sta, cases, a.reps, log, rows, save)
+        pairs_phase(sta, cases, a.reps, log, rows, save, sort=a.sort)
         return
     if a.ab:
         libs = [sta] + [Sta(x) for x in a.ab.split(",") if x]

@@ -13,7 +13,7 @@ static int32_t n_threads = 0;
 static _Thread_local void *cuda_stream = NULL;
 static _Thread_local char last_launch[512];
 static _Thread_local int64_t wave_gate_test; /* sta_cuda_set_wave_gate_test */
-static int32_t variant_test, tma_test, bsa_pairs_test; /* process-wide; __atomic builtins */
+static int32_t variant_test, tma_test, bsa_pairs_test, bsa_sort_test; /* process-wide; __atomic builtins */
 static int64_t dev_in_use = 0, dev_peak = 0; /* __atomic builtins (clang refuses them on _Atomic) */
 static int64_t transferred = 0;
 
@@ -132,6 +132,10 @@ void sta_cuda_set_bsa_pairs_test(int32_t on) {
 int32_t sta_cuda_bsa_pairs_test(void) {
   return __atomic_load_n(&bsa_pairs_test, __ATOMIC_RELAXED);
 }
+void sta_cuda_set_bsa_sort_test(int32_t on) {
+  __atomic_store_n(&bsa_sort_test, on == 1 ? 1 : 0, __ATOMIC_RELAXED);
+}
+int32_t sta_cuda_bsa_sort_test(void) { return __atomic_load_n(&bsa_sort_test, __ATOMIC_RELAXED); }
 sta_status sta_backend_missing(sta_device device) {
   return sta_error(STA_ERR_BACKEND, "st attn not supported (%s)", sta_backend_describe(device));
 }

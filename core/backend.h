@@ -236,6 +236,15 @@ int32_t sta_cuda_tma_test(void);
 ** kernel always. */
 void sta_cuda_set_bsa_pairs_test(int32_t on);
 int32_t sta_cuda_bsa_pairs_test(void);
+/* For tests and benchmarks only (bench_blocks.py --sort): 1 gives the
+** block-sparse forward's kernels that walk a list in its own order (all
+** but the paired one, which walks the union ascending) a copy of the
+** lists sorted ascending on the device first (kernels/bsa_pairs.cu); 0
+** (the default) the lists as the caller ordered them.  An experiment
+** under A/B (BENCHMARKS.md: does key order, not pairing, set the split
+** kernel's L2 traffic?); other values are taken as 0. */
+void sta_cuda_set_bsa_sort_test(int32_t on);
+int32_t sta_cuda_bsa_sort_test(void);
 
 /* CPU implementations, used by the CPU backend and tests. */
 sta_status sta_cpu_attention(const sta_attn_params *p);

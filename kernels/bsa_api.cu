@@ -155,6 +155,8 @@ sta_status sta_cuda_block_attention(const sta_attn_params *p) {
   if (pairs && x->tma) {
     x->pairs = pt == 2 ? 2 : 1; /* 2: the pre-pass's rank path */
     s = sta::bsa_pairs_prepass(*x, &ws);
+  } else if (sta_cuda_bsa_sort_test() == 1) { /* an experiment: core/backend.h */
+    s = sta::bsa_sort_prepass(*x, &ws);
   }
   if (s == STA_OK) {
     if (p->dtype == STA_BF16)

@@ -125,7 +125,47 @@ __global__ void __launch_bounds__(PT) bsa_pairs_union(const PairArgs a) {
   }
 }
 
+/* Row r (b heads + h) Mq + m of idx, its first num[r] entries, ascending
+** into out (same layout): a bitmap of Mk bits, then the words' popcounts
+** scanned, as the union above with one list. */
+__global__ void __launch_bounds__(PT) bsa_sort_lists(const int32_t *num, const int32_t *idx,
+                                                     int64_t L, int words, int32_t *out) {
+  extern __shared__ uint32_t bm[];
+  const int64_t r = blockIdx.x;
+  const int tid = threadIdx.x, n = num[r];
+  if (n <= 0) return;
+  const int32_t *A = idx + r * L;
+  int32_t *o = out + r * L;
+  for (int i = tid; i < words; i += PT) bm[i] = 0u;
+  __syncthreads();
+  for (int i = tid; i < n; i += PT) atomicOr(&bm[A[i] >> 5], 1u << (A[i] & 31));
+  __syncthreads();
+  const int per = (words + PT - 1) / PT, w0 = min(words, tid * per), w1 = min(words, w0 + per);
+  int c = 0, total;
+  for (int w = w0; w < w1; w++) c += __popc(bm[w]);
+  int at = cta_exclusive_scan(c, &total);
+  for (int w = w0; w < w1; w++)
+    for (uint32_t u = bm[w]; u; u &= u - 1u) o[at++] = w * 32 + __ffs((int)u) - 1;
+}
+
 } /* namespace */
+
+sta_status bsa_sort_prepass(BsaParams &x, void **ws) {
+  *ws = NULL;
+  const int64_t rows = (int64_t)x.batch * x.heads * x.Mq;
+  const int words = (x.Mk + 31) / 32;
+  if (words > 2 * MAX_WORDS || rows > 0x7fffffff || x.L < 1) return STA_OK; /* as given */
+  const cudaStream_t sm = sta_cuda_stream();
+  int32_t *w = NULL;
+  cudaError_t e = cudaMallocAsync((void **)&w, (size_t)rows * (size_t)x.L * 4, sm);
+  if (e != cudaSuccess) return sta_cuda_fail(e, "block-sparse lists sorted: workspace");
+  *ws = w;
+  bsa_sort_lists<<<(unsigned)rows, PT, (size_t)words * 4, sm>>>(x.num, x.idx, x.L, words, w);
+  e = cudaGetLastError();
+  if (e != cudaSuccess) return sta_cuda_fail(e, "block-sparse lists sorted: the kernel");
+  x.idx = w;
+  return STA_OK;
+}
 
 sta_status bsa_pairs_prepass(BsaParams &x, void **ws) {
   *ws = NULL;

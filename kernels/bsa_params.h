@@ -67,6 +67,12 @@ template <typename T, int D> sta_status run_bsa(BsaParams &x);
 ** by a kernel on that stream.  x: BLOCKS, block_rows 64. */
 sta_status bsa_pairs_prepass(BsaParams &x, void **ws);
 sta_status bsa_pairs_release(void *ws);
+/* The lists sorted ascending (sta_cuda_set_bsa_sort_test): a workspace as
+** bsa_pairs_prepass's (release it with bsa_pairs_release) holding a copy
+** of x's idx, each list's first num entries ascending (the rest never
+** read), and x.idx pointed at it; where Mk's bitmap would not fit in
+** shared memory, x untouched and *ws NULL. */
+sta_status bsa_sort_prepass(BsaParams &x, void **ws);
 
 /* Records a launch for sta_cuda_last_launch (bsa_api.cu). */
 void bsa_note_launch(const BsaParams &x, const char *kernel, const char *dtype, int d, int qr,
