@@ -83,11 +83,18 @@ $(BUILD)/obj/core/%.o: core/%.c $(wildcard core/*.h core/dist/*.h)
 	$(call say,CC    $<)
 	$(CC) $(CFLAGS) $(STA_CFLAGS) -c $< -o $@
 
-$(BUILD)/obj/kernels/%.o: kernels/%.cu $(wildcard kernels/*.h kernels/*.cuh) core/sta.h core/internal.h \
-                          core/backend.h core/fp8_internal.h core/vsa_internal.h core/mask.h
+# A kernel object depends on the headers nvcc saw (-MMD: its .d beside it),
+# so a kernel header rebuilds only what includes it; an object built before
+# its .d existed depends on every header, as all did before.
+KERNEL_HDRS = $(wildcard kernels/*.h kernels/*.cuh) core/sta.h core/internal.h \
+              core/backend.h core/fp8_internal.h core/vsa_internal.h core/mask.h
+$(foreach o,$(CU_OBJ),$(if $(wildcard $(o:.o=.d)),,$(eval $(o): $(KERNEL_HDRS))))
+-include $(wildcard $(CU_OBJ:.o=.d))
+
+$(BUILD)/obj/kernels/%.o: kernels/%.cu
 	@mkdir -p $(@D)
 	$(call say,NVCC  $< (CUDA: the slow part))
-	$(NVCC) $(NVCCFLAGS) -c $< -o $@
+	$(NVCC) $(NVCCFLAGS) -MMD -MP -MF $(@:.o=.d) -MT $@ -c $< -o $@
 
 $(BUILD)/libsta.a: $(CORE_OBJ) $(CU_OBJ)
 	@rm -f $@
