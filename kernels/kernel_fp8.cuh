@@ -90,12 +90,9 @@ __device__ __forceinline__ void fp8_consume(const Fp8Params &a, unsigned char *s
     const auto at = [&](int b) {
       return Fp8Stage{dk0 + b * KSTEP, dv0 + b * VSTEP, L::info(sm, b, a.has_pad)};
     };
-#if STA_FP8_HALF
-    fp8_blocks_osh<D, L::HI, NB>(st, dq, nb, g, full, empty, at, wg, lane & 3,
-                                 smem_u32(sm + L::OS) + 16 * tid);
-#elif STA_FP8_OS
-    fp8_blocks_os<D, L::HI, NB>(st, dq, nb, g, full, empty, at, wg, lane & 3,
-                                smem_u32(sm + L::OS) + 16 * tid);
+#if STA_FP8_OS
+    fp8_blocks_os<D, L::HI, NB, STA_FP8_HALF ? 2 : 1>(st, dq, nb, g, full, empty, at, wg,
+                                                      lane & 3, smem_u32(sm + L::OS) + 16 * tid);
 #else
     fp8_blocks<D, L::HI, NB>(st, dq, nb, g, full, empty, at, wg, lane & 3);
 #endif

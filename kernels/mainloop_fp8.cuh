@@ -31,7 +31,7 @@
 **   STA_FP8_HALF      1 (with STA_FP8_OS): each 128-key block as two
 **                     halves of 64 keys (S of a half: 32 registers, not
 **                     64), S(next half) issued with P V(this half)
-**                     (fp8_blocks_osh): a consumer of about 140 registers,
+**                     (fp8_blocks_os, H 2): a consumer of about 140 registers,
 **                     with STA_FP8_NWG 3 (fp8_params.h) three consumer
 **                     warpgroups at 160 registers (kernels/README.md);
 **                     0: whole blocks
@@ -477,79 +477,6 @@ __device__ __forceinline__ void os_flush(uint32_t os, const float *ob, const flo
   }
 }
 
-/* fp8_blocks with O in shared memory (STA_FP8_OS; STA_FP8_OVERLAP's
-** order): P V(n - 1) into the fresh accumulator ob (fresh every
-** STA_FP8_FLUSH blocks, else ob rescaled by the block's alpha first),
-** issued with S(n); after each STA_FP8_FLUSH blocks ob goes to O
-** (os_flush), after the last into st.o.  os: this thread's O slots. */
-template <int D, uint32_t HI, int NB, class At>
-__device__ __forceinline__ void fp8_blocks_os(Fp8Rows<D> &st, uint32_t dq, int nb, int &g,
-                                              uint64_t *full, uint64_t *empty, const At &at,
-                                              int wg, int t, uint32_t os) {
-  constexpr int N = STA_FP8_FLUSH;
-  int32_t sacc[64];
-  uint32_t pa[4][4];
-  float alpha[2], ob[D / 2], mo[2] = {-INFINITY, -INFINITY}, mob[2];
-  bool first = true; /* nothing in O yet */
-  int b = g % NB, grp = 0; /* blocks in ob */
-  mbar_wait(&full[b], (g / NB) & 1);
-  fence_proxy_async();
-  if (STA_FP8_PINGPONG && wg == 1) bar_arrive_named(4, 256); /* warpgroup 0 first */
-  fp8_turn(wg);
-  issue_s<D, HI>(sacc, dq, at(b).dk);
-  fp8_turn_done(wg);
-  sta_wgmma::wait<0>();
-  sta_wgmma::pin_i<64>(sacc);
-  fp8_softmax<D>(st, sacc, alpha, at(b).info, t);
-  pack_p(sacc, pa);
-  /* block n's S with block n - 1's P V (pa, alpha) */
-  for (int n = 1; n < nb; n++) {
-    const int bn = (g + 1) % NB;
-    mbar_wait(&full[bn], ((g + 1) / NB) & 1);
-    fence_proxy_async();
-    float anext[2];
-    fp8_turn(wg);
-    issue_s<D, HI>(sacc, dq, at(bn).dk);
-    if (grp > 0) rescale_acc<D>(ob, alpha);
-    issue_pv<D>(ob, pa, at(b).dv, grp == 0);
-    fp8_turn_done(wg);
-    mob[0] = st.m[0];
-    mob[1] = st.m[1];
-    sta_wgmma::wait<1>(); /* S(n) done, P V(n - 1) may still run */
-    sta_wgmma::pin_i<64>(sacc);
-    fp8_softmax<D>(st, sacc, anext, at(bn).info, t);
-    sta_wgmma::wait<0>();
-    sta_wgmma::pin<D / 2>(ob);
-    sta_wgmma::pin_r<16>(&pa[0][0]);
-    mbar_arrive(&empty[b]);
-    if (++grp == N) {
-      os_flush<D>(os, ob, mo, mob, first, nullptr);
-      first = false;
-      mo[0] = mob[0];
-      mo[1] = mob[1];
-      grp = 0;
-    }
-    alpha[0] = anext[0];
-    alpha[1] = anext[1];
-    pack_p(sacc, pa);
-    b = bn;
-    g++;
-  }
-  /* the last block's P V; warpgroup 1's last turn of the item lets no one go */
-  fp8_turn(wg);
-  if (grp > 0) rescale_acc<D>(ob, alpha);
-  issue_pv<D>(ob, pa, at(b).dv, grp == 0);
-  if (wg == 0) fp8_turn_done(wg);
-  mob[0] = st.m[0];
-  mob[1] = st.m[1];
-  sta_wgmma::wait<0>();
-  sta_wgmma::pin<D / 2>(ob);
-  sta_wgmma::pin_r<16>(&pa[0][0]);
-  mbar_arrive(&empty[b]);
-  g++;
-  os_flush<D>(os, ob, mo, mob, first, st.o);
-}
-
 /* S of keys 64h..64h+63 of a block (dk: the block's K descriptor word),
 ** issued and committed, not waited for. */
 template <int D, uint32_t HI>
@@ -584,36 +511,56 @@ __device__ __forceinline__ Fp8KeyInfo info_half(const Fp8KeyInfo &x, int h) {
   return Fp8KeyInfo{x.ks + 256u * h, x.bias + 256u * h, x.masked};
 }
 
-/* fp8_blocks_os over halves of 64 keys (STA_FP8_HALF): the same walk, the
-** same flushes (every STA_FP8_FLUSH blocks, i.e. 2 STA_FP8_FLUSH halves),
-** S(q + 1) issued with P V(q) for the halves q = 2n + h in order; block
-** b's buffer released once the P V of its second half is done.  The
-** online softmax steps per half: the same function of the scores, the
-** sums in another order (the CPU reference walks whole blocks). */
-template <int D, uint32_t HI, int NB, class At>
-__device__ __forceinline__ void fp8_blocks_osh(Fp8Rows<D> &st, uint32_t dq, int nb, int &g,
-                                               uint64_t *full, uint64_t *empty, const At &at,
-                                               int wg, int t, uint32_t os) {
-  constexpr int N = 2 * STA_FP8_FLUSH; /* halves a flush */
-  int32_t sacc[32];
-  uint32_t pa[2][4];
+/* One step of H a block (STA_FP8_HALF: H 2, the halves; else 1, the
+** block): its S issued, its P V issued, its per-key info. */
+template <int D, uint32_t HI, int H>
+__device__ __forceinline__ void issue_s_step(int32_t *sacc, uint32_t dq, uint32_t dk, int h) {
+  if constexpr (H == 1) issue_s<D, HI>(sacc, dq, dk);
+  else issue_s_half<D, HI>(sacc, dq, dk, h);
+}
+template <int D, int H>
+__device__ __forceinline__ void issue_pv_step(float *acc, uint32_t (*pa)[4], uint32_t dv, int h,
+                                              int fresh) {
+  if constexpr (H == 1) issue_pv<D>(acc, pa, dv, fresh);
+  else issue_pv_half<D>(acc, pa, dv, h, fresh);
+}
+template <int H> __device__ __forceinline__ Fp8KeyInfo info_step(const Fp8KeyInfo &x, int h) {
+  if constexpr (H == 1) return x;
+  else return info_half(x, h);
+}
+
+/* fp8_blocks with O in shared memory (STA_FP8_OS; STA_FP8_OVERLAP's
+** order), in H steps a block (STA_FP8_HALF: H 2, halves of 64 keys, the
+** online softmax per half; else 1): P V(q - 1) into the fresh accumulator
+** ob (fresh every STA_FP8_FLUSH blocks, else ob rescaled by the step's
+** alpha first), issued with S(q); block b's buffer released once the P V
+** of its last step is done; after each STA_FP8_FLUSH blocks ob goes to O
+** (os_flush), after the last into st.o.  os: this thread's O slots. */
+template <int D, uint32_t HI, int NB, int H, class At>
+__device__ __forceinline__ void fp8_blocks_os(Fp8Rows<D> &st, uint32_t dq, int nb, int &g,
+                                              uint64_t *full, uint64_t *empty, const At &at,
+                                              int wg, int t, uint32_t os) {
+  static_assert(H == 1 || H == 2, "a block whole or in halves");
+  constexpr int N = H * STA_FP8_FLUSH; /* steps a flush */
+  int32_t sacc[64 / H];
+  uint32_t pa[4 / H][4];
   float alpha[2], ob[D / 2], mo[2] = {-INFINITY, -INFINITY}, mob[2];
-  bool first = true;
-  int b = g % NB, grp = 0;
+  bool first = true; /* nothing in O yet */
+  int b = g % NB, grp = 0; /* steps in ob */
   mbar_wait(&full[b], (g / NB) & 1);
   fence_proxy_async();
   if (STA_FP8_PINGPONG && wg == FP8_NWG - 1) bar_arrive_named(4, 256); /* warpgroup 0 first */
   fp8_turn(wg);
-  issue_s_half<D, HI>(sacc, dq, at(b).dk, 0);
+  issue_s_step<D, HI, H>(sacc, dq, at(b).dk, 0);
   fp8_turn_done(wg);
   sta_wgmma::wait<0>();
-  sta_wgmma::pin_i<32>(sacc);
-  fp8_softmax<D, 8>(st, sacc, alpha, info_half(at(b).info, 0), t);
-  pack_p<2>(sacc, pa);
-  /* half q's S with half q - 1's P V (pa, alpha; block b, half hp) */
+  sta_wgmma::pin_i<64 / H>(sacc);
+  fp8_softmax<D, 16 / H>(st, sacc, alpha, info_step<H>(at(b).info, 0), t);
+  pack_p<4 / H>(sacc, pa);
+  /* step q's S with step q - 1's P V (pa, alpha; block b, step hp) */
   int hp = 0;
-  for (int q = 1; q < 2 * nb; q++) {
-    const int h = q & 1;
+  for (int q = 1; q < H * nb; q++) {
+    const int h = q % H;
     const int bn = h ? b : (g + 1) % NB;
     if (!h) {
       mbar_wait(&full[bn], ((g + 1) / NB) & 1);
@@ -621,19 +568,19 @@ __device__ __forceinline__ void fp8_blocks_osh(Fp8Rows<D> &st, uint32_t dq, int 
     }
     float anext[2];
     fp8_turn(wg);
-    issue_s_half<D, HI>(sacc, dq, at(bn).dk, h);
+    issue_s_step<D, HI, H>(sacc, dq, at(bn).dk, h);
     if (grp > 0) rescale_acc<D>(ob, alpha);
-    issue_pv_half<D>(ob, pa, at(b).dv, hp, grp == 0);
+    issue_pv_step<D, H>(ob, pa, at(b).dv, hp, grp == 0);
     fp8_turn_done(wg);
     mob[0] = st.m[0];
     mob[1] = st.m[1];
     sta_wgmma::wait<1>(); /* S(q) done, P V(q - 1) may still run */
-    sta_wgmma::pin_i<32>(sacc);
-    fp8_softmax<D, 8>(st, sacc, anext, info_half(at(bn).info, h), t);
+    sta_wgmma::pin_i<64 / H>(sacc);
+    fp8_softmax<D, 16 / H>(st, sacc, anext, info_step<H>(at(bn).info, h), t);
     sta_wgmma::wait<0>();
     sta_wgmma::pin<D / 2>(ob);
-    sta_wgmma::pin_r<8>(&pa[0][0]);
-    if (!h) { /* the P V of block b's second half is done */
+    sta_wgmma::pin_r<16 / H>(&pa[0][0]);
+    if (!h) { /* the P V of block b's last step is done */
       mbar_arrive(&empty[b]);
       g++;
     }
@@ -646,25 +593,27 @@ __device__ __forceinline__ void fp8_blocks_osh(Fp8Rows<D> &st, uint32_t dq, int 
     }
     alpha[0] = anext[0];
     alpha[1] = anext[1];
-    pack_p<2>(sacc, pa);
+    pack_p<4 / H>(sacc, pa);
     b = bn;
     hp = h;
   }
-  /* the last half's P V; the last warpgroup's last turn of the item lets
+  /* the last step's P V; the last warpgroup's last turn of the item lets
   ** no one go (it opens the next item instead) */
   fp8_turn(wg);
   if (grp > 0) rescale_acc<D>(ob, alpha);
-  issue_pv_half<D>(ob, pa, at(b).dv, hp, grp == 0);
-  if (wg != FP8_NWG - 1) fp8_turn_done(wg);
+  issue_pv_step<D, H>(ob, pa, at(b).dv, hp, grp == 0);
+  if (FP8_NWG == 2 ? wg == 0 : wg != FP8_NWG - 1) fp8_turn_done(wg);
   mob[0] = st.m[0];
   mob[1] = st.m[1];
   sta_wgmma::wait<0>();
   sta_wgmma::pin<D / 2>(ob);
-  sta_wgmma::pin_r<8>(&pa[0][0]);
+  sta_wgmma::pin_r<16 / H>(&pa[0][0]);
   mbar_arrive(&empty[b]);
   g++;
   os_flush<D>(os, ob, mo, mob, first, st.o);
 }
+
+
 #endif
 
 /* The output of this thread's two rows (rows[i]: quantized row, or -1
