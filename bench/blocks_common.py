@@ -6,7 +6,6 @@ cubes' valid sizes) and their selected pairs, and FlexAttention's block
 masks of the same lists (64-row blocks, or the same mask on 128-row tiles)."""
 import ctypes as C
 import os
-import re
 
 import torch
 
@@ -29,20 +28,10 @@ class Desc(C.Structure):  # core/sta.h sta_attention_desc
                 ("mask", C.c_int), ("blocks", C.POINTER(BlockList))]
 
 
-def check_mirrors(header=os.path.join(bg.HERE, "..", "core", "sta.h")):
+def check_mirrors():
     """Refuse to run when sta.h's structs have other fields than these mirrors."""
-    try:
-        text = open(header).read()
-    except OSError:
-        return
-    for cls, name in ((BlockList, "sta_block_list"), (Desc, "sta_attention_desc")):
-        m = re.search(r"typedef struct %s \{(.*?)\} %s;" % (name, name), text, re.S)
-        body = re.sub(r"/\*.*?\*/", "", m.group(1), flags=re.S) if m else ""
-        fields = [re.search(r"(\w+)\s*(\[\w*\])?\s*$", d).group(1)
-                  for d in body.split(";") if d.strip()]
-        if fields != [f[0] for f in cls._fields_]:
-            raise SystemExit("bench_blocks.py: %s mirrors %s as %s, sta.h has %s" %
-                             (cls.__name__, name, [f[0] for f in cls._fields_], fields))
+    bg.check_mirrors(mirrors=((BlockList, "sta_block_list"), (Desc, "sta_attention_desc")),
+                     who="bench_blocks.py")
 
 
 class Sta:

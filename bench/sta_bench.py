@@ -34,22 +34,24 @@ class Desc(C.Structure):  # core/sta.h sta_attention_desc
                 ("mask", C.c_int), ("blocks", C.c_void_p)]
 
 
-def check_mirrors(header=os.path.join(HERE, "..", "core", "sta.h")):
-    """Geometry and Desc mirror sta.h by hand: refuse to run when the
-    header's field names differ (a changed struct must not go unnoticed)."""
+def check_mirrors(header=os.path.join(HERE, "..", "core", "sta.h"), mirrors=None,
+                  who="sta_bench.py"):
+    """Geometry and Desc (or mirrors: (ctypes class, sta.h struct name)
+    pairs) mirror sta.h by hand: refuse to run when the header's field
+    names differ (a changed struct must not go unnoticed)."""
     import re
     try:
         text = open(header).read()
     except OSError:
         return  # run outside the checkout: nothing to compare with
-    for cls, name in ((Geometry, "sta_geometry"), (Desc, "sta_attention_desc")):
+    for cls, name in mirrors or ((Geometry, "sta_geometry"), (Desc, "sta_attention_desc")):
         m = re.search(r"typedef struct %s \{(.*?)\} %s;" % (name, name), text, re.S)
         body = re.sub(r"/\*.*?\*/", "", m.group(1), flags=re.S) if m else ""
         fields = [re.search(r"(\w+)\s*(\[\w*\])?\s*$", d).group(1)
                   for d in body.split(";") if d.strip()]
         if fields != [f[0] for f in cls._fields_]:
-            raise SystemExit("sta_bench.py: %s mirrors %s as %s, sta.h has %s" %
-                             (cls.__name__, name, [f[0] for f in cls._fields_], fields))
+            raise SystemExit("%s: %s mirrors %s as %s, sta.h has %s" %
+                             (who, cls.__name__, name, [f[0] for f in cls._fields_], fields))
 
 
 class Sta:
