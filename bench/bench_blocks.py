@@ -32,9 +32,12 @@ after it, for ncu -k regex:sta_bsa_bwd).
   python3 bench/bench_blocks.py --lib build-dev/libsta.so --out $OUT --pairs \
       --cases 'hunyuan-720p bv64 random,hunyuan-720p bv64 local'
 
---pairs (alone): the 64-row cases' forward by the split kernel and by the
-paired one (sta_cuda_set_bsa_pairs_test), alternated; both times, the
-ratio, the outputs compared.  Writes bench_blocks_pairs.{log,json}.
+--pairs (alone): the 64-row cases' forward by the split kernel on the lists
+as given (sta_cuda_set_bsa_sort_test -1) and by the paired one
+(sta_cuda_set_bsa_pairs_test 1), alternated; both times, the ratio, the
+outputs compared; with --sort also the default (the split kernel on a copy
+of the lists sorted on the device), on every case (the paired kernel on
+the 64-row ones only).  Writes bench_blocks_pairs.{log,json}.
 
 --ab LIB[,LIB] (alone): a kernel change's A/B, the forward (with --bwd the
 backward) of every case by --lib and each LIB loaded in this process,
@@ -141,23 +144,27 @@ def case_attempt(log, r, what, run):
 
 
 def pairs_phase(sta, cases, reps, log, rows, save, rounds=3, sort=False):
-    """The 64-row cases' forward by the split kernel and by the paired one
-    (the library's test-only setter, process-wide), and with sort the split
-    kernel on the lists sorted ascending on the device first
-    (sta_cuda_set_bsa_sort_test), alternated round by round (reps timed
-    calls each), medians of all; the outputs compared with the split's
-    (rel L2: o and lse, not bit-identical: another summation order)."""
+    """The 64-row cases' forward by the split kernel on the lists as given
+    and by the paired one (the library's test-only setters, process-wide),
+    and with sort (every case) the default, the split kernel on a copy of
+    the lists sorted ascending on the device first, alternated round by
+    round (reps timed calls each), medians of all; the outputs compared
+    with the split's (rel L2: o and lse, not bit-identical: another
+    summation order)."""
     L = sta.lib
     if not hasattr(L, "sta_cuda_set_bsa_pairs_test"):
         raise SystemExit("bench_blocks.py --pairs: %s has no sta_cuda_set_bsa_pairs_test" %
                          L._name)
-    if sort and not hasattr(L, "sta_cuda_set_bsa_sort_test"):
-        raise SystemExit("bench_blocks.py --sort: %s has no sta_cuda_set_bsa_sort_test" % L._name)
-    # name, pairs setter, sort setter
-    modes = [("split", -1, 0), ("pairs", 1, 0)] + ([("sorted", -1, 1)] if sort else [])
+    if not hasattr(L, "sta_cuda_set_bsa_sort_test"):
+        raise SystemExit("bench_blocks.py --pairs: %s has no sta_cuda_set_bsa_sort_test" % L._name)
+    # name, pairs setter, sort setter: the split kernel on the lists as
+    # given, the paired one (64-row blocks only), the split one on a copy
+    # sorted on the device (the default)
+    every = [("split", 0, -1), ("pairs", 1, 0)] + ([("sorted", 0, 0)] if sort else [])
     for c in cases:
-        if c.bv != 64:
+        if c.bv != 64 and not sort:
             continue
+        modes = every if c.bv == 64 else [m for m in every if m[0] != "pairs"]
         r = c.row
         rows.append(r)
 
@@ -168,8 +175,7 @@ def pairs_phase(sta, cases, reps, log, rows, save, rounds=3, sort=False):
             for rnd in range(rounds):
                 for key, pv, sv in modes:
                     L.sta_cuda_set_bsa_pairs_test(pv)
-                    if sort:
-                        L.sta_cuda_set_bsa_sort_test(sv)
+                    L.sta_cuda_set_bsa_sort_test(sv)
                     f()
                     torch.cuda.synchronize()
                     if rnd == 0:
@@ -177,8 +183,7 @@ def pairs_phase(sta, cases, reps, log, rows, save, rounds=3, sort=False):
                         outs[key] = (t["o"].float().clone(), t["lse"].clone())
                     ts[key] += bg.time_ms(f, reps)[1]
             L.sta_cuda_set_bsa_pairs_test(0)
-            if sort:
-                L.sta_cuda_set_bsa_sort_test(0)
+            L.sta_cuda_set_bsa_sort_test(0)
             for key, _, _ in modes:
                 r[key + "_ms"] = statistics.median(ts[key])
                 r[key + "_spread_ms"] = [min(ts[key]), max(ts[key])]
@@ -192,33 +197,38 @@ def pairs_phase(sta, cases, reps, log, rows, save, rounds=3, sort=False):
                 r[name + "_lse_same_inf"] = bool(torch.equal(fin, torch.isfinite(l1)))
                 r[name + "_lse_max_diff"] = \
                     (l1[fin] - l0[fin]).abs().max().item() if fin.any() else 0.0
-            r["lse_same_inf"], r["lse_max_diff"] = r["pairs_lse_same_inf"], r["pairs_lse_max_diff"]
-            log("pairs %s: split %.3f ms (%.0f TFLOP/s), pairs %.3f ms (%.0f TFLOP/s), "
-                "split/pairs %.2fx; rel L2 %.1e, lse max diff %.1e (same -inf: %s); %s | %s" % (
-                    c.name, r["split_ms"], r["split_tflops"], r["pairs_ms"], r["pairs_tflops"],
-                    r["split_ms"] / r["pairs_ms"], r["pairs_vs_split_rel"], r["lse_max_diff"],
-                    r["lse_same_inf"], r["launch_split"], r["launch_pairs"]))
+            if "pairs" in outs:
+                r["lse_same_inf"], r["lse_max_diff"] = \
+                    r["pairs_lse_same_inf"], r["pairs_lse_max_diff"]
+                log("pairs %s: split %.3f ms (%.0f TFLOP/s), pairs %.3f ms (%.0f TFLOP/s), "
+                    "split/pairs %.2fx; rel L2 %.1e, lse max diff %.1e (same -inf: %s); %s | %s" % (
+                        c.name, r["split_ms"], r["split_tflops"], r["pairs_ms"],
+                        r["pairs_tflops"], r["split_ms"] / r["pairs_ms"], r["pairs_vs_split_rel"],
+                        r["lse_max_diff"], r["lse_same_inf"], r["launch_split"],
+                        r["launch_pairs"]))
             if sort:
-                log("sort %s: split on sorted lists %.3f ms (%.0f TFLOP/s), split/sorted %.2fx; "
-                    "rel L2 %.1e, lse max diff %.1e (same -inf: %s)" % (
-                        c.name, r["sorted_ms"], r["sorted_tflops"],
+                log("sort %s: lists as given %.3f ms, sorted on the device %.3f ms (%.0f "
+                    "TFLOP/s), given/sorted %.2fx; rel L2 %.1e, lse max diff %.1e (same -inf: "
+                    "%s); %s" % (
+                        c.name, r["split_ms"], r["sorted_ms"], r["sorted_tflops"],
                         r["split_ms"] / r["sorted_ms"], r["sorted_vs_split_rel"],
-                        r["sorted_lse_max_diff"], r["sorted_lse_same_inf"]))
+                        r["sorted_lse_max_diff"], r["sorted_lse_same_inf"], r["launch_sorted"]))
         if not case_attempt(log, r, "pairs", run):
             L.sta_cuda_set_bsa_pairs_test(0)
-            if sort:
-                L.sta_cuda_set_bsa_sort_test(0)
+            L.sta_cuda_set_bsa_sort_test(0)
         c.free()
         save()
     log("")
-    log("| case | split ms | TFLOP/s | pairs ms | TFLOP/s | split/pairs | rel L2 |%s" %
-        (" split, sorted lists ms | split/sorted |" if sort else ""))
+    log("| case | split ms (lists as given) | TFLOP/s | pairs ms | TFLOP/s | split/pairs | "
+        "rel L2 |%s" % (" split, sorted lists ms | given/sorted |" if sort else ""))
     log("|---|---|---|---|---|---|---|%s" % ("---|---|" if sort else ""))
     for r in rows:
-        if "pairs_ms" in r:
-            log("| %s | %.2f | %.0f | %.2f | %.0f | %.2fx | %.1e |%s" % (
-                r["name"], r["split_ms"], r["split_tflops"], r["pairs_ms"], r["pairs_tflops"],
-                r["split_ms"] / r["pairs_ms"], r["pairs_vs_split_rel"],
+        if "split_ms" in r:
+            log("| %s | %.2f | %.0f | %s |%s" % (
+                r["name"], r["split_ms"], r["split_tflops"],
+                "%.2f | %.0f | %.2fx | %.1e" % (
+                    r["pairs_ms"], r["pairs_tflops"], r["split_ms"] / r["pairs_ms"],
+                    r["pairs_vs_split_rel"]) if "pairs_ms" in r else "- | - | - | -",
                 " %.2f | %.2fx |" % (r["sorted_ms"], r["split_ms"] / r["sorted_ms"])
                 if "sorted_ms" in r else ""))
         elif "pairs_error" in r:
@@ -303,10 +313,10 @@ def main():
     ap.add_argument("--profile", action="store_true", help="one sta forward per case, no timing")
     ap.add_argument("--pairs", action="store_true",
                     help="the paired 64-row forward (sta_cuda_set_bsa_pairs_test) against the "
-                         "split one, alternated, on the bv64 cases (alone)")
+                         "split one on the lists as given, alternated, on the bv64 cases (alone)")
     ap.add_argument("--sort", action="store_true",
-                    help="with --pairs: also the split kernel on the lists sorted ascending on "
-                         "the device first (sta_cuda_set_bsa_sort_test)")
+                    help="with --pairs: also the default, the split kernel on a copy of the "
+                         "lists sorted on the device (sta_cuda_set_bsa_sort_test), every case")
     ap.add_argument("--ab", default="",
                     help="comma-separated libraries to A/B against --lib (alone; with --bwd "
                          "the backward), alternated in this process, outputs compared")

@@ -67,6 +67,9 @@ typedef struct sta_attn_params {
   int64_t list_len;                  /* L: idx entries per query block */
   const int32_t *num, *idx;          /* [B][heads][Mq], [B][heads][Mq][L] */
   const int32_t *q_sizes, *kv_sizes; /* [Mq], [Mk]; NULL: whole blocks */
+  int32_t lists_sorted; /* 1: each list's first num entries ascending (VSA's
+                           selection writes them so): the CUDA forward need
+                           not sort a copy (sta_cuda_set_bsa_sort_test) */
 } sta_attn_params;
 
 /* The block lists of desc (mask BLOCKS or WINDOW_OR_BLOCKS, checked to be
@@ -228,21 +231,22 @@ int32_t sta_cuda_tma_test(void);
 /* For tests and benchmarks only, like the above (the GPU tests' mains take
 ** STA_TEST_BSA_PAIRS, bench_blocks.py --pairs calls it through ctypes):
 ** the block-sparse forward of mask BLOCKS at block_rows 64 where its loads
-** are by TMA: 0 (the default) the paired kernel (kernels/README.md: one CTA
-** serves query blocks 2p and 2p + 1 and loads the union of their lists
-** once) at D 128, the split kernel at D 64 (where the paired one measured
-** slower); 1 the paired kernel at both; 2 the same with the pre-pass's
-** path for large Mk (ranks, kernels/bsa_pairs.cu) at any Mk; -1 the split
-** kernel always. */
+** are by TMA: 0 (the default; -1 is taken as 0) the split kernel; 1 the
+** paired kernel (kernels/README.md: one CTA serves query blocks 2p and
+** 2p + 1 and loads the union of their lists once); 2 the same with the
+** pre-pass's path for large Mk (ranks, kernels/bsa_pairs.cu) at any Mk.
+** (The paired kernel was the default at D 128 until the split kernel on
+** sorted lists measured faster: BENCHMARKS.md.) */
 void sta_cuda_set_bsa_pairs_test(int32_t on);
 int32_t sta_cuda_bsa_pairs_test(void);
-/* For tests and benchmarks only (bench_blocks.py --sort): 1 gives the
-** block-sparse forward's kernels that walk a list in its own order (all
-** but the paired one, which walks the union ascending) a copy of the
-** lists sorted ascending on the device first (kernels/bsa_pairs.cu); 0
-** (the default) the lists as the caller ordered them.  An experiment
-** under A/B (BENCHMARKS.md: does key order, not pairing, set the split
-** kernel's L2 traffic?); other values are taken as 0. */
+/* For tests and benchmarks only (bench_blocks.py --pairs --sort): the
+** order in which the block-sparse forward's kernels that walk a list in
+** its own order (all but the paired one, which walks the union ascending)
+** see it.  0 (the default): a copy sorted ascending on the device first
+** (kernels/bsa_pairs.cu), unless the caller's lists are known ascending
+** (sta_attn_params.lists_sorted: VSA's); -1 the lists as the caller
+** ordered them; 1 sorted even where known ascending.  Other values are
+** taken as 0. */
 void sta_cuda_set_bsa_sort_test(int32_t on);
 int32_t sta_cuda_bsa_sort_test(void);
 

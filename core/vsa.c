@@ -307,6 +307,7 @@ static sta_status ws_alloc(sta_vsa_params *p, const vsa_impl *im, int backward, 
   p->sc = (float *)(b + off[5]);
   p->idx = (int32_t *)(b + off[6]); p->num = (int32_t *)(b + off[7]);
   p->f.idx = p->idx; p->f.num = p->num;
+  p->f.lists_sorted = 1; /* the selection writes each list ascending */
   if (backward) {
     p->gc = (float *)(b + off[8]); p->dqc = (float *)(b + off[9]);
     p->dkc = (float *)(b + off[10]); p->dvc = (float *)(b + off[11]);

@@ -19,6 +19,8 @@ namespace sta {
 
 /* Why the last setup on this thread left TMA out (NULL: it did not). */
 static thread_local const char *bsa_tma_off;
+/* the note of the lists' copy sorted on the device, or NULL */
+static thread_local const char *bsa_sorted;
 
 /* The TMA maps where alignment and strides allow them: 16-byte aligned
 ** bases and strides, and one way to address (batch, head) for q, k and v
@@ -72,9 +74,10 @@ void bsa_note_launch(const BsaParams &x, const char *kernel, const char *dtype, 
                      int bk, int grid) {
   sta_cuda_note_launch(
       "forward: block-sparse %s<%s, D %d>, block_rows %d, %d query rows x %d keys, %s grid %d, "
-      "%d items, %s; loads by %s%s%s",
+      "%d items, %s%s; loads by %s%s%s",
       kernel, dtype, d, x.bv, qr, bk, x.sched ? "persistent" : "one CTA per item,", grid,
-      x.n_items, x.uni ? "window or blocks" : "blocks", x.tma ? "TMA" : "the cp.async gather",
+      x.n_items, x.uni ? "window or blocks" : "blocks", bsa_sorted ? bsa_sorted : "",
+      x.tma ? "TMA" : "the cp.async gather",
       bsa_tma_off ? "; TMA left out: " : "", bsa_tma_off ? bsa_tma_off : "");
 }
 
@@ -143,20 +146,23 @@ sta_status sta_cuda_block_attention(const sta_attn_params *p) {
   if (!x) return sta_error(STA_ERR_NOMEM, "attention: out of host memory");
   sta::bsa_params_init(*x, p);
   const int D = (int)p->head_dim, bk = p->block_rows == 64 ? 64 : 128;
-  /* the paired kernel (kernel_bsa.cuh's run_bsa) where the split kernel
-  ** would load by TMA (Q boxes of 128 rows): by default at D 128 (BENCHMARKS.md:
-  ** 1.12x on random lists, 1.18x on VSA-like ones; 0.94x at D 64), at D 64 too
-  ** or never by the test-only setter */
-  const int32_t pt = sta_cuda_bsa_pairs_test();
-  const bool pairs = pt >= 0 && (pt > 0 || D == 128) && bk == 64 && p->mask == STA_MASK_BLOCKS;
+  /* the paired kernel (kernel_bsa.cuh's run_bsa) only by the test-only
+  ** setter (core/backend.h); else each list walked ascending: a copy sorted
+  ** on the device first unless the caller's lists are (BENCHMARKS.md: on
+  ** torch.topk-ordered lists the split kernel gains 1.16x at D 128 and
+  ** 1.05x at D 64 from the order alone, and then beats the paired one) */
+  const int32_t pt = sta_cuda_bsa_pairs_test(), so = sta_cuda_bsa_sort_test();
+  const bool pairs = pt > 0 && bk == 64 && p->mask == STA_MASK_BLOCKS;
   sta::bsa_setup_tma(*x, p, bk == 64 && !pairs ? 64 : 128, bk);
   void *ws = NULL;
   sta_status s = STA_OK;
+  sta::bsa_sorted = NULL;
   if (pairs && x->tma) {
     x->pairs = pt == 2 ? 2 : 1; /* 2: the pre-pass's rank path */
     s = sta::bsa_pairs_prepass(*x, &ws);
-  } else if (sta_cuda_bsa_sort_test() == 1) { /* an experiment: core/backend.h */
+  } else if (so == 1 || (so == 0 && !p->lists_sorted)) {
     s = sta::bsa_sort_prepass(*x, &ws);
+    if (s == STA_OK && ws) sta::bsa_sorted = "; lists sorted on the device";
   }
   if (s == STA_OK) {
     if (p->dtype == STA_BF16)

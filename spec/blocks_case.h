@@ -32,6 +32,7 @@ typedef struct kcase {
   int shape;    /* the lists: 0 random, 1 local (a run of blocks around m Mk / Mq, one
                 ** maybe elsewhere, shuffled: neighbours overlap as VSA's do), 2 random
                 ** with whole pairs (2p, 2p + 1) and every other odd block empty */
+  int given_sorted; /* the params' lists_sorted (the caller says ascending) */
   float scale;
   uint64_t seed;
 } kcase;
@@ -219,6 +220,7 @@ static inline void params_of(const kcase *c, const lists *x, sta_tensor *const t
   p->kv_len = c->Mk * c->bv;
   p->q_blocks = c->Mq; p->kv_blocks = c->Mk; p->list_len = c->L;
   p->num = x->dnum; p->idx = x->didx;
+  p->lists_sorted = c->given_sorted;
   p->q_sizes = x->dqs; p->kv_sizes = x->dks;
   if (c->uni) {
     memcpy(p->grid, c->grid, sizeof p->grid);

@@ -15,10 +15,11 @@
 ** test does not depend on the core's resolve of the lists; through the
 ** public API and against the CPU path: test_gpu_blocks_api.c.  Also the
 ** index arithmetic of bsa_walk.h on the host (no GPU needed).
-** The paired forward (block_rows 64; the default at D 128 where loads are
-** by TMA) on its own cases (test_pairs, sta_cuda_set_bsa_pairs_test), and
-** on all of them at D 64 too with STA_TEST_BSA_PAIRS=1; the split kernel
-** on all of them with STA_TEST_BSA_PAIRS=-1.
+** The lists sorted on the device by default, unless the caller says they
+** are ascending (test_sort); the paired forward (block_rows 64, by the
+** test-only sta_cuda_set_bsa_pairs_test) on its own cases (test_pairs), and
+** on all of them with STA_TEST_BSA_PAIRS=1; the lists as given on all of
+** them with STA_TEST_BSA_SORT=-1.
 ** STA_TEST_SEED fixes the seed, STA_GPU_CASES the number of random
 ** problems (default 60), STA_GPU_QUICK keeps them small (compute-
 ** sanitizer). */
@@ -469,6 +470,38 @@ static void test_pairs(void **state) {
   sta_cuda_set_bsa_pairs_test(was);
 }
 
+/* The lists' order (sta_cuda_set_bsa_sort_test): by default a copy sorted
+** on the device (the launch says so) unless the caller says its lists are
+** ascending (lists_sorted, VSA's); -1 the lists as given, 1 sorted even
+** then; each against the float64 reference, at every block_rows kind,
+** both D, random (unsorted) and local lists. */
+static void test_sort(void **state) {
+  NEED_GPU();
+  const sta_test_kernels was = sta_test_kernels_default();
+  static const int32_t bvs[4] = {64, 128, 256, 64};
+  const int quick = getenv("STA_GPU_QUICK") != NULL, n = quick ? 8 : 16;
+  for (int i = 0; i < n; i++) {
+    kcase c;
+    const int64_t Mk = sta_test_rint(2, quick ? 6 : 10);
+    case_init(&c, bvs[i % 4], sta_test_rint(1, quick ? 5 : 9), Mk, sta_test_rint(2, Mk));
+    c.shape = i % 3 == 2 ? 1 : 0;
+    c.H = sta_test_rint(1, MAXH);
+    c.D = i / 4 % 2 ? 64 : 128;
+    c.lse = 1;
+    c.bwd = 0;
+    /* setting, given_sorted -> sorted on the device? */
+    static const int32_t mode[4][3] = {{0, 0, 1}, {0, 1, 0}, {-1, 0, 0}, {1, 1, 1}};
+    const int32_t *m = mode[(i + i / 4) % 4];
+    sta_cuda_set_bsa_sort_test(m[0]);
+    c.given_sorted = m[1];
+    run_case(&c);
+    const char *ll = sta_cuda_last_launch();
+    if (!strstr(ll, "lists sorted on the device") != !m[2])
+      fail_msg("case %d (setting %d, given sorted %d): launched %s", i, (int)m[0], (int)m[1], ll);
+  }
+  sta_test_kernels_put(was);
+}
+
 /* block_rows the CUDA backend does not take: refused, naming it. */
 static void test_refusals(void **state) {
   NEED_GPU();
@@ -717,6 +750,7 @@ int main(void) {
       cmocka_unit_test(test_fixed),
       cmocka_unit_test(test_random),
       cmocka_unit_test(test_pairs),
+      cmocka_unit_test(test_sort),
       cmocka_unit_test(test_backward),
       cmocka_unit_test(test_bwd_probe),
   };
