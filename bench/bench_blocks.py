@@ -35,9 +35,9 @@ after it, for ncu -k regex:sta_bsa_bwd).
 --pairs (alone): the 64-row cases' forward by the split kernel on the lists
 as given (sta_cuda_set_bsa_sort_test -1) and by the paired one
 (sta_cuda_set_bsa_pairs_test 1), alternated; both times, the ratio, the
-outputs compared; with --sort also the default (the split kernel on a copy
-of the lists sorted on the device), on every case (the paired kernel on
-the 64-row ones only).  Writes bench_blocks_pairs.{log,json}.
+outputs compared; with --sort also the split kernel on a copy of the lists
+sorted on the device (the default but where the paired kernel is), on
+every case (the paired kernel on the 64-row ones only).  Writes bench_blocks_pairs.{log,json}.
 
 --ab LIB[,LIB] (alone): a kernel change's A/B, the forward (with --bwd the
 backward) of every case by --lib and each LIB loaded in this process,
@@ -146,8 +146,9 @@ def case_attempt(log, r, what, run):
 def pairs_phase(sta, cases, reps, log, rows, save, rounds=3, sort=False):
     """The 64-row cases' forward by the split kernel on the lists as given
     and by the paired one (the library's test-only setters, process-wide),
-    and with sort (every case) the default, the split kernel on a copy of
-    the lists sorted ascending on the device first, alternated round by
+    and with sort (every case) the split kernel on a copy of the lists
+    sorted ascending on the device first (the default but at D 128 with
+    64-row blocks, where the paired kernel is), alternated round by
     round (reps timed calls each), medians of all; the outputs compared
     with the split's (rel L2: o and lse, not bit-identical: another
     summation order)."""
@@ -158,9 +159,9 @@ def pairs_phase(sta, cases, reps, log, rows, save, rounds=3, sort=False):
     if not hasattr(L, "sta_cuda_set_bsa_sort_test"):
         raise SystemExit("bench_blocks.py --pairs: %s has no sta_cuda_set_bsa_sort_test" % L._name)
     # name, pairs setter, sort setter: the split kernel on the lists as
-    # given, the paired one (64-row blocks only), the split one on a copy
-    # sorted on the device (the default)
-    every = [("split", 0, -1), ("pairs", 1, 0)] + ([("sorted", 0, 0)] if sort else [])
+    # given, the paired one (64-row blocks only; the default at D 128), the
+    # split one on a copy sorted on the device (the default elsewhere)
+    every = [("split", -1, -1), ("pairs", 1, 0)] + ([("sorted", -1, 0)] if sort else [])
     for c in cases:
         if c.bv != 64 and not sort:
             continue
@@ -315,8 +316,8 @@ def main():
                     help="the paired 64-row forward (sta_cuda_set_bsa_pairs_test) against the "
                          "split one on the lists as given, alternated, on the bv64 cases (alone)")
     ap.add_argument("--sort", action="store_true",
-                    help="with --pairs: also the default, the split kernel on a copy of the "
-                         "lists sorted on the device (sta_cuda_set_bsa_sort_test), every case")
+                    help="with --pairs: also the split kernel on a copy of the lists sorted on "
+                         "the device (sta_cuda_set_bsa_sort_test), every case")
     ap.add_argument("--ab", default="",
                     help="comma-separated libraries to A/B against --lib (alone; with --bwd "
                          "the backward), alternated in this process, outputs compared")

@@ -127,7 +127,7 @@ void sta_cuda_set_tma_test(int32_t flags) {
 }
 int32_t sta_cuda_tma_test(void) { return __atomic_load_n(&tma_test, __ATOMIC_RELAXED); }
 void sta_cuda_set_bsa_pairs_test(int32_t on) {
-  __atomic_store_n(&bsa_pairs_test, on == 2 ? 2 : on == 1 ? 1 : 0, __ATOMIC_RELAXED);
+  __atomic_store_n(&bsa_pairs_test, on == 2 ? 2 : on == 1 ? 1 : on < 0 ? -1 : 0, __ATOMIC_RELAXED);
 }
 int32_t sta_cuda_bsa_pairs_test(void) {
   return __atomic_load_n(&bsa_pairs_test, __ATOMIC_RELAXED);

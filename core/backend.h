@@ -231,12 +231,12 @@ int32_t sta_cuda_tma_test(void);
 /* For tests and benchmarks only, like the above (the GPU tests' mains take
 ** STA_TEST_BSA_PAIRS, bench_blocks.py --pairs calls it through ctypes):
 ** the block-sparse forward of mask BLOCKS at block_rows 64 where its loads
-** are by TMA: 0 (the default; -1 is taken as 0) the split kernel; 1 the
-** paired kernel (kernels/README.md: one CTA serves query blocks 2p and
-** 2p + 1 and loads the union of their lists once); 2 the same with the
-** pre-pass's path for large Mk (ranks, kernels/bsa_pairs.cu) at any Mk.
-** (The paired kernel was the default at D 128 until the split kernel on
-** sorted lists measured faster: BENCHMARKS.md.) */
+** are by TMA: 0 (the default) the paired kernel (kernels/README.md: one CTA
+** serves query blocks 2p and 2p + 1 and loads the union of their lists
+** once) at D 128, the split kernel at D 64 (where the paired one measured
+** slower); 1 the paired kernel at both; 2 the same with the pre-pass's
+** path for large Mk (ranks, kernels/bsa_pairs.cu) at any Mk; -1 the split
+** kernel always. */
 void sta_cuda_set_bsa_pairs_test(int32_t on);
 int32_t sta_cuda_bsa_pairs_test(void);
 /* For tests and benchmarks only (bench_blocks.py --pairs --sort): the

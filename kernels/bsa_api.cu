@@ -146,13 +146,15 @@ sta_status sta_cuda_block_attention(const sta_attn_params *p) {
   if (!x) return sta_error(STA_ERR_NOMEM, "attention: out of host memory");
   sta::bsa_params_init(*x, p);
   const int D = (int)p->head_dim, bk = p->block_rows == 64 ? 64 : 128;
-  /* the paired kernel (kernel_bsa.cuh's run_bsa) only by the test-only
-  ** setter (core/backend.h); else each list walked ascending: a copy sorted
-  ** on the device first unless the caller's lists are (BENCHMARKS.md: on
-  ** torch.topk-ordered lists the split kernel gains 1.16x at D 128 and
-  ** 1.05x at D 64 from the order alone, and then beats the paired one) */
+  /* the paired kernel (kernel_bsa.cuh's run_bsa) where the split kernel
+  ** would load by TMA (Q boxes of 128 rows): by default at D 128 (BENCHMARKS.md:
+  ** 1.11x the split kernel on random lists, 1.20x on VSA-like local ones;
+  ** 0.99x at D 64), at D 64 too or never by the test-only setter; every other
+  ** kernel walks each list ascending: a copy sorted on the device first
+  ** unless the caller's lists are (1.07x at D 64 on torch.topk-ordered
+  ** lists, 1.02x at block_rows 256) */
   const int32_t pt = sta_cuda_bsa_pairs_test(), so = sta_cuda_bsa_sort_test();
-  const bool pairs = pt > 0 && bk == 64 && p->mask == STA_MASK_BLOCKS;
+  const bool pairs = pt >= 0 && (pt > 0 || D == 128) && bk == 64 && p->mask == STA_MASK_BLOCKS;
   sta::bsa_setup_tma(*x, p, bk == 64 && !pairs ? 64 : 128, bk);
   void *ws = NULL;
   sta_status s = STA_OK;

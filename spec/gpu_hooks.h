@@ -7,9 +7,9 @@
 **   STA_TEST_CUDA_VARIANT  2: one CTA per work item, 9: the 128 x 128 kernel
 **   STA_TEST_NO_TMA        1: every load by the cp.async gather
 **   STA_TEST_NO_TMA_Q      1: the forward gathers Q
-**   STA_TEST_BSA_PAIRS     the paired block-sparse forward (block_rows 64): 1 at
-**                          both D, 2 with the pre-pass's rank path; 0 (or -1)
-**                          the default: the split kernel
+**   STA_TEST_BSA_PAIRS     the paired block-sparse forward (block_rows 64): 0 the
+**                          default (D 128), 1 at D 64 too, 2 with the pre-pass's
+**                          rank path, -1 never (the split kernel)
 **   STA_TEST_BSA_SORT      the block-sparse lists' order: 0 the default (sorted
 **                          on the device unless known ascending), -1 as given,
 **                          1 sorted always */
@@ -35,8 +35,9 @@ static inline void sta_test_kernel_settings(void) {
     printf("# kernel settings (tests only): variant %d%s%s%s%s\n", (int)sta_cuda_variant_test(),
            sta_cuda_tma_test() & STA_TEST_NO_TMA ? ", no TMA" : "",
            sta_cuda_tma_test() & STA_TEST_NO_TMA_Q ? ", no TMA for Q" : "",
-           sta_cuda_bsa_pairs_test() == 2   ? ", block-sparse pairs (rank path)"
-           : sta_cuda_bsa_pairs_test() == 1 ? ", block-sparse pairs"
+           sta_cuda_bsa_pairs_test() == 2   ? ", block-sparse pairs at D 64 too (rank path)"
+           : sta_cuda_bsa_pairs_test() == 1 ? ", block-sparse pairs at D 64 too"
+           : sta_cuda_bsa_pairs_test() < 0  ? ", block-sparse split kernel only"
                                             : "",
            sta_cuda_bsa_sort_test() > 0   ? ", block-sparse lists sorted always"
            : sta_cuda_bsa_sort_test() < 0 ? ", block-sparse lists as given"

@@ -15,11 +15,12 @@
 ** test does not depend on the core's resolve of the lists; through the
 ** public API and against the CPU path: test_gpu_blocks_api.c.  Also the
 ** index arithmetic of bsa_walk.h on the host (no GPU needed).
-** The lists sorted on the device by default, unless the caller says they
-** are ascending (test_sort); the paired forward (block_rows 64, by the
-** test-only sta_cuda_set_bsa_pairs_test) on its own cases (test_pairs), and
-** on all of them with STA_TEST_BSA_PAIRS=1; the lists as given on all of
-** them with STA_TEST_BSA_SORT=-1.
+** The paired forward (block_rows 64; the default at D 128 where loads are
+** by TMA) on its own cases (test_pairs, sta_cuda_set_bsa_pairs_test), and
+** on all of them at D 64 too with STA_TEST_BSA_PAIRS=1, the split kernel on
+** all of them with STA_TEST_BSA_PAIRS=-1; the other kernels' lists sorted
+** on the device by default, unless the caller says they are ascending
+** (test_sort), as given on all of them with STA_TEST_BSA_SORT=-1.
 ** STA_TEST_SEED fixes the seed, STA_GPU_CASES the number of random
 ** problems (default 60), STA_GPU_QUICK keeps them small (compute-
 ** sanitizer). */
@@ -474,7 +475,9 @@ static void test_pairs(void **state) {
 ** on the device (the launch says so) unless the caller says its lists are
 ** ascending (lists_sorted, VSA's); -1 the lists as given, 1 sorted even
 ** then; each against the float64 reference, at every block_rows kind,
-** both D, random (unsorted) and local lists. */
+** both D, random (unsorted) and local lists.  The paired kernel (the
+** default at D 128, block_rows 64) walks its union ascending: never
+** sorted. */
 static void test_sort(void **state) {
   NEED_GPU();
   const sta_test_kernels was = sta_test_kernels_default();
@@ -496,7 +499,10 @@ static void test_sort(void **state) {
     c.given_sorted = m[1];
     run_case(&c);
     const char *ll = sta_cuda_last_launch();
-    if (!strstr(ll, "lists sorted on the device") != !m[2])
+    const int paired = strstr(ll, "BlockPairs") != NULL;
+    if (paired && (c.bv != 64 || c.D != 128))
+      fail_msg("case %d: the paired kernel at D %d, block_rows %d", i, (int)c.D, (int)c.bv);
+    if (!strstr(ll, "lists sorted on the device") != !(m[2] && !paired))
       fail_msg("case %d (setting %d, given sorted %d): launched %s", i, (int)m[0], (int)m[1], ll);
   }
   sta_test_kernels_put(was);
