@@ -10,10 +10,11 @@
 **
 ** What a kernel may differ in from this reference is only the order and
 ** width of its sums (float32 scores and ex2, Hopper's fp8 accumulator): P
-** is taken against the running maximum over the kernel's own key blocks
-** (key_rows: its walk, blocks of STA_FP8_BK; sta_fp8_set_step_test: of
-** 64, a kernel built with STA_FP8_HALF), as the kernel takes it, so each
-** P's e4m3 code is the kernel's up to a rounding boundary.
+** is taken against the running maximum over the kernel's own steps
+** (key_rows: its walk, blocks of STA_FP8_BK in steps of STA_FP8_STEP;
+** sta_fp8_set_step_test: whole blocks, a kernel built with STA_FP8_HALF
+** 0), as the kernel takes it, so each P's e4m3 code is the kernel's up to
+** a rounding boundary.
 */
 #include <math.h>
 #include <omp.h>
@@ -162,18 +163,20 @@ sta_status sta_cpu_fp8_quantize(const sta_attn_params *p, sta_fp8_ops *o) {
   return STA_OK;
 }
 
-/* sta_fp8_set_step_test's keys a step, this thread's (0: STA_FP8_BK) */
+/* sta_fp8_set_step_test's keys a step, this thread's (0: STA_FP8_STEP) */
 static _Thread_local int32_t fp8_step_test;
 
 void sta_fp8_set_step_test(int32_t keys) {
-  if (keys == 0 || keys == STA_FP8_BK || keys == 64) fp8_step_test = keys == STA_FP8_BK ? 0 : keys;
+  if (keys == 0 || keys == STA_FP8_BK || keys == STA_FP8_STEP)
+    fp8_step_test = keys == STA_FP8_STEP ? 0 : keys;
 }
 
 /* Key rows (quantized order) of query row i into keys, in the kernel's walk
 ** (kernels/producer_fp8.cuh, Fp8Walk): the window's runs of tiles along w,
 ** then the text keys (a text query: one run of every row below keys_end),
 ** each run cut into blocks of STA_FP8_BK rows, each block into steps of
-** BK rows (STA_FP8_BK, or 64: its halves); blk[j]: key j's step (counted
+** BK rows (STA_FP8_STEP, 64: its halves; or STA_FP8_BK, whole blocks, by
+** sta_fp8_set_step_test); blk[j]: key j's step (counted
 ** over the runs).  Returns the count. */
 static int64_t key_rows(const sta_attn_params *p, const sta_fp8_geom *g, int64_t h, int64_t i,
                         int64_t BK, int64_t *keys, int64_t *blk) {
@@ -229,7 +232,7 @@ sta_status sta_cpu_fp8_attention(const sta_attn_params *p) {
   }
   size_t es = sta_dtype_size(p->dtype);
   double c = (double)p->scale * 1.4426950408889634; /* exp2 domain */
-  const int64_t BK = fp8_step_test ? fp8_step_test : STA_FP8_BK; /* the caller's thread */
+  const int64_t BK = fp8_step_test ? fp8_step_test : STA_FP8_STEP; /* the caller's thread */
   int64_t skipped = 0, rows = p->batch * H * R;
   #pragma omp parallel num_threads(nt)
   {

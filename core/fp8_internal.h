@@ -98,12 +98,17 @@ STA_HD int sta_fp8_exponent(float qam, float kam) {
 ** (text past text_len) have k8 = v8 = 0 and k_scale 0.
 ** The attention over them (cpu_fp8.c, kernels/mainloop_fp8.cuh): s = (q8 .
 ** k8) q_scale k_scale * scale log2(e), key blocks of STA_FP8_BK rows in the
-** kernel's walk; m the running maximum after the key's block; P = exp2(s -
+** kernel's walk, each block taken in steps of STA_FP8_STEP keys (its two
+** halves); m the running maximum after the key's step; P = exp2(s -
 ** m), its row sum l; P8 = e4m3(P * STA_FP8_PSCALE); out = (sum P8 V8) /
 ** (STA_FP8_PSCALE l) * v_scale, every block's sums rescaled by 2^(its m -
 ** the next m) as the maximum moves. */
 #define STA_FP8_PSCALE 448.0f
 #define STA_FP8_BK 128
+/* keys a step of the online softmax (the running maximum moves once a
+** step): the halves of a block, as the CUDA kernel walks them
+** (kernels/mainloop_fp8.cuh, STA_FP8_HALF) */
+#define STA_FP8_STEP 64
 #define STA_FP8_CHUNK 1024
 typedef struct sta_fp8_geom {
   int32_t canvas[3], tile[3], grid[3];
@@ -159,9 +164,10 @@ sta_status sta_cpu_fp8_quantize(const sta_attn_params *p, sta_fp8_ops *o);
 sta_status sta_cpu_fp8_attention(const sta_attn_params *p);
 /* For tests only (no user setting): the keys a step of the reference's
 ** online softmax takes (core/cpu_fp8.c: its running maximum moves per
-** step), on this thread: 0 or STA_FP8_BK the kernel's blocks (the
-** default), 64 their halves (a CUDA kernel built with STA_FP8_HALF:
-** sta_cuda_fp8_step_test says which).  Other values are ignored. */
+** step), on this thread: 0 or STA_FP8_STEP the default (64, the blocks'
+** halves), STA_FP8_BK whole blocks (a CUDA kernel built with
+** STA_FP8_HALF 0: sta_cuda_fp8_step_test says which).  Other values are
+** ignored. */
 void sta_fp8_set_step_test(int32_t keys);
 /* The backend table's fp8_dequantize on the host. */
 sta_status sta_cpu_fp8_dequantize(float *dst, const sta_bshd *bd, const uint8_t *x8,
@@ -177,8 +183,8 @@ sta_status sta_cuda_fp8_quantize(const sta_attn_params *p, const sta_fp8_ops *o)
 ** (fp8_quant.cu's kernels); the two write the same bits. */
 void sta_cuda_set_fp8_prepass_test(int fast);
 /* For tests only: the keys a step of the CUDA fp8 kernel's online softmax
-** takes (kernels/fp8_api.cu): STA_FP8_BK, or 64 where it was built with
-** STA_FP8_HALF. */
+** takes (kernels/fp8_api.cu): STA_FP8_STEP, or STA_FP8_BK where it was
+** built with STA_FP8_HALF 0. */
 int32_t sta_cuda_fp8_step_test(void);
 #endif
 

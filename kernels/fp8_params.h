@@ -12,11 +12,12 @@
 
 namespace sta {
 
-/* consumer warpgroups of 64 query rows (compile-time: 3 is a variant of
-** STA_FP8_HALF's loop under A/B, kernels/README.md), their threads, the
-** CTA's threads (a producer warpgroup more), query rows per work item */
+/* consumer warpgroups of 64 query rows (compile-time: 3, the default,
+** needs STA_FP8_HALF's registers; 2 the variant with whole blocks,
+** kernels/README.md), their threads, the CTA's threads (a producer
+** warpgroup more), query rows per work item */
 #ifndef STA_FP8_NWG
-#define STA_FP8_NWG 2
+#define STA_FP8_NWG 3
 #endif
 static_assert(STA_FP8_NWG == 2 || STA_FP8_NWG == 3, "two or three consumer warpgroups");
 constexpr int FP8_NWG = STA_FP8_NWG;

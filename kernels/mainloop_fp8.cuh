@@ -28,13 +28,15 @@
 **   STA_FP8_PINGPONG  1: the two consumer warpgroups take turns issuing
 **                     their GEMMs (named barriers 4 and 5), so one's
 **                     softmax runs under the other's GEMMs
-**   STA_FP8_HALF      1 (with STA_FP8_OS): each 128-key block as two
-**                     halves of 64 keys (S of a half: 32 registers, not
-**                     64), S(next half) issued with P V(this half)
-**                     (fp8_blocks_os, H 2): a consumer of about 140 registers,
-**                     with STA_FP8_NWG 3 (fp8_params.h) three consumer
-**                     warpgroups at 160 registers (kernels/README.md);
-**                     0: whole blocks
+**   STA_FP8_HALF      1 (the default, with STA_FP8_OS; the CPU reference's
+**                     STA_FP8_STEP): each 128-key block as two halves of
+**                     64 keys (S of a half: 32 registers, not 64),
+**                     S(next half) issued with P V(this half)
+**                     (fp8_blocks_os, H 2): a consumer of about 140
+**                     registers, so that with STA_FP8_NWG 3 (fp8_params.h,
+**                     the default) three consumer warpgroups fit at 160
+**                     (kernels/README.md); 0: whole blocks (with
+**                     STA_FP8_NWG 2; tests then set the reference's step)
 **   STA_FP8_INFO      1: the per-key info by ld.shared, the integer to
 **                     float conversion folded into the k_scale multiply-add
 **                     (fp8_softmax), the mask added only to blocks that
@@ -67,8 +69,8 @@
 #ifndef STA_FP8_INFO
 #define STA_FP8_INFO 1
 #endif
-#ifndef STA_FP8_HALF
-#define STA_FP8_HALF 0
+#ifndef STA_FP8_HALF /* the reference's step (core/fp8_internal.h): 64, the halves */
+#define STA_FP8_HALF (STA_FP8_STEP == 64)
 #endif
 /* O in shared memory: only with S(n+1) under P V(n) and a flush */
 #define STA_FP8_OS (STA_FP8_OSMEM && STA_FP8_OVERLAP && STA_FP8_FLUSH >= 1)

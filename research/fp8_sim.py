@@ -48,6 +48,9 @@ Scheme fields (DEFAULT below, then each scheme's differences):
   flushn        two-level: the fresh accumulator carries flushn blocks (rescaled
                 by alpha in registers when the maximum moves) before it is
                 added to O in float32 (1: every block)
+  step          keys a step of the online softmax (the running maximum moves
+                once a step): 128, the whole block, or 64, its halves (flushn
+                then counts steps)
 
 Input kinds, bf16, per head:
   randn   q, k, v ~ N(0, 1)
@@ -194,14 +197,17 @@ class Geom:
         return out
 
 
-def blocks_of(runs):
-    """The key rows and the block boundaries (offsets into them) of runs."""
+def blocks_of(runs, step=BK):
+    """The key rows and the step boundaries (offsets into them) of runs:
+    each run cut into blocks of BK keys, each block into steps of `step`
+    (BK, or 64: the halves the kernel's softmax takes)."""
     keys, bounds = [], [0]
     for s, n in runs:
         for b in range(0, n, BK):
             m = min(BK, n - b)
             keys.append(np.arange(s + b, s + b + m))
-            bounds.append(bounds[-1] + m)
+            for h in range(0, m, step):
+                bounds.append(bounds[-1] + min(step, m - h))
     return np.concatenate(keys), bounds
 
 
@@ -285,7 +291,7 @@ def chunked_dot(a, b, start=None):
 
 
 DEFAULT = dict(qgran="row", kgran="row", smooth=True, equalize=True, vsplit=False, vtile=False,
-               pscale=448.0, pmax="ceil", acc="two-level", lsum="p", flushn=1)
+               pscale=448.0, pmax="ceil", acc="two-level", lsum="p", flushn=1, step=BK)
 
 
 def prepare(q, k, v, geom, s):
@@ -413,6 +419,8 @@ SCHEMES = [
      dict(pscale=256.0), (1.0, 64, 0)),
     ("one-exactmax", "one, P from the exact running max (bits depend on the blocks)",
      dict(pmax="exact"), None),
+    ("one-emax-s64", "one-exactmax, the running max moved per 64-key half of a block "
+     "(the three-warpgroup kernel's step)", dict(pmax="exact", step=64), None),
     ("one-noeq", "one without the channel equalization", dict(equalize=False), (1.0, 64, 0)),
     ("one-nosmooth", "one without K smoothing", dict(smooth=False), (1.0, 64, 0)),
     ("one-k64", "one, K per 64 rows (Q per row)", dict(kgran="64"), (1.0, 64, -1)),
@@ -439,7 +447,7 @@ SCHEMES = [
      dict(pmax="exact", acc="fp22", equalize=False), (1.0, 0, 0)),
 ]
 # What core/cpu_fp8.c implements (sta.h, sta_precision): the choice below.
-CHOSEN = "one-exactmax"
+CHOSEN = "one-emax-s64"
 KINDS = ("randn", "dit", "peaked")
 COS_KINDS = ("randn", "peaked")
 CONFIGS = {  # canvas, text, heads, D, query tiles sampled (every nth tile), windows
@@ -462,7 +470,7 @@ def fp8_attention(q, k, v, geom, qrows_by_tile, sc, sch):
     ops = prepare(q, k, v, geom, s)
     outs = []
     for tile, rows in qrows_by_tile:
-        keys, bounds = blocks_of(geom.runs(tile))
+        keys, bounds = blocks_of(geom.runs(tile), s["step"])
         outs.append(fp8_group(ops, rows, keys, bounds, sc, s))
     return np.concatenate(outs)
 

@@ -319,18 +319,18 @@ static void test_fp8_prequantized(void **state) {
 }
 
 /* The reference's softmax step (sta_fp8_set_step_test, core/cpu_fp8.c):
-** 64 keys (a CUDA kernel built with STA_FP8_HALF) moves the running
-** maximum within the kernel's 128-key blocks, so rows that see more than
-** one block get other bits at the same accuracy; other values are
-** ignored, and 0 restores the default's bits. */
+** whole blocks of 128 keys (a CUDA kernel built with STA_FP8_HALF 0) move
+** the running maximum less often than the default's halves of 64, so rows
+** that see more than one half get other bits at the same accuracy; other
+** values are ignored, and 0 restores the default's bits. */
 static void test_fp8_step(void **state) {
   (void)state;
   static const int32_t cv[3] = {6, 8, 16}; /* two tiles: 768 keys a row, 6 blocks */
   prob p;
   prob_make(&p, cv, TILE, 0, -1, 1, 2, 64, 1, W333, STA_F32, STA_BSHD, STA_ORDER_UNTILED, 0, 77);
-  const int32_t steps[4] = {0, 64, 100, 0}; /* 100: ignored, 64 stays */
-  sta_tensor *o[4], *l[4];
-  for (int i = 0; i < 4; i++) {
+  const int32_t steps[5] = {0, STA_FP8_BK, 100, 0, STA_FP8_STEP}; /* 100: ignored, 128 stays */
+  sta_tensor *o[5], *l[5];
+  for (int i = 0; i < 5; i++) {
     o[i] = new_like(p.q, STA_F32, NAN);
     l[i] = new_lse(&p, NAN);
     sta_fp8_set_step_test(steps[i]);
@@ -340,17 +340,18 @@ static void test_fp8_step(void **state) {
   const size_t no = (size_t)sta_tensor_numel(o[0]) * 4, nl = (size_t)sta_tensor_numel(l[0]) * 4;
   assert_memory_equal(sta_tensor_data(o[0]), sta_tensor_data(o[3]), no);
   assert_memory_equal(sta_tensor_data(l[0]), sta_tensor_data(l[3]), nl);
+  assert_memory_equal(sta_tensor_data(o[0]), sta_tensor_data(o[4]), no);
   assert_memory_equal(sta_tensor_data(o[1]), sta_tensor_data(o[2]), no);
   assert_true(memcmp(sta_tensor_data(o[0]), sta_tensor_data(o[1]), no) != 0);
   double rel, cos;
   rel_cos(o[1], o[0], &rel, &cos);
   /* P rounds to e4m3 against another maximum: about 1e-2 apart, a third of
   ** the scheme's own error against float (3.8e-2 on randn) */
-  if (!(rel > 0 && rel < 2.5e-2)) fail_msg("step 64 against 128: rel L2 %.4g", rel);
-  sta_fp8_set_step_test(64); /* the same accuracy against the double reference */
-  check_fp8(&p, STA_F32, 0.0, 6e-2, 0.998, 2e-2, "fp8, steps of 64 keys");
+  if (!(rel > 0 && rel < 2.5e-2)) fail_msg("step 128 against 64: rel L2 %.4g", rel);
+  sta_fp8_set_step_test(STA_FP8_BK); /* the same accuracy against the double reference */
+  check_fp8(&p, STA_F32, 0.0, 6e-2, 0.998, 2e-2, "fp8, steps of 128 keys");
   sta_fp8_set_step_test(0);
-  for (int i = 0; i < 4; i++) {
+  for (int i = 0; i < 5; i++) {
     sta_tensor_destroy(o[i]);
     sta_tensor_destroy(l[i]);
   }
