@@ -116,7 +116,7 @@ __global__ void __launch_bounds__(FP8_THREADS, 1) sta_fp8_fwd(const __grid_const
   if (tid == 0) {
     uint64_t *bar = (uint64_t *)(sm + L::BAR);
     for (int b = 0; b < NB; b++) {
-      mbar_init(&bar[b], 1 + FP8_NHELP); /* full: the walker and the helpers */
+      mbar_init(&bar[b], 97);             /* full: the walker and the 96 helpers */
       mbar_init(&bar[NB + b], FP8_CT);    /* empty: the consumer threads */
       mbar_init(&bar[2 * NB + 4 + b], 1); /* dfull: the walker */
     }

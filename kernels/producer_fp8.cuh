@@ -32,56 +32,7 @@
 #include "mainloop_fp8.cuh"
 #include "tile_scheduler.cuh" /* next_item */
 
-/* Compile-time variants of the producer (the device A/B):
-**   STA_FP8_LEAN   1: the helpers leave the blocks they have nothing to do
-**                  for (loaded by TMA, no padding rows: the consumers read
-**                  no mask) and the walker arrives on full[b] in their
-**                  place; 0: every block waits for the 96 helpers
-**   STA_FP8_SLEEP  1: the producer's waits (the walker's on empty, the
-**                  helpers' on dfull) ask the barrier to suspend them up
-**                  to 10 ms (try_wait's suspend-time hint) instead of
-**                  retrying: ncu measured their retries at 2.3 of the 13
-**                  billion instructions the kernel issued (BENCHMARKS.md);
-**                  0: the plain try_wait loop */
-#ifndef STA_FP8_LEAN
-#define STA_FP8_LEAN 1
-#endif
-#ifndef STA_FP8_SLEEP
-#define STA_FP8_SLEEP 1
-#endif
-static_assert(!STA_FP8_LEAN || STA_FP8_INFO, "STA_FP8_LEAN leaves the mask unwritten: "
-              "only STA_FP8_INFO's consumers skip it where no key is masked");
-
 namespace sta {
-
-/* the helpers: warps 1..3 of the producer warpgroup */
-constexpr int FP8_NHELP = 96;
-
-/* The producer's waits: parity's phase of b complete, suspended meanwhile
-** (STA_FP8_SLEEP; the hint in ns; a debug build's trap: mbar_wait). */
-__device__ __forceinline__ void fp8_wait_idle(uint64_t *b, int parity) {
-#if STA_FP8_SLEEP && !defined(STA_HANG_TRAP)
-  asm volatile(
-      "{\n.reg .pred P1;\nWAIT_%=:\n"
-      "mbarrier.try_wait.parity.shared::cta.b64 P1, [%0], %1, %2;\n"
-      "@P1 bra DONE_%=;\nbra WAIT_%=;\nDONE_%=:\n}\n" ::"r"(smem_u32(b)),
-      "r"(parity), "r"(10000000)
-      : "memory");
-#else
-  mbar_wait(b, parity);
-#endif
-}
-/* n arrivals on b at once (the walker's, for the helpers: STA_FP8_LEAN) */
-__device__ __forceinline__ void fp8_arrive_n(uint64_t *b, int n) {
-  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0], %1;\n" ::"r"(smem_u32(b)), "r"(n)
-               : "memory");
-}
-/* Whether the helpers have work in a block: its keys' mask where the
-** consumers read it (a block short of FP8_BK keys or padding rows: the
-** consumer's Fp8KeyInfo::masked), or its rows where TMA does not load it. */
-__device__ __forceinline__ bool fp8_helped(int tma, int has_pad) {
-  return !STA_FP8_LEAN || !tma || has_pad;
-}
 
 /* The key (within its block) that S column / K row c holds: in each
 ** 32-key chunk, a thread's accumulator columns 2t, 2t+1, 8+2t, 9+2t (and
@@ -290,8 +241,8 @@ __device__ __forceinline__ void fp8_walker(const Fp8Params &a, unsigned char *sm
     if (j < 0) {
       mbar_arrive(&qfull[qb]); /* the consumers read -1 and stop */
       const int b = g % NB;
-      if (g >= NB) fp8_wait_idle(&empty[b], (g / NB - 1) & 1); /* desc[b] read */
-      desc[b] = Fp8BlockDesc{0, -1, 0, 0};                      /* the helpers stop */
+      if (g >= NB) mbar_wait(&empty[b], (g / NB - 1) & 1); /* desc[b] read */
+      desc[b] = Fp8BlockDesc{0, -1, 0, 0};                  /* the helpers stop */
       mbar_arrive(&dfull[b]);
       return;
     }
@@ -306,7 +257,7 @@ __device__ __forceinline__ void fp8_walker(const Fp8Params &a, unsigned char *sm
     while (wk.next(a, runs, ks, kl)) {
       const int b = g % NB;
       const bool tma = a.v_vec && kl == FP8_BK && (ks & 15) == 0;
-      if (g >= NB) fp8_wait_idle(&empty[b], (g / NB - 1) & 1);
+      if (g >= NB) mbar_wait(&empty[b], (g / NB - 1) & 1);
       desc[b] = Fp8BlockDesc{(int)ks, kl, (int)bh, tma};
       mbar_arrive(&dfull[b]);
       if (tma) {
@@ -314,7 +265,6 @@ __device__ __forceinline__ void fp8_walker(const Fp8Params &a, unsigned char *sm
         tma_load_3d(sm + L::K + b * L::KB, &a.mk, 0, (int)ks, (int)bh, &full[b]);
         tma_load_3d(sm + L::V + b * L::VB, &a.mv, (int)ks, 0, (int)bh, &full[b]);
         bulk_load(sm + L::KS + b * FP8_BK * 4, a.k_scale + bh * a.R + ks, FP8_BK * 4, &full[b]);
-        if (!fp8_helped(1, a.has_pad)) fp8_arrive_n(&full[b], FP8_NHELP); /* in their place */
       } else {
         mbar_arrive(&full[b]);
       }
@@ -323,24 +273,23 @@ __device__ __forceinline__ void fp8_walker(const Fp8Params &a, unsigned char *sm
   }
 }
 
-/* The producer's helpers (warps 1..3 of the producer warpgroup, h: 0..95):
-** per block published by the walker that needs them (fp8_helped), the mask
-** of columns h and h + 96 (0, or -inf for a key past the block or a
-** padding row) and, where TMA does not take the block, its K rows, V rows
-** and k_scale by cp.async; then each arrives on full[b]. */
+/* The producer's helpers (warps 1..3 of warpgroup 2, h: 0..95): per block
+** published by the walker, the mask of columns h and h + 96 (0, or -inf
+** for a key past the block or a padding row) and, where TMA does not take
+** the block, its K rows, V rows and k_scale by cp.async; then each arrives
+** on full[b]. */
 template <int D>
 __device__ __forceinline__ void fp8_helpers(const Fp8Params &a, unsigned char *sm, int h) {
   using L = Fp8Smem<D>;
-  constexpr int NB = L::NB, NH = FP8_NHELP;
+  constexpr int NB = L::NB, NH = 96;
   uint64_t *full = (uint64_t *)(sm + L::BAR), *dfull = full + 2 * NB + 4;
   const Fp8BlockDesc *desc = (const Fp8BlockDesc *)(sm + L::DESC);
   float *mask = (float *)(sm + L::MASK);
   for (int g = 0;; g++) {
     const int b = g % NB;
-    fp8_wait_idle(&dfull[b], (g / NB) & 1);
+    mbar_wait(&dfull[b], (g / NB) & 1);
     const Fp8BlockDesc d = desc[b];
     if (d.len < 0) return;
-    if (!fp8_helped(d.tma, a.has_pad)) continue; /* the walker arrived for us */
     for (int c = h; c < FP8_BK; c += NH) {
       const int kp = fp8_col_key(c);
       const bool ok = kp < d.len && (!a.has_pad || fp8_source(a.g, d.start + kp) >= 0);
