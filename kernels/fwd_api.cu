@@ -57,8 +57,11 @@ static void setup_tma(FwdParams &x, const sta_attn_params *p, int variant) {
   }
   int64_t nhb = p->heads * p->batch;
   x.tma_fused = fused;
-  if (tma_encode(&x.rmk, p->k, p, p->k_sb, p->k_ss, p->k_sh, fused, nhb, 0) &&
-      tma_encode(&x.rmv, p->v, p, p->v_sb, p->v_ss, p->v_sh, fused, nhb, 0) &&
+  /* K and V row maps end at the last row that can be a key: the rows past
+  ** the valid text read as zeros (tma_map.h) */
+  const int64_t keys = p->video_rows + p->text_len;
+  if (tma_encode(&x.rmk, p->k, p, p->k_sb, p->k_ss, p->k_sh, fused, nhb, 0, 128, keys) &&
+      tma_encode(&x.rmv, p->v, p, p->v_sb, p->v_ss, p->v_sh, fused, nhb, 0, 128, keys) &&
       tma_encode(&x.rmq, p->q, p, p->q_sb, p->q_ss, p->q_sh, fused, nhb, 0))
     x.tma_rows = 1;
   else
@@ -92,8 +95,8 @@ static void setup_tma(FwdParams &x, const sta_attn_params *p, int variant) {
   if (by3 && D == 128 &&
       (!tl || tma_encode(&x.tmk3, p->k, p, p->k_sb, p->k_ss, p->k_sh, fused, nhb, 1, 192)) &&
       (!tl || tma_encode(&x.tmv3, p->v, p, p->v_sb, p->v_ss, p->v_sh, fused, nhb, 1, 192)) &&
-      tma_encode(&x.rmk3, p->k, p, p->k_sb, p->k_ss, p->k_sh, fused, nhb, 0, 192) &&
-      tma_encode(&x.rmv3, p->v, p, p->v_sb, p->v_ss, p->v_sh, fused, nhb, 0, 192))
+      tma_encode(&x.rmk3, p->k, p, p->k_sb, p->k_ss, p->k_sh, fused, nhb, 0, 192, keys) &&
+      tma_encode(&x.rmv3, p->v, p, p->v_sb, p->v_ss, p->v_sh, fused, nhb, 0, 192, keys))
     x.tma_k3 = 1;
   if (!tma_off && !(D == 128 ? x.tma_k3 : x.tma_q3))
     tma_off = variant == 9          ? "variant 9 by the tests' setting (the 128 x 128 kernel)"

@@ -25,7 +25,8 @@ static PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
 }
 
 bool tma_encode(CUtensorMap *m, const void *base, const sta_attn_params *p, int64_t sb,
-                int64_t ss, int64_t sh, int fused, int64_t nhb, int tile, int rows) {
+                int64_t ss, int64_t sh, int fused, int64_t nhb, int tile, int rows,
+                int64_t extent) {
   PFN_cuTensorMapEncodeTiled_v12000 enc = tensor_map_encoder();
   if (!enc) return false;
   cuuint64_t c0 = (cuuint64_t)(fused ? p->heads * p->head_dim : p->head_dim);
@@ -46,7 +47,9 @@ bool tma_encode(CUtensorMap *m, const void *base, const sta_attn_params *p, int6
     box[0] = 64; box[1] = 8; box[2] = 8; box[3] = (cuuint32_t)(rows / 64); box[4] = 1;
   } else {
     rank = 3;
-    dims[0] = c0; dims[1] = (cuuint64_t)p->seq_len; dims[2] = nn;
+    dims[0] = c0;
+    dims[1] = (cuuint64_t)(extent > 0 && extent < p->seq_len ? extent : p->seq_len);
+    dims[2] = nn;
     strides[0] = (cuuint64_t)ss * 2;
     strides[1] = ns;
     box[0] = 64; box[1] = (cuuint32_t)rows; box[2] = 1;

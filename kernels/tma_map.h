@@ -19,9 +19,14 @@ namespace sta {
 ** the canvas zero-filled; else rows: dims (C0, S, N) with a 64 x rows x 1
 ** box.  fused: C0 = heads*D and N = batch (stride sb: the head is a column
 ** offset, head*D); else C0 = D and N = nhb (stride sh: heads, with the
-** batch folded in when sb = heads*sh).  False when the driver refuses. */
+** batch folded in when sb = heads*sh).  extent (rows maps only): the rows
+** the map reaches, rows past it read as zeros (0: seq_len; K and V pass
+** the rows that can be keys, so that the rows past the valid text, never
+** keys and never read, cannot bring a NaN into P V as 0 x NaN).  False
+** when the driver refuses. */
 bool tma_encode(CUtensorMap *m, const void *base, const sta_attn_params *p, int64_t sb,
-                int64_t ss, int64_t sh, int fused, int64_t nhb, int tile, int rows = 128);
+                int64_t ss, int64_t sh, int fused, int64_t nhb, int tile, int rows = 128,
+                int64_t extent = 0);
 
 /* A 3-D map of bytes at base (16-byte aligned): dims[0] contiguous,
 ** strides (bytes, multiples of 16) of dims 1 and 2, boxes of box[0..2]
