@@ -35,9 +35,7 @@ __device__ __forceinline__ void fp8_rows_init(Fp8Rows<D> &st, const Fp8Params &a
     st.m[i] = -INFINITY;
     st.l[i] = 0.0f;
   }
-  if (!STA_FP8_OS) /* else O starts in shared memory (fp8_blocks_os) */
-#pragma unroll
-    for (int x = 0; x < D / 2; x++) st.o[x] = 0.0f;
+  /* O starts in shared memory (fp8_blocks) */
 }
 
 /* The item's output rows of this thread (rows past q1: -1) stored. */
@@ -90,12 +88,8 @@ __device__ __forceinline__ void fp8_consume(const Fp8Params &a, unsigned char *s
     const auto at = [&](int b) {
       return Fp8Stage{dk0 + b * KSTEP, dv0 + b * VSTEP, L::info(sm, b, a.has_pad)};
     };
-#if STA_FP8_OS
-    fp8_blocks_os<D, L::HI, NB, STA_FP8_HALF ? 2 : 1>(st, dq, nb, g, full, empty, at, wg,
-                                                      lane & 3, smem_u32(sm + L::OS) + 16 * tid);
-#else
-    fp8_blocks<D, L::HI, NB>(st, dq, nb, g, full, empty, at, wg, lane & 3);
-#endif
+    fp8_blocks<D, L::HI, NB, STA_FP8_HALF ? 2 : 1>(st, dq, nb, g, full, empty, at, wg, lane & 3,
+                                                   smem_u32(sm + L::OS) + 16 * tid);
     mbar_arrive(&qempty[qb]);
     fp8_finish_item<D>(a, st, bh, q0, q1, wg, w, lane);
   }

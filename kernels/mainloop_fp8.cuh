@@ -10,39 +10,27 @@
 ** Accumulator fragments (m64nN, per warp w and lane 4g+t): register
 ** x = 4j + 2i + e holds row 16w + g + 8i, column 8j + 2t + e.
 **
+** O is kept in shared memory (each thread's own slots, os_flush): a
+** step's P V goes into a fresh wgmma accumulator that carries
+** STA_FP8_FLUSH blocks (rescaled in registers when the maximum moves) and
+** is then added to O in float32 (Hopper's fp8 accumulator keeps about 22
+** bits: research/fp8_sim.py); S of the next step is issued with P V of
+** this one, the softmax of the next under it; the consumer warpgroups
+** take turns issuing their GEMMs (named barriers 4..), so one's softmax
+** runs under the others' GEMMs; the per-key info by ld.shared, the
+** integer to float conversion folded into the k_scale multiply-add, the
+** mask added only to blocks that have masked keys.
+**
 ** Compile-time variants (the device A/B, scripts/device/gpu-check-fp8;
-** the losers are deleted once measured):
-**   STA_FP8_FLUSH     N >= 1: a block's P V goes into a fresh wgmma
-**                     accumulator that carries N blocks (rescaled in
-**                     registers when the maximum moves) and is then added
-**                     to O in float32 (Hopper's fp8 accumulator keeps
-**                     about 22 bits: research/fp8_sim.py); 0: O stays in
-**                     the wgmma accumulator across blocks
-**   STA_FP8_OSMEM     1 (with OVERLAP and FLUSH >= 1): the float32 O in
-**                     shared memory, each thread's own slots, so the
-**                     registers hold S, P and the fresh accumulator only
-**                     (fp8_blocks_os); 0: O in registers (fp8_blocks)
-**   STA_FP8_OVERLAP   1: S(n+1) issued with P V(n), the softmax of n+1
-**                     under P V(n) (the bf16 kernel's order); 0: S, its
-**                     softmax, P V one after the other
-**   STA_FP8_PINGPONG  1: the two consumer warpgroups take turns issuing
-**                     their GEMMs (named barriers 4 and 5), so one's
-**                     softmax runs under the other's GEMMs
-**   STA_FP8_HALF      1 (the default, with STA_FP8_OS; the CPU reference's
-**                     STA_FP8_STEP): each 128-key block as two halves of
-**                     64 keys (S of a half: 32 registers, not 64),
-**                     S(next half) issued with P V(this half)
-**                     (fp8_blocks_os, H 2): a consumer of about 140
-**                     registers, so that with STA_FP8_NWG 3 (fp8_params.h,
-**                     the default) three consumer warpgroups fit at 160
-**                     (kernels/README.md); 0: whole blocks (with
+** the losers are deleted once measured: BENCHMARKS.md's ledger):
+**   STA_FP8_FLUSH     N >= 1: the blocks a fresh accumulator carries (4)
+**   STA_FP8_HALF      1 (the default; the CPU reference's STA_FP8_STEP):
+**                     each 128-key block as two halves of 64 keys (S of a
+**                     half: 32 registers, not 64; the online softmax per
+**                     half), so that with STA_FP8_NWG 3 (fp8_params.h, the
+**                     default) three consumer warpgroups fit at 160
+**                     registers (kernels/README.md); 0: whole blocks (with
 **                     STA_FP8_NWG 2; tests then set the reference's step)
-**   STA_FP8_INFO      1: the per-key info by ld.shared, the integer to
-**                     float conversion folded into the k_scale multiply-add
-**                     (fp8_softmax), the mask added only to blocks that
-**                     have masked keys; 0: generic loads (the compiler
-**                     cannot tell they are shared: long-scoreboard waits)
-**                     and the mask added everywhere (the first kernel)
 */
 #ifndef STA_MAINLOOP_FP8_CUH
 #define STA_MAINLOOP_FP8_CUH
@@ -57,23 +45,10 @@
 #ifndef STA_FP8_FLUSH
 #define STA_FP8_FLUSH 4
 #endif
-#ifndef STA_FP8_OVERLAP
-#define STA_FP8_OVERLAP 1
-#endif
-#ifndef STA_FP8_OSMEM
-#define STA_FP8_OSMEM 1
-#endif
-#ifndef STA_FP8_PINGPONG
-#define STA_FP8_PINGPONG 1
-#endif
-#ifndef STA_FP8_INFO
-#define STA_FP8_INFO 1
-#endif
+static_assert(STA_FP8_FLUSH >= 1, "a fresh accumulator carries at least one block");
 #ifndef STA_FP8_HALF /* the reference's step (core/fp8_internal.h): 64, the halves */
 #define STA_FP8_HALF (STA_FP8_STEP == 64)
 #endif
-/* O in shared memory: only with S(n+1) under P V(n) and a flush */
-#define STA_FP8_OS (STA_FP8_OSMEM && STA_FP8_OVERLAP && STA_FP8_FLUSH >= 1)
 
 namespace sta {
 
@@ -147,9 +122,8 @@ __device__ __forceinline__ void issue_s(int32_t *sacc, uint32_t dq, uint32_t dk)
 
 /* A block's per-key info: k_scale (it arrives by a bulk copy) and the
 ** mask (0, or -inf where no key), two float arrays; masked: whether the
-** block has a key to mask (else the mask is all 0: STA_FP8_INFO skips it).
+** block has a key to mask (else the mask is all 0: the softmax skips it).
 ** INFO 1: shared-memory addresses (ld.shared); 0: generic pointers. */
-#if STA_FP8_INFO
 struct Fp8KeyInfo {
   uint32_t ks, bias;
   int masked;
@@ -169,16 +143,6 @@ __device__ __forceinline__ void sts_f4(uint32_t a, float4 v) {
   asm volatile("st.shared.v4.f32 [%0], {%1, %2, %3, %4};\n" ::"r"(a), "f"(v.x), "f"(v.y),
                "f"(v.z), "f"(v.w) : "memory");
 }
-#else
-struct Fp8KeyInfo {
-  const float2 *ks, *bias;
-};
-/* (k_scale, 0) or (0, -inf) of the columns 2i and 2i + 1 */
-__device__ __forceinline__ float4 fp8_info(const Fp8KeyInfo &x, int i) {
-  const float2 k = x.ks[i], b = x.bias[i];
-  return make_float4(k.x, b.x, k.y, b.y);
-}
-#endif
 
 /* 1.5 * 2^23 as float and as its bits: for |x| < 2^22 the float with the
 ** bits x + FP8_MAGIC_BITS is exactly FP8_MAGIC + x */
@@ -199,7 +163,6 @@ __device__ __forceinline__ void fp8_softmax(Fp8Rows<D> &st, int32_t *sp, float *
   /* u = acc * k_scale (the score over q_scale * scale * log2 e), -inf
   ** where info masks the key */
   float mx[2] = {-INFINITY, -INFINITY};
-#if STA_FP8_INFO
   /* u = (MAGIC + acc) k_scale - MAGIC k_scale: one IADD and one FFMA per
   ** score, the product MAGIC k_scale once per column (it differs from
   ** acc * k_scale by at most k_scale, a unit of acc); then + the mask
@@ -243,20 +206,6 @@ __device__ __forceinline__ void fp8_softmax(Fp8Rows<D> &st, int32_t *sp, float *
 #pragma unroll
     for (int i = 0; i < 2; i++) mx[i] = fmaxf(fmaxf(m4[i][0], m4[i][1]), fmaxf(m4[i][2], m4[i][3]));
   }
-#else
-#pragma unroll
-  for (int j = 0; j < NJ; j++) {
-    const float4 ki = fp8_info(info, 4 * j + t); /* columns 8j + 2t, 8j + 2t + 1 */
-#pragma unroll
-    for (int i = 0; i < 2; i++) {
-      const int x = 4 * j + 2 * i;
-      const float u0 = fmaf(i2f(sp[x]), ki.x, ki.y), u1 = fmaf(i2f(sp[x + 1]), ki.z, ki.w);
-      sp[x] = __float_as_int(u0);
-      sp[x + 1] = __float_as_int(u1);
-      mx[i] = fmaxf(mx[i], fmaxf(u0, u1));
-    }
-  }
-#endif
   float mref[2];
 #pragma unroll
   for (int i = 0; i < 2; i++) {
@@ -296,57 +245,14 @@ __device__ __forceinline__ void pack_p(const int32_t *sp, uint32_t (*pa)[4]) {
     }
 }
 
-/* O = O alpha + ob (a block's P V, STA_FP8_FLUSH), or O *= alpha before
-** the next P V goes into O itself. */
-template <int D>
-__device__ __forceinline__ void add_pv(Fp8Rows<D> &st, const float *ob, const float *alpha) {
-#pragma unroll
-  for (int x = 0; x < D / 2; x++) st.o[x] = fmaf(st.o[x], alpha[(x >> 1) & 1], ob[x]);
-}
-template <int D>
-__device__ __forceinline__ void rescale_o(Fp8Rows<D> &st, const float *alpha) {
-  /* once the maxima settle most blocks leave them: skip where no row of
-  ** the warp moved (a warp-uniform branch) */
-  if (!__any_sync(0xffffffffu, alpha[0] != 1.0f || alpha[1] != 1.0f)) return;
-#pragma unroll
-  for (int x = 0; x < D / 2; x++) st.o[x] *= alpha[(x >> 1) & 1];
-}
-
-/* The warpgroups' turns (STA_FP8_PINGPONG): warpgroup wg waits on named
-** barrier 4 + wg before it issues, then lets the other one go (barrier
-** 5 - wg); warpgroup 1 opens each item with an arrival on 4, so 0 goes
-** first, and its last turn of an item arrives on nothing. */
-__device__ __forceinline__ void fp8_turn(int wg) {
-  if (STA_FP8_PINGPONG) bar_named(4 + wg, 256);
-}
+/* The warpgroups' turns: warpgroup wg waits on named barrier 4 + wg
+** before it issues, then lets the next one go (two: barrier 5 - wg; three:
+** 0 -> 1 -> 2 -> 0 on barriers 4..6); the last warpgroup opens each item
+** with an arrival on 4, so 0 goes first, and its last turn of an item
+** arrives on nothing. */
+__device__ __forceinline__ void fp8_turn(int wg) { bar_named(4 + wg, 256); }
 __device__ __forceinline__ void fp8_turn_done(int wg) {
-  /* three warpgroups (STA_FP8_NWG): 0 -> 1 -> 2 -> 0 on barriers 4..6 */
-  if (STA_FP8_PINGPONG) bar_arrive_named(FP8_NWG == 2 ? 5 - wg : 4 + (wg + 1) % FP8_NWG, 256);
-}
-
-/* A block's P V (pa: its P, alpha: its rescale of O), issued: STA_FP8_FLUSH
-** into ob, fresh; else O rescaled, then P V into O itself.  Then, once
-** waited for, added to O. */
-template <int D>
-__device__ __forceinline__ void pv_issue(Fp8Rows<D> &st, float *ob, uint32_t (*pa)[4],
-                                         uint32_t dv, const float *alpha) {
-  if constexpr (STA_FP8_FLUSH) {
-    issue_pv<D>(ob, pa, dv, 1);
-  } else {
-    rescale_o<D>(st, alpha);
-    issue_pv<D>(st.o, pa, dv, 0);
-  }
-}
-template <int D>
-__device__ __forceinline__ void pv_done(Fp8Rows<D> &st, float *ob, uint32_t (*pa)[4],
-                                        const float *alpha) {
-  if constexpr (STA_FP8_FLUSH) {
-    sta_wgmma::pin<D / 2>(ob);
-    add_pv<D>(st, ob, alpha);
-  } else {
-    sta_wgmma::pin<D / 2>(st.o);
-  }
-  sta_wgmma::pin_r<16>(&pa[0][0]);
+  bar_arrive_named(FP8_NWG == 2 ? 5 - wg : 4 + (wg + 1) % FP8_NWG, 256);
 }
 
 /* What the consumers read of ring buffer b: the K and V descriptor words,
@@ -356,84 +262,10 @@ struct Fp8Stage {
   Fp8KeyInfo info;
 };
 
-static_assert(STA_FP8_OS || STA_FP8_FLUSH <= 1, "a flush every N > 1 blocks needs STA_FP8_OSMEM");
-static_assert(!STA_FP8_OS || STA_FP8_INFO, "STA_FP8_OSMEM needs STA_FP8_INFO's shared loads");
-static_assert(!STA_FP8_HALF || STA_FP8_OS, "STA_FP8_HALF is a variant of STA_FP8_OSMEM's loop");
 static_assert(STA_FP8_NWG == 2 || STA_FP8_HALF, "three consumer warpgroups need STA_FP8_HALF's registers");
 
-/* One item's key blocks for this warpgroup (nb >= 1): the ring's blocks
-** from g on (g advanced past them), st the running state; at(b): buffer
-** b's Fp8Stage; full / empty: the ring's barriers (NB buffers).  Each
-** buffer is released (empty) once this warpgroup's P V of it is done. */
-template <int D, uint32_t HI, int NB, class At>
-__device__ __forceinline__ void fp8_blocks(Fp8Rows<D> &st, uint32_t dq, int nb, int &g,
-                                           uint64_t *full, uint64_t *empty, const At &at,
-                                           int wg, int t) {
-  int32_t sacc[64];
-  uint32_t pa[4][4];
-  float alpha[2];
-  float ob[STA_FP8_FLUSH ? D / 2 : 1];
-  int b = g % NB;
-  mbar_wait(&full[b], (g / NB) & 1);
-  fence_proxy_async();
-  if (STA_FP8_PINGPONG && wg == 1) bar_arrive_named(4, 256); /* warpgroup 0 first */
-  fp8_turn(wg);
-  issue_s<D, HI>(sacc, dq, at(b).dk);
-  fp8_turn_done(wg);
-  sta_wgmma::wait<0>();
-  sta_wgmma::pin_i<64>(sacc);
-  fp8_softmax<D>(st, sacc, alpha, at(b).info, t);
-  pack_p(sacc, pa);
-  /* block n's S with block n - 1's P V (pa, alpha) */
-  for (int n = 1; n < nb; n++) {
-    const int bn = (g + 1) % NB;
-    mbar_wait(&full[bn], ((g + 1) / NB) & 1);
-    fence_proxy_async();
-    float anext[2];
-#if STA_FP8_OVERLAP
-    fp8_turn(wg);
-    issue_s<D, HI>(sacc, dq, at(bn).dk);
-    pv_issue<D>(st, ob, pa, at(b).dv, alpha);
-    fp8_turn_done(wg);
-    sta_wgmma::wait<1>(); /* S(n) done, P V(n - 1) may still run */
-    sta_wgmma::pin_i<64>(sacc);
-    fp8_softmax<D>(st, sacc, anext, at(bn).info, t);
-    sta_wgmma::wait<0>();
-#else
-    fp8_turn(wg);
-    pv_issue<D>(st, ob, pa, at(b).dv, alpha);
-    fp8_turn_done(wg);
-    sta_wgmma::wait<0>();
-#endif
-    pv_done<D>(st, ob, pa, alpha);
-    mbar_arrive(&empty[b]);
-#if !STA_FP8_OVERLAP
-    fp8_turn(wg);
-    issue_s<D, HI>(sacc, dq, at(bn).dk);
-    fp8_turn_done(wg);
-    sta_wgmma::wait<0>();
-    sta_wgmma::pin_i<64>(sacc);
-    fp8_softmax<D>(st, sacc, anext, at(bn).info, t);
-#endif
-    alpha[0] = anext[0];
-    alpha[1] = anext[1];
-    pack_p(sacc, pa);
-    b = bn;
-    g++;
-  }
-  /* the last block's P V; warpgroup 1's last turn of the item lets no one go */
-  fp8_turn(wg);
-  pv_issue<D>(st, ob, pa, at(b).dv, alpha);
-  if (wg == 0) fp8_turn_done(wg);
-  sta_wgmma::wait<0>();
-  pv_done<D>(st, ob, pa, alpha);
-  mbar_arrive(&empty[b]);
-  g++;
-}
-
 /* acc *= alpha (rows), skipped where no row of the warp moved (a
-** warp-uniform branch): the fresh P V accumulator between its blocks
-** (STA_FP8_OS). */
+** warp-uniform branch): the fresh P V accumulator between its blocks. */
 template <int D>
 __device__ __forceinline__ void rescale_acc(float *acc, const float *alpha) {
   if (!__any_sync(0xffffffffu, alpha[0] != 1.0f || alpha[1] != 1.0f)) return;
@@ -441,8 +273,7 @@ __device__ __forceinline__ void rescale_acc(float *acc, const float *alpha) {
   for (int x = 0; x < D / 2; x++) acc[x] *= alpha[(x >> 1) & 1];
 }
 
-#if STA_FP8_INFO
-/* O in shared memory (STA_FP8_OS): this thread's D / 2 floats, float4 k
+/* O in shared memory: this thread's D / 2 floats, float4 k
 ** (registers 4k..4k+3: row 0, row 0, row 1, row 1) at os + 16 FP8_CT k
 ** (4096 k), os = the region + 16 tid: a warp's 32 float4 are 512
 ** contiguous bytes.  O
@@ -531,17 +362,19 @@ template <int H> __device__ __forceinline__ Fp8KeyInfo info_step(const Fp8KeyInf
   else return info_half(x, h);
 }
 
-/* fp8_blocks with O in shared memory (STA_FP8_OS; STA_FP8_OVERLAP's
-** order), in H steps a block (STA_FP8_HALF: H 2, halves of 64 keys, the
+/* One item's key blocks for this warpgroup (nb >= 1): the ring's blocks
+** from g on (g advanced past them), st the running state; at(b): buffer
+** b's Fp8Stage; full / empty: the ring's barriers (NB buffers).  In H
+** steps a block (STA_FP8_HALF: H 2, halves of 64 keys, the
 ** online softmax per half; else 1): P V(q - 1) into the fresh accumulator
 ** ob (fresh every STA_FP8_FLUSH blocks, else ob rescaled by the step's
 ** alpha first), issued with S(q); block b's buffer released once the P V
 ** of its last step is done; after each STA_FP8_FLUSH blocks ob goes to O
 ** (os_flush), after the last into st.o.  os: this thread's O slots. */
 template <int D, uint32_t HI, int NB, int H, class At>
-__device__ __forceinline__ void fp8_blocks_os(Fp8Rows<D> &st, uint32_t dq, int nb, int &g,
-                                              uint64_t *full, uint64_t *empty, const At &at,
-                                              int wg, int t, uint32_t os) {
+__device__ __forceinline__ void fp8_blocks(Fp8Rows<D> &st, uint32_t dq, int nb, int &g,
+                                           uint64_t *full, uint64_t *empty, const At &at,
+                                           int wg, int t, uint32_t os) {
   static_assert(H == 1 || H == 2, "a block whole or in halves");
   constexpr int N = H * STA_FP8_FLUSH; /* steps a flush */
   int32_t sacc[64 / H];
@@ -551,7 +384,7 @@ __device__ __forceinline__ void fp8_blocks_os(Fp8Rows<D> &st, uint32_t dq, int n
   int b = g % NB, grp = 0; /* steps in ob */
   mbar_wait(&full[b], (g / NB) & 1);
   fence_proxy_async();
-  if (STA_FP8_PINGPONG && wg == FP8_NWG - 1) bar_arrive_named(4, 256); /* warpgroup 0 first */
+  if (wg == FP8_NWG - 1) bar_arrive_named(4, 256); /* warpgroup 0 first */
   fp8_turn(wg);
   issue_s_step<D, HI, H>(sacc, dq, at(b).dk, 0);
   fp8_turn_done(wg);
@@ -614,9 +447,6 @@ __device__ __forceinline__ void fp8_blocks_os(Fp8Rows<D> &st, uint32_t dq, int n
   g++;
   os_flush<D>(os, ob, mo, mob, first, st.o);
 }
-
-
-#endif
 
 /* The output of this thread's two rows (rows[i]: quantized row, or -1
 ** where the row is not this item's): out = O / l * v_scale (l: the sum of

@@ -124,10 +124,10 @@ __device__ __forceinline__ void fp8_item(const Fp8Params &a, int j, int64_t &bh,
   }
 }
 
-/* key blocks in the ring: 4, 3 where O in shared memory (STA_FP8_OS)
-** would not fit beside 4 at D 128 (2 for three consumer warpgroups' O) */
+/* key blocks in the ring: 4, 3 where O in shared memory would not fit
+** beside 4 at D 128 (2 for three consumer warpgroups' O) */
 template <int D> struct Fp8Smem {
-  static constexpr int NB = STA_FP8_OS && D == 128 ? (FP8_NWG == 3 ? 2 : 3) : 4;
+  static constexpr int NB = D == 128 ? (FP8_NWG == 3 ? 2 : 3) : 4;
   static constexpr int QP = D, QB = FP8_BM * QP; /* a Q or K row's bytes; a Q buffer */
   /* descriptors: SBO 8 rows, 128- or 64-byte swizzle */
   static constexpr uint32_t HI = ((8 * QP) >> 4) | ((D == 128 ? 1u : 2u) << 30);
@@ -135,8 +135,8 @@ template <int D> struct Fp8Smem {
   static constexpr int Q = 0;
   static constexpr int K = Q + 2 * QB;
   static constexpr int V = K + NB * KB;
-  static constexpr int OS = V + NB * VB; /* O (STA_FP8_OS): [D / 8][FP8_CT] float4 */
-  static constexpr int KS = OS + (STA_FP8_OS ? FP8_CT * D / 2 * 4 : 0); /* k_scale [NB][FP8_BK] */
+  static constexpr int OS = V + NB * VB; /* O: [D / 8][FP8_CT] float4 */
+  static constexpr int KS = OS + FP8_CT * D / 2 * 4; /* k_scale [NB][FP8_BK] */
   static constexpr int MASK = KS + NB * FP8_BK * 4; /* 0 or -inf [NB][FP8_BK] */
   static constexpr int BAR = MASK + NB * FP8_BK * 4; /* full, empty, qfull, qempty, dfull */
   static constexpr int ITEM = BAR + (3 * NB + 4) * 8;
@@ -151,26 +151,18 @@ template <int D> struct Fp8Smem {
   /* buffer b's per-key info (mainloop_fp8.cuh's Fp8KeyInfo); has_pad:
   ** Fp8Params::has_pad */
   static __device__ __forceinline__ Fp8KeyInfo info(const unsigned char *sm, int b, int has_pad) {
-#if STA_FP8_INFO
     const uint32_t s0 = smem_u32(sm);
     int len; /* Fp8BlockDesc::len of the buffer's block */
     asm volatile("ld.shared.s32 %0, [%1];\n" : "=r"(len) : "r"(s0 + DESC + 16 * b + 4));
     return Fp8KeyInfo{s0 + KS + 4 * FP8_BK * b, s0 + MASK + 4 * FP8_BK * b,
                       has_pad || len < FP8_BK};
-#else
-    (void)has_pad;
-    return Fp8KeyInfo{(const float2 *)(sm + KS) + b * (FP8_BK / 2),
-                      (const float2 *)(sm + MASK) + b * (FP8_BK / 2)};
-#endif
   }
 };
-/* setmaxnreg: producer, consumers (at D 128 STA_FP8_FLUSH with S(n+1)
-** under P V(n) the consumers hold O, a block's P V, S and P: 208
-** registers of them; three consumer warpgroups: what 512 threads leave) */
-constexpr int FP8_PREG =
-    FP8_NWG == 3 ? 32 : STA_FP8_FLUSH && STA_FP8_OVERLAP && !STA_FP8_OS ? 24 : 40;
-constexpr int FP8_CREG =
-    FP8_NWG == 3 ? 160 : STA_FP8_FLUSH && STA_FP8_OVERLAP && !STA_FP8_OS ? 240 : 232;
+/* setmaxnreg: producer, consumers (two consumer warpgroups over whole
+** blocks hold a block's S, P and the fresh P V accumulator; three over
+** halves: what 512 threads leave) */
+constexpr int FP8_PREG = FP8_NWG == 3 ? 32 : 40;
+constexpr int FP8_CREG = FP8_NWG == 3 ? 160 : 232;
 static_assert(128 * (FP8_PREG + FP8_NWG * FP8_CREG) <=
                   (65536 / FP8_THREADS) / 8 * 8 * FP8_THREADS,
               "setmaxnreg: more registers than the launch gives the CTA");
