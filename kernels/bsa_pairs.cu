@@ -54,6 +54,23 @@ __device__ int cta_exclusive_scan(int v, int *total) {
   return before + x - v;
 }
 
+/* The set bits of W bitmap words, ascending, written out: word(w) the
+** bits of word w (a bitmap in shared memory, or two of them or'ed), each
+** thread its slice of the words, its place by the CTA's scan of their
+** popcounts; emit(i, w, bit) writes entry i (bit `bit` of word w).  The
+** count in *total.  (The union's and the sort's pass.) */
+template <class Word, class Emit>
+__device__ __forceinline__ void bitmap_emit(int W, const Word &word, const Emit &emit,
+                                            int *total) {
+  const int tid = threadIdx.x;
+  const int per = (W + PT - 1) / PT, w0 = min(W, tid * per), w1 = min(W, w0 + per);
+  int c = 0;
+  for (int w = w0; w < w1; w++) c += __popc(word(w));
+  int at = cta_exclusive_scan(c, total);
+  for (int w = w0; w < w1; w++)
+    for (uint32_t u = word(w); u; u &= u - 1u) emit(at++, w, __ffs((int)u) - 1);
+}
+
 __global__ void __launch_bounds__(PT) bsa_pairs_union(const PairArgs a) {
   extern __shared__ uint32_t bm[]; /* [2][words] */
   __shared__ int common;
@@ -73,17 +90,13 @@ __global__ void __launch_bounds__(PT) bsa_pairs_union(const PairArgs a) {
     for (int i = tid; i < na; i += PT) atomicOr(&bm[A[i] >> 5], 1u << (A[i] & 31));
     for (int i = tid; i < nb; i += PT) atomicOr(&bm[W + (B[i] >> 5)], 1u << (B[i] & 31));
     __syncthreads();
-    const int per = (W + PT - 1) / PT, w0 = min(W, tid * per), w1 = min(W, w0 + per);
-    int c = 0;
-    for (int w = w0; w < w1; w++) c += __popc(bm[w] | bm[W + w]);
-    int at = cta_exclusive_scan(c, &total);
-    for (int w = w0; w < w1; w++) {
-      const uint32_t x = bm[w], y = bm[W + w];
-      for (uint32_t u = x | y; u; u &= u - 1u) {
-        const int bit = __ffs((int)u) - 1;
-        out[at++] = (w * 32 + bit) << 2 | (int)(x >> bit & 1u) | (int)(y >> bit & 1u) << 1;
-      }
-    }
+    bitmap_emit(
+        W, [&](int w) { return bm[w] | bm[W + w]; },
+        [&](int i, int w, int bit) {
+          out[i] = (w * 32 + bit) << 2 | (int)(bm[w] >> bit & 1u) |
+                   (int)(bm[W + w] >> bit & 1u) << 1;
+        },
+        &total);
   } else {
     /* the rank path: an entry's place is the number of distinct union
     ** entries below it, A's below it plus B's below it that A lacks (B's
@@ -126,8 +139,7 @@ __global__ void __launch_bounds__(PT) bsa_pairs_union(const PairArgs a) {
 }
 
 /* Row r (b heads + h) Mq + m of idx, its first num[r] entries, ascending
-** into out (same layout): a bitmap of Mk bits, then the words' popcounts
-** scanned, as the union above with one list. */
+** into out (same layout): a bitmap of Mk bits, then bitmap_emit. */
 __global__ void __launch_bounds__(PT) bsa_sort_lists(const int32_t *num, const int32_t *idx,
                                                      int64_t L, int words, int32_t *out) {
   extern __shared__ uint32_t bm[];
@@ -140,12 +152,10 @@ __global__ void __launch_bounds__(PT) bsa_sort_lists(const int32_t *num, const i
   __syncthreads();
   for (int i = tid; i < n; i += PT) atomicOr(&bm[A[i] >> 5], 1u << (A[i] & 31));
   __syncthreads();
-  const int per = (words + PT - 1) / PT, w0 = min(words, tid * per), w1 = min(words, w0 + per);
-  int c = 0, total;
-  for (int w = w0; w < w1; w++) c += __popc(bm[w]);
-  int at = cta_exclusive_scan(c, &total);
-  for (int w = w0; w < w1; w++)
-    for (uint32_t u = bm[w]; u; u &= u - 1u) o[at++] = w * 32 + __ffs((int)u) - 1;
+  int total;
+  bitmap_emit(
+      words, [&](int w) { return bm[w]; }, [&](int i, int w, int bit) { o[i] = w * 32 + bit; },
+      &total);
 }
 
 } /* namespace */
