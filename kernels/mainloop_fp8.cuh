@@ -92,14 +92,16 @@ template <int D> struct Fp8Rows {
   float m[2], l[2], qsc[2];
 };
 
-/* acc = P V (fresh) or acc += P V, issued and committed, not waited for;
-** pa: P's A fragments of the 4 chunks of 32 keys, dv: the V block. */
-template <int D>
-__device__ __forceinline__ void issue_pv(float *acc, uint32_t (*pa)[4], uint32_t dv, int fresh) {
+/* acc = P V (fresh) or acc += P V over NKC chunks of 32 keys from chunk
+** c0 of the V block dv (4 from 0: a block; 2 from 2h: its half h),
+** issued and committed, not waited for; pa: P's A fragments. */
+template <int D, int NKC = 4>
+__device__ __forceinline__ void issue_pv(float *acc, uint32_t (*pa)[4], uint32_t dv, int c0,
+                                         int fresh) {
   sta_wgmma::fence();
 #pragma unroll
-  for (int kc = 0; kc < 4; kc++) {
-    const uint64_t b = sdesc_of(dv + (uint32_t)((kc * 32) >> 4));
+  for (int kc = 0; kc < NKC; kc++) {
+    const uint64_t b = sdesc_of(dv + (uint32_t)(((c0 + kc) * 32) >> 4));
     const int sd = fresh ? kc > 0 : 1;
     if constexpr (D == 128) sta_wgmma::rs_n128_e4m3(acc, pa[kc], b, sd);
     else sta_wgmma::rs_n64_e4m3(acc, pa[kc], b, sd);
@@ -323,22 +325,6 @@ __device__ __forceinline__ void issue_s_half(int32_t *sacc, uint32_t dq, uint32_
   sta_wgmma::commit();
 }
 
-/* acc (fresh or +=) P V over keys 64h..64h+63 (pa: its 2 chunks of 32),
-** issued and committed. */
-template <int D>
-__device__ __forceinline__ void issue_pv_half(float *acc, uint32_t (*pa)[4], uint32_t dv, int h,
-                                              int fresh) {
-  sta_wgmma::fence();
-#pragma unroll
-  for (int kc = 0; kc < 2; kc++) {
-    const uint64_t b = sdesc_of(dv + (uint32_t)(((2 * h + kc) * 32) >> 4));
-    const int sd = fresh ? kc > 0 : 1;
-    if constexpr (D == 128) sta_wgmma::rs_n128_e4m3(acc, pa[kc], b, sd);
-    else sta_wgmma::rs_n64_e4m3(acc, pa[kc], b, sd);
-  }
-  sta_wgmma::commit();
-}
-
 /* Half h's per-key info: columns 64h on. */
 __device__ __forceinline__ Fp8KeyInfo info_half(const Fp8KeyInfo &x, int h) {
   return Fp8KeyInfo{x.ks + 256u * h, x.bias + 256u * h, x.masked};
@@ -354,8 +340,7 @@ __device__ __forceinline__ void issue_s_step(int32_t *sacc, uint32_t dq, uint32_
 template <int D, int H>
 __device__ __forceinline__ void issue_pv_step(float *acc, uint32_t (*pa)[4], uint32_t dv, int h,
                                               int fresh) {
-  if constexpr (H == 1) issue_pv<D>(acc, pa, dv, fresh);
-  else issue_pv_half<D>(acc, pa, dv, h, fresh);
+  issue_pv<D, 4 / H>(acc, pa, dv, (4 / H) * h, fresh);
 }
 template <int H> __device__ __forceinline__ Fp8KeyInfo info_step(const Fp8KeyInfo &x, int h) {
   if constexpr (H == 1) return x;
