@@ -470,7 +470,7 @@ static void test_nonfinite(void **state) {
     c.layout = STA_BSHD;
     const int64_t V = 7 * 4 * (i < 4 ? 1 : 16), row = V + c.text_len + (i % 3);
     const int64_t fix[4] = {1, row, 0, 30};
-    nonfinite_case(&c, 1 + i % 2, fix); /* k or v */
+    nonfinite_case(&c, 1 + (i + i / 4) % 2, fix); /* k or v, each at both D */
   }
   const int n = getenv("STA_GPU_QUICK") ? 4 : 24;
   for (int i = 0; i < n; i++) {
