@@ -73,17 +73,25 @@ static inline float elem(const sta_attn_params *p, const void *x, int64_t sb, in
   return sta_load_f32((const char *)x + (b * sb + s * ss + h * sh + d) * (int64_t)es, p->dtype);
 }
 
-/* Row amax -> int8 codes and scale of x[0..D) (already equalized). */
-static void quantize_row(const float *x, int64_t D, int8_t *code, float *scale) {
+/* The amax of x[0..D) (NaN if any is NaN). */
+static float row_amax(const float *x, int64_t D) {
   float m = 0.0f;
   for (int64_t d = 0; d < D; d++) m = sta_amax_nan(m, x[d]);
+  return m;
+}
+
+/* int8 codes and scale of x[0..D) (already equalized) coded with amax m. */
+static void quantize_with(const float *x, int64_t D, float m, int8_t *code, float *scale) {
   float inv = sta_fp8_inv(127.0f, m);
   for (int64_t d = 0; d < D; d++) code[d] = sta_f32_to_i8(sta_fmul(x[d], inv));
   *scale = m / 127.0f;
 }
 
-/* Scratch of quantize_head per thread: 5*D floats, 2*D doubles. */
-#define QUANT_SCRATCH(D) ((size_t)(D) * (5 * sizeof(float) + 2 * sizeof(double)))
+/* Scratch of quantize_head per thread: 5*D floats, 2*D doubles, a key
+** group's rows (STA_FP8_KGROUP * D floats) and their amaxes. */
+#define QUANT_SCRATCH(D)                                                                      \
+  ((size_t)(D) * (5 * sizeof(float) + 2 * sizeof(double)) +                                  \
+   (size_t)STA_FP8_KGROUP * ((size_t)(D) + 1) * sizeof(float))
 
 /* The pre-pass of one (batch, head); w: QUANT_SCRATCH(D) bytes. */
 static void quantize_head(const sta_attn_params *p, const sta_fp8_geom *g, const sta_fp8_ops *o,
@@ -124,26 +132,42 @@ static void quantize_head(const sta_attn_params *p, const sta_fp8_geom *g, const
     v_scale[d] = vam[d] / 448.0f;
     vam[d] = sta_fp8_inv(448.0f, vam[d]); /* now the inverse */
   }
-  for (int64_t r = 0; r < R; r++) {
-    int64_t s = sta_fp8_source(g, r), row = bh * R + r;
-    if (s < 0) continue;
-    double bias = 0;
-    for (int64_t d = 0; d < D; d++) {
-      float qv = elem(p, p->q, p->q_sb, p->q_ss, p->q_sh, b, s, h, d);
-      bias += (double)qv * (double)k_mean[d];
-      x[d] = sta_fmul(qv, sta_pow2f(eq[d]));
+  /* a group of STA_FP8_KGROUP rows at a time: its keys' k' rows (kx) and
+  ** amaxes (ka; -1 for a row that is no key) first, then their codes with
+  ** the group's amax (fp8_internal.h, sta_fp8_key_amax) */
+  float *kx = vam + D, *ka = kx + STA_FP8_KGROUP * D;
+  for (int64_t r0 = 0; r0 < R; r0 += STA_FP8_KGROUP) {
+    int64_t r1 = r0 + STA_FP8_KGROUP < R ? r0 + STA_FP8_KGROUP : R;
+    float gam = 0.0f;
+    for (int64_t r = r0; r < r1; r++) {
+      int64_t s = sta_fp8_source(g, r), row = bh * R + r;
+      float *y = kx + (r - r0) * D;
+      ka[r - r0] = -1.0f;
+      if (s < 0) continue;
+      double bias = 0;
+      for (int64_t d = 0; d < D; d++) {
+        float qv = elem(p, p->q, p->q_sb, p->q_ss, p->q_sh, b, s, h, d);
+        bias += (double)qv * (double)k_mean[d];
+        x[d] = sta_fmul(qv, sta_pow2f(eq[d]));
+      }
+      o->q_bias[row] = (float)bias;
+      quantize_with(x, D, row_amax(x, D), o->q8 + row * D, &o->q_scale[row]);
+      if (r >= g->keys_end) continue;
+      for (int64_t d = 0; d < D; d++) {
+        float kv = elem(p, p->k, p->k_sb, p->k_ss, p->k_sh, b, s, h, d);
+        y[d] = sta_fmul(kv - k_mean[d], sta_pow2f(-eq[d]));
+        o->v8[(bh * D + d) * R + r] =
+            sta_fp8_vcode(elem(p, p->v, p->v_sb, p->v_ss, p->v_sh, b, s, h, d), vam[d]);
+      }
+      ka[r - r0] = row_amax(y, D);
+      gam = sta_amax_finite(gam, ka[r - r0]);
     }
-    o->q_bias[row] = (float)bias;
-    quantize_row(x, D, o->q8 + row * D, &o->q_scale[row]);
-    if (r >= g->keys_end) continue;
-    for (int64_t d = 0; d < D; d++) {
-      float kv = elem(p, p->k, p->k_sb, p->k_ss, p->k_sh, b, s, h, d);
-      x[d] = sta_fmul(kv - k_mean[d], sta_pow2f(-eq[d]));
-      o->v8[(bh * D + d) * R + r] =
-          sta_fp8_vcode(elem(p, p->v, p->v_sb, p->v_ss, p->v_sh, b, s, h, d), vam[d]);
+    for (int64_t r = r0; r < r1; r++) {
+      if (ka[r - r0] < 0.0f) continue; /* no key (NaN is one) */
+      int64_t krow = bh * R + sta_fp8_kslot(r, R);
+      quantize_with(kx + (r - r0) * D, D, sta_fp8_key_amax(ka[r - r0], gam), o->k8 + krow * D,
+                    &o->k_scale[krow]);
     }
-    int64_t krow = bh * R + sta_fp8_kslot(r, R);
-    quantize_row(x, D, o->k8 + krow * D, &o->k_scale[krow]);
   }
 }
 

@@ -82,12 +82,19 @@ STA_HD int sta_fp8_exponent(float qam, float kam) {
 **               finite max and min less k_mean, q over every query row),
 **               |e| <= 63; 0 where either amax is 0 or the ratio not finite
 **   q8, k8 [rows][D]  int8: x' = q * 2^e (or k' * 2^-e, k' = f32(k -
-**               k_mean)); per row amax (NaN if any is NaN: sta_amax_nan),
-**               inv = 127 / amax (0 when amax is 0 or NaN), code =
+**               k_mean)); a row's amax a (NaN if any is NaN:
+**               sta_amax_nan); the amax it is coded with: q's a; a key's
+**               sta_fp8_key_amax(a, its group's amax), the group the
+**               STA_FP8_KGROUP rows [64 G, 64 G + 64) of the quantized order
+**               (sta_fp8_kslot permutes within 16, so the same rows in k8),
+**               the group's amax the largest finite a of its keys (0 for
+**               none); inv = 127 / amax (0 when amax is 0 or NaN), code =
 **               rint(f32(x' * inv)), scale = amax / 127 (a row with a NaN
-**               or Inf gets a NaN or Inf scale: only the rows that see it
-**               come out NaN); k8's (and k_scale's) row of key r is
-**               sta_fp8_kslot(r, rows)
+**               or Inf keeps its own NaN or Inf scale: only the rows that
+**               see it come out NaN); k8's (and k_scale's) row of key r is
+**               sta_fp8_kslot(r, rows).  One k_scale for 64 keys lets the
+**               kernel fold it into the softmax's one multiply-add
+**               (kernels/mainloop_fp8.cuh)
 **   q_scale, k_scale [rows]; q_bias[rows] = q . k_mean (double, channel
 **               order, to float): lse = ln(l) + m ln 2 + scale * q_bias
 **   v_scale[D]  the finite amax of v over the keys / 448
@@ -110,6 +117,12 @@ STA_HD int sta_fp8_exponent(float qam, float kam) {
 ** (kernels/mainloop_fp8.cuh, STA_FP8_HALF) */
 #define STA_FP8_STEP 64
 #define STA_FP8_CHUNK 1024
+/* rows of a group of keys that share their amax (k_scale) */
+#define STA_FP8_KGROUP 64
+/* The amax key row r is coded with: its group's (the largest finite row
+** amax of the group's keys) where its own amax a is finite, else a (NaN
+** or Inf: the key's own scale, so that no other key's scores move). */
+STA_HD float sta_fp8_key_amax(float a, float group) { return fabsf(a) < INFINITY ? group : a; }
 typedef struct sta_fp8_geom {
   int32_t canvas[3], tile[3], grid[3];
   int32_t tiled;          /* the input's rows are in the tiled order */

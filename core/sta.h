@@ -490,8 +490,8 @@ sta_status sta_attention_forward(const sta_attention_desc *desc,
 ** or bf16 of q8's shape; lse as for sta_attention_forward.
 ** desc->precision must be STA_PRECISION_FP8.  Computes what the FP8
 ** forward computes on the dequantized values (float32 products): the
-** scheme requantizes them (K smoothed, Q and K to int8 per row, V to e4m3
-** per channel), on the operands' device (dequantized there to float32
+** scheme requantizes them (K smoothed, Q to int8 per row, K per 64 rows,
+** V to e4m3 per channel), on the operands' device (dequantized there to float32
 ** scratch by the device's backend).
 ** On error out and lse are unchanged. */
 sta_status sta_attention_forward_fp8(const sta_attention_desc *desc,

@@ -9,10 +9,12 @@
 **                block: the chunk's rows in order (the host's order), U
 **                rows' loads issued ahead of their sums
 **   fp8_finish   fp8_quant.cuh's
-**   fp8_rows_v   a block of 2 D threads per (batch * head, 64 rows): q and k
-**                by D / 8 threads per row (8 channels each, amax by
-**                shuffles, 8-byte code stores), two passes of 16 rows
-**                loaded at once; V after them by (4 rows, 8 channels) per
+**   fp8_rows_v   a block of 2 D threads per (batch * head, 64 rows: one
+**                key group, STA_FP8_KGROUP): q and k by D / 8 threads per
+**                row (8 channels each, amax by shuffles, 8-byte code
+**                stores), two passes of 16 rows loaded at once; k's rows
+**                staged in shared memory and coded after the group's
+**                amax (sta_fp8_key_amax) is known; V after them by (4 rows, 8 channels) per
 **                thread into a [D][72-byte] tile (4-byte stores,
 **                conflict-free), written out transposed in 8-byte chunks;
 **                q_bias (fp8_bias's channel-order double sum) by a thread
@@ -145,15 +147,20 @@ __global__ void __launch_bounds__(64) fp8_stats_v(const __grid_constant__ QuantA
   if (g == 0) a.pcount[bh * a.nchunks + c] = n;
 }
 
-/* The int8 codes (8 bytes) and scale of a row whose 8 channels y this
-** thread holds, TPR threads per row (aligned lanes): quantize_row's math. */
-template <int TPR>
-__device__ __forceinline__ float quant8(const float y[8], uint2 &codes) {
+/* The amax of a row whose 8 channels y this thread holds, TPR threads per
+** row (aligned lanes): cpu_fp8.c's row_amax. */
+template <int TPR> __device__ __forceinline__ float amax8(const float y[8]) {
   float m = 0.0f;
 #pragma unroll
   for (int j = 0; j < 8; j++) m = sta_amax_nan(m, y[j]);
 #pragma unroll
   for (int o = TPR / 2; o > 0; o >>= 1) m = sta_amax_nan(m, __shfl_xor_sync(0xffffffffu, m, o));
+  return m;
+}
+
+/* The int8 codes (8 bytes) and scale of those 8 channels coded with amax
+** m: cpu_fp8.c's quantize_with. */
+__device__ __forceinline__ float quant8_with(const float y[8], float m, uint2 &codes) {
   const float inv = sta_fp8_inv(127.0f, m);
   uint32_t w[2] = {0, 0};
 #pragma unroll
@@ -179,8 +186,9 @@ __device__ __forceinline__ uint32_t vcodes(float v0, float v1, float i0, float i
 constexpr int VP = 72; /* bytes per channel of the V tile: 64 rows + 8 (conflict-free) */
 
 template <int D, int ES> constexpr size_t rows_v_smem() {
-  return (size_t)D * VP + (size_t)QROWS * (D * ES + 4) + (size_t)D * 4 + QROWS * 4;
+  return (size_t)D * VP + 2 * (size_t)QROWS * (D * ES + 4) + (size_t)D * 4 + 2 * QROWS * 4;
 }
+static_assert(QROWS == STA_FP8_KGROUP, "a block's rows are one key group");
 
 /* q and k loaded two passes at a time, V's loads after them: few registers
 ** (3 blocks of 256 threads per SM at D 128). */
@@ -192,8 +200,10 @@ __global__ void __launch_bounds__(2 * D, 768 / (2 * D))
   extern __shared__ __align__(16) unsigned char smem[];
   uint8_t *vt = smem;                       /* [D][VP] */
   unsigned char *qs = smem + D * VP;        /* [QROWS][QP]: q's rows as loaded */
-  float *km = (float *)(qs + QROWS * QP);   /* [D] k_mean */
+  unsigned char *ks = qs + QROWS * QP;      /* [QROWS][QP]: k's rows as loaded */
+  float *km = (float *)(ks + QROWS * QP);   /* [D] k_mean */
   int *rs = (int *)(km + D);                /* [QROWS]: source row, -2 past R */
+  float *ka = (float *)(rs + QROWS);        /* [QROWS]: k's row amax, -1: no key */
   const int tid = threadIdx.x;
   const int64_t bh = a.heads_fast ? blockIdx.x : blockIdx.y, b = bh / a.heads, h = bh % a.heads,
                 r0 = (int64_t)(a.heads_fast ? blockIdx.y : blockIdx.x) * QROWS, R = a.R;
@@ -243,23 +253,21 @@ __global__ void __launch_bounds__(2 * D, 768 / (2 * D))
     uint2 c;
 #pragma unroll
     for (int j = 0; j < 8; j++) y[j] = s >= 0 ? sta_fmul(elt<ES>(xq[x], j, a.dt), pq[j]) : 0.0f;
-    float sc = quant8<TPR>(y, c);
+    const float sc = quant8_with(y, amax8<TPR>(y), c);
     if (s != -2) {
       *(uint2 *)(a.o.q8 + row * D + 8 * g) = c;
       if (g == 0) a.o.q_scale[row] = sc;
     }
 #pragma unroll
-    for (int w = 0; w < 2 * ES; w++) /* 4-byte stores: QP is 4 mod 16 */
+    for (int w = 0; w < 2 * ES; w++) { /* 4-byte stores: QP is 4 mod 16 */
       *(uint32_t *)(qs + i * QP + 8 * ES * g + 4 * w) = word<ES>(xq[x], w);
+      *(uint32_t *)(ks + i * QP + 8 * ES * g + 4 * w) = word<ES>(xk[x], w);
+    }
 #pragma unroll
     for (int j = 0; j < 8; j++)
       y[j] = key ? sta_fmul(elt<ES>(xk[x], j, a.dt) - mk[j], pk[j]) : 0.0f;
-    sc = quant8<TPR>(y, c);
-    if (s != -2) {
-      const int64_t kr = bh * R + sta_fp8_kslot(r, R);
-      *(uint2 *)(a.o.k8 + kr * D + 8 * g) = c;
-      if (g == 0) a.o.k_scale[kr] = sc;
-    }
+    const float m = amax8<TPR>(y);
+    if (g == 0) ka[i] = key ? m : -1.0f;
   }
   load_v();
   {
@@ -285,6 +293,33 @@ __global__ void __launch_bounds__(2 * D, 768 / (2 * D))
     for (int c = 0; c < 8; c++) *(uint32_t *)(vt + (8 * gv + c) * VP + 4 * rq) = hw[c];
   }
   __syncthreads();
+  { /* k's codes with the group's amax (the largest finite row amax) */
+    float gam = 0.0f;
+#pragma unroll 8
+    for (int i = 0; i < QROWS; i++) gam = sta_amax_finite(gam, ka[i]); /* -1: no move */
+#pragma unroll
+    for (int p = 0; p < 4; p++) {
+      const int i = 16 * p + ri, s = rs[i];
+      if (s == -2) continue;
+      const bool key = ka[i] >= 0.0f || ka[i] != ka[i];
+      Row8<ES> xr;
+#pragma unroll
+      for (int w = 0; w < 2 * ES; w++) {
+        const uint32_t u = *(const uint32_t *)(ks + i * QP + 8 * ES * g + 4 * w);
+        uint4 &d4 = xr.w[w / 4];
+        (w % 4 == 0 ? d4.x : w % 4 == 1 ? d4.y : w % 4 == 2 ? d4.z : d4.w) = u;
+      }
+      float y[8];
+#pragma unroll
+      for (int j = 0; j < 8; j++)
+        y[j] = key ? sta_fmul(elt<ES>(xr, j, a.dt) - mk[j], pk[j]) : 0.0f;
+      uint2 c;
+      const float sc = quant8_with(y, key ? sta_fp8_key_amax(ka[i], gam) : 0.0f, c);
+      const int64_t kr = bh * R + sta_fp8_kslot(r0 + i, R);
+      *(uint2 *)(a.o.k8 + kr * D + 8 * g) = c;
+      if (g == 0) a.o.k_scale[kr] = sc;
+    }
+  }
   if (tid < QROWS && rs[tid] != -2) { /* q_bias: fp8_bias's sum, channel order */
     const int s = rs[tid];
     double bias = 0;

@@ -82,14 +82,13 @@ __global__ void fp8_stats(const __grid_constant__ QuantArgs a) {
 
 constexpr int QJMAX = 8; /* channels per lane: D <= 32 * QJMAX */
 
-/* The int8 codes and scale of a row held in registers, channel d = lane +
-** 32 j in x[j]: y = (x - sub[d]) * 2^(sgn * eq[d]) (sub: NULL for none),
-** amax over the row (warp shuffles; order-free), code = rint(y * inv). */
+/* y and the amax (warp shuffles; order-free) of a row held in registers,
+** channel d = lane + 32 j in x[j]: y = (x - sub[d]) * 2^(sgn * eq[d])
+** (sub: NULL for none). */
 template <int QJ>
-__device__ __forceinline__ void quantize_row(const float *x, const int8_t *eq, const float *sub,
-                                             int sgn, int D, int lane, int8_t *code,
-                                             float *scale) {
-  float y[QJ], m = 0.0f;
+__device__ __forceinline__ float row_y(const float *x, const int8_t *eq, const float *sub, int sgn,
+                                       int D, int lane, float *y) {
+  float m = 0.0f;
 #pragma unroll
   for (int j = 0; j < QJ; j++) {
     const int d = lane + 32 * j;
@@ -97,6 +96,14 @@ __device__ __forceinline__ void quantize_row(const float *x, const int8_t *eq, c
     if (d < D) m = sta_amax_nan(m, y[j]);
   }
   for (int o = 16; o > 0; o >>= 1) m = sta_amax_nan(m, __shfl_xor_sync(0xffffffffu, m, o));
+  return m;
+}
+
+/* The int8 codes and scale of that row coded with amax m: code =
+** rint(y * inv). */
+template <int QJ>
+__device__ __forceinline__ void code_row(const float *y, float m, int D, int lane, int8_t *code,
+                                         float *scale) {
   const float inv = sta_fp8_inv(127.0f, m);
 #pragma unroll
   for (int j = 0; j < QJ; j++) {
@@ -108,7 +115,9 @@ __device__ __forceinline__ void quantize_row(const float *x, const int8_t *eq, c
 
 /* Dynamic shared memory: V's codes [D][QROWS] bytes.  A warp per row
 ** at a time, the row's q, k and v loaded into registers at once (QJ per
-** lane: D <= 32 QJ). */
+** lane: D <= 32 QJ); k's row amaxes first, then (the block's 64 rows one
+** key group, STA_FP8_KGROUP) each key's k loaded again and coded with
+** sta_fp8_key_amax of the group's amax. */
 template <int QJ>
 __global__ void __launch_bounds__(QWARPS * 32, QJ <= 4 ? 3 : 1) fp8_rows(const __grid_constant__ QuantArgs a) {
   extern __shared__ __align__(16) unsigned char smem[];
@@ -119,6 +128,8 @@ __global__ void __launch_bounds__(QWARPS * 32, QJ <= 4 ? 3 : 1) fp8_rows(const _
   const int8_t *eq = a.o.eq + bh * D;
   const float *mean = a.o.k_mean + bh * D, *vinv = a.vinv + bh * D;
   __shared__ int rsrc[QROWS]; /* the rows' input rows, looked up once */
+  __shared__ float ka[QROWS];  /* k's row amax, -1: no key */
+  static_assert(QROWS == STA_FP8_KGROUP, "a block's rows are one key group");
   if (threadIdx.x < QROWS && r0 + threadIdx.x < a.R)
     rsrc[threadIdx.x] = (int)sta_fp8_source(&a.g, r0 + threadIdx.x);
   __syncthreads();
@@ -137,12 +148,14 @@ __global__ void __launch_bounds__(QWARPS * 32, QJ <= 4 ? 3 : 1) fp8_rows(const _
       xk[j] = key && d < D ? ld(a.k, b * a.k_sb + src * a.k_ss + h * a.k_sh + d, a) : 0.0f;
       xv[j] = key && d < D ? ld(a.v, b * a.v_sb + src * a.v_ss + h * a.v_sh + d, a) : 0.0f;
     }
+    float y[QJ];
     if (src < 0) {
       for (int d = lane; d < D; d += 32) q8[d] = 0;
       if (lane == 0) a.o.q_scale[row] = 0.0f;
     } else {
-      quantize_row<QJ>(xq, eq, nullptr, 1, D, lane, q8, &a.o.q_scale[row]);
+      code_row<QJ>(y, row_y<QJ>(xq, eq, nullptr, 1, D, lane, y), D, lane, q8, &a.o.q_scale[row]);
     }
+    if (lane == 0) ka[i] = -1.0f;
     if (!key) {
       for (int d = lane; d < D; d += 32) {
         k8[d] = 0;
@@ -151,7 +164,8 @@ __global__ void __launch_bounds__(QWARPS * 32, QJ <= 4 ? 3 : 1) fp8_rows(const _
       if (lane == 0) a.o.k_scale[krow] = 0.0f;
       continue;
     }
-    quantize_row<QJ>(xk, eq, mean, -1, D, lane, k8, &a.o.k_scale[krow]);
+    const float m = row_y<QJ>(xk, eq, mean, -1, D, lane, y);
+    if (lane == 0) ka[i] = m;
 #pragma unroll
     for (int j = 0; j < QJ; j++) {
       const int d = lane + 32 * j;
@@ -160,6 +174,23 @@ __global__ void __launch_bounds__(QWARPS * 32, QJ <= 4 ? 3 : 1) fp8_rows(const _
     }
   }
   __syncthreads();
+  float gam = 0.0f; /* the group's amax: the largest finite row amax of its keys */
+  for (int i = 0; i < QROWS && r0 + i < a.R; i++) gam = sta_amax_finite(gam, ka[i]);
+  for (int i = w; i < QROWS; i += QWARPS) {
+    const int64_t r = r0 + i;
+    if (r >= a.R) break;
+    if (ka[i] < 0.0f) continue; /* no key (NaN is one) */
+    const int64_t src = rsrc[i], krow = bh * a.R + sta_fp8_kslot(r, a.R);
+    float xk[QJ], y[QJ];
+#pragma unroll
+    for (int j = 0; j < QJ; j++) {
+      const int d = lane + 32 * j;
+      xk[j] = d < D ? ld(a.k, b * a.k_sb + src * a.k_ss + h * a.k_sh + d, a) : 0.0f;
+    }
+    (void)row_y<QJ>(xk, eq, mean, -1, D, lane, y);
+    code_row<QJ>(y, sta_fp8_key_amax(ka[i], gam), D, lane, a.o.k8 + krow * D,
+                 &a.o.k_scale[krow]);
+  }
   const int n = (int)(a.R - r0 < QROWS ? a.R - r0 : QROWS);
   if (n == QROWS && a.R % 16 == 0) { /* 16-byte stores */
     for (int x = threadIdx.x; x < D * (QROWS / 16); x += blockDim.x) {

@@ -24,6 +24,10 @@
 ** Compile-time variants (the device A/B, scripts/device/gpu-check-fp8;
 ** the losers are deleted once measured: BENCHMARKS.md's ledger):
 **   STA_FP8_FLUSH     N >= 1: the blocks a fresh accumulator carries (4)
+**   STA_FP8_KU        1 (the default): a half whose keys share one
+**                     k_scale (the pre-pass's key groups) takes
+**                     fp8_softmax_u; 0: every half fp8_softmax's per-key
+**                     path
 **   STA_FP8_HALF      1 (the default; the CPU reference's STA_FP8_STEP):
 **                     each 128-key block as two halves of 64 keys (S of a
 **                     half: 32 registers, not 64; the online softmax per
@@ -46,6 +50,9 @@
 #define STA_FP8_FLUSH 4
 #endif
 static_assert(STA_FP8_FLUSH >= 1, "a fresh accumulator carries at least one block");
+#ifndef STA_FP8_KU /* 1: halves whose keys share one k_scale take fp8_softmax_u */
+#define STA_FP8_KU 1
+#endif
 #ifndef STA_FP8_HALF /* the reference's step (core/fp8_internal.h): 64, the halves */
 #define STA_FP8_HALF (STA_FP8_STEP == 64)
 #endif
@@ -129,7 +136,13 @@ __device__ __forceinline__ void issue_s(int32_t *sacc, uint32_t dq, uint32_t dk)
 struct Fp8KeyInfo {
   uint32_t ks, bias;
   int masked;
+  uint32_t ku; /* the step's ku (half h: + 4 h): its keys' one k_scale, or -1 */
 };
+__device__ __forceinline__ float lds_f1(uint32_t a) {
+  float v;
+  asm volatile("ld.shared.f32 %0, [%1];\n" : "=f"(v) : "r"(a));
+  return v;
+}
 __device__ __forceinline__ float2 lds_f2(uint32_t a) {
   float2 v;
   asm volatile("ld.shared.v2.f32 {%0, %1}, [%2];\n" : "=f"(v.x), "=f"(v.y) : "r"(a));
@@ -151,6 +164,56 @@ __device__ __forceinline__ void sts_f4(uint32_t a, float4 v) {
 constexpr float FP8_MAGIC = 12582912.0f;
 constexpr int32_t FP8_MAGIC_BITS = 0x4B400000;
 
+/* fp8_softmax of a half whose 64 keys share one k_scale ku (finite, >= 0:
+** fp8_helpers' ku): the maximum on the integer accumulators, then per
+** score one integer add, one multiply-add (c = ku q_scale scale log2 e, e
+** = MAGIC c + m - log2 PSCALE: k_scale, q_scale and the maximum folded),
+** the ex2 and the sum -- fp8_softmax's 6.5 instructions a score less the
+** k_scale's multiply-add and its per-column loads; the same scores up to
+** the rounding of c and e (a few units in the last place of the
+** exponent). */
+template <int D, int NJ>
+__device__ __forceinline__ void fp8_softmax_u(Fp8Rows<D> &st, int32_t *sp, float *alpha, float ku) {
+  /* in place first (the raw and the biased never both live): sp = the bits
+  ** of MAGIC + acc, a positive float, so the integer maximum of the bits is
+  ** the float's */
+#pragma unroll
+  for (int x = 0; x < 4 * NJ; x++) sp[x] += FP8_MAGIC_BITS;
+  int m4[2][4];
+#pragma unroll
+  for (int i = 0; i < 2; i++)
+#pragma unroll
+    for (int c = 0; c < 4; c++) m4[i][c] = max(sp[4 * c + 2 * i], sp[4 * c + 2 * i + 1]);
+#pragma unroll
+  for (int j = 4; j < NJ; j++)
+#pragma unroll
+    for (int i = 0; i < 2; i++)
+      m4[i][j & 3] = max(m4[i][j & 3], max(sp[4 * j + 2 * i], sp[4 * j + 2 * i + 1]));
+  float c[2], e[2];
+#pragma unroll
+  for (int i = 0; i < 2; i++) {
+    int mi = max(max(m4[i][0], m4[i][1]), max(m4[i][2], m4[i][3]));
+    mi = max(mi, __shfl_xor_sync(0xffffffffu, mi, 1));
+    mi = max(mi, __shfl_xor_sync(0xffffffffu, mi, 2));
+    c[i] = ku * st.qsc[i];
+    /* the largest acc, exactly, times c; NaN (a NaN q_scale): no move */
+    const float mn = fmaxf(st.m[i], (__int_as_float(mi) - FP8_MAGIC) * c[i]);
+    alpha[i] = mn == st.m[i] ? 1.0f : st.m[i] == -INFINITY ? 0.0f : ex2(st.m[i] - mn);
+    st.m[i] = mn;
+    e[i] = fmaf(FP8_MAGIC, c[i], mn == -INFINITY ? 0.0f : mn - FP8_LOG2_PSCALE);
+  }
+  float ps[2][2] = {{0.0f, 0.0f}, {0.0f, 0.0f}}; /* two chains per row */
+#pragma unroll
+  for (int x = 0; x < 4 * NJ; x++) {
+    const int i = (x >> 1) & 1;
+    const float p = ex2(fmaf(__int_as_float(sp[x]), c[i], -e[i]));
+    ps[i][(x >> 2) & 1] += p;
+    sp[x] = __float_as_int(p);
+  }
+#pragma unroll
+  for (int i = 0; i < 2; i++) st.l[i] = fmaf(st.l[i], alpha[i], ps[i][0] + ps[i][1]);
+}
+
 /* The softmax of one block's S (sp, waited for), in place: the s32
 ** accumulators become the float bits of P * STA_FP8_PSCALE =
 ** exp2(score - m + log2 STA_FP8_PSCALE) (one array for both: the wgmma's
@@ -162,6 +225,13 @@ constexpr int32_t FP8_MAGIC_BITS = 0x4B400000;
 template <int D, int NJ = 16>
 __device__ __forceinline__ void fp8_softmax(Fp8Rows<D> &st, int32_t *sp, float *alpha,
                                             const Fp8KeyInfo &info, int t) {
+  if constexpr (NJ == 8 && STA_FP8_KU) { /* a half: its keys' one k_scale? */
+    const float ku = lds_f1(info.ku);
+    if (ku >= 0.0f) {
+      fp8_softmax_u<D, NJ>(st, sp, alpha, ku);
+      return;
+    }
+  }
   /* u = acc * k_scale (the score over q_scale * scale * log2 e), -inf
   ** where info masks the key */
   float mx[2] = {-INFINITY, -INFINITY};
@@ -327,7 +397,7 @@ __device__ __forceinline__ void issue_s_half(int32_t *sacc, uint32_t dq, uint32_
 
 /* Half h's per-key info: columns 64h on. */
 __device__ __forceinline__ Fp8KeyInfo info_half(const Fp8KeyInfo &x, int h) {
-  return Fp8KeyInfo{x.ks + 256u * h, x.bias + 256u * h, x.masked};
+  return Fp8KeyInfo{x.ks + 256u * h, x.bias + 256u * h, x.masked, x.ku + 4u * h};
 }
 
 /* One step of H a block (STA_FP8_HALF: H 2, the halves; else 1, the

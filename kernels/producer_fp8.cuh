@@ -138,7 +138,8 @@ template <int D> struct Fp8Smem {
   static constexpr int OS = V + NB * VB; /* O: [D / 8][FP8_CT] float4 */
   static constexpr int KS = OS + FP8_CT * D / 2 * 4; /* k_scale [NB][FP8_BK] */
   static constexpr int MASK = KS + NB * FP8_BK * 4; /* 0 or -inf [NB][FP8_BK] */
-  static constexpr int BAR = MASK + NB * FP8_BK * 4; /* full, empty, qfull, qempty, dfull */
+  static constexpr int KU = MASK + NB * FP8_BK * 4;  /* [NB][2]: fp8_helpers' ku */
+  static constexpr int BAR = KU + NB * 2 * 4; /* full, empty, qfull, qempty, dfull */
   static constexpr int ITEM = BAR + (3 * NB + 4) * 8;
   static constexpr int DESC = ITEM + 8;              /* Fp8BlockDesc [NB] */
   static constexpr int BYTES = DESC + NB * 16;
@@ -155,7 +156,7 @@ template <int D> struct Fp8Smem {
     int len; /* Fp8BlockDesc::len of the buffer's block */
     asm volatile("ld.shared.s32 %0, [%1];\n" : "=r"(len) : "r"(s0 + DESC + 16 * b + 4));
     return Fp8KeyInfo{s0 + KS + 4 * FP8_BK * b, s0 + MASK + 4 * FP8_BK * b,
-                      has_pad || len < FP8_BK};
+                      has_pad || len < FP8_BK, s0 + KU + 8 * b};
   }
 };
 /* setmaxnreg: producer, consumers (two consumer warpgroups over whole
@@ -265,23 +266,39 @@ __device__ __forceinline__ void fp8_walker(const Fp8Params &a, unsigned char *sm
   }
 }
 
-/* The producer's helpers (warps 1..3 of warpgroup 2, h: 0..95): per block
-** published by the walker, the mask of columns h and h + 96 (0, or -inf
-** for a key past the block or a padding row) and, where TMA does not take
-** the block, its K rows, V rows and k_scale by cp.async; then each arrives
-** on full[b]. */
+/* The producer's helpers (warps 1..3 of the producer warpgroup, h:
+** 0..95): per block published by the walker, the mask of columns h and
+** h + 96 (0, or -inf for a key past the block or a padding row); ku of
+** half 0 (warp h / 32 = 0) and 1 (1): the k_scale all its 64 keys share
+** where they share one (finite) and the block is whole, unmasked and
+** TMA's (its keys 64 rows of k_scale from start + 64 half: the pre-pass's
+** key groups where start is a multiple of 64), else -1 (mainloop_fp8.cuh,
+** fp8_softmax_u); where TMA does not take the block, its K rows, V rows
+** and k_scale by cp.async; then each arrives on full[b]. */
 template <int D>
 __device__ __forceinline__ void fp8_helpers(const Fp8Params &a, unsigned char *sm, int h) {
   using L = Fp8Smem<D>;
   constexpr int NB = L::NB, NH = 96;
   uint64_t *full = (uint64_t *)(sm + L::BAR), *dfull = full + 2 * NB + 4;
   const Fp8BlockDesc *desc = (const Fp8BlockDesc *)(sm + L::DESC);
-  float *mask = (float *)(sm + L::MASK);
+  float *mask = (float *)(sm + L::MASK), *ku = (float *)(sm + L::KU);
+  const int lane = h & 31, half = h >> 5;
   for (int g = 0;; g++) {
     const int b = g % NB;
     mbar_wait(&dfull[b], (g / NB) & 1);
     const Fp8BlockDesc d = desc[b];
     if (d.len < 0) return;
+    if (half < 2) { /* warp-uniform */
+      bool one = false;
+      float v = -1.0f;
+      if (d.tma && !a.has_pad) { /* tma: len FP8_BK, start % 16 == 0, R % 16 == 0 */
+        const float2 x = __ldg((const float2 *)(a.k_scale + (int64_t)d.bh * a.R + d.start +
+                                                64 * half) + lane);
+        v = __shfl_sync(0xffffffffu, x.x, 0);
+        one = __all_sync(0xffffffffu, x.x == v && x.y == v && v >= 0.0f && v < INFINITY);
+      }
+      if (lane == 0) ku[2 * b + half] = one ? v : -1.0f;
+    }
     for (int c = h; c < FP8_BK; c += NH) {
       const int kp = fp8_col_key(c);
       const bool ok = kp < d.len && (!a.has_pad || fp8_source(a.g, d.start + kp) >= 0);

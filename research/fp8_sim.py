@@ -421,6 +421,9 @@ SCHEMES = [
      dict(pmax="exact"), None),
     ("one-emax-s64", "one-exactmax, the running max moved per 64-key half of a block "
      "(the three-warpgroup kernel's step)", dict(pmax="exact", step=64), None),
+    ("one-emax-s64-k64", "one-emax-s64 with K scaled per 64 rows (a half's 64 keys share "
+     "one k_scale: the kernel folds it into the max-subtract FFMA)",
+     dict(pmax="exact", step=64, kgran="64"), None),
     ("one-noeq", "one without the channel equalization", dict(equalize=False), (1.0, 64, 0)),
     ("one-nosmooth", "one without K smoothing", dict(smooth=False), (1.0, 64, 0)),
     ("one-k64", "one, K per 64 rows (Q per row)", dict(kgran="64"), (1.0, 64, -1)),
@@ -447,7 +450,7 @@ SCHEMES = [
      dict(pmax="exact", acc="fp22", equalize=False), (1.0, 0, 0)),
 ]
 # What core/cpu_fp8.c implements (sta.h, sta_precision): the choice below.
-CHOSEN = "one-emax-s64"
+CHOSEN = "one-emax-s64-k64"
 KINDS = ("randn", "dit", "peaked")
 COS_KINDS = ("randn", "peaked")
 CONFIGS = {  # canvas, text, heads, D, query tiles sampled (every nth tile), windows

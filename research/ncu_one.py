@@ -5,13 +5,15 @@ small timing modes.
 
   ncu_one.py --lib LIB --what fwd|bwd
              [--workload hunyuan-720p|full|wan-720p|d64] [--softmax exact|fast]
-             [--calls N] [--ab LIB2] [--pool-ab N]
+             [--calls N] [--ab LIB2] [--pool-ab N] [--fp8]
 
 --ab LIB2: time --calls calls of LIB and LIB2 alternated, 3 rounds each
 (median per round, ms), and the largest relative difference of their
 outputs (out, or dq, dk, dv).
 --pool-ab N: N calls per round, 2 rounds each, of the device's default
 memory pool as is and with its release threshold at the maximum (libcuda).
+--fp8: the forward in STA_PRECISION_FP8 (its ~1 GB operand workspace comes
+from that pool on every call).
 """
 import argparse
 import ctypes as C
@@ -50,6 +52,7 @@ class Runner:
         d.n_windows = 1
         d.windows = C.cast(self.w, C.POINTER(C.c_int32))
         d.softmax = 1 if a.softmax == "fast" else 0
+        d.precision = bg.STA_PRECISION_FP8 if a.fp8 else bg.STA_PRECISION_NATIVE
         self.t = t
 
     def _call(self, fn, ts):
@@ -109,6 +112,7 @@ def main():
     ap.add_argument("--calls", type=int, default=2)
     ap.add_argument("--ab", default="")
     ap.add_argument("--pool-ab", type=int, default=0)
+    ap.add_argument("--fp8", action="store_true")
     a = ap.parse_args()
     canvas, text, H, D, win = WORKLOADS[a.workload]
     S = canvas[0] * canvas[1] * canvas[2] + text

@@ -178,7 +178,14 @@ static void test_fp8_quantizer(void **state) {
       assert_true(fabs(ops.k_mean[h * 64 + c] - mean[c] / (double)cnt) < 1e-6);
       assert_true(abs(ops.eq[h * 64 + c]) <= 3); /* the outlier channels move some */
     }
+    float gscale = -1.0f; /* the key group's k_scale (-1: no key yet) */
+    int g127 = 0;         /* a key of the group has a code +-127 */
     for (int64_t r = 0; r < R; r++) {
+      if (r % STA_FP8_KGROUP == 0) { /* the last group's amax mapped to 127 */
+        assert_true(gscale < 0 || g127);
+        gscale = -1.0f;
+        g127 = 0;
+      }
       /* k8 and k_scale in the kernel's key layout */
       int64_t s = sta_fp8_source(&g, r), row = h * R + r, kr = h * R + sta_fp8_kslot(r, R);
       if (s < 0) { /* padding: all zero */
@@ -206,9 +213,16 @@ static void test_fp8_quantizer(void **state) {
       }
       assert_int_equal(maxq, 127); /* the row's amax maps to 127 */
       assert_true(fabs(ops.q_bias[row] - bias) <= 1e-5 * (fabs(bias) + 1));
-      if (r < g.keys_end) { assert_int_equal(maxk, 127); nk++; }
-      else assert_true(ops.k_scale[kr] == 0);
+      if (r < g.keys_end) { /* one k_scale for the group's keys */
+        if (gscale < 0) gscale = ops.k_scale[kr];
+        assert_true(ops.k_scale[kr] == gscale);
+        g127 |= maxk == 127;
+        nk++;
+      } else {
+        assert_true(ops.k_scale[kr] == 0);
+      }
     }
+    assert_true(gscale < 0 || g127);
   }
   assert_int_equal(nq, 2 * (V + 12));
   assert_int_equal(nk, 2 * (V + 7));
