@@ -24,6 +24,11 @@
 ** Compile-time variants (the device A/B, scripts/device/gpu-check-fp8;
 ** the losers are deleted once measured: BENCHMARKS.md's ledger):
 **   STA_FP8_FLUSH     N >= 1: the blocks a fresh accumulator carries (4)
+**   STA_FP8_LSUM      1: the row sums l of P * PSCALE (as rounded to e4m3)
+**                     come from the P V GEMM, N D + 8 over 8 rows of ones
+**                     after each V buffer's D (producer_fp8.cuh), its last
+**                     4 accumulator registers (FP8_LX); the softmax adds
+**                     no sums; 0 (the default): the softmax sums P
 **   STA_FP8_KU        1 (the default): a half whose keys share one
 **                     k_scale (the pre-pass's key groups) takes
 **                     fp8_softmax_u; 0: every half fp8_softmax's per-key
@@ -50,6 +55,9 @@
 #define STA_FP8_FLUSH 4
 #endif
 static_assert(STA_FP8_FLUSH >= 1, "a fresh accumulator carries at least one block");
+#ifndef STA_FP8_LSUM /* 1: the row sums of P by the P V GEMM (ones rows after V's) */
+#define STA_FP8_LSUM 0
+#endif
 #ifndef STA_FP8_KU /* 1: halves whose keys share one k_scale take fp8_softmax_u */
 #define STA_FP8_KU 1
 #endif
@@ -59,6 +67,7 @@ static_assert(STA_FP8_FLUSH >= 1, "a fresh accumulator carries at least one bloc
 
 namespace sta {
 
+constexpr int FP8_LX = STA_FP8_LSUM ? 4 : 0; /* the P V accumulator's ones columns */
 constexpr float FP8_LOG2_PSCALE = 8.807354922057604f;  /* log2(STA_FP8_PSCALE) */
 constexpr float FP8_LN_PSCALE = 6.104793232414985f;    /* ln(STA_FP8_PSCALE) */
 static_assert(STA_FP8_PSCALE == 448.0f, "the constants above are of 448");
@@ -110,7 +119,9 @@ __device__ __forceinline__ void issue_pv(float *acc, uint32_t (*pa)[4], uint32_t
   for (int kc = 0; kc < NKC; kc++) {
     const uint64_t b = sdesc_of(dv + (uint32_t)(((c0 + kc) * 32) >> 4));
     const int sd = fresh ? kc > 0 : 1;
-    if constexpr (D == 128) sta_wgmma::rs_n128_e4m3(acc, pa[kc], b, sd);
+    if constexpr (STA_FP8_LSUM && D == 128) sta_wgmma::rs_n136_e4m3(acc, pa[kc], b, sd);
+    else if constexpr (STA_FP8_LSUM) sta_wgmma::rs_n72_e4m3(acc, pa[kc], b, sd);
+    else if constexpr (D == 128) sta_wgmma::rs_n128_e4m3(acc, pa[kc], b, sd);
     else sta_wgmma::rs_n64_e4m3(acc, pa[kc], b, sd);
   }
   sta_wgmma::commit();
@@ -207,11 +218,13 @@ __device__ __forceinline__ void fp8_softmax_u(Fp8Rows<D> &st, int32_t *sp, float
   for (int x = 0; x < 4 * NJ; x++) {
     const int i = (x >> 1) & 1;
     const float p = ex2(fmaf(__int_as_float(sp[x]), c[i], -e[i]));
-    ps[i][(x >> 2) & 1] += p;
+    if constexpr (!STA_FP8_LSUM) ps[i][(x >> 2) & 1] += p;
     sp[x] = __float_as_int(p);
   }
+  if constexpr (!STA_FP8_LSUM) {
 #pragma unroll
-  for (int i = 0; i < 2; i++) st.l[i] = fmaf(st.l[i], alpha[i], ps[i][0] + ps[i][1]);
+    for (int i = 0; i < 2; i++) st.l[i] = fmaf(st.l[i], alpha[i], ps[i][0] + ps[i][1]);
+  }
 }
 
 /* The softmax of one block's S (sp, waited for), in place: the s32
@@ -295,11 +308,13 @@ __device__ __forceinline__ void fp8_softmax(Fp8Rows<D> &st, int32_t *sp, float *
   for (int x = 0; x < 4 * NJ; x++) {
     const int i = (x >> 1) & 1;
     const float p = ex2(fmaf(__int_as_float(sp[x]), st.qsc[i], -mref[i]));
-    ps[i][(x >> 2) & 1] += p;
+    if constexpr (!STA_FP8_LSUM) ps[i][(x >> 2) & 1] += p;
     sp[x] = __float_as_int(p);
   }
+  if constexpr (!STA_FP8_LSUM) {
 #pragma unroll
-  for (int i = 0; i < 2; i++) st.l[i] = fmaf(st.l[i], alpha[i], ps[i][0] + ps[i][1]);
+    for (int i = 0; i < 2; i++) st.l[i] = fmaf(st.l[i], alpha[i], ps[i][0] + ps[i][1]);
+  }
 }
 
 /* P * PSCALE in e4m3 as the A fragment: chunk kc of 32 keys, register r:
@@ -342,7 +357,7 @@ template <int D>
 __device__ __forceinline__ void rescale_acc(float *acc, const float *alpha) {
   if (!__any_sync(0xffffffffu, alpha[0] != 1.0f || alpha[1] != 1.0f)) return;
 #pragma unroll
-  for (int x = 0; x < D / 2; x++) acc[x] *= alpha[(x >> 1) & 1];
+  for (int x = 0; x < D / 2 + FP8_LX; x++) acc[x] *= alpha[(x >> 1) & 1];
 }
 
 /* O in shared memory: this thread's D / 2 floats, float4 k
@@ -351,10 +366,17 @@ __device__ __forceinline__ void rescale_acc(float *acc, const float *alpha) {
 ** contiguous bytes.  O
 ** is kept at the maximum mo (per row), the accumulator ob at mob >= mo:
 ** O = O 2^(mo - mob) + ob (first: O = ob).  out: the registers it goes to
-** (NULL: back to shared memory). */
+** (NULL: back to shared memory); lo (STA_FP8_LSUM): the row sums kept
+** the same way, from ob's ones columns. */
 template <int D>
 __device__ __forceinline__ void os_flush(uint32_t os, const float *ob, const float *mo,
-                                         const float *mob, bool first, float *out) {
+                                         const float *mob, bool first, float *out, float *lo) {
+  if constexpr (STA_FP8_LSUM) { /* lo: O's row sums, at mo as O is */
+#pragma unroll
+    for (int i = 0; i < 2; i++)
+      lo[i] = first ? ob[D / 2 + 2 * i]
+                    : fmaf(lo[i], mo[i] == mob[i] ? 1.0f : ex2(mo[i] - mob[i]), ob[D / 2 + 2 * i]);
+  }
   if (first && !out) { /* O = ob: straight from the accumulator registers */
 #pragma unroll
     for (int k = 0; k < D / 8; k++)
@@ -434,7 +456,7 @@ __device__ __forceinline__ void fp8_blocks(Fp8Rows<D> &st, uint32_t dq, int nb, 
   constexpr int N = H * STA_FP8_FLUSH; /* steps a flush */
   int32_t sacc[64 / H];
   uint32_t pa[4 / H][4];
-  float alpha[2], ob[D / 2], mo[2] = {-INFINITY, -INFINITY}, mob[2];
+  float alpha[2], ob[D / 2 + FP8_LX], mo[2] = {-INFINITY, -INFINITY}, mob[2], lo[2];
   bool first = true; /* nothing in O yet */
   int b = g % NB, grp = 0; /* steps in ob */
   mbar_wait(&full[b], (g / NB) & 1);
@@ -468,14 +490,14 @@ __device__ __forceinline__ void fp8_blocks(Fp8Rows<D> &st, uint32_t dq, int nb, 
     sta_wgmma::pin_i<64 / H>(sacc);
     fp8_softmax<D, 16 / H>(st, sacc, anext, info_step<H>(at(bn).info, h), t);
     sta_wgmma::wait<0>();
-    sta_wgmma::pin<D / 2>(ob);
+    sta_wgmma::pin<D / 2 + FP8_LX>(ob);
     sta_wgmma::pin_r<16 / H>(&pa[0][0]);
     if (!h) { /* the P V of block b's last step is done */
       mbar_arrive(&empty[b]);
       g++;
     }
     if (++grp == N) {
-      os_flush<D>(os, ob, mo, mob, first, nullptr);
+      os_flush<D>(os, ob, mo, mob, first, nullptr, lo);
       first = false;
       mo[0] = mob[0];
       mo[1] = mob[1];
@@ -496,11 +518,15 @@ __device__ __forceinline__ void fp8_blocks(Fp8Rows<D> &st, uint32_t dq, int nb, 
   mob[0] = st.m[0];
   mob[1] = st.m[1];
   sta_wgmma::wait<0>();
-  sta_wgmma::pin<D / 2>(ob);
+  sta_wgmma::pin<D / 2 + FP8_LX>(ob);
   sta_wgmma::pin_r<16 / H>(&pa[0][0]);
   mbar_arrive(&empty[b]);
   g++;
-  os_flush<D>(os, ob, mo, mob, first, st.o);
+  os_flush<D>(os, ob, mo, mob, first, st.o, lo);
+  if constexpr (STA_FP8_LSUM) {
+    st.l[0] = lo[0];
+    st.l[1] = lo[1];
+  }
 }
 
 /* The output of this thread's two rows (rows[i]: quantized row, or -1
@@ -515,10 +541,12 @@ __device__ __forceinline__ void fp8_store(const Fp8Params &a, Fp8Rows<D> &st, in
                                           const int64_t rows[2], int t) {
   const int64_t b = bh / a.heads, h = bh % a.heads;
   const float *vs = a.v_scale + bh * D;
+  if constexpr (!STA_FP8_LSUM) { /* (the ones columns' sums are whole rows) */
 #pragma unroll
-  for (int i = 0; i < 2; i++) {
-    st.l[i] += __shfl_xor_sync(0xffffffffu, st.l[i], 1);
-    st.l[i] += __shfl_xor_sync(0xffffffffu, st.l[i], 2);
+    for (int i = 0; i < 2; i++) {
+      st.l[i] += __shfl_xor_sync(0xffffffffu, st.l[i], 1);
+      st.l[i] += __shfl_xor_sync(0xffffffffu, st.l[i], 2);
+    }
   }
 #pragma unroll
   for (int i = 0; i < 2; i++) {
