@@ -7,8 +7,11 @@
 ** failure is a status and a message.
 */
 #include <cuda_runtime.h>
+#include <pthread.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "bsa_bwd_params.h" /* sta_cuda_block_attention_backward */
 #include "bsa_params.h"     /* sta_cuda_block_attention */
@@ -126,6 +129,37 @@ sta_status cuda_memcpy(void *dst, sta_device dd, const void *src,
 }
 
 } /* namespace */
+
+cudaError_t sta_cuda_ws_alloc(void **p, size_t n, cudaStream_t s) {
+  static cudaMemPool_t pools[64];
+  static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
+  cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
+  int dev = 0;
+  if (cudaStreamIsCapturing(s, &cs) != cudaSuccess || cs != cudaStreamCaptureStatusNone ||
+      cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= 64) {
+    (void)cudaGetLastError();
+    return cudaMallocAsync(p, n, s);
+  }
+  pthread_mutex_lock(&lock);
+  if (!pools[dev]) {
+    cudaMemPoolProps props;
+    memset(&props, 0, sizeof props);
+    props.allocType = cudaMemAllocationTypePinned;
+    props.location.type = cudaMemLocationTypeDevice;
+    props.location.id = dev;
+    cudaMemPool_t pool = NULL;
+    uint64_t keep = UINT64_MAX;
+    if (cudaMemPoolCreate(&pool, &props) == cudaSuccess &&
+        cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &keep) == cudaSuccess)
+      pools[dev] = pool;
+    else if (pool)
+      (void)cudaMemPoolDestroy(pool);
+    (void)cudaGetLastError();
+  }
+  cudaMemPool_t pool = pools[dev];
+  pthread_mutex_unlock(&lock);
+  return pool ? cudaMallocFromPoolAsync(p, n, pool, s) : cudaMallocAsync(p, n, s);
+}
 
 int sta_cuda_sm_count(void) {
   static int n[64];

@@ -28,7 +28,7 @@ sta_status ops_alloc(sta_fp8_ops *o, void **ws, int64_t batch, int64_t heads, in
     off[i] = total;
     total += (n[i] + 255) & ~(size_t)255;
   }
-  cudaError_t e = cudaMallocAsync(ws, total, sm);
+  cudaError_t e = sta_cuda_ws_alloc(ws, total, sm);
   if (e != cudaSuccess) return sta_cuda_fail(e, "fp8 attention: operand workspace");
   char *b = (char *)*ws;
   memset(o, 0, sizeof *o);

@@ -294,7 +294,7 @@ sta_status sta_cuda_fp8_quantize(const sta_attn_params *p, const sta_fp8_ops *o)
   cudaStream_t sm = sta_cuda_stream();
   void *ws = NULL;
   sta_status s = STA_OK;
-  cudaError_t e = cudaMallocAsync(&ws, bytes, sm);
+  cudaError_t e = sta_cuda_ws_alloc(&ws, bytes, sm);
   if (e != cudaSuccess) return sta_cuda_fail(e, "fp8 quantize: workspace");
   a.psum = (double *)ws;
   a.pcount = (long long *)(a.psum + part);

@@ -175,49 +175,58 @@ __device__ __forceinline__ void sts_f4(uint32_t a, float4 v) {
 constexpr float FP8_MAGIC = 12582912.0f;
 constexpr int32_t FP8_MAGIC_BITS = 0x4B400000;
 
-/* fp8_softmax of a half whose 64 keys share one k_scale ku (finite, >= 0:
-** fp8_helpers' ku): the maximum on the integer accumulators, then per
-** score one integer add, one multiply-add (c = ku q_scale scale log2 e, e
-** = MAGIC c + m - log2 PSCALE: k_scale, q_scale and the maximum folded),
-** the ex2 and the sum -- fp8_softmax's 6.5 instructions a score less the
-** k_scale's multiply-add and its per-column loads; the same scores up to
-** the rounding of c and e (a few units in the last place of the
-** exponent). */
+/* fp8_softmax of a step whose keys share one k_scale a half (ku[h] of
+** half h, finite, >= 0: fp8_helpers' ku; NJ / 8 halves: 1 for a
+** STA_FP8_HALF step, 2 for a whole block): the maximum on the integer
+** accumulators, then per score one integer add, one multiply-add (c = ku
+** q_scale scale log2 e, e = MAGIC c + m - log2 PSCALE: k_scale, q_scale and
+** the maximum folded), the ex2 and the sum -- fp8_softmax's 6.5
+** instructions a score less the k_scale's multiply-add and its per-column
+** loads; the same scores up to the rounding of c and e (a few units in
+** the last place of the exponent). */
 template <int D, int NJ>
-__device__ __forceinline__ void fp8_softmax_u(Fp8Rows<D> &st, int32_t *sp, float *alpha, float ku) {
+__device__ __forceinline__ void fp8_softmax_u(Fp8Rows<D> &st, int32_t *sp, float *alpha,
+                                              const float *ku) {
+  constexpr int NH = NJ / 8;
   /* in place first (the raw and the biased never both live): sp = the bits
   ** of MAGIC + acc, a positive float, so the integer maximum of the bits is
   ** the float's */
 #pragma unroll
   for (int x = 0; x < 4 * NJ; x++) sp[x] += FP8_MAGIC_BITS;
-  int m4[2][4];
+  int m4[NH][2][4]; /* four chains per row and half */
 #pragma unroll
-  for (int i = 0; i < 2; i++)
+  for (int h = 0; h < NH; h++)
 #pragma unroll
-    for (int c = 0; c < 4; c++) m4[i][c] = max(sp[4 * c + 2 * i], sp[4 * c + 2 * i + 1]);
+    for (int j = 8 * h; j < 8 * h + 8; j++)
 #pragma unroll
-  for (int j = 4; j < NJ; j++)
-#pragma unroll
-    for (int i = 0; i < 2; i++)
-      m4[i][j & 3] = max(m4[i][j & 3], max(sp[4 * j + 2 * i], sp[4 * j + 2 * i + 1]));
-  float c[2], e[2];
+      for (int i = 0; i < 2; i++) {
+        const int v = max(sp[4 * j + 2 * i], sp[4 * j + 2 * i + 1]);
+        m4[h][i][j & 3] = j < 8 * h + 4 ? v : max(m4[h][i][j & 3], v);
+      }
+  float c[NH][2], e[NH][2];
 #pragma unroll
   for (int i = 0; i < 2; i++) {
-    int mi = max(max(m4[i][0], m4[i][1]), max(m4[i][2], m4[i][3]));
-    mi = max(mi, __shfl_xor_sync(0xffffffffu, mi, 1));
-    mi = max(mi, __shfl_xor_sync(0xffffffffu, mi, 2));
-    c[i] = ku * st.qsc[i];
-    /* the largest acc, exactly, times c; NaN (a NaN q_scale): no move */
-    const float mn = fmaxf(st.m[i], (__int_as_float(mi) - FP8_MAGIC) * c[i]);
+    float mx = -INFINITY; /* the largest acc of each half, exactly, times its c */
+#pragma unroll
+    for (int h = 0; h < NH; h++) {
+      c[h][i] = ku[h] * st.qsc[i];
+      const int mi = max(max(m4[h][i][0], m4[h][i][1]), max(m4[h][i][2], m4[h][i][3]));
+      mx = fmaxf(mx, (__int_as_float(mi) - FP8_MAGIC) * c[h][i]);
+    }
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+    const float mn = fmaxf(st.m[i], mx); /* NaN (a NaN q_scale): no move */
     alpha[i] = mn == st.m[i] ? 1.0f : st.m[i] == -INFINITY ? 0.0f : ex2(st.m[i] - mn);
     st.m[i] = mn;
-    e[i] = fmaf(FP8_MAGIC, c[i], mn == -INFINITY ? 0.0f : mn - FP8_LOG2_PSCALE);
+#pragma unroll
+    for (int h = 0; h < NH; h++)
+      e[h][i] = fmaf(FP8_MAGIC, c[h][i], mn == -INFINITY ? 0.0f : mn - FP8_LOG2_PSCALE);
   }
   float ps[2][2] = {{0.0f, 0.0f}, {0.0f, 0.0f}}; /* two chains per row */
 #pragma unroll
   for (int x = 0; x < 4 * NJ; x++) {
-    const int i = (x >> 1) & 1;
-    const float p = ex2(fmaf(__int_as_float(sp[x]), c[i], -e[i]));
+    const int i = (x >> 1) & 1, h = x >> 5;
+    const float p = ex2(fmaf(__int_as_float(sp[x]), c[h][i], -e[h][i]));
     if constexpr (!STA_FP8_LSUM) ps[i][(x >> 2) & 1] += p;
     sp[x] = __float_as_int(p);
   }
@@ -238,9 +247,11 @@ __device__ __forceinline__ void fp8_softmax_u(Fp8Rows<D> &st, int32_t *sp, float
 template <int D, int NJ = 16>
 __device__ __forceinline__ void fp8_softmax(Fp8Rows<D> &st, int32_t *sp, float *alpha,
                                             const Fp8KeyInfo &info, int t) {
-  if constexpr (NJ == 8 && STA_FP8_KU) { /* a half: its keys' one k_scale? */
-    const float ku = lds_f1(info.ku);
-    if (ku >= 0.0f) {
+  if constexpr (STA_FP8_KU) { /* each half's keys one k_scale? */
+    float ku[NJ / 8];
+#pragma unroll
+    for (int h = 0; h < NJ / 8; h++) ku[h] = lds_f1(info.ku + 4 * h);
+    if (ku[0] >= 0.0f && ku[NJ / 8 - 1] >= 0.0f) {
       fp8_softmax_u<D, NJ>(st, sp, alpha, ku);
       return;
     }

@@ -18,6 +18,16 @@ static inline cudaStream_t sta_cuda_stream(void) {
 ** the sticky-free last error. */
 sta_status sta_cuda_fail(cudaError_t e, const char *what);
 
+/* Stream-ordered scratch of n bytes on stream s, freed by cudaFreeAsync:
+** from the library's memory pool on the current device (cuda_backend.cu),
+** which keeps what it has reserved between calls (its release threshold
+** is all of it), so that a call after a synchronization does not map its
+** workspace again (the device's default pool gives back what it holds at
+** every synchronization: about 1.2 ms for the fp8 forward's 1.1 GB at
+** hunyuan-720p, BENCHMARKS.md); under stream capture, and where the pool
+** cannot be made, cudaMallocAsync (the graph's own memory). */
+cudaError_t sta_cuda_ws_alloc(void **p, size_t n, cudaStream_t s);
+
 /* Multiprocessors of the current device (132 when it cannot be asked):
 ** the persistent forward's grid, the elementwise operations' block cap. */
 int sta_cuda_sm_count(void);
