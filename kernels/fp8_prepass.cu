@@ -7,7 +7,8 @@
 **                both passes instead of integer divisions per block)
 **   fp8_stats_v  a thread per (batch * head, chunk, 4 channels), 64 per
 **                block: the chunk's rows in order (the host's order), U
-**                rows' loads issued ahead of their sums
+**                rows' loads issued ahead of their sums, their input rows
+**                (fp8_src's table) a step ahead of those
 **   fp8_finish   fp8_quant.cuh's
 **   fp8_rows_v   a block of 2 D threads per (batch * head, 64 rows: one
 **                key group, STA_FP8_KGROUP): q and k by D / 8 threads per
@@ -105,13 +106,20 @@ __global__ void __launch_bounds__(64) fp8_stats_v(const __grid_constant__ QuantA
     mx[j] = -INFINITY; mn[j] = INFINITY; qa[j] = 0.0f; va[j] = 0.0f;
   }
   long long n = 0;
+  int srcn[U]; /* the next U rows' input rows, loaded a step ahead (their loads wait on them) */
+#pragma unroll
+  for (int u = 0; u < U; u++) srcn[u] = u < nr ? __ldg(a.src + r0 + u) : -1;
   for (int i0 = 0; i0 < nr; i0 += U) {
     Row4<ES> xq[U], xk[U], xv[U];
     int src[U];
 #pragma unroll
     for (int u = 0; u < U; u++) {
+      src[u] = srcn[u];
+      srcn[u] = i0 + U + u < nr ? __ldg(a.src + r0 + i0 + U + u) : -1;
+    }
+#pragma unroll
+    for (int u = 0; u < U; u++) {
       const int i = i0 + u;
-      src[u] = i < nr ? a.src[r0 + i] : -1;
       if (src[u] >= 0) ld4<ES>(xq[u], qb + (int64_t)src[u] * a.q_ss * ES);
       if (src[u] >= 0 && i < kend) {
         ld4<ES>(xk[u], kb + (int64_t)src[u] * a.k_ss * ES);
