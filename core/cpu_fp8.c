@@ -190,11 +190,6 @@ sta_status sta_cpu_fp8_quantize(const sta_attn_params *p, sta_fp8_ops *o) {
 /* sta_fp8_set_step_test's keys a step, this thread's (0: STA_FP8_STEP) */
 static _Thread_local int32_t fp8_step_test;
 
-/* sta_fp8_set_lsum_test's, this thread's */
-static _Thread_local int fp8_lsum_test;
-
-void sta_fp8_set_lsum_test(int on) { fp8_lsum_test = on != 0; }
-
 void sta_fp8_set_step_test(int32_t keys) {
   if (keys == 0 || keys == STA_FP8_BK || keys == STA_FP8_STEP)
     fp8_step_test = keys == STA_FP8_STEP ? 0 : keys;
@@ -262,7 +257,6 @@ sta_status sta_cpu_fp8_attention(const sta_attn_params *p) {
   size_t es = sta_dtype_size(p->dtype);
   double c = (double)p->scale * 1.4426950408889634; /* exp2 domain */
   const int64_t BK = fp8_step_test ? fp8_step_test : STA_FP8_STEP; /* the caller's thread */
-  const int lsum_p8 = fp8_lsum_test;
   int64_t skipped = 0, rows = p->batch * H * R;
   #pragma omp parallel num_threads(nt)
   {
@@ -304,7 +298,7 @@ sta_status sta_cpu_fp8_attention(const sta_attn_params *p) {
           double pj = exp2(sc[j] - mref);
           double p8 = (double)sta_e4m3_to_f32(sta_f32_to_e4m3((float)pj * STA_FP8_PSCALE));
           const float *vk = vv + (bh * R + keys[j]) * D;
-          bl += lsum_p8 ? p8 / STA_FP8_PSCALE : pj;
+          bl += pj;
           for (int64_t d = 0; d < D; d++) bacc[d] += p8 * (double)vk[d];
         }
         l = l * alpha + bl;

@@ -182,11 +182,6 @@ sta_status sta_cpu_fp8_attention(const sta_attn_params *p);
 ** STA_FP8_HALF 0: sta_cuda_fp8_step_test says which).  Other values are
 ** ignored. */
 void sta_fp8_set_step_test(int32_t keys);
-/* For tests only: 1 makes this thread's reference take the row sum l of
-** the e4m3-rounded P (P8 / STA_FP8_PSCALE), as a CUDA kernel built with
-** STA_FP8_LSUM does (sta_cuda_fp8_lsum_test says whether); 0 (the
-** default) of the unrounded P. */
-void sta_fp8_set_lsum_test(int on);
 /* The backend table's fp8_dequantize on the host. */
 sta_status sta_cpu_fp8_dequantize(float *dst, const sta_bshd *bd, const uint8_t *x8,
                                   const sta_bshd *bx, const float *sc, const int64_t sc_st[3],
@@ -204,9 +199,6 @@ void sta_cuda_set_fp8_prepass_test(int fast);
 ** takes (kernels/fp8_api.cu): STA_FP8_STEP, or STA_FP8_BK where it was
 ** built with STA_FP8_HALF 0. */
 int32_t sta_cuda_fp8_step_test(void);
-/* For tests only: 1 where the CUDA fp8 kernel takes l from the P V GEMM
-** (STA_FP8_LSUM: the sum of the rounded P), else 0. */
-int32_t sta_cuda_fp8_lsum_test(void);
 #endif
 
 #ifdef __cplusplus

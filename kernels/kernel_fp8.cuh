@@ -107,12 +107,6 @@ __global__ void __launch_bounds__(FP8_THREADS, 1) sta_fp8_fwd(const __grid_const
   unsigned char *sm = (unsigned char *)(((uintptr_t)fp8_smem_raw + 1023) & ~(uintptr_t)1023);
   const int tid = threadIdx.x;
   const int wg = __shfl_sync(0xffffffffu, tid >> 7, 0); /* warp-uniform */
-  if constexpr (STA_FP8_LSUM) { /* each V buffer's ones rows (e4m3 1.0: 0x38), for wgmma */
-    for (int x = tid; x < NB * 64; x += FP8_THREADS)
-      *(uint4 *)(sm + L::V + (x / 64) * L::VB + L::VT + 16 * (x % 64)) =
-          make_uint4(0x38383838u, 0x38383838u, 0x38383838u, 0x38383838u);
-    fence_proxy_async(); /* the generic writes, then the barrier below */
-  }
   if (tid == 0) {
     uint64_t *bar = (uint64_t *)(sm + L::BAR);
     for (int b = 0; b < NB; b++) {

@@ -17,22 +17,17 @@
 ** bits: research/fp8_sim.py); S of the next step is issued with P V of
 ** this one, the softmax of the next under it; the consumer warpgroups
 ** take turns issuing their GEMMs (named barriers 4..), so one's softmax
-** runs under the others' GEMMs; the per-key info by ld.shared, the
+** runs under the others' GEMMs; a step whose keys share one k_scale (the
+** pre-pass's groups of 64 keys: producer_fp8.cuh's ku) takes
+** fp8_softmax_u (k_scale, q_scale and the maximum in one multiply-add a
+** score), any other the per-key path: the per-key info by ld.shared, the
 ** integer to float conversion folded into the k_scale multiply-add, the
 ** mask added only to blocks that have masked keys.
 **
 ** Compile-time variants (the device A/B, scripts/device/gpu-check-fp8;
 ** the losers are deleted once measured: BENCHMARKS.md's ledger):
-**   STA_FP8_FLUSH     N >= 1: the blocks a fresh accumulator carries (4)
-**   STA_FP8_LSUM      1: the row sums l of P * PSCALE (as rounded to e4m3)
-**                     come from the P V GEMM, N D + 8 over 8 rows of ones
-**                     after each V buffer's D (producer_fp8.cuh), its last
-**                     4 accumulator registers (FP8_LX); the softmax adds
-**                     no sums; 0 (the default): the softmax sums P
-**   STA_FP8_KU        1 (the default): a half whose keys share one
-**                     k_scale (the pre-pass's key groups) takes
-**                     fp8_softmax_u; 0: every half fp8_softmax's per-key
-**                     path
+**   STA_FP8_FLUSH     N >= 1: the blocks a fresh accumulator carries (8;
+**                     4 measured 3.7 % slower at the same accuracy)
 **   STA_FP8_HALF      1 (the default; the CPU reference's STA_FP8_STEP):
 **                     each 128-key block as two halves of 64 keys (S of a
 **                     half: 32 registers, not 64; the online softmax per
@@ -52,22 +47,15 @@
 #include "wgmma_fp8.cuh"
 
 #ifndef STA_FP8_FLUSH
-#define STA_FP8_FLUSH 4
+#define STA_FP8_FLUSH 8
 #endif
 static_assert(STA_FP8_FLUSH >= 1, "a fresh accumulator carries at least one block");
-#ifndef STA_FP8_LSUM /* 1: the row sums of P by the P V GEMM (ones rows after V's) */
-#define STA_FP8_LSUM 0
-#endif
-#ifndef STA_FP8_KU /* 1: halves whose keys share one k_scale take fp8_softmax_u */
-#define STA_FP8_KU 1
-#endif
 #ifndef STA_FP8_HALF /* the reference's step (core/fp8_internal.h): 64, the halves */
 #define STA_FP8_HALF (STA_FP8_STEP == 64)
 #endif
 
 namespace sta {
 
-constexpr int FP8_LX = STA_FP8_LSUM ? 4 : 0; /* the P V accumulator's ones columns */
 constexpr float FP8_LOG2_PSCALE = 8.807354922057604f;  /* log2(STA_FP8_PSCALE) */
 constexpr float FP8_LN_PSCALE = 6.104793232414985f;    /* ln(STA_FP8_PSCALE) */
 static_assert(STA_FP8_PSCALE == 448.0f, "the constants above are of 448");
@@ -119,9 +107,7 @@ __device__ __forceinline__ void issue_pv(float *acc, uint32_t (*pa)[4], uint32_t
   for (int kc = 0; kc < NKC; kc++) {
     const uint64_t b = sdesc_of(dv + (uint32_t)(((c0 + kc) * 32) >> 4));
     const int sd = fresh ? kc > 0 : 1;
-    if constexpr (STA_FP8_LSUM && D == 128) sta_wgmma::rs_n136_e4m3(acc, pa[kc], b, sd);
-    else if constexpr (STA_FP8_LSUM) sta_wgmma::rs_n72_e4m3(acc, pa[kc], b, sd);
-    else if constexpr (D == 128) sta_wgmma::rs_n128_e4m3(acc, pa[kc], b, sd);
+    if constexpr (D == 128) sta_wgmma::rs_n128_e4m3(acc, pa[kc], b, sd);
     else sta_wgmma::rs_n64_e4m3(acc, pa[kc], b, sd);
   }
   sta_wgmma::commit();
@@ -227,13 +213,11 @@ __device__ __forceinline__ void fp8_softmax_u(Fp8Rows<D> &st, int32_t *sp, float
   for (int x = 0; x < 4 * NJ; x++) {
     const int i = (x >> 1) & 1, h = x >> 5;
     const float p = ex2(fmaf(__int_as_float(sp[x]), c[h][i], -e[h][i]));
-    if constexpr (!STA_FP8_LSUM) ps[i][(x >> 2) & 1] += p;
+    ps[i][(x >> 2) & 1] += p;
     sp[x] = __float_as_int(p);
   }
-  if constexpr (!STA_FP8_LSUM) {
 #pragma unroll
-    for (int i = 0; i < 2; i++) st.l[i] = fmaf(st.l[i], alpha[i], ps[i][0] + ps[i][1]);
-  }
+  for (int i = 0; i < 2; i++) st.l[i] = fmaf(st.l[i], alpha[i], ps[i][0] + ps[i][1]);
 }
 
 /* The softmax of one block's S (sp, waited for), in place: the s32
@@ -247,7 +231,7 @@ __device__ __forceinline__ void fp8_softmax_u(Fp8Rows<D> &st, int32_t *sp, float
 template <int D, int NJ = 16>
 __device__ __forceinline__ void fp8_softmax(Fp8Rows<D> &st, int32_t *sp, float *alpha,
                                             const Fp8KeyInfo &info, int t) {
-  if constexpr (STA_FP8_KU) { /* each half's keys one k_scale? */
+  { /* each half's keys one k_scale? */
     float ku[NJ / 8];
 #pragma unroll
     for (int h = 0; h < NJ / 8; h++) ku[h] = lds_f1(info.ku + 4 * h);
@@ -319,13 +303,11 @@ __device__ __forceinline__ void fp8_softmax(Fp8Rows<D> &st, int32_t *sp, float *
   for (int x = 0; x < 4 * NJ; x++) {
     const int i = (x >> 1) & 1;
     const float p = ex2(fmaf(__int_as_float(sp[x]), st.qsc[i], -mref[i]));
-    if constexpr (!STA_FP8_LSUM) ps[i][(x >> 2) & 1] += p;
+    ps[i][(x >> 2) & 1] += p;
     sp[x] = __float_as_int(p);
   }
-  if constexpr (!STA_FP8_LSUM) {
 #pragma unroll
-    for (int i = 0; i < 2; i++) st.l[i] = fmaf(st.l[i], alpha[i], ps[i][0] + ps[i][1]);
-  }
+  for (int i = 0; i < 2; i++) st.l[i] = fmaf(st.l[i], alpha[i], ps[i][0] + ps[i][1]);
 }
 
 /* P * PSCALE in e4m3 as the A fragment: chunk kc of 32 keys, register r:
@@ -368,7 +350,7 @@ template <int D>
 __device__ __forceinline__ void rescale_acc(float *acc, const float *alpha) {
   if (!__any_sync(0xffffffffu, alpha[0] != 1.0f || alpha[1] != 1.0f)) return;
 #pragma unroll
-  for (int x = 0; x < D / 2 + FP8_LX; x++) acc[x] *= alpha[(x >> 1) & 1];
+  for (int x = 0; x < D / 2; x++) acc[x] *= alpha[(x >> 1) & 1];
 }
 
 /* O in shared memory: this thread's D / 2 floats, float4 k
@@ -377,17 +359,10 @@ __device__ __forceinline__ void rescale_acc(float *acc, const float *alpha) {
 ** contiguous bytes.  O
 ** is kept at the maximum mo (per row), the accumulator ob at mob >= mo:
 ** O = O 2^(mo - mob) + ob (first: O = ob).  out: the registers it goes to
-** (NULL: back to shared memory); lo (STA_FP8_LSUM): the row sums kept
-** the same way, from ob's ones columns. */
+** (NULL: back to shared memory). */
 template <int D>
 __device__ __forceinline__ void os_flush(uint32_t os, const float *ob, const float *mo,
-                                         const float *mob, bool first, float *out, float *lo) {
-  if constexpr (STA_FP8_LSUM) { /* lo: O's row sums, at mo as O is */
-#pragma unroll
-    for (int i = 0; i < 2; i++)
-      lo[i] = first ? ob[D / 2 + 2 * i]
-                    : fmaf(lo[i], mo[i] == mob[i] ? 1.0f : ex2(mo[i] - mob[i]), ob[D / 2 + 2 * i]);
-  }
+                                         const float *mob, bool first, float *out) {
   if (first && !out) { /* O = ob: straight from the accumulator registers */
 #pragma unroll
     for (int k = 0; k < D / 8; k++)
@@ -467,7 +442,7 @@ __device__ __forceinline__ void fp8_blocks(Fp8Rows<D> &st, uint32_t dq, int nb, 
   constexpr int N = H * STA_FP8_FLUSH; /* steps a flush */
   int32_t sacc[64 / H];
   uint32_t pa[4 / H][4];
-  float alpha[2], ob[D / 2 + FP8_LX], mo[2] = {-INFINITY, -INFINITY}, mob[2], lo[2];
+  float alpha[2], ob[D / 2], mo[2] = {-INFINITY, -INFINITY}, mob[2];
   bool first = true; /* nothing in O yet */
   int b = g % NB, grp = 0; /* steps in ob */
   mbar_wait(&full[b], (g / NB) & 1);
@@ -501,14 +476,14 @@ __device__ __forceinline__ void fp8_blocks(Fp8Rows<D> &st, uint32_t dq, int nb, 
     sta_wgmma::pin_i<64 / H>(sacc);
     fp8_softmax<D, 16 / H>(st, sacc, anext, info_step<H>(at(bn).info, h), t);
     sta_wgmma::wait<0>();
-    sta_wgmma::pin<D / 2 + FP8_LX>(ob);
+    sta_wgmma::pin<D / 2>(ob);
     sta_wgmma::pin_r<16 / H>(&pa[0][0]);
     if (!h) { /* the P V of block b's last step is done */
       mbar_arrive(&empty[b]);
       g++;
     }
     if (++grp == N) {
-      os_flush<D>(os, ob, mo, mob, first, nullptr, lo);
+      os_flush<D>(os, ob, mo, mob, first, nullptr);
       first = false;
       mo[0] = mob[0];
       mo[1] = mob[1];
@@ -529,15 +504,11 @@ __device__ __forceinline__ void fp8_blocks(Fp8Rows<D> &st, uint32_t dq, int nb, 
   mob[0] = st.m[0];
   mob[1] = st.m[1];
   sta_wgmma::wait<0>();
-  sta_wgmma::pin<D / 2 + FP8_LX>(ob);
+  sta_wgmma::pin<D / 2>(ob);
   sta_wgmma::pin_r<16 / H>(&pa[0][0]);
   mbar_arrive(&empty[b]);
   g++;
-  os_flush<D>(os, ob, mo, mob, first, st.o, lo);
-  if constexpr (STA_FP8_LSUM) {
-    st.l[0] = lo[0];
-    st.l[1] = lo[1];
-  }
+  os_flush<D>(os, ob, mo, mob, first, st.o);
 }
 
 /* The output of this thread's two rows (rows[i]: quantized row, or -1
@@ -552,12 +523,10 @@ __device__ __forceinline__ void fp8_store(const Fp8Params &a, Fp8Rows<D> &st, in
                                           const int64_t rows[2], int t) {
   const int64_t b = bh / a.heads, h = bh % a.heads;
   const float *vs = a.v_scale + bh * D;
-  if constexpr (!STA_FP8_LSUM) { /* (the ones columns' sums are whole rows) */
 #pragma unroll
-    for (int i = 0; i < 2; i++) {
-      st.l[i] += __shfl_xor_sync(0xffffffffu, st.l[i], 1);
-      st.l[i] += __shfl_xor_sync(0xffffffffu, st.l[i], 2);
-    }
+  for (int i = 0; i < 2; i++) {
+    st.l[i] += __shfl_xor_sync(0xffffffffu, st.l[i], 1);
+    st.l[i] += __shfl_xor_sync(0xffffffffu, st.l[i], 2);
   }
 #pragma unroll
   for (int i = 0; i < 2; i++) {

@@ -131,9 +131,7 @@ template <int D> struct Fp8Smem {
   static constexpr int QP = D, QB = FP8_BM * QP; /* a Q or K row's bytes; a Q buffer */
   /* descriptors: SBO 8 rows, 128- or 64-byte swizzle */
   static constexpr uint32_t HI = ((8 * QP) >> 4) | ((D == 128 ? 1u : 2u) << 30);
-  /* a V tile's bytes; a V buffer's: the tile, then (STA_FP8_LSUM) 8 rows
-  ** of e4m3 ones (written once, kernel_fp8.cuh) */
-  static constexpr int KB = FP8_BK * QP, VT = D * 128, VB = VT + (STA_FP8_LSUM ? 8 * 128 : 0);
+  static constexpr int KB = FP8_BK * QP, VB = D * 128;
   static constexpr int Q = 0;
   static constexpr int K = Q + 2 * QB;
   static constexpr int V = K + NB * KB;
@@ -256,7 +254,7 @@ __device__ __forceinline__ void fp8_walker(const Fp8Params &a, unsigned char *sm
       desc[b] = Fp8BlockDesc{(int)ks, kl, (int)bh, tma};
       mbar_arrive(&dfull[b]);
       if (tma) {
-        mbar_expect_tx(&full[b], L::KB + L::VT + FP8_BK * 4);
+        mbar_expect_tx(&full[b], L::KB + L::VB + FP8_BK * 4);
         tma_load_3d(sm + L::K + b * L::KB, &a.mk, 0, (int)ks, (int)bh, &full[b]);
         tma_load_3d(sm + L::V + b * L::VB, &a.mv, (int)ks, 0, (int)bh, &full[b]);
         bulk_load(sm + L::KS + b * FP8_BK * 4, a.k_scale + bh * a.R + ks, FP8_BK * 4, &full[b]);
