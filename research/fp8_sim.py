@@ -38,7 +38,13 @@ Scheme fields (DEFAULT below, then each scheme's differences):
                 domain: rescales are exact powers of two, P of a key the
                 same whatever the blocks); "exact": the running maximum;
                 "final": the row's exact maximum over all its keys (a dense
-                emulation: SageAttention2's, "sage2" below)
+                emulation: SageAttention2's, "sage2" below); "margin": the
+                running maximum moves only where a step's maximum exceeds it
+                by more than `margin` (exp2 domain; the first step always),
+                P8 = e4m3(P * pscale / 2^margin) so that P8 <= 448 (most
+                steps then skip the accumulator's rescale: MOVES counts the
+                steps where a row of a warp's 16 moved)
+  margin        pmax "margin": the slack, in powers of two
   acc           "fp32": P V exact in float64 (the ideal); "two-level": each
                 block's P V in a fresh fp22 accumulator, added to O in
                 float32 (SageAttention2's fix); "fp22": O stays in the
@@ -291,7 +297,11 @@ def chunked_dot(a, b, start=None):
 
 
 DEFAULT = dict(qgran="row", kgran="row", smooth=True, equalize=True, vsplit=False, vtile=False,
-               pscale=448.0, pmax="ceil", acc="two-level", lsum="p", flushn=1, step=BK)
+               pscale=448.0, pmax="ceil", acc="two-level", lsum="p", flushn=1, step=BK,
+               margin=0)
+
+# pmax "margin" and "exact": [warp-steps where a row of the warp's 16 moved, warp-steps]
+MOVES = {}
 
 
 def prepare(q, k, v, geom, s):
@@ -312,7 +322,7 @@ def prepare(q, k, v, geom, s):
 def fp8_group(ops, rows, keys, bounds, sc, s):
     """Output rows `rows` against key rows `keys` (blocks at bounds)."""
     q8, sq, k8, sk, v8, sv = ops
-    ps = s["pscale"]
+    ps = s["pscale"] / 2.0 ** s["margin"] if s["pmax"] == "margin" else s["pscale"]
     st = (q8[rows] @ k8[keys].T) * (sq[rows] * (sc * LOG2E))[:, None] * sk[None, keys]
     st = f32(st).astype(np.float64)
     nr = len(rows)
@@ -330,7 +340,15 @@ def fp8_group(ops, rows, keys, bounds, sc, s):
     for b0, b1 in zip(bounds[:-1], bounds[1:]):
         blk = st[:, b0:b1]
         bm = blk.max(1)
-        mn = np.maximum(m, np.ceil(bm) if s["pmax"] == "ceil" else bm)
+        if s["pmax"] == "margin":
+            mn = np.where((m == -np.inf) | (bm > m + s["margin"]), np.maximum(m, bm), m)
+        else:
+            mn = np.maximum(m, np.ceil(bm) if s["pmax"] == "ceil" else bm)
+        if s["pmax"] in ("margin", "exact") and b0 > 0:
+            mv = MOVES.setdefault(s.get("_name", "?"), [0, 0])
+            moved = np.pad(mn != m, (0, (-nr) % 16)).reshape(-1, 16).any(1)
+            mv[0] += int(moved.sum())
+            mv[1] += len(moved)
         with np.errstate(invalid="ignore"):
             alpha = np.where(m == -np.inf, 0.0, np.exp2(m - mn))
         m = mn
@@ -424,6 +442,15 @@ SCHEMES = [
     ("one-emax-s64-k64", "one-emax-s64 with K scaled per 64 rows (a half's 64 keys share "
      "one k_scale: the kernel folds it into the max-subtract FFMA)",
      dict(pmax="exact", step=64, kgran="64"), None),
+    ("one-s64-k64-f16", "the kernel since 2026-12-02: one-emax-s64-k64 with the fresh fp22 "
+     "accumulator carrying 16 steps (8 blocks) between flushes",
+     dict(pmax="exact", step=64, kgran="64", flushn=16), None),
+    ("margin1", "one-s64-k64-f16 whose running maximum moves only by more than 1 (exp2), "
+     "P * 224 in e4m3", dict(pmax="margin", margin=1, step=64, kgran="64", flushn=16), None),
+    ("margin2", "the same by more than 2, P * 112",
+     dict(pmax="margin", margin=2, step=64, kgran="64", flushn=16), None),
+    ("margin3", "the same by more than 3, P * 56",
+     dict(pmax="margin", margin=3, step=64, kgran="64", flushn=16), None),
     ("one-noeq", "one without the channel equalization", dict(equalize=False), (1.0, 64, 0)),
     ("one-nosmooth", "one without K smoothing", dict(smooth=False), (1.0, 64, 0)),
     ("one-k64", "one, K per 64 rows (Q per row)", dict(kgran="64"), (1.0, 64, -1)),
@@ -462,7 +489,7 @@ CONFIGS = {  # canvas, text, heads, D, query tiles sampled (every nth tile), win
 def scheme(name):
     for key, _, sch, _ in SCHEMES:
         if key == name:
-            return dict(DEFAULT, **sch)
+            return dict(DEFAULT, _name=name, **sch)
     raise KeyError(name)
 
 
@@ -550,6 +577,11 @@ def main():
     print()
     print("rel L2 / cosine against float64; bar: rel L2 <= sage2's on each kind and window, "
           "cosine >= 0.999 on randn and peaked")
+    if MOVES:
+        print()
+        print("steps after the first where a row of a warp's 16 moved its maximum (the "
+              "accumulator's rescale): " + ", ".join(
+                  "%s %.1f %%" % (x, 100.0 * m / max(n, 1)) for x, (m, n) in MOVES.items()))
 
 
 if __name__ == "__main__":
