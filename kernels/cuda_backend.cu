@@ -158,7 +158,20 @@ cudaError_t sta_cuda_ws_alloc(void **p, size_t n, cudaStream_t s) {
   }
   cudaMemPool_t pool = pools[dev];
   pthread_mutex_unlock(&lock);
-  return pool ? cudaMallocFromPoolAsync(p, n, pool, s) : cudaMallocAsync(p, n, s);
+  if (!pool) return cudaMallocAsync(p, n, s);
+  cudaError_t e = cudaMallocFromPoolAsync(p, n, pool, s);
+  if (e == cudaErrorMemoryAllocation) { /* what the pool keeps unused goes back, then once more */
+    (void)cudaGetLastError();
+    (void)cudaMemPoolTrimTo(pool, 0);
+    e = cudaMallocFromPoolAsync(p, n, pool, s);
+  } else if (e != cudaSuccess) { /* a pool gone with its context (a device reset): a new one next time */
+    (void)cudaGetLastError();
+    pthread_mutex_lock(&lock);
+    if (pools[dev] == pool) pools[dev] = NULL;
+    pthread_mutex_unlock(&lock);
+    e = cudaMallocAsync(p, n, s);
+  }
+  return e;
 }
 
 int sta_cuda_sm_count(void) {

@@ -25,7 +25,11 @@ sta_status sta_cuda_fail(cudaError_t e, const char *what);
 ** workspace again (the device's default pool gives back what it holds at
 ** every synchronization: about 1.2 ms for the fp8 forward's 1.1 GB at
 ** hunyuan-720p, BENCHMARKS.md); under stream capture, and where the pool
-** cannot be made, cudaMallocAsync (the graph's own memory). */
+** cannot be made, cudaMallocAsync (the graph's own memory).  Out of memory
+** in the pool: its unused memory is given back and the allocation tried
+** once more; any other failure (the pool gone with a device reset): the
+** pool is dropped (made again on the next call) and cudaMallocAsync
+** answers. */
 cudaError_t sta_cuda_ws_alloc(void **p, size_t n, cudaStream_t s);
 
 /* Multiprocessors of the current device (132 when it cannot be asked):
