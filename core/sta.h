@@ -394,9 +394,11 @@ typedef enum sta_softmax {
 ** runs both GEMMs in 8 bits; out and lse come out as for NATIVE.  The
 ** scheme (research/fp8_sim.py, BENCHMARKS.md's ledger): K smoothed (its
 ** per-channel mean over the keys subtracted; lse corrected back), Q and K
-** channels equalized by powers of two, Q and K in int8 with one scale per
-** row, V in e4m3 with one scale per channel, P = exp2(s - m) against the
-** running maximum over key blocks of 128, P * 448 in e4m3.  Its error
+** channels equalized by powers of two, Q and K in int8 (Q with one scale
+** per row, K with one per 64 rows of the tiled order; a key with a NaN or
+** Inf keeps its own), V in e4m3 with one scale per channel, P = exp2(s -
+** m) against the running maximum over steps of 64 keys, P * 448 in e4m3.
+** Its error
 ** against the exact result is no worse than the SageAttention2 scheme's
 ** on the same inputs: relative L2 about 4e-2 on randn, cosine 0.9993
 ** (bf16: 2.3e-3).  A NaN or Inf input reaches only the rows that see it,
