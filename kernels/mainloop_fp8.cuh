@@ -161,6 +161,17 @@ __device__ __forceinline__ void sts_f4(uint32_t a, float4 v) {
 constexpr float FP8_MAGIC = 12582912.0f;
 constexpr int32_t FP8_MAGIC_BITS = 0x4B400000;
 
+/* Row i's running maximum moved to cand (the step's largest score; NaN:
+** no move): alpha[i] = 2^(old - new), and the P reference m - log2
+** PSCALE (0 while no key has come) returned. */
+template <int D>
+__device__ __forceinline__ float move_max(Fp8Rows<D> &st, int i, float cand, float *alpha) {
+  const float mn = fmaxf(st.m[i], cand);
+  alpha[i] = mn == st.m[i] ? 1.0f : st.m[i] == -INFINITY ? 0.0f : ex2(st.m[i] - mn);
+  st.m[i] = mn;
+  return mn == -INFINITY ? 0.0f : mn - FP8_LOG2_PSCALE;
+}
+
 /* fp8_softmax of a step whose keys share one k_scale a half (ku[h] of
 ** half h, finite, >= 0: fp8_helpers' ku; NJ / 8 halves: 1 for a
 ** STA_FP8_HALF step, 2 for a whole block): the maximum on the integer
@@ -201,12 +212,9 @@ __device__ __forceinline__ void fp8_softmax_u(Fp8Rows<D> &st, int32_t *sp, float
     }
     mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
     mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-    const float mn = fmaxf(st.m[i], mx); /* NaN (a NaN q_scale): no move */
-    alpha[i] = mn == st.m[i] ? 1.0f : st.m[i] == -INFINITY ? 0.0f : ex2(st.m[i] - mn);
-    st.m[i] = mn;
+    const float mref = move_max(st, i, mx, alpha); /* NaN (a NaN q_scale): no move */
 #pragma unroll
-    for (int h = 0; h < NH; h++)
-      e[h][i] = fmaf(FP8_MAGIC, c[h][i], mn == -INFINITY ? 0.0f : mn - FP8_LOG2_PSCALE);
+    for (int h = 0; h < NH; h++) e[h][i] = fmaf(FP8_MAGIC, c[h][i], mref);
   }
   float ps[2][2] = {{0.0f, 0.0f}, {0.0f, 0.0f}}; /* two chains per row */
 #pragma unroll
@@ -292,10 +300,7 @@ __device__ __forceinline__ void fp8_softmax(Fp8Rows<D> &st, int32_t *sp, float *
     mx[i] = fmaxf(mx[i], __shfl_xor_sync(0xffffffffu, mx[i], 1));
     mx[i] = fmaxf(mx[i], __shfl_xor_sync(0xffffffffu, mx[i], 2));
     /* qsc > 0, so the largest u gives the largest score (NaN: no move) */
-    const float mn = fmaxf(st.m[i], mx[i] * st.qsc[i]);
-    alpha[i] = mn == st.m[i] ? 1.0f : st.m[i] == -INFINITY ? 0.0f : ex2(st.m[i] - mn);
-    st.m[i] = mn;
-    mref[i] = mn == -INFINITY ? 0.0f : mn - FP8_LOG2_PSCALE;
+    mref[i] = move_max(st, i, mx[i] * st.qsc[i], alpha);
   }
   /* P * PSCALE = exp2(u qsc - m + log2 PSCALE); the row sum unrounded */
   float ps[2][2] = {{0.0f, 0.0f}, {0.0f, 0.0f}}; /* two chains per row */
