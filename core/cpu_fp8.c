@@ -160,7 +160,7 @@ static void quantize_head(const sta_attn_params *p, const sta_fp8_geom *g, const
             sta_fp8_vcode(elem(p, p->v, p->v_sb, p->v_ss, p->v_sh, b, s, h, d), vam[d]);
       }
       ka[r - r0] = row_amax(y, D);
-      gam = sta_amax_finite(gam, ka[r - r0]);
+      gam = sta_fp8_group_amax(gam, ka[r - r0]);
     }
     for (int64_t r = r0; r < r1; r++) {
       if (ka[r - r0] < 0.0f) continue; /* no key (NaN is one) */

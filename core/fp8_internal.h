@@ -123,6 +123,14 @@ STA_HD int sta_fp8_exponent(float qam, float kam) {
 ** amax of the group's keys) where its own amax a is finite, else a (NaN
 ** or Inf: the key's own scale, so that no other key's scores move). */
 STA_HD float sta_fp8_key_amax(float a, float group) { return fabsf(a) < INFINITY ? group : a; }
+/* A group's amax (start 0) with one more row amax a taken in: the
+** largest finite a of the group's keys; a row that is no key has a = -1
+** (the pre-passes' mark) and a NaN row is skipped, so neither moves it.
+** The CPU quantizer and both GPU pre-passes take the group's amax by this
+** one function. */
+STA_HD float sta_fp8_group_amax(float group, float a) {
+  return a >= 0.0f ? sta_amax_finite(group, a) : group;
+}
 typedef struct sta_fp8_geom {
   int32_t canvas[3], tile[3], grid[3];
   int32_t tiled;          /* the input's rows are in the tiled order */

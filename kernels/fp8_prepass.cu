@@ -304,7 +304,7 @@ __global__ void __launch_bounds__(2 * D, 768 / (2 * D))
   { /* k's codes with the group's amax (the largest finite row amax) */
     float gam = 0.0f;
 #pragma unroll 8
-    for (int i = 0; i < QROWS; i++) gam = sta_amax_finite(gam, ka[i]); /* -1: no move */
+    for (int i = 0; i < QROWS; i++) gam = sta_fp8_group_amax(gam, ka[i]); /* -1: no key */
 #pragma unroll
     for (int p = 0; p < 4; p++) {
       const int i = 16 * p + ri, s = rs[i];

@@ -175,7 +175,7 @@ __global__ void __launch_bounds__(QWARPS * 32, QJ <= 4 ? 3 : 1) fp8_rows(const _
   }
   __syncthreads();
   float gam = 0.0f; /* the group's amax: the largest finite row amax of its keys */
-  for (int i = 0; i < QROWS && r0 + i < a.R; i++) gam = sta_amax_finite(gam, ka[i]);
+  for (int i = 0; i < QROWS && r0 + i < a.R; i++) gam = sta_fp8_group_amax(gam, ka[i]);
   for (int i = w; i < QROWS; i += QWARPS) {
     const int64_t r = r0 + i;
     if (r >= a.R) break;
