@@ -242,7 +242,7 @@ sta_status sta_cuda_block_attention_backward(const sta_attn_params *p) {
   const size_t b_rank = p->deterministic ? b_k2q : 0;
   const size_t total = b_acc + 2 * b_row + b_turn + b_kq + b_qk + b_cnt + b_off + b_k2q + b_rank;
   char *ws = NULL;
-  cudaError_t e = cudaMallocAsync((void **)&ws, total, sm);
+  cudaError_t e = sta_cuda_ws_alloc((void **)&ws, total, sm);
   sta_status s = STA_OK;
   if (e != cudaSuccess) {
     ws = NULL;

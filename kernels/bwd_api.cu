@@ -146,7 +146,7 @@ sta_status sta_cuda_attention_backward(const sta_attn_params *p) {
       p->deterministic ? (sizeof(int) * (size_t)(ra.rows / BQ) * 2 + 255) & ~(size_t)255 : 0;
   const size_t ws_bytes = acc_bytes + turn_bytes + 2 * sizeof(float) * (size_t)ra.rows;
   void *ws = NULL;
-  cudaError_t e = cudaMallocAsync(&ws, ws_bytes, sm);
+  cudaError_t e = sta_cuda_ws_alloc(&ws, ws_bytes, sm);
   sta_status s;
   if (e != cudaSuccess) {
     ws = NULL;

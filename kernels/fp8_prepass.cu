@@ -11,22 +11,26 @@
 **                (fp8_src's table) a step ahead of those
 **   fp8_finish   fp8_quant.cuh's
 **   fp8_rows_v   a block of 2 D threads per (batch * head, 64 rows: one
-**                key group, STA_FP8_KGROUP): q and k by D / 8 threads per
-**                row (8 channels each, amax by shuffles, 8-byte code
-**                stores), two passes of 16 rows loaded at once; k's rows
-**                staged in shared memory and coded after the group's
-**                amax (sta_fp8_key_amax) is known; V after them by (4 rows, 8 channels) per
-**                thread into a [D][72-byte] tile (4-byte stores,
-**                conflict-free), written out transposed in 8-byte chunks;
-**                q_bias (fp8_bias's channel-order double sum) by a thread
-**                per row over the q rows staged in shared memory.
+**                key group, STA_FP8_KGROUP): the block's q, k and v rows
+**                by cp.async into shared memory first (q and k one group,
+**                v the next; a pitch of the row + 16 bytes: conflict-free
+**                16-byte reads along rows and down columns); q and k by
+**                D / 8 threads per row (8 channels each, amax by
+**                shuffles, 8-byte code stores), k coded after the group's
+**                amax (sta_fp8_group_amax by a warp's shuffles,
+**                sta_fp8_key_amax) is known; V by (4 rows, 8 channels) per
+**                thread into a [D][72-byte] tile (4-byte stores), written
+**                out transposed in 8-byte chunks; q_bias (fp8_bias's
+**                channel-order double sum) by a thread per row.
 ** V's e4m3 by cvt.rn.satfinite.e4m3x2: internal.h's values by PTX's
 ** definition (RNE, subnormals, saturation to 448), a non-finite input
-** forced to 0x7f as the host writes it (sta_fp8_vcode).  At D 128 fp8_rows_v
-** takes 72 registers, 3 blocks per SM (BENCHMARKS.md's ledger: the
-** software e4m3 and 4 passes at once measured slower).
+** forced to 0x7f as the host writes it (sta_fp8_vcode).  At D 128 bf16
+** fp8_rows_v takes 61 KB of shared memory, 3 blocks per SM (BENCHMARKS.md's
+** ledger: the software e4m3, and loads into registers a few rows at a
+** time, measured slower).
 */
 #include "fp8_quant.cuh"
+#include "ptx.cuh" /* cp.async */
 
 using namespace sta_fp8q;
 
@@ -36,16 +40,6 @@ namespace {
 template <int ES> struct Row8 {
   uint4 w[ES / 2];
 };
-
-template <int ES> __device__ __forceinline__ void ld8(Row8<ES> &r, const char *p) {
-#pragma unroll
-  for (int i = 0; i < ES / 2; i++) r.w[i] = __ldg((const uint4 *)p + i);
-}
-
-template <int ES> __device__ __forceinline__ void zero8(Row8<ES> &r) {
-#pragma unroll
-  for (int i = 0; i < ES / 2; i++) r.w[i] = make_uint4(0, 0, 0, 0);
-}
 
 template <int ES> __device__ __forceinline__ uint32_t word(const Row8<ES> &r, int i) {
   const uint4 &u = r.w[i / 4];
@@ -191,57 +185,68 @@ __device__ __forceinline__ uint32_t vcodes(float v0, float v1, float i0, float i
   return c;
 }
 
-constexpr int VP = 72; /* bytes per channel of the V tile: 64 rows + 8 (conflict-free) */
+constexpr int VP = 72; /* bytes per channel of the V tile: 64 rows + 8 */
+
+/* The staged rows' pitch in shared memory: 16 bytes past a row, so that
+** 16-byte reads are conflict-free both along a row (8 threads, one row)
+** and down a column (8 threads, 8 rows: q_bias, V). */
+template <int D, int ES> constexpr int rows_pitch() { return D * ES + 16; }
 
 template <int D, int ES> constexpr size_t rows_v_smem() {
-  return (size_t)D * VP + 2 * (size_t)QROWS * (D * ES + 4) + (size_t)D * 4 + 2 * QROWS * 4;
+  return 3 * (size_t)QROWS * rows_pitch<D, ES>() + (size_t)D * VP + (size_t)D * 4 + 2 * QROWS * 4;
 }
 static_assert(QROWS == STA_FP8_KGROUP, "a block's rows are one key group");
 
-/* q and k loaded two passes at a time, V's loads after them: few registers
-** (3 blocks of 256 threads per SM at D 128). */
+/* 8 elements from shared memory (16-byte aligned). */
+template <int ES> __device__ __forceinline__ void lds8(Row8<ES> &r, const unsigned char *p) {
+#pragma unroll
+  for (int i = 0; i < ES / 2; i++) r.w[i] = ((const uint4 *)p)[i];
+}
+
+/* A block of 2 D threads per (batch * head, 64 rows: one key group).
+** Every row's q, k and v first, by cp.async into shared memory (q and k
+** one group, v the next; zero where there is no row or no key: 48 KB in
+** flight a block at bf16 D 128, 3 blocks an SM), then all of the work
+** from there. */
 template <int D, int ES>
 __global__ void __launch_bounds__(2 * D, 768 / (2 * D))
     fp8_rows_v(const __grid_constant__ QuantArgs a) {
-  constexpr int TPR = D / 8, QP = D * ES + 4; /* q row pitch in shared memory */
-  constexpr int PB = 2;                      /* passes loaded at once */
+  constexpr int TPR = D / 8, P = rows_pitch<D, ES>(), CH = D * ES / 16; /* 16-byte chunks a row */
   extern __shared__ __align__(16) unsigned char smem[];
-  uint8_t *vt = smem;                       /* [D][VP] */
-  unsigned char *qs = smem + D * VP;        /* [QROWS][QP]: q's rows as loaded */
-  unsigned char *ks = qs + QROWS * QP;      /* [QROWS][QP]: k's rows as loaded */
-  float *km = (float *)(ks + QROWS * QP);   /* [D] k_mean */
-  int *rs = (int *)(km + D);                /* [QROWS]: source row, -2 past R */
-  float *ka = (float *)(rs + QROWS);        /* [QROWS]: k's row amax, -1: no key */
+  unsigned char *qs = smem;               /* [QROWS][P]: q's rows */
+  unsigned char *ks = qs + QROWS * P;     /* [QROWS][P]: k's rows */
+  unsigned char *vs = ks + QROWS * P;     /* [QROWS][P]: v's rows */
+  uint8_t *vt = vs + QROWS * P;           /* [D][VP]: v's codes, transposed */
+  float *km = (float *)(vt + D * VP);     /* [D] k_mean */
+  int *rs = (int *)(km + D);              /* [QROWS]: source row, -2 past R */
+  float *ka = (float *)(rs + QROWS);      /* [QROWS]: k's row amax, -1: no key */
   const int tid = threadIdx.x;
   const int64_t bh = a.heads_fast ? blockIdx.x : blockIdx.y, b = bh / a.heads, h = bh % a.heads,
                 r0 = (int64_t)(a.heads_fast ? blockIdx.y : blockIdx.x) * QROWS, R = a.R;
   if (tid < QROWS) rs[tid] = r0 + tid < R ? a.src[r0 + tid] : -2;
   if (tid < D) km[tid] = a.o.k_mean[bh * D + tid];
   __syncthreads();
+  {
+    const char *qb = a.q + (b * a.q_sb + h * a.q_sh) * ES, *kb = a.k + (b * a.k_sb + h * a.k_sh) * ES,
+               *vb = a.v + (b * a.v_sb + h * a.v_sh) * ES;
+    for (int u = tid; u < QROWS * CH; u += 2 * D) {
+      const int i = u / CH, c = u % CH, s = rs[i];
+      const bool key = s >= 0 && r0 + i < a.g.keys_end;
+      sta::cp_async16(sta::smem_u32(qs + i * P + 16 * c),
+                      s >= 0 ? qb + (int64_t)s * a.q_ss * ES + 16 * c : qb, s >= 0 ? 16 : 0);
+      sta::cp_async16(sta::smem_u32(ks + i * P + 16 * c),
+                      key ? kb + (int64_t)s * a.k_ss * ES + 16 * c : kb, key ? 16 : 0);
+    }
+    sta::cp_async_commit();
+    for (int u = tid; u < QROWS * CH; u += 2 * D) {
+      const int i = u / CH, c = u % CH, s = rs[i];
+      const bool key = s >= 0 && r0 + i < a.g.keys_end;
+      sta::cp_async16(sta::smem_u32(vs + i * P + 16 * c),
+                      key ? vb + (int64_t)s * a.v_ss * ES + 16 * c : vb, key ? 16 : 0);
+    }
+    sta::cp_async_commit();
+  }
   const int g = tid % TPR, ri = tid / TPR; /* q, k: channels 8 g.., rows ri + 16 p */
-  const int gv = tid / 16, rq = tid % 16;  /* v: channels 8 gv.., rows 4 rq + j */
-  const char *qb = a.q + (b * a.q_sb + h * a.q_sh + 8 * g) * ES,
-             *kb = a.k + (b * a.k_sb + h * a.k_sh + 8 * g) * ES,
-             *vb = a.v + (b * a.v_sb + h * a.v_sh + 8 * gv) * ES;
-  Row8<ES> xq[PB], xk[PB], xv[4];
-  auto load_qk = [&](int p0) {
-#pragma unroll
-    for (int p = p0; p < p0 + PB; p++) {
-      const int i = 16 * p + ri, s = rs[i];
-      zero8<ES>(xq[p - p0]); zero8<ES>(xk[p - p0]);
-      if (s >= 0) ld8<ES>(xq[p - p0], qb + (int64_t)s * a.q_ss * ES);
-      if (s >= 0 && r0 + i < a.g.keys_end) ld8<ES>(xk[p - p0], kb + (int64_t)s * a.k_ss * ES);
-    }
-  };
-  auto load_v = [&] {
-#pragma unroll
-    for (int j = 0; j < 4; j++) {
-      const int i = 4 * rq + j, s = rs[i];
-      zero8<ES>(xv[j]);
-      if (s >= 0 && r0 + i < a.g.keys_end) ld8<ES>(xv[j], vb + (int64_t)s * a.v_ss * ES);
-    }
-  };
-  load_qk(0);
   float pq[8], pk[8], mk[8];
 #pragma unroll
   for (int j = 0; j < 8; j++) {
@@ -250,35 +255,38 @@ __global__ void __launch_bounds__(2 * D, 768 / (2 * D))
     pk[j] = sta_pow2f(-e);
     mk[j] = km[8 * g + j];
   }
+  sta::cp_async_wait_1(); /* q and k here */
+  __syncthreads();
 #pragma unroll
-  for (int p = 0; p < 4; p++) {
-    if (p % PB == 0 && p > 0) load_qk(p);
-    const int x = p % PB; /* the pass's registers */
+  for (int p = 0; p < 4; p++) { /* q's codes, k's row amaxes */
     const int i = 16 * p + ri, s = rs[i];
     const int64_t r = r0 + i, row = bh * R + r;
     const bool key = s >= 0 && r < a.g.keys_end;
+    Row8<ES> x;
+    lds8<ES>(x, qs + i * P + 8 * ES * g);
     float y[8];
     uint2 c;
 #pragma unroll
-    for (int j = 0; j < 8; j++) y[j] = s >= 0 ? sta_fmul(elt<ES>(xq[x], j, a.dt), pq[j]) : 0.0f;
+    for (int j = 0; j < 8; j++) y[j] = s >= 0 ? sta_fmul(elt<ES>(x, j, a.dt), pq[j]) : 0.0f;
     const float sc = quant8_with(y, amax8<TPR>(y), c);
     if (s != -2) {
       *(uint2 *)(a.o.q8 + row * D + 8 * g) = c;
       if (g == 0) a.o.q_scale[row] = sc;
     }
+    lds8<ES>(x, ks + i * P + 8 * ES * g);
 #pragma unroll
-    for (int w = 0; w < 2 * ES; w++) { /* 4-byte stores: QP is 4 mod 16 */
-      *(uint32_t *)(qs + i * QP + 8 * ES * g + 4 * w) = word<ES>(xq[x], w);
-      *(uint32_t *)(ks + i * QP + 8 * ES * g + 4 * w) = word<ES>(xk[x], w);
-    }
-#pragma unroll
-    for (int j = 0; j < 8; j++)
-      y[j] = key ? sta_fmul(elt<ES>(xk[x], j, a.dt) - mk[j], pk[j]) : 0.0f;
+    for (int j = 0; j < 8; j++) y[j] = key ? sta_fmul(elt<ES>(x, j, a.dt) - mk[j], pk[j]) : 0.0f;
     const float m = amax8<TPR>(y);
     if (g == 0) ka[i] = key ? m : -1.0f;
   }
-  load_v();
-  {
+  sta::cp_async_wait_all(); /* v here */
+  __syncthreads();
+  { /* V: thread (gv, rq) codes channels 8 gv.. of rows 4 rq.. 4 rq + 3 into
+    ** vt (a 4-byte word a channel); a warp's lanes take gv's low two bits
+    ** and rq's low three, so that each 8-thread phase of its 16-byte reads
+    ** meets 8 different bank groups */
+    const int w = tid >> 5, l = tid & 31;
+    const int gv = (l & 3) + 4 * (w % (D / 32)), rq = ((l >> 2) & 7) + 8 * (w / (D / 32));
     float vi[8];
 #pragma unroll
     for (int j = 0; j < 8; j++) vi[j] = a.vinv[bh * D + 8 * gv + j];
@@ -289,9 +297,11 @@ __global__ void __launch_bounds__(2 * D, 768 / (2 * D))
     for (int j = 0; j < 4; j++) {
       const int i = 4 * rq + j, s = rs[i];
       const bool key = s >= 0 && r0 + i < a.g.keys_end;
+      Row8<ES> x;
+      lds8<ES>(x, vs + i * P + 8 * ES * gv);
 #pragma unroll
       for (int c = 0; c < 8; c += 2) {
-        const uint32_t h2 = vcodes(elt<ES>(xv[j], c, a.dt), elt<ES>(xv[j], c + 1, a.dt), vi[c],
+        const uint32_t h2 = vcodes(elt<ES>(x, c, a.dt), elt<ES>(x, c + 1, a.dt), vi[c],
                                    vi[c + 1], key);
         hw[c] |= (h2 & 0xffu) << (8 * j);
         hw[c + 1] |= (h2 >> 8) << (8 * j);
@@ -300,27 +310,23 @@ __global__ void __launch_bounds__(2 * D, 768 / (2 * D))
 #pragma unroll
     for (int c = 0; c < 8; c++) *(uint32_t *)(vt + (8 * gv + c) * VP + 4 * rq) = hw[c];
   }
-  __syncthreads();
-  { /* k's codes with the group's amax (the largest finite row amax) */
-    float gam = 0.0f;
-#pragma unroll 8
-    for (int i = 0; i < QROWS; i++) gam = sta_fp8_group_amax(gam, ka[i]); /* -1: no key */
+  { /* k's codes with the group's amax (the largest finite row amax of its
+    ** keys: a max, so a warp's shuffles give the host's sequential bits) */
+    const int l = tid & 31;
+    float gam = sta_fp8_group_amax(sta_fp8_group_amax(0.0f, ka[l]), ka[l + 32]);
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1)
+      gam = sta_fp8_group_amax(gam, __shfl_xor_sync(0xffffffffu, gam, o));
 #pragma unroll
     for (int p = 0; p < 4; p++) {
       const int i = 16 * p + ri, s = rs[i];
       if (s == -2) continue;
       const bool key = ka[i] >= 0.0f || ka[i] != ka[i];
-      Row8<ES> xr;
-#pragma unroll
-      for (int w = 0; w < 2 * ES; w++) {
-        const uint32_t u = *(const uint32_t *)(ks + i * QP + 8 * ES * g + 4 * w);
-        uint4 &d4 = xr.w[w / 4];
-        (w % 4 == 0 ? d4.x : w % 4 == 1 ? d4.y : w % 4 == 2 ? d4.z : d4.w) = u;
-      }
+      Row8<ES> x;
+      lds8<ES>(x, ks + i * P + 8 * ES * g);
       float y[8];
 #pragma unroll
-      for (int j = 0; j < 8; j++)
-        y[j] = key ? sta_fmul(elt<ES>(xr, j, a.dt) - mk[j], pk[j]) : 0.0f;
+      for (int j = 0; j < 8; j++) y[j] = key ? sta_fmul(elt<ES>(x, j, a.dt) - mk[j], pk[j]) : 0.0f;
       uint2 c;
       const float sc = quant8_with(y, key ? sta_fp8_key_amax(ka[i], gam) : 0.0f, c);
       const int64_t kr = bh * R + sta_fp8_kslot(r0 + i, R);
@@ -332,15 +338,18 @@ __global__ void __launch_bounds__(2 * D, 768 / (2 * D))
     const int s = rs[tid];
     double bias = 0;
     if (s >= 0) {
-      const unsigned char *x = qs + tid * QP;
-#pragma unroll 8
-      for (int d = 0; d < D; d++)
-        bias += (double)(ES == 4 ? *(const float *)(x + 4 * d)
-                                 : to_f32(*(const uint16_t *)(x + 2 * d), a.dt)) *
-                (double)km[d];
+      const unsigned char *x = qs + tid * P;
+#pragma unroll 4
+      for (int c = 0; c < D / 8; c++) {
+        Row8<ES> xr;
+        lds8<ES>(xr, x + 8 * ES * c);
+#pragma unroll
+        for (int j = 0; j < 8; j++) bias += (double)elt<ES>(xr, j, a.dt) * (double)km[8 * c + j];
+      }
     }
     a.o.q_bias[bh * R + r0 + tid] = s >= 0 ? (float)bias : 0.0f;
   }
+  __syncthreads(); /* vt whole */
   const int n = (int)(R - r0 < QROWS ? R - r0 : QROWS);
   uint8_t *v8 = a.o.v8 + bh * D * R + r0;
   if (n == QROWS && R % 8 == 0) { /* 8-byte stores */
@@ -356,7 +365,7 @@ __global__ void __launch_bounds__(2 * D, 768 / (2 * D))
   }
 }
 
-/* Operand x of p (element size es) readable by ld8: 16-byte aligned at
+/* Operand x of p (element size es) readable by 16-byte cp.async: 16-byte aligned at
 ** every (b, s, h) it is read at. */
 bool rows16(const void *x, int64_t sb, int64_t ss, int64_t sh, const sta_attn_params *p,
             int64_t es) {

@@ -28,6 +28,15 @@
 ** the losers are deleted once measured: BENCHMARKS.md's ledger):
 **   STA_FP8_FLUSH     N >= 1: the blocks a fresh accumulator carries (8;
 **                     4 measured 3.7 % slower at the same accuracy)
+**   STA_FP8_VOTE      1: a block's branches (the fast path, the mask) on
+**                     a warp vote, which the compiler knows to be uniform;
+**                     0: on each thread's own load of the same word (under
+**                     measurement, 2026-12-02)
+**   STA_FP8_MAX3      1: the fast path's integer row maximum by the
+**                     three-input __vimax3_s32 (DPX); 0: two-input max
+**                     (under measurement)
+**   STA_FP8_TURN      1: the warpgroups' turns (named barriers) around
+**                     their GEMM issues; 0: none (under measurement)
 **   STA_FP8_HALF      1 (the default; the CPU reference's STA_FP8_STEP):
 **                     each 128-key block as two halves of 64 keys (S of a
 **                     half: 32 registers, not 64; the online softmax per
@@ -50,6 +59,15 @@
 #define STA_FP8_FLUSH 8
 #endif
 static_assert(STA_FP8_FLUSH >= 1, "a fresh accumulator carries at least one block");
+#ifndef STA_FP8_VOTE /* the per-block branches (fast path, mask) on a warp vote */
+#define STA_FP8_VOTE 1
+#endif
+#ifndef STA_FP8_MAX3 /* the integer row maximum by three-input max (DPX __vimax3_s32) */
+#define STA_FP8_MAX3 0
+#endif
+#ifndef STA_FP8_TURN /* the consumer warpgroups take turns issuing their GEMMs */
+#define STA_FP8_TURN 1
+#endif
 #ifndef STA_FP8_HALF /* the reference's step (core/fp8_internal.h): 64, the halves */
 #define STA_FP8_HALF (STA_FP8_STEP == 64)
 #endif
@@ -197,8 +215,12 @@ __device__ __forceinline__ void fp8_softmax_u(Fp8Rows<D> &st, int32_t *sp, float
     for (int j = 8 * h; j < 8 * h + 8; j++)
 #pragma unroll
       for (int i = 0; i < 2; i++) {
-        const int v = max(sp[4 * j + 2 * i], sp[4 * j + 2 * i + 1]);
-        m4[h][i][j & 3] = j < 8 * h + 4 ? v : max(m4[h][i][j & 3], v);
+        if (STA_FP8_MAX3 && j >= 8 * h + 4)
+          m4[h][i][j & 3] = __vimax3_s32(m4[h][i][j & 3], sp[4 * j + 2 * i], sp[4 * j + 2 * i + 1]);
+        else {
+          const int v = max(sp[4 * j + 2 * i], sp[4 * j + 2 * i + 1]);
+          m4[h][i][j & 3] = j < 8 * h + 4 ? v : max(m4[h][i][j & 3], v);
+        }
       }
   float c[NH][2], e[NH][2];
 #pragma unroll
@@ -243,7 +265,8 @@ __device__ __forceinline__ void fp8_softmax(Fp8Rows<D> &st, int32_t *sp, float *
     float ku[NJ / 8];
 #pragma unroll
     for (int h = 0; h < NJ / 8; h++) ku[h] = lds_f1(info.ku + 4 * h);
-    if (ku[0] >= 0.0f && ku[NJ / 8 - 1] >= 0.0f) {
+    const bool u = ku[0] >= 0.0f && ku[NJ / 8 - 1] >= 0.0f; /* the same in every thread */
+    if (STA_FP8_VOTE ? __all_sync(0xffffffffu, u) : u) {
       fp8_softmax_u<D, NJ>(st, sp, alpha, ku);
       return;
     }
@@ -266,7 +289,7 @@ __device__ __forceinline__ void fp8_softmax(Fp8Rows<D> &st, int32_t *sp, float *
       sp[x + 1] = __float_as_int(fmaf(__int_as_float(sp[x + 1] + FP8_MAGIC_BITS), k.y, c1));
     }
   }
-  if (info.masked) {
+  if (STA_FP8_VOTE ? __any_sync(0xffffffffu, info.masked) : info.masked) {
 #pragma unroll
     for (int j = 0; j < NJ; j++) {
       const float2 b = lds_f2(info.bias + 8 * (4 * j + t));
@@ -335,8 +358,11 @@ __device__ __forceinline__ void pack_p(const int32_t *sp, uint32_t (*pa)[4]) {
 ** 0 -> 1 -> 2 -> 0 on barriers 4..6); the last warpgroup opens each item
 ** with an arrival on 4, so 0 goes first, and its last turn of an item
 ** arrives on nothing. */
-__device__ __forceinline__ void fp8_turn(int wg) { bar_named(4 + wg, 256); }
+__device__ __forceinline__ void fp8_turn(int wg) {
+  if (STA_FP8_TURN) bar_named(4 + wg, 256);
+}
 __device__ __forceinline__ void fp8_turn_done(int wg) {
+  if (!STA_FP8_TURN) return;
   bar_arrive_named(FP8_NWG == 2 ? 5 - wg : 4 + (wg + 1) % FP8_NWG, 256);
 }
 
@@ -452,7 +478,7 @@ __device__ __forceinline__ void fp8_blocks(Fp8Rows<D> &st, uint32_t dq, int nb, 
   int b = g % NB, grp = 0; /* steps in ob */
   mbar_wait(&full[b], (g / NB) & 1);
   fence_proxy_async();
-  if (wg == FP8_NWG - 1) bar_arrive_named(4, 256); /* warpgroup 0 first */
+  if (STA_FP8_TURN && wg == FP8_NWG - 1) bar_arrive_named(4, 256); /* warpgroup 0 first */
   fp8_turn(wg);
   issue_s_step<D, HI, H>(sacc, dq, at(b).dk, 0);
   fp8_turn_done(wg);
