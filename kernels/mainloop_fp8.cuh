@@ -64,6 +64,9 @@ static_assert(STA_FP8_FLUSH >= 1, "a fresh accumulator carries at least one bloc
 #ifndef STA_FP8_MAX3 /* the integer row maximum by three-input max (DPX __vimax3_s32) */
 #define STA_FP8_MAX3 1
 #endif
+#ifndef STA_FP8_ALPHA /* alpha by one ex2 always (no divergent branch) */
+#define STA_FP8_ALPHA 1
+#endif
 #ifndef STA_FP8_HALF /* the reference's step (core/fp8_internal.h): 64, the halves */
 #define STA_FP8_HALF (STA_FP8_STEP == 64)
 #endif
@@ -181,7 +184,10 @@ constexpr int32_t FP8_MAGIC_BITS = 0x4B400000;
 template <int D>
 __device__ __forceinline__ float move_max(Fp8Rows<D> &st, int i, float cand, float *alpha) {
   const float mn = fmaxf(st.m[i], cand);
-  alpha[i] = mn == st.m[i] ? 1.0f : st.m[i] == -INFINITY ? 0.0f : ex2(st.m[i] - mn);
+  if (STA_FP8_ALPHA) /* no branch: 2^0 = 1 where it stays, 2^-inf = 0 from -inf */
+    alpha[i] = ex2(mn == st.m[i] ? 0.0f : st.m[i] - mn);
+  else
+    alpha[i] = mn == st.m[i] ? 1.0f : st.m[i] == -INFINITY ? 0.0f : ex2(st.m[i] - mn);
   st.m[i] = mn;
   return mn == -INFINITY ? 0.0f : mn - FP8_LOG2_PSCALE;
 }
@@ -468,8 +474,9 @@ __device__ __forceinline__ void fp8_blocks(Fp8Rows<D> &st, uint32_t dq, int nb, 
   uint32_t pa[4 / H][4];
   float alpha[2], ob[D / 2], mo[2] = {-INFINITY, -INFINITY}, mob[2];
   bool first = true; /* nothing in O yet */
-  int b = g % NB, grp = 0; /* steps in ob */
-  mbar_wait(&full[b], (g / NB) & 1);
+  /* g >= 0: unsigned, so that % and / by NB (2 at D 128) are masks and shifts */
+  int b = (int)((unsigned)g % NB), grp = 0; /* steps in ob */
+  mbar_wait(&full[b], ((unsigned)g / NB) & 1);
   fence_proxy_async();
   if (wg == FP8_NWG - 1) bar_arrive_named(4, 256); /* warpgroup 0 first */
   fp8_turn(wg);
@@ -483,9 +490,9 @@ __device__ __forceinline__ void fp8_blocks(Fp8Rows<D> &st, uint32_t dq, int nb, 
   int hp = 0;
   for (int q = 1; q < H * nb; q++) {
     const int h = q % H;
-    const int bn = h ? b : (g + 1) % NB;
+    const int bn = h ? b : (int)((unsigned)(g + 1) % NB);
     if (!h) {
-      mbar_wait(&full[bn], ((g + 1) / NB) & 1);
+      mbar_wait(&full[bn], ((unsigned)(g + 1) / NB) & 1);
       fence_proxy_async();
     }
     float anext[2];
