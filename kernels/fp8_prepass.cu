@@ -192,17 +192,9 @@ constexpr int VP = 72; /* bytes per channel of the V tile: 64 rows + 8 */
 ** and down a column (8 threads, 8 rows: q_bias, V). */
 template <int D, int ES> constexpr int rows_pitch() { return D * ES + 16; }
 
-/* Row groups in flight a block: 2, persistent blocks that load the next
-** group while they work on this one; 1, a block per group (measured
-** against each other: BENCHMARKS.md's ledger). */
-#ifndef STA_FP8_ROWS_BUF
-#define STA_FP8_ROWS_BUF 2
-#endif
-static_assert(STA_FP8_ROWS_BUF == 1 || STA_FP8_ROWS_BUF == 2, "one or two row groups in flight");
-
 template <int D, int ES> constexpr size_t rows_v_stage() { return 3 * (size_t)QROWS * rows_pitch<D, ES>(); }
 template <int D, int ES> constexpr size_t rows_v_smem() {
-  return STA_FP8_ROWS_BUF * rows_v_stage<D, ES>() + (size_t)D * VP + (size_t)D * 4 + 2 * QROWS * 4;
+  return rows_v_stage<D, ES>() + (size_t)D * VP + (size_t)D * 4 + 2 * QROWS * 4;
 }
 static_assert(QROWS == STA_FP8_KGROUP, "a block's rows are one key group");
 
@@ -245,156 +237,148 @@ __device__ __forceinline__ void rows_load(const QuantArgs &a, int64_t x, unsigne
   sta::cp_async_commit();
 }
 
-/* A block of 2 D threads over work items (batch * head, 64 rows: one key
-** group): STA_FP8_ROWS_BUF 2: persistent, item n + 1's rows loading
-** (rows_load) while it works on item n's; 1: a block per item. */
+/* A block of 2 D threads per work item (batch * head, 64 rows: one key
+** group): its rows by cp.async (rows_load) first, then the work from
+** shared memory.  (Persistent blocks with two items in flight, the next
+** one loading under this one's work, measured slower: BENCHMARKS.md's
+** ledger.) */
 template <int D, int ES>
-__global__ void __launch_bounds__(2 * D, STA_FP8_ROWS_BUF == 2 ? 512 / (2 * D) : 768 / (2 * D))
-    fp8_rows_v(const __grid_constant__ QuantArgs a, int64_t items) {
+__global__ void __launch_bounds__(2 * D, 768 / (2 * D))
+    fp8_rows_v(const __grid_constant__ QuantArgs a) {
   constexpr int TPR = D / 8, P = rows_pitch<D, ES>();
   extern __shared__ __align__(16) unsigned char smem[];
-  uint8_t *vt = smem + STA_FP8_ROWS_BUF * rows_v_stage<D, ES>(); /* [D][VP]: v's codes, transposed */
+  const unsigned char *qs = smem, *ks = qs + QROWS * P, *vs = ks + QROWS * P; /* [QROWS][P] each */
+  uint8_t *vt = smem + rows_v_stage<D, ES>(); /* [D][VP]: v's codes, transposed */
   float *km = (float *)(vt + D * VP);     /* [D] k_mean */
   int *rs = (int *)(km + D);              /* [QROWS]: source row, -2 past R */
   float *ka = (float *)(rs + QROWS);      /* [QROWS]: k's row amax, -1: no key */
   const int tid = threadIdx.x;
-  const int64_t R = a.R;
-  int64_t x = blockIdx.x;
+  const int64_t R = a.R, x = blockIdx.x;
   rows_load<D, ES>(a, x, smem);
-  for (int n = 0; x < items; x += gridDim.x, n++) {
-    const bool more = STA_FP8_ROWS_BUF == 2 && x + gridDim.x < items;
-    if (more) /* the next item into the other stage (free: the barrier ending the last item) */
-      rows_load<D, ES>(a, x + gridDim.x, smem + ((n + 1) & 1) * rows_v_stage<D, ES>());
-    const unsigned char *qs = smem + (STA_FP8_ROWS_BUF == 2 ? n & 1 : 0) * rows_v_stage<D, ES>(),
-                        *ks = qs + QROWS * P, *vs = ks + QROWS * P;
-    int64_t bh, r0;
-    rows_item(a, x, bh, r0);
-    if (tid < QROWS) rs[tid] = r0 + tid < R ? a.src[r0 + tid] : -2;
-    if (tid < D) km[tid] = a.o.k_mean[bh * D + tid];
-    const int g = tid % TPR, ri = tid / TPR; /* q, k: channels 8 g.., rows ri + 16 p */
-    float pq[8], pk[8];
+  int64_t bh, r0;
+  rows_item(a, x, bh, r0);
+  if (tid < QROWS) rs[tid] = r0 + tid < R ? a.src[r0 + tid] : -2;
+  if (tid < D) km[tid] = a.o.k_mean[bh * D + tid];
+  const int g = tid % TPR, ri = tid / TPR; /* q, k: channels 8 g.., rows ri + 16 p */
+  float pq[8], pk[8];
 #pragma unroll
-    for (int j = 0; j < 8; j++) {
-      const int e = a.o.eq[bh * D + 8 * g + j];
-      pq[j] = sta_pow2f(e);
-      pk[j] = sta_pow2f(-e);
+  for (int j = 0; j < 8; j++) {
+    const int e = a.o.eq[bh * D + 8 * g + j];
+    pq[j] = sta_pow2f(e);
+    pk[j] = sta_pow2f(-e);
+  }
+  sta::cp_async_wait_all(); /* the rows here */
+  __syncthreads();
+  float mk[8];
+#pragma unroll
+  for (int j = 0; j < 8; j++) mk[j] = km[8 * g + j];
+#pragma unroll
+  for (int p = 0; p < 4; p++) { /* q's codes, k's row amaxes */
+    const int i = 16 * p + ri, s = rs[i];
+    const int64_t r = r0 + i, row = bh * R + r;
+    const bool key = s >= 0 && r < a.g.keys_end;
+    Row8<ES> xr;
+    lds8<ES>(xr, qs + i * P + 8 * ES * g);
+    float y[8];
+    uint2 c;
+#pragma unroll
+    for (int j = 0; j < 8; j++) y[j] = s >= 0 ? sta_fmul(elt<ES>(xr, j, a.dt), pq[j]) : 0.0f;
+    const float sc = quant8_with(y, amax8<TPR>(y), c);
+    if (s != -2) {
+      *(uint2 *)(a.o.q8 + row * D + 8 * g) = c;
+      if (g == 0) a.o.q_scale[row] = sc;
     }
-    if (more) sta::cp_async_wait_1(); /* this item's rows here */
-    else sta::cp_async_wait_all();
-    __syncthreads();
-    float mk[8];
+    lds8<ES>(xr, ks + i * P + 8 * ES * g);
 #pragma unroll
-    for (int j = 0; j < 8; j++) mk[j] = km[8 * g + j];
+    for (int j = 0; j < 8; j++)
+      y[j] = key ? sta_fmul(elt<ES>(xr, j, a.dt) - mk[j], pk[j]) : 0.0f;
+    const float m = amax8<TPR>(y);
+    if (g == 0) ka[i] = key ? m : -1.0f;
+  }
+  __syncthreads(); /* ka whole */
+  { /* V: thread (gv, rq) codes channels 8 gv.. of rows 4 rq.. 4 rq + 3 into
+    ** vt (a 4-byte word a channel); a warp's lanes take gv's low two bits
+    ** and rq's low three, so that each 8-thread phase of its 16-byte
+    ** reads meets 8 different bank groups */
+    const int w = tid >> 5, l = tid & 31;
+    const int gv = (l & 3) + 4 * (w % (D / 32)), rq = ((l >> 2) & 7) + 8 * (w / (D / 32));
+    float vi[8];
 #pragma unroll
-    for (int p = 0; p < 4; p++) { /* q's codes, k's row amaxes */
-      const int i = 16 * p + ri, s = rs[i];
-      const int64_t r = r0 + i, row = bh * R + r;
-      const bool key = s >= 0 && r < a.g.keys_end;
+    for (int j = 0; j < 8; j++) vi[j] = a.vinv[bh * D + 8 * gv + j];
+    uint32_t hw[8];
+#pragma unroll
+    for (int j = 0; j < 8; j++) hw[j] = 0;
+#pragma unroll
+    for (int j = 0; j < 4; j++) {
+      const int i = 4 * rq + j, s = rs[i];
+      const bool key = s >= 0 && r0 + i < a.g.keys_end;
       Row8<ES> xr;
-      lds8<ES>(xr, qs + i * P + 8 * ES * g);
-      float y[8];
-      uint2 c;
+      lds8<ES>(xr, vs + i * P + 8 * ES * gv);
 #pragma unroll
-      for (int j = 0; j < 8; j++) y[j] = s >= 0 ? sta_fmul(elt<ES>(xr, j, a.dt), pq[j]) : 0.0f;
-      const float sc = quant8_with(y, amax8<TPR>(y), c);
-      if (s != -2) {
-        *(uint2 *)(a.o.q8 + row * D + 8 * g) = c;
-        if (g == 0) a.o.q_scale[row] = sc;
+      for (int c = 0; c < 8; c += 2) {
+        const uint32_t h2 = vcodes(elt<ES>(xr, c, a.dt), elt<ES>(xr, c + 1, a.dt), vi[c],
+                                   vi[c + 1], key);
+        hw[c] |= (h2 & 0xffu) << (8 * j);
+        hw[c + 1] |= (h2 >> 8) << (8 * j);
       }
+    }
+#pragma unroll
+    for (int c = 0; c < 8; c++) *(uint32_t *)(vt + (8 * gv + c) * VP + 4 * rq) = hw[c];
+  }
+  { /* k's codes with the group's amax (the largest finite row amax of
+    ** its keys: a max, so a warp's shuffles give the host's sequential
+    ** bits) */
+    const int l = tid & 31;
+    float gam = sta_fp8_group_amax(sta_fp8_group_amax(0.0f, ka[l]), ka[l + 32]);
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1)
+      gam = sta_fp8_group_amax(gam, __shfl_xor_sync(0xffffffffu, gam, o));
+#pragma unroll
+    for (int p = 0; p < 4; p++) {
+      const int i = 16 * p + ri, s = rs[i];
+      if (s == -2) continue;
+      const bool key = ka[i] >= 0.0f || ka[i] != ka[i];
+      Row8<ES> xr;
       lds8<ES>(xr, ks + i * P + 8 * ES * g);
+      float y[8];
 #pragma unroll
       for (int j = 0; j < 8; j++)
         y[j] = key ? sta_fmul(elt<ES>(xr, j, a.dt) - mk[j], pk[j]) : 0.0f;
-      const float m = amax8<TPR>(y);
-      if (g == 0) ka[i] = key ? m : -1.0f;
+      uint2 c;
+      const float sc = quant8_with(y, key ? sta_fp8_key_amax(ka[i], gam) : 0.0f, c);
+      const int64_t kr = bh * R + sta_fp8_kslot(r0 + i, R);
+      *(uint2 *)(a.o.k8 + kr * D + 8 * g) = c;
+      if (g == 0) a.o.k_scale[kr] = sc;
     }
-    __syncthreads(); /* ka whole */
-    { /* V: thread (gv, rq) codes channels 8 gv.. of rows 4 rq.. 4 rq + 3 into
-      ** vt (a 4-byte word a channel); a warp's lanes take gv's low two bits
-      ** and rq's low three, so that each 8-thread phase of its 16-byte
-      ** reads meets 8 different bank groups */
-      const int w = tid >> 5, l = tid & 31;
-      const int gv = (l & 3) + 4 * (w % (D / 32)), rq = ((l >> 2) & 7) + 8 * (w / (D / 32));
-      float vi[8];
-#pragma unroll
-      for (int j = 0; j < 8; j++) vi[j] = a.vinv[bh * D + 8 * gv + j];
-      uint32_t hw[8];
-#pragma unroll
-      for (int j = 0; j < 8; j++) hw[j] = 0;
-#pragma unroll
-      for (int j = 0; j < 4; j++) {
-        const int i = 4 * rq + j, s = rs[i];
-        const bool key = s >= 0 && r0 + i < a.g.keys_end;
-        Row8<ES> xr;
-        lds8<ES>(xr, vs + i * P + 8 * ES * gv);
-#pragma unroll
-        for (int c = 0; c < 8; c += 2) {
-          const uint32_t h2 = vcodes(elt<ES>(xr, c, a.dt), elt<ES>(xr, c + 1, a.dt), vi[c],
-                                     vi[c + 1], key);
-          hw[c] |= (h2 & 0xffu) << (8 * j);
-          hw[c + 1] |= (h2 >> 8) << (8 * j);
-        }
-      }
-#pragma unroll
-      for (int c = 0; c < 8; c++) *(uint32_t *)(vt + (8 * gv + c) * VP + 4 * rq) = hw[c];
-    }
-    { /* k's codes with the group's amax (the largest finite row amax of
-      ** its keys: a max, so a warp's shuffles give the host's sequential
-      ** bits) */
-      const int l = tid & 31;
-      float gam = sta_fp8_group_amax(sta_fp8_group_amax(0.0f, ka[l]), ka[l + 32]);
-#pragma unroll
-      for (int o = 16; o > 0; o >>= 1)
-        gam = sta_fp8_group_amax(gam, __shfl_xor_sync(0xffffffffu, gam, o));
-#pragma unroll
-      for (int p = 0; p < 4; p++) {
-        const int i = 16 * p + ri, s = rs[i];
-        if (s == -2) continue;
-        const bool key = ka[i] >= 0.0f || ka[i] != ka[i];
-        Row8<ES> xr;
-        lds8<ES>(xr, ks + i * P + 8 * ES * g);
-        float y[8];
-#pragma unroll
-        for (int j = 0; j < 8; j++)
-          y[j] = key ? sta_fmul(elt<ES>(xr, j, a.dt) - mk[j], pk[j]) : 0.0f;
-        uint2 c;
-        const float sc = quant8_with(y, key ? sta_fp8_key_amax(ka[i], gam) : 0.0f, c);
-        const int64_t kr = bh * R + sta_fp8_kslot(r0 + i, R);
-        *(uint2 *)(a.o.k8 + kr * D + 8 * g) = c;
-        if (g == 0) a.o.k_scale[kr] = sc;
-      }
-    }
-    if (tid < QROWS && rs[tid] != -2) { /* q_bias: fp8_bias's sum, channel order */
-      const int s = rs[tid];
-      double bias = 0;
-      if (s >= 0) {
-        const unsigned char *xq = qs + tid * P;
+  }
+  if (tid < QROWS && rs[tid] != -2) { /* q_bias: fp8_bias's sum, channel order */
+    const int s = rs[tid];
+    double bias = 0;
+    if (s >= 0) {
+      const unsigned char *xq = qs + tid * P;
 #pragma unroll 4
-        for (int c = 0; c < D / 8; c++) {
-          Row8<ES> xr;
-          lds8<ES>(xr, xq + 8 * ES * c);
+      for (int c = 0; c < D / 8; c++) {
+        Row8<ES> xr;
+        lds8<ES>(xr, xq + 8 * ES * c);
 #pragma unroll
-          for (int j = 0; j < 8; j++) bias += (double)elt<ES>(xr, j, a.dt) * (double)km[8 * c + j];
-        }
-      }
-      a.o.q_bias[bh * R + r0 + tid] = s >= 0 ? (float)bias : 0.0f;
-    }
-    __syncthreads(); /* vt whole */
-    const int nr = (int)(R - r0 < QROWS ? R - r0 : QROWS);
-    uint8_t *v8 = a.o.v8 + bh * D * R + r0;
-    if (nr == QROWS && R % 8 == 0) { /* 8-byte stores */
-      for (int y = tid; y < D * (QROWS / 8); y += 2 * D) {
-        const int d = y / (QROWS / 8), c = y % (QROWS / 8);
-        *(uint2 *)(v8 + d * R + 8 * c) = *(const uint2 *)(vt + d * VP + 8 * c);
-      }
-    } else {
-      for (int y = tid; y < D * QROWS; y += 2 * D) {
-        const int i = y % QROWS, d = y / QROWS;
-        if (i < nr) v8[d * R + i] = vt[d * VP + i];
+        for (int j = 0; j < 8; j++) bias += (double)elt<ES>(xr, j, a.dt) * (double)km[8 * c + j];
       }
     }
-    __syncthreads(); /* this item's stage, vt, rs, km and ka free */
-    if (STA_FP8_ROWS_BUF == 1) break;
+    a.o.q_bias[bh * R + r0 + tid] = s >= 0 ? (float)bias : 0.0f;
+  }
+  __syncthreads(); /* vt whole */
+  const int nr = (int)(R - r0 < QROWS ? R - r0 : QROWS);
+  uint8_t *v8 = a.o.v8 + bh * D * R + r0;
+  if (nr == QROWS && R % 8 == 0) { /* 8-byte stores */
+    for (int y = tid; y < D * (QROWS / 8); y += 2 * D) {
+      const int d = y / (QROWS / 8), c = y % (QROWS / 8);
+      *(uint2 *)(v8 + d * R + 8 * c) = *(const uint2 *)(vt + d * VP + 8 * c);
+    }
+  } else {
+    for (int y = tid; y < D * QROWS; y += 2 * D) {
+      const int i = y % QROWS, d = y / QROWS;
+      if (i < nr) v8[d * R + i] = vt[d * VP + i];
+    }
   }
 }
 
@@ -423,7 +407,7 @@ bool prepass_fast_ok(const sta_attn_params *p, const sta_fp8_ops *o) {
 
 template <int D, int ES> static sta_status prepass_fast_d(const QuantArgs &a, cudaStream_t sm) {
   constexpr size_t shm = rows_v_smem<D, ES>();
-  void (*rows)(QuantArgs, int64_t) = fp8_rows_v<D, ES>;
+  void (*rows)(QuantArgs) = fp8_rows_v<D, ES>;
   cudaError_t e;
   if (shm > 48 * 1024 &&
       (e = cudaFuncSetAttribute(rows, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)shm)) !=
@@ -434,17 +418,7 @@ template <int D, int ES> static sta_status prepass_fast_d(const QuantArgs &a, cu
   fp8_stats_v<D, ES><<<dim3((unsigned)a.nchunks, (unsigned)((a.bh + hpb - 1) / hpb)), 64, 0, sm>>>(a);
   const int64_t n = a.bh * D, nrb = (a.R + QROWS - 1) / QROWS;
   fp8_finish<<<(unsigned)((n + 255) / 256), 256, 0, sm>>>(a, n);
-  /* fp8_rows_v: STA_FP8_ROWS_BUF 2: as many persistent blocks as fit */
-  const int64_t items = a.bh * nrb;
-  int64_t grid = items;
-  if (STA_FP8_ROWS_BUF == 2) {
-    int per = 0;
-    if ((e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per, rows, 2 * D, shm)) != cudaSuccess)
-      return sta_cuda_fail(e, "fp8 quantize: occupancy");
-    const int64_t fit = (int64_t)(per > 0 ? per : 1) * sta_cuda_sm_count();
-    grid = fit < items ? fit : items;
-  }
-  rows<<<(unsigned)grid, 2 * D, shm, sm>>>(a, items);
+  rows<<<(unsigned)(a.bh * nrb), 2 * D, shm, sm>>>(a);
   return (e = cudaGetLastError()) == cudaSuccess ? STA_OK
                                                  : sta_cuda_fail(e, "fp8 quantize: kernel launch");
 }

@@ -17,10 +17,6 @@
 #include "producer_fp8.cuh"
 #include "tile_scheduler.cuh" /* next_item, sched_slot */
 
-#ifndef STA_FP8_UNIFORM
-#define STA_FP8_UNIFORM 1
-#endif
-
 namespace sta {
 
 /* This thread's quantized row i (0, 1) of an item from q0 (warpgroup wg,
@@ -78,14 +74,17 @@ __device__ __forceinline__ void fp8_consume(const Fp8Params &a, unsigned char *s
   for (int k = 0;; k++) {
     const int qb = k & 1;
     mbar_wait(&qfull[qb], (k >> 1) & 1);
-    const int j = STA_FP8_UNIFORM ? __shfl_sync(0xffffffffu, sitem[qb], 0) : sitem[qb];
+    /* j and nb by a shuffle: values the compiler knows to be warp-uniform,
+    ** so the step loop, its ring index and the wgmma descriptors stay in
+    ** uniform registers (4 % faster than loaded per thread, spills 64 -> 28
+    ** bytes) */
+    const int j = __shfl_sync(0xffffffffu, sitem[qb], 0);
     if (j < 0) return;
     int64_t bh, it, q0, q1;
     fp8_item(a, j, bh, it);
     Fp8Runs runs;
     fp8_item_runs(a, it, (int)(bh % a.heads), runs, q0, q1, true);
-    const int nb = STA_FP8_UNIFORM ? __shfl_sync(0xffffffffu, fp8_nblocks(a, runs), 0)
-                                   : fp8_nblocks(a, runs);
+    const int nb = __shfl_sync(0xffffffffu, fp8_nblocks(a, runs), 0);
     fence_proxy_async();
     Fp8Rows<D> st;
     fp8_rows_init<D>(st, a, bh, q0, wg, w, lane);
