@@ -28,14 +28,6 @@
 ** the losers are deleted once measured: BENCHMARKS.md's ledger):
 **   STA_FP8_FLUSH     N >= 1: the blocks a fresh accumulator carries (8;
 **                     4 measured 3.7 % slower at the same accuracy)
-**   STA_FP8_VOTE      1: a block's branches (the fast path, the mask) on
-**                     a warp vote, which the compiler knows to be uniform
-**                     (the default: 1.9 % faster at hunyuan-720p); 0: on
-**                     each thread's own load of the same word
-**   STA_FP8_MAX3      1: the fast path's integer row maximum by the
-**                     three-input __vimax3_s32 (the default: 1.0 % faster,
-**                     the same opcode counts: ptxas orders it otherwise);
-**                     0: two-input max
 **   STA_FP8_HALF      1 (the default; the CPU reference's STA_FP8_STEP):
 **                     each 128-key block as two halves of 64 keys (S of a
 **                     half: 32 registers, not 64; the online softmax per
@@ -58,15 +50,6 @@
 #define STA_FP8_FLUSH 8
 #endif
 static_assert(STA_FP8_FLUSH >= 1, "a fresh accumulator carries at least one block");
-#ifndef STA_FP8_VOTE /* the per-block branches (fast path, mask) on a warp vote */
-#define STA_FP8_VOTE 1
-#endif
-#ifndef STA_FP8_MAX3 /* the integer row maximum by three-input max (DPX __vimax3_s32) */
-#define STA_FP8_MAX3 1
-#endif
-#ifndef STA_FP8_ALPHA /* alpha by one ex2 always (no divergent branch) */
-#define STA_FP8_ALPHA 1
-#endif
 #ifndef STA_FP8_HALF /* the reference's step (core/fp8_internal.h): 64, the halves */
 #define STA_FP8_HALF (STA_FP8_STEP == 64)
 #endif
@@ -184,10 +167,7 @@ constexpr int32_t FP8_MAGIC_BITS = 0x4B400000;
 template <int D>
 __device__ __forceinline__ float move_max(Fp8Rows<D> &st, int i, float cand, float *alpha) {
   const float mn = fmaxf(st.m[i], cand);
-  if (STA_FP8_ALPHA) /* no branch: 2^0 = 1 where it stays, 2^-inf = 0 from -inf */
-    alpha[i] = ex2(mn == st.m[i] ? 0.0f : st.m[i] - mn);
-  else
-    alpha[i] = mn == st.m[i] ? 1.0f : st.m[i] == -INFINITY ? 0.0f : ex2(st.m[i] - mn);
+  alpha[i] = mn == st.m[i] ? 1.0f : st.m[i] == -INFINITY ? 0.0f : ex2(st.m[i] - mn);
   st.m[i] = mn;
   return mn == -INFINITY ? 0.0f : mn - FP8_LOG2_PSCALE;
 }
@@ -217,12 +197,8 @@ __device__ __forceinline__ void fp8_softmax_u(Fp8Rows<D> &st, int32_t *sp, float
     for (int j = 8 * h; j < 8 * h + 8; j++)
 #pragma unroll
       for (int i = 0; i < 2; i++) {
-        if (STA_FP8_MAX3 && j >= 8 * h + 4)
-          m4[h][i][j & 3] = __vimax3_s32(m4[h][i][j & 3], sp[4 * j + 2 * i], sp[4 * j + 2 * i + 1]);
-        else {
-          const int v = max(sp[4 * j + 2 * i], sp[4 * j + 2 * i + 1]);
-          m4[h][i][j & 3] = j < 8 * h + 4 ? v : max(m4[h][i][j & 3], v);
-        }
+        const int v = max(sp[4 * j + 2 * i], sp[4 * j + 2 * i + 1]);
+        m4[h][i][j & 3] = j < 8 * h + 4 ? v : max(m4[h][i][j & 3], v);
       }
   float c[NH][2], e[NH][2];
 #pragma unroll
@@ -267,8 +243,10 @@ __device__ __forceinline__ void fp8_softmax(Fp8Rows<D> &st, int32_t *sp, float *
     float ku[NJ / 8];
 #pragma unroll
     for (int h = 0; h < NJ / 8; h++) ku[h] = lds_f1(info.ku + 4 * h);
-    const bool u = ku[0] >= 0.0f && ku[NJ / 8 - 1] >= 0.0f; /* the same in every thread */
-    if (STA_FP8_VOTE ? __all_sync(0xffffffffu, u) : u) {
+    /* the same word in every thread; taken on a vote, which the compiler
+    ** knows to be warp-uniform (no divergent branch: 1.9 % faster) */
+    const bool u = ku[0] >= 0.0f && ku[NJ / 8 - 1] >= 0.0f;
+    if (__all_sync(0xffffffffu, u)) {
       fp8_softmax_u<D, NJ>(st, sp, alpha, ku);
       return;
     }
@@ -291,7 +269,7 @@ __device__ __forceinline__ void fp8_softmax(Fp8Rows<D> &st, int32_t *sp, float *
       sp[x + 1] = __float_as_int(fmaf(__int_as_float(sp[x + 1] + FP8_MAGIC_BITS), k.y, c1));
     }
   }
-  if (STA_FP8_VOTE ? __any_sync(0xffffffffu, info.masked) : info.masked) {
+  if (__any_sync(0xffffffffu, info.masked)) { /* the same in every thread: a uniform branch */
 #pragma unroll
     for (int j = 0; j < NJ; j++) {
       const float2 b = lds_f2(info.bias + 8 * (4 * j + t));
