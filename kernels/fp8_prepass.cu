@@ -80,8 +80,9 @@ template <int ES> __device__ __forceinline__ float elt4(const Row4<ES> &r, int c
   return to_f32((uint16_t)(c & 1 ? r.w[c / 2] >> 16 : r.w[c / 2] & 0xffffu), dt);
 }
 
-template <int D, int ES>
+template <int D, int DT> /* DT: the input dtype (STA_BF16, STA_F16, STA_F32) */
 __global__ void __launch_bounds__(64) fp8_stats_v(const __grid_constant__ QuantArgs a) {
+  constexpr int ES = DT == STA_F32 ? 4 : 2;
   constexpr int TPR = D / 4, U = ES == 2 ? 6 : 4;
   const int g = threadIdx.x % TPR;
   const int64_t bh = (int64_t)blockIdx.y * (64 / TPR) + threadIdx.x / TPR, c = blockIdx.x;
@@ -124,16 +125,16 @@ __global__ void __launch_bounds__(64) fp8_stats_v(const __grid_constant__ QuantA
     for (int u = 0; u < U; u++) {
       if (src[u] < 0) continue;
 #pragma unroll
-      for (int j = 0; j < 4; j++) qa[j] = sta_amax_finite(qa[j], elt4<ES>(xq[u], j, a.dt));
+      for (int j = 0; j < 4; j++) qa[j] = sta_amax_finite(qa[j], elt4<ES>(xq[u], j, DT));
       if (i0 + u >= kend) continue;
       n++;
 #pragma unroll
       for (int j = 0; j < 4; j++) {
-        const float kv = elt4<ES>(xk[u], j, a.dt);
+        const float kv = elt4<ES>(xk[u], j, DT);
         s[j] += (double)sta_finite_or0(kv);
         if (kv > mx[j] && kv < INFINITY) mx[j] = kv;
         if (kv < mn[j] && kv > -INFINITY) mn[j] = kv;
-        va[j] = sta_amax_finite(va[j], elt4<ES>(xv[u], j, a.dt));
+        va[j] = sta_amax_finite(va[j], elt4<ES>(xv[u], j, DT));
       }
     }
   }
@@ -242,10 +243,10 @@ __device__ __forceinline__ void rows_load(const QuantArgs &a, int64_t x, unsigne
 ** shared memory.  (Persistent blocks with two items in flight, the next
 ** one loading under this one's work, measured slower: BENCHMARKS.md's
 ** ledger.) */
-template <int D, int ES>
+template <int D, int DT> /* DT: the input dtype (STA_BF16, STA_F16, STA_F32) */
 __global__ void __launch_bounds__(2 * D, 768 / (2 * D))
     fp8_rows_v(const __grid_constant__ QuantArgs a) {
-  constexpr int TPR = D / 8, P = rows_pitch<D, ES>();
+  constexpr int ES = DT == STA_F32 ? 4 : 2, TPR = D / 8, P = rows_pitch<D, ES>();
   extern __shared__ __align__(16) unsigned char smem[];
   const unsigned char *qs = smem, *ks = qs + QROWS * P, *vs = ks + QROWS * P; /* [QROWS][P] each */
   uint8_t *vt = smem + rows_v_stage<D, ES>(); /* [D][VP]: v's codes, transposed */
@@ -282,7 +283,7 @@ __global__ void __launch_bounds__(2 * D, 768 / (2 * D))
     float y[8];
     uint2 c;
 #pragma unroll
-    for (int j = 0; j < 8; j++) y[j] = s >= 0 ? sta_fmul(elt<ES>(xr, j, a.dt), pq[j]) : 0.0f;
+    for (int j = 0; j < 8; j++) y[j] = s >= 0 ? sta_fmul(elt<ES>(xr, j, DT), pq[j]) : 0.0f;
     const float sc = quant8_with(y, amax8<TPR>(y), c);
     if (s != -2) {
       *(uint2 *)(a.o.q8 + row * D + 8 * g) = c;
@@ -291,7 +292,7 @@ __global__ void __launch_bounds__(2 * D, 768 / (2 * D))
     lds8<ES>(xr, ks + i * P + 8 * ES * g);
 #pragma unroll
     for (int j = 0; j < 8; j++)
-      y[j] = key ? sta_fmul(elt<ES>(xr, j, a.dt) - mk[j], pk[j]) : 0.0f;
+      y[j] = key ? sta_fmul(elt<ES>(xr, j, DT) - mk[j], pk[j]) : 0.0f;
     const float m = amax8<TPR>(y);
     if (g == 0) ka[i] = key ? m : -1.0f;
   }
@@ -316,7 +317,7 @@ __global__ void __launch_bounds__(2 * D, 768 / (2 * D))
       lds8<ES>(xr, vs + i * P + 8 * ES * gv);
 #pragma unroll
       for (int c = 0; c < 8; c += 2) {
-        const uint32_t h2 = vcodes(elt<ES>(xr, c, a.dt), elt<ES>(xr, c + 1, a.dt), vi[c],
+        const uint32_t h2 = vcodes(elt<ES>(xr, c, DT), elt<ES>(xr, c + 1, DT), vi[c],
                                    vi[c + 1], key);
         hw[c] |= (h2 & 0xffu) << (8 * j);
         hw[c + 1] |= (h2 >> 8) << (8 * j);
@@ -343,7 +344,7 @@ __global__ void __launch_bounds__(2 * D, 768 / (2 * D))
       float y[8];
 #pragma unroll
       for (int j = 0; j < 8; j++)
-        y[j] = key ? sta_fmul(elt<ES>(xr, j, a.dt) - mk[j], pk[j]) : 0.0f;
+        y[j] = key ? sta_fmul(elt<ES>(xr, j, DT) - mk[j], pk[j]) : 0.0f;
       uint2 c;
       const float sc = quant8_with(y, key ? sta_fp8_key_amax(ka[i], gam) : 0.0f, c);
       const int64_t kr = bh * R + sta_fp8_kslot(r0 + i, R);
@@ -361,7 +362,7 @@ __global__ void __launch_bounds__(2 * D, 768 / (2 * D))
         Row8<ES> xr;
         lds8<ES>(xr, xq + 8 * ES * c);
 #pragma unroll
-        for (int j = 0; j < 8; j++) bias += (double)elt<ES>(xr, j, a.dt) * (double)km[8 * c + j];
+        for (int j = 0; j < 8; j++) bias += (double)elt<ES>(xr, j, DT) * (double)km[8 * c + j];
       }
     }
     a.o.q_bias[bh * R + r0 + tid] = s >= 0 ? (float)bias : 0.0f;
@@ -405,9 +406,11 @@ bool prepass_fast_ok(const sta_attn_params *p, const sta_fp8_ops *o) {
   return (uintptr_t)o->q8 % 8 == 0 && (uintptr_t)o->k8 % 8 == 0 && (uintptr_t)o->v8 % 8 == 0;
 }
 
-template <int D, int ES> static sta_status prepass_fast_d(const QuantArgs &a, cudaStream_t sm) {
-  constexpr size_t shm = rows_v_smem<D, ES>();
-  void (*rows)(QuantArgs) = fp8_rows_v<D, ES>;
+/* The kernels are made per input dtype DT (its conversions fixed at compile
+** time: the runtime choice cost both conversions' instructions). */
+template <int D, int DT> static sta_status prepass_fast_d(const QuantArgs &a, cudaStream_t sm) {
+  constexpr size_t shm = rows_v_smem<D, DT == STA_F32 ? 4 : 2>();
+  void (*rows)(QuantArgs) = fp8_rows_v<D, DT>;
   cudaError_t e;
   if (shm > 48 * 1024 &&
       (e = cudaFuncSetAttribute(rows, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)shm)) !=
@@ -415,7 +418,7 @@ template <int D, int ES> static sta_status prepass_fast_d(const QuantArgs &a, cu
     return sta_cuda_fail(e, "fp8 quantize: shared memory");
   fp8_src<<<(unsigned)((a.R + 255) / 256), 256, 0, sm>>>(a);
   constexpr int hpb = 64 / (D / 4); /* fp8_stats_v's heads per block */
-  fp8_stats_v<D, ES><<<dim3((unsigned)a.nchunks, (unsigned)((a.bh + hpb - 1) / hpb)), 64, 0, sm>>>(a);
+  fp8_stats_v<D, DT><<<dim3((unsigned)a.nchunks, (unsigned)((a.bh + hpb - 1) / hpb)), 64, 0, sm>>>(a);
   const int64_t n = a.bh * D, nrb = (a.R + QROWS - 1) / QROWS;
   fp8_finish<<<(unsigned)((n + 255) / 256), 256, 0, sm>>>(a, n);
   rows<<<(unsigned)(a.bh * nrb), 2 * D, shm, sm>>>(a);
@@ -424,8 +427,13 @@ template <int D, int ES> static sta_status prepass_fast_d(const QuantArgs &a, cu
 }
 
 sta_status prepass_fast(const QuantArgs &a, cudaStream_t sm) {
-  if (a.D == 64) return a.es == 4 ? prepass_fast_d<64, 4>(a, sm) : prepass_fast_d<64, 2>(a, sm);
-  return a.es == 4 ? prepass_fast_d<128, 4>(a, sm) : prepass_fast_d<128, 2>(a, sm);
+  if (a.D == 64)
+    return a.dt == STA_F32   ? prepass_fast_d<64, STA_F32>(a, sm)
+           : a.dt == STA_F16 ? prepass_fast_d<64, STA_F16>(a, sm)
+                             : prepass_fast_d<64, STA_BF16>(a, sm);
+  return a.dt == STA_F32   ? prepass_fast_d<128, STA_F32>(a, sm)
+         : a.dt == STA_F16 ? prepass_fast_d<128, STA_F16>(a, sm)
+                           : prepass_fast_d<128, STA_BF16>(a, sm);
 }
 
 } /* namespace sta_fp8q */
