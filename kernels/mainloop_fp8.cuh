@@ -26,9 +26,11 @@
 **
 ** Compile-time variants (the device A/B, scripts/device/gpu-check-fp8;
 ** the losers are deleted once measured: BENCHMARKS.md's ledger):
-**   STA_FP8_FLUSH     N >= 1: the blocks a fresh accumulator carries (16;
-**                     4 measured 3.7 % slower than 8 and 8 1.4 % slower
-**                     than 16, at the same accuracy to four digits)
+**   STA_FP8_FLUSH     N >= 1: the blocks a fresh accumulator carries (32;
+**                     each halving measured slower: 4 3.7 % than 8, 8
+**                     1.4 % than 16, 16 2.0 % than 32; rel L2 on randn at
+**                     hunyuan-720p 3.848e-2 at 8, 3.849e-2 at 16, 3.850e-2
+**                     at 32)
 **   STA_FP8_HALF      1 (the default; the CPU reference's STA_FP8_STEP):
 **                     each 128-key block as two halves of 64 keys (S of a
 **                     half: 32 registers, not 64; the online softmax per
@@ -48,7 +50,7 @@
 #include "wgmma_fp8.cuh"
 
 #ifndef STA_FP8_FLUSH
-#define STA_FP8_FLUSH 16
+#define STA_FP8_FLUSH 32
 #endif
 static_assert(STA_FP8_FLUSH >= 1, "a fresh accumulator carries at least one block");
 #ifndef STA_FP8_HALF /* the reference's step (core/fp8_internal.h): 64, the halves */
