@@ -445,6 +445,12 @@ SCHEMES = [
     ("one-s64-k64-f16", "the kernel since 2026-12-02: one-emax-s64-k64 with the fresh fp22 "
      "accumulator carrying 16 steps (8 blocks) between flushes",
      dict(pmax="exact", step=64, kgran="64", flushn=16), None),
+    ("one-s64-k64-f32", "one-s64-k64-f16 carrying 32 steps (16 blocks) between flushes",
+     dict(pmax="exact", step=64, kgran="64", flushn=32), None),
+    ("one-s64-k64-f64", "the kernel since 2026-12-02 (evening): carrying 64 steps (32 "
+     "blocks) between flushes", dict(pmax="exact", step=64, kgran="64", flushn=64), None),
+    ("one-s64-k64-fp22", "one-emax-s64-k64 with O in the fp22 accumulator (no flush)",
+     dict(pmax="exact", step=64, kgran="64", acc="fp22"), None),
     ("margin1", "one-s64-k64-f16 whose running maximum moves only by more than 1 (exp2), "
      "P * 224 in e4m3", dict(pmax="margin", margin=1, step=64, kgran="64", flushn=16), None),
     ("margin2", "the same by more than 2, P * 112",
