@@ -32,11 +32,12 @@
 #include "mainloop_fp8.cuh"
 #include "tile_scheduler.cuh" /* next_item */
 
-/* the producer's waits: 1, sleeping on try_wait's suspend hint
-** (mbar_wait_sleep; its spinning retries were 1.6 G of the kernel's 12.4 G
-** instructions at hunyuan-720p); 0, retrying (under measurement) */
+/* the producer's waits: 0, retrying try_wait (the measured default); 1,
+** sleeping on try_wait's suspend hint (mbar_wait_sleep; the retries were
+** 1.6 G of the kernel's 12.4 G instructions at hunyuan-720p; to be
+** measured against 0) */
 #ifndef STA_FP8_PSLEEP
-#define STA_FP8_PSLEEP 1
+#define STA_FP8_PSLEEP 0
 #endif
 
 namespace sta {
