@@ -18,7 +18,7 @@ timing (CUDA events, median of REPS) and its FLOP count:
      one's output against --lib's (bit-identical or the rel L2); bf16 sta,
      FlexAttention bf16 with the STA block mask, cuDNN dense SDPA; the
      quantize pre-pass and the attention kernel per library by
-     torch.profiler's kernel times;
+     torch.profiler's kernel times (alternated twice, the better kept);
   3. accuracy at full hunyuan-720p (24 heads, D 128) on randn, DiT-like and
      peaked inputs (research/fp8_sim.py's three kinds and its
      generators): each library's fp8, bf16 sta and the SageAttention2 scheme
@@ -147,13 +147,19 @@ def bench(libs, names, case_names, reps, log, flex):
                    fp8_tflops=fl / min(ms8[0]) / 1e9, bf16_tflops=fl / min(ms16) / 1e9)
         row["kernel_by_lib"], row["prepass_by_lib"] = [], []
         try:
-            for i, lib in enumerate(libs):
-                kt = kernel_times(lambda: lib.forward(g, q, k, v, o, precision=FP8),
-                                  max(3, reps // 4))
-                row["kernel_by_lib"].append(kt["kernel_ms"])
-                row["prepass_by_lib"].append(kt["prepass_ms"])
+            # alternated, twice, the better kept per library: one pass in
+            # order read the first library's kernel up to 3 % high (an A/A
+            # control, 2026-12-02)
+            kts = [[] for _ in libs]
+            for rnd in range(2):
+                for i, lib in enumerate(libs):
+                    kts[i].append(kernel_times(lambda: lib.forward(g, q, k, v, o, precision=FP8),
+                                               max(3, reps // 4)))
+            for i, kl in enumerate(kts):
+                row["kernel_by_lib"].append(min(kt["kernel_ms"] for kt in kl))
+                row["prepass_by_lib"].append(min(kt["prepass_ms"] for kt in kl))
                 if i == 0:
-                    row.update(kt)
+                    row.update(min(kl, key=lambda kt: kt["kernel_ms"] + kt["prepass_ms"]))
         except Exception as ex:
             row["profile_error"] = repr(ex)[:300]
         qh, kh, vh = (t.transpose(1, 2) for t in (q, k, v))
