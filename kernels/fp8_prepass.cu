@@ -273,6 +273,14 @@ __global__ void __launch_bounds__(2 * D, 768 / (2 * D))
   float mk[8];
 #pragma unroll
   for (int j = 0; j < 8; j++) mk[j] = km[8 * g + j];
+  /* k' = (k - k_mean) 2^-e of this thread's 8 channels of row i (0 where
+  ** no key): its row amax first, its codes after the group's */
+  const auto kprime = [&](int i, bool key, float *y) {
+    Row8<ES> xr;
+    lds8<ES>(xr, ks + i * P + 8 * ES * g);
+#pragma unroll
+    for (int j = 0; j < 8; j++) y[j] = key ? sta_fmul(elt<ES>(xr, j, DT) - mk[j], pk[j]) : 0.0f;
+  };
 #pragma unroll
   for (int p = 0; p < 4; p++) { /* q's codes, k's row amaxes */
     const int i = 16 * p + ri, s = rs[i];
@@ -289,10 +297,7 @@ __global__ void __launch_bounds__(2 * D, 768 / (2 * D))
       *(uint2 *)(a.o.q8 + row * D + 8 * g) = c;
       if (g == 0) a.o.q_scale[row] = sc;
     }
-    lds8<ES>(xr, ks + i * P + 8 * ES * g);
-#pragma unroll
-    for (int j = 0; j < 8; j++)
-      y[j] = key ? sta_fmul(elt<ES>(xr, j, DT) - mk[j], pk[j]) : 0.0f;
+    kprime(i, key, y);
     const float m = amax8<TPR>(y);
     if (g == 0) ka[i] = key ? m : -1.0f;
   }
@@ -339,12 +344,8 @@ __global__ void __launch_bounds__(2 * D, 768 / (2 * D))
       const int i = 16 * p + ri, s = rs[i];
       if (s == -2) continue;
       const bool key = ka[i] >= 0.0f || ka[i] != ka[i];
-      Row8<ES> xr;
-      lds8<ES>(xr, ks + i * P + 8 * ES * g);
       float y[8];
-#pragma unroll
-      for (int j = 0; j < 8; j++)
-        y[j] = key ? sta_fmul(elt<ES>(xr, j, DT) - mk[j], pk[j]) : 0.0f;
+      kprime(i, key, y);
       uint2 c;
       const float sc = quant8_with(y, key ? sta_fp8_key_amax(ka[i], gam) : 0.0f, c);
       const int64_t kr = bh * R + sta_fp8_kslot(r0 + i, R);
