@@ -187,12 +187,14 @@ sta_status sta_cpu_fp8_quantize(const sta_attn_params *p, sta_fp8_ops *o) {
   return STA_OK;
 }
 
-/* sta_fp8_set_step_test's keys a step, this thread's (0: STA_FP8_STEP) */
-static _Thread_local int32_t fp8_step_test;
+/* sta_fp8_set_step_test's keys a step at D 64 and at D 128, this
+** thread's (0: STA_FP8_STEP) */
+static _Thread_local int32_t fp8_step_test[2];
 
-void sta_fp8_set_step_test(int32_t keys) {
-  if (keys == 0 || keys == STA_FP8_BK || keys == STA_FP8_STEP)
-    fp8_step_test = keys == STA_FP8_STEP ? 0 : keys;
+void sta_fp8_set_step_test(int32_t head_dim, int32_t keys) {
+  if (keys != 0 && keys != STA_FP8_BK && keys != STA_FP8_STEP) return;
+  for (int i = 0; i < 2; i++)
+    if (head_dim == 0 || head_dim == (i ? 128 : 64)) fp8_step_test[i] = keys == STA_FP8_STEP ? 0 : keys;
 }
 
 /* Key rows (quantized order) of query row i into keys, in the kernel's walk
@@ -256,7 +258,8 @@ sta_status sta_cpu_fp8_attention(const sta_attn_params *p) {
   }
   size_t es = sta_dtype_size(p->dtype);
   double c = (double)p->scale * 1.4426950408889634; /* exp2 domain */
-  const int64_t BK = fp8_step_test ? fp8_step_test : STA_FP8_STEP; /* the caller's thread */
+  const int32_t bk = fp8_step_test[D == 64 ? 0 : 1]; /* the caller's thread */
+  const int64_t BK = bk ? bk : STA_FP8_STEP;
   int64_t skipped = 0, rows = p->batch * H * R;
   #pragma omp parallel num_threads(nt)
   {

@@ -194,11 +194,12 @@ sta_status sta_cpu_fp8_quantize(const sta_attn_params *p, sta_fp8_ops *o);
 sta_status sta_cpu_fp8_attention(const sta_attn_params *p);
 /* For tests only (no user setting): the keys a step of the reference's
 ** online softmax takes (core/cpu_fp8.c: its running maximum moves per
-** step), on this thread: 0 or STA_FP8_STEP the default (64, the blocks'
-** halves), STA_FP8_BK whole blocks (a CUDA kernel built with
-** STA_FP8_HALF 0: sta_cuda_fp8_step_test says which).  Other values are
+** step) at head dim head_dim (64 or 128; 0: both), on this thread: 0 or
+** STA_FP8_STEP the default (64, the blocks' halves), STA_FP8_BK whole
+** blocks (a CUDA kernel built with STA_FP8_HALF 0, or STA_FP8_D64_WHOLE 1
+** at D 64: sta_cuda_fp8_step_test says which).  Other values are
 ** ignored. */
-void sta_fp8_set_step_test(int32_t keys);
+void sta_fp8_set_step_test(int32_t head_dim, int32_t keys);
 /* The backend table's fp8_dequantize on the host. */
 sta_status sta_cpu_fp8_dequantize(float *dst, const sta_bshd *bd, const uint8_t *x8,
                                   const sta_bshd *bx, const float *sc, const int64_t sc_st[3],
@@ -213,9 +214,10 @@ sta_status sta_cuda_fp8_quantize(const sta_attn_params *p, const sta_fp8_ops *o)
 ** (fp8_quant.cu's kernels); the two write the same bits. */
 void sta_cuda_set_fp8_prepass_test(int fast);
 /* For tests only: the keys a step of the CUDA fp8 kernel's online softmax
-** takes (kernels/fp8_api.cu): STA_FP8_STEP, or STA_FP8_BK where it was
-** built with STA_FP8_HALF 0. */
-int32_t sta_cuda_fp8_step_test(void);
+** takes at head dim head_dim (64 or 128; kernels/fp8_api.cu):
+** STA_FP8_STEP, or STA_FP8_BK where it was built with STA_FP8_HALF 0 (or
+** STA_FP8_D64_WHOLE 1, at D 64). */
+int32_t sta_cuda_fp8_step_test(int32_t head_dim);
 #endif
 
 #ifdef __cplusplus

@@ -89,7 +89,9 @@ bool tma_maps(sta::Fp8Params *x, const sta_fp8_ops &o) {
 } /* namespace */
 
 /* core/fp8_internal.h: the keys a step of this build's online softmax */
-int32_t sta_cuda_fp8_step_test(void) { return STA_FP8_HALF ? 64 : sta::FP8_BK; }
+int32_t sta_cuda_fp8_step_test(int32_t head_dim) {
+  return sta::FP8_BK / (head_dim == 64 ? sta::fp8_h<64>() : sta::fp8_h<128>());
+}
 
 sta_status sta_cuda_attention_fp8(const sta_attn_params *p) {
   if (p->dtype != STA_BF16 && p->dtype != STA_F16 && p->dtype != STA_F32)

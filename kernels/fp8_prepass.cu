@@ -28,9 +28,28 @@
 ** fp8_rows_v takes 61 KB of shared memory, 3 blocks per SM (BENCHMARKS.md's
 ** ledger: the software e4m3, and loads into registers a few rows at a
 ** time, measured slower).
+** STA_FP8_PPV2 (default 0: the fp8_rows_v above) 1 builds fp8_rows_v in
+** fewer instructions, the same bits: the item decoded once in 32-bit
+** divisions; each thread's rows loaded by a fixed count of passes, one
+** input-row load a row, their state (past R, padding, no key, key) in
+** shared memory; k_mean, 2^e, 2^-e and v's inverse amax staged in
+** shared memory by one coalesced load (k_mean in double too); 32-bit
+** offsets off hoisted bases (k8's row, sta_fp8_kslot's, from the
+** thread's row in its 16); the stage's zero fill standing in for q's
+** "0 where no input" and masks for k' and V instead of a branch an
+** element; a scale m / 127 by a product and two fmas (every finite m >=
+** 0 checked against the division on the host: the same bits); q_bias's
+** double chain after the last barrier (warps 0 and 1, while the others
+** store v8), so no warp waits at a barrier on it.  At D 128 bf16 72
+** registers, no spills, 63.5 KB of shared memory, still 3 blocks per SM.
+** To be measured against 0.
 */
 #include "fp8_quant.cuh"
 #include "ptx.cuh" /* cp.async */
+
+#ifndef STA_FP8_PPV2
+#define STA_FP8_PPV2 0
+#endif
 
 using namespace sta_fp8q;
 
@@ -194,9 +213,15 @@ constexpr int VP = 72; /* bytes per channel of the V tile: 64 rows + 8 */
 template <int D, int ES> constexpr int rows_pitch() { return D * ES + 16; }
 
 template <int D, int ES> constexpr size_t rows_v_stage() { return 3 * (size_t)QROWS * rows_pitch<D, ES>(); }
+#if !STA_FP8_PPV2
 template <int D, int ES> constexpr size_t rows_v_smem() {
   return rows_v_stage<D, ES>() + (size_t)D * VP + (size_t)D * 4 + 2 * QROWS * 4;
 }
+#else /* k_mean in double, k_mean, 2^e, 2^-e, v's inverse amax; rs, ka */
+template <int D, int ES> constexpr size_t rows_v_smem() {
+  return rows_v_stage<D, ES>() + (size_t)D * VP + (size_t)D * 24 + 2 * QROWS * 4;
+}
+#endif
 static_assert(QROWS == STA_FP8_KGROUP, "a block's rows are one key group");
 
 /* 8 elements from shared memory (16-byte aligned). */
@@ -205,6 +230,7 @@ template <int ES> __device__ __forceinline__ void lds8(Row8<ES> &r, const unsign
   for (int i = 0; i < ES / 2; i++) r.w[i] = ((const uint4 *)p)[i];
 }
 
+#if !STA_FP8_PPV2
 /* Work item x of fp8_rows_v: its (batch * head) and first row (the
 ** heads of one row group next to each other where heads_fast). */
 __device__ __forceinline__ void rows_item(const QuantArgs &a, int64_t x, int64_t &bh, int64_t &r0) {
@@ -383,6 +409,261 @@ __global__ void __launch_bounds__(2 * D, 768 / (2 * D))
     }
   }
 }
+
+#else /* STA_FP8_PPV2 */
+
+/* A block's item, decoded once (rows_v2_item): its (batch * head), first
+** row, the input row of each operand's (batch, head) and how many of its
+** rows are rows (nr) and keys (kn). */
+struct RowsItem {
+  int64_t bh, r0;
+  const char *qb, *kb, *vb;
+  int nr, kn;
+};
+
+/* Work item x of fp8_rows_v (the heads of one row group next to each
+** other where heads_fast) in 32-bit divisions: the grid's x dimension
+** (a.bh * row groups) is below 2^31, so x, a.bh, a.heads and the row
+** groups are. */
+template <int ES> __device__ __forceinline__ RowsItem rows_v2_item(const QuantArgs &a) {
+  RowsItem t;
+  const uint32_t x = blockIdx.x, nbh = (uint32_t)a.bh,
+                 nrb = (uint32_t)((a.R + QROWS - 1) / QROWS), dv = a.heads_fast ? nbh : nrb;
+  const uint32_t qt = x / dv, rm = x - qt * dv;
+  const uint32_t bh = a.heads_fast ? rm : qt, rb = a.heads_fast ? qt : rm;
+  const uint32_t b = bh / (uint32_t)a.heads, h = bh - b * (uint32_t)a.heads;
+  t.bh = bh;
+  t.r0 = (int64_t)rb * QROWS;
+  t.qb = a.q + ((int64_t)b * a.q_sb + (int64_t)h * a.q_sh) * ES;
+  t.kb = a.k + ((int64_t)b * a.k_sb + (int64_t)h * a.k_sh) * ES;
+  t.vb = a.v + ((int64_t)b * a.v_sb + (int64_t)h * a.v_sh) * ES;
+  const int64_t nr = a.R - t.r0, kn = a.g.keys_end - t.r0;
+  t.nr = (int)(nr < QROWS ? nr : QROWS);
+  t.kn = (int)(kn < 0 ? 0 : kn < QROWS ? kn : QROWS);
+  return t;
+}
+
+/* The item's q, k and v rows by cp.async into stage st ([3][QROWS][P]:
+** q, k, v; zero where there is no row or no key), one commit group: a
+** thread takes 16-byte chunk tid % CH of rows tid / CH + RS j (a fixed
+** count); the thread of chunk 0 writes each row's state to rs (-2 past
+** R, -1 padding, 0 a row that is no key, 1 a key). */
+template <int D, int ES>
+__device__ __forceinline__ void rows_v2_load(const QuantArgs &a, const RowsItem &t,
+                                             unsigned char *st, int *rs) {
+  constexpr int P = rows_pitch<D, ES>(), CH = D * ES / 16, RS = 2 * D / CH, NJ = QROWS / RS;
+  static_assert(2 * D % CH == 0 && QROWS % RS == 0, "whole rows a pass");
+  const int c = threadIdx.x % CH, i0 = threadIdx.x / CH;
+  const int64_t qss = a.q_ss * ES, kss = a.k_ss * ES, vss = a.v_ss * ES;
+  const char *qb = t.qb + 16 * c, *kb = t.kb + 16 * c, *vb = t.vb + 16 * c;
+  const int *sp = a.src + t.r0 + i0;
+  int s[NJ];
+#pragma unroll
+  for (int j = 0; j < NJ; j++) s[j] = i0 + RS * j < t.nr ? __ldg(sp + RS * j) : -2;
+  const uint32_t d0 = sta::smem_u32(st + i0 * P + 16 * c);
+#pragma unroll
+  for (int j = 0; j < NJ; j++) {
+    const int i = i0 + RS * j;
+    const bool key = s[j] >= 0 && i < t.kn;
+    const uint32_t d = d0 + RS * j * P;
+    sta::cp_async16(d, s[j] >= 0 ? qb + s[j] * qss : qb, s[j] >= 0 ? 16 : 0);
+    sta::cp_async16(d + QROWS * P, key ? kb + s[j] * kss : kb, key ? 16 : 0);
+    sta::cp_async16(d + 2 * QROWS * P, key ? vb + s[j] * vss : vb, key ? 16 : 0);
+    if (c == 0) rs[i] = s[j] == -2 ? -2 : s[j] < 0 ? -1 : key ? 1 : 0;
+  }
+  sta::cp_async_commit();
+}
+
+/* m / 127.0f (m >= 0 or NaN): for finite m a product and two fmas (every
+** finite m >= 0 checked against the division on the host: the same
+** bits), the division itself for Inf and NaN. */
+__device__ __forceinline__ float div127(float m) {
+  if (!(m < INFINITY)) return m / 127.0f;
+  const float c = 1.0f / 127.0f, q = __fmul_rn(m, c);
+  return __fmaf_rn(__fmaf_rn(-q, 127.0f, m), c, q);
+}
+
+/* x where mask is all ones, +0 where it is 0 (the reference's 0.0f). */
+__device__ __forceinline__ float fmask(float x, uint32_t mask) {
+  return __uint_as_float(__float_as_uint(x) & mask);
+}
+
+/* A block of 2 D threads per work item (batch * head, 64 rows: one key
+** group), STA_FP8_PPV2's: fp8_rows_v's work and bits, in fewer
+** instructions: the item decoded once, the per-channel operands (k_mean
+** as float and double, 2^e, 2^-e, v's inverse amax) staged in shared
+** memory by a coalesced load, 32-bit offsets off hoisted bases, the
+** rows' zero fill standing in for q's "0 where no row" and no branches
+** per element; q_bias's chain after the last barrier (warps 0 and 1 run
+** it while the others store v8 and leave). */
+template <int D, int DT> /* DT: the input dtype (STA_BF16, STA_F16, STA_F32) */
+__global__ void __launch_bounds__(2 * D, 768 / (2 * D))
+    fp8_rows_v(const __grid_constant__ QuantArgs a) {
+  constexpr int ES = DT == STA_F32 ? 4 : 2, TPR = D / 8, P = rows_pitch<D, ES>();
+  extern __shared__ __align__(16) unsigned char smem[];
+  const unsigned char *qs = smem, *ks = qs + QROWS * P, *vs = ks + QROWS * P; /* [QROWS][P] each */
+  uint8_t *vt = smem + rows_v_stage<D, ES>(); /* [D][VP]: v's codes, transposed */
+  double *kmd = (double *)(vt + D * VP);  /* [D] k_mean in double (q_bias) */
+  float *km = (float *)(kmd + D);         /* [D] k_mean */
+  float *pqs = km + D, *pks = pqs + D;    /* [D] 2^e, 2^-e */
+  float *vis = pks + D;                   /* [D] 448 / v's amax */
+  int *rs = (int *)(vis + D);             /* [QROWS]: the row's state (rows_v2_load) */
+  float *ka = (float *)(rs + QROWS);      /* [QROWS]: k's row amax, -1: no key */
+  const int tid = threadIdx.x;
+  const int64_t R = a.R;
+  const RowsItem t = rows_v2_item<ES>(a);
+  rows_v2_load<D, ES>(a, t, smem, rs);
+  const int64_t bh = t.bh, r0 = t.r0;
+  if (tid < D) {
+    const float m = a.o.k_mean[bh * D + tid];
+    const int e = a.o.eq[bh * D + tid];
+    km[tid] = m;
+    kmd[tid] = (double)m;
+    pqs[tid] = sta_pow2f(e);
+    pks[tid] = sta_pow2f(-e);
+    vis[tid] = a.vinv[bh * D + tid];
+  }
+  const int g = tid % TPR, ri = tid / TPR; /* q, k: channels 8 g.., rows ri + 16 p */
+  sta::cp_async_wait_all(); /* the rows here */
+  __syncthreads();
+  float pq[8], pk[8], mk[8];
+#pragma unroll
+  for (int j = 0; j < 8; j++) {
+    pq[j] = pqs[8 * g + j];
+    pk[j] = pks[8 * g + j];
+    mk[j] = km[8 * g + j];
+  }
+  /* k' = (k - k_mean) 2^-e of this thread's 8 channels of row i (0 where
+  ** no key): its row amax first, its codes after the group's */
+  const auto kprime = [&](int i, bool key, float *y) {
+    Row8<ES> xr;
+    lds8<ES>(xr, ks + i * P + 8 * ES * g);
+    const uint32_t mask = key ? 0xffffffffu : 0u;
+#pragma unroll
+    for (int j = 0; j < 8; j++) y[j] = fmask(sta_fmul(elt<ES>(xr, j, DT) - mk[j], pk[j]), mask);
+  };
+  /* this thread's rows' codes and scales: i * D + 8 g bytes and i past
+  ** these */
+  const int64_t orow = bh * R + r0;
+  int8_t *q8 = a.o.q8 + (orow + ri) * D + 8 * g, *k8 = a.o.k8 + orow * D + 8 * g;
+  float *qsc = a.o.q_scale + orow + ri, *ksc = a.o.k_scale + orow;
+#pragma unroll
+  for (int p = 0; p < 4; p++) { /* q's codes, k's row amaxes */
+    const int i = 16 * p + ri, st = rs[i];
+    Row8<ES> xr;
+    lds8<ES>(xr, qs + i * P + 8 * ES * g);
+    float y[8];
+    uint2 c;
+    /* a row without input is zero in the stage: y = +0 as the host's */
+#pragma unroll
+    for (int j = 0; j < 8; j++) y[j] = sta_fmul(elt<ES>(xr, j, DT), pq[j]);
+    const float m = amax8<TPR>(y);
+    quant8_with(y, m, c);
+    if (st != -2) {
+      *(uint2 *)(q8 + 16 * p * D) = c;
+      if (g == 0) qsc[16 * p] = div127(m);
+    }
+    kprime(i, st > 0, y);
+    const float mkr = amax8<TPR>(y);
+    if (g == 0) ka[i] = st > 0 ? mkr : -1.0f;
+  }
+  __syncthreads(); /* ka whole */
+  { /* V: thread (gv, rq) codes channels 8 gv.. of rows 4 rq.. 4 rq + 3 into
+    ** vt (a 4-byte word a channel); a warp's lanes take gv's low two bits
+    ** and rq's low three, so that each 8-thread phase of its 16-byte
+    ** reads meets 8 different bank groups */
+    const int w = tid >> 5, l = tid & 31;
+    const int gv = (l & 3) + 4 * (w % (D / 32)), rq = ((l >> 2) & 7) + 8 * (w / (D / 32));
+    float vi[8];
+#pragma unroll
+    for (int j = 0; j < 8; j++) vi[j] = vis[8 * gv + j];
+    uint32_t hw[8];
+#pragma unroll
+    for (int j = 0; j < 8; j++) hw[j] = 0;
+#pragma unroll
+    for (int j = 0; j < 4; j++) {
+      const int i = 4 * rq + j;
+      const uint32_t mask = rs[i] > 0 ? 0xffffu : 0u;
+      Row8<ES> xr;
+      lds8<ES>(xr, vs + i * P + 8 * ES * gv);
+#pragma unroll
+      for (int c = 0; c < 8; c += 2) {
+        const uint32_t h2 =
+            vcodes(elt<ES>(xr, c, DT), elt<ES>(xr, c + 1, DT), vi[c], vi[c + 1], true) & mask;
+        hw[c] |= (h2 & 0xffu) << (8 * j);
+        hw[c + 1] |= (h2 >> 8) << (8 * j);
+      }
+    }
+#pragma unroll
+    for (int c = 0; c < 8; c++) *(uint32_t *)(vt + (8 * gv + c) * VP + 4 * rq) = hw[c];
+  }
+  { /* k's codes with the group's amax (the largest finite row amax of
+    ** its keys: a max, so a warp's shuffles give the host's sequential
+    ** bits); key r's row sta_fp8_kslot(r, R): r0 is a multiple of 64, so
+    ** r & 15 is ri, and the rows from lim on (the last partial 16) keep
+    ** their order */
+    const int l = tid & 31;
+    float gam = sta_fp8_group_amax(sta_fp8_group_amax(0.0f, ka[l]), ka[l + 32]);
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1)
+      gam = sta_fp8_group_amax(gam, __shfl_xor_sync(0xffffffffu, gam, o));
+    const int64_t lr = (R & ~(int64_t)15) - r0;
+    const int lim = (int)(lr < QROWS ? lr : QROWS);
+    const int pr = 8 * ((ri >> 1) & 1) + 4 * (ri >> 3) + 2 * ((ri >> 2) & 1) + (ri & 1);
+#pragma unroll
+    for (int p = 0; p < 4; p++) {
+      const int i = 16 * p + ri, st = rs[i];
+      const bool key = st > 0;
+      float y[8];
+      kprime(i, key, y);
+      uint2 c;
+      const float am = key ? sta_fp8_key_amax(ka[i], gam) : 0.0f;
+      quant8_with(y, am, c);
+      const int slot = 16 * p + (i >= lim ? ri : pr);
+      if (st != -2) {
+        *(uint2 *)(k8 + slot * D) = c;
+        if (g == 0) ksc[slot] = div127(am);
+      }
+    }
+  }
+  __syncthreads(); /* vt whole */
+  const int nr = t.nr;
+  uint8_t *v8 = a.o.v8 + bh * D * R + r0;
+  if (nr == QROWS && R % 8 == 0) { /* 8-byte stores: chunk tid % 8 of channels tid / 8 + D / 4 j */
+    constexpr int DS = 2 * D / (QROWS / 8);
+    const int c = tid % (QROWS / 8), d = tid / (QROWS / 8);
+    uint8_t *o = v8 + d * R + 8 * c;
+    const int64_t os = DS * R;
+#pragma unroll
+    for (int j = 0; j < D / DS; j++)
+      *(uint2 *)(o + j * os) = *(const uint2 *)(vt + (d + DS * j) * VP + 8 * c);
+  } else {
+    for (int y = tid; y < D * QROWS; y += 2 * D) {
+      const int i = y % QROWS, d = y / QROWS;
+      if (i < nr) v8[d * R + i] = vt[d * VP + i];
+    }
+  }
+  if (tid < QROWS) { /* q_bias: fp8_bias's sum, channel order (one double
+                     ** chain a row: warps 0 and 1, after the barrier) */
+    const int st = rs[tid];
+    if (st != -2) {
+      double bias = 0;
+      if (st >= 0) {
+        const unsigned char *xq = qs + tid * P;
+#pragma unroll 4
+        for (int c = 0; c < D / 8; c++) {
+          Row8<ES> xr;
+          lds8<ES>(xr, xq + 8 * ES * c);
+#pragma unroll
+          for (int j = 0; j < 8; j++) bias += (double)elt<ES>(xr, j, DT) * kmd[8 * c + j];
+        }
+      }
+      a.o.q_bias[bh * R + r0 + tid] = st >= 0 ? (float)bias : 0.0f;
+    }
+  }
+}
+
+#endif /* STA_FP8_PPV2 */
 
 /* Operand x of p (element size es) readable by 16-byte cp.async: 16-byte aligned at
 ** every (b, s, h) it is read at. */

@@ -64,7 +64,10 @@ template <int D>
 __device__ __forceinline__ void fp8_consume(const Fp8Params &a, unsigned char *sm, int tid) {
   using L = Fp8Smem<D>;
   constexpr int NB = L::NB;
-  const int wg = tid >> 7, lane = tid & 31, w = (tid >> 5) & 3;
+  /* STA_FP8_EARLY: the warpgroup warp-uniform (a shuffle), so that its Q
+  ** descriptors live in uniform registers */
+  const int wg = STA_FP8_EARLY ? __shfl_sync(0xffffffffu, tid >> 7, 0) : tid >> 7,
+            lane = tid & 31, w = (tid >> 5) & 3;
   uint64_t *full = (uint64_t *)(sm + L::BAR), *empty = full + NB, *qfull = empty + NB,
            *qempty = qfull + 2;
   const int *sitem = (const int *)(sm + L::ITEM);
@@ -92,7 +95,7 @@ __device__ __forceinline__ void fp8_consume(const Fp8Params &a, unsigned char *s
     const auto at = [&](int b) {
       return Fp8Stage{dk0 + b * KSTEP, dv0 + b * VSTEP, L::info(sm, b, a.has_pad)};
     };
-    fp8_blocks<D, L::HI, NB, STA_FP8_HALF ? 2 : 1>(st, dq, nb, g, full, empty, at, wg, lane & 3,
+    fp8_blocks<D, L::HI, NB, fp8_h<D>()>(st, dq, nb, g, full, empty, at, wg, lane & 3,
                                                    smem_u32(sm + L::OS) + 16 * tid);
     mbar_arrive(&qempty[qb]);
     fp8_finish_item<D>(a, st, bh, q0, q1, wg, w, lane);

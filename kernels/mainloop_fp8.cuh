@@ -41,6 +41,22 @@
 **                     default) three consumer warpgroups fit at 160
 **                     registers (kernels/README.md); 0: whole blocks (with
 **                     STA_FP8_NWG 2; tests then set the reference's step)
+**   STA_FP8_D64_WHOLE 1: at D 64 whole 128-key blocks a step (S 64
+**                     registers, O 32: they fit three warpgroups), half
+**                     the steps' fixed cost a score where the softmax is
+**                     all of the kernel's time (twice D 128's scores for
+**                     the FLOPs); 0 (the default until measured): halves
+**   STA_FP8_EARLY     1: the step's uniform-k_scale test (its ku words and
+**                     the vote) issued before the wait for S, not after it
+**                     (ncu: 4 % of the consumers' stall samples on that
+**                     load's latency), the vote on whether the P V
+**                     accumulator needs the next step's rescale taken at
+**                     the end of this step's softmax (3 %: its four
+**                     dependent instructions came right after the turn),
+**                     and the warpgroup index warp-uniform in fp8_consume
+**                     (its Q descriptors then in uniform registers, no
+**                     R2UR a GEMM); 0 (the default until measured): as
+**                     before
 */
 #ifndef STA_MAINLOOP_FP8_CUH
 #define STA_MAINLOOP_FP8_CUH
@@ -56,8 +72,19 @@
 #define STA_FP8_FLUSH 16
 #endif
 static_assert(STA_FP8_FLUSH >= 1, "a fresh accumulator carries at least one block");
+#ifndef STA_FP8_EARLY
+#define STA_FP8_EARLY 0
+#endif
+#if STA_FP8_EARLY
+#define FP8_MOVED moved
+#else
+#define FP8_MOVED rescale_vote(alpha)
+#endif
 #ifndef STA_FP8_HALF /* the reference's step (core/fp8_internal.h): 64, the halves */
 #define STA_FP8_HALF (STA_FP8_STEP == 64)
+#endif
+#ifndef STA_FP8_D64_WHOLE
+#define STA_FP8_D64_WHOLE 0
 #endif
 
 namespace sta {
@@ -234,6 +261,22 @@ __device__ __forceinline__ void fp8_softmax_u(Fp8Rows<D> &st, int32_t *sp, float
   for (int i = 0; i < 2; i++) st.l[i] = fmaf(st.l[i], alpha[i], ps[i][0] + ps[i][1]);
 }
 
+/* Whether a step's keys share one k_scale a half (u, the same in every
+** thread) and those k_scales (ku: fp8_helpers' words, -1 where not):
+** taken on a vote, which the compiler knows to be warp-uniform (no
+** divergent branch: 1.9 % faster). */
+struct Fp8Uni {
+  float ku[2];
+  bool u;
+};
+template <int NJ> __device__ __forceinline__ Fp8Uni fp8_uni(const Fp8KeyInfo &info) {
+  Fp8Uni r;
+#pragma unroll
+  for (int h = 0; h < NJ / 8; h++) r.ku[h] = lds_f1(info.ku + 4 * h);
+  r.u = __all_sync(0xffffffffu, r.ku[0] >= 0.0f && r.ku[NJ / 8 - 1] >= 0.0f);
+  return r;
+}
+
 /* The softmax of one block's S (sp, waited for), in place: the s32
 ** accumulators become the float bits of P * STA_FP8_PSCALE =
 ** exp2(score - m + log2 STA_FP8_PSCALE) (one array for both: the wgmma's
@@ -244,18 +287,10 @@ __device__ __forceinline__ void fp8_softmax_u(Fp8Rows<D> &st, int32_t *sp, float
 ** k_scale and mask (1), the max (1), q_scale and m (1), ex2, the sum (1). */
 template <int D, int NJ = 16>
 __device__ __forceinline__ void fp8_softmax(Fp8Rows<D> &st, int32_t *sp, float *alpha,
-                                            const Fp8KeyInfo &info, int t) {
-  { /* each half's keys one k_scale? */
-    float ku[NJ / 8];
-#pragma unroll
-    for (int h = 0; h < NJ / 8; h++) ku[h] = lds_f1(info.ku + 4 * h);
-    /* the same word in every thread; taken on a vote, which the compiler
-    ** knows to be warp-uniform (no divergent branch: 1.9 % faster) */
-    const bool u = ku[0] >= 0.0f && ku[NJ / 8 - 1] >= 0.0f;
-    if (__all_sync(0xffffffffu, u)) {
-      fp8_softmax_u<D, NJ>(st, sp, alpha, ku);
-      return;
-    }
+                                            const Fp8KeyInfo &info, int t, const Fp8Uni &uni) {
+  if (uni.u) {
+    fp8_softmax_u<D, NJ>(st, sp, alpha, uni.ku);
+    return;
   }
   /* u = acc * k_scale (the score over q_scale * scale * log2 e), -inf
   ** where info masks the key */
@@ -356,13 +391,23 @@ struct Fp8Stage {
   Fp8KeyInfo info;
 };
 
-static_assert(STA_FP8_NWG == 2 || STA_FP8_HALF, "three consumer warpgroups need STA_FP8_HALF's registers");
+/* The steps a block of head dim D takes: 2 (STA_FP8_HALF, halves of 64
+** keys) or 1 (whole blocks; at D 64 also STA_FP8_D64_WHOLE, whose S, P
+** and a D 64 accumulator fit three warpgroups' 160 registers). */
+template <int D> constexpr int fp8_h() {
+  return STA_FP8_HALF && !(D == 64 && STA_FP8_D64_WHOLE) ? 2 : 1;
+}
+static_assert(STA_FP8_NWG == 2 || fp8_h<128>() == 2,
+              "three consumer warpgroups need STA_FP8_HALF's registers at D 128");
 
 /* acc *= alpha (rows), skipped where no row of the warp moved (a
 ** warp-uniform branch): the fresh P V accumulator between its blocks. */
+__device__ __forceinline__ bool rescale_vote(const float *alpha) {
+  return __any_sync(0xffffffffu, alpha[0] != 1.0f || alpha[1] != 1.0f);
+}
 template <int D>
-__device__ __forceinline__ void rescale_acc(float *acc, const float *alpha) {
-  if (!__any_sync(0xffffffffu, alpha[0] != 1.0f || alpha[1] != 1.0f)) return;
+__device__ __forceinline__ void rescale_acc(float *acc, const float *alpha, bool moved) {
+  if (!moved) return;
 #pragma unroll
   for (int x = 0; x < D / 2; x++) acc[x] *= alpha[(x >> 1) & 1];
 }
@@ -466,9 +511,15 @@ __device__ __forceinline__ void fp8_blocks(Fp8Rows<D> &st, uint32_t dq, int nb, 
   fp8_turn(wg);
   issue_s_step<D, HI, H>(sacc, dq, at(b).dk, 0);
   fp8_turn_done(wg);
+  Fp8Uni uni;
+  if (STA_FP8_EARLY) uni = fp8_uni<16 / H>(info_step<H>(at(b).info, 0));
   sta_wgmma::wait<0>();
   sta_wgmma::pin_i<64 / H>(sacc);
-  fp8_softmax<D, 16 / H>(st, sacc, alpha, info_step<H>(at(b).info, 0), t);
+  if (!STA_FP8_EARLY) uni = fp8_uni<16 / H>(info_step<H>(at(b).info, 0));
+  fp8_softmax<D, 16 / H>(st, sacc, alpha, info_step<H>(at(b).info, 0), t, uni);
+#if STA_FP8_EARLY
+  bool moved = rescale_vote(alpha);
+#endif
   pack_p<4 / H>(sacc, pa);
   /* step q's S with step q - 1's P V (pa, alpha; block b, step hp) */
   int hp = 0;
@@ -482,14 +533,19 @@ __device__ __forceinline__ void fp8_blocks(Fp8Rows<D> &st, uint32_t dq, int nb, 
     float anext[2];
     fp8_turn(wg);
     issue_s_step<D, HI, H>(sacc, dq, at(bn).dk, h);
-    if (grp > 0) rescale_acc<D>(ob, alpha);
+    if (grp > 0) rescale_acc<D>(ob, alpha, FP8_MOVED);
     issue_pv_step<D, H>(ob, pa, at(b).dv, hp, grp == 0);
     fp8_turn_done(wg);
     mob[0] = st.m[0];
     mob[1] = st.m[1];
+    if (STA_FP8_EARLY) uni = fp8_uni<16 / H>(info_step<H>(at(bn).info, h));
     sta_wgmma::wait<1>(); /* S(q) done, P V(q - 1) may still run */
     sta_wgmma::pin_i<64 / H>(sacc);
-    fp8_softmax<D, 16 / H>(st, sacc, anext, info_step<H>(at(bn).info, h), t);
+    if (!STA_FP8_EARLY) uni = fp8_uni<16 / H>(info_step<H>(at(bn).info, h));
+    fp8_softmax<D, 16 / H>(st, sacc, anext, info_step<H>(at(bn).info, h), t, uni);
+#if STA_FP8_EARLY
+    moved = rescale_vote(anext);
+#endif
     sta_wgmma::wait<0>();
     sta_wgmma::pin<D / 2>(ob);
     sta_wgmma::pin_r<16 / H>(&pa[0][0]);
@@ -513,7 +569,7 @@ __device__ __forceinline__ void fp8_blocks(Fp8Rows<D> &st, uint32_t dq, int nb, 
   /* the last step's P V; the last warpgroup's last turn of the item lets
   ** no one go (it opens the next item instead) */
   fp8_turn(wg);
-  if (grp > 0) rescale_acc<D>(ob, alpha);
+  if (grp > 0) rescale_acc<D>(ob, alpha, FP8_MOVED);
   issue_pv_step<D, H>(ob, pa, at(b).dv, hp, grp == 0);
   if (FP8_NWG == 2 ? wg == 0 : wg != FP8_NWG - 1) fp8_turn_done(wg);
   mob[0] = st.m[0];

@@ -32,20 +32,7 @@
 #include "mainloop_fp8.cuh"
 #include "tile_scheduler.cuh" /* next_item */
 
-/* the producer's waits: 0, retrying try_wait (the measured default); 1,
-** sleeping on try_wait's suspend hint (mbar_wait_sleep; the retries were
-** 1.6 G of the kernel's 12.4 G instructions at hunyuan-720p; to be
-** measured against 0) */
-#ifndef STA_FP8_PSLEEP
-#define STA_FP8_PSLEEP 0
-#endif
-
 namespace sta {
-
-__device__ __forceinline__ void fp8_pwait(uint64_t *b, int parity) {
-  if (STA_FP8_PSLEEP) mbar_wait_sleep(b, parity);
-  else mbar_wait(b, parity);
-}
 
 /* The key (within its block) that S column / K row c holds: in each
 ** 32-key chunk, a thread's accumulator columns 2t, 2t+1, 8+2t, 9+2t (and
@@ -241,7 +228,7 @@ __device__ __forceinline__ void fp8_walker(const Fp8Params &a, unsigned char *sm
   int g = 0; /* key blocks so far */
   for (int k = 0;; k++) {
     const int qb = k & 1;
-    if (k >= 2) fp8_pwait(&qempty[qb], ((k >> 1) - 1) & 1);
+    if (k >= 2) mbar_wait(&qempty[qb], ((k >> 1) - 1) & 1);
     const int j = next_item<PERSIST>(a, k);
     sitem[qb] = j;
     if (j < 0) {
@@ -263,7 +250,7 @@ __device__ __forceinline__ void fp8_walker(const Fp8Params &a, unsigned char *sm
     while (wk.next(a, runs, ks, kl)) {
       const int b = g % NB;
       const bool tma = a.v_vec && kl == FP8_BK && (ks & 15) == 0;
-      if (g >= NB) fp8_pwait(&empty[b], (g / NB - 1) & 1);
+      if (g >= NB) mbar_wait(&empty[b], (g / NB - 1) & 1);
       desc[b] = Fp8BlockDesc{(int)ks, kl, (int)bh, tma};
       mbar_arrive(&dfull[b]);
       if (tma) {
@@ -298,7 +285,7 @@ __device__ __forceinline__ void fp8_helpers(const Fp8Params &a, unsigned char *s
   const int lane = h & 31, half = h >> 5;
   for (int g = 0;; g++) {
     const int b = g % NB;
-    fp8_pwait(&dfull[b], (g / NB) & 1);
+    mbar_wait(&dfull[b], (g / NB) & 1);
     const Fp8BlockDesc d = desc[b];
     if (d.len < 0) return;
     if (half < 2) { /* warp-uniform */

@@ -108,22 +108,6 @@ __device__ __forceinline__ void mbar_wait(uint64_t *b, int parity) {
       : "memory");
 }
 #endif
-/* mbar_wait for a waiter with nothing else to do (the fp8 producer):
-** try_wait with a suspend-time hint, so that the thread sleeps until the
-** phase completes (or about 1 ms passes) instead of retrying, and leaves
-** its issue slots to the consumers. */
-__device__ __forceinline__ void mbar_wait_sleep(uint64_t *b, int parity) {
-#ifdef STA_HANG_TRAP
-  mbar_wait(b, parity);
-#else
-  asm volatile(
-      "{\n.reg .pred P1;\nWAIT_%=:\n"
-      "mbarrier.try_wait.parity.shared::cta.b64 P1, [%0], %1, %2;\n"
-      "@P1 bra DONE_%=;\nbra WAIT_%=;\nDONE_%=:\n}\n" ::"r"(smem_u32(b)),
-      "r"(parity), "r"(1000000)
-      : "memory");
-#endif
-}
 /* Arrive and expect bytes more of TMA traffic on b. */
 __device__ __forceinline__ void mbar_expect_tx(uint64_t *b, int bytes) {
   asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(

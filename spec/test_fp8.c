@@ -336,7 +336,8 @@ static void test_fp8_prequantized(void **state) {
 ** whole blocks of 128 keys (a CUDA kernel built with STA_FP8_HALF 0) move
 ** the running maximum less often than the default's halves of 64, so rows
 ** that see more than one half get other bits at the same accuracy; other
-** values are ignored, and 0 restores the default's bits. */
+** values are ignored, and 0 restores the default's bits; a step set for
+** one head dim leaves the other's. */
 static void test_fp8_step(void **state) {
   (void)state;
   static const int32_t cv[3] = {6, 8, 16}; /* two tiles: 768 keys a row, 6 blocks */
@@ -347,10 +348,10 @@ static void test_fp8_step(void **state) {
   for (int i = 0; i < 5; i++) {
     o[i] = new_like(p.q, STA_F32, NAN);
     l[i] = new_lse(&p, NAN);
-    sta_fp8_set_step_test(steps[i]);
+    sta_fp8_set_step_test(0, steps[i]);
     OK(sta_attention_forward(&p.d, p.q, p.k, p.v, o[i], l[i]));
   }
-  sta_fp8_set_step_test(0);
+  sta_fp8_set_step_test(0, 0);
   const size_t no = (size_t)sta_tensor_numel(o[0]) * 4, nl = (size_t)sta_tensor_numel(l[0]) * 4;
   assert_memory_equal(sta_tensor_data(o[0]), sta_tensor_data(o[3]), no);
   assert_memory_equal(sta_tensor_data(l[0]), sta_tensor_data(l[3]), nl);
@@ -362,9 +363,21 @@ static void test_fp8_step(void **state) {
   /* P rounds to e4m3 against another maximum: about 1e-2 apart, a third of
   ** the scheme's own error against float (3.8e-2 on randn) */
   if (!(rel > 0 && rel < 2.5e-2)) fail_msg("step 128 against 64: rel L2 %.4g", rel);
-  sta_fp8_set_step_test(STA_FP8_BK); /* the same accuracy against the double reference */
+  { /* a head dim's own step: 128 set at D 128 leaves this D 64 problem's
+    ** bits, 128 set at D 64 gives whole blocks' */
+    sta_tensor *x = new_like(p.q, STA_F32, NAN);
+    sta_fp8_set_step_test(128, STA_FP8_BK);
+    OK(sta_attention_forward(&p.d, p.q, p.k, p.v, x, NULL));
+    assert_memory_equal(sta_tensor_data(o[0]), sta_tensor_data(x), no);
+    sta_fp8_set_step_test(64, STA_FP8_BK);
+    OK(sta_attention_forward(&p.d, p.q, p.k, p.v, x, NULL));
+    assert_memory_equal(sta_tensor_data(o[1]), sta_tensor_data(x), no);
+    sta_fp8_set_step_test(0, 0);
+    sta_tensor_destroy(x);
+  }
+  sta_fp8_set_step_test(0, STA_FP8_BK); /* the same accuracy against the double reference */
   check_fp8(&p, STA_F32, 0.0, 6e-2, 0.998, 2e-2, "fp8, steps of 128 keys");
-  sta_fp8_set_step_test(0);
+  sta_fp8_set_step_test(0, 0);
   for (int i = 0; i < 5; i++) {
     sta_tensor_destroy(o[i]);
     sta_tensor_destroy(l[i]);

@@ -674,8 +674,10 @@ int main(void) {
   /* the CPU reference steps its running maximum as this build's kernel
   ** does (128 keys; 64 where built with STA_FP8_HALF): the tests run on
   ** this thread */
-  sta_fp8_set_step_test(sta_cuda_fp8_step_test());
-  printf("# fp8 kernel: %d keys a softmax step\n", (int)sta_cuda_fp8_step_test());
+  for (int32_t d = 64; d <= 128; d += 64) {
+    sta_fp8_set_step_test(d, sta_cuda_fp8_step_test(d));
+    printf("# fp8 kernel: %d keys a softmax step at D %d\n", (int)sta_cuda_fp8_step_test(d), (int)d);
+  }
 #endif
   const struct CMUnitTest tests[] = {
     cmocka_unit_test(test_prepass_bits),
