@@ -317,13 +317,14 @@ def metrics(o, ref):
     return dict(rel=(d.norm() / ref.norm()).item(), cos=cos.item())
 
 
-def accuracy(libs, names, log, flexfns):
+def accuracy(libs, names, log, flexfns, D=128):
     """fp8 (each library), bf16 sta and the SageAttention2 scheme against
-    float32 at full hunyuan-720p size, on each input kind."""
+    float32 at full hunyuan-720p size, on each input kind; head dim D (64:
+    48 heads, the same FLOPs)."""
     torch.backends.cuda.matmul.allow_tf32 = False
     flex_c, create_block_mask = flexfns
     g, S = bg.workload("hunyuan-720p")
-    H, D = 24, 128
+    H = 24 * 128 // D
     perm = bg.tiled_perm(g, S, "cuda")
     bm = create_block_mask(bg.flex_tiled_mask_mod(g, S), None, None, S, S, device="cuda",
                            BLOCK_SIZE=128, _compile=True)
@@ -335,7 +336,7 @@ def accuracy(libs, names, log, flexfns):
         ref = torch.empty(1, S, H, D, device="cuda")
         ref[:, perm] = flex_c(qt, kt, vt, block_mask=bm).transpose(1, 2)
         del qt, kt, vt
-        row = dict(inputs=kind, fp8=[])
+        row = dict(inputs=kind, D=D, fp8=[])
         o = torch.empty_like(q)
         for lib in libs:
             lib.forward(g, q, k, v, o, precision=FP8)
@@ -351,8 +352,8 @@ def accuracy(libs, names, log, flexfns):
         torch.cuda.empty_cache()
     log("")
     log("Against float32 (FlexAttention in float32, STA block mask, tiled order), "
-        "hunyuan-720p 3,3,3, 24 heads, D 128, bf16 inputs (rel L2 / cosine); bar: fp8 rel L2 "
-        "<= the SageAttention2 scheme's, cosine >= 0.999 on randn and peaked:")
+        "hunyuan-720p 3,3,3, %d heads, D %d, bf16 inputs (rel L2 / cosine); bar: fp8 rel L2 "
+        "<= the SageAttention2 scheme's, cosine >= 0.999 on randn and peaked:" % (H, D))
     log("")
     log("| inputs | " + " | ".join("fp8 %s" % n for n in names) +
         " | SageAttention2 scheme | bf16 sta | bar (first) |")
@@ -462,6 +463,8 @@ def main():
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     ap.add_argument("--no-flex", action="store_true")
     ap.add_argument("--no-accuracy", action="store_true")
+    ap.add_argument("--accuracy-dims", default="128",
+                    help="head dims of the full-size accuracy check (comma-separated: 128, 64)")
     ap.add_argument("--cases", default=",".join(CASES))
     ap.add_argument("--sweep", type=int, default=0, help="random geometries per input kind")
     ap.add_argument("--seed", type=int, default=5)
@@ -483,7 +486,8 @@ def main():
     if not a.no_accuracy:  # first: a cut-off run keeps the bar
         fx = bg.flex_setup()
         if fx:
-            res["accuracy"] = accuracy(libs, names, log, fx)
+            res["accuracy"] = [r for d in a.accuracy_dims.split(",")
+                               for r in accuracy(libs, names, log, fx, int(d))]
         else:
             log("accuracy: no FlexAttention in this torch")
     if a.cases:

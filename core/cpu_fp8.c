@@ -11,9 +11,10 @@
 ** What a kernel may differ in from this reference is only the order and
 ** width of its sums (float32 scores and ex2, Hopper's fp8 accumulator): P
 ** is taken against the running maximum over the kernel's own steps
-** (key_rows: its walk, blocks of STA_FP8_BK in steps of STA_FP8_STEP;
-** sta_fp8_set_step_test: whole blocks, a kernel built with STA_FP8_HALF
-** 0), as the kernel takes it, so each P's e4m3 code is the kernel's up to
+** (key_rows: its walk, blocks of STA_FP8_BK in steps of sta_fp8_step(D):
+** halves at D 128, whole blocks at D 64; sta_fp8_set_step_test: whole
+** blocks at D 128, a kernel built with STA_FP8_HALF 0), as the kernel
+** takes it, so each P's e4m3 code is the kernel's up to
 ** a rounding boundary.
 */
 #include <math.h>
@@ -188,21 +189,21 @@ sta_status sta_cpu_fp8_quantize(const sta_attn_params *p, sta_fp8_ops *o) {
 }
 
 /* sta_fp8_set_step_test's keys a step at D 64 and at D 128, this
-** thread's (0: STA_FP8_STEP) */
+** thread's (0: the scheme's, sta_fp8_step) */
 static _Thread_local int32_t fp8_step_test[2];
 
 void sta_fp8_set_step_test(int32_t head_dim, int32_t keys) {
   if (keys != 0 && keys != STA_FP8_BK && keys != STA_FP8_STEP) return;
   for (int i = 0; i < 2; i++)
-    if (head_dim == 0 || head_dim == (i ? 128 : 64)) fp8_step_test[i] = keys == STA_FP8_STEP ? 0 : keys;
+    if (head_dim == 0 || head_dim == (i ? 128 : 64)) fp8_step_test[i] = keys;
 }
 
 /* Key rows (quantized order) of query row i into keys, in the kernel's walk
 ** (kernels/producer_fp8.cuh, Fp8Walk): the window's runs of tiles along w,
 ** then the text keys (a text query: one run of every row below keys_end),
 ** each run cut into blocks of STA_FP8_BK rows, each block into steps of
-** BK rows (STA_FP8_STEP, 64: its halves; or STA_FP8_BK, whole blocks, by
-** sta_fp8_set_step_test); blk[j]: key j's step (counted
+** BK rows (sta_fp8_step: 64, its halves, at D 128, STA_FP8_BK, whole
+** blocks, at D 64; or sta_fp8_set_step_test's); blk[j]: key j's step (counted
 ** over the runs).  Returns the count. */
 static int64_t key_rows(const sta_attn_params *p, const sta_fp8_geom *g, int64_t h, int64_t i,
                         int64_t BK, int64_t *keys, int64_t *blk) {
@@ -259,7 +260,7 @@ sta_status sta_cpu_fp8_attention(const sta_attn_params *p) {
   size_t es = sta_dtype_size(p->dtype);
   double c = (double)p->scale * 1.4426950408889634; /* exp2 domain */
   const int32_t bk = fp8_step_test[D == 64 ? 0 : 1]; /* the caller's thread */
-  const int64_t BK = bk ? bk : STA_FP8_STEP;
+  const int64_t BK = bk ? bk : sta_fp8_step(D);
   int64_t skipped = 0, rows = p->batch * H * R;
   #pragma omp parallel num_threads(nt)
   {

@@ -114,17 +114,21 @@ STA_HD int sta_fp8_exponent(float qam, float kam) {
 ** (text past text_len) have k8 = v8 = 0 and k_scale 0.
 ** The attention over them (cpu_fp8.c, kernels/mainloop_fp8.cuh): s = (q8 .
 ** k8) q_scale k_scale * scale log2(e), key blocks of STA_FP8_BK rows in the
-** kernel's walk, each block taken in steps of STA_FP8_STEP keys (its two
-** halves); m the running maximum after the key's step; P = exp2(s -
+** kernel's walk, each block taken in steps of sta_fp8_step(D) keys (its
+** two halves at D 128, whole at D 64); m the running maximum after the
+** key's step; P = exp2(s -
 ** m), its row sum l; P8 = e4m3(P * STA_FP8_PSCALE); out = (sum P8 V8) /
 ** (STA_FP8_PSCALE l) * v_scale, every block's sums rescaled by 2^(its m -
 ** the next m) as the maximum moves. */
 #define STA_FP8_PSCALE 448.0f
 #define STA_FP8_BK 128
 /* keys a step of the online softmax (the running maximum moves once a
-** step): the halves of a block, as the CUDA kernel walks them
-** (kernels/mainloop_fp8.cuh, STA_FP8_HALF) */
+** step) at D 128: the halves of a block, as the CUDA kernel walks them
+** (kernels/mainloop_fp8.cuh, STA_FP8_HALF); at D 64 the kernel takes
+** whole blocks (fp8_h: its three warpgroups have the registers), so the
+** scheme does: sta_fp8_step */
 #define STA_FP8_STEP 64
+#define sta_fp8_step(head_dim) ((head_dim) == 64 ? STA_FP8_BK : STA_FP8_STEP)
 #define STA_FP8_CHUNK 1024
 /* rows of a group of keys that share their amax (k_scale) */
 #define STA_FP8_KGROUP 64
@@ -194,10 +198,10 @@ sta_status sta_cpu_fp8_quantize(const sta_attn_params *p, sta_fp8_ops *o);
 sta_status sta_cpu_fp8_attention(const sta_attn_params *p);
 /* For tests only (no user setting): the keys a step of the reference's
 ** online softmax takes (core/cpu_fp8.c: its running maximum moves per
-** step) at head dim head_dim (64 or 128; 0: both), on this thread: 0 or
-** STA_FP8_STEP the default (64, the blocks' halves), STA_FP8_BK whole
-** blocks (a CUDA kernel built with STA_FP8_HALF 0, or STA_FP8_D64_WHOLE 1
-** at D 64: sta_cuda_fp8_step_test says which).  Other values are
+** step) at head dim head_dim (64 or 128; 0: both), on this thread: 0
+** the scheme's (sta_fp8_step), STA_FP8_STEP (64, a block's halves) or
+** STA_FP8_BK (whole blocks: a CUDA kernel built with STA_FP8_HALF 0 at
+** D 128; sta_cuda_fp8_step_test says which).  Other values are
 ** ignored. */
 void sta_fp8_set_step_test(int32_t head_dim, int32_t keys);
 /* The backend table's fp8_dequantize on the host. */
@@ -215,8 +219,8 @@ sta_status sta_cuda_fp8_quantize(const sta_attn_params *p, const sta_fp8_ops *o)
 void sta_cuda_set_fp8_prepass_test(int fast);
 /* For tests only: the keys a step of the CUDA fp8 kernel's online softmax
 ** takes at head dim head_dim (64 or 128; kernels/fp8_api.cu):
-** STA_FP8_STEP, or STA_FP8_BK where it was built with STA_FP8_HALF 0 (or
-** STA_FP8_D64_WHOLE 1, at D 64). */
+** sta_fp8_step(head_dim), or STA_FP8_BK where it was built with
+** STA_FP8_HALF 0. */
 int32_t sta_cuda_fp8_step_test(int32_t head_dim);
 #endif
 

@@ -11,45 +11,39 @@
 **                (fp8_src's table) a step ahead of those
 **   fp8_finish   fp8_quant.cuh's
 **   fp8_rows_v   a block of 2 D threads per (batch * head, 64 rows: one
-**                key group, STA_FP8_KGROUP): the block's q, k and v rows
-**                by cp.async into shared memory first (q and k one group,
-**                v the next; a pitch of the row + 16 bytes: conflict-free
-**                16-byte reads along rows and down columns); q and k by
-**                D / 8 threads per row (8 channels each, amax by
-**                shuffles, 8-byte code stores), k coded after the group's
-**                amax (sta_fp8_group_amax by a warp's shuffles,
-**                sta_fp8_key_amax) is known; V by (4 rows, 8 channels) per
-**                thread into a [D][72-byte] tile (4-byte stores), written
-**                out transposed in 8-byte chunks; q_bias (fp8_bias's
-**                channel-order double sum) by a thread per row.
+**                key group, STA_FP8_KGROUP), the item decoded once in
+**                32-bit divisions: the block's q, k and v rows by
+**                cp.async into shared memory first (a fixed count of
+**                passes, one input-row load a row, each row's state
+**                (past R, padding, no key, key) into shared memory; a
+**                pitch of the row + 16 bytes: conflict-free 16-byte reads
+**                along rows and down columns), k_mean (float and double),
+**                2^e, 2^-e and v's inverse amax staged beside them by one
+**                coalesced load; q and k by D / 8 threads per row (8
+**                channels each, amax by shuffles, 8-byte code stores), k
+**                coded after the group's amax (sta_fp8_group_amax by a
+**                warp's shuffles, sta_fp8_key_amax) is known; V by (4 rows,
+**                8 channels) per thread into a [D][72-byte] tile (4-byte
+**                stores), written out transposed in 8-byte chunks; 32-bit
+**                offsets off hoisted bases, the stage's zero fill and masks
+**                instead of a branch an element, a scale m / 127 by a
+**                product and two fmas (every finite m >= 0 checked against
+**                the division on the host: the same bits); q_bias
+**                (fp8_bias's channel-order double sum) by a thread per row
+**                of warps 0 and 1 after the last barrier, while the others
+**                store v8, so no warp waits at a barrier on its chain.
 ** V's e4m3 by cvt.rn.satfinite.e4m3x2: internal.h's values by PTX's
 ** definition (RNE, subnormals, saturation to 448), a non-finite input
 ** forced to 0x7f as the host writes it (sta_fp8_vcode).  At D 128 bf16
-** fp8_rows_v takes 61 KB of shared memory, 3 blocks per SM (BENCHMARKS.md's
-** ledger: the software e4m3, and loads into registers a few rows at a
-** time, measured slower).
-** STA_FP8_PPV2 (default 0: the fp8_rows_v above) 1 builds fp8_rows_v in
-** fewer instructions, the same bits: the item decoded once in 32-bit
-** divisions; each thread's rows loaded by a fixed count of passes, one
-** input-row load a row, their state (past R, padding, no key, key) in
-** shared memory; k_mean, 2^e, 2^-e and v's inverse amax staged in
-** shared memory by one coalesced load (k_mean in double too); 32-bit
-** offsets off hoisted bases (k8's row, sta_fp8_kslot's, from the
-** thread's row in its 16); the stage's zero fill standing in for q's
-** "0 where no input" and masks for k' and V instead of a branch an
-** element; a scale m / 127 by a product and two fmas (every finite m >=
-** 0 checked against the division on the host: the same bits); q_bias's
-** double chain after the last barrier (warps 0 and 1, while the others
-** store v8), so no warp waits at a barrier on it.  At D 128 bf16 72
-** registers, no spills, 63.5 KB of shared memory, still 3 blocks per SM.
-** To be measured against 0.
+** fp8_rows_v takes 63.5 KB of shared memory, 3 blocks per SM, 72 registers
+** (BENCHMARKS.md's ledger: the software e4m3, loads into registers a few
+** rows at a time and persistent blocks with the next group in flight
+** measured slower; this form 1.95 against 2.19 ms for the pre-pass at
+** hunyuan-720p).
 */
 #include "fp8_quant.cuh"
 #include "ptx.cuh" /* cp.async */
 
-#ifndef STA_FP8_PPV2
-#define STA_FP8_PPV2 0
-#endif
 
 using namespace sta_fp8q;
 
@@ -213,15 +207,10 @@ constexpr int VP = 72; /* bytes per channel of the V tile: 64 rows + 8 */
 template <int D, int ES> constexpr int rows_pitch() { return D * ES + 16; }
 
 template <int D, int ES> constexpr size_t rows_v_stage() { return 3 * (size_t)QROWS * rows_pitch<D, ES>(); }
-#if !STA_FP8_PPV2
-template <int D, int ES> constexpr size_t rows_v_smem() {
-  return rows_v_stage<D, ES>() + (size_t)D * VP + (size_t)D * 4 + 2 * QROWS * 4;
-}
-#else /* k_mean in double, k_mean, 2^e, 2^-e, v's inverse amax; rs, ka */
+/* k_mean in double, k_mean, 2^e, 2^-e, v's inverse amax; rs, ka */
 template <int D, int ES> constexpr size_t rows_v_smem() {
   return rows_v_stage<D, ES>() + (size_t)D * VP + (size_t)D * 24 + 2 * QROWS * 4;
 }
-#endif
 static_assert(QROWS == STA_FP8_KGROUP, "a block's rows are one key group");
 
 /* 8 elements from shared memory (16-byte aligned). */
@@ -230,187 +219,6 @@ template <int ES> __device__ __forceinline__ void lds8(Row8<ES> &r, const unsign
   for (int i = 0; i < ES / 2; i++) r.w[i] = ((const uint4 *)p)[i];
 }
 
-#if !STA_FP8_PPV2
-/* Work item x of fp8_rows_v: its (batch * head) and first row (the
-** heads of one row group next to each other where heads_fast). */
-__device__ __forceinline__ void rows_item(const QuantArgs &a, int64_t x, int64_t &bh, int64_t &r0) {
-  const int64_t nrb = (a.R + QROWS - 1) / QROWS;
-  bh = a.heads_fast ? x % a.bh : x / nrb;
-  r0 = (a.heads_fast ? x / a.bh : x % nrb) * QROWS;
-}
-
-/* Item x's q, k and v rows by cp.async into stage st ([3][QROWS][P]: q,
-** k, v; zero where there is no row or no key), one commit group. */
-template <int D, int ES>
-__device__ __forceinline__ void rows_load(const QuantArgs &a, int64_t x, unsigned char *st) {
-  constexpr int P = rows_pitch<D, ES>(), CH = D * ES / 16; /* 16-byte chunks a row */
-  int64_t bh, r0;
-  rows_item(a, x, bh, r0);
-  const int64_t b = bh / a.heads, h = bh % a.heads;
-  const char *qb = a.q + (b * a.q_sb + h * a.q_sh) * ES, *kb = a.k + (b * a.k_sb + h * a.k_sh) * ES,
-             *vb = a.v + (b * a.v_sb + h * a.v_sh) * ES;
-  for (int u = threadIdx.x; u < QROWS * CH; u += 2 * D) {
-    const int i = u / CH, c = u % CH;
-    const int s = r0 + i < a.R ? __ldg(a.src + r0 + i) : -2;
-    const bool key = s >= 0 && r0 + i < a.g.keys_end;
-    unsigned char *d = st + i * P + 16 * c;
-    sta::cp_async16(sta::smem_u32(d), s >= 0 ? qb + (int64_t)s * a.q_ss * ES + 16 * c : qb,
-                    s >= 0 ? 16 : 0);
-    sta::cp_async16(sta::smem_u32(d + QROWS * P),
-                    key ? kb + (int64_t)s * a.k_ss * ES + 16 * c : kb, key ? 16 : 0);
-    sta::cp_async16(sta::smem_u32(d + 2 * QROWS * P),
-                    key ? vb + (int64_t)s * a.v_ss * ES + 16 * c : vb, key ? 16 : 0);
-  }
-  sta::cp_async_commit();
-}
-
-/* A block of 2 D threads per work item (batch * head, 64 rows: one key
-** group): its rows by cp.async (rows_load) first, then the work from
-** shared memory.  (Persistent blocks with two items in flight, the next
-** one loading under this one's work, measured slower: BENCHMARKS.md's
-** ledger.) */
-template <int D, int DT> /* DT: the input dtype (STA_BF16, STA_F16, STA_F32) */
-__global__ void __launch_bounds__(2 * D, 768 / (2 * D))
-    fp8_rows_v(const __grid_constant__ QuantArgs a) {
-  constexpr int ES = DT == STA_F32 ? 4 : 2, TPR = D / 8, P = rows_pitch<D, ES>();
-  extern __shared__ __align__(16) unsigned char smem[];
-  const unsigned char *qs = smem, *ks = qs + QROWS * P, *vs = ks + QROWS * P; /* [QROWS][P] each */
-  uint8_t *vt = smem + rows_v_stage<D, ES>(); /* [D][VP]: v's codes, transposed */
-  float *km = (float *)(vt + D * VP);     /* [D] k_mean */
-  int *rs = (int *)(km + D);              /* [QROWS]: source row, -2 past R */
-  float *ka = (float *)(rs + QROWS);      /* [QROWS]: k's row amax, -1: no key */
-  const int tid = threadIdx.x;
-  const int64_t R = a.R, x = blockIdx.x;
-  rows_load<D, ES>(a, x, smem);
-  int64_t bh, r0;
-  rows_item(a, x, bh, r0);
-  if (tid < QROWS) rs[tid] = r0 + tid < R ? a.src[r0 + tid] : -2;
-  if (tid < D) km[tid] = a.o.k_mean[bh * D + tid];
-  const int g = tid % TPR, ri = tid / TPR; /* q, k: channels 8 g.., rows ri + 16 p */
-  float pq[8], pk[8];
-#pragma unroll
-  for (int j = 0; j < 8; j++) {
-    const int e = a.o.eq[bh * D + 8 * g + j];
-    pq[j] = sta_pow2f(e);
-    pk[j] = sta_pow2f(-e);
-  }
-  sta::cp_async_wait_all(); /* the rows here */
-  __syncthreads();
-  float mk[8];
-#pragma unroll
-  for (int j = 0; j < 8; j++) mk[j] = km[8 * g + j];
-  /* k' = (k - k_mean) 2^-e of this thread's 8 channels of row i (0 where
-  ** no key): its row amax first, its codes after the group's */
-  const auto kprime = [&](int i, bool key, float *y) {
-    Row8<ES> xr;
-    lds8<ES>(xr, ks + i * P + 8 * ES * g);
-#pragma unroll
-    for (int j = 0; j < 8; j++) y[j] = key ? sta_fmul(elt<ES>(xr, j, DT) - mk[j], pk[j]) : 0.0f;
-  };
-#pragma unroll
-  for (int p = 0; p < 4; p++) { /* q's codes, k's row amaxes */
-    const int i = 16 * p + ri, s = rs[i];
-    const int64_t r = r0 + i, row = bh * R + r;
-    const bool key = s >= 0 && r < a.g.keys_end;
-    Row8<ES> xr;
-    lds8<ES>(xr, qs + i * P + 8 * ES * g);
-    float y[8];
-    uint2 c;
-#pragma unroll
-    for (int j = 0; j < 8; j++) y[j] = s >= 0 ? sta_fmul(elt<ES>(xr, j, DT), pq[j]) : 0.0f;
-    const float sc = quant8_with(y, amax8<TPR>(y), c);
-    if (s != -2) {
-      *(uint2 *)(a.o.q8 + row * D + 8 * g) = c;
-      if (g == 0) a.o.q_scale[row] = sc;
-    }
-    kprime(i, key, y);
-    const float m = amax8<TPR>(y);
-    if (g == 0) ka[i] = key ? m : -1.0f;
-  }
-  __syncthreads(); /* ka whole */
-  { /* V: thread (gv, rq) codes channels 8 gv.. of rows 4 rq.. 4 rq + 3 into
-    ** vt (a 4-byte word a channel); a warp's lanes take gv's low two bits
-    ** and rq's low three, so that each 8-thread phase of its 16-byte
-    ** reads meets 8 different bank groups */
-    const int w = tid >> 5, l = tid & 31;
-    const int gv = (l & 3) + 4 * (w % (D / 32)), rq = ((l >> 2) & 7) + 8 * (w / (D / 32));
-    float vi[8];
-#pragma unroll
-    for (int j = 0; j < 8; j++) vi[j] = a.vinv[bh * D + 8 * gv + j];
-    uint32_t hw[8];
-#pragma unroll
-    for (int j = 0; j < 8; j++) hw[j] = 0;
-#pragma unroll
-    for (int j = 0; j < 4; j++) {
-      const int i = 4 * rq + j, s = rs[i];
-      const bool key = s >= 0 && r0 + i < a.g.keys_end;
-      Row8<ES> xr;
-      lds8<ES>(xr, vs + i * P + 8 * ES * gv);
-#pragma unroll
-      for (int c = 0; c < 8; c += 2) {
-        const uint32_t h2 = vcodes(elt<ES>(xr, c, DT), elt<ES>(xr, c + 1, DT), vi[c],
-                                   vi[c + 1], key);
-        hw[c] |= (h2 & 0xffu) << (8 * j);
-        hw[c + 1] |= (h2 >> 8) << (8 * j);
-      }
-    }
-#pragma unroll
-    for (int c = 0; c < 8; c++) *(uint32_t *)(vt + (8 * gv + c) * VP + 4 * rq) = hw[c];
-  }
-  { /* k's codes with the group's amax (the largest finite row amax of
-    ** its keys: a max, so a warp's shuffles give the host's sequential
-    ** bits) */
-    const int l = tid & 31;
-    float gam = sta_fp8_group_amax(sta_fp8_group_amax(0.0f, ka[l]), ka[l + 32]);
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1)
-      gam = sta_fp8_group_amax(gam, __shfl_xor_sync(0xffffffffu, gam, o));
-#pragma unroll
-    for (int p = 0; p < 4; p++) {
-      const int i = 16 * p + ri, s = rs[i];
-      if (s == -2) continue;
-      const bool key = ka[i] >= 0.0f || ka[i] != ka[i];
-      float y[8];
-      kprime(i, key, y);
-      uint2 c;
-      const float sc = quant8_with(y, key ? sta_fp8_key_amax(ka[i], gam) : 0.0f, c);
-      const int64_t kr = bh * R + sta_fp8_kslot(r0 + i, R);
-      *(uint2 *)(a.o.k8 + kr * D + 8 * g) = c;
-      if (g == 0) a.o.k_scale[kr] = sc;
-    }
-  }
-  if (tid < QROWS && rs[tid] != -2) { /* q_bias: fp8_bias's sum, channel order */
-    const int s = rs[tid];
-    double bias = 0;
-    if (s >= 0) {
-      const unsigned char *xq = qs + tid * P;
-#pragma unroll 4
-      for (int c = 0; c < D / 8; c++) {
-        Row8<ES> xr;
-        lds8<ES>(xr, xq + 8 * ES * c);
-#pragma unroll
-        for (int j = 0; j < 8; j++) bias += (double)elt<ES>(xr, j, DT) * (double)km[8 * c + j];
-      }
-    }
-    a.o.q_bias[bh * R + r0 + tid] = s >= 0 ? (float)bias : 0.0f;
-  }
-  __syncthreads(); /* vt whole */
-  const int nr = (int)(R - r0 < QROWS ? R - r0 : QROWS);
-  uint8_t *v8 = a.o.v8 + bh * D * R + r0;
-  if (nr == QROWS && R % 8 == 0) { /* 8-byte stores */
-    for (int y = tid; y < D * (QROWS / 8); y += 2 * D) {
-      const int d = y / (QROWS / 8), c = y % (QROWS / 8);
-      *(uint2 *)(v8 + d * R + 8 * c) = *(const uint2 *)(vt + d * VP + 8 * c);
-    }
-  } else {
-    for (int y = tid; y < D * QROWS; y += 2 * D) {
-      const int i = y % QROWS, d = y / QROWS;
-      if (i < nr) v8[d * R + i] = vt[d * VP + i];
-    }
-  }
-}
-
-#else /* STA_FP8_PPV2 */
 
 /* A block's item, decoded once (rows_v2_item): its (batch * head), first
 ** row, the input row of each operand's (batch, head) and how many of its
@@ -489,8 +297,7 @@ __device__ __forceinline__ float fmask(float x, uint32_t mask) {
 }
 
 /* A block of 2 D threads per work item (batch * head, 64 rows: one key
-** group), STA_FP8_PPV2's: fp8_rows_v's work and bits, in fewer
-** instructions: the item decoded once, the per-channel operands (k_mean
+** group): the item decoded once, the per-channel operands (k_mean
 ** as float and double, 2^e, 2^-e, v's inverse amax) staged in shared
 ** memory by a coalesced load, 32-bit offsets off hoisted bases, the
 ** rows' zero fill standing in for q's "0 where no row" and no branches
@@ -663,7 +470,6 @@ __global__ void __launch_bounds__(2 * D, 768 / (2 * D))
   }
 }
 
-#endif /* STA_FP8_PPV2 */
 
 /* Operand x of p (element size es) readable by 16-byte cp.async: 16-byte aligned at
 ** every (b, s, h) it is read at. */

@@ -64,10 +64,9 @@ template <int D>
 __device__ __forceinline__ void fp8_consume(const Fp8Params &a, unsigned char *sm, int tid) {
   using L = Fp8Smem<D>;
   constexpr int NB = L::NB;
-  /* STA_FP8_EARLY: the warpgroup warp-uniform (a shuffle), so that its Q
-  ** descriptors live in uniform registers */
-  const int wg = STA_FP8_EARLY ? __shfl_sync(0xffffffffu, tid >> 7, 0) : tid >> 7,
-            lane = tid & 31, w = (tid >> 5) & 3;
+  /* the warpgroup warp-uniform (a shuffle), so that its Q descriptors
+  ** live in uniform registers (no R2UR a GEMM) */
+  const int wg = __shfl_sync(0xffffffffu, tid >> 7, 0), lane = tid & 31, w = (tid >> 5) & 3;
   uint64_t *full = (uint64_t *)(sm + L::BAR), *empty = full + NB, *qfull = empty + NB,
            *qempty = qfull + 2;
   const int *sitem = (const int *)(sm + L::ITEM);

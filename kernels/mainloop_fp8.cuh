@@ -41,22 +41,11 @@
 **                     default) three consumer warpgroups fit at 160
 **                     registers (kernels/README.md); 0: whole blocks (with
 **                     STA_FP8_NWG 2; tests then set the reference's step)
-**   STA_FP8_D64_WHOLE 1: at D 64 whole 128-key blocks a step (S 64
-**                     registers, O 32: they fit three warpgroups), half
-**                     the steps' fixed cost a score where the softmax is
-**                     all of the kernel's time (twice D 128's scores for
-**                     the FLOPs); 0 (the default until measured): halves
-**   STA_FP8_EARLY     1: the step's uniform-k_scale test (its ku words and
-**                     the vote) issued before the wait for S, not after it
-**                     (ncu: 4 % of the consumers' stall samples on that
-**                     load's latency), the vote on whether the P V
-**                     accumulator needs the next step's rescale taken at
-**                     the end of this step's softmax (3 %: its four
-**                     dependent instructions came right after the turn),
-**                     and the warpgroup index warp-uniform in fp8_consume
-**                     (its Q descriptors then in uniform registers, no
-**                     R2UR a GEMM); 0 (the default until measured): as
-**                     before
+**   STA_FP8_NOFENCE   1: no proxy fence after a block's full barrier (the
+**                     blocks TMA writes need none: the async proxy writes
+**                     and reads them; fp8_helpers fence their own cp.async
+**                     writes before they arrive, the writer-side fence);
+**                     0 (the default until measured): a fence a block
 */
 #ifndef STA_MAINLOOP_FP8_CUH
 #define STA_MAINLOOP_FP8_CUH
@@ -72,20 +61,13 @@
 #define STA_FP8_FLUSH 16
 #endif
 static_assert(STA_FP8_FLUSH >= 1, "a fresh accumulator carries at least one block");
-#ifndef STA_FP8_EARLY
-#define STA_FP8_EARLY 0
-#endif
-#if STA_FP8_EARLY
-#define FP8_MOVED moved
-#else
-#define FP8_MOVED rescale_vote(alpha)
+#ifndef STA_FP8_NOFENCE
+#define STA_FP8_NOFENCE 0
 #endif
 #ifndef STA_FP8_HALF /* the reference's step (core/fp8_internal.h): 64, the halves */
 #define STA_FP8_HALF (STA_FP8_STEP == 64)
 #endif
-#ifndef STA_FP8_D64_WHOLE
-#define STA_FP8_D64_WHOLE 0
-#endif
+
 
 namespace sta {
 
@@ -391,12 +373,12 @@ struct Fp8Stage {
   Fp8KeyInfo info;
 };
 
-/* The steps a block of head dim D takes: 2 (STA_FP8_HALF, halves of 64
-** keys) or 1 (whole blocks; at D 64 also STA_FP8_D64_WHOLE, whose S, P
-** and a D 64 accumulator fit three warpgroups' 160 registers). */
-template <int D> constexpr int fp8_h() {
-  return STA_FP8_HALF && !(D == 64 && STA_FP8_D64_WHOLE) ? 2 : 1;
-}
+/* The steps a block of head dim D takes: at D 128 2 (STA_FP8_HALF,
+** halves of 64 keys) or 1; at D 64 1, whole blocks (S's 64 registers, P's
+** 16 and a D 64 accumulator's 32 fit three warpgroups' 160: half the
+** steps' fixed cost a score, where D 64's softmax is most of the kernel's
+** time; 9 % faster than halves, BENCHMARKS.md's ledger). */
+template <int D> constexpr int fp8_h() { return STA_FP8_HALF && D == 128 ? 2 : 1; }
 static_assert(STA_FP8_NWG == 2 || fp8_h<128>() == 2,
               "three consumer warpgroups need STA_FP8_HALF's registers at D 128");
 
@@ -506,20 +488,20 @@ __device__ __forceinline__ void fp8_blocks(Fp8Rows<D> &st, uint32_t dq, int nb, 
   /* g >= 0: unsigned, so that % and / by NB (2 at D 128) are masks and shifts */
   int b = (int)((unsigned)g % NB), grp = 0; /* steps in ob */
   mbar_wait(&full[b], ((unsigned)g / NB) & 1);
-  fence_proxy_async();
+  if (!STA_FP8_NOFENCE) fence_proxy_async();
   if (wg == FP8_NWG - 1) bar_arrive_named(4, 256); /* warpgroup 0 first */
   fp8_turn(wg);
   issue_s_step<D, HI, H>(sacc, dq, at(b).dk, 0);
   fp8_turn_done(wg);
-  Fp8Uni uni;
-  if (STA_FP8_EARLY) uni = fp8_uni<16 / H>(info_step<H>(at(b).info, 0));
+  /* the step's uniform-k_scale test before the wait for S, not after it
+  ** (ncu: 4 % of the consumers' stall samples were on its load's
+  ** latency); the vote on the accumulator's rescale at the end of the
+  ** softmax (3 %: its dependent chain came right after the turn) */
+  Fp8Uni uni = fp8_uni<16 / H>(info_step<H>(at(b).info, 0));
   sta_wgmma::wait<0>();
   sta_wgmma::pin_i<64 / H>(sacc);
-  if (!STA_FP8_EARLY) uni = fp8_uni<16 / H>(info_step<H>(at(b).info, 0));
   fp8_softmax<D, 16 / H>(st, sacc, alpha, info_step<H>(at(b).info, 0), t, uni);
-#if STA_FP8_EARLY
   bool moved = rescale_vote(alpha);
-#endif
   pack_p<4 / H>(sacc, pa);
   /* step q's S with step q - 1's P V (pa, alpha; block b, step hp) */
   int hp = 0;
@@ -528,24 +510,21 @@ __device__ __forceinline__ void fp8_blocks(Fp8Rows<D> &st, uint32_t dq, int nb, 
     const int bn = h ? b : (int)((unsigned)(g + 1) % NB);
     if (!h) {
       mbar_wait(&full[bn], ((unsigned)(g + 1) / NB) & 1);
-      fence_proxy_async();
+      if (!STA_FP8_NOFENCE) fence_proxy_async();
     }
     float anext[2];
     fp8_turn(wg);
     issue_s_step<D, HI, H>(sacc, dq, at(bn).dk, h);
-    if (grp > 0) rescale_acc<D>(ob, alpha, FP8_MOVED);
+    if (grp > 0) rescale_acc<D>(ob, alpha, moved);
     issue_pv_step<D, H>(ob, pa, at(b).dv, hp, grp == 0);
     fp8_turn_done(wg);
     mob[0] = st.m[0];
     mob[1] = st.m[1];
-    if (STA_FP8_EARLY) uni = fp8_uni<16 / H>(info_step<H>(at(bn).info, h));
+    uni = fp8_uni<16 / H>(info_step<H>(at(bn).info, h));
     sta_wgmma::wait<1>(); /* S(q) done, P V(q - 1) may still run */
     sta_wgmma::pin_i<64 / H>(sacc);
-    if (!STA_FP8_EARLY) uni = fp8_uni<16 / H>(info_step<H>(at(bn).info, h));
     fp8_softmax<D, 16 / H>(st, sacc, anext, info_step<H>(at(bn).info, h), t, uni);
-#if STA_FP8_EARLY
     moved = rescale_vote(anext);
-#endif
     sta_wgmma::wait<0>();
     sta_wgmma::pin<D / 2>(ob);
     sta_wgmma::pin_r<16 / H>(&pa[0][0]);
@@ -569,7 +548,7 @@ __device__ __forceinline__ void fp8_blocks(Fp8Rows<D> &st, uint32_t dq, int nb, 
   /* the last step's P V; the last warpgroup's last turn of the item lets
   ** no one go (it opens the next item instead) */
   fp8_turn(wg);
-  if (grp > 0) rescale_acc<D>(ob, alpha, FP8_MOVED);
+  if (grp > 0) rescale_acc<D>(ob, alpha, moved);
   issue_pv_step<D, H>(ob, pa, at(b).dv, hp, grp == 0);
   if (FP8_NWG == 2 ? wg == 0 : wg != FP8_NWG - 1) fp8_turn_done(wg);
   mob[0] = st.m[0];

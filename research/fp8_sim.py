@@ -77,7 +77,7 @@ peaked.  The choice: the cheapest scheme for the kernel that meets it.
     /usr/bin/python3 research/fp8_sim.py                    (the full size)
     /usr/bin/python3 research/fp8_sim.py --schemes one-exactmax --qtiles 1  (every tile)
     /usr/bin/python3 research/fp8_sim.py --selftest         (e4m3, exhaustively)
-fp8_attention() defines the schemes; CHOSEN is what core/cpu_fp8.c
+fp8_attention() defines the schemes; CHOSEN (CHOSEN_D64 at D 64) is what core/cpu_fp8.c
 implements (python/tests/test_fp8.py compares the two on the same inputs).
 """
 import argparse
@@ -479,11 +479,15 @@ SCHEMES = [
     ("one-emax-g4-k64", "one-emax-g4 with K scaled per 64 rows (two k_scales a 128-key "
      "block: the k_scale multiply folds into the max-subtract FFMA, no per-column loads)",
      dict(pmax="exact", flushn=4, kgran="64"), (1.0, 64, -1)),
+    ("one-emax-k64", "one-emax-s64-k64 over whole 128-key blocks: the kernel at D 64, whose "
+     "three warpgroups have the registers for a whole block's S (2026-12-02)",
+     dict(pmax="exact", kgran="64"), None),
     ("one-emax-fp22-noeq", "one-emax-fp22 without the equalization",
      dict(pmax="exact", acc="fp22", equalize=False), (1.0, 0, 0)),
 ]
 # What core/cpu_fp8.c implements (sta.h, sta_precision): the choice below.
 CHOSEN = "one-emax-s64-k64"
+CHOSEN_D64 = "one-emax-k64"  # at D 64 (core/fp8_internal.h, sta_fp8_step)
 KINDS = ("randn", "dit", "peaked")
 COS_KINDS = ("randn", "peaked")
 CONFIGS = {  # canvas, text, heads, D, query tiles sampled (every nth tile), windows

@@ -332,18 +332,21 @@ static void test_fp8_prequantized(void **state) {
   }
 }
 
-/* The reference's softmax step (sta_fp8_set_step_test, core/cpu_fp8.c):
-** whole blocks of 128 keys (a CUDA kernel built with STA_FP8_HALF 0) move
-** the running maximum less often than the default's halves of 64, so rows
-** that see more than one half get other bits at the same accuracy; other
-** values are ignored, and 0 restores the default's bits; a step set for
-** one head dim leaves the other's. */
+/* The reference's softmax step (sta_fp8_set_step_test, core/cpu_fp8.c) on
+** a D 64 problem, whose scheme takes whole blocks of 128 keys
+** (sta_fp8_step, as the CUDA kernel at D 64): halves of 64 (D 128's step)
+** move the running maximum more often, so rows that see more than one
+** block get other bits at the same accuracy; other values are ignored, 0
+** restores the scheme's bits, and a step set for one head dim leaves the
+** other's. */
 static void test_fp8_step(void **state) {
   (void)state;
   static const int32_t cv[3] = {6, 8, 16}; /* two tiles: 768 keys a row, 6 blocks */
   prob p;
   prob_make(&p, cv, TILE, 0, -1, 1, 2, 64, 1, W333, STA_F32, STA_BSHD, STA_ORDER_UNTILED, 0, 77);
-  const int32_t steps[5] = {0, STA_FP8_BK, 100, 0, STA_FP8_STEP}; /* 100: ignored, 128 stays */
+  assert_int_equal(sta_fp8_step(64), STA_FP8_BK);
+  assert_int_equal(sta_fp8_step(128), STA_FP8_STEP);
+  const int32_t steps[5] = {0, STA_FP8_STEP, 100, 0, STA_FP8_BK}; /* 100: ignored, 64 stays */
   sta_tensor *o[5], *l[5];
   for (int i = 0; i < 5; i++) {
     o[i] = new_like(p.q, STA_F32, NAN);
@@ -362,21 +365,21 @@ static void test_fp8_step(void **state) {
   rel_cos(o[1], o[0], &rel, &cos);
   /* P rounds to e4m3 against another maximum: about 1e-2 apart, a third of
   ** the scheme's own error against float (3.8e-2 on randn) */
-  if (!(rel > 0 && rel < 2.5e-2)) fail_msg("step 128 against 64: rel L2 %.4g", rel);
-  { /* a head dim's own step: 128 set at D 128 leaves this D 64 problem's
-    ** bits, 128 set at D 64 gives whole blocks' */
+  if (!(rel > 0 && rel < 2.5e-2)) fail_msg("step 64 against 128: rel L2 %.4g", rel);
+  { /* a head dim's own step: 64 set at D 128 leaves this D 64 problem's
+    ** bits, 64 set at D 64 gives halves' */
     sta_tensor *x = new_like(p.q, STA_F32, NAN);
-    sta_fp8_set_step_test(128, STA_FP8_BK);
+    sta_fp8_set_step_test(128, STA_FP8_STEP);
     OK(sta_attention_forward(&p.d, p.q, p.k, p.v, x, NULL));
     assert_memory_equal(sta_tensor_data(o[0]), sta_tensor_data(x), no);
-    sta_fp8_set_step_test(64, STA_FP8_BK);
+    sta_fp8_set_step_test(64, STA_FP8_STEP);
     OK(sta_attention_forward(&p.d, p.q, p.k, p.v, x, NULL));
     assert_memory_equal(sta_tensor_data(o[1]), sta_tensor_data(x), no);
     sta_fp8_set_step_test(0, 0);
     sta_tensor_destroy(x);
   }
-  sta_fp8_set_step_test(0, STA_FP8_BK); /* the same accuracy against the double reference */
-  check_fp8(&p, STA_F32, 0.0, 6e-2, 0.998, 2e-2, "fp8, steps of 128 keys");
+  sta_fp8_set_step_test(0, STA_FP8_STEP); /* the same accuracy against the double reference */
+  check_fp8(&p, STA_F32, 0.0, 6e-2, 0.998, 2e-2, "fp8, steps of 64 keys at D 64");
   sta_fp8_set_step_test(0, 0);
   for (int i = 0; i < 5; i++) {
     sta_tensor_destroy(o[i]);
