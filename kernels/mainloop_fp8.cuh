@@ -41,11 +41,6 @@
 **                     default) three consumer warpgroups fit at 160
 **                     registers (kernels/README.md); 0: whole blocks (with
 **                     STA_FP8_NWG 2; tests then set the reference's step)
-**   STA_FP8_NOFENCE   1: no proxy fence after a block's full barrier (the
-**                     blocks TMA writes need none: the async proxy writes
-**                     and reads them; fp8_helpers fence their own cp.async
-**                     writes before they arrive, the writer-side fence);
-**                     0 (the default until measured): a fence a block
 */
 #ifndef STA_MAINLOOP_FP8_CUH
 #define STA_MAINLOOP_FP8_CUH
@@ -61,9 +56,6 @@
 #define STA_FP8_FLUSH 16
 #endif
 static_assert(STA_FP8_FLUSH >= 1, "a fresh accumulator carries at least one block");
-#ifndef STA_FP8_NOFENCE
-#define STA_FP8_NOFENCE 0
-#endif
 #ifndef STA_FP8_HALF /* the reference's step (core/fp8_internal.h): 64, the halves */
 #define STA_FP8_HALF (STA_FP8_STEP == 64)
 #endif
@@ -487,8 +479,11 @@ __device__ __forceinline__ void fp8_blocks(Fp8Rows<D> &st, uint32_t dq, int nb, 
   bool first = true; /* nothing in O yet */
   /* g >= 0: unsigned, so that % and / by NB (2 at D 128) are masks and shifts */
   int b = (int)((unsigned)g % NB), grp = 0; /* steps in ob */
+  /* no proxy fence after a block's full barrier: TMA's writes are the
+  ** async proxy's, as wgmma's reads; fp8_helpers fence their own cp.async
+  ** writes before they arrive (the writer's fence; a fence here too was
+  ** 1 % slower, BENCHMARKS.md's ledger) */
   mbar_wait(&full[b], ((unsigned)g / NB) & 1);
-  if (!STA_FP8_NOFENCE) fence_proxy_async();
   if (wg == FP8_NWG - 1) bar_arrive_named(4, 256); /* warpgroup 0 first */
   fp8_turn(wg);
   issue_s_step<D, HI, H>(sacc, dq, at(b).dk, 0);
@@ -510,7 +505,6 @@ __device__ __forceinline__ void fp8_blocks(Fp8Rows<D> &st, uint32_t dq, int nb, 
     const int bn = h ? b : (int)((unsigned)(g + 1) % NB);
     if (!h) {
       mbar_wait(&full[bn], ((unsigned)(g + 1) / NB) & 1);
-      if (!STA_FP8_NOFENCE) fence_proxy_async();
     }
     float anext[2];
     fp8_turn(wg);
