@@ -41,15 +41,6 @@
 **                     default) three consumer warpgroups fit at 160
 **                     registers (kernels/README.md); 0: whole blocks (with
 **                     STA_FP8_NWG 2; tests then set the reference's step)
-**   STA_FP8_RESC_EARLY 1: the P V accumulator's rescale (64 FMUL a thread
-**                     where a row's maximum moved) before the warpgroup
-**                     waits for its turn, not inside it, so the others
-**                     wait less (ncu: 7-9 % of the consumers' samples at
-**                     the turn); 0 (the default until measured): inside
-**   STA_FP8_TURN_S    1: the turn passed on once S is issued (the next
-**                     warpgroup's S may go before this one's P V, which
-**                     nobody waits on until the next step); 0 (the
-**                     default until measured): after the P V
 */
 #ifndef STA_MAINLOOP_FP8_CUH
 #define STA_MAINLOOP_FP8_CUH
@@ -65,12 +56,6 @@
 #define STA_FP8_FLUSH 16
 #endif
 static_assert(STA_FP8_FLUSH >= 1, "a fresh accumulator carries at least one block");
-#ifndef STA_FP8_RESC_EARLY
-#define STA_FP8_RESC_EARLY 0
-#endif
-#ifndef STA_FP8_TURN_S
-#define STA_FP8_TURN_S 0
-#endif
 #ifndef STA_FP8_HALF /* the reference's step (core/fp8_internal.h): 64, the halves */
 #define STA_FP8_HALF (STA_FP8_STEP == 64)
 #endif
@@ -522,13 +507,11 @@ __device__ __forceinline__ void fp8_blocks(Fp8Rows<D> &st, uint32_t dq, int nb, 
       mbar_wait(&full[bn], ((unsigned)(g + 1) / NB) & 1);
     }
     float anext[2];
-    if (STA_FP8_RESC_EARLY && grp > 0) rescale_acc<D>(ob, alpha, moved);
     fp8_turn(wg);
     issue_s_step<D, HI, H>(sacc, dq, at(bn).dk, h);
-    if (STA_FP8_TURN_S) fp8_turn_done(wg);
-    if (!STA_FP8_RESC_EARLY && grp > 0) rescale_acc<D>(ob, alpha, moved);
+    if (grp > 0) rescale_acc<D>(ob, alpha, moved);
     issue_pv_step<D, H>(ob, pa, at(b).dv, hp, grp == 0);
-    if (!STA_FP8_TURN_S) fp8_turn_done(wg);
+    fp8_turn_done(wg);
     mob[0] = st.m[0];
     mob[1] = st.m[1];
     uni = fp8_uni<16 / H>(info_step<H>(at(bn).info, h));
@@ -558,9 +541,8 @@ __device__ __forceinline__ void fp8_blocks(Fp8Rows<D> &st, uint32_t dq, int nb, 
   }
   /* the last step's P V; the last warpgroup's last turn of the item lets
   ** no one go (it opens the next item instead) */
-  if (STA_FP8_RESC_EARLY && grp > 0) rescale_acc<D>(ob, alpha, moved);
   fp8_turn(wg);
-  if (!STA_FP8_RESC_EARLY && grp > 0) rescale_acc<D>(ob, alpha, moved);
+  if (grp > 0) rescale_acc<D>(ob, alpha, moved);
   issue_pv_step<D, H>(ob, pa, at(b).dv, hp, grp == 0);
   if (FP8_NWG == 2 ? wg == 0 : wg != FP8_NWG - 1) fp8_turn_done(wg);
   mob[0] = st.m[0];
