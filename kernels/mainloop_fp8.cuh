@@ -35,12 +35,14 @@
 **                     test_fp8_forward_tiles' 12x16x24 case, past the
 **                     test's 4e-3: 16 is the default)
 **   STA_FP8_HALF      1 (the default; the CPU reference's STA_FP8_STEP):
-**                     each 128-key block as two halves of 64 keys (S of a
-**                     half: 32 registers, not 64; the online softmax per
-**                     half), so that with STA_FP8_NWG 3 (fp8_params.h, the
-**                     default) three consumer warpgroups fit at 160
-**                     registers (kernels/README.md); 0: whole blocks (with
-**                     STA_FP8_NWG 2; tests then set the reference's step)
+**                     at D 128 each 128-key block as two halves of 64
+**                     keys (S of a half: 32 registers, not 64; the online
+**                     softmax per half), so that with STA_FP8_NWG 3
+**                     (fp8_params.h, the default) three consumer
+**                     warpgroups fit at 160 registers (kernels/README.md);
+**                     0: whole blocks (with STA_FP8_NWG 2; tests then set
+**                     the reference's step).  D 64 takes whole blocks
+**                     either way (fp8_h)
 */
 #ifndef STA_MAINLOOP_FP8_CUH
 #define STA_MAINLOOP_FP8_CUH
