@@ -62,7 +62,6 @@ static_assert(STA_FP8_FLUSH >= 1, "a fresh accumulator carries at least one bloc
 #define STA_FP8_HALF (STA_FP8_STEP == 64)
 #endif
 
-
 namespace sta {
 
 constexpr float FP8_LOG2_PSCALE = 8.807354922057604f;  /* log2(STA_FP8_PSCALE) */
