@@ -178,10 +178,13 @@ STA_HD int sta_fp8_col_key(int c) {
   const int cc = c & 15;
   return (c & ~15) + 4 * ((cc >> 1) & 3) + 2 * (cc >> 3) + (cc & 1);
 }
+/* the slot within its whole 16 rows of key k (0..15) of them, in k's own
+** integer type (a macro: the pre-pass takes it in 32 bits) */
+#define STA_FP8_KSLOT16(k) (8 * (((k) >> 1) & 1) + 4 * ((k) >> 3) + 2 * (((k) >> 2) & 1) + ((k) & 1))
 STA_HD int64_t sta_fp8_kslot(int64_t r, int64_t rows) {
   const int64_t k = r & 15;
   if (r >= (rows & ~(int64_t)15)) return r;
-  return (r & ~(int64_t)15) + 8 * ((k >> 1) & 1) + 4 * (k >> 3) + 2 * ((k >> 2) & 1) + (k & 1);
+  return (r & ~(int64_t)15) + STA_FP8_KSLOT16(k);
 }
 
 /* The fp8 geometry of resolved params. */

@@ -416,7 +416,7 @@ __global__ void __launch_bounds__(2 * D, 768 / (2 * D))
       gam = sta_fp8_group_amax(gam, __shfl_xor_sync(0xffffffffu, gam, o));
     const int64_t lr = (R & ~(int64_t)15) - r0;
     const int lim = (int)(lr < QROWS ? lr : QROWS);
-    const int pr = 8 * ((ri >> 1) & 1) + 4 * (ri >> 3) + 2 * ((ri >> 2) & 1) + (ri & 1);
+    const int pr = STA_FP8_KSLOT16(ri);
 #pragma unroll
     for (int p = 0; p < 4; p++) {
       const int i = 16 * p + ri, st = rs[i];
