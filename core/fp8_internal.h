@@ -178,6 +178,16 @@ STA_HD int sta_fp8_col_key(int c) {
   const int cc = c & 15;
   return (c & ~15) + 4 * ((cc >> 1) & 3) + 2 * (cc >> 3) + (cc & 1);
 }
+/* m / 127 (m >= 0, or NaN; a code's scale): for finite m by a product
+** and two fmas, which give the division's bits for every finite m >= 0
+** (spec/test_fp8.c checks all 2^31 of them), Inf and NaN by the division
+** (fp8_prepass.cu takes it: cheaper than the division's sequence). */
+STA_HD float sta_fp8_scale127(float m) {
+  if (!(m < INFINITY)) return m / 127.0f;
+  const float c = 1.0f / 127.0f, q = sta_fmul(m, c);
+  return sta_ffma(sta_ffma(-q, 127.0f, m), c, q);
+}
+
 /* the slot within its whole 16 rows of key k (0..15) of them, in k's own
 ** integer type (a macro: the pre-pass takes it in 32 bits) */
 #define STA_FP8_KSLOT16(k) (8 * (((k) >> 1) & 1) + 4 * ((k) >> 3) + 2 * (((k) >> 2) & 1) + ((k) & 1))

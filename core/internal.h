@@ -304,6 +304,7 @@ STA_HD double sta_dfma(double a, double b, double c) { return __fma_rn(a, b, c);
 STA_HD double sta_dsqrt(double a) { return __dsqrt_rn(a); }
 STA_HD float sta_fadd(float a, float b) { return __fadd_rn(a, b); }
 STA_HD float sta_fmul(float a, float b) { return __fmul_rn(a, b); }
+STA_HD float sta_ffma(float a, float b, float c) { return __fmaf_rn(a, b, c); }
 #else
 STA_HD double sta_dadd(double a, double b) { return a + b; }
 STA_HD double sta_dmul(double a, double b) { return a * b; }
@@ -312,6 +313,7 @@ STA_HD double sta_dfma(double a, double b, double c) { return fma(a, b, c); }
 STA_HD double sta_dsqrt(double a) { return sqrt(a); }
 STA_HD float sta_fadd(float a, float b) { return a + b; }
 STA_HD float sta_fmul(float a, float b) { return a * b; }
+STA_HD float sta_ffma(float a, float b, float c) { return fmaf(a, b, c); }
 #endif
 
 STA_HD uint64_t sta_splitmix64(uint64_t x) {

@@ -27,8 +27,8 @@
 **                stores), written out transposed in 8-byte chunks; 32-bit
 **                offsets off hoisted bases, the stage's zero fill and masks
 **                instead of a branch an element, a scale m / 127 by a
-**                product and two fmas (every finite m >= 0 checked against
-**                the division on the host: the same bits); q_bias
+**                product and two fmas (sta_fp8_scale127: spec/test_fp8.c
+**                checks every finite m >= 0 against the division); q_bias
 **                (fp8_bias's channel-order double sum) by a thread per row
 **                of warps 0 and 1 after the last barrier, while the others
 **                store v8, so no warp waits at a barrier on its chain.
@@ -282,15 +282,6 @@ __device__ __forceinline__ void rows_v2_load(const QuantArgs &a, const RowsItem 
   sta::cp_async_commit();
 }
 
-/* m / 127.0f (m >= 0 or NaN): for finite m a product and two fmas (every
-** finite m >= 0 checked against the division on the host: the same
-** bits), the division itself for Inf and NaN. */
-__device__ __forceinline__ float div127(float m) {
-  if (!(m < INFINITY)) return m / 127.0f;
-  const float c = 1.0f / 127.0f, q = __fmul_rn(m, c);
-  return __fmaf_rn(__fmaf_rn(-q, 127.0f, m), c, q);
-}
-
 /* x where mask is all ones, +0 where it is 0 (the reference's 0.0f). */
 __device__ __forceinline__ float fmask(float x, uint32_t mask) {
   return __uint_as_float(__float_as_uint(x) & mask);
@@ -368,7 +359,7 @@ __global__ void __launch_bounds__(2 * D, 768 / (2 * D))
     quant8_with(y, m, c);
     if (st != -2) {
       *(uint2 *)(q8 + 16 * p * D) = c;
-      if (g == 0) qsc[16 * p] = div127(m);
+      if (g == 0) qsc[16 * p] = sta_fp8_scale127(m);
     }
     kprime(i, st > 0, y);
     const float mkr = amax8<TPR>(y);
@@ -429,7 +420,7 @@ __global__ void __launch_bounds__(2 * D, 768 / (2 * D))
       const int slot = 16 * p + (i >= lim ? ri : pr);
       if (st != -2) {
         *(uint2 *)(k8 + slot * D) = c;
-        if (g == 0) ksc[slot] = div127(am);
+        if (g == 0) ksc[slot] = sta_fp8_scale127(am);
       }
     }
   }

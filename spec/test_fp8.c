@@ -79,6 +79,33 @@ static void test_e4m3_codes(void **state) {
   assert_int_equal(sta_f32_to_e4m3(0x1p-12f), 0x00);
 }
 
+/* A code's scale m / 127 as the GPU pre-pass takes it (sta_fp8_scale127:
+** a product and two fmas) has the division's bits for every finite m >= 0
+** -- all 2^31 of them, so the device's IEEE operations can stand in for
+** the host's division -- and is the division for Inf and NaN. */
+static void test_fp8_scale127(void **state) {
+  (void)state;
+  long long bad = 0;
+  uint32_t first = 0;
+  #pragma omp parallel for schedule(static) reduction(+ : bad)
+  for (int64_t u = 0; u <= 0x7f7fffffLL; u++) {
+    const uint32_t w = (uint32_t)u;
+    float m, q, d;
+    memcpy(&m, &w, 4);
+    q = sta_fp8_scale127(m);
+    d = m / 127.0f;
+    if (memcmp(&q, &d, 4) != 0) {
+      if (!bad) __atomic_store_n(&first, w, __ATOMIC_RELAXED);
+      bad++;
+    }
+  }
+  if (bad) fail_msg("sta_fp8_scale127: %lld finite m differ from m / 127, e.g. bits 0x%08x", bad,
+                    (unsigned)first);
+  assert_true(sta_fp8_scale127(INFINITY) == INFINITY);
+  assert_true(isnan(sta_fp8_scale127(NAN)));
+  assert_true(sta_fp8_scale127(127.0f) == 1.0f && sta_fp8_scale127(0.0f) == 0.0f);
+}
+
 static void test_int8_codes(void **state) {
   (void)state;
   static const struct { float f; int c; } t[] = {
@@ -502,6 +529,7 @@ int main(void) {
   const struct CMUnitTest tests[] = {
     cmocka_unit_test(test_e4m3_codes),
     cmocka_unit_test(test_int8_codes),
+    cmocka_unit_test(test_fp8_scale127),
     cmocka_unit_test(test_f8_dtype),
     cmocka_unit_test(test_fp8_quantizer),
     cmocka_unit_test(test_fp8_key_layout),
