@@ -44,7 +44,6 @@
 #include "fp8_quant.cuh"
 #include "ptx.cuh" /* cp.async */
 
-
 using namespace sta_fp8q;
 
 namespace {
@@ -174,22 +173,20 @@ template <int TPR> __device__ __forceinline__ float amax8(const float y[8]) {
   return m;
 }
 
-/* The int8 codes (8 bytes) and scale of those 8 channels coded with amax
-** m: cpu_fp8.c's quantize_with. */
-__device__ __forceinline__ float quant8_with(const float y[8], float m, uint2 &codes) {
+/* The int8 codes (8 bytes) of those 8 channels coded with amax m:
+** cpu_fp8.c's quantize_with (its scale: sta_fp8_scale127). */
+__device__ __forceinline__ void quant8_with(const float y[8], float m, uint2 &codes) {
   const float inv = sta_fp8_inv(127.0f, m);
   uint32_t w[2] = {0, 0};
 #pragma unroll
   for (int j = 0; j < 8; j++)
     w[j / 4] |= (uint32_t)(uint8_t)sta_f32_to_i8(sta_fmul(y[j], inv)) << (8 * (j % 4));
   codes = make_uint2(w[0], w[1]);
-  return m / 127.0f;
 }
 
 /* sta_fp8_vcode of v0, v1 (inverse amax i0, i1) in the low and high byte
-** (0 for a row that is no key). */
-__device__ __forceinline__ uint32_t vcodes(float v0, float v1, float i0, float i1, bool key) {
-  if (!key) return 0;
+** (fp8_rows_v masks a row that is no key to 0). */
+__device__ __forceinline__ uint32_t vcodes(float v0, float v1, float i0, float i1) {
   uint16_t h;
   asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(h) : "f"(__fmul_rn(v1, i1)),
       "f"(__fmul_rn(v0, i0)));
@@ -219,8 +216,7 @@ template <int ES> __device__ __forceinline__ void lds8(Row8<ES> &r, const unsign
   for (int i = 0; i < ES / 2; i++) r.w[i] = ((const uint4 *)p)[i];
 }
 
-
-/* A block's item, decoded once (rows_v2_item): its (batch * head), first
+/* A block's item, decoded once (rows_item): its (batch * head), first
 ** row, the input row of each operand's (batch, head) and how many of its
 ** rows are rows (nr) and keys (kn). */
 struct RowsItem {
@@ -233,7 +229,7 @@ struct RowsItem {
 ** other where heads_fast) in 32-bit divisions: the grid's x dimension
 ** (a.bh * row groups) is below 2^31, so x, a.bh, a.heads and the row
 ** groups are. */
-template <int ES> __device__ __forceinline__ RowsItem rows_v2_item(const QuantArgs &a) {
+template <int ES> __device__ __forceinline__ RowsItem rows_item(const QuantArgs &a) {
   RowsItem t;
   const uint32_t x = blockIdx.x, nbh = (uint32_t)a.bh,
                  nrb = (uint32_t)((a.R + QROWS - 1) / QROWS), dv = a.heads_fast ? nbh : nrb;
@@ -257,8 +253,8 @@ template <int ES> __device__ __forceinline__ RowsItem rows_v2_item(const QuantAr
 ** count); the thread of chunk 0 writes each row's state to rs (-2 past
 ** R, -1 padding, 0 a row that is no key, 1 a key). */
 template <int D, int ES>
-__device__ __forceinline__ void rows_v2_load(const QuantArgs &a, const RowsItem &t,
-                                             unsigned char *st, int *rs) {
+__device__ __forceinline__ void rows_load(const QuantArgs &a, const RowsItem &t,
+                                          unsigned char *st, int *rs) {
   constexpr int P = rows_pitch<D, ES>(), CH = D * ES / 16, RS = 2 * D / CH, NJ = QROWS / RS;
   static_assert(2 * D % CH == 0 && QROWS % RS == 0, "whole rows a pass");
   const int c = threadIdx.x % CH, i0 = threadIdx.x / CH;
@@ -305,12 +301,12 @@ __global__ void __launch_bounds__(2 * D, 768 / (2 * D))
   float *km = (float *)(kmd + D);         /* [D] k_mean */
   float *pqs = km + D, *pks = pqs + D;    /* [D] 2^e, 2^-e */
   float *vis = pks + D;                   /* [D] 448 / v's amax */
-  int *rs = (int *)(vis + D);             /* [QROWS]: the row's state (rows_v2_load) */
+  int *rs = (int *)(vis + D);             /* [QROWS]: the row's state (rows_load) */
   float *ka = (float *)(rs + QROWS);      /* [QROWS]: k's row amax, -1: no key */
   const int tid = threadIdx.x;
   const int64_t R = a.R;
-  const RowsItem t = rows_v2_item<ES>(a);
-  rows_v2_load<D, ES>(a, t, smem, rs);
+  const RowsItem t = rows_item<ES>(a);
+  rows_load<D, ES>(a, t, smem, rs);
   const int64_t bh = t.bh, r0 = t.r0;
   if (tid < D) {
     const float m = a.o.k_mean[bh * D + tid];
@@ -387,7 +383,7 @@ __global__ void __launch_bounds__(2 * D, 768 / (2 * D))
 #pragma unroll
       for (int c = 0; c < 8; c += 2) {
         const uint32_t h2 =
-            vcodes(elt<ES>(xr, c, DT), elt<ES>(xr, c + 1, DT), vi[c], vi[c + 1], true) & mask;
+            vcodes(elt<ES>(xr, c, DT), elt<ES>(xr, c + 1, DT), vi[c], vi[c + 1]) & mask;
         hw[c] |= (h2 & 0xffu) << (8 * j);
         hw[c + 1] |= (h2 >> 8) << (8 * j);
       }
@@ -460,7 +456,6 @@ __global__ void __launch_bounds__(2 * D, 768 / (2 * D))
     }
   }
 }
-
 
 /* Operand x of p (element size es) readable by 16-byte cp.async: 16-byte aligned at
 ** every (b, s, h) it is read at. */
