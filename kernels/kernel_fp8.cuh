@@ -58,7 +58,7 @@ __device__ __forceinline__ int fp8_nblocks(const Fp8Params &a, const Fp8Runs &r)
          (text > 0 ? (int)((text + FP8_BK - 1) / FP8_BK) : 0);
 }
 
-/* The two consumer warpgroups (tid 0..255): per item, its blocks
+/* The consumer warpgroups (tid below FP8_CT): per item, its blocks
 ** (fp8_blocks), Q released after the last one, then the output rows. */
 template <int D>
 __device__ __forceinline__ void fp8_consume(const Fp8Params &a, unsigned char *sm, int tid) {
@@ -95,7 +95,7 @@ __device__ __forceinline__ void fp8_consume(const Fp8Params &a, unsigned char *s
       return Fp8Stage{dk0 + b * KSTEP, dv0 + b * VSTEP, L::info(sm, b, a.has_pad)};
     };
     fp8_blocks<D, L::HI, NB, fp8_h<D>()>(st, dq, nb, g, full, empty, at, wg, lane & 3,
-                                                   smem_u32(sm + L::OS) + 16 * tid);
+                                         smem_u32(sm + L::OS) + 16 * tid);
     mbar_arrive(&qempty[qb]);
     fp8_finish_item<D>(a, st, bh, q0, q1, wg, w, lane);
   }

@@ -375,11 +375,13 @@ template <int D> constexpr int fp8_h() { return STA_FP8_HALF && D == 128 ? 2 : 1
 static_assert(STA_FP8_NWG == 2 || fp8_h<128>() == 2,
               "three consumer warpgroups need STA_FP8_HALF's registers at D 128");
 
-/* acc *= alpha (rows), skipped where no row of the warp moved (a
-** warp-uniform branch): the fresh P V accumulator between its blocks. */
+/* Whether any row of the warp moved its maximum (alpha != 1): the same in
+** every thread, so rescale_acc's branch is warp-uniform. */
 __device__ __forceinline__ bool rescale_vote(const float *alpha) {
   return __any_sync(0xffffffffu, alpha[0] != 1.0f || alpha[1] != 1.0f);
 }
+/* acc *= alpha (rows), skipped where no row of the warp moved (moved:
+** rescale_vote's): the fresh P V accumulator between its blocks. */
 template <int D>
 __device__ __forceinline__ void rescale_acc(float *acc, const float *alpha, bool moved) {
   if (!moved) return;
