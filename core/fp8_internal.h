@@ -128,7 +128,8 @@ STA_HD int sta_fp8_exponent(float qam, float kam) {
 ** whole blocks (fp8_h: its three warpgroups have the registers), so the
 ** scheme does: sta_fp8_step */
 #define STA_FP8_STEP 64
-#define sta_fp8_step(head_dim) ((head_dim) == 64 ? STA_FP8_BK : STA_FP8_STEP)
+/* the scheme's keys a step at head dim head_dim */
+STA_HD int32_t sta_fp8_step(int64_t head_dim) { return head_dim == 64 ? STA_FP8_BK : STA_FP8_STEP; }
 #define STA_FP8_CHUNK 1024
 /* rows of a group of keys that share their amax (k_scale) */
 #define STA_FP8_KGROUP 64
