@@ -442,13 +442,15 @@ SCHEMES = [
     ("one-emax-s64-k64", "one-emax-s64 with K scaled per 64 rows (a half's 64 keys share "
      "one k_scale: the kernel folds it into the max-subtract FFMA)",
      dict(pmax="exact", step=64, kgran="64"), None),
-    ("one-s64-k64-f16", "the kernel since 2026-12-02: one-emax-s64-k64 with the fresh fp22 "
-     "accumulator carrying 16 steps (8 blocks) between flushes",
+    ("one-s64-k64-f16", "one-emax-s64-k64 with the fresh fp22 accumulator carrying 16 "
+     "steps (8 blocks) between flushes (the kernel until 2026-12-02 12:58 UTC)",
      dict(pmax="exact", step=64, kgran="64", flushn=16), None),
-    ("one-s64-k64-f32", "one-s64-k64-f16 carrying 32 steps (16 blocks) between flushes",
+    ("one-s64-k64-f32", "one-s64-k64-f16 carrying 32 steps (16 blocks) between flushes: the "
+     "kernel at D 128 since 2026-12-02 12:58 UTC",
      dict(pmax="exact", step=64, kgran="64", flushn=32), None),
-    ("one-s64-k64-f64", "the kernel since 2026-12-02 (evening): carrying 64 steps (32 "
-     "blocks) between flushes", dict(pmax="exact", step=64, kgran="64", flushn=64), None),
+    ("one-s64-k64-f64", "carrying 64 steps (32 blocks) between flushes (the kernel for two "
+     "commits on 2026-12-02, then back to 16 blocks: test_gpu_fp8's bar against the CPU)",
+     dict(pmax="exact", step=64, kgran="64", flushn=64), None),
     ("one-s64-k64-fp22", "one-emax-s64-k64 with O in the fp22 accumulator (no flush)",
      dict(pmax="exact", step=64, kgran="64", acc="fp22"), None),
     ("margin1", "one-s64-k64-f16 whose running maximum moves only by more than 1 (exp2), "
