@@ -11,14 +11,6 @@
 #include "kernel_traits.cuh"
 #include "softmax.cuh"
 
-/* 1: the item and its block count by __shfl_sync, values ptxas knows to be
-** warp-uniform (the fp8 kernel: 4 % faster, its step loop's ring index and
-** wgmma descriptors off the vector registers); 0, the default until
-** measured here: loaded per thread */
-#ifndef STA_FWD_UNIFORM
-#define STA_FWD_UNIFORM 0
-#endif
-
 namespace sta {
 
 /* S = Q K^T for this warpgroup's 64 rows (qlo: their first row), issued
@@ -75,7 +67,11 @@ __device__ __forceinline__ void consume(const FwdParams &a, const FwdSmem<K> &sm
   int g = 0;
   for (int k = 0;; k++) {
     mbar_wait(sm.qfull, k & 1);
-    const int item = STA_FWD_UNIFORM ? __shfl_sync(0xffffffffu, *sm.sitem, 0) : *sm.sitem;
+    /* the item and its block count by __shfl_sync, values ptxas knows to
+    ** be warp-uniform, so that the step loop's ring index and wgmma
+    ** descriptors stay off the vector registers (2-4 % faster than loaded
+    ** per thread, BENCHMARKS.md's ledger) */
+    const int item = __shfl_sync(0xffffffffu, *sm.sitem, 0);
     if (item < 0) break;
     KeyPlan p;
     {
@@ -87,7 +83,7 @@ __device__ __forceinline__ void consume(const FwdParams &a, const FwdSmem<K> &sm
       }
       p = x.p;
     }
-    if (STA_FWD_UNIFORM) p.nkb = __shfl_sync(0xffffffffu, p.nkb, 0);
+    p.nkb = __shfl_sync(0xffffffffu, p.nkb, 0);
 #pragma unroll
     for (int e = 0; e < D / 2; e++) o[e] = 0.f;
     float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};

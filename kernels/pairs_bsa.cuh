@@ -133,9 +133,11 @@ __device__ __forceinline__ void bsa_consume_pairs(const BsaParams &a, const BsaS
   int g = 0; /* entries of the items before */
   for (int k = 0;; k++) {
     mbar_wait(sm.qfull, k & 1);
-    const int item = sm.sitem[0];
+    /* warp-uniform by __shfl_sync, as mainloop_bsa.cuh's */
+    const int item = __shfl_sync(0xffffffffu, sm.sitem[0], 0);
     if (item < 0) break;
-    const int n = sm.sitem[1], qv = sm.sitem[2 + wg], nb = sm.sitem[4 + wg];
+    const int n = __shfl_sync(0xffffffffu, sm.sitem[1], 0), qv = sm.sitem[2 + wg],
+              nb = __shfl_sync(0xffffffffu, sm.sitem[4 + wg], 0);
 #pragma unroll
     for (int e = 0; e < D / 2; e++) o[e] = 0.f;
     float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
