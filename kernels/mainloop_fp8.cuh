@@ -58,6 +58,15 @@
 #define STA_FP8_FLUSH 16
 #endif
 static_assert(STA_FP8_FLUSH >= 1, "a fresh accumulator carries at least one block");
+/* STA_FP8_P2 1 (a variant, prepared 2026-12-02, not yet timed): two P
+** arrays taking turns (the step loop two steps an iteration), each step's
+** P packed right after its softmax while the P V before it still reads
+** the other: at D 64 ptxas had spilled 7 of P's floats across the wait
+** every step (ptxas: D 64 180 -> 120 bytes of spill; static STL 46 -> 29
+** for twice the loop code) */
+#ifndef STA_FP8_P2
+#define STA_FP8_P2 0
+#endif
 #ifndef STA_FP8_HALF /* the reference's step (core/fp8_internal.h): 64, the halves */
 #define STA_FP8_HALF (STA_FP8_STEP == 64)
 #endif
@@ -503,6 +512,75 @@ __device__ __forceinline__ void fp8_blocks(Fp8Rows<D> &st, uint32_t dq, int nb, 
   pack_p<4 / H>(sacc, pa);
   /* step q's S with step q - 1's P V (pa, alpha; block b, step hp) */
   int hp = 0;
+#if STA_FP8_P2
+  /* two P arrays taking turns (pin read by step q's P V, pout written by
+  ** its pack, right after the softmax) */
+  uint32_t pb[4 / H][4];
+  const auto step = [&](uint32_t(*pin)[4], uint32_t(*pout)[4], int q) {
+    const int h = q % H;
+    const int bn = h ? b : (int)((unsigned)(g + 1) % NB);
+    if (!h) {
+      mbar_wait(&full[bn], ((unsigned)(g + 1) / NB) & 1);
+    }
+    float anext[2];
+    fp8_turn(wg);
+    issue_s_step<D, HI, H>(sacc, dq, at(bn).dk, h);
+    if (grp > 0) rescale_acc<D>(ob, alpha, moved);
+    issue_pv_step<D, H>(ob, pin, at(b).dv, hp, grp == 0);
+    fp8_turn_done(wg);
+    mob[0] = st.m[0];
+    mob[1] = st.m[1];
+    uni = fp8_uni<16 / H>(info_step<H>(at(bn).info, h));
+    sta_wgmma::wait<1>(); /* S(q) done, P V(q - 1) may still run */
+    sta_wgmma::pin_i<64 / H>(sacc);
+    fp8_softmax<D, 16 / H>(st, sacc, anext, info_step<H>(at(bn).info, h), t, uni);
+    moved = rescale_vote(anext);
+    pack_p<4 / H>(sacc, pout); /* while P V(q - 1) still reads pin */
+    sta_wgmma::wait<0>();
+    sta_wgmma::pin<D / 2>(ob);
+    sta_wgmma::pin_r<16 / H>(&pin[0][0]);
+    if (!h) { /* the P V of block b's last step is done */
+      mbar_arrive(&empty[b]);
+      g++;
+    }
+    if (++grp == N) {
+      os_flush<D>(os, ob, mo, mob, first, nullptr);
+      first = false;
+      mo[0] = mob[0];
+      mo[1] = mob[1];
+      grp = 0;
+    }
+    alpha[0] = anext[0];
+    alpha[1] = anext[1];
+    b = bn;
+    hp = h;
+  };
+  const auto last = [&](uint32_t(*pin)[4]) {
+    fp8_turn(wg);
+    if (grp > 0) rescale_acc<D>(ob, alpha, moved);
+    issue_pv_step<D, H>(ob, pin, at(b).dv, hp, grp == 0);
+    if (FP8_NWG == 2 ? wg == 0 : wg != FP8_NWG - 1) fp8_turn_done(wg);
+    mob[0] = st.m[0];
+    mob[1] = st.m[1];
+    sta_wgmma::wait<0>();
+    sta_wgmma::pin<D / 2>(ob);
+    sta_wgmma::pin_r<16 / H>(&pin[0][0]);
+    mbar_arrive(&empty[b]);
+    g++;
+    os_flush<D>(os, ob, mo, mob, first, st.o);
+  };
+  int q = 1;
+  for (; q + 1 < H * nb; q += 2) {
+    step(pa, pb, q);
+    step(pb, pa, q + 1);
+  }
+  if (q < H * nb) {
+    step(pa, pb, q);
+    last(pb);
+  } else {
+    last(pa);
+  }
+#else
   for (int q = 1; q < H * nb; q++) {
     const int h = q % H;
     const int bn = h ? b : (int)((unsigned)(g + 1) % NB);
@@ -556,6 +634,7 @@ __device__ __forceinline__ void fp8_blocks(Fp8Rows<D> &st, uint32_t dq, int nb, 
   mbar_arrive(&empty[b]);
   g++;
   os_flush<D>(os, ob, mo, mob, first, st.o);
+#endif
 }
 
 /* The output of this thread's two rows (rows[i]: quantized row, or -1
